@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="tfpar",
+    version="0.1.0",
+    description="Distributed training for tf_keras: data, parameter-server, Horovod and pipeline parallelism",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["tfpar", "tfpar.*"]),
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "tf-keras>=2.21,<2.22",
+        "numpy",
+        "scikit-learn",  # the demo's digits ship with it: no download
+    ],
+    extras_require={
+        "dev": ["pytest>=8", "pytest-timeout"],
+        "horovod": [],  # built from source with Gloo: see README
+    },
+    entry_points={"console_scripts": ["tfpar=tfpar.cli:main"]},
+)

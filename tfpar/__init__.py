@@ -1,0 +1,46 @@
+"""tfpar: distributed training for tf_keras models.
+
+Importing tfpar before TensorFlow makes ``tf.keras`` the Keras 2 API
+(tf_keras), which ParameterServerStrategy in ``fit``,
+tensorflow-model-optimization and Horovod need (see `tfpar._keras`). The
+package itself loads TensorFlow only when a name that needs it is first used,
+so ``tfpar launch`` starts at once.
+
+Example:
+    >>> import tfpar
+    >>> tfpar.configure_devices(2)  # doctest: +SKIP
+    >>> strategy = tfpar.DataParallel()  # doctest: +SKIP
+"""
+
+import importlib
+import os
+import sys
+
+if "tensorflow" not in sys.modules:  # the Keras choice of tfpar._keras, made before any import
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ClusterInfo": "tfpar.cluster",
+    "DataParallel": "tfpar.strategies",
+    "check_model": "tfpar._keras",
+    "configure_devices": "tfpar.devices",
+    "keras": "tfpar._keras",
+    "local_devices": "tfpar.devices",
+}
+_SUBMODULES = ("cluster", "data", "devices", "launch", "strategies")
+
+__all__ = sorted([*_LAZY, *_SUBMODULES])
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfpar.{name}")
+    raise AttributeError(f"module 'tfpar' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,96 @@
+"""The ``tfpar`` command: ``demo`` and ``launch``."""
+
+import argparse
+import os
+import sys
+
+from tfpar.launch import DEFAULT_GRACE_SECONDS, LaunchError, Task, launch, load_cluster_file
+
+__all__ = ["main"]
+
+
+def _int(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, received {text!r}") from None
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for tf_keras.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
+    demo.add_argument("--strategy", default="data_parallel", help="data_parallel (default)")
+    demo.add_argument("--devices", type=_int, default=None,
+                      help="virtual CPU devices when there is no GPU (default 2)")
+    demo.add_argument("--epochs", type=_int, default=15)
+    demo.add_argument("--batch-size", type=_int, default=64, help="global batch size")
+    demo.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    run = sub.add_parser(
+        "launch",
+        help="start a job's processes with TF_CONFIG",
+        description="Local: tfpar launch -n 2 -- python train.py. Several hosts: on host K run "
+                    "tfpar launch --hosts a:2222,b:2222 --task-index K -- python train.py.",
+    )
+    run.add_argument("-n", "--workers", type=_int, default=None,
+                     help="number of local workers on 127.0.0.1")
+    run.add_argument("--hosts", help="comma-separated host[:port] list, one worker each")
+    run.add_argument("--cluster", help="JSON file with the cluster ({\"worker\": [...], ...})")
+    run.add_argument("--task-type", default="worker", help="this machine's role (multi-host)")
+    run.add_argument("--task-index", type=_int, default=None,
+                     help="this machine's index in its role (multi-host)")
+    run.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS,
+                     help="seconds a stopped task gets before SIGKILL")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- program and arguments")
+    return parser
+
+
+def _launch(args):
+    from tfpar.cluster import parse_hosts
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.hosts and args.cluster:
+        raise ValueError("Give --hosts or --cluster, not both.")
+    cluster = task = None
+    if args.hosts or args.cluster:
+        cluster = {"worker": parse_hosts(args.hosts)} if args.hosts else load_cluster_file(args.cluster)
+        if args.task_index is None:
+            raise ValueError(
+                "A multi-host job needs this machine's --task-index. Received: "
+                f"{'--hosts ' + args.hosts if args.hosts else '--cluster ' + args.cluster} "
+                "without it."
+            )
+        task = Task(task_type=args.task_type, task_index=args.task_index)
+    elif args.workers is None:
+        args.workers = 2
+    return launch(cmd, num_workers=args.workers, cluster=cluster, task=task, grace_seconds=args.grace)
+
+
+def _demo(args):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfpar.demo import run_demo
+
+    run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
+                      global_batch_size=args.batch_size, verbose=0 if args.quiet else 1)
+    return 0
+
+
+def main(argv=None):
+    """Runs the ``tfpar`` command; returns its exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "launch":
+            return _launch(args)
+        return _demo(args)
+    except LaunchError as e:
+        print(f"tfpar launch: error: {e}", file=sys.stderr)
+        return e.returncode
+    except (ValueError, TypeError) as e:
+        print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

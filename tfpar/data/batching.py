@@ -1,0 +1,32 @@
+"""Global batch vs per-replica batch: the one rule, checked in one place."""
+
+__all__ = ["per_replica_batch_size"]
+
+
+def per_replica_batch_size(global_batch_size, num_replicas):
+    """Returns ``global_batch_size // num_replicas``, checking it divides.
+
+    Raises:
+        TypeError: if ``global_batch_size`` is not an int.
+        ValueError: if it is below 1 or not divisible by ``num_replicas``.
+    """
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
+        raise TypeError(
+            f"global_batch_size must be an int. Received: {global_batch_size!r} "
+            f"({type(global_batch_size).__name__})."
+        )
+    if global_batch_size < 1:
+        raise ValueError(
+            f"global_batch_size must be at least 1. Received: {global_batch_size}."
+        )
+    if global_batch_size % num_replicas:
+        lower = global_batch_size - global_batch_size % num_replicas
+        upper = lower + num_replicas
+        options = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ValueError(
+            f"The global batch size must be divisible by the number of "
+            f"replicas so that every replica gets the same batch. Received: "
+            f"global_batch_size={global_batch_size} with {num_replicas} "
+            f"replicas. Use e.g. {options}."
+        )
+    return global_batch_size // num_replicas

@@ -1,0 +1,178 @@
+"""Pure planning of input sharding: which policy, how many steps. No TensorFlow.
+
+Kept apart from the tf.data code so that the arithmetic that guarantees "every
+worker runs the same number of steps" can be tested exhaustively.
+"""
+
+import dataclasses
+import math
+import warnings
+
+__all__ = ["REMAINDERS", "SHARD_POLICIES", "ShardPlan", "plan_shard"]
+
+SHARD_POLICIES = ("auto", "file", "data", "off")
+"""How the input is split across workers: "file" gives each worker whole
+files, "data" gives each worker every W-th element, "off" gives every worker
+everything, "auto" picks "file" when there are at least as many files as
+workers, else "data"."""
+
+REMAINDERS = ("pad", "drop")
+"""What happens to the examples that do not fill a last global batch: "pad"
+fills the batch with masked examples (sample weight 0) so every example is
+seen exactly once; "drop" leaves them out, as ``drop_remainder=True``."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShardPlan:
+    """How one worker reads its shard of the input, decided before reading."""
+
+    policy: str
+    """The resolved policy: "file", "data" or "off"."""
+    num_workers: int
+    """Number of workers (input pipelines)."""
+    worker_index: int
+    """This worker's index in [0, num_workers)."""
+    replicas_per_worker: int
+    """Replicas fed by this worker's pipeline, one per-replica batch each per step."""
+    per_replica_batch: int
+    """Examples in each per-replica batch."""
+    remainder: str
+    """"pad" or "drop" (see `REMAINDERS`)."""
+    steps: int = None
+    """Global steps per epoch, the same on every worker; None for an infinite
+    input (then ``fit`` needs ``steps_per_epoch``)."""
+    files: tuple = None
+    """This worker's files, for the "file" policy."""
+
+    @property
+    def global_batch_size(self):
+        """Examples in one step across all workers."""
+        return self.per_replica_batch * self.replicas_per_worker * self.num_workers
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(
+            f"Unknown {name} {value!r}. Received: {name}={value!r}. "
+            f"Use one of {list(choices)}."
+        )
+
+
+def _resolve_policy(policy, num_files, num_workers):
+    if policy == "auto":
+        if num_workers == 1:
+            return "off"
+        if num_files is not None and num_files >= num_workers:
+            return "file"
+        if num_files is not None:
+            warnings.warn(
+                f"Sharding by DATA: there are {num_files} file(s) for "
+                f"{num_workers} workers, so every worker reads every file and "
+                f"keeps 1/{num_workers} of the examples (slower than FILE "
+                f"sharding). Split the input into at least {num_workers} files "
+                "to shard by FILE.",
+                stacklevel=4,
+            )
+        return "data"
+    if policy == "file":
+        if num_files is None:
+            raise ValueError(
+                "shard_policy='file' needs the input as a list of files. "
+                "Received: a dataset. Pass the file names (with reader=) or "
+                "use shard_policy='data'."
+            )
+        if num_files < num_workers:
+            raise ValueError(
+                f"shard_policy='file' needs at least one file per worker. "
+                f"Received: {num_files} file(s) for {num_workers} workers. Use "
+                "shard_policy='data' (or 'auto'), or split the input into "
+                f"at least {num_workers} files."
+            )
+    return policy
+
+
+def _shard_sizes(num_elements, file_sizes, policy, num_workers):
+    """Smallest and largest worker shard, or None for an infinite input."""
+    if num_elements is None:
+        return None
+    if policy == "off":
+        return num_elements, num_elements
+    if policy == "file":
+        shards = [sum(file_sizes[w::num_workers]) for w in range(num_workers)]
+        return min(shards), max(shards)
+    return num_elements // num_workers, -(-num_elements // num_workers)
+
+
+def plan_shard(
+    *,
+    num_workers,
+    worker_index,
+    replicas_per_worker,
+    per_replica_batch,
+    policy="auto",
+    remainder="pad",
+    num_elements=None,
+    files=None,
+    file_sizes=None,
+):
+    """Plans one worker's shard.
+
+    Args:
+        num_workers: number of workers (input pipelines), >= 1.
+        worker_index: this worker, in [0, num_workers).
+        replicas_per_worker: replicas this worker's pipeline feeds.
+        per_replica_batch: examples per replica and step.
+        policy: one of `SHARD_POLICIES`.
+        remainder: one of `REMAINDERS`.
+        num_elements: examples in the whole (unsharded) input; None for an
+            infinite input.
+        files: the input files, or None when the input is a dataset.
+        file_sizes: examples in each file (needed for "file" sharding of a
+            finite input).
+
+    Returns:
+        A `ShardPlan`.
+
+    Raises:
+        ValueError: on an unknown policy or remainder, FILE sharding without
+            files or with fewer files than workers, or an index out of range.
+    """
+    _check_choice("shard_policy", policy, SHARD_POLICIES)
+    _check_choice("remainder", remainder, REMAINDERS)
+    if not 0 <= worker_index < num_workers:
+        raise ValueError(
+            f"worker_index must be in [0, {num_workers}). Received: {worker_index}."
+        )
+    num_files = None if files is None else len(files)
+    resolved = _resolve_policy(policy, num_files, num_workers)
+    if resolved == "file" and num_elements is not None and (
+        file_sizes is None or len(file_sizes) != num_files
+    ):
+        raise ValueError(
+            "FILE sharding of a finite input needs the size of every file. "
+            f"Received: file_sizes={file_sizes!r} for {num_files} file(s)."
+        )
+    sizes = _shard_sizes(num_elements, file_sizes, resolved, num_workers)
+    steps = None
+    if sizes is not None:
+        per_step = replicas_per_worker * per_replica_batch
+        smallest, largest = sizes
+        steps = math.ceil(largest / per_step) if remainder == "pad" else smallest // per_step
+        if steps == 0:
+            raise ValueError(
+                f"The input yields no step: {num_elements} example(s) with "
+                f"remainder={remainder!r}, {per_step} examples per worker and "
+                f"step (global batch {per_step * num_workers}). Received: "
+                f"num_elements={num_elements}. Use a smaller global batch, "
+                "more data, or remainder='pad'."
+            )
+    return ShardPlan(
+        policy=resolved,
+        num_workers=num_workers,
+        worker_index=worker_index,
+        replicas_per_worker=replicas_per_worker,
+        per_replica_batch=per_replica_batch,
+        remainder=remainder,
+        steps=steps,
+        files=tuple(files[worker_index::num_workers]) if resolved == "file" else None,
+    )

@@ -1,0 +1,386 @@
+"""tf.data input for tfpar strategies: shard per worker, batch per replica.
+
+`distribute` turns a dataset, a dataset function or a list of files into a
+distributed dataset that ``model.fit`` accepts. Each worker reads its own
+shard (by FILE or by DATA), batches it per replica, and handles the last,
+uneven batch so that every worker runs the same number of steps: "pad" fills
+it with masked examples (sample weight 0, so they change neither the loss nor
+weighted metrics) and every example is seen exactly once per epoch; "drop"
+leaves the remainder out. `check_coverage` reads every worker's shard through
+the same code and reports what each example was seen.
+"""
+
+import collections
+import dataclasses
+import os
+
+from tfpar._keras import tf
+from tfpar.data.batching import per_replica_batch_size
+from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
+
+__all__ = [
+    "CoverageReport",
+    "DistributedInput",
+    "InputConfig",
+    "check_coverage",
+    "distribute",
+    "worker_dataset",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InputConfig:
+    """How `distribute` builds each worker's input."""
+
+    global_batch_size: int
+    """Examples per step across all replicas."""
+    shard_policy: str = "auto"
+    """One of `tfpar.data.plan.SHARD_POLICIES`: "auto", "file", "data", "off"."""
+    remainder: str = "pad"
+    """"pad" (default: masked padding, every example exactly once) or "drop"."""
+    shuffle_buffer: int = 0
+    """Shuffle each worker's shard with this buffer (0: keep the order)."""
+    seed: int = None
+    """Shuffle seed (worker i uses seed + i), None for a random one."""
+    reader: object = None
+    """For a list of files: path tensor -> dataset (default: TFRecordDataset)."""
+
+    def __post_init__(self):
+        per_replica_batch_size(self.global_batch_size, 1)  # type and range
+        for name, value, choices in (
+            ("shard_policy", self.shard_policy, SHARD_POLICIES),
+            ("remainder", self.remainder, REMAINDERS),
+        ):
+            if value not in choices:
+                raise ValueError(
+                    f"Unknown {name} {value!r}. Received: {name}={value!r}. "
+                    f"Use one of {list(choices)}."
+                )
+        if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int) \
+                or self.shuffle_buffer < 0:
+            raise ValueError(
+                "shuffle_buffer must be an int >= 0. Received: "
+                f"shuffle_buffer={self.shuffle_buffer!r}."
+            )
+        if self.reader is not None and not callable(self.reader):
+            raise TypeError(
+                f"reader must be a callable path -> tf.data.Dataset. Received: {self.reader!r}."
+            )
+
+
+def _as_files(source):
+    if isinstance(source, (str, os.PathLike)):
+        return [os.fspath(source)]
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError("The list of input files is empty. Received: [].")
+        if all(isinstance(f, (str, os.PathLike)) for f in source):
+            return [os.fspath(f) for f in source]
+    return None
+
+
+def _open_source(source):
+    """Returns (dataset or None, files or None)."""
+    files = _as_files(source)
+    if files is not None:
+        return None, files
+    if isinstance(source, tf.data.Dataset):
+        return source, None
+    if callable(source):
+        dataset = source()
+        if not isinstance(dataset, tf.data.Dataset):
+            raise TypeError(
+                "A dataset function must return a tf.data.Dataset. Received: "
+                f"{type(dataset).__name__} from {source!r}."
+            )
+        return dataset, None
+    raise TypeError(
+        "The input must be a tf.data.Dataset, a function returning one, or a "
+        f"list of file names. Received: {type(source).__name__}."
+    )
+
+
+def _read_files(files, reader):
+    reader = reader or tf.data.TFRecordDataset
+    names = tf.data.Dataset.from_tensor_slices(list(files))
+    return names.interleave(
+        reader, cycle_length=min(len(files), 4), deterministic=True,
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+def _count(dataset):
+    """Number of examples; None if infinite. Reads the data once if tf.data can't tell."""
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        return None
+    if cardinality >= 0:
+        return cardinality
+    return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    num_elements: int  # None: infinite
+    file_sizes: tuple  # per file, for file inputs
+
+
+def _measure(source, config):
+    dataset, files = _open_source(source)
+    if files is None:
+        return _Sizes(_count(dataset), None)
+    sizes = tuple(_count(_read_files([f], config.reader)) for f in files)
+    if None in sizes:
+        return _Sizes(None, None)
+    return _Sizes(sum(sizes), sizes)
+
+
+def _with_weights(dataset):
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise ValueError(
+            "remainder='pad' needs (inputs, targets) or (inputs, targets, "
+            "sample_weight) elements, so that padded examples carry sample "
+            f"weight 0. Received elements of spec {spec}. Use remainder='drop' "
+            "or add targets."
+        )
+    if len(spec) == 3:
+        return dataset
+    return dataset.map(lambda x, y: (x, y, tf.ones((), tf.float32)))
+
+
+def _pad_to(structure, size):
+    """Pads every tensor of ``structure`` with zeros along axis 0 to ``size``."""
+
+    def pad(t):
+        extra = size - tf.shape(t)[0]
+        padded = tf.pad(t, [[0, extra]] + [[0, 0]] * (t.shape.rank - 1))
+        return tf.ensure_shape(padded, [size] + t.shape[1:].as_list())
+
+    return tf.nest.map_structure(pad, structure)
+
+
+def _padding_batches(spec):
+    def zeros(s):
+        if not s.shape.is_fully_defined():
+            raise ValueError(
+                "remainder='pad' needs examples of a fixed shape to build "
+                f"padding. Received batches of spec {spec}. Use "
+                "remainder='drop' or give the examples a fixed shape."
+            )
+        return tf.zeros(s.shape, s.dtype)
+
+    return tf.data.Dataset.from_tensors(tf.nest.map_structure(zeros, spec)).repeat()
+
+
+def _batch(dataset, plan):
+    """Per-replica batches, exactly ``plan.steps`` steps' worth (finite input)."""
+    batch = plan.per_replica_batch
+    if plan.steps is None:  # infinite: no last batch to handle
+        return dataset.batch(batch, drop_remainder=True)
+    count = plan.steps * plan.replicas_per_worker
+    if plan.remainder == "drop":
+        return dataset.batch(batch, drop_remainder=True).take(count)
+    dataset = _with_weights(dataset).batch(batch).map(lambda *b: _pad_to(b, batch))
+    return dataset.concatenate(_padding_batches(dataset.element_spec)).take(count)
+
+
+def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, sizes=None):
+    """Builds one worker's dataset for one epoch: its shard, batched per replica.
+
+    `distribute` calls this on every worker; `check_coverage` calls it for
+    every worker index in one process.
+
+    Args:
+        source: a tf.data.Dataset, a function returning one, or file names.
+        config: an `InputConfig`.
+        num_workers: number of workers (input pipelines).
+        worker_index: this worker's index.
+        num_replicas: replicas across all workers.
+        sizes: the input's sizes if already measured (internal).
+
+    Returns:
+        ``(dataset, plan)``: a tf.data.Dataset of per-replica batches that
+        yields ``plan.steps * plan.replicas_per_worker`` batches (every
+        worker the same), and the `ShardPlan`.
+    """
+    per_replica = per_replica_batch_size(config.global_batch_size, num_replicas)
+    sizes = sizes or _measure(source, config)
+    dataset, files = _open_source(source)
+    plan = plan_shard(
+        num_workers=num_workers,
+        worker_index=worker_index,
+        replicas_per_worker=num_replicas // num_workers,
+        per_replica_batch=per_replica,
+        policy=config.shard_policy,
+        remainder=config.remainder,
+        num_elements=sizes.num_elements,
+        files=files,
+        file_sizes=sizes.file_sizes,
+    )
+    if files is not None:
+        dataset = _read_files(plan.files or files, config.reader)
+    if plan.policy == "data":
+        dataset = dataset.shard(num_workers, worker_index)
+    if config.shuffle_buffer:
+        seed = None if config.seed is None else config.seed + worker_index
+        dataset = dataset.shuffle(config.shuffle_buffer, seed=seed)
+    dataset = _batch(dataset, plan)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options), plan
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedInput:
+    """What `distribute` returns: the dataset for ``fit`` and its steps per epoch."""
+
+    dataset: object
+    """A `tf.distribute.DistributedDataset` that repeats epoch after epoch."""
+    steps_per_epoch: int
+    """Global steps in one pass over the input (None for an infinite input)."""
+    plan: ShardPlan
+    """This worker's `ShardPlan`."""
+
+
+def distribute(source, strategy, global_batch_size, **options):
+    """Shards and batches ``source`` for ``strategy``, for ``fit``/``evaluate``.
+
+    Each worker's pipeline yields the same number of steps per epoch and
+    repeats, so pass ``steps_per_epoch`` (Keras needs it for a distributed
+    dataset). With ``remainder="pad"`` every example is seen exactly once
+    per epoch. The input is counted once if tf.data cannot tell its size
+    (files are always counted, to balance FILE shards).
+
+    Args:
+        source: a tf.data.Dataset of single examples, a function returning
+            one (called on each worker), or a list of files (read with
+            ``reader``, TFRecord by default).
+        strategy: a `tf.distribute.Strategy` (any tfpar strategy).
+        global_batch_size: examples per step across all replicas; must be
+            divisible by ``strategy.num_replicas_in_sync``.
+        **options: the other fields of `InputConfig` (shard_policy,
+            remainder, shuffle_buffer, seed, reader).
+
+    Returns:
+        A `DistributedInput`: ``.dataset`` and ``.steps_per_epoch``.
+
+    Raises:
+        ValueError: on a batch that does not divide, an unknown policy or
+            remainder, or FILE sharding with fewer files than workers.
+
+    Example:
+        >>> ds = tf.data.Dataset.from_tensor_slices((x, y))  # doctest: +SKIP
+        >>> train = tfpar.data.distribute(ds, strategy, global_batch_size=64)
+        >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch)
+    """
+    config = InputConfig(global_batch_size=global_batch_size, **options)
+    replicas = strategy.num_replicas_in_sync
+    per_replica_batch_size(global_batch_size, replicas)
+    sizes = _measure(source, config)
+    plans = []
+
+    def dataset_fn(context):
+        dataset, plan = worker_dataset(
+            source,
+            config,
+            num_workers=context.num_input_pipelines,
+            worker_index=context.input_pipeline_id,
+            num_replicas=context.num_replicas_in_sync,
+            sizes=sizes,
+        )
+        plans.append(plan)
+        return dataset.repeat().prefetch(tf.data.AUTOTUNE)
+
+    distributed = strategy.distribute_datasets_from_function(dataset_fn)
+    return DistributedInput(distributed, plans[0].steps, plans[0])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CoverageReport:
+    """What every worker read in one epoch, against the examples of the input."""
+
+    expected: collections.Counter
+    """Example key -> times it occurs in the input."""
+    seen: collections.Counter
+    """Example key -> times a worker read it (padding excluded)."""
+    steps_per_worker: tuple
+    """Number of global steps each worker's pipeline yields."""
+    padded: int
+    """Padding examples (sample weight 0) across all workers."""
+
+    @property
+    def missing(self):
+        """Keys seen fewer times than they occur in the input."""
+        return sorted(k for k in self.expected if self.seen[k] < self.expected[k])
+
+    @property
+    def duplicated(self):
+        """Keys seen more often than they occur in the input (or not in it)."""
+        return sorted(k for k in self.seen if self.seen[k] > self.expected[k])
+
+    @property
+    def exactly_once(self):
+        """Every example seen exactly once and every worker ran the same steps."""
+        return self.seen == self.expected and len(set(self.steps_per_worker)) == 1
+
+    def __str__(self):
+        return (
+            f"{sum(self.expected.values())} examples, {sum(self.seen.values())} "
+            f"seen, {len(self.missing)} missing, {len(self.duplicated)} "
+            f"duplicated, {self.padded} padding; steps per worker "
+            f"{list(self.steps_per_worker)}"
+        )
+
+
+def _example_key(example):
+    return tuple(a.tobytes() for a in tf.nest.flatten(example))
+
+
+def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **options):
+    """Reads every worker's shard for one epoch and reports coverage.
+
+    Builds each worker's pipeline with `worker_dataset`, the code ``fit``
+    uses, so the report describes real training input.
+
+    Args:
+        source: as for `distribute`.
+        num_workers: number of workers to simulate.
+        replicas_per_worker: replicas each worker feeds.
+        key: function from one example (a tuple of numpy values, without the
+            padding weight) to a hashable key; default: its bytes.
+        **options: `InputConfig` fields, ``global_batch_size`` included.
+
+    Returns:
+        A `CoverageReport`.
+    """
+    config = InputConfig(**options)
+    key = key or _example_key
+    whole, files = _open_source(source)
+    if whole is None:
+        whole = _read_files(files, config.reader)
+    expected = collections.Counter(
+        key(tuple(tf.nest.map_structure(lambda t: t.numpy(), e)) if isinstance(e, tuple)
+            else (e.numpy(),))
+        for e in whole
+    )
+    strip = config.remainder == "pad" and len(whole.element_spec) == 2
+    seen, steps, padded = collections.Counter(), [], 0
+    for index in range(num_workers):
+        dataset, _ = worker_dataset(
+            source, config, num_workers=num_workers, worker_index=index,
+            num_replicas=num_workers * replicas_per_worker,
+        )
+        batches = 0
+        for batch in dataset.as_numpy_iterator():
+            batches += 1
+            parts = batch if isinstance(batch, tuple) else (batch,)
+            weights = parts[-1] if config.remainder == "pad" else None
+            parts = parts[:-1] if strip else parts
+            for row in range(len(tf.nest.flatten(parts)[0])):
+                if weights is not None and weights[row] == 0:
+                    padded += 1
+                    continue
+                seen[key(tuple(tf.nest.map_structure(lambda a: a[row], parts)))] += 1
+        steps.append(batches // replicas_per_worker)
+    return CoverageReport(expected=expected, seen=seen, steps_per_worker=tuple(steps), padded=padded)

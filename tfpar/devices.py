@@ -1,0 +1,114 @@
+"""Device discovery: the local GPUs, or the CPU split into virtual devices.
+
+Virtual CPU devices are tfpar's embedded default: with no GPU, the CPU is split
+into N logical devices so that every strategy runs on a laptop with the same
+code it runs on a GPU server.
+"""
+
+import logging
+import os
+
+from tfpar._keras import tf
+
+__all__ = [
+    "DEFAULT_NUM_CPU_DEVICES",
+    "DevicesAlreadyInitializedError",
+    "configure_devices",
+    "local_devices",
+]
+
+DEFAULT_NUM_CPU_DEVICES = 2
+_ENV = "TFPAR_NUM_CPU_DEVICES"
+_log = logging.getLogger(__name__)
+
+
+class DevicesAlreadyInitializedError(RuntimeError):
+    """TensorFlow initialised its devices before tfpar could configure them."""
+
+
+def _resolve_count(num_cpu_devices):
+    source = "num_cpu_devices"
+    if num_cpu_devices is None:
+        raw = os.environ.get(_ENV)
+        if raw is None:
+            return DEFAULT_NUM_CPU_DEVICES
+        source = _ENV
+        try:
+            num_cpu_devices = int(raw)
+        except ValueError:
+            raise ValueError(
+                f"{_ENV} must be a whole number of virtual CPU devices. "
+                f"Received: {_ENV}={raw!r}. Set it to e.g. 2, or unset it."
+            ) from None
+    if isinstance(num_cpu_devices, bool) or not isinstance(num_cpu_devices, int):
+        raise TypeError(
+            f"{source} must be an int. Received: {num_cpu_devices!r} "
+            f"({type(num_cpu_devices).__name__})."
+        )
+    if num_cpu_devices < 1:
+        raise ValueError(
+            f"{source} must be at least 1. Received: {source}={num_cpu_devices}."
+        )
+    return num_cpu_devices
+
+
+def local_devices():
+    """Returns the names of this process's compute devices: GPUs, else CPUs.
+
+    Unlike `configure_devices` this changes nothing (but it initialises the
+    TensorFlow runtime if that had not happened yet).
+    """
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return [d.name for d in gpus]
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def configure_devices(num_cpu_devices=None):
+    """Finds the local GPUs or splits the CPU into virtual devices.
+
+    Call it before anything else touches TensorFlow's devices (building a
+    tensor or a strategy initialises them). With GPUs present the GPUs are
+    used and ``num_cpu_devices`` is ignored.
+
+    Args:
+        num_cpu_devices: how many virtual CPU devices to create when there is
+            no GPU. Defaults to ``$TFPAR_NUM_CPU_DEVICES``, else 2.
+
+    Returns:
+        The device names, e.g. ``["/device:CPU:0", "/device:CPU:1"]``.
+
+    Raises:
+        ValueError: if the count is below 1 or the variable is not a number.
+        TypeError: if the count is not an int.
+        DevicesAlreadyInitializedError: if TensorFlow's devices were already
+            initialised with a different number of CPU devices.
+
+    Example:
+        >>> import tfpar
+        >>> devices = tfpar.configure_devices(2)  # doctest: +SKIP
+    """
+    count = _resolve_count(num_cpu_devices)
+    # Listing physical devices and naming logical ones does not initialise the
+    # runtime, so a multi-worker strategy can still be created afterwards.
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        _log.info("Using %d GPU(s); num_cpu_devices=%d ignored.", len(gpus), count)
+        return [f"/device:GPU:{i}" for i in range(len(gpus))]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+    except RuntimeError:
+        existing = tf.config.list_logical_devices("CPU")
+        if len(existing) == count:
+            return [d.name for d in existing]
+        raise DevicesAlreadyInitializedError(
+            f"TensorFlow already initialised its devices with {len(existing)} "
+            f"CPU device(s), so tfpar cannot create the {count} requested. "
+            "Call tfpar.configure_devices() at the start of the program, "
+            "before creating any tensor, model or strategy (or set "
+            f"{_ENV}={count} and let tfpar configure them first)."
+        ) from None
+    return [f"/device:CPU:{i}" for i in range(count)]

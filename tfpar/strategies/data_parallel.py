@@ -1,0 +1,308 @@
+"""Data parallelism: MirroredStrategy on one host, MultiWorkerMirrored on many.
+
+``DataParallel(...)`` reads the cluster (an explicit `ClusterInfo`, else
+``TF_CONFIG``) and returns a real `tf.distribute.Strategy`: a
+`MirroredDataParallel` when one worker trains, a `MultiWorkerDataParallel`
+when several do. Both are instances of `DataParallel`.
+"""
+
+import dataclasses
+import logging
+
+from tfpar._keras import check_model, tf
+from tfpar.cluster import ClusterInfo
+from tfpar.data.batching import per_replica_batch_size
+from tfpar.devices import DevicesAlreadyInitializedError, configure_devices, local_devices
+
+__all__ = [
+    "ALL_REDUCE",
+    "DataParallel",
+    "DataParallelConfig",
+    "MirroredDataParallel",
+    "MultiWorkerDataParallel",
+]
+
+_log = logging.getLogger(__name__)
+
+ALL_REDUCE = ("auto", "nccl", "ring", "hierarchical", "reduce_to_one")
+"""Accepted ``all_reduce`` names. One host: auto, nccl, hierarchical,
+reduce_to_one. Several hosts: auto, ring, nccl."""
+
+_ONE_HOST_ONLY = ("hierarchical", "reduce_to_one")
+_MULTI_WORKER_ONLY = ("ring",)
+DEFAULT_TIMEOUT_SECONDS = 300.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataParallelConfig:
+    """Configuration of `DataParallel`, validated when built."""
+
+    devices: tuple = None
+    """One host only: device names to replicate over (default: all GPUs, else
+    the virtual CPU devices from `tfpar.configure_devices`)."""
+    all_reduce: str = "auto"
+    """Gradient reduction: one of `ALL_REDUCE`; "auto" is NCCL on GPUs, else
+    reduce-to-one device (one host) or a ring (several hosts)."""
+    num_packs: int = 1
+    """One host, nccl/hierarchical: number of packs gradients are batched into."""
+    bytes_per_pack: int = 0
+    """Several hosts: split all-reduces into packs of this many bytes (0: auto)."""
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    """Several hosts: a collective waiting longer than this for a peer raises
+    instead of hanging (None: wait forever)."""
+    cluster: ClusterInfo = None
+    """The cluster and this task (default: parsed from ``TF_CONFIG``)."""
+
+    def __post_init__(self):
+        if self.all_reduce not in ALL_REDUCE:
+            raise ValueError(
+                f"Unknown all_reduce {self.all_reduce!r}. Received: "
+                f"all_reduce={self.all_reduce!r}. Use one of {list(ALL_REDUCE)}."
+            )
+        _check_int("num_packs", self.num_packs, 0)
+        _check_int("bytes_per_pack", self.bytes_per_pack, 0)
+        if self.timeout_seconds is not None and not (
+            isinstance(self.timeout_seconds, (int, float))
+            and not isinstance(self.timeout_seconds, bool)
+            and self.timeout_seconds > 0
+        ):
+            raise ValueError(
+                "timeout_seconds must be a positive number of seconds or None. "
+                f"Received: timeout_seconds={self.timeout_seconds!r}."
+            )
+        if self.cluster is not None and not isinstance(self.cluster, ClusterInfo):
+            raise TypeError(
+                "cluster must be a tfpar.cluster.ClusterInfo (or None to read "
+                f"TF_CONFIG). Received: {type(self.cluster).__name__}."
+            )
+        if self.devices is not None:
+            devices = tuple(self.devices)
+            if not devices or not all(isinstance(d, str) for d in devices):
+                raise ValueError(
+                    "devices must be a non-empty list of device names. "
+                    f"Received: devices={self.devices!r}."
+                )
+            object.__setattr__(self, "devices", devices)
+
+    @property
+    def multi_worker(self):
+        """Whether several workers train (so MultiWorkerMirroredStrategy is used)."""
+        return self.cluster is not None and self.cluster.num_workers > 1
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{name} must be an int >= {minimum}. Received: {name}={value!r}."
+        )
+
+
+def _build_config(config, kwargs):
+    if config is not None:
+        if kwargs:
+            raise TypeError(
+                "Pass either a DataParallelConfig or keyword arguments, not "
+                f"both. Received: config and {sorted(kwargs)}."
+            )
+        if not isinstance(config, DataParallelConfig):
+            raise TypeError(
+                "config must be a DataParallelConfig. Received: "
+                f"{type(config).__name__}."
+            )
+    else:
+        config = DataParallelConfig(**kwargs)
+    if config.cluster is None:
+        cluster = ClusterInfo.from_tf_config()
+        if cluster is not None:
+            config = dataclasses.replace(config, cluster=cluster)
+    if config.multi_worker:
+        if config.all_reduce in _ONE_HOST_ONLY:
+            raise ValueError(
+                f"all_reduce={config.all_reduce!r} works on one host only; this "
+                f"cluster has {config.cluster.num_workers} workers. Use "
+                "'auto', 'ring' or 'nccl'."
+            )
+        if config.devices is not None:
+            raise ValueError(
+                "devices applies to one host only: with several workers each "
+                "worker uses its GPUs (else its CPU). Received: "
+                f"devices={list(config.devices)} with "
+                f"{config.cluster.num_workers} workers. Remove devices=."
+            )
+    elif config.all_reduce in _MULTI_WORKER_ONLY:
+        raise ValueError(
+            f"all_reduce={config.all_reduce!r} needs several workers; one host "
+            "uses 'auto', 'nccl', 'hierarchical' or 'reduce_to_one'. "
+            f"Received: all_reduce={config.all_reduce!r} with one worker."
+        )
+    return config
+
+
+def _has_gpus():
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def _require_gpus(config):
+    if config.all_reduce == "nccl" and not _has_gpus():
+        raise ValueError(
+            "all_reduce='nccl' needs GPUs and none was found. Received: "
+            "all_reduce='nccl'. Use all_reduce='auto' on CPUs."
+        )
+
+
+class DataParallel:
+    """Synchronous data parallelism as a `tf.distribute.Strategy`.
+
+    ``DataParallel(**options)`` returns a `MirroredDataParallel` (one worker)
+    or a `MultiWorkerDataParallel` (``TF_CONFIG`` or ``cluster`` naming
+    several workers); options are the fields of `DataParallelConfig`.
+
+    Example:
+        >>> import tfpar
+        >>> strategy = tfpar.strategies.DataParallel()  # doctest: +SKIP
+        >>> with strategy.scope():  # doctest: +SKIP
+        ...     model = build_model(); model.compile("adam", "mse")
+        >>> print(strategy.describe(global_batch_size=64))  # doctest: +SKIP
+    """
+
+    def __new__(cls, config=None, **kwargs):
+        if cls is DataParallel:
+            built = _build_config(config, kwargs)
+            cls = MultiWorkerDataParallel if built.multi_worker else MirroredDataParallel
+        return object.__new__(cls)
+
+    config: DataParallelConfig
+    _TF_BASE = ""
+
+    def _all_reduce_text(self):
+        raise NotImplementedError
+
+    def _workers_text(self):
+        return "1"
+
+    def describe(self, global_batch_size=None, model=None):
+        """Returns a readable summary of the strategy.
+
+        Args:
+            global_batch_size: if given, the per-replica and global batch are
+                shown (and checked to divide evenly).
+            model: if given, a tf_keras model whose parameters are counted.
+
+        Raises:
+            ValueError: if ``global_batch_size`` does not divide by the
+                number of replicas.
+            TypeError: if ``model`` is not a tf_keras model.
+        """
+        replicas = self.num_replicas_in_sync
+        devices = list(self.extended.worker_devices)
+        lines = [
+            f"{type(self).__name__} ({self._TF_BASE})",
+            f"  workers:    {self._workers_text()}",
+            f"  replicas:   {replicas} ({len(devices)} on this worker)",
+            f"  devices:    {', '.join(devices)}",
+            f"  all-reduce: {self._all_reduce_text()}",
+        ]
+        if global_batch_size is not None:
+            per_replica = per_replica_batch_size(global_batch_size, replicas)
+            lines.append(
+                f"  batch:      {per_replica} per replica, {global_batch_size} global"
+            )
+        if model is not None:
+            check_model(model)
+            lines.append(f"  model:      {model.name}, {model.count_params():,} parameters")
+        return "\n".join(lines)
+
+
+class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
+    """`DataParallel` on one host: a `tf.distribute.MirroredStrategy`."""
+
+    _TF_BASE = "MirroredStrategy"
+
+    def __init__(self, config=None, **kwargs):
+        self.config = _build_config(config, kwargs)
+        _require_gpus(self.config)
+        devices = self.config.devices or _default_devices()
+        super().__init__(devices=list(devices), cross_device_ops=self._cross_device_ops())
+
+    def _cross_device_ops(self):
+        name, packs = self.config.all_reduce, self.config.num_packs
+        if name == "nccl":
+            return tf.distribute.NcclAllReduce(num_packs=packs)
+        if name == "hierarchical":
+            return tf.distribute.HierarchicalCopyAllReduce(num_packs=packs)
+        if name == "reduce_to_one":
+            return tf.distribute.ReductionToOneDevice()
+        return None  # TensorFlow's choice: collective all-reduce over local devices.
+
+    def _all_reduce_text(self):
+        ops = getattr(self.extended, "_cross_device_ops", None)  # read-only peek
+        text = type(ops).__name__ if ops is not None else "TensorFlow's default"
+        if self.config.all_reduce in ("nccl", "hierarchical"):
+            text += f", num_packs={self.config.num_packs}"
+        return f"{text} (all_reduce={self.config.all_reduce!r})"
+
+
+def _default_devices():
+    try:
+        return configure_devices()
+    except DevicesAlreadyInitializedError as e:
+        devices = local_devices()
+        _log.warning("%s Using the %d existing device(s).", e, len(devices))
+        return devices
+
+
+class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStrategy):
+    """`DataParallel` over several workers: a `tf.distribute.MultiWorkerMirroredStrategy`."""
+
+    _TF_BASE = "MultiWorkerMirroredStrategy"
+
+    def __init__(self, config=None, **kwargs):
+        self.config = _build_config(config, kwargs)
+        _require_gpus(self.config)
+        cluster = self.config.cluster
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster.cluster),
+            task_type=cluster.task_type,
+            task_id=cluster.task_index,
+            rpc_layer="grpc",
+        )
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=self.config.bytes_per_pack,
+            timeout_seconds=self.config.timeout_seconds,
+            implementation=self._implementation(),
+        )
+        try:
+            super().__init__(cluster_resolver=resolver, communication_options=options)
+        except RuntimeError as e:
+            if "program startup" not in str(e):
+                raise
+            raise RuntimeError(
+                "A multi-worker DataParallel must be created before TensorFlow "
+                "runs anything (a tensor, a model, another strategy), because "
+                "it starts this worker's server. Create the strategy first, at "
+                f"the top of the script. (TensorFlow said: {e})"
+            ) from None
+
+    def _implementation(self):
+        impl = tf.distribute.experimental.CommunicationImplementation
+        name = self.config.all_reduce
+        if name == "nccl" or (name == "auto" and _has_gpus()):
+            return impl.NCCL
+        return impl.RING
+
+    def _workers_text(self):
+        cluster = self.config.cluster
+        role = "chief" if cluster.is_chief else "not chief"
+        return (
+            f"{cluster.num_workers} (this is {cluster.task_type} "
+            f"{cluster.task_index}, {role})"
+        )
+
+    def _all_reduce_text(self):
+        cfg = self.config
+        timeout = "none" if cfg.timeout_seconds is None else f"{cfg.timeout_seconds:g} s"
+        return (
+            f"{self._implementation().name} collectives, bytes_per_pack="
+            f"{cfg.bytes_per_pack or 'auto'}, timeout={timeout} "
+            f"(all_reduce={cfg.all_reduce!r})"
+        )
