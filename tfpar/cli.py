@@ -25,7 +25,8 @@ def _parser():
     demo.add_argument("--devices", type=_int, default=None,
                       help="virtual CPU devices when there is no GPU (default 2)")
     demo.add_argument("--epochs", type=_int, default=15)
-    demo.add_argument("--batch-size", type=_int, default=64, help="global batch size")
+    demo.add_argument("--batch-size", type=_int, default=None,
+                      help="global batch size (default: 32 per replica)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
 
     run = sub.add_parser(

@@ -91,7 +91,7 @@ def _make_strategy(name):
     raise ValueError(f"Unknown demo strategy {name!r}. Received: {name!r}. Use one of {list(STRATEGIES)}.")
 
 
-def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=64,
+def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
              learning_rate=2e-3, verbose=1, print_fn=print):
     """Trains the digits CNN and returns a `DemoResult`.
 
@@ -100,7 +100,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         num_devices: virtual CPU devices when there is no GPU (default:
             ``$TFPAR_NUM_CPU_DEVICES``, else 2).
         epochs: epochs to train, >= 1.
-        global_batch_size: examples per step across all replicas.
+        global_batch_size: examples per step across all replicas (default:
+            32 per replica).
         learning_rate: Adam's learning rate.
         verbose: Keras verbosity (1: progress bar).
         print_fn: where the summary goes.
@@ -125,6 +126,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
             loss="sparse_categorical_crossentropy",
             weighted_metrics=["accuracy"],  # masks tfpar.data's padding
         )
+    global_batch_size = global_batch_size or 32 * dist.num_replicas_in_sync
     description = dist.describe(global_batch_size=global_batch_size, model=model)
     print_fn(description)
     train = distribute(tf.data.Dataset.from_tensor_slices((x_train, y_train)), dist,

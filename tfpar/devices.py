@@ -73,7 +73,8 @@ def configure_devices(num_cpu_devices=None):
 
     Args:
         num_cpu_devices: how many virtual CPU devices to create when there is
-            no GPU. Defaults to ``$TFPAR_NUM_CPU_DEVICES``, else 2.
+            no GPU. Defaults to the split an earlier call made, else
+            ``$TFPAR_NUM_CPU_DEVICES``, else 2.
 
     Returns:
         The device names, e.g. ``["/device:CPU:0", "/device:CPU:1"]``.
@@ -88,6 +89,11 @@ def configure_devices(num_cpu_devices=None):
         >>> import tfpar
         >>> devices = tfpar.configure_devices(2)  # doctest: +SKIP
     """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if num_cpu_devices is None:  # keep a split made earlier (by a call with a count)
+        existing = tf.config.get_logical_device_configuration(cpu)
+        if existing:
+            num_cpu_devices = len(existing)
     count = _resolve_count(num_cpu_devices)
     # Listing physical devices and naming logical ones does not initialise the
     # runtime, so a multi-worker strategy can still be created afterwards.
@@ -95,7 +101,6 @@ def configure_devices(num_cpu_devices=None):
     if gpus:
         _log.info("Using %d GPU(s); num_cpu_devices=%d ignored.", len(gpus), count)
         return [f"/device:GPU:{i}" for i in range(len(gpus))]
-    cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]

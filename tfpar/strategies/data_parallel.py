@@ -7,6 +7,7 @@ when several do. Both are instances of `DataParallel`.
 """
 
 import dataclasses
+import itertools
 import logging
 
 from tfpar._keras import check_model, tf
@@ -217,10 +218,17 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     """`DataParallel` on one host: a `tf.distribute.MirroredStrategy`."""
 
     _TF_BASE = "MirroredStrategy"
+    # Collective keys must not repeat between strategies of one process: two
+    # MirroredStrategy objects both start at group key 1 and the second one's
+    # all-reduce meets the first one's tensors ("Shape mismatch in the
+    # collective instance"). TensorFlow's own tests shift the base by 100000
+    # per strategy; every DataParallel gets its own base the same way.
+    _key_bases = itertools.count(100_000, 100_000)
 
     def __init__(self, config=None, **kwargs):
         self.config = _build_config(config, kwargs)
         _require_gpus(self.config)
+        self._collective_key_base = next(self._key_bases)
         devices = self.config.devices or _default_devices()
         super().__init__(devices=list(devices), cross_device_ops=self._cross_device_ops())
 

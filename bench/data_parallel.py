@@ -1,0 +1,189 @@
+"""Data-parallel benchmark: tfpar against bare TensorFlow, measured side by side.
+
+    python bench/data_parallel.py [--quick]
+
+Last line:
+    RESULT data_parallel overhead=<x> mw_overhead=<y> busbw_ratio=<z> weak_scaling_cnn=<a> weak_scaling_mlp=<b>
+
+- overhead: median step time of tfpar.DataParallel (+ tfpar.data input) ÷ bare
+  tf.distribute.MirroredStrategy (+ the plain Keras input recipe), same model,
+  2 virtual CPU devices and global batch, alternating rounds in this process.
+- mw_overhead: the same for 2 workers: `tfpar launch -n 2` ÷ bare
+  MultiWorkerMirroredStrategy started with a hand-written TF_CONFIG and the same
+  communication options (RING, same timeout); jobs alternate A B B A.
+- busbw_ratio: bus bandwidth of tfpar's multi-worker all-reduce of a 64 MiB
+  float32 tensor over 2 workers (size·2(n-1)/n ÷ time) ÷ the throughput a plain
+  loopback TCP socket pair reaches in this run: the physical limit here.
+- weak_scaling_*: examples/s of 2 workers ÷ (2 × 1 worker), per-worker batch
+  fixed, for a 66k-parameter CNN and a 2.6M-parameter MLP. Two processes on a
+  2-core machine share the cores TensorFlow's thread pools would otherwise
+  use alone, so this describes the machine more than tfpar.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "_worker.py")
+sys.path.insert(0, HERE)
+
+
+def loopback_tcp_throughput(total=512 * 2**20, chunk=4 * 2**20, repeats=3):
+    """Bytes/s one TCP connection over 127.0.0.1 carries (median of ``repeats``)."""
+    payload = b"\0" * chunk
+    rates = []
+    for _ in range(repeats):
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        done = threading.Event()
+
+        def receive():
+            conn, _ = server.accept()
+            left = total
+            while left > 0:
+                left -= len(conn.recv(min(left, chunk)))
+            conn.close()
+            done.set()
+
+        thread = threading.Thread(target=receive)
+        thread.start()
+        client = socket.create_connection(server.getsockname())
+        start = time.perf_counter()
+        for _ in range(total // chunk):
+            client.sendall(payload)
+        done.wait()
+        rates.append(total / (time.perf_counter() - start))
+        thread.join()
+        client.close()
+        server.close()
+    return statistics.median(rates)
+
+
+def _parse(output):
+    for line in output.splitlines():
+        if "BENCH " in line:
+            return json.loads(line.split("BENCH ", 1)[1])
+    raise RuntimeError("no BENCH line in the job's output:\n" + output[-3000:])
+
+
+def run_tfpar_job(workers, args, env=None, timeout=600):
+    """Runs _worker.py under `tfpar launch -n workers`; returns worker 0's numbers."""
+    cmd = [sys.executable, "-m", "tfpar.cli", "launch", "-n", str(workers), "--",
+           sys.executable, WORKER, *args]
+    done = subprocess.run(cmd, cwd=HERE, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return _parse(done.stdout)
+
+
+def run_hand_job(workers, args, timeout=600):
+    """Starts ``workers`` processes with hand-written TF_CONFIGs, as a TF tutorial does."""
+    from tfpar.cluster import free_ports
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(workers)]
+    procs = []
+    for index in range(workers):
+        tf_config = json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+        procs.append(subprocess.Popen([sys.executable, WORKER, *args], cwd=HERE,
+                                      env={**os.environ, "TF_CONFIG": tf_config},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    if any(p.returncode for p in procs):
+        raise RuntimeError("hand-launched job failed:\n" + "\n".join(o[-2000:] for o in outputs))
+    return _parse(outputs[0])
+
+
+def one_host_overhead(rounds, steps):
+    """DataParallel vs bare MirroredStrategy in this process, alternating rounds."""
+    import tfpar
+
+    tfpar.configure_devices(2)
+    import tensorflow as tf
+
+    from bench_models import make_data, make_model
+
+    keras = tfpar.keras
+    global_batch = 128
+    x, y = make_data("cnn", global_batch * steps)
+    source = tf.data.Dataset.from_tensor_slices((x, y))
+    runs = {}
+    for name, strategy in (("tfpar", tfpar.DataParallel()),
+                           ("bare", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))):
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = make_model("cnn")
+            model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+        if name == "tfpar":
+            train = tfpar.data.distribute(source, strategy, global_batch)
+            data = train.dataset
+        else:
+            data = source.batch(global_batch).repeat()
+        runs[name] = (model, data)
+    times = {name: [] for name in runs}
+    for r in range(rounds + 1):
+        order = list(runs) if r % 2 else list(reversed(list(runs)))
+        for name in order:
+            model, data = runs[name]
+            start = time.perf_counter()
+            model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+            if r:  # round 0 traces
+                times[name].append((time.perf_counter() - start) / steps)
+    return statistics.median(times["tfpar"]) / statistics.median(times["bare"]), times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
+    opts = parser.parse_args()
+    rounds, steps, epochs, mib = (2, 5, 2, 8) if opts.quick else (8, 20, 5, 64)
+    common = ["--steps", str(steps), "--epochs", str(epochs)]
+
+    overhead, _ = one_host_overhead(rounds, steps)
+    print(f"one host: DataParallel / MirroredStrategy step time = {overhead:.3f}", flush=True)
+
+    mw = {"tfpar": [], "bare": []}
+    for mode in (["tfpar", "bare"] if opts.quick else ["tfpar", "bare", "bare", "tfpar"]):
+        job = (run_tfpar_job(2, [mode, *common]) if mode == "tfpar"
+               else run_hand_job(2, [mode, *common]))
+        mw[mode].append(job)
+        print(f"2 workers, {mode}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
+    step = {m: statistics.median(j["step_seconds"] for j in jobs) for m, jobs in mw.items()}
+    mw_overhead = step["tfpar"] / step["bare"]
+
+    tcp = loopback_tcp_throughput()
+    reduce = run_tfpar_job(2, ["allreduce", "--mib", str(mib)])
+    busbw_ratio = reduce["busbw"] / tcp
+    print(f"all-reduce {mib} MiB over 2 workers: {reduce['seconds'] * 1e3:.0f} ms, busbw "
+          f"{reduce['busbw'] / 1e9:.2f} GB/s; loopback TCP {tcp / 1e9:.2f} GB/s", flush=True)
+
+    scaling = {}
+    for model in ("cnn", "mlp"):
+        one = run_tfpar_job(1, ["tfpar", "--model", model, *common], env={"TFPAR_NUM_CPU_DEVICES": "1"})
+        two = (statistics.median(j["examples_per_second"] for j in mw["tfpar"]) if model == "cnn"
+               else run_tfpar_job(2, ["tfpar", "--model", model, *common])["examples_per_second"])
+        scaling[model] = two / (2 * one["examples_per_second"])
+        print(f"{model} ({one['params']:,} parameters): 1 worker {one['examples_per_second']:,.0f} ex/s, "
+              f"2 workers {two:,.0f} ex/s, weak scaling {scaling[model]:.2f}", flush=True)
+
+    print(f"RESULT data_parallel overhead={overhead:.3f} mw_overhead={mw_overhead:.3f} "
+          f"busbw_ratio={busbw_ratio:.3f} weak_scaling_cnn={scaling['cnn']:.3f} "
+          f"weak_scaling_mlp={scaling['mlp']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

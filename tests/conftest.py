@@ -1,0 +1,52 @@
+"""Test-session set-up: two virtual CPU devices, before anything touches TensorFlow.
+
+Three tiers: tests/unit (pure logic), tests/devices (this process, virtual CPU
+devices), tests/multiproc (real processes on 127.0.0.1, started and stopped by
+the tests with bounded timeouts).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUM_DEVICES = 2
+
+
+def pytest_configure(config):
+    import tfpar
+
+    tfpar.configure_devices(NUM_DEVICES)
+
+
+class Finished:
+    """A finished command: returncode and combined output."""
+
+    def __init__(self, returncode, output):
+        self.returncode = returncode
+        self.output = output
+
+
+def run_command(args, timeout, env=None, cwd=ROOT):
+    """Runs ``args`` in its own session; kills the whole group on timeout (test fails)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.Popen(args, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{args} did not finish in {timeout} s:\n{output.decode(errors='replace')[-4000:]}")
+    return Finished(proc.returncode, output.decode(errors="replace"))
+
+
+def tfpar_command(*args):
+    """The argv that runs the ``tfpar`` command with this interpreter."""
+    return [sys.executable, "-m", "tfpar.cli", *args]

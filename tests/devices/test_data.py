@@ -1,0 +1,134 @@
+"""tfpar.data: sharding coverage (FILE and DATA, uneven counts) and fit at epoch ends."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfpar
+from tfpar import keras
+from tfpar.data import check_coverage
+
+
+def _ids(n):
+    ids = np.arange(n, dtype="float32")
+    return tf.data.Dataset.from_tensor_slices((ids[:, None], ids))
+
+
+def _write_files(folder, sizes):
+    """TFRecord files of float ids; returns (paths, reader)."""
+    paths, start = [], 0
+    for i, size in enumerate(sizes):
+        path = str(folder / f"part-{i}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for v in range(start, start + size):
+                feature = {"id": tf.train.Feature(float_list=tf.train.FloatList(value=[v]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        start += size
+        paths.append(path)
+
+    def reader(path):
+        spec = {"id": tf.io.FixedLenFeature([1], tf.float32)}
+        return tf.data.TFRecordDataset(path).map(
+            lambda r: (lambda e: (e["id"], e["id"][0]))(tf.io.parse_single_example(r, spec)))
+
+    return paths, reader
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("n", [23, 37])
+def test_data_sharding_pad_sees_every_example_exactly_once(workers, replicas, n):
+    report = check_coverage(_ids(n), num_workers=workers, replicas_per_worker=replicas,
+                            global_batch_size=4 * workers * replicas)
+    assert report.exactly_once, str(report)
+    assert sum(report.expected.values()) == n
+    global_batch = 4 * workers * replicas
+    assert report.padded == -(-n // global_batch) * global_batch - n
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_data_sharding_drop_loses_less_than_a_global_batch(workers):
+    n, global_batch = 37, 4 * workers
+    report = check_coverage(_ids(n), num_workers=workers, global_batch_size=global_batch, remainder="drop")
+    assert not report.duplicated and report.padded == 0
+    assert len(set(report.steps_per_worker)) == 1
+    assert len(report.missing) == n - (n // global_batch) * global_batch
+
+
+@pytest.mark.parametrize("workers, sizes", [(2, [7, 3, 9]), (3, [5, 5, 1, 8]), (3, [10, 1, 1])])
+def test_file_sharding_with_uneven_files(tmp_path, workers, sizes):
+    paths, reader = _write_files(tmp_path, sizes)
+    report = check_coverage(paths, num_workers=workers, global_batch_size=2 * workers,
+                            shard_policy="file", reader=reader)
+    assert report.exactly_once, str(report)
+    assert sum(report.seen.values()) == sum(sizes)
+
+
+def test_fewer_files_than_workers_falls_back_to_data_with_a_warning(tmp_path):
+    paths, reader = _write_files(tmp_path, [11])
+    with pytest.warns(UserWarning, match=r"Sharding by DATA: there are 1 file\(s\) for 2 workers"):
+        report = check_coverage(paths, num_workers=2, global_batch_size=4, reader=reader)
+    assert report.exactly_once
+
+
+def test_forced_file_policy_with_more_workers_than_files(tmp_path):
+    paths, reader = _write_files(tmp_path, [4, 4])
+    with pytest.raises(ValueError, match=r"Received: 2 file\(s\) for 3 workers"):
+        check_coverage(paths, num_workers=3, global_batch_size=3, shard_policy="file", reader=reader)
+
+
+def test_shuffled_shards_still_cover_exactly_once():
+    report = check_coverage(_ids(50), num_workers=3, global_batch_size=6, shuffle_buffer=50, seed=4)
+    assert report.exactly_once, str(report)
+
+
+def test_dataset_function_and_unknown_cardinality_are_counted():
+    source = lambda: _ids(40).filter(lambda x, y: y % 3 != 0)  # noqa: E731  cardinality unknown
+    assert int(source().cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    report = check_coverage(source, num_workers=2, global_batch_size=4)
+    assert report.exactly_once and sum(report.seen.values()) == 26
+
+
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_fit_runs_epochs_back_to_back_without_hanging(remainder):
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse", weighted_metrics=["mae"])
+    train = tfpar.data.distribute(_ids(23), strategy, 4, remainder=remainder)
+    assert train.steps_per_epoch == (6 if remainder == "pad" else 5)
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0)
+    assert len(history.history["loss"]) == 3
+    assert model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0)
+
+
+def test_padding_is_masked_out_of_weighted_metrics():
+    """Padding rows have sample weight 0: a perfect model scores exactly 0 error."""
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1, use_bias=False)])
+        model.compile("sgd", "mse", weighted_metrics=["mae"])
+    model.set_weights([np.ones((1, 1), "float32")])
+    data = tfpar.data.distribute(_ids(23).map(lambda x, y: (x, y + 5.0)), strategy, 4)
+    assert data.plan.steps * 4 > 23  # padding is present
+    _, mae = model.evaluate(data.dataset, steps=data.steps_per_epoch, verbose=0)
+    assert mae == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("source, kwargs, error, match", [
+    (lambda: _ids(10), dict(shard_policy="chunks"), ValueError, r"Unknown shard_policy 'chunks'"),
+    (lambda: _ids(10), dict(remainder="wrap"), ValueError, r"Unknown remainder 'wrap'"),
+    (lambda: _ids(10), dict(shuffle_buffer=-1), ValueError, r"shuffle_buffer must be an int >= 0"),
+    (lambda: tf.data.Dataset.range(10), {}, ValueError, r"remainder='pad' needs \(inputs, targets\)"),
+    (lambda: 42, {}, TypeError, r"must return a tf.data.Dataset. Received: int"),
+    ([], {}, ValueError, r"list of input files is empty"),
+])
+def test_bad_input(source, kwargs, error, match):
+    strategy = tfpar.DataParallel()
+    with pytest.raises(error, match=match):
+        tfpar.data.distribute(source, strategy, 4, **kwargs)
+
+
+def test_non_int_batch():
+    with pytest.raises(TypeError, match=r"global_batch_size must be an int. Received: 4.0"):
+        tfpar.data.distribute(_ids(10), tfpar.DataParallel(), 4.0)

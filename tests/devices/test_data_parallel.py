@@ -1,0 +1,187 @@
+"""DataParallel on 2 virtual CPU devices in this process."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfpar
+from tests.conftest import run_command
+from tfpar import keras
+from tfpar.cluster import ClusterInfo
+from tfpar.devices import DevicesAlreadyInitializedError
+from tfpar.strategies import DataParallel, DataParallelConfig, MirroredDataParallel
+
+
+def _model():
+    """Conv, Dense and an active Dropout whose mask does not depend on the batch.
+
+    A Dropout mask drawn per example differs between one device and two
+    replicas by construction, so exact equality needs a mask shared across
+    the batch (noise_shape) from a stateless seed: the same on every replica.
+    """
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([
+        keras.layers.Input((8, 8, 1)),
+        keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dropout(0.3, noise_shape=(1, 144), seed=3, rng_type="stateless"),
+        keras.layers.Dense(16, activation="tanh"),
+        keras.layers.Dense(3),
+    ])
+
+
+def _data(n=96):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 8, 8, 1)).astype("float32")
+    y = rng.integers(0, 3, size=n)
+    return x, y
+
+
+def _compile(model):
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def test_is_a_real_strategy_with_a_summary():
+    strategy = DataParallel()
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert isinstance(strategy, DataParallel) and isinstance(strategy, MirroredDataParallel)
+    assert strategy.num_replicas_in_sync == 2
+    with strategy.scope():
+        model = _model()
+    text = strategy.describe(global_batch_size=64, model=model)
+    for part in ("workers:    1", "replicas:   2", "CPU:0", "CPU:1", "CollectiveAllReduce",
+                 "32 per replica, 64 global", f"{model.count_params():,} parameters"):
+        assert part in text
+
+
+def test_two_replicas_train_exactly_like_one_device_with_the_same_global_batch():
+    x, y = _data()
+    global_batch = 16
+    single = _model()
+    _compile(single)
+    single.fit(x, y, batch_size=global_batch, epochs=2, shuffle=False, verbose=0)
+
+    strategy = DataParallel()
+    with strategy.scope():
+        parallel = _model()
+        _compile(parallel)
+    np.testing.assert_array_equal(parallel.get_weights()[0], _model().get_weights()[0])
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+    assert train.steps_per_epoch == len(x) // global_batch
+    parallel.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0)
+
+    for a, b in zip(single.get_weights(), parallel.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # The weights moved: the comparison is not between two untouched models.
+    assert not np.allclose(single.get_weights()[0], _model().get_weights()[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("all_reduce", ["auto", "reduce_to_one"])
+def test_all_reduce_choices_reduce_correctly(all_reduce):
+    strategy = DataParallel(all_reduce=all_reduce)
+
+    @tf.function
+    def step():
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_reduce("sum", tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32))
+
+    values = strategy.experimental_local_results(strategy.run(step))
+    assert [float(v) for v in values] == [3.0, 3.0]
+
+
+def test_explicit_devices_and_config_object():
+    strategy = DataParallel(DataParallelConfig(devices=["/device:CPU:1"]))
+    assert strategy.num_replicas_in_sync == 1
+    assert strategy.extended.worker_devices[0].endswith("CPU:1")
+
+
+def test_multi_worker_cluster_selects_multi_worker_class_without_starting(monkeypatch):
+    # Choosing the class is pure; constructing it would start a server.
+    from tfpar.strategies.data_parallel import _build_config
+
+    cluster = ClusterInfo(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_index=1)
+    assert _build_config(None, {"cluster": cluster}).multi_worker
+    monkeypatch.setenv("TF_CONFIG", cluster.to_tf_config())
+    assert _build_config(None, {}).multi_worker
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}))
+    assert not _build_config(None, {}).multi_worker
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(all_reduce="allgather"), ValueError, r"Unknown all_reduce 'allgather'. Received: all_reduce='allgather'"),
+    (dict(all_reduce="nccl"), ValueError, r"all_reduce='nccl' needs GPUs"),
+    (dict(all_reduce="ring"), ValueError, r"all_reduce='ring' needs several workers"),
+    (dict(num_packs=-1), ValueError, r"num_packs must be an int >= 0. Received: num_packs=-1"),
+    (dict(timeout_seconds=0), ValueError, r"timeout_seconds must be a positive number"),
+    (dict(devices=[]), ValueError, r"devices must be a non-empty list"),
+    (dict(cluster={"worker": ["a:1"]}), TypeError, r"cluster must be a tfpar.cluster.ClusterInfo"),
+    (dict(bogus=1), TypeError, r"bogus"),
+])
+def test_bad_configuration(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        DataParallel(**kwargs)
+
+
+def test_multi_worker_rejects_one_host_options():
+    cluster = ClusterInfo(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_index=0)
+    with pytest.raises(ValueError, match=r"works on one host only; this cluster has 2 workers"):
+        DataParallel(cluster=cluster, all_reduce="hierarchical")
+    with pytest.raises(ValueError, match=r"devices applies to one host only"):
+        DataParallel(cluster=cluster, devices=["/device:CPU:0"])
+
+
+@pytest.mark.parametrize("raw, match", [
+    ("not json", r"TF_CONFIG must be JSON"),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 5}}',
+     r"task index must be an int in \[0, 2\)"),
+])
+def test_bad_tf_config_is_reported_by_the_strategy(monkeypatch, raw, match):
+    monkeypatch.setenv("TF_CONFIG", raw)
+    with pytest.raises(ValueError, match=match):
+        DataParallel()
+
+
+def test_global_batch_must_divide_by_replicas():
+    strategy = DataParallel()
+    with pytest.raises(ValueError, match=r"Received: global_batch_size=33 with 2 replicas. Use e.g. 32 or 34"):
+        strategy.describe(global_batch_size=33)
+    with pytest.raises(ValueError, match=r"global_batch_size=33 with 2 replicas"):
+        tfpar.data.distribute(tf.data.Dataset.range(10), strategy, 33)
+
+
+def test_keras3_model_is_refused_with_the_fix():
+    import keras as keras3
+
+    model = keras3.Sequential([keras3.layers.Input((2,)), keras3.layers.Dense(1)])
+    with pytest.raises(TypeError, match=r"Received a Keras 3 model .*import tf_keras as keras"):
+        DataParallel().describe(model=model)
+    with pytest.raises(TypeError, match=r"Expected a tf_keras.Model, received builtins.str"):
+        tfpar.check_model("model")
+
+
+def test_devices_configured_too_late_is_a_clear_error():
+    assert tfpar.configure_devices(2) == ["/device:CPU:0", "/device:CPU:1"]  # what is there: fine
+    with pytest.raises(DevicesAlreadyInitializedError, match=r"already initialised its devices with 2 CPU"):
+        tfpar.configure_devices(3)
+
+
+@pytest.mark.parametrize("value, error, match", [
+    (0, ValueError, r"must be at least 1. Received: num_cpu_devices=0"),
+    ("2", TypeError, r"must be an int. Received: '2'"),
+])
+def test_bad_device_counts(value, error, match):
+    with pytest.raises(error, match=match):
+        tfpar.configure_devices(value)
+
+
+def test_device_count_from_the_environment():
+    """A fresh process, since this one's devices are configured already."""
+    code = "import tfpar; print(tfpar.configure_devices()); print(len(tfpar.local_devices()))"
+    result = run_command([sys.executable, "-c", code], timeout=120, env={"TFPAR_NUM_CPU_DEVICES": "3"})
+    assert result.returncode == 0 and result.output.rstrip().endswith("3"), result.output
+    result = run_command([sys.executable, "-c", code], timeout=120, env={"TFPAR_NUM_CPU_DEVICES": "two"})
+    assert result.returncode != 0 and "TFPAR_NUM_CPU_DEVICES='two'" in result.output

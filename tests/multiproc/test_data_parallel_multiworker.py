@@ -1,0 +1,75 @@
+"""Real processes on 127.0.0.1: tfpar launch + MultiWorkerMirroredStrategy."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+from tfpar.cluster import ClusterInfo, local_cluster
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+
+
+def test_launch_two_workers_train_to_identical_weights(tmp_path):
+    result = run_command(tfpar_command(
+        "launch", "-n", "2", "--", sys.executable, "examples/train_data_parallel.py",
+        "--epochs", "3", "--out", str(tmp_path)), timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    assert "MultiWorkerDataParallel (MultiWorkerMirroredStrategy)" in result.output
+    weights = [np.load(tmp_path / f"worker_{i}.npz") for i in range(2)]
+    assert len(weights[0].files) == 8
+    for name in weights[0].files:
+        np.testing.assert_array_equal(weights[0][name], weights[1][name])
+    logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(2)]
+    assert all(log["replicas"] == 2 for log in logs)
+    losses = logs[0]["loss"]
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("workers, n", [(2, 23), (3, 31)])
+def test_each_example_reaches_exactly_one_worker_and_epochs_end_cleanly(tmp_path, workers, n):
+    global_batch = 2 * workers
+    result = run_command(tfpar_command(
+        "launch", "-n", str(workers), "--", sys.executable, os.path.join(SCRIPTS, "coverage_worker.py"),
+        str(n), str(global_batch), str(tmp_path)), timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(workers)]
+    counts = collections.Counter(i for log in logs for i in log["seen"])
+    assert counts == collections.Counter(range(n))
+    assert {log["steps"] for log in logs} == {-(-n // global_batch)}
+    assert all(log["epochs"] == 3 for log in logs)
+
+
+def test_a_lost_peer_makes_the_survivor_fail_instead_of_hanging(tmp_path):
+    """No launcher here: the surviving worker must notice the dead peer by itself."""
+    cluster = local_cluster({"worker": 2})
+    procs = []
+    env = dict(os.environ, COLLECTIVE_TIMEOUT="20", PYTHONUNBUFFERED="1")
+    try:
+        for index in range(2):
+            info = ClusterInfo(cluster=cluster, task_type="worker", task_index=index)
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(SCRIPTS, "coverage_worker.py"), "23", "4", str(tmp_path),
+                 "--die-after-epoch", "1"],
+                cwd=ROOT, env=dict(env, TF_CONFIG=info.to_tf_config()), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True))
+        assert procs[1].wait(timeout=240) == 9
+        start = time.monotonic()
+        code = procs[0].wait(timeout=240)
+        waited = time.monotonic() - start
+        output = procs[0].stdout.read().decode(errors="replace")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert code != 0, output[-3000:]
+    assert "done" not in output
+    print(f"survivor failed {waited:.1f} s after its peer died")

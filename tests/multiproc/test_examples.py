@@ -1,0 +1,39 @@
+"""The main job and every example run as a user would run them (tiny settings)."""
+
+import re
+import sys
+
+from tests.conftest import run_command, tfpar_command
+
+
+def test_demo_reaches_the_accuracy_target():
+    result = run_command(tfpar_command("demo", "--quiet"), timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
+    assert accuracy >= 0.95, result.output[-3000:]
+    assert "MirroredDataParallel (MirroredStrategy)" in result.output
+    assert "replicas:   2" in result.output
+    assert float(re.search(r"examples/second:\s+([0-9,]+)", result.output).group(1).replace(",", "")) > 0
+
+
+def test_demo_flags_pick_devices_and_epochs():
+    result = run_command(tfpar_command("demo", "--devices", "3", "--epochs", "2"), timeout=300)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "replicas:   3" in result.output and "32 per replica, 96 global" in result.output
+    assert "Epoch 2/2" in result.output and "epochs:              2" in result.output
+
+
+def test_demo_bad_flags():
+    result = run_command(tfpar_command("demo", "--batch-size", "65"), timeout=120)
+    assert result.returncode == 2
+    assert "global_batch_size=65 with 2 replicas" in result.output
+    result = run_command(tfpar_command("demo", "--strategy", "magic"), timeout=120)
+    assert result.returncode == 2 and "Unknown demo strategy 'magic'" in result.output
+
+
+def test_data_parallel_example_on_one_host(tmp_path):
+    result = run_command([sys.executable, "examples/train_data_parallel.py", "--epochs", "1",
+                          "--out", str(tmp_path)], timeout=300)
+    assert result.returncode == 0, result.output[-3000:]
+    assert (tmp_path / "worker_0.npz").exists()
+    assert "MirroredDataParallel" in result.output

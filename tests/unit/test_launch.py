@@ -1,0 +1,119 @@
+"""The launcher, with plain Python children (no TensorFlow), through the real CLI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+from tfpar.launch import LaunchError, launch
+
+PY = sys.executable
+
+
+def _script(body):
+    return [PY, "-c", "import os, json, sys, time, signal\n"
+            "task = json.loads(os.environ['TF_CONFIG'])['task']\n" + body]
+
+
+def test_every_worker_gets_its_tf_config_and_prefixed_output():
+    result = run_command(tfpar_command("launch", "-n", "3", "--", *_script(
+        "c = json.loads(os.environ['TF_CONFIG'])\n"
+        "print('index', task['index'], 'of', len(c['cluster']['worker']), c['cluster']['worker'][task['index']])\n")),
+        timeout=60)
+    assert result.returncode == 0, result.output
+    lines = result.output.splitlines()
+    for i in range(3):
+        (line,) = [l for l in lines if l.startswith(f"[worker {i}] index")]
+        assert f"index {i} of 3 127.0.0.1:" in line
+
+
+def test_failed_worker_stops_the_others_and_is_named(tmp_path):
+    pid_file = tmp_path / "survivor.pid"
+    start = time.monotonic()
+    result = run_command(tfpar_command("launch", "-n", "2", "--grace", "5", "--", *_script(
+        "if task['index'] == 1:\n"
+        "    time.sleep(1); print('failing'); sys.exit(3)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(600)\n")), timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 3, result.output
+    assert "worker 1 exited with code 3" in result.output
+    assert "[worker 1] failing" in result.output
+    assert elapsed < 30
+    survivor = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(survivor, 0)
+
+
+def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period():
+    out = open(os.devnull, "w")
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(_script(
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "if task['index'] == 0: sys.exit(5)\n"
+            "time.sleep(600)\n"), num_workers=2, grace_seconds=1, out=out)
+    assert info.value.task.name == "worker 0" and info.value.returncode == 5
+    assert time.monotonic() - start < 30
+
+
+def test_ctrl_c_is_forwarded_to_every_worker():
+    proc = subprocess.Popen(tfpar_command("launch", "-n", "2", "--", *_script(
+        "signal.signal(signal.SIGINT, lambda *a: (print('got SIGINT', flush=True), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n")), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True, text=True)
+    try:
+        ready = 0
+        deadline = time.monotonic() + 30
+        while ready < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            ready += "ready" in line
+        assert ready == 2
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT
+    assert "[worker 0] got SIGINT" in output and "[worker 1] got SIGINT" in output
+
+
+def test_multi_host_mode_runs_only_this_hosts_task():
+    result = run_command(tfpar_command(
+        "launch", "--hosts", "10.1.2.3:5001,10.1.2.4", "--task-index", "1", "--",
+        *_script("print(os.environ['TF_CONFIG'])\n")), timeout=60)
+    assert result.returncode == 0, result.output
+    (line,) = [l for l in result.output.splitlines() if l.startswith("[worker 1] {")]
+    config = json.loads(line[len("[worker 1] "):])
+    assert config == {"cluster": {"worker": ["10.1.2.3:5001", "10.1.2.4:2222"]},
+                      "task": {"type": "worker", "index": 1}}
+    assert "[worker 0]" not in result.output
+
+
+def test_cluster_file(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"cluster": {"chief": ["c:1"], "worker": ["w:1"]}}))
+    result = run_command(tfpar_command(
+        "launch", "--cluster", str(path), "--task-type", "chief", "--task-index", "0", "--",
+        *_script("print('role', task['type'], task['index'])\n")), timeout=60)
+    assert result.returncode == 0 and "[chief 0] role chief 0" in result.output
+
+
+@pytest.mark.parametrize("args, match", [
+    (["-n", "0", "--", PY, "-c", "pass"], r"needs at least one worker. Received: -n 0"),
+    (["-n", "2"], r"Nothing to launch"),
+    (["--hosts", "a,b", "--", PY, "-c", "pass"], r"needs this machine's --task-index"),
+    (["--hosts", "a,b", "--task-index", "2", "--", PY, "-c", "pass"], r"Received: task index 2"),
+])
+def test_bad_launch_arguments(args, match):
+    import re
+
+    result = run_command(tfpar_command("launch", *args), timeout=60)
+    assert result.returncode == 2
+    assert re.search(match, result.output), result.output
