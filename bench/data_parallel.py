@@ -10,7 +10,7 @@ Last line:
   2 virtual CPU devices and global batch, alternating rounds in this process.
 - mw_overhead: the same for 2 workers: `tfpar launch -n 2` ÷ bare
   MultiWorkerMirroredStrategy started with a hand-written TF_CONFIG and the same
-  communication options (RING, same timeout); jobs alternate A B B A.
+  communication options (RING, same timeout); jobs alternate A B B A A B.
 - busbw_ratio: bus bandwidth of tfpar's multi-worker all-reduce of a 64 MiB
   float32 tensor over 2 workers (size·2(n-1)/n ÷ time) ÷ the throughput a plain
   loopback TCP socket pair reaches in this run: the physical limit here.
@@ -150,14 +150,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
     opts = parser.parse_args()
-    rounds, steps, epochs, mib = (2, 5, 2, 8) if opts.quick else (8, 20, 5, 64)
+    rounds, steps, epochs, mib = (2, 5, 2, 8) if opts.quick else (10, 30, 6, 64)
     common = ["--steps", str(steps), "--epochs", str(epochs)]
 
     overhead, _ = one_host_overhead(rounds, steps)
     print(f"one host: DataParallel / MirroredStrategy step time = {overhead:.3f}", flush=True)
 
     mw = {"tfpar": [], "bare": []}
-    for mode in (["tfpar", "bare"] if opts.quick else ["tfpar", "bare", "bare", "tfpar"]):
+    for mode in (["tfpar", "bare"] if opts.quick else ["tfpar", "bare", "bare", "tfpar", "tfpar", "bare"]):
         job = (run_tfpar_job(2, [mode, *common]) if mode == "tfpar"
                else run_hand_job(2, [mode, *common]))
         mw[mode].append(job)

@@ -77,6 +77,13 @@ def test_forced_file_policy_with_more_workers_than_files(tmp_path):
         check_coverage(paths, num_workers=3, global_batch_size=3, shard_policy="file", reader=reader)
 
 
+def test_user_sample_weights_are_kept_and_padding_gets_weight_zero():
+    source = _ids(23).map(lambda x, y: (x, y, 2.0))
+    report = check_coverage(source, num_workers=2, global_batch_size=4)
+    assert report.exactly_once and report.padded == 1
+    assert all(key[-1] == np.float32(2.0).tobytes() for key in report.seen)
+
+
 def test_shuffled_shards_still_cover_exactly_once():
     report = check_coverage(_ids(50), num_workers=3, global_batch_size=6, shuffle_buffer=50, seed=4)
     assert report.exactly_once, str(report)

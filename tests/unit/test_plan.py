@@ -27,9 +27,12 @@ def test_steps_equal_on_every_worker_and_cover_the_input(remainder):
         if remainder == "pad":
             assert s == math.ceil(n / global_batch)
             assert all(size <= s * replicas * batch for size in per_worker)
+            # Padding (and its weight column) only where some shard falls short.
+            assert {p.padded for p in plans} == {n % global_batch != 0}
         else:
             assert s == n // global_batch
             assert all(size >= s * replicas * batch for size in per_worker)
+            assert not any(p.padded for p in plans)
 
 
 def test_file_policy_balances_by_the_largest_and_smallest_shard():

@@ -43,6 +43,10 @@ class ShardPlan:
     input (then ``fit`` needs ``steps_per_epoch``)."""
     files: tuple = None
     """This worker's files, for the "file" policy."""
+    padded: bool = False
+    """Whether some worker pads its last batches: then every worker's batches
+    carry a sample-weight entry (0 for padding), so all workers agree on the
+    structure; with no padding anywhere, examples pass through unchanged."""
 
     @property
     def global_batch_size(self):
@@ -153,7 +157,7 @@ def plan_shard(
             f"Received: file_sizes={file_sizes!r} for {num_files} file(s)."
         )
     sizes = _shard_sizes(num_elements, file_sizes, resolved, num_workers)
-    steps = None
+    steps, padded = None, False
     if sizes is not None:
         per_step = replicas_per_worker * per_replica_batch
         smallest, largest = sizes
@@ -166,6 +170,7 @@ def plan_shard(
                 f"num_elements={num_elements}. Use a smaller global batch, "
                 "more data, or remainder='pad'."
             )
+        padded = remainder == "pad" and smallest < steps * per_step
     return ShardPlan(
         policy=resolved,
         num_workers=num_workers,
@@ -175,4 +180,5 @@ def plan_shard(
         remainder=remainder,
         steps=steps,
         files=tuple(files[worker_index::num_workers]) if resolved == "file" else None,
+        padded=padded,
     )

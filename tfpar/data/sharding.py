@@ -135,8 +135,7 @@ def _measure(source, config):
     return _Sizes(sum(sizes), sizes)
 
 
-def _with_weights(dataset):
-    spec = dataset.element_spec
+def _check_padable(spec):
     if not isinstance(spec, tuple) or len(spec) not in (2, 3):
         raise ValueError(
             "remainder='pad' needs (inputs, targets) or (inputs, targets, "
@@ -144,33 +143,35 @@ def _with_weights(dataset):
             f"weight 0. Received elements of spec {spec}. Use remainder='drop' "
             "or add targets."
         )
-    if len(spec) == 3:
-        return dataset
-    return dataset.map(lambda x, y: (x, y, tf.ones((), tf.float32)))
+    for s in tf.nest.flatten(spec):
+        if not s.shape.is_fully_defined():
+            raise ValueError(
+                "remainder='pad' needs examples of a fixed shape to build "
+                f"padding. Received elements of spec {spec}. Use "
+                "remainder='drop' or give the examples a fixed shape."
+            )
 
 
-def _pad_to(structure, size):
-    """Pads every tensor of ``structure`` with zeros along axis 0 to ``size``."""
+def _pad_batch(size):
+    """Per-batch map: add a weight column (1 per example) and pad a short batch to ``size``."""
 
     def pad(t):
         extra = size - tf.shape(t)[0]
         padded = tf.pad(t, [[0, extra]] + [[0, 0]] * (t.shape.rank - 1))
         return tf.ensure_shape(padded, [size] + t.shape[1:].as_list())
 
-    return tf.nest.map_structure(pad, structure)
+    def fn(*batch):
+        if len(batch) == 2:
+            batch = (*batch, tf.ones(tf.shape(tf.nest.flatten(batch[0])[0])[:1], tf.float32))
+        full = tf.equal(tf.shape(batch[-1])[0], size)
+        # Only the last batch is short: full batches pass through without a copy.
+        return tf.cond(
+            full,
+            lambda: tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size] + t.shape[1:].as_list()), batch),
+            lambda: tf.nest.map_structure(pad, batch),
+        )
 
-
-def _padding_batches(spec):
-    def zeros(s):
-        if not s.shape.is_fully_defined():
-            raise ValueError(
-                "remainder='pad' needs examples of a fixed shape to build "
-                f"padding. Received batches of spec {spec}. Use "
-                "remainder='drop' or give the examples a fixed shape."
-            )
-        return tf.zeros(s.shape, s.dtype)
-
-    return tf.data.Dataset.from_tensors(tf.nest.map_structure(zeros, spec)).repeat()
+    return fn
 
 
 def _batch(dataset, plan):
@@ -179,10 +180,13 @@ def _batch(dataset, plan):
     if plan.steps is None:  # infinite: no last batch to handle
         return dataset.batch(batch, drop_remainder=True)
     count = plan.steps * plan.replicas_per_worker
-    if plan.remainder == "drop":
+    if not plan.padded:  # "drop", or "pad" where every shard fills its steps exactly
         return dataset.batch(batch, drop_remainder=True).take(count)
-    dataset = _with_weights(dataset).batch(batch).map(lambda *b: _pad_to(b, batch))
-    return dataset.concatenate(_padding_batches(dataset.element_spec)).take(count)
+    _check_padable(dataset.element_spec)
+    dataset = dataset.batch(batch).map(_pad_batch(batch))
+    zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), dataset.element_spec)
+    padding = tf.data.Dataset.from_tensors(zeros).repeat()
+    return dataset.concatenate(padding).take(count)
 
 
 def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, sizes=None):
@@ -364,10 +368,9 @@ def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **op
             else (e.numpy(),))
         for e in whole
     )
-    strip = config.remainder == "pad" and len(whole.element_spec) == 2
     seen, steps, padded = collections.Counter(), [], 0
     for index in range(num_workers):
-        dataset, _ = worker_dataset(
+        dataset, plan = worker_dataset(
             source, config, num_workers=num_workers, worker_index=index,
             num_replicas=num_workers * replicas_per_worker,
         )
@@ -375,8 +378,9 @@ def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **op
         for batch in dataset.as_numpy_iterator():
             batches += 1
             parts = batch if isinstance(batch, tuple) else (batch,)
-            weights = parts[-1] if config.remainder == "pad" else None
-            parts = parts[:-1] if strip else parts
+            weights = parts[-1] if plan.padded else None
+            if plan.padded and len(whole.element_spec) == 2:
+                parts = parts[:-1]
             for row in range(len(tf.nest.flatten(parts)[0])):
                 if weights is not None and weights[row] == 0:
                     padded += 1
