@@ -65,7 +65,11 @@ def _launch(args):
             )
         task = Task(task_type=args.task_type, task_index=args.task_index)
     elif args.workers is None:
-        args.workers = 2
+        raise ValueError(
+            "Say how many local workers to start, or which cluster to join. "
+            "Received: neither -n nor --hosts/--cluster. Write e.g. "
+            "`tfpar launch -n 2 -- python train.py`."
+        )
     return launch(cmd, num_workers=args.workers, cluster=cluster, task=task, grace_seconds=args.grace)
 
 

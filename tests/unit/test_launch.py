@@ -108,6 +108,7 @@ def test_cluster_file(tmp_path):
 @pytest.mark.parametrize("args, match", [
     (["-n", "0", "--", PY, "-c", "pass"], r"needs at least one worker. Received: -n 0"),
     (["-n", "2"], r"Nothing to launch"),
+    (["--", PY, "-c", "pass"], r"Received: neither -n nor --hosts/--cluster"),
     (["--hosts", "a,b", "--", PY, "-c", "pass"], r"needs this machine's --task-index"),
     (["--hosts", "a,b", "--task-index", "2", "--", PY, "-c", "pass"], r"Received: task index 2"),
 ])
