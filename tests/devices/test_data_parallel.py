@@ -9,40 +9,14 @@ import tensorflow as tf
 
 import tfpar
 from tests.conftest import run_command
+from tests.models import compile_for_equivalence, equivalence_data, equivalence_model
 from tfpar import keras
 from tfpar.cluster import ClusterInfo
 from tfpar.devices import DevicesAlreadyInitializedError
 from tfpar.strategies import DataParallel, DataParallelConfig, MirroredDataParallel
 
 
-def _model():
-    """Conv, Dense and an active Dropout whose mask does not depend on the batch.
-
-    A Dropout mask drawn per example differs between one device and two
-    replicas by construction, so exact equality needs a mask shared across
-    the batch (noise_shape) from a stateless seed: the same on every replica.
-    """
-    keras.utils.set_random_seed(1)
-    return keras.Sequential([
-        keras.layers.Input((8, 8, 1)),
-        keras.layers.Conv2D(4, 3, activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dropout(0.3, noise_shape=(1, 144), seed=3, rng_type="stateless"),
-        keras.layers.Dense(16, activation="tanh"),
-        keras.layers.Dense(3),
-    ])
-
-
-def _data(n=96):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(n, 8, 8, 1)).astype("float32")
-    y = rng.integers(0, 3, size=n)
-    return x, y
-
-
-def _compile(model):
-    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+_model, _data, _compile = equivalence_model, equivalence_data, compile_for_equivalence
 
 
 def test_is_a_real_strategy_with_a_summary():

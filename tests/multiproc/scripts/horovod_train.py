@@ -1,0 +1,35 @@
+"""Trains the equivalence model under HorovodStrategy; writes rank_<r>.npz.
+
+Usage: horovod_train.py OUT_DIR GLOBAL_BATCH EPOCHS [op] [compression]
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import tfpar
+from tfpar.strategies.horovod import HorovodStrategy
+
+out, global_batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+op = sys.argv[4] if len(sys.argv) > 4 else "average"
+compression = sys.argv[5] if len(sys.argv) > 5 else "none"
+strategy = HorovodStrategy(op=op, compression=compression)
+
+import tensorflow as tf  # noqa: E402
+
+from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
+
+x, y = equivalence_data()
+with strategy.scope():
+    model = equivalence_model()
+    compile_for_equivalence(model)
+    model.compile(model.optimizer, model.loss, weighted_metrics=["accuracy"])
+print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
+train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
+rank = strategy.rank
+np.savez(os.path.join(out, f"rank_{rank}.npz"), *model.get_weights())
+with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:
+    json.dump({k: [float(v) for v in vals] for k, vals in history.history.items()}, f)

@@ -1,0 +1,301 @@
+"""Horovod ring all-reduce as a `tf.distribute.Strategy`.
+
+Horovod is an optimizer wrapper plus callbacks, not a strategy. `HorovodStrategy`
+makes it one, the way TensorFlow's MultiWorkerMirroredStrategy is built: a
+MirroredStrategy over this process's one device (the GPU of its local rank, else
+the CPU) whose cross-replica reductions go through Horovod (``hvd.allreduce``,
+ring all-reduce over Gloo, MPI or NCCL) across ``hvd.size()`` processes. So in
+``with strategy.scope(): model.compile(...); model.fit(...)``:
+
+- gradients are summed by Horovod (``op`` Average, Sum or Adasum; optional fp16
+  compression) and applied identically on every rank;
+- every variable starts from rank 0's value (broadcast when it is created,
+  optimizer state included);
+- metrics are Keras' SyncOnRead variables, reduced through Horovod when read,
+  so the numbers every rank prints are the global ones;
+- input given to ``fit`` (or `tfpar.data.distribute`) is sharded by rank;
+- only rank 0 writes checkpoints (``should_checkpoint``).
+
+It sits on ``horovod.tensorflow`` only: ``horovod.tensorflow.keras`` imports
+Keras 3 on TensorFlow >= 2.16 and breaks tf_keras models. Without
+``horovodrun`` it runs as one rank.
+"""
+
+import dataclasses
+
+from tfpar._keras import tf
+from tfpar.data.batching import per_replica_batch_size
+from tfpar._keras import check_model
+
+from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
+from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy, values
+
+__all__ = ["HOROVOD_OPS", "COMPRESSIONS", "HorovodConfig", "HorovodStrategy", "import_horovod"]
+
+HOROVOD_OPS = ("average", "sum", "adasum")
+"""Gradient reductions: Horovod's Average (the default), Sum and Adasum."""
+COMPRESSIONS = ("none", "fp16")
+"""Gradient compression on the wire."""
+
+INSTALL_HINT = (
+    "Install it with `pip install \".[horovod]\" && python scripts/install_horovod.py` "
+    "from the tfpar checkout (it builds Horovod with Gloo against this TensorFlow)."
+)
+
+
+def import_horovod():
+    """Returns ``horovod.tensorflow``, initialised.
+
+    Raises:
+        ImportError: if Horovod is not installed, saying how to install it.
+    """
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as e:
+        raise ImportError(f"HorovodStrategy needs Horovod, which is not importable ({e}). {INSTALL_HINT}") from None
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HorovodConfig:
+    """Configuration of `HorovodStrategy`, validated when built."""
+
+    op: str = "average"
+    """Gradient reduction across ranks: one of `HOROVOD_OPS`."""
+    compression: str = "none"
+    """Gradient compression: one of `COMPRESSIONS` ("fp16" halves the bytes sent)."""
+
+    def __post_init__(self):
+        for name, value, choices in (("op", self.op, HOROVOD_OPS), ("compression", self.compression, COMPRESSIONS)):
+            if value not in choices:
+                raise ValueError(f"Unknown {name} {value!r}. Received: {name}={value!r}. Use one of {list(choices)}.")
+
+
+class _HorovodAllReduce(cross_device_ops_lib.CrossDeviceOps):
+    """Cross-device ops whose reductions are Horovod all-reduces across ranks.
+
+    The values reaching it are each rank's local contribution; Keras has
+    already divided the loss by ``num_replicas_in_sync`` (= ``hvd.size()``),
+    so a Sum across ranks yields the average gradient.
+    """
+
+    def __init__(self, hvd, config):
+        super().__init__()
+        self._hvd = hvd
+        self._size = hvd.size()
+        self._compression = hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
+        self._op = config.op
+
+    def _local(self, value):
+        if isinstance(value, values.DistributedValues):
+            (value,) = value.values
+        return value
+
+    def _reduce_args(self, reduce_op, gradients):
+        hvd = self._hvd
+        if self._op == "adasum" and gradients:
+            # Adasum combines unscaled gradients; undo Keras' 1/size.
+            return dict(op=hvd.Adasum, prescale_factor=float(self._size))
+        if self._op == "sum" and gradients:
+            return dict(op=hvd.Sum, prescale_factor=float(self._size))
+        return dict(op=hvd.Average if reduce_op == tf.distribute.ReduceOp.MEAN else hvd.Sum)
+
+    def allreduce(self, reduce_op, tensors, gradients=False):
+        """All-reduces a list of local tensors (dense or IndexedSlices) across ranks."""
+        if self._size == 1:
+            return list(tensors)
+        args = self._reduce_args(reduce_op, gradients)
+        dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+        out = list(tensors)
+        if dense:
+            floats = [i for i in dense if tensors[i].dtype.is_floating]
+            others = [i for i in dense if not tensors[i].dtype.is_floating]
+            if floats:
+                reduced = self._hvd.grouped_allreduce(
+                    [tensors[i] for i in floats], compression=self._compression, **args)
+                for i, r in zip(floats, reduced):
+                    out[i] = r
+            for i in others:  # integers: no compression, no scaling
+                out[i] = self._hvd.allreduce(tensors[i], op=args["op"] if args["op"] != self._hvd.Adasum else self._hvd.Sum)
+        for i, t in enumerate(tensors):
+            if isinstance(t, tf.IndexedSlices):
+                out[i] = self._hvd.allreduce(t, compression=self._compression, **args)
+        return out
+
+    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        return self.allreduce(reduce_op, [self._local(per_replica_value)])[0]
+
+    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        return self.allreduce(reduce_op, [self._local(v) for v, _ in value_destination_pairs], gradients=True)
+
+    def broadcast_implementation(self, tensor, destinations):
+        return tensor
+
+    def _gather(self, per_replica_value, destinations, axis, options=None):
+        return self._hvd.allgather(self._local(per_replica_value))
+
+
+class _HorovodExtended(mirrored_strategy.MirroredExtended):
+    """MirroredExtended over one local device, Horovod across processes."""
+
+    def __init__(self, container_strategy, hvd, config, device):
+        self._hvd = hvd
+        self._rank, self._size = hvd.rank(), hvd.size()
+        self._horovod_ops = _HorovodAllReduce(hvd, config)
+        super().__init__(container_strategy, devices=[device], cross_device_ops=self._horovod_ops)
+
+    # Reductions: always through Horovod (MirroredExtended would shortcut
+    # CPU destinations and one-device values to a local identity).
+    def _get_cross_device_ops(self, value):
+        return self._horovod_ops
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        if isinstance(value, values.Mirrored) and reduce_op == tf.distribute.ReduceOp.MEAN:
+            return value
+        return tf.nest.map_structure(
+            lambda v: self._horovod_ops.reduce_implementation(reduce_op, v, destinations, options), value)
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        return self._horovod_ops.batch_reduce_implementation(reduce_op, value_destination_pairs, options)
+
+    def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
+        # One replica per process: reduce right here, no merge_call needed.
+        flat = tf.nest.flatten(value)
+        return tf.nest.pack_sequence_as(value, self._horovod_ops.allreduce(reduce_op, flat))
+
+    # Variables start from rank 0's values, optimizer state included.
+    def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
+        if replica_id != 0 or self._size == 1:
+            return super()._get_variable_creator_initial_value(replica_id, device, primary_var, **kwargs)
+        hvd = self._hvd
+
+        def initial_value_fn():
+            with tf.device(device):
+                initial = kwargs["initial_value"]
+                if callable(initial):
+                    initial = initial()
+                initial = getattr(initial, "wrapped_value", initial)  # CheckpointInitialValue
+                initial = tf.convert_to_tensor(initial, dtype=kwargs.get("dtype", None))
+                name = kwargs.get("name") or "variable"
+                return hvd.broadcast(initial, root_rank=0, name=f"tfpar_init_{name}".replace(":", "_"))
+
+        return initial_value_fn
+
+    # Input: each rank reads its own shard.
+    def _make_input_context(self):
+        return distribute_lib.InputContext(
+            num_input_pipelines=self._size, input_pipeline_id=self._rank, num_replicas_in_sync=self._size)
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        return input_util.get_distributed_dataset(
+            dataset, self._input_workers_with_options(options), self._container_strategy(),
+            num_replicas_in_sync=self._size, input_context=self._make_input_context(), options=options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn=dataset_fn, input_workers=self._input_workers_with_options(options),
+            input_contexts=[self._make_input_context()], strategy=self._container_strategy(), options=options)
+
+    @property
+    def _num_replicas_in_sync(self):
+        return self._size
+
+    def _in_multi_worker_mode(self):
+        return self._size > 1
+
+    def _get_replica_id_in_sync_group(self, replica_id):
+        return self._rank + replica_id
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        return replica_id_in_sync_group - self._rank
+
+    @property
+    def experimental_between_graph(self):
+        return True
+
+    @property
+    def should_checkpoint(self):
+        return self._rank == 0
+
+    @property
+    def should_save_summary(self):
+        return self._rank == 0
+
+
+class HorovodStrategy(tf.distribute.MirroredStrategy):
+    """Horovod ring all-reduce as a `tf.distribute.Strategy`: one replica per process.
+
+    Run the same script under ``horovodrun -np 2 -H localhost:2 --gloo python
+    train.py`` (or ``tfpar launch --horovod -n 2``), or alone as one rank.
+
+    Args:
+        config: a `HorovodConfig`, or its fields as keyword arguments
+            (``op``, ``compression``).
+
+    Raises:
+        ImportError: Horovod is not installed (the message says how).
+        ValueError: an unknown op or compression; Adasum on a number of
+            ranks that is not a power of two.
+
+    Example:
+        >>> strategy = tfpar.strategies.HorovodStrategy(compression="fp16")  # doctest: +SKIP
+        >>> with strategy.scope():  # doctest: +SKIP
+        ...     model = build_model(); model.compile("adam", "mse")
+    """
+
+    def __init__(self, config=None, **kwargs):
+        if config is None:
+            config = HorovodConfig(**kwargs)
+        elif kwargs or not isinstance(config, HorovodConfig):
+            raise TypeError(
+                "Pass either a HorovodConfig or keyword arguments. Received: "
+                f"{type(config).__name__} and {sorted(kwargs)}.")
+        hvd = import_horovod()
+        size = hvd.size()
+        if config.op == "adasum" and size & (size - 1):
+            raise ValueError(
+                f"Adasum needs a number of ranks that is a power of two. Received: op='adasum' with "
+                f"{size} ranks. Use 2, 4, 8, ... ranks, or op='average'.")
+        self.config = config
+        self.hvd = hvd
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            local = gpus[hvd.local_rank() % len(gpus)]
+            tf.config.set_visible_devices(local, "GPU")
+            device = "/device:GPU:0"
+        else:
+            device = "/device:CPU:0"
+        extended = _HorovodExtended(self, hvd, config, device)
+        distribute_lib.Strategy.__init__(self, extended)
+
+    @property
+    def rank(self):
+        """This process's Horovod rank."""
+        return self.hvd.rank()
+
+    @property
+    def size(self):
+        """Number of Horovod ranks (= replicas)."""
+        return self.hvd.size()
+
+    def describe(self, global_batch_size=None, model=None):
+        """Returns a readable summary (as `DataParallel.describe`)."""
+        hvd = self.hvd
+        controllers = [n for n, built in (("Gloo", hvd.gloo_built()), ("MPI", hvd.mpi_built())) if built]
+        lines = [
+            "HorovodStrategy (Horovod ring all-reduce)",
+            f"  workers:    {hvd.size()} (this is rank {hvd.rank()}, local rank {hvd.local_rank()})",
+            f"  replicas:   {self.num_replicas_in_sync} (1 on this worker)",
+            f"  devices:    {', '.join(self.extended.worker_devices)}",
+            f"  all-reduce: Horovod {self.config.op}, compression={self.config.compression}, "
+            f"controllers: {', '.join(controllers) or 'none'}",
+        ]
+        if global_batch_size is not None:
+            per_replica = per_replica_batch_size(global_batch_size, self.num_replicas_in_sync)
+            lines.append(f"  batch:      {per_replica} per replica, {global_batch_size} global")
+        if model is not None:
+            check_model(model)
+            lines.append(f"  model:      {model.name}, {model.count_params():,} parameters")
+        return "\n".join(lines)
