@@ -16,7 +16,8 @@ setup(
     ],
     extras_require={
         "dev": ["pytest>=8", "pytest-timeout"],
-        "horovod": [],  # built from source with Gloo: see README
+        # Horovod itself is built by scripts/install_horovod.py (see README).
+        "horovod": ["cmake>=3.13", "cloudpickle", "psutil", "pyyaml", "packaging", "cffi>=1.4.0"],
     },
     entry_points={"console_scripts": ["tfpar=tfpar.cli:main"]},
 )

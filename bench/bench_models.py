@@ -1,4 +1,10 @@
-"""Models and synthetic data shared by the benchmarks."""
+"""Models, synthetic data and measurements shared by the benchmarks."""
+
+import json
+import socket
+import statistics
+import threading
+import time
 
 import numpy as np
 
@@ -33,3 +39,43 @@ def make_data(kind, n, seed=0):
     rng = np.random.default_rng(seed)
     shape = (n, 16, 16, 1) if kind == "cnn" else (n, 784)
     return rng.normal(size=shape).astype("float32"), rng.integers(0, 10, size=n)
+
+
+def loopback_tcp_throughput(total=512 * 2**20, chunk=4 * 2**20, repeats=3):
+    """Bytes/s one TCP connection over 127.0.0.1 carries (median of ``repeats``)."""
+    payload = b"\0" * chunk
+    rates = []
+    for _ in range(repeats):
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        done = threading.Event()
+
+        def receive():
+            conn, _ = server.accept()
+            left = total
+            while left > 0:
+                left -= len(conn.recv(min(left, chunk)))
+            conn.close()
+            done.set()
+
+        thread = threading.Thread(target=receive)
+        thread.start()
+        client = socket.create_connection(server.getsockname())
+        start = time.perf_counter()
+        for _ in range(total // chunk):
+            client.sendall(payload)
+        done.wait()
+        rates.append(total / (time.perf_counter() - start))
+        thread.join()
+        client.close()
+        server.close()
+    return statistics.median(rates)
+
+
+def parse_bench_line(output):
+    """Returns the JSON of the first ``BENCH {...}`` line of a job's output."""
+    for line in output.splitlines():
+        if "BENCH " in line:
+            return json.loads(line.split("BENCH ", 1)[1])
+    raise RuntimeError("no BENCH line in the job's output:\n" + output[-3000:])

@@ -23,55 +23,16 @@ Last line:
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_worker.py")
 sys.path.insert(0, HERE)
 
-
-def loopback_tcp_throughput(total=512 * 2**20, chunk=4 * 2**20, repeats=3):
-    """Bytes/s one TCP connection over 127.0.0.1 carries (median of ``repeats``)."""
-    payload = b"\0" * chunk
-    rates = []
-    for _ in range(repeats):
-        server = socket.socket()
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        done = threading.Event()
-
-        def receive():
-            conn, _ = server.accept()
-            left = total
-            while left > 0:
-                left -= len(conn.recv(min(left, chunk)))
-            conn.close()
-            done.set()
-
-        thread = threading.Thread(target=receive)
-        thread.start()
-        client = socket.create_connection(server.getsockname())
-        start = time.perf_counter()
-        for _ in range(total // chunk):
-            client.sendall(payload)
-        done.wait()
-        rates.append(total / (time.perf_counter() - start))
-        thread.join()
-        client.close()
-        server.close()
-    return statistics.median(rates)
-
-
-def _parse(output):
-    for line in output.splitlines():
-        if "BENCH " in line:
-            return json.loads(line.split("BENCH ", 1)[1])
-    raise RuntimeError("no BENCH line in the job's output:\n" + output[-3000:])
+from bench_models import loopback_tcp_throughput, parse_bench_line  # noqa: E402
 
 
 def run_tfpar_job(workers, args, env=None, timeout=600):
@@ -82,7 +43,7 @@ def run_tfpar_job(workers, args, env=None, timeout=600):
                           text=True, timeout=timeout)
     if done.returncode:
         raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return _parse(done.stdout)
+    return parse_bench_line(done.stdout)
 
 
 def run_hand_job(workers, args, timeout=600):
@@ -105,7 +66,7 @@ def run_hand_job(workers, args, timeout=600):
             proc.kill()
     if any(p.returncode for p in procs):
         raise RuntimeError("hand-launched job failed:\n" + "\n".join(o[-2000:] for o in outputs))
-    return _parse(outputs[0])
+    return parse_bench_line(outputs[0])
 
 
 def one_host_overhead(rounds, steps):

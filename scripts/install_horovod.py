@@ -20,6 +20,7 @@ on the same machine install in seconds instead of compiling for ~5 minutes.
 
 import argparse
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -103,6 +104,15 @@ def build_wheel(version, out_dir):
               "-w", out_dir], env={**os.environ, **BUILD_ENV})
 
 
+def write_build_note(tf_version):
+    """Records what this build was made against, for `tfpar doctor`."""
+    code = ("import importlib.util, json, os, sys; "
+            "d = importlib.util.find_spec('horovod').submodule_search_locations[0]; "
+            "json.dump(json.loads(sys.argv[1]), open(os.path.join(d, '_tfpar_build.json'), 'w'))")
+    note = json.dumps({"tensorflow": tf_version, "xla_ops_guarded": True, "builder": "scripts/install_horovod.py"})
+    subprocess.run([sys.executable, "-c", code, note], check=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", default=DEFAULT_VERSION)
@@ -126,9 +136,10 @@ def main(argv=None):
     else:
         _say(f"using the cached wheel {wheels[0]}")
     _run([sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", wheels[0]])
-    _run([sys.executable, "-m", "pip", "install", "cloudpickle", "psutil", "pyyaml", "packaging", "cffi"])
+    _run([sys.executable, "-m", "pip", "install", wheels[0]])  # its dependencies
     if not installed_ok(args.version):
         raise SystemExit("install_horovod: Horovod installed but `import horovod.tensorflow` fails")
+    write_build_note(tf_version)
     _say(f"Horovod {args.version} installed for TensorFlow {tf_version}")
     return 0
 

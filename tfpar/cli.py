@@ -1,4 +1,4 @@
-"""The ``tfpar`` command: ``demo`` and ``launch``."""
+"""The ``tfpar`` command: ``demo``, ``launch`` and ``doctor``."""
 
 import argparse
 import os
@@ -21,9 +21,10 @@ def _parser():
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
-    demo.add_argument("--strategy", default="data_parallel", help="data_parallel (default)")
+    demo.add_argument("--strategy", default="data_parallel",
+                      help="data_parallel (default) or horovod (starts the ranks with horovodrun)")
     demo.add_argument("--devices", type=_int, default=None,
-                      help="virtual CPU devices when there is no GPU (default 2)")
+                      help="virtual CPU devices when there is no GPU, or Horovod ranks (default 2)")
     demo.add_argument("--epochs", type=_int, default=15)
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")
@@ -44,7 +45,11 @@ def _parser():
                      help="this machine's index in its role (multi-host)")
     run.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS,
                      help="seconds a stopped task gets before SIGKILL")
+    run.add_argument("--horovod", action="store_true",
+                     help="start a Horovod job instead (horovodrun --gloo, -n local ranks)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- program and arguments")
+
+    sub.add_parser("doctor", help="versions, devices and whether Horovod is usable")
     return parser
 
 
@@ -52,6 +57,8 @@ def _launch(args):
     from tfpar.cluster import parse_hosts
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.horovod:
+        return _launch_horovod(args, cmd)
     if args.hosts and args.cluster:
         raise ValueError("Give --hosts or --cluster, not both.")
     cluster = task = None
@@ -73,8 +80,47 @@ def _launch(args):
     return launch(cmd, num_workers=args.workers, cluster=cluster, task=task, grace_seconds=args.grace)
 
 
+def _launch_horovod(args, cmd):
+    """Delegates to ``horovodrun --gloo`` on this machine (it supervises the ranks)."""
+    import shutil
+    import subprocess
+
+    if args.hosts or args.cluster:
+        raise ValueError(
+            "tfpar launch --horovod starts local ranks only. Received: --hosts/--cluster. "
+            "On several machines run horovodrun -H host1:N,host2:N --gloo directly.")
+    if args.workers is None or args.workers < 1:
+        raise ValueError(f"tfpar launch --horovod needs -n N >= 1. Received: -n {args.workers}.")
+    if not cmd:
+        raise ValueError("Nothing to launch. Received: an empty command.")
+    horovodrun = shutil.which("horovodrun")
+    if horovodrun is None:
+        from tfpar.strategies.horovod import INSTALL_HINT
+
+        raise ValueError(f"tfpar launch --horovod needs horovodrun, which is not on PATH. {INSTALL_HINT}")
+    n = str(args.workers)
+    return subprocess.call([horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd])
+
+
+def _doctor():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfpar.doctor import report
+
+    print("\n".join(report()))
+    return 0
+
+
 def _demo(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.strategy == "horovod" and "HOROVOD_RANK" not in os.environ:
+        # Start the ranks (one per --devices, default 2) and run this same demo in each.
+        args.workers, args.hosts, args.cluster = args.devices or 2, None, None
+        argv = [sys.executable, "-m", "tfpar.cli", "demo", "--strategy", "horovod", "--epochs", str(args.epochs)]
+        if args.batch_size:
+            argv += ["--batch-size", str(args.batch_size)]
+        if args.quiet:
+            argv.append("--quiet")
+        return _launch_horovod(args, argv)
     from tfpar.demo import run_demo
 
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
@@ -88,6 +134,8 @@ def main(argv=None):
     try:
         if args.command == "launch":
             return _launch(args)
+        if args.command == "doctor":
+            return _doctor()
         return _demo(args)
     except LaunchError as e:
         print(f"tfpar launch: error: {e}", file=sys.stderr)

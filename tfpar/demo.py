@@ -17,7 +17,7 @@ from tfpar.strategies import DataParallel
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "load_digits", "run_demo"]
 
-STRATEGIES = ("data_parallel",)
+STRATEGIES = ("data_parallel", "horovod")
 """Strategies the demo can run on."""
 
 
@@ -85,10 +85,13 @@ class _EpochTimer(keras.callbacks.Callback):
         self.durations.append(time.perf_counter() - self._start)
 
 
-def _make_strategy(name):
-    if name == "data_parallel":
-        return DataParallel()
-    raise ValueError(f"Unknown demo strategy {name!r}. Received: {name!r}. Use one of {list(STRATEGIES)}.")
+def _make_strategy(name, num_devices):
+    if name == "horovod":  # one replica per rank: started by horovodrun (see tfpar.cli)
+        from tfpar.strategies.horovod import HorovodStrategy
+
+        return HorovodStrategy()
+    configure_devices(num_devices)
+    return DataParallel()
 
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
@@ -98,7 +101,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     Args:
         strategy: one of `STRATEGIES`.
         num_devices: virtual CPU devices when there is no GPU (default:
-            ``$TFPAR_NUM_CPU_DEVICES``, else 2).
+            ``$TFPAR_NUM_CPU_DEVICES``, else 2); ignored by "horovod", whose
+            ranks are started by ``tfpar demo`` through horovodrun.
         epochs: epochs to train, >= 1.
         global_batch_size: examples per step across all replicas (default:
             32 per replica).
@@ -115,10 +119,12 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
                          f"Use one of {list(STRATEGIES)}.")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1. Received: epochs={epochs!r}.")
-    configure_devices(num_devices)
+    dist = _make_strategy(strategy, num_devices)
     keras.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()
-    dist = _make_strategy(strategy)
+    chief = dist.extended.should_checkpoint
+    if not chief:  # one progress bar and one summary: the chief's
+        verbose, print_fn = 0, (lambda *_: None)
     with dist.scope():
         model = build_model()
         model.compile(

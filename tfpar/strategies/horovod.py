@@ -29,6 +29,7 @@ from tfpar._keras import check_model
 
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy, values
+from tensorflow.python.ops import control_flow_util
 
 __all__ = ["HOROVOD_OPS", "COMPRESSIONS", "HorovodConfig", "HorovodStrategy", "import_horovod"]
 
@@ -36,6 +37,10 @@ HOROVOD_OPS = ("average", "sum", "adasum")
 """Gradient reductions: Horovod's Average (the default), Sum and Adasum."""
 COMPRESSIONS = ("none", "fp16")
 """Gradient compression on the wire."""
+
+# scripts/install_horovod.py compiles Horovod's XLA ops only for TensorFlow
+# 2.6-2.18: later wheels lack the headers they need.
+XLA_OPS_BUILT = tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 19)
 
 INSTALL_HINT = (
     "Install it with `pip install \".[horovod]\" && python scripts/install_horovod.py` "
@@ -104,24 +109,33 @@ class _HorovodAllReduce(cross_device_ops_lib.CrossDeviceOps):
 
     def allreduce(self, reduce_op, tensors, gradients=False):
         """All-reduces a list of local tensors (dense or IndexedSlices) across ranks."""
+        if not XLA_OPS_BUILT and control_flow_util.GraphOrParentsInXlaContext(
+                tf.compat.v1.get_default_graph()):
+            raise ValueError(
+                "HorovodStrategy cannot run in an XLA-compiled function: Horovod's XLA "
+                f"ops are not built for TensorFlow {tf.__version__} (its wheels lack the "
+                "headers they need). Received: jit_compile=True. Compile the model with "
+                "jit_compile=False (the default).")
         if self._size == 1:
             return list(tensors)
-        args = self._reduce_args(reduce_op, gradients)
-        dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+        hvd, args = self._hvd, self._reduce_args(reduce_op, gradients)
         out = list(tensors)
-        if dense:
-            floats = [i for i in dense if tensors[i].dtype.is_floating]
-            others = [i for i in dense if not tensors[i].dtype.is_floating]
-            if floats:
-                reduced = self._hvd.grouped_allreduce(
-                    [tensors[i] for i in floats], compression=self._compression, **args)
-                for i, r in zip(floats, reduced):
-                    out[i] = r
-            for i in others:  # integers: no compression, no scaling
-                out[i] = self._hvd.allreduce(tensors[i], op=args["op"] if args["op"] != self._hvd.Adasum else self._hvd.Sum)
+        grouped = []
         for i, t in enumerate(tensors):
-            if isinstance(t, tf.IndexedSlices):
-                out[i] = self._hvd.allreduce(t, compression=self._compression, **args)
+            if isinstance(t, tf.IndexedSlices) and "prescale_factor" in args:
+                t = tf.convert_to_tensor(t)  # Horovod scales dense tensors only
+            if isinstance(t, tf.IndexedSlices) or args["op"] == hvd.Adasum:
+                # hvd.grouped_allreduce fails for Adasum in 0.28.1 (it reads an
+                # unbound name on that path); one allreduce per tensor works.
+                out[i] = hvd.allreduce(t, compression=self._compression, **args)
+            elif t.dtype.is_floating:
+                grouped.append(i)
+            else:  # integers: no compression, no scaling
+                out[i] = hvd.allreduce(t, op=hvd.Average if args["op"] == hvd.Average else hvd.Sum)
+        if grouped:
+            reduced = hvd.grouped_allreduce([tensors[i] for i in grouped], compression=self._compression, **args)
+            for i, r in zip(grouped, reduced):
+                out[i] = r
         return out
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
@@ -237,7 +251,8 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
     Raises:
         ImportError: Horovod is not installed (the message says how).
         ValueError: an unknown op or compression; Adasum on a number of
-            ranks that is not a power of two.
+            ranks that is not a power of two, or without MPI (Horovod runs
+            Adasum over MPI only).
 
     Example:
         >>> strategy = tfpar.strategies.HorovodStrategy(compression="fp16")  # doctest: +SKIP
@@ -258,6 +273,11 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
             raise ValueError(
                 f"Adasum needs a number of ranks that is a power of two. Received: op='adasum' with "
                 f"{size} ranks. Use 2, 4, 8, ... ranks, or op='average'.")
+        if config.op == "adasum" and size > 1 and not hvd.mpi_enabled():
+            raise ValueError(
+                "Adasum needs Horovod's MPI controller (its Adasum kernels run over MPI); this job "
+                f"runs on {'Gloo' if hvd.gloo_enabled() else 'no MPI'}. Received: op='adasum'. Use "
+                "op='average', or build Horovod with MPI and start the job with horovodrun --mpi.")
         self.config = config
         self.hvd = hvd
         gpus = tf.config.list_physical_devices("GPU")

@@ -1,0 +1,85 @@
+"""HorovodStrategy as one rank in this process (no horovodrun), and its errors."""
+
+import builtins
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfpar
+from tfpar import keras
+
+needs_horovod = pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                                   reason="Horovod is not installed")
+
+
+def test_missing_horovod_says_how_to_install(monkeypatch):
+    from tfpar.strategies import horovod
+
+    real_import = builtins.__import__
+
+    def no_horovod(name, *args, **kwargs):
+        if name.startswith("horovod"):
+            raise ModuleNotFoundError("No module named 'horovod'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_horovod)
+    with pytest.raises(ImportError, match=r"needs Horovod.*scripts/install_horovod.py"):
+        horovod.HorovodStrategy()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(op="mean"), r"Unknown op 'mean'. Received: op='mean'"),
+    (dict(compression="int8"), r"Unknown compression 'int8'"),
+])
+def test_bad_options(kwargs, match):
+    from tfpar.strategies.horovod import HorovodConfig
+
+    with pytest.raises(ValueError, match=match):
+        HorovodConfig(**kwargs)
+
+
+@needs_horovod
+def test_one_rank_trains_like_one_device():
+    from tfpar.strategies.horovod import HorovodStrategy
+    from tests.models import compile_for_equivalence, equivalence_data, equivalence_model
+
+    strategy = HorovodStrategy()
+    assert isinstance(strategy, tf.distribute.Strategy) and strategy.num_replicas_in_sync == 1
+    x, y = equivalence_data()
+    with strategy.scope():
+        model = equivalence_model()
+        compile_for_equivalence(model)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    plain = equivalence_model()
+    compile_for_equivalence(plain)
+    plain.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@needs_horovod
+def test_jit_compile_is_refused_with_the_fix():
+    from tfpar.strategies.horovod import XLA_OPS_BUILT, HorovodStrategy
+
+    if XLA_OPS_BUILT:
+        pytest.skip("this TensorFlow has Horovod's XLA ops")
+    strategy = HorovodStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse", jit_compile=True)
+    with pytest.raises(ValueError, match=r"XLA ops are not built.*Received: jit_compile=True"):
+        model.fit(np.ones((8, 3)), np.ones(8), epochs=1, verbose=0)
+
+
+@needs_horovod
+def test_keras3_model_is_refused():
+    import keras as keras3
+
+    from tfpar.strategies.horovod import HorovodStrategy
+
+    model = keras3.Sequential([keras3.layers.Input((2,)), keras3.layers.Dense(1)])
+    with pytest.raises(TypeError, match=r"Received a Keras 3 model"):
+        HorovodStrategy().describe(model=model)

@@ -1,0 +1,135 @@
+"""HorovodStrategy under `horovodrun --gloo` on loopback (real processes, bounded in time)."""
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("horovod") is None,
+    reason="Horovod is not installed (CI installs it: python scripts/install_horovod.py)")
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+ENV = {"PYTHONPATH": ROOT}
+
+
+def _horovodrun(np_, *args, timeout=300):
+    return run_command(["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+                        sys.executable, *args], timeout=timeout, env=ENV)
+
+
+def _train(tmp_path, *options, global_batch=16, epochs=2):
+    out = tmp_path / "_".join(options or ("average",))
+    out.mkdir()
+    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), str(global_batch),
+                         str(epochs), *options)
+    assert result.returncode == 0, result.output[-4000:]
+    weights = [np.load(out / f"rank_{r}.npz") for r in range(2)]
+    weights = [[w[k] for k in w.files] for w in weights]
+    logs = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
+    return weights, logs, result.output
+
+
+def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None):
+    """The same model trained in this process (DataParallel on 2 virtual devices, or one device)."""
+    import tensorflow as tf
+
+    import tfpar
+    from tests.models import compile_for_equivalence, equivalence_data, equivalence_model
+
+    x, y = equivalence_data()
+    keras = tfpar.keras
+    if strategy is None:
+        model = equivalence_model()
+        model.compile(keras.optimizers.SGD(lr, momentum=0.9),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0)
+        return model.get_weights()
+    with strategy.scope():
+        model = equivalence_model()
+        compile_for_equivalence(model)
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0)
+    return model.get_weights()
+
+
+def test_two_ranks_end_identical_and_equal_to_data_parallel(tmp_path):
+    import tfpar
+
+    (rank0, rank1), logs, output = _train(tmp_path)
+    for a, b in zip(rank0, rank1):
+        np.testing.assert_array_equal(a, b)
+    reference = _reference(strategy=tfpar.DataParallel())
+    for a, b in zip(rank0, reference):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # Metrics are global: both ranks log the same numbers.
+    assert logs[0] == logs[1]
+    assert "workers:    2 (this is rank 1" in output and "8 per replica, 16 global" in output
+
+
+def test_sum_and_compression_change_the_numbers_as_they_should(tmp_path):
+    (average, _), _, _ = _train(tmp_path)
+    # Sum of the two ranks' mean gradients = twice the global mean: plain SGD at twice the rate.
+    (summed, _), _, _ = _train(tmp_path, "sum")
+    for a, b in zip(summed, _reference(lr=0.2)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # fp16 on the wire: close to the float32 run, but rounded.
+    (fp16, _), _, _ = _train(tmp_path, "average", "fp16")
+    assert any(not np.array_equal(a, b) for a, b in zip(fp16, average))
+    for a, b in zip(fp16, average):
+        np.testing.assert_allclose(a, b, atol=2e-2, rtol=0)
+
+
+def test_adasum_runs_where_horovod_has_mpi_and_is_refused_clearly_on_gloo(tmp_path):
+    import horovod.tensorflow as hvd
+
+    if not hvd.mpi_built():
+        out = tmp_path / "adasum"
+        out.mkdir()
+        result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), "16", "1", "adasum")
+        assert result.returncode != 0
+        assert "Adasum needs Horovod's MPI controller" in result.output and "Received: op='adasum'" in result.output
+        return
+    (average, _), _, _ = _train(tmp_path)
+    (adasum, _), logs, _ = _train(tmp_path, "adasum")  # a different combination rule that still trains
+    assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(adasum, average))
+    assert logs[0]["loss"][-1] < logs[0]["loss"][0]
+
+
+def test_adasum_needs_a_power_of_two_ranks(tmp_path):
+    code = "from tfpar.strategies.horovod import HorovodStrategy; HorovodStrategy(op='adasum')"
+    result = _horovodrun(3, "-c", code, timeout=200)
+    assert result.returncode != 0
+    assert "Adasum needs a number of ranks that is a power of two. Received: op='adasum' with 3 ranks" \
+        in result.output
+
+
+def test_a_dead_rank_fails_the_job_within_bounded_time():
+    start = time.monotonic()
+    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_die.py"), timeout=240)
+    assert result.returncode != 0
+    assert "rank 1 dies now" in result.output
+    assert "rank finished all epochs" not in result.output
+    print(f"job failed {time.monotonic() - start:.1f} s after start")
+
+
+def test_tfpar_launch_horovod_starts_a_gloo_job(tmp_path):
+    code = ("from tfpar.strategies.horovod import HorovodStrategy; s = HorovodStrategy(); "
+            "print('rank', s.rank, 'of', s.size)")
+    result = run_command(tfpar_command("launch", "--horovod", "-n", "2", "--", sys.executable, "-c", code),
+                         timeout=200, env=ENV)
+    assert result.returncode == 0, result.output[-3000:]
+    assert re.search(r"rank 0 of 2", result.output) and re.search(r"rank 1 of 2", result.output)
+
+
+def test_doctor_reports_horovod():
+    result = run_command(tfpar_command("doctor"), timeout=120)
+    assert result.returncode == 0
+    assert re.search(r"horovod:\s+0\.28\.1, controllers: Gloo", result.output), result.output
