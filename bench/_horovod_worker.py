@@ -11,9 +11,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# This folder holds bench/horovod.py, which must not shadow the horovod package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["strategy", "recipe", "allreduce"])

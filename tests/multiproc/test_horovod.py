@@ -133,3 +133,13 @@ def test_doctor_reports_horovod():
     result = run_command(tfpar_command("doctor"), timeout=120)
     assert result.returncode == 0
     assert re.search(r"horovod:\s+0\.28\.1, controllers: Gloo", result.output), result.output
+
+
+def test_demo_on_horovod_reaches_the_accuracy_target():
+    result = run_command(tfpar_command("demo", "--strategy", "horovod", "--quiet"), timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "HorovodStrategy (Horovod ring all-reduce)" in result.output
+    assert "workers:    2 (this is rank 0" in result.output
+    accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
+    assert accuracy >= 0.95, result.output[-3000:]
+    assert result.output.count("validation accuracy:") == 1  # only rank 0 prints the summary
