@@ -87,6 +87,16 @@ def test_sum_and_compression_change_the_numbers_as_they_should(tmp_path):
         np.testing.assert_allclose(a, b, atol=2e-2, rtol=0)
 
 
+def test_gradient_accumulation_trains_like_a_larger_batch(tmp_path):
+    # 2 ranks x 4 examples x 2 backward passes = one plain step of 16 examples.
+    (rank0, rank1), _, output = _train(tmp_path, "average", "none", "2", global_batch=8)
+    assert "backward_passes_per_step=2" in output
+    for a, b in zip(rank0, rank1):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(rank0, _reference(global_batch=16)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
 def test_adasum_runs_where_horovod_has_mpi_and_is_refused_clearly_on_gloo(tmp_path):
     import horovod.tensorflow as hvd
 
@@ -143,3 +153,11 @@ def test_demo_on_horovod_reaches_the_accuracy_target():
     accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
     assert accuracy >= 0.95, result.output[-3000:]
     assert result.output.count("validation accuracy:") == 1  # only rank 0 prints the summary
+
+
+def test_horovod_example_runs_under_horovodrun():
+    result = _horovodrun(2, "examples/train_horovod.py", "--epochs", "2", "--compression", "fp16")
+    assert result.returncode == 0, result.output[-3000:]
+    accuracy = float(re.search(r"validation accuracy after 2 epochs: ([0-9.]+)", result.output).group(1))
+    assert accuracy > 0.5
+    assert result.output.count("validation accuracy after") == 1

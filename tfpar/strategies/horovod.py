@@ -29,7 +29,7 @@ from tfpar._keras import check_model
 
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy, values
-from tensorflow.python.ops import control_flow_util
+from tensorflow.python.ops import control_flow_util, resource_variable_ops
 
 __all__ = ["HOROVOD_OPS", "COMPRESSIONS", "HorovodConfig", "HorovodStrategy", "import_horovod"]
 
@@ -71,8 +71,16 @@ class HorovodConfig:
     """Gradient reduction across ranks: one of `HOROVOD_OPS`."""
     compression: str = "none"
     """Gradient compression: one of `COMPRESSIONS` ("fp16" halves the bytes sent)."""
+    backward_passes_per_step: int = 1
+    """Accumulate gradients over this many steps (averaged), then all-reduce and
+    apply them once: N steps of global batch G train like one step of N·G."""
 
     def __post_init__(self):
+        value = self.backward_passes_per_step
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                "backward_passes_per_step must be an int >= 1 (1: no accumulation). Received: "
+                f"backward_passes_per_step={value!r}.")
         for name, value, choices in (("op", self.op, HOROVOD_OPS), ("compression", self.compression, COMPRESSIONS)):
             if value not in choices:
                 raise ValueError(f"Unknown {name} {value!r}. Received: {name}={value!r}. Use one of {list(choices)}.")
@@ -151,6 +159,55 @@ class _HorovodAllReduce(cross_device_ops_lib.CrossDeviceOps):
         return self._hvd.allgather(self._local(per_replica_value))
 
 
+class _GradientAccumulator:
+    """Local gradient accumulation over N steps, as Horovod's backward_passes_per_step.
+
+    Every step adds this rank's gradients to local buffers; every N-th step the
+    buffers' average is all-reduced, the optimizer applies it, and the buffers
+    are cleared. On the other steps the optimizer's variable updates are
+    skipped (its ``iterations`` still counts every step, as in Horovod).
+    """
+
+    def __init__(self, steps):
+        self.steps = steps
+        self._buffers = {}
+        self._counter = None
+        self.boundary = None  # the current step's "apply now" flag, while tracing it
+        self.targets = set()  # refs of the variables that flag governs
+
+    def _buffer(self, var, device):
+        key = var.ref()
+        if key not in self._buffers:
+            # ResourceVariable(...) bypasses the strategy's variable creator:
+            # these buffers are this rank's own, never mirrored or broadcast.
+            with tf.init_scope(), tf.device(device):
+                self._buffers[key] = resource_variable_ops.ResourceVariable(
+                    tf.zeros(var.shape, var.dtype), trainable=False, name="tfpar_grad_accumulator")
+                if self._counter is None:
+                    self._counter = resource_variable_ops.ResourceVariable(
+                        tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step")
+        return self._buffers[key]
+
+    def reduce(self, grads_and_vars, device, allreduce):
+        """Accumulates; returns the averaged, all-reduced gradients (zeros between boundaries)."""
+        buffers = [self._buffer(v, device) for _, v in grads_and_vars]
+        added = [b.assign_add(tf.convert_to_tensor(g)) for b, (g, _) in zip(buffers, grads_and_vars)]
+        with tf.control_dependencies(added):
+            step = self._counter.assign_add(1)
+        boundary = tf.equal(step % self.steps, 0)
+
+        def reduce_and_clear():
+            reduced = allreduce([b.read_value() / self.steps for b in buffers])
+            with tf.control_dependencies(reduced):
+                cleared = [b.assign(tf.zeros_like(b)) for b in buffers]
+            with tf.control_dependencies(cleared):
+                return [tf.identity(r) for r in reduced]
+
+        self.boundary = boundary
+        self.targets = {v.ref() for _, v in grads_and_vars}
+        return tf.cond(boundary, reduce_and_clear, lambda: [tf.zeros_like(b) for b in buffers])
+
+
 class _HorovodExtended(mirrored_strategy.MirroredExtended):
     """MirroredExtended over one local device, Horovod across processes."""
 
@@ -158,6 +215,8 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
         self._hvd = hvd
         self._rank, self._size = hvd.rank(), hvd.size()
         self._horovod_ops = _HorovodAllReduce(hvd, config)
+        steps = config.backward_passes_per_step
+        self._accumulator = _GradientAccumulator(steps) if steps > 1 else None
         super().__init__(container_strategy, devices=[device], cross_device_ops=self._horovod_ops)
 
     # Reductions: always through Horovod (MirroredExtended would shortcut
@@ -172,7 +231,24 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
             lambda v: self._horovod_ops.reduce_implementation(reduce_op, v, destinations, options), value)
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-        return self._horovod_ops.batch_reduce_implementation(reduce_op, value_destination_pairs, options)
+        # Keras' optimizers aggregate gradients here, with their variables as destinations.
+        if self._accumulator is None or reduce_op != tf.distribute.ReduceOp.SUM:
+            return self._horovod_ops.batch_reduce_implementation(reduce_op, value_destination_pairs, options)
+        grads_and_vars = [(self._horovod_ops._local(g), v) for g, v in value_destination_pairs]
+        return self._accumulator.reduce(
+            grads_and_vars, self.worker_devices[0],
+            lambda tensors: self._horovod_ops.allreduce(reduce_op, tensors, gradients=True))
+
+    def _update(self, var, fn, args, kwargs, group):
+        accumulator = self._accumulator
+        if accumulator is None or accumulator.boundary is None or var.ref() not in accumulator.targets:
+            return super()._update(var, fn, args, kwargs, group)
+
+        def apply():
+            super(_HorovodExtended, self)._update(var, fn, args, kwargs, group=True)
+            return tf.constant(True)
+
+        return tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))
 
     def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
         # One replica per process: reduce right here, no merge_call needed.
@@ -246,11 +322,12 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
 
     Args:
         config: a `HorovodConfig`, or its fields as keyword arguments
-            (``op``, ``compression``).
+            (``op``, ``compression``, ``backward_passes_per_step``).
 
     Raises:
         ImportError: Horovod is not installed (the message says how).
-        ValueError: an unknown op or compression; Adasum on a number of
+        ValueError: an unknown op or compression; backward_passes_per_step
+            below 1; Adasum on a number of
             ranks that is not a power of two, or without MPI (Horovod runs
             Adasum over MPI only).
 
@@ -310,6 +387,7 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
             f"  replicas:   {self.num_replicas_in_sync} (1 on this worker)",
             f"  devices:    {', '.join(self.extended.worker_devices)}",
             f"  all-reduce: Horovod {self.config.op}, compression={self.config.compression}, "
+            f"backward_passes_per_step={self.config.backward_passes_per_step}, "
             f"controllers: {', '.join(controllers) or 'none'}",
         ]
         if global_batch_size is not None:

@@ -1,6 +1,6 @@
 """Trains the equivalence model under HorovodStrategy; writes rank_<r>.npz.
 
-Usage: horovod_train.py OUT_DIR GLOBAL_BATCH EPOCHS [op] [compression]
+Usage: horovod_train.py OUT_DIR GLOBAL_BATCH EPOCHS [op] [compression] [backward_passes_per_step]
 """
 
 import json
@@ -15,7 +15,8 @@ from tfpar.strategies.horovod import HorovodStrategy
 out, global_batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 op = sys.argv[4] if len(sys.argv) > 4 else "average"
 compression = sys.argv[5] if len(sys.argv) > 5 else "none"
-strategy = HorovodStrategy(op=op, compression=compression)
+passes = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+strategy = HorovodStrategy(op=op, compression=compression, backward_passes_per_step=passes)
 
 import tensorflow as tf  # noqa: E402
 
