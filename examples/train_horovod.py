@@ -20,6 +20,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument("--compression", default="none", help="none or fp16")
     parser.add_argument("--backward-passes", type=int, default=1, help="gradient accumulation steps")
+    parser.add_argument("--checkpoint-dir", help="save weights here after every epoch (rank 0 writes)")
     args = parser.parse_args()
 
     strategy = HorovodStrategy(compression=args.compression, backward_passes_per_step=args.backward_passes)
@@ -37,9 +38,13 @@ def main():
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.batch_size,
                                   shuffle_buffer=len(x), seed=0)
     val = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x_val, y_val)), strategy, args.batch_size)
+    callbacks = []
+    if args.checkpoint_dir:
+        callbacks.append(keras.callbacks.ModelCheckpoint(
+            f"{args.checkpoint_dir}/epoch_{{epoch}}", save_weights_only=True))
     history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs,
                         validation_data=val.dataset, validation_steps=val.steps_per_epoch,
-                        verbose=2 if chief else 0)
+                        callbacks=callbacks, verbose=2)  # HorovodStrategy keeps ranks > 0 quiet
     if chief:
         print(f"validation accuracy after {args.epochs} epochs: {history.history['val_accuracy'][-1]:.4f}")
 

@@ -155,9 +155,17 @@ def test_demo_on_horovod_reaches_the_accuracy_target():
     assert result.output.count("validation accuracy:") == 1  # only rank 0 prints the summary
 
 
-def test_horovod_example_runs_under_horovodrun():
-    result = _horovodrun(2, "examples/train_horovod.py", "--epochs", "2", "--compression", "fp16")
+def test_horovod_example_runs_under_horovodrun(tmp_path):
+    result = _horovodrun(2, "examples/train_horovod.py", "--epochs", "2", "--compression", "fp16",
+                         "--checkpoint-dir", str(tmp_path))
     assert result.returncode == 0, result.output[-3000:]
     accuracy = float(re.search(r"validation accuracy after 2 epochs: ([0-9.]+)", result.output).group(1))
     assert accuracy > 0.5
     assert result.output.count("validation accuracy after") == 1
+    # Keras' epoch lines come from rank 0 only.
+    assert re.search(r"\[0\]<stdout>:.*val_accuracy", result.output)
+    assert not re.search(r"\[1\]<stdout>:.*val_accuracy", result.output)
+    # Only rank 0 writes checkpoints; rank 1's temporary copies are removed.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("epoch_2")) == \
+        ["epoch_2.data-00000-of-00001", "epoch_2.index"]
+    assert not [p for p in tmp_path.rglob("workertemp_*")]

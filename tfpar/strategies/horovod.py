@@ -14,7 +14,8 @@ ring all-reduce over Gloo, MPI or NCCL) across ``hvd.size()`` processes. So in
 - metrics are Keras' SyncOnRead variables, reduced through Horovod when read,
   so the numbers every rank prints are the global ones;
 - input given to ``fit`` (or `tfpar.data.distribute`) is sharded by rank;
-- only rank 0 writes checkpoints (``should_checkpoint``).
+- only rank 0 writes checkpoints (``should_checkpoint``) and prints Keras'
+  progress bars.
 
 It sits on ``horovod.tensorflow`` only: ``horovod.tensorflow.keras`` imports
 Keras 3 on TensorFlow >= 2.16 and breaks tf_keras models. Without
@@ -23,9 +24,8 @@ Keras 3 on TensorFlow >= 2.16 and breaks tf_keras models. Without
 
 import dataclasses
 
-from tfpar._keras import tf
+from tfpar._keras import check_model, keras, tf
 from tfpar.data.batching import per_replica_batch_size
-from tfpar._keras import check_model
 
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy, values
@@ -69,6 +69,9 @@ class HorovodConfig:
 
     op: str = "average"
     """Gradient reduction across ranks: one of `HOROVOD_OPS`."""
+    quiet_non_chief: bool = True
+    """Keras prints progress bars and epoch lines on rank 0 only (the others log
+    them at INFO level instead: ``tf_keras.utils.disable_interactive_logging``)."""
     compression: str = "none"
     """Gradient compression: one of `COMPRESSIONS` ("fp16" halves the bytes sent)."""
     backward_passes_per_step: int = 1
@@ -306,6 +309,14 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
         return True
 
     @property
+    def _task_type(self):  # read by tf_keras' distributed_file_utils (non-chief temp dirs)
+        return "worker"
+
+    @property
+    def _task_id(self):
+        return self._rank
+
+    @property
     def should_checkpoint(self):
         return self._rank == 0
 
@@ -357,6 +368,8 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
                 "op='average', or build Horovod with MPI and start the job with horovodrun --mpi.")
         self.config = config
         self.hvd = hvd
+        if config.quiet_non_chief and hvd.rank() != 0:
+            keras.utils.disable_interactive_logging()
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             local = gpus[hvd.local_rank() % len(gpus)]
