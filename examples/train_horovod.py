@@ -21,6 +21,8 @@ def main():
     parser.add_argument("--compression", default="none", help="none or fp16")
     parser.add_argument("--backward-passes", type=int, default=1, help="gradient accumulation steps")
     parser.add_argument("--checkpoint-dir", help="save weights here after every epoch (rank 0 writes)")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="warm up to the learning rate x ranks (linear scaling rule)")
     args = parser.parse_args()
 
     strategy = HorovodStrategy(compression=args.compression, backward_passes_per_step=args.backward_passes)
@@ -38,7 +40,7 @@ def main():
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.batch_size,
                                   shuffle_buffer=len(x), seed=0)
     val = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x_val, y_val)), strategy, args.batch_size)
-    callbacks = []
+    callbacks = [tfpar.callbacks.LearningRateWarmup(warmup_epochs=args.warmup_epochs)]
     if args.checkpoint_dir:
         callbacks.append(keras.callbacks.ModelCheckpoint(
             f"{args.checkpoint_dir}/epoch_{{epoch}}", save_weights_only=True))

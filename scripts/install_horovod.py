@@ -1,4 +1,4 @@
-"""Builds and installs Horovod (Gloo, CPU; NCCL where CUDA is found) against this TensorFlow.
+"""Builds and installs Horovod against this TensorFlow: Gloo, plus MPI where an MPI is installed.
 
     python scripts/install_horovod.py [--version 0.28.1] [--cache DIR] [--force]
 
@@ -11,6 +11,9 @@ downloaded sdist (never to anything installed): the XLA part is compiled for
 TensorFlow 2.6 up to 2.18, as before, and left out from 2.19 on, for CPU and
 GPU builds alike. Without it, `jit_compile=True` cannot reach Horovod's ops:
 `tfpar.strategies.HorovodStrategy` refuses it with a clear error there.
+
+MPI is built in when ``mpicxx`` is on PATH (Debian: openmpi-bin libopenmpi-dev):
+Horovod runs Adasum only over MPI. NCCL is built where CUDA is found.
 
 The script checks that the guarded line is found exactly once (another
 Horovod version fails loudly instead of building something unpatched), and
@@ -38,10 +41,14 @@ GUARDED = (
 BUILD_ENV = {
     "HOROVOD_WITH_TENSORFLOW": "1",
     "HOROVOD_WITH_GLOO": "1",
-    "HOROVOD_WITHOUT_MPI": "1",
     "HOROVOD_WITHOUT_PYTORCH": "1",
     "HOROVOD_WITHOUT_MXNET": "1",
 }
+
+
+def with_mpi():
+    """MPI is built in where an MPI compiler wrapper is found (Adasum runs only over MPI)."""
+    return shutil.which("mpicxx") is not None
 
 
 def _say(message):
@@ -62,11 +69,11 @@ def tensorflow_version():
 
 
 def installed_ok(version):
-    """Whether horovod.tensorflow of ``version`` imports and was built with TensorFlow."""
+    """Whether horovod.tensorflow of ``version`` imports, with Gloo (and MPI where available)."""
     code = (
         "import horovod, horovod.tensorflow as hvd; "
         f"assert horovod.__version__ == {version!r}, horovod.__version__; "
-        "assert hvd.gloo_built(); print('ok')"
+        f"assert hvd.gloo_built() and (hvd.mpi_built() or not {with_mpi()}); print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1"})
@@ -100,8 +107,9 @@ def build_wheel(version, out_dir):
         source = os.path.join(tmp, f"horovod-{version}")
         patch_sdist(source)
         _say("compiling Horovod (about 5 minutes on 2 cores)")
+        mpi = {"HOROVOD_WITH_MPI": "1"} if with_mpi() else {"HOROVOD_WITHOUT_MPI": "1"}
         _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", source,
-              "-w", out_dir], env={**os.environ, **BUILD_ENV})
+              "-w", out_dir], env={**os.environ, **BUILD_ENV, **mpi})
 
 
 def write_build_note(tf_version):
@@ -126,7 +134,8 @@ def main(argv=None):
         return 0
     tf_version = tensorflow_version()
     python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    cache = os.path.join(args.cache, f"{args.version}-tf{tf_version}-{python_tag}")
+    controllers = "gloo-mpi" if with_mpi() else "gloo"
+    cache = os.path.join(args.cache, f"{args.version}-tf{tf_version}-{python_tag}-{controllers}")
     wheels = glob.glob(os.path.join(cache, "horovod-*.whl"))
     if args.force or not wheels:
         shutil.rmtree(cache, ignore_errors=True)

@@ -1,0 +1,97 @@
+"""LearningRateWarmup / LearningRateSchedule under DataParallel on 2 virtual devices."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfpar
+from tfpar import keras
+from tfpar.callbacks import LearningRateSchedule, LearningRateWarmup
+
+
+class _Recorder(keras.callbacks.Callback):
+    """The learning rate each step actually ran with (read after the callbacks set it)."""
+
+    def on_train_begin(self, logs=None):
+        self.rates = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.rates.append(float(keras.backend.get_value(self.model.optimizer.learning_rate)))
+
+
+def _fit(callbacks, epochs=3, lr=0.1, n=32, global_batch=8):
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(lr), "mse")
+    x = np.ones((n, 2), "float32")
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, x[:, 0])), strategy, global_batch)
+    recorder = _Recorder()
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0,
+                        callbacks=[*callbacks, recorder])
+    return recorder.rates, history
+
+
+def test_warmup_climbs_linearly_to_the_rate_times_replicas():
+    rates, history = _fit([LearningRateWarmup(warmup_steps=4)])
+    expected = [0.1 * (1 + min(t, 4) / 4) for t in range(12)]  # 2 replicas: 0.1 -> 0.2
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    assert history.history["lr"] == pytest.approx([0.175, 0.2, 0.2])  # the rate of each epoch's last step
+
+
+def test_warmup_in_epochs_with_an_explicit_scale():
+    rates, _ = _fit([LearningRateWarmup(warmup_epochs=0.5, scale=4, initial_lr=0.05)])
+    np.testing.assert_allclose(rates[:3], [0.05, 0.125, 0.2], rtol=1e-6)  # 0.5 epoch = 2 steps
+    assert rates[-1] == pytest.approx(0.2)
+
+
+def test_schedule_follows_the_warmup():
+    rates, history = _fit([
+        LearningRateWarmup(warmup_epochs=1),
+        LearningRateSchedule(lambda epoch: 0.1 ** (epoch - 1), initial_lr=0.1, start_epoch=1),
+    ])
+    assert history.history["lr"] == pytest.approx([0.175, 0.2, 0.02])  # each epoch's last step
+    np.testing.assert_allclose(rates[4:], [0.2] * 4 + [0.02] * 4, rtol=1e-6)
+
+
+def test_smooth_schedule_changes_every_step():
+    rates, _ = _fit([LearningRateSchedule(lambda e: 1.0 / (1.0 + e), initial_lr=0.1, scale=1,
+                                          staircase=False)], epochs=1)
+    np.testing.assert_allclose(rates, [0.1 / (1 + b / 4) for b in range(4)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(), r"exactly one of warmup_epochs and warmup_steps"),
+    (dict(warmup_epochs=1, warmup_steps=2), r"exactly one of"),
+    (dict(warmup_steps=0), r"warmup_steps must be a number > 0. Received: warmup_steps=0"),
+    (dict(warmup_epochs=-1), r"warmup_epochs must be a number > 0"),
+    (dict(warmup_steps=2, scale=0), r"scale must be 'replicas' or a number > 0"),
+])
+def test_bad_warmup(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LearningRateWarmup(**kwargs)
+
+
+def test_warmup_longer_than_training_fails_at_the_start():
+    with pytest.raises(ValueError, match=r"warm-up \(40 steps\) is longer than training \(3 epochs x 4 steps"):
+        _fit([LearningRateWarmup(warmup_epochs=10)])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(multiplier=1.0, initial_lr=0), r"initial_lr must be a number > 0"),
+    (dict(multiplier=1.0, initial_lr=0.1, start_epoch=3, end_epoch=2), r"0 <= start_epoch < end_epoch"),
+])
+def test_bad_schedule(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LearningRateSchedule(**kwargs)
+
+
+def test_optimizer_with_its_own_schedule_is_refused():
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+        schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+        model.compile(keras.optimizers.SGD(schedule), "mse")
+    x = np.ones((8, 2), "float32")
+    with pytest.raises(ValueError, match=r"Received: learning_rate=ExponentialDecay"):
+        model.fit(x, x[:, 0], batch_size=4, epochs=1, verbose=0, callbacks=[LearningRateWarmup(warmup_steps=1)])

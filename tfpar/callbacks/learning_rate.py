@@ -1,0 +1,174 @@
+"""Learning-rate callbacks for distributed runs: warm-up by the linear scaling rule, schedules.
+
+Both count steps with the optimizer's ``iterations`` (a mirrored variable, the
+same on every worker) and epochs from Keras, so every worker sets the same rate
+at the same step, under every tfpar strategy (their Horovod counterparts are
+``LearningRateWarmupCallback`` and ``LearningRateScheduleCallback``).
+"""
+
+import math
+
+from tfpar._keras import keras
+
+__all__ = ["LearningRateSchedule", "LearningRateWarmup"]
+
+
+def _check_settable(optimizer, who):
+    # The public getter returns the schedule's current value, so look at what
+    # the optimizer was given (new optimizers: _learning_rate; legacy: _hyper).
+    given = [getattr(optimizer, "_learning_rate", None), getattr(optimizer, "_hyper", {}).get("learning_rate")]
+    for lr in given:
+        if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError(
+                f"{who} sets the optimizer's learning rate, which is a schedule here. Received: "
+                f"learning_rate={type(lr).__name__}. Give the optimizer a number and let {who} "
+                "(or tfpar.callbacks.LearningRateSchedule) change it.")
+
+
+def _scale_of(scale, model, who):
+    if scale == "replicas":
+        return model.distribute_strategy.num_replicas_in_sync
+    return scale
+
+
+def _check_scale(scale, who):
+    if scale != "replicas" and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0):
+        raise ValueError(f"{who}: scale must be 'replicas' or a number > 0. Received: scale={scale!r}.")
+
+
+class LearningRateWarmup(keras.callbacks.Callback):
+    """Gradual warm-up to the linearly scaled learning rate (Goyal et al., 2017).
+
+    The rate climbs linearly from ``initial_lr`` (default: the optimizer's rate
+    when training starts) to ``initial_lr * scale`` over the warm-up, where
+    ``scale`` defaults to the number of replicas (the linear scaling rule for a
+    global batch that many times larger), then stays there.
+
+    Args:
+        warmup_epochs: length of the warm-up in epochs (may be fractional).
+        warmup_steps: or in global steps; give exactly one of the two.
+        scale: "replicas" or a number > 0.
+        initial_lr: the rate before scaling (default: the optimizer's).
+        verbose: 1 prints the rate when the warm-up ends.
+
+    Raises:
+        ValueError: both or neither length, a length <= 0, a warm-up longer than
+            training (at the start of ``fit``), or a learning-rate schedule in
+            the optimizer.
+
+    Example:
+        >>> model.fit(data, epochs=10, callbacks=[LearningRateWarmup(warmup_epochs=2)])  # doctest: +SKIP
+    """
+
+    def __init__(self, *, warmup_epochs=None, warmup_steps=None, scale="replicas", initial_lr=None, verbose=0):
+        super().__init__()
+        if (warmup_epochs is None) == (warmup_steps is None):
+            raise ValueError(
+                "Give exactly one of warmup_epochs and warmup_steps. Received: "
+                f"warmup_epochs={warmup_epochs!r}, warmup_steps={warmup_steps!r}.")
+        length = warmup_epochs if warmup_steps is None else warmup_steps
+        if isinstance(length, bool) or not isinstance(length, (int, float)) or length <= 0:
+            name = "warmup_epochs" if warmup_steps is None else "warmup_steps"
+            raise ValueError(f"{name} must be a number > 0. Received: {name}={length!r}.")
+        _check_scale(scale, "LearningRateWarmup")
+        self.warmup_epochs, self.warmup_steps = warmup_epochs, warmup_steps
+        self.scale, self.initial_lr, self.verbose = scale, initial_lr, verbose
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        _check_settable(optimizer, "LearningRateWarmup")
+        self._base = float(self.initial_lr if self.initial_lr is not None
+                           else keras.backend.get_value(optimizer.learning_rate))
+        self._target = self._base * _scale_of(self.scale, self.model, "LearningRateWarmup")
+        steps_per_epoch = self.params.get("steps")
+        if self.warmup_steps is not None:
+            self._length = self.warmup_steps
+        elif steps_per_epoch:
+            self._length = max(1, round(self.warmup_epochs * steps_per_epoch))
+        else:
+            raise ValueError("warmup_epochs needs fit to know its steps per epoch; pass steps_per_epoch "
+                             "to fit, or give warmup_steps.")
+        epochs = self.params.get("epochs")
+        if steps_per_epoch and epochs and self._length > steps_per_epoch * epochs:
+            raise ValueError(
+                f"The warm-up ({self._length} steps) is longer than training ({epochs} epochs x "
+                f"{steps_per_epoch} steps = {epochs * steps_per_epoch} steps). Received: "
+                f"warmup_epochs={self.warmup_epochs!r}, warmup_steps={self.warmup_steps!r}. "
+                "Shorten the warm-up or train longer.")
+        self._done = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._done:
+            return
+        step = int(keras.backend.get_value(self.model.optimizer.iterations))
+        fraction = min(step, self._length) / self._length
+        keras.backend.set_value(self.model.optimizer.learning_rate,
+                                self._base + (self._target - self._base) * fraction)
+        if step >= self._length:
+            self._done = True
+            if self.verbose:
+                print(f"LearningRateWarmup: warm-up done at step {step}, learning rate {self._target:.6g}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
+
+
+class LearningRateSchedule(keras.callbacks.Callback):
+    """Sets ``lr = initial_lr * scale * multiplier(epoch)`` for epochs in [start_epoch, end_epoch).
+
+    Follows a `LearningRateWarmup` (start it where the warm-up ends). With
+    ``staircase=True`` the multiplier changes at epoch starts; otherwise it
+    gets the fractional epoch at every step.
+
+    Args:
+        multiplier: a function of the epoch (int or float), or a constant.
+        initial_lr: the rate before scaling (required, as in Horovod).
+        scale: "replicas" or a number > 0.
+        start_epoch: first epoch it acts on.
+        end_epoch: first epoch it no longer acts on (None: to the end).
+        staircase: per epoch (True) or per step (False).
+    """
+
+    def __init__(self, multiplier, *, initial_lr, scale="replicas", start_epoch=0, end_epoch=None,
+                 staircase=True):
+        super().__init__()
+        if isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
+            raise ValueError(f"initial_lr must be a number > 0. Received: initial_lr={initial_lr!r}.")
+        if not callable(multiplier):
+            value = multiplier
+            multiplier = lambda epoch: value  # noqa: E731
+        if start_epoch < 0 or (end_epoch is not None and end_epoch <= start_epoch):
+            raise ValueError(
+                "The schedule needs 0 <= start_epoch < end_epoch. Received: "
+                f"start_epoch={start_epoch!r}, end_epoch={end_epoch!r}.")
+        _check_scale(scale, "LearningRateSchedule")
+        self.multiplier, self.initial_lr, self.scale = multiplier, initial_lr, scale
+        self.start_epoch, self.end_epoch, self.staircase = start_epoch, end_epoch, staircase
+
+    def on_train_begin(self, logs=None):
+        _check_settable(self.model.optimizer, "LearningRateSchedule")
+        self._rate = self.initial_lr * _scale_of(self.scale, self.model, "LearningRateSchedule")
+
+    def _active(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch):
+        value = self._rate * self.multiplier(epoch)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"The schedule's multiplier gave learning rate {value!r} at epoch {epoch}.")
+        keras.backend.set_value(self.model.optimizer.learning_rate, value)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.staircase and self._active(epoch):
+            self._set(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        steps = self.params.get("steps")
+        if not self.staircase and steps and self._active(self._epoch):
+            self._set(self._epoch + batch / steps)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
