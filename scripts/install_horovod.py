@@ -1,6 +1,6 @@
 """Builds and installs Horovod against this TensorFlow: Gloo, plus MPI where an MPI is installed.
 
-    python scripts/install_horovod.py [--version 0.28.1] [--cache DIR] [--force]
+    python scripts/install_horovod.py [--version 0.28.1] [--cache DIR] [--force] [--mpi auto|yes|no]
 
 Horovod's last release, 0.28.1, ships only as an sdist, and that sdist does
 not compile against TensorFlow >= 2.19: ``horovod/tensorflow/xla_mpi_ops.cc``
@@ -12,8 +12,10 @@ TensorFlow 2.6 up to 2.18, as before, and left out from 2.19 on, for CPU and
 GPU builds alike. Without it, `jit_compile=True` cannot reach Horovod's ops:
 `tfpar.strategies.HorovodStrategy` refuses it with a clear error there.
 
-MPI is built in when ``mpicxx`` is on PATH (Debian: openmpi-bin libopenmpi-dev):
-Horovod runs Adasum only over MPI. NCCL is built where CUDA is found.
+MPI is built in when ``mpicxx`` is on PATH; with ``--mpi auto`` (the default) the
+script installs Debian's openmpi-bin and libopenmpi-dev when they are missing and
+it runs as root with apt-get: Horovod runs Adasum only over MPI. NCCL is built
+where CUDA is found.
 
 The script checks that the guarded line is found exactly once (another
 Horovod version fails loudly instead of building something unpatched), and
@@ -49,6 +51,21 @@ BUILD_ENV = {
 def with_mpi():
     """MPI is built in where an MPI compiler wrapper is found (Adasum runs only over MPI)."""
     return shutil.which("mpicxx") is not None
+
+
+def ensure_mpi(mode):
+    """--mpi auto: install Debian's OpenMPI when it is missing and we may (root, apt-get)."""
+    if mode == "no" or with_mpi():
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        _say("installing OpenMPI (Debian's openmpi-bin, libopenmpi-dev) so that Adasum can run")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        _run(["apt-get", "update", "-qq"], env=env)
+        _run(["apt-get", "install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"], env=env)
+    elif mode == "yes":
+        raise SystemExit("install_horovod: --mpi yes needs mpicxx (install OpenMPI) or root with apt-get")
+    else:
+        _say("no MPI found: building with Gloo only (Adasum will be refused)")
 
 
 def _say(message):
@@ -127,7 +144,10 @@ def main(argv=None):
     parser.add_argument("--cache", default=os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tfpar", "horovod"))
     parser.add_argument("--force", action="store_true", help="rebuild even if a cached wheel exists")
+    parser.add_argument("--mpi", choices=["auto", "yes", "no"], default="auto",
+                        help="auto: build MPI in, installing OpenMPI with apt-get where root may")
     args = parser.parse_args(argv)
+    ensure_mpi(args.mpi)
 
     if not args.force and installed_ok(args.version):
         _say(f"Horovod {args.version} is already installed and imports: nothing to do")

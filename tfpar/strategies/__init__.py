@@ -1,5 +1,10 @@
-"""tfpar's strategies: real `tf.distribute.Strategy` objects."""
+"""tfpar's strategies: real `tf.distribute.Strategy` objects.
 
+`HorovodStrategy` lives in `tfpar.strategies.horovod` (imported on use, as it
+needs Horovod); `auto()` picks it under horovodrun.
+"""
+
+from tfpar.strategies.auto import auto
 from tfpar.strategies.data_parallel import (
     DataParallel,
     DataParallelConfig,
@@ -8,6 +13,7 @@ from tfpar.strategies.data_parallel import (
 )
 
 __all__ = [
+    "auto",
     "DataParallel",
     "DataParallelConfig",
     "MirroredDataParallel",
