@@ -252,7 +252,8 @@ def distribute(source, strategy, global_batch_size, **options):
 
     Each worker's pipeline yields the same number of steps per epoch and
     repeats, so pass ``steps_per_epoch`` (Keras needs it for a distributed
-    dataset). With ``remainder="pad"`` every example is seen exactly once
+    dataset). Under a ParameterServer the result is a Keras ``DatasetCreator``
+    run on each worker over the whole input (steps go to any free worker). With ``remainder="pad"`` every example is seen exactly once
     per epoch. The input is counted once if tf.data cannot tell its size
     (files are always counted, to balance FILE shards).
 
@@ -281,6 +282,8 @@ def distribute(source, strategy, global_batch_size, **options):
     config = InputConfig(global_batch_size=global_batch_size, **options)
     replicas = strategy.num_replicas_in_sync
     per_replica_batch_size(global_batch_size, replicas)
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return _for_parameter_servers(source, config, replicas)
     sizes = _measure(source, config)
     plans = []
 
@@ -298,6 +301,36 @@ def distribute(source, strategy, global_batch_size, **options):
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
     return DistributedInput(distributed, plans[0].steps, plans[0])
+
+
+def _for_parameter_servers(source, config, replicas):
+    """Parameter-server input: each worker builds the whole input itself, shuffled its own way.
+
+    Steps run on whichever worker is free, so there is no per-worker shard to
+    balance: an epoch is ``steps_per_epoch`` global batches, drawn by the
+    workers from their own copies of the input (TensorFlow's recommended
+    pattern). The dataset is built on the workers, so it must come from a
+    function or from files.
+    """
+    from tfpar._keras import keras
+
+    if isinstance(source, tf.data.Dataset):
+        raise ValueError(
+            "With a ParameterServer the workers build their input themselves, so tfpar needs "
+            "a function that returns the dataset (or a list of files). Received: a "
+            "tf.data.Dataset built in this process. Pass e.g. `lambda: "
+            "tf.data.Dataset.from_tensor_slices((x, y))`.")
+    sizes = _measure(source, config)
+
+    def dataset_fn(context):
+        dataset, _ = worker_dataset(source, config, num_workers=1, worker_index=0,
+                                    num_replicas=context.num_replicas_in_sync, sizes=sizes)
+        return dataset.repeat().prefetch(tf.data.AUTOTUNE)
+
+    plan = plan_shard(num_workers=1, worker_index=0, replicas_per_worker=replicas,
+                      per_replica_batch=config.global_batch_size // replicas, policy="off",
+                      remainder=config.remainder, num_elements=sizes.num_elements)
+    return DistributedInput(keras.utils.experimental.DatasetCreator(dataset_fn), plan.steps, plan)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,7 @@ from tfpar.strategies.data_parallel import (
     MirroredDataParallel,
     MultiWorkerDataParallel,
 )
+from tfpar.strategies.parameter_server import ParameterServer, ParameterServerConfig
 
 __all__ = [
     "auto",
@@ -18,4 +19,6 @@ __all__ = [
     "DataParallelConfig",
     "MirroredDataParallel",
     "MultiWorkerDataParallel",
+    "ParameterServer",
+    "ParameterServerConfig",
 ]

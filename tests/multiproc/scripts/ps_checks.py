@@ -1,0 +1,50 @@
+"""Trains on a local parameter-server cluster and reports JSON (run in its own process:
+connecting to a cluster changes the process's TensorFlow context for good)."""
+
+import json
+import sys
+
+import numpy as np
+
+import tfpar
+from tfpar.strategies.parameter_server import ParameterServer, variable_placement
+
+strategy = ParameterServer.local(num_workers=2, num_ps=2, min_shard_bytes=4096)
+import tensorflow as tf  # noqa: E402
+
+keras = tfpar.keras
+rng = np.random.default_rng(0)
+centers = rng.normal(scale=3.0, size=(4, 8))
+y = rng.integers(0, 4, size=512)
+x = (centers[y] + rng.normal(size=(512, 8))).astype("float32")
+
+
+def mlp():
+    return keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(4, activation="softmax")])
+
+
+with strategy.scope():
+    model = mlp()
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    embedder = keras.Sequential([keras.layers.Input((4,), dtype="int32"), keras.layers.Embedding(1000, 16),
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32,
+                              shuffle_buffer=512, seed=1)
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=2)
+with tf.device("/job:chief/replica:0/task:0/device:CPU:0"):
+    probabilities = model.predict(x, verbose=0)
+error = None
+try:
+    tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
+except ValueError as e:
+    error = str(e)
+json.dump({
+    "steps_per_epoch": train.steps_per_epoch,
+    "accuracy": history.history["accuracy"],
+    "predict_accuracy": float((probabilities.argmax(-1) == y).mean()),
+    "placement": variable_placement(embedder) | variable_placement(model),
+    "describe": strategy.describe(global_batch_size=32, model=embedder),
+    "dataset_error": error,
+}, sys.stdout)
+print()

@@ -1,0 +1,45 @@
+"""A TensorFlow server for one task of TF_CONFIG (a ps or a worker of a PS cluster).
+
+    TF_CONFIG=... python -m tfpar._server
+
+Used by `tfpar launch --ps` and `ParameterServer.local()`. It serves until killed,
+or, with TFPAR_SERVER_PARENT_PID set, until that process is gone.
+"""
+
+import os
+import sys
+import time
+
+
+def main():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfpar.cluster import ClusterInfo
+
+    info = ClusterInfo.from_tf_config()
+    if info is None:
+        sys.exit("tfpar._server needs TF_CONFIG naming this task")
+    import tensorflow as tf
+
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(info.cluster), job_name=info.task_type, task_index=info.task_index,
+        protocol="grpc", start=True)
+    print(f"tfpar server: {info.task_type} {info.task_index} serving at {info.address}", flush=True)
+    parent = os.environ.get("TFPAR_SERVER_PARENT_PID")
+    if parent is None:
+        server.join()
+    # Started by ParameterServer.local(): serve while the coordinator lives, so
+    # that its TensorFlow runtime can still close its remote contexts at exit.
+    while _alive(int(parent)):
+        time.sleep(0.5)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return os.getppid() == pid
+
+
+if __name__ == "__main__":
+    main()

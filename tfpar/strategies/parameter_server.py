@@ -1,0 +1,254 @@
+"""Parameter-server training: `tf.distribute.experimental.ParameterServerStrategy` + coordinator.
+
+Variables live on the ps tasks (sharded by a partitioner when large), workers
+compute, and this process, the coordinator (the chief), schedules steps on the
+workers with `tf.distribute.experimental.coordinator.ClusterCoordinator`. Keras
+``fit`` supports it on tf_keras, with ``steps_per_epoch``.
+
+``ParameterServer()`` reads the cluster from ``TF_CONFIG`` (``tfpar launch --ps
+1 --workers 2 -- python train.py`` writes it); ``ParameterServer.local(2, 1)``
+starts its own ps and worker servers on 127.0.0.1 and stops them on
+``shutdown()`` or at exit.
+"""
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from tfpar._keras import check_model, tf
+from tfpar.cluster import ClusterInfo, local_cluster
+from tfpar.data.batching import per_replica_batch_size
+
+__all__ = [
+    "ClusterUnreachableError",
+    "ParameterServer",
+    "ParameterServerConfig",
+    "variable_placement",
+    "wait_for_addresses",
+]
+
+DEFAULT_MIN_SHARD_BYTES = 256 << 10
+
+
+class ClusterUnreachableError(ConnectionError):
+    """A task of the cluster did not accept connections within the wait."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParameterServerConfig:
+    """Configuration of `ParameterServer`, validated when built."""
+
+    variable_partitioner: object = "auto"
+    """"auto" (min-size sharding over the ps tasks: variables above
+    ``min_shard_bytes`` are split, up to one shard per ps), None (no sharding),
+    or a `tf.distribute.experimental.partitioners.Partitioner`."""
+    min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES
+    """With "auto": the smallest shard worth placing on its own."""
+    connect_timeout_seconds: float = 60.0
+    """How long to wait for every ps and worker to accept connections."""
+    cluster: ClusterInfo = None
+    """The cluster (default: ``TF_CONFIG``); this process is its chief."""
+
+    def __post_init__(self):
+        partitioner = self.variable_partitioner
+        if not (partitioner is None or partitioner == "auto"
+                or isinstance(partitioner, tf.distribute.experimental.partitioners.Partitioner)):
+            raise TypeError(
+                "variable_partitioner must be 'auto', None or a "
+                "tf.distribute.experimental.partitioners.Partitioner (MinSizePartitioner, "
+                f"FixedShardsPartitioner, MaxSizePartitioner). Received: {partitioner!r}.")
+        if isinstance(self.min_shard_bytes, bool) or not isinstance(self.min_shard_bytes, int) \
+                or self.min_shard_bytes < 1:
+            raise ValueError(f"min_shard_bytes must be an int >= 1. Received: {self.min_shard_bytes!r}.")
+        if not isinstance(self.connect_timeout_seconds, (int, float)) or self.connect_timeout_seconds <= 0:
+            raise ValueError("connect_timeout_seconds must be > 0. Received: "
+                             f"{self.connect_timeout_seconds!r}.")
+
+
+def wait_for_addresses(addresses, timeout_seconds):
+    """Waits until every ``host:port`` accepts a TCP connection.
+
+    Raises:
+        ClusterUnreachableError: naming the first address still closed at the deadline.
+    """
+    deadline = time.monotonic() + timeout_seconds
+    for address in addresses:
+        host, port = address.rsplit(":", 1)
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise ClusterUnreachableError(
+                        f"Cannot reach {address} after waiting {timeout_seconds:g} s ({e}). Check "
+                        "that the task runs there and the address in TF_CONFIG is right, or raise "
+                        "connect_timeout_seconds.") from None
+                time.sleep(0.2)
+
+
+def _cluster_from(config):
+    cluster = config.cluster or ClusterInfo.from_tf_config()
+    if cluster is None:
+        raise ValueError(
+            "ParameterServer needs a cluster with ps and worker tasks. Received: no TF_CONFIG "
+            "and no cluster=. Use ParameterServer.local(num_workers=2, num_ps=1), or start the "
+            "job with `tfpar launch --ps 1 --workers 2 -- python train.py`.")
+    for role in ("ps", "worker"):
+        if not cluster.cluster.get(role):
+            raise ValueError(
+                f"A parameter-server cluster needs at least one {role!r} task. Received: "
+                f"{ {r: len(a) for r, a in cluster.cluster.items()} }. Add {role} tasks "
+                f"(tfpar launch --ps 1 --workers 2).")
+    return cluster
+
+
+def _partitioner(config, num_ps):
+    if config.variable_partitioner == "auto":
+        return tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=config.min_shard_bytes, max_shards=num_ps)
+    return config.variable_partitioner
+
+
+class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
+    """Parameter-server training as a `tf.distribute.Strategy`; this process coordinates.
+
+    Args:
+        config: a `ParameterServerConfig`, or its fields as keyword arguments.
+
+    Raises:
+        ValueError: no cluster, or one without ps or worker tasks.
+        TypeError: a partitioner that is not a partitioner.
+        ClusterUnreachableError: a task that does not answer within the wait.
+
+    Example:
+        >>> strategy = tfpar.strategies.ParameterServer.local(num_workers=2, num_ps=1)  # doctest: +SKIP
+        >>> with strategy.scope():  # doctest: +SKIP
+        ...     model = build_model(); model.compile("adam", "mse")
+        >>> train = tfpar.data.distribute(dataset, strategy, 64)  # doctest: +SKIP
+        >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch)  # doctest: +SKIP
+    """
+
+    def __init__(self, config=None, **kwargs):
+        if config is None:
+            config = ParameterServerConfig(**kwargs)
+        elif kwargs or not isinstance(config, ParameterServerConfig):
+            raise TypeError("Pass either a ParameterServerConfig or keyword arguments. Received: "
+                            f"{type(config).__name__} and {sorted(kwargs)}.")
+        cluster = _cluster_from(config)
+        self.config = dataclasses.replace(config, cluster=cluster)
+        self._servers = getattr(self, "_servers", [])
+        remote = cluster.cluster["ps"] + cluster.cluster["worker"]
+        wait_for_addresses(remote, config.connect_timeout_seconds)
+        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # a dead worker fails fast, then reschedules
+        spec = {role: list(addresses) for role, addresses in cluster.cluster.items()}
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(spec), task_type=cluster.task_type, task_id=cluster.task_index,
+            rpc_layer="grpc")
+        super().__init__(resolver, variable_partitioner=_partitioner(config, len(spec["ps"])))
+        self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self)
+
+    @classmethod
+    def local(cls, num_workers=2, num_ps=1, **kwargs):
+        """Starts ps and worker servers as child processes on 127.0.0.1 and returns the strategy.
+
+        The servers are stopped by `shutdown()`, on leaving a ``with`` block, or at exit.
+
+        Raises:
+            ValueError: ``num_workers`` or ``num_ps`` below 1.
+        """
+        for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"ParameterServer.local needs {name} >= 1. Received: {name}={value!r}. "
+                    "A parameter-server cluster has at least one ps and one worker.")
+        cluster = local_cluster({"chief": 1, "worker": num_workers, "ps": num_ps})
+        servers = []
+        try:
+            for role in ("ps", "worker"):
+                for index in range(len(cluster[role])):
+                    info = ClusterInfo(cluster=cluster, task_type=role, task_index=index)
+                    servers.append(subprocess.Popen(
+                        [sys.executable, "-m", "tfpar._server"],
+                        env={**os.environ, "TF_CONFIG": info.to_tf_config(),
+                             "TFPAR_SERVER_PARENT_PID": str(os.getpid())},
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+            strategy = cls.__new__(cls)
+            strategy._servers = servers  # they also exit by themselves when this process ends
+            cls.__init__(strategy, cluster=ClusterInfo(cluster=cluster, task_type="chief", task_index=0),
+                         **kwargs)
+            return strategy
+        except BaseException:
+            _stop(servers)
+            raise
+
+    def shutdown(self):
+        """Stops the servers that `local()` started (no-op for an external cluster).
+
+        The strategy cannot run anything afterwards. Without it the servers
+        stop by themselves when this process exits.
+        """
+        _stop(self._servers)
+        self._servers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def describe(self, global_batch_size=None, model=None):
+        """Returns a readable summary: tasks, partitioner, batch, and the variables' placement."""
+        spec = self.config.cluster.cluster
+        partitioner = self.config.variable_partitioner
+        if partitioner == "auto":
+            partitioner = f"auto (MinSizePartitioner, {self.config.min_shard_bytes} bytes, " \
+                          f"up to {len(spec['ps'])} shards)"
+        lines = [
+            "ParameterServer (ParameterServerStrategy + ClusterCoordinator)",
+            f"  workers:    {len(spec['worker'])} ({', '.join(spec['worker'])})",
+            f"  ps:         {len(spec['ps'])} ({', '.join(spec['ps'])})",
+            f"  replicas:   {self.num_replicas_in_sync} per step (steps run on any free worker)",
+            f"  partitioner: {partitioner}",
+        ]
+        if global_batch_size is not None:
+            per_replica = per_replica_batch_size(global_batch_size, self.num_replicas_in_sync)
+            lines.append(f"  batch:      {per_replica} per replica, {global_batch_size} global")
+        if model is not None:
+            check_model(model)
+            lines.append(f"  model:      {model.name}, {model.count_params():,} parameters")
+            for name, devices in sorted(variable_placement(model).items()):
+                tasks = sorted({d.split("/device")[0].replace("/replica:0", "") for d in devices})
+                lines.append(f"    {name}: {len(devices)} shard(s) on {', '.join(tasks)}")
+        return "\n".join(lines)
+
+
+def variable_placement(model):
+    """Variable name (without ``/part_N``) -> devices of its shards."""
+    placement = {}
+    for var in model.variables:
+        base = var.name.split(":")[0]
+        if "/part_" in base:
+            base = base.rsplit("/part_", 1)[0]
+        placement.setdefault(base, []).append(var.device)
+    return placement
+
+
+def _stop(procs, grace_seconds=5.0):
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_seconds
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
