@@ -38,6 +38,9 @@ def _parser():
     )
     run.add_argument("-n", "--workers", type=_int, default=None,
                      help="number of local workers on 127.0.0.1")
+    run.add_argument("--ps", type=_int, default=0,
+                     help="parameter-server job: this many ps tasks, -n worker servers, and a chief "
+                          "that runs the command")
     run.add_argument("--hosts", help="comma-separated host[:port] list, one worker each")
     run.add_argument("--cluster", help="JSON file with the cluster ({\"worker\": [...], ...})")
     run.add_argument("--task-type", default="worker", help="this machine's role (multi-host)")
@@ -70,14 +73,17 @@ def _launch(args):
                 f"{'--hosts ' + args.hosts if args.hosts else '--cluster ' + args.cluster} "
                 "without it."
             )
-        task = Task(task_type=args.task_type, task_index=args.task_index)
+        # In a parameter-server cluster, ps and worker tasks serve; the chief runs the command.
+        serves = "ps" in cluster and args.task_type in ("ps", "worker")
+        task = Task(task_type=args.task_type, task_index=args.task_index, serves=serves)
     elif args.workers is None:
         raise ValueError(
             "Say how many local workers to start, or which cluster to join. "
             "Received: neither -n nor --hosts/--cluster. Write e.g. "
             "`tfpar launch -n 2 -- python train.py`."
         )
-    return launch(cmd, num_workers=args.workers, cluster=cluster, task=task, grace_seconds=args.grace)
+    return launch(cmd, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
+                  grace_seconds=args.grace)
 
 
 def _launch_horovod(args, cmd):

@@ -21,9 +21,11 @@ import time
 
 from tfpar.cluster import ROLES, ClusterInfo, local_cluster
 
-__all__ = ["LaunchError", "Task", "launch", "load_cluster_file", "local_tasks", "run_tasks"]
+__all__ = ["LaunchError", "SERVER_COMMAND", "Task", "launch", "load_cluster_file", "local_tasks", "run_tasks"]
 
 DEFAULT_GRACE_SECONDS = 10.0
+SERVER_COMMAND = (sys.executable, "-m", "tfpar._server")
+"""What a serving task runs: a TensorFlow server for its TF_CONFIG task."""
 
 
 class LaunchError(RuntimeError):
@@ -43,6 +45,10 @@ class Task:
     """Its role: "chief", "worker", "ps" or "evaluator"."""
     task_index: int
     """Its index among the tasks of that role."""
+    serves: bool = False
+    """Whether it only serves (a ps, or a worker of a parameter-server job):
+    it runs a TensorFlow server instead of the command, is stopped when the
+    job's command tasks finish, and its death does not end the job."""
 
     @property
     def name(self):
@@ -89,7 +95,7 @@ class _Job:
             child_env = dict(env)
             child_env.update(TF_CONFIG=info.to_tf_config(), PYTHONUNBUFFERED="1")
             proc = subprocess.Popen(
-                command,
+                list(SERVER_COMMAND) if task.serves else command,
                 env=child_env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -154,7 +160,8 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
 
     Returns 0 when every task exits 0. When a task fails (non-zero exit or a
     signal) the others get SIGTERM, then SIGKILL after ``grace_seconds``, and
-    `LaunchError` names the task. SIGINT/SIGTERM sent to the launcher are
+    `LaunchError` names the task. Serving tasks (`Task.serves`) run a server,
+    are stopped once the other tasks succeed, and may die without ending the job. SIGINT/SIGTERM sent to the launcher are
     forwarded to every task.
 
     Raises:
@@ -163,7 +170,7 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
     out = out or sys.stdout
     env = dict(os.environ if env is None else env)
     job = _Job(list(command), cluster, tasks, env, out)
-    received = []
+    received, reported = [], set()
 
     def forward(signum, _frame):
         received.append(signum)
@@ -183,7 +190,12 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
                     returncode=128 + received[0],
                 )
             codes = {task: proc.poll() for task, proc in job.procs.items()}
-            failed = [(t, c) for t, c in codes.items() if c not in (None, 0)]
+            for task, code in codes.items():
+                if task.serves and code is not None and task not in reported:
+                    reported.add(task)
+                    job.say(f"{task.name} {_describe_exit(code)}; the job carries on (parameter-server "
+                            "training reschedules a lost worker's steps; a lost ps fails the chief)")
+            failed = [(t, c) for t, c in codes.items() if c not in (None, 0) and not t.serves]
             if failed:
                 task, code = failed[0]
                 job.say(f"{task.name} {_describe_exit(code)}; stopping the other tasks")
@@ -193,8 +205,15 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
                     task=task,
                     returncode=code if code > 0 else 128 - code,
                 )
-            if all(c == 0 for c in codes.values()):
-                job.drain()
+            mains = [c for t, c in codes.items() if not t.serves]
+            if not mains and all(c is not None for c in codes.values()):
+                return 0  # a serving-only launch (one host of a PS cluster) whose server ended
+            if mains and all(c == 0 for c in mains):
+                if any(t.serves for t in codes):
+                    job.say("the chief finished; stopping the servers")
+                    job.stop(grace_seconds)
+                else:
+                    job.drain()
                 return 0
             time.sleep(poll_seconds)
     finally:
@@ -202,13 +221,16 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
             signal.signal(sig, handler)
 
 
-def launch(command, *, num_workers=None, cluster=None, task=None, env=None, out=None,
+def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=None, out=None,
            grace_seconds=DEFAULT_GRACE_SECONDS):
     """Launches a job: every task locally, or this machine's task of a cluster.
 
     Args:
         command: the program and its arguments, e.g. ``["python", "train.py"]``.
         num_workers: start this many workers on 127.0.0.1 (local mode).
+        num_ps: with > 0, a parameter-server job: ``num_ps`` ps and
+            ``num_workers`` worker servers, and one chief that runs ``command``;
+            the servers are stopped when the chief finishes.
         cluster: a cluster dict for a multi-host job (with ``task``).
         task: this machine's `Task` in ``cluster``.
         env: environment for the tasks (default: this process's).
@@ -253,7 +275,13 @@ def launch(command, *, num_workers=None, cluster=None, task=None, env=None, out=
                 "tfpar launch needs at least one worker. Received: "
                 f"-n {num_workers}. Use e.g. -n 2."
             )
-        cluster, tasks = local_tasks({"worker": num_workers})
+        if isinstance(num_ps, bool) or not isinstance(num_ps, int) or num_ps < 0:
+            raise ValueError(f"--ps must be an int >= 0. Received: --ps {num_ps!r}.")
+        if num_ps:
+            cluster, tasks = local_tasks({"chief": 1, "worker": num_workers, "ps": num_ps})
+            tasks = [dataclasses.replace(t, serves=t.task_type != "chief") for t in tasks]
+        else:
+            cluster, tasks = local_tasks({"worker": num_workers})
     return run_tasks(command, cluster, tasks, env=env, out=out, grace_seconds=grace_seconds)
 
 

@@ -30,3 +30,41 @@ def test_local_cluster_trains_places_and_shards_variables():
     while "tfpar._server" in run_command(["ps", "ax"], timeout=30).output:
         assert time.monotonic() < deadline, "the local ps/worker servers outlived their coordinator"
         time.sleep(0.5)
+
+
+def _ps_fault_run(*args):
+    result = run_command([sys.executable, os.path.join(SCRIPTS, "ps_fault.py"), *args], timeout=300,
+                         env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    return json.loads([l for l in result.output.splitlines() if l.startswith('{"loss"')][-1]), result.output
+
+
+def test_a_worker_killed_mid_fit_has_its_steps_rescheduled():
+    undisturbed, _ = _ps_fault_run()
+    disturbed, output = _ps_fault_run("--kill-worker")
+    assert "killed worker 1" in output
+    assert disturbed["alive"]["worker 1"] is False and disturbed["alive"]["worker 0"] is True
+    # Every scheduled step ran (the lost worker's ones again on the survivor: at least
+    # once, as TensorFlow's coordinator guarantees), so training is complete ...
+    assert undisturbed["iterations"] == 4 * 32 and disturbed["iterations"] >= 4 * 32
+    # ... and ends in the same loss band as the undisturbed run.
+    assert disturbed["loss"][-1] < 0.05 and undisturbed["loss"][-1] < 0.05
+    assert abs(disturbed["loss"][-1] - undisturbed["loss"][-1]) < 0.02
+
+
+def test_launch_roles_start_servers_and_stop_them_after_the_chief():
+    from tests.conftest import tfpar_command
+
+    result = run_command(tfpar_command("launch", "--ps", "1", "-n", "2", "--", sys.executable,
+                                       "examples/train_parameter_server.py", "--epochs", "2"), timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for line in ("[ps 0] tfpar server: ps 0 serving", "[worker 1] tfpar server: worker 1 serving",
+                 "[chief 0] validation accuracy after 2 epochs", "the chief finished; stopping the servers"):
+        assert line in result.output
+
+
+def test_parameter_server_example_with_its_own_local_cluster():
+    result = run_command([sys.executable, "examples/train_parameter_server.py", "--epochs", "3"], timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    accuracy = float(result.output.split("validation accuracy after 3 epochs: ")[1].split()[0])
+    assert accuracy > 0.9

@@ -109,6 +109,7 @@ def test_cluster_file(tmp_path):
     (["-n", "0", "--", PY, "-c", "pass"], r"needs at least one worker. Received: -n 0"),
     (["-n", "2"], r"Nothing to launch"),
     (["--", PY, "-c", "pass"], r"Received: neither -n nor --hosts/--cluster"),
+    (["--ps", "-1", "-n", "2", "--", PY, "-c", "pass"], r"--ps must be an int >= 0. Received: --ps -1"),
     (["--hosts", "a,b", "--", PY, "-c", "pass"], r"needs this machine's --task-index"),
     (["--hosts", "a,b", "--task-index", "2", "--", PY, "-c", "pass"], r"Received: task index 2"),
 ])

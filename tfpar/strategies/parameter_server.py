@@ -141,7 +141,7 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
                             f"{type(config).__name__} and {sorted(kwargs)}.")
         cluster = _cluster_from(config)
         self.config = dataclasses.replace(config, cluster=cluster)
-        self._servers = getattr(self, "_servers", [])
+        self._servers = getattr(self, "_servers", {})
         remote = cluster.cluster["ps"] + cluster.cluster["worker"]
         wait_for_addresses(remote, config.connect_timeout_seconds)
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # a dead worker fails fast, then reschedules
@@ -172,18 +172,18 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
             for role in ("ps", "worker"):
                 for index in range(len(cluster[role])):
                     info = ClusterInfo(cluster=cluster, task_type=role, task_index=index)
-                    servers.append(subprocess.Popen(
+                    servers.append((f"{role} {index}", subprocess.Popen(
                         [sys.executable, "-m", "tfpar._server"],
                         env={**os.environ, "TF_CONFIG": info.to_tf_config(),
                              "TFPAR_SERVER_PARENT_PID": str(os.getpid())},
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)))
             strategy = cls.__new__(cls)
-            strategy._servers = servers  # they also exit by themselves when this process ends
+            strategy._servers = dict(servers)  # they also exit by themselves when this process ends
             cls.__init__(strategy, cluster=ClusterInfo(cluster=cluster, task_type="chief", task_index=0),
                          **kwargs)
             return strategy
         except BaseException:
-            _stop(servers)
+            _stop(dict(servers))
             raise
 
     def shutdown(self):
@@ -193,7 +193,12 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
         stop by themselves when this process exits.
         """
         _stop(self._servers)
-        self._servers = []
+        self._servers = {}
+
+    @property
+    def local_servers(self):
+        """The processes `local()` started: ``{"ps 0": Popen, "worker 1": Popen, ...}``."""
+        return dict(self._servers)
 
     def __enter__(self):
         return self
@@ -238,7 +243,8 @@ def variable_placement(model):
     return placement
 
 
-def _stop(procs, grace_seconds=5.0):
+def _stop(servers, grace_seconds=5.0):
+    procs = list(servers.values())
     for proc in procs:
         if proc.poll() is None:
             try:
