@@ -22,9 +22,11 @@ def _parser():
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
     demo.add_argument("--strategy", default="data_parallel",
-                      help="data_parallel (default) or horovod (starts the ranks with horovodrun)")
+                      help="data_parallel (default), horovod (starts the ranks with horovodrun) or "
+                           "ps (a local parameter-server cluster)")
     demo.add_argument("--devices", type=_int, default=None,
-                      help="virtual CPU devices when there is no GPU, or Horovod ranks (default 2)")
+                      help="virtual CPU devices when there is no GPU, Horovod ranks, or PS workers "
+                           "(default 2)")
     demo.add_argument("--epochs", type=_int, default=15)
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")

@@ -17,7 +17,7 @@ from tfpar.strategies import DataParallel
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "load_digits", "run_demo"]
 
-STRATEGIES = ("data_parallel", "horovod")
+STRATEGIES = ("data_parallel", "horovod", "ps")
 """Strategies the demo can run on."""
 
 
@@ -86,6 +86,10 @@ class _EpochTimer(keras.callbacks.Callback):
 
 
 def _make_strategy(name, num_devices):
+    if name == "ps":  # a local cluster: --devices workers and one ps, as child processes
+        from tfpar.strategies.parameter_server import ParameterServer
+
+        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1)
     if name == "horovod":  # one replica per rank: started by horovodrun (see tfpar.cli)
         from tfpar.strategies.horovod import HorovodStrategy
 
@@ -135,9 +139,10 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     global_batch_size = global_batch_size or 32 * dist.num_replicas_in_sync
     description = dist.describe(global_batch_size=global_batch_size, model=model)
     print_fn(description)
-    train = distribute(tf.data.Dataset.from_tensor_slices((x_train, y_train)), dist,
+    # Functions, not datasets: parameter-server workers build their input themselves.
+    train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), dist,
                        global_batch_size, shuffle_buffer=len(x_train), seed=0)
-    val = distribute(tf.data.Dataset.from_tensor_slices((x_val, y_val)), dist, global_batch_size)
+    val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), dist, global_batch_size)
     timer = _EpochTimer()
     history = model.fit(
         train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,

@@ -68,3 +68,15 @@ def test_parameter_server_example_with_its_own_local_cluster():
     assert result.returncode == 0, result.output[-4000:]
     accuracy = float(result.output.split("validation accuracy after 3 epochs: ")[1].split()[0])
     assert accuracy > 0.9
+
+
+def test_demo_on_a_local_parameter_server_cluster():
+    import re
+
+    from tests.conftest import tfpar_command
+
+    result = run_command(tfpar_command("demo", "--strategy", "ps", "--quiet"), timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "ParameterServer (ParameterServerStrategy + ClusterCoordinator)" in result.output
+    accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
+    assert accuracy >= 0.95, result.output[-3000:]
