@@ -1,0 +1,91 @@
+"""Parameter-server benchmark: a local PS cluster against DataParallel, and against its floor.
+
+    python bench/parameter_server.py [--quick]
+
+Last line:
+    RESULT parameter_server steps_ratio=<x> model_ratio=<y>
+
+- steps_ratio: steps/second of ParameterServer.local(2 workers, 1 ps) ÷ DataParallel on
+  2 virtual CPU devices, same 66k-parameter CNN and global batch (each in its own process,
+  alternating A B B A).
+- model_ratio: the PS step time ÷ its floor: every step pulls the variables from the ps and
+  pushes their gradients back (2 × variable bytes ÷ the loopback TCP throughput measured in
+  this run) plus one RPC round trip (a loopback TCP ping-pong measured here).
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_models import loopback_tcp_throughput, parse_bench_line  # noqa: E402
+
+
+def loopback_round_trip(repeats=2000):
+    """Median seconds for a 1-byte request and reply over one loopback TCP connection."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def echo():
+        conn, _ = server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while data := conn.recv(1):
+            conn.sendall(data)
+        conn.close()
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    client = socket.create_connection(server.getsockname())
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        client.sendall(b"x")
+        client.recv(1)
+        times.append(time.perf_counter() - start)
+    client.close()
+    server.close()
+    return statistics.median(times)
+
+
+def run(mode, args):
+    done = subprocess.run([sys.executable, os.path.join(HERE, "_ps_worker.py"), mode, *args], cwd=HERE,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"{mode} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return parse_bench_line(done.stdout)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
+    opts = parser.parse_args()
+    common = ["--steps", "5", "--epochs", "2"] if opts.quick else ["--steps", "40", "--epochs", "5"]
+    order = ["ps", "dp"] if opts.quick else ["ps", "dp", "dp", "ps"]
+    jobs = {"ps": [], "dp": []}
+    for mode in order:
+        job = run(mode, common)
+        jobs[mode].append(job)
+        print(f"{mode}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
+    ps_step = statistics.median(j["step_seconds"] for j in jobs["ps"])
+    dp_step = statistics.median(j["step_seconds"] for j in jobs["dp"])
+    tcp = loopback_tcp_throughput()
+    rtt = loopback_round_trip()
+    variable_bytes = jobs["ps"][0]["variable_bytes"]
+    floor = 2 * variable_bytes / tcp + rtt
+    print(f"floor: 2 x {variable_bytes:,} bytes / {tcp / 1e9:.2f} GB/s + RTT {rtt * 1e6:.0f} us "
+          f"= {floor * 1e3:.3f} ms; PS step {ps_step * 1e3:.1f} ms, DataParallel step {dp_step * 1e3:.1f} ms",
+          flush=True)
+    print(f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} model_ratio={ps_step / floor:.3f}")
+
+
+if __name__ == "__main__":
+    main()
