@@ -37,7 +37,6 @@ if args.mode == "bare":
 else:
     strategy = tfpar.DataParallel(all_reduce="auto", timeout_seconds=TIMEOUT)
 
-import numpy as np  # noqa: E402
 
 from bench_models import make_model, make_data  # noqa: E402
 

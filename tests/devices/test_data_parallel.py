@@ -10,7 +10,6 @@ import tensorflow as tf
 import tfpar
 from tests.conftest import run_command
 from tests.models import compile_for_equivalence, equivalence_data, equivalence_model
-from tfpar import keras
 from tfpar.cluster import ClusterInfo
 from tfpar.devices import DevicesAlreadyInitializedError
 from tfpar.strategies import DataParallel, DataParallelConfig, MirroredDataParallel

@@ -2,13 +2,11 @@
 
 import builtins
 import importlib.util
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import tfpar
 from tfpar import keras
 
 needs_horovod = pytest.mark.skipif(importlib.util.find_spec("horovod") is None,

@@ -10,9 +10,9 @@ import dataclasses
 import itertools
 import logging
 
-from tfpar._keras import check_model, tf
+from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo
-from tfpar.data.batching import per_replica_batch_size
+from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.devices import DevicesAlreadyInitializedError, configure_devices, local_devices
 
 __all__ = [
@@ -203,14 +203,7 @@ class DataParallel:
             f"  devices:    {', '.join(devices)}",
             f"  all-reduce: {self._all_reduce_text()}",
         ]
-        if global_batch_size is not None:
-            per_replica = per_replica_batch_size(global_batch_size, replicas)
-            lines.append(
-                f"  batch:      {per_replica} per replica, {global_batch_size} global"
-            )
-        if model is not None:
-            check_model(model)
-            lines.append(f"  model:      {model.name}, {model.count_params():,} parameters")
+        lines += batch_and_model_lines(replicas, global_batch_size, model)
         return "\n".join(lines)
 
 

@@ -24,8 +24,8 @@ Keras 3 on TensorFlow >= 2.16 and breaks tf_keras models. Without
 
 import dataclasses
 
-from tfpar._keras import check_model, keras, tf
-from tfpar.data.batching import per_replica_batch_size
+from tfpar._keras import keras, tf
+from tfpar.strategies._describe import batch_and_model_lines
 
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy, values
@@ -403,10 +403,5 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
             f"backward_passes_per_step={self.config.backward_passes_per_step}, "
             f"controllers: {', '.join(controllers) or 'none'}",
         ]
-        if global_batch_size is not None:
-            per_replica = per_replica_batch_size(global_batch_size, self.num_replicas_in_sync)
-            lines.append(f"  batch:      {per_replica} per replica, {global_batch_size} global")
-        if model is not None:
-            check_model(model)
-            lines.append(f"  model:      {model.name}, {model.count_params():,} parameters")
+        lines += batch_and_model_lines(self.num_replicas_in_sync, global_batch_size, model)
         return "\n".join(lines)

@@ -19,9 +19,9 @@ import subprocess
 import sys
 import time
 
-from tfpar._keras import check_model, tf
+from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo, local_cluster
-from tfpar.data.batching import per_replica_batch_size
+from tfpar.strategies._describe import batch_and_model_lines
 
 __all__ = [
     "ClusterUnreachableError",
@@ -220,12 +220,8 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
             f"  replicas:   {self.num_replicas_in_sync} per step (steps run on any free worker)",
             f"  partitioner: {partitioner}",
         ]
-        if global_batch_size is not None:
-            per_replica = per_replica_batch_size(global_batch_size, self.num_replicas_in_sync)
-            lines.append(f"  batch:      {per_replica} per replica, {global_batch_size} global")
+        lines += batch_and_model_lines(self.num_replicas_in_sync, global_batch_size, model)
         if model is not None:
-            check_model(model)
-            lines.append(f"  model:      {model.name}, {model.count_params():,} parameters")
             for name, devices in sorted(variable_placement(model).items()):
                 tasks = sorted({d.split("/device")[0].replace("/replica:0", "") for d in devices})
                 lines.append(f"    {name}: {len(devices)} shard(s) on {', '.join(tasks)}")
