@@ -69,6 +69,15 @@ class ParameterServerConfig:
                              f"{self.connect_timeout_seconds!r}.")
 
 
+def _accepts(address, timeout=1.0):
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for_addresses(addresses, timeout_seconds):
     """Waits until every ``host:port`` accepts a TCP connection.
 
@@ -77,18 +86,13 @@ def wait_for_addresses(addresses, timeout_seconds):
     """
     deadline = time.monotonic() + timeout_seconds
     for address in addresses:
-        host, port = address.rsplit(":", 1)
-        while True:
-            try:
-                with socket.create_connection((host, int(port)), timeout=1.0):
-                    break
-            except OSError as e:
-                if time.monotonic() > deadline:
-                    raise ClusterUnreachableError(
-                        f"Cannot reach {address} after waiting {timeout_seconds:g} s ({e}). Check "
-                        "that the task runs there and the address in TF_CONFIG is right, or raise "
-                        "connect_timeout_seconds.") from None
-                time.sleep(0.2)
+        while not _accepts(address):
+            if time.monotonic() > deadline:
+                raise ClusterUnreachableError(
+                    f"Cannot reach {address} after waiting {timeout_seconds:g} s. Check that the "
+                    "task runs there and the address in TF_CONFIG is right, or raise "
+                    "connect_timeout_seconds.")
+            time.sleep(0.2)
 
 
 def _cluster_from(config):

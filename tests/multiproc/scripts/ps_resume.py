@@ -1,0 +1,38 @@
+"""PS training with BackupAndRestore; with --kill-ps the ps dies during epoch 3.
+
+Usage: ps_resume.py BACKUP_DIR [--kill-ps]
+"""
+
+import os
+import signal
+import sys
+import threading
+
+import numpy as np
+
+import tfpar
+from tfpar.strategies.parameter_server import ParameterServer
+
+backup, kill = sys.argv[1], "--kill-ps" in sys.argv
+strategy = ParameterServer.local(num_workers=2, num_ps=1)
+import tensorflow as tf  # noqa: E402
+
+keras = tfpar.keras
+rng = np.random.default_rng(0)
+x = rng.random((1024, 8)).astype("float32")
+y = x.sum(1)
+with strategy.scope():
+    model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
+
+
+class KillPs(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if kill and epoch == 2:
+            threading.Timer(0.1, lambda: os.kill(strategy.local_servers["ps 0"].pid, signal.SIGKILL)).start()
+
+
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2,
+                    callbacks=[KillPs(), keras.callbacks.BackupAndRestore(backup)])
+print(f"finished with loss {history.history['loss'][-1]:.4f}", flush=True)
