@@ -58,7 +58,7 @@ if args.mode == "allreduce":
     report({"seconds": seconds, "busbw": size * 2 * (hvd.size() - 1) / hvd.size() / seconds})
     raise SystemExit(0)
 
-from bench_models import make_data, make_model  # noqa: E402
+from bench_models import EpochTimer, make_data, make_model  # noqa: E402
 
 global_batch = args.per_worker_batch * hvd.size()
 x, y = make_data("cnn", global_batch * args.steps)
@@ -73,15 +73,10 @@ if args.mode == "strategy":
         model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
     train = tfpar.data.distribute(source, strategy, global_batch)
 
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            epoch_times.append(time.perf_counter() - self.start)
-
+    timer = EpochTimer()
     model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0,
-              callbacks=[Timer()])
+              callbacks=[timer])
+    epoch_times = timer.times
 else:
     keras.utils.set_random_seed(0)
     model = make_model("cnn")

@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 parser = argparse.ArgumentParser()
@@ -29,7 +28,7 @@ else:
     strategy = tfpar.DataParallel()
 import tensorflow as tf  # noqa: E402
 
-from bench_models import make_data, make_model  # noqa: E402
+from bench_models import EpochTimer, make_data, make_model  # noqa: E402
 
 keras = tfpar.keras
 x, y = make_data("cnn", args.global_batch * args.steps)
@@ -38,18 +37,8 @@ with strategy.scope():
     model = make_model("cnn")
     model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
 train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.global_batch)
-times = []
-
-
-class Timer(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        times.append(time.perf_counter() - self.start)
-
-
-model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0, callbacks=[Timer()])
-step = statistics.median(t / train.steps_per_epoch for t in times[1:])
+timer = EpochTimer()
+model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0, callbacks=[timer])
+step = statistics.median(t / train.steps_per_epoch for t in timer.times[1:])
 variable_bytes = sum(int(v.shape.num_elements()) * v.dtype.size for v in model.trainable_variables)
 print("BENCH " + json.dumps({"step_seconds": step, "variable_bytes": variable_bytes}), flush=True)

@@ -38,7 +38,7 @@ else:
     strategy = tfpar.DataParallel(all_reduce="auto", timeout_seconds=TIMEOUT)
 
 
-from bench_models import make_model, make_data  # noqa: E402
+from bench_models import EpochTimer, make_data, make_model  # noqa: E402
 
 cluster = tfpar.ClusterInfo.from_tf_config()
 workers = cluster.num_workers if cluster else 1
@@ -88,20 +88,9 @@ else:  # the recipe of the TensorFlow tutorial: global batch, auto-sharding by t
     data, steps = source.batch(global_batch).repeat(), args.steps
 
 
-class Timer(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.epoch_times = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epoch_times.append(time.perf_counter() - self.start)
-
-
-timer = Timer()
+timer = EpochTimer()
 model.fit(data, steps_per_epoch=steps, epochs=args.epochs, verbose=0, callbacks=[timer])
-step_times = [t / steps for t in timer.epoch_times[1:]]  # epoch 1 traces
+step_times = [t / steps for t in timer.times[1:]]  # epoch 1 traces
 step = statistics.median(step_times)
 report({"step_seconds": step, "examples_per_second": global_batch / step, "workers": workers,
         "replicas": strategy.num_replicas_in_sync, "params": model.count_params()})

@@ -3,6 +3,7 @@
 import json
 import socket
 import statistics
+import subprocess
 import threading
 import time
 
@@ -79,3 +80,25 @@ def parse_bench_line(output):
         if "BENCH " in line:
             return json.loads(line.split("BENCH ", 1)[1])
     raise RuntimeError("no BENCH line in the job's output:\n" + output[-3000:])
+
+
+def run_job(cmd, cwd, env=None, timeout=600):
+    """Runs one benchmark job (a command line) and returns its ``BENCH`` numbers."""
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return parse_bench_line(done.stdout)
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Records each epoch's wall time in ``times`` (epoch-level hooks: fine under every strategy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.times = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.times.append(time.perf_counter() - self._start)

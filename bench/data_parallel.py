@@ -32,18 +32,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_worker.py")
 sys.path.insert(0, HERE)
 
-from bench_models import loopback_tcp_throughput, parse_bench_line  # noqa: E402
+from bench_models import loopback_tcp_throughput, parse_bench_line, run_job  # noqa: E402
 
 
 def run_tfpar_job(workers, args, env=None, timeout=600):
     """Runs _worker.py under `tfpar launch -n workers`; returns worker 0's numbers."""
     cmd = [sys.executable, "-m", "tfpar.cli", "launch", "-n", str(workers), "--",
            sys.executable, WORKER, *args]
-    done = subprocess.run(cmd, cwd=HERE, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)
-    if done.returncode:
-        raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return parse_bench_line(done.stdout)
+    return run_job(cmd, cwd=HERE, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def run_hand_job(workers, args, timeout=600):

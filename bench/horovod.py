@@ -16,22 +16,17 @@ Last line:
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_models import loopback_tcp_throughput, parse_bench_line  # noqa: E402
+from bench_models import loopback_tcp_throughput, run_job  # noqa: E402
 
 
-def run_job(ranks, args, timeout=600):
-    cmd = ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
-           os.path.join(HERE, "_horovod_worker.py"), *args]
-    done = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout)
-    if done.returncode:
-        raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return parse_bench_line(done.stdout)
+def run_horovod_job(ranks, args):
+    return run_job(["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
+                    os.path.join(HERE, "_horovod_worker.py"), *args], cwd=HERE)
 
 
 def main():
@@ -44,13 +39,13 @@ def main():
                                                         "strategy", "recipe"]
     times = {"strategy": [], "recipe": []}
     for mode in order:
-        job = run_job(2, [mode, *common])
+        job = run_horovod_job(2, [mode, *common])
         times[mode].append(job["step_seconds"])
         print(f"2 ranks, {mode}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
     overhead = statistics.median(times["strategy"]) / statistics.median(times["recipe"])
 
     tcp = loopback_tcp_throughput()
-    reduce = run_job(2, ["allreduce", "--mib", str(mib)])
+    reduce = run_horovod_job(2, ["allreduce", "--mib", str(mib)])
     busbw_ratio = reduce["busbw"] / tcp
     print(f"hvd.allreduce {mib} MiB over 2 ranks: {reduce['seconds'] * 1e3:.0f} ms, busbw "
           f"{reduce['busbw'] / 1e9:.2f} GB/s; loopback TCP {tcp / 1e9:.2f} GB/s", flush=True)

@@ -17,7 +17,6 @@ import argparse
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_models import loopback_tcp_throughput, parse_bench_line  # noqa: E402
+from bench_models import loopback_tcp_throughput, run_job  # noqa: E402
 
 
 def loopback_round_trip(repeats=2000):
@@ -57,11 +56,7 @@ def loopback_round_trip(repeats=2000):
 
 
 def run(mode, args):
-    done = subprocess.run([sys.executable, os.path.join(HERE, "_ps_worker.py"), mode, *args], cwd=HERE,
-                          capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        raise RuntimeError(f"{mode} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return parse_bench_line(done.stdout)
+    return run_job([sys.executable, os.path.join(HERE, "_ps_worker.py"), mode, *args], cwd=HERE)
 
 
 def main():
