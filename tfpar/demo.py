@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from tfpar._checks import check_int
 from tfpar._keras import keras, tf
 from tfpar.data import distribute
 from tfpar.devices import configure_devices
@@ -121,8 +122,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown demo strategy {strategy!r}. Received: --strategy {strategy}. "
                          f"Use one of {list(STRATEGIES)}.")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an int >= 1. Received: epochs={epochs!r}.")
+    check_int("epochs", epochs, 1)
     dist = _make_strategy(strategy, num_devices)
     keras.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()

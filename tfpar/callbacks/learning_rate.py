@@ -25,7 +25,7 @@ def _check_settable(optimizer, who):
                 "(or tfpar.callbacks.LearningRateSchedule) change it.")
 
 
-def _scale_of(scale, model, who):
+def _scale_of(scale, model):
     if scale == "replicas":
         return model.distribute_strategy.num_replicas_in_sync
     return scale
@@ -79,7 +79,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         _check_settable(optimizer, "LearningRateWarmup")
         self._base = float(self.initial_lr if self.initial_lr is not None
                            else keras.backend.get_value(optimizer.learning_rate))
-        self._target = self._base * _scale_of(self.scale, self.model, "LearningRateWarmup")
+        self._target = self._base * _scale_of(self.scale, self.model)
         steps_per_epoch = self.params.get("steps")
         if self.warmup_steps is not None:
             self._length = self.warmup_steps
@@ -148,7 +148,7 @@ class LearningRateSchedule(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         _check_settable(self.model.optimizer, "LearningRateSchedule")
-        self._rate = self.initial_lr * _scale_of(self.scale, self.model, "LearningRateSchedule")
+        self._rate = self.initial_lr * _scale_of(self.scale, self.model)
 
     def _active(self, epoch):
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)

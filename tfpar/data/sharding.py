@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import os
 
+from tfpar._checks import check_int
 from tfpar._keras import tf
 from tfpar.data.batching import per_replica_batch_size
 from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
@@ -56,12 +57,7 @@ class InputConfig:
                     f"Unknown {name} {value!r}. Received: {name}={value!r}. "
                     f"Use one of {list(choices)}."
                 )
-        if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int) \
-                or self.shuffle_buffer < 0:
-            raise ValueError(
-                "shuffle_buffer must be an int >= 0. Received: "
-                f"shuffle_buffer={self.shuffle_buffer!r}."
-            )
+        check_int("shuffle_buffer", self.shuffle_buffer, 0)
         if self.reader is not None and not callable(self.reader):
             raise TypeError(
                 f"reader must be a callable path -> tf.data.Dataset. Received: {self.reader!r}."

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import logging
 
+from tfpar._checks import check_int
 from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo
 from tfpar.strategies._describe import batch_and_model_lines
@@ -60,8 +61,8 @@ class DataParallelConfig:
                 f"Unknown all_reduce {self.all_reduce!r}. Received: "
                 f"all_reduce={self.all_reduce!r}. Use one of {list(ALL_REDUCE)}."
             )
-        _check_int("num_packs", self.num_packs, 0)
-        _check_int("bytes_per_pack", self.bytes_per_pack, 0)
+        check_int("num_packs", self.num_packs, 0)
+        check_int("bytes_per_pack", self.bytes_per_pack, 0)
         if self.timeout_seconds is not None and not (
             isinstance(self.timeout_seconds, (int, float))
             and not isinstance(self.timeout_seconds, bool)
@@ -89,13 +90,6 @@ class DataParallelConfig:
     def multi_worker(self):
         """Whether several workers train (so MultiWorkerMirroredStrategy is used)."""
         return self.cluster is not None and self.cluster.num_workers > 1
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{name} must be an int >= {minimum}. Received: {name}={value!r}."
-        )
 
 
 def _build_config(config, kwargs):

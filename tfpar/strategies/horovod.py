@@ -24,6 +24,7 @@ Keras 3 on TensorFlow >= 2.16 and breaks tf_keras models. Without
 
 import dataclasses
 
+from tfpar._checks import check_int
 from tfpar._keras import keras, tf
 from tfpar.strategies._describe import batch_and_model_lines
 
@@ -79,11 +80,7 @@ class HorovodConfig:
     apply them once: N steps of global batch G train like one step of N·G."""
 
     def __post_init__(self):
-        value = self.backward_passes_per_step
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                "backward_passes_per_step must be an int >= 1 (1: no accumulation). Received: "
-                f"backward_passes_per_step={value!r}.")
+        check_int("backward_passes_per_step", self.backward_passes_per_step, 1, " (1: no accumulation.)")
         for name, value, choices in (("op", self.op, HOROVOD_OPS), ("compression", self.compression, COMPRESSIONS)):
             if value not in choices:
                 raise ValueError(f"Unknown {name} {value!r}. Received: {name}={value!r}. Use one of {list(choices)}.")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from tfpar._checks import check_int
 from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo, local_cluster
 from tfpar.strategies._describe import batch_and_model_lines
@@ -61,9 +62,7 @@ class ParameterServerConfig:
                 "variable_partitioner must be 'auto', None or a "
                 "tf.distribute.experimental.partitioners.Partitioner (MinSizePartitioner, "
                 f"FixedShardsPartitioner, MaxSizePartitioner). Received: {partitioner!r}.")
-        if isinstance(self.min_shard_bytes, bool) or not isinstance(self.min_shard_bytes, int) \
-                or self.min_shard_bytes < 1:
-            raise ValueError(f"min_shard_bytes must be an int >= 1. Received: {self.min_shard_bytes!r}.")
+        check_int("min_shard_bytes", self.min_shard_bytes, 1)
         if not isinstance(self.connect_timeout_seconds, (int, float)) or self.connect_timeout_seconds <= 0:
             raise ValueError("connect_timeout_seconds must be > 0. Received: "
                              f"{self.connect_timeout_seconds!r}.")
