@@ -31,3 +31,33 @@ def test_unreachable_ps_is_reported_by_address_after_a_bounded_wait():
                                    "ps": [f"127.0.0.1:{port}"]}, task_type="chief", task_index=0)
     with pytest.raises(ClusterUnreachableError, match=rf"Cannot reach 127.0.0.1:{port} after waiting 2 s"):
         ParameterServer(cluster=cluster, connect_timeout_seconds=2)
+
+
+def test_a_ps_error_is_translated_to_one_that_names_the_lost_task():
+    import tensorflow as tf
+
+    from tfpar.cluster import free_ports
+    from tfpar.strategies.parameter_server import ParameterServerLostError, _lost_ps_error
+
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]  # nothing listens: both "lost"
+    error = tf.errors.UnavailableError(None, None, "Socket closed\nAdditional GRPC error information "
+                                       "from remote target /job:ps/replica:0/task:1 while calling ...")
+    lost = _lost_ps_error(error, addresses)
+    assert isinstance(lost, ParameterServerLostError) and isinstance(lost, tf.errors.UnavailableError)
+    assert lost.tasks == ["ps 0", "ps 1"]
+    assert f"Lost the parameter server ps 0 ({addresses[0]}), ps 1 ({addresses[1]})" in str(lost)
+    assert "TensorFlow reported: Socket closed" in str(lost)
+    # An error that names no ps is not a ps loss.
+    assert _lost_ps_error(tf.errors.UnavailableError(None, None, "/job:worker/replica:0/task:0"), addresses) is None
+
+
+def test_fit_without_steps_per_epoch_on_ps_input_says_why_and_what_to_pass():
+    from tf_keras.src.engine import data_adapter
+
+    from tfpar.data._ps_input import ParameterServerInput
+
+    creator = ParameterServerInput(lambda context: None, steps_per_epoch=16)
+    adapter = data_adapter.select_data_adapter(creator, None)
+    with pytest.raises(ValueError, match=r"needs the number of steps: pass steps_per_epoch=16 to fit"):
+        adapter(creator, None, steps=None)
+    assert adapter(creator, None, steps=16).steps == 16

@@ -18,6 +18,12 @@ def test_local_cluster_trains_places_and_shards_variables():
     assert report["steps_per_epoch"] == 16
     # The single-device run of this task reaches > 0.95 in 4 epochs; PS must land in that band.
     assert report["accuracy"][-1] > 0.9 and report["predict_accuracy"] > 0.9
+    # model.evaluate on the workers (steps batches sampled from their shuffled copies) lands
+    # where predicting the whole input on the chief does.
+    assert abs(report["evaluate"]["accuracy"] - report["predict_accuracy"]) < 0.02
+    assert abs(report["evaluate"]["loss"] - report["predict_loss"]) < 0.3 * report["predict_loss"] + 1e-3
+    assert "Parameter-server training needs the number of steps: pass steps_per_epoch=16" in report["steps_error"]
+    assert "Received: steps=None" in report["steps_error"]
     placement = report["placement"]
     shards = placement["embedding/embeddings"]
     assert len(shards) == 2
@@ -50,6 +56,16 @@ def test_a_worker_killed_mid_fit_has_its_steps_rescheduled():
     # ... and ends in the same loss band as the undisturbed run.
     assert disturbed["loss"][-1] < 0.05 and undisturbed["loss"][-1] < 0.05
     assert abs(disturbed["loss"][-1] - undisturbed["loss"][-1]) < 0.02
+
+
+def test_a_restarted_worker_rejoins_and_runs_steps_again(tmp_path):
+    log = tmp_path / "worker1.log"
+    report, output = _ps_fault_run("--kill-worker", "--restart-worker", str(log))
+    assert "killed worker 1" in output and "restarted worker 1" in output
+    assert all(report["alive"].values())
+    # The new worker-1 process ran training steps (each prints a marker on its own stderr).
+    assert report["restarted_steps"] >= 5, log.read_text()[-3000:]
+    assert report["loss"][-1] < 0.05
 
 
 def test_launch_roles_start_servers_and_stop_them_after_the_chief():
@@ -87,7 +103,9 @@ def test_a_lost_ps_fails_the_chief_and_a_relaunch_resumes_from_the_backup(tmp_pa
     first = run_command([sys.executable, script, str(tmp_path), "--kill-ps"], timeout=300, env={"PYTHONPATH": ROOT})
     assert first.returncode != 0
     assert "Epoch 3/5" in first.output and "finished with loss" not in first.output
-    assert "Unavailable" in first.output  # TensorFlow's error; it does not name the ps (see issue notes)
+    assert "ParameterServerLostError: Lost the parameter server ps 0 (127.0.0.1:" in first.output
+    assert "Restart that task and relaunch the job" in first.output
+    assert "lost tasks: ['ps 0']; an UnavailableError: True" in first.output
     second = run_command([sys.executable, script, str(tmp_path)], timeout=300, env={"PYTHONPATH": ROOT})
     assert second.returncode == 0, second.output[-3000:]
     epochs = [line for line in second.output.splitlines() if line.startswith("Epoch ")]

@@ -249,8 +249,10 @@ def distribute(source, strategy, global_batch_size, **options):
     Each worker's pipeline yields the same number of steps per epoch and
     repeats, so pass ``steps_per_epoch`` (Keras needs it for a distributed
     dataset). Under a ParameterServer the result is a Keras ``DatasetCreator``
-    run on each worker over the whole input (steps go to any free worker). With ``remainder="pad"`` every example is seen exactly once
-    per epoch. The input is counted once if tf.data cannot tell its size
+    run on each worker over the whole input (steps go to any free worker), so
+    ``evaluate`` there reads ``steps`` batches from the workers' copies: a
+    sample of the input, as in TensorFlow's parameter-server design. With
+    ``remainder="pad"`` every example is seen exactly once per epoch. The input is counted once if tf.data cannot tell its size
     (files are always counted, to balance FILE shards).
 
     Args:
@@ -308,7 +310,7 @@ def _for_parameter_servers(source, config, replicas):
     pattern). The dataset is built on the workers, so it must come from a
     function or from files.
     """
-    from tfpar._keras import keras
+    from tfpar.data._ps_input import ParameterServerInput
 
     if isinstance(source, tf.data.Dataset):
         raise ValueError(
@@ -326,7 +328,7 @@ def _for_parameter_servers(source, config, replicas):
     plan = plan_shard(num_workers=1, worker_index=0, replicas_per_worker=replicas,
                       per_replica_batch=config.global_batch_size // replicas, policy="off",
                       remainder=config.remainder, num_elements=sizes.num_elements)
-    return DistributedInput(keras.utils.experimental.DatasetCreator(dataset_fn), plan.steps, plan)
+    return DistributedInput(ParameterServerInput(dataset_fn, plan.steps), plan.steps, plan)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,8 +11,10 @@ starts its own ps and worker servers on 127.0.0.1 and stops them on
 ``shutdown()`` or at exit.
 """
 
+import contextlib
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +29,7 @@ from tfpar.strategies._describe import batch_and_model_lines
 __all__ = [
     "ClusterUnreachableError",
     "ParameterServer",
+    "ParameterServerLostError",
     "ParameterServerConfig",
     "variable_placement",
     "wait_for_addresses",
@@ -37,6 +40,18 @@ DEFAULT_MIN_SHARD_BYTES = 256 << 10
 
 class ClusterUnreachableError(ConnectionError):
     """A task of the cluster did not accept connections within the wait."""
+
+
+class ParameterServerLostError(tf.errors.UnavailableError):
+    """A ps task went away during training; ``tasks`` names it (``["ps 0"]``).
+
+    Raised from ``fit``/``evaluate``/``predict`` (anything run in the strategy's
+    scope) in place of TensorFlow's UnavailableError, which it still is.
+    """
+
+    def __init__(self, tasks, message, cause):
+        super().__init__(getattr(cause, "node_def", None), getattr(cause, "op", None), message)
+        self.tasks = tasks
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -174,12 +189,7 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
         try:
             for role in ("ps", "worker"):
                 for index in range(len(cluster[role])):
-                    info = ClusterInfo(cluster=cluster, task_type=role, task_index=index)
-                    servers.append((f"{role} {index}", subprocess.Popen(
-                        [sys.executable, "-m", "tfpar._server"],
-                        env={**os.environ, "TF_CONFIG": info.to_tf_config(),
-                             "TFPAR_SERVER_PARENT_PID": str(os.getpid())},
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)))
+                    servers.append((f"{role} {index}", _start_server(cluster, role, index)))
             strategy = cls.__new__(cls)
             strategy._servers = dict(servers)  # they also exit by themselves when this process ends
             cls.__init__(strategy, cluster=ClusterInfo(cluster=cluster, task_type="chief", task_index=0),
@@ -197,6 +207,49 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
         """
         _stop(self._servers)
         self._servers = {}
+
+    def restart_local_server(self, name, **popen_kwargs):
+        """Starts again a server of `local()` that died (``"worker 1"``), at the same address.
+
+        A restarted worker rejoins: the coordinator rebuilds its datasets and
+        schedules steps on it again. (A restarted ps does not bring back the
+        variables it held; see `ParameterServerLostError`.)
+
+        Args:
+            name: ``"worker N"`` or ``"ps N"``, a key of `local_servers`.
+            **popen_kwargs: passed to `subprocess.Popen` (e.g. ``stdout=`` to see its log).
+
+        Raises:
+            ValueError: a name `local()` did not start, or a server that still runs.
+        """
+        proc = self._servers.get(name)
+        if proc is None:
+            raise ValueError(f"No local server named {name!r}. Received: {name!r}; the servers "
+                             f"of this strategy are {sorted(self._servers)}.")
+        if proc.poll() is None:
+            raise ValueError(f"{name} still runs (pid {proc.pid}); only a server that died can be "
+                             "restarted.")
+        role, index = name.split()
+        self._servers[name] = _start_server(self.config.cluster.cluster, role, int(index), **popen_kwargs)
+        return self._servers[name]
+
+    @contextlib.contextmanager
+    def _translating_ps_loss(self, scope):
+        try:
+            with scope:
+                yield self
+        except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+            lost = _lost_ps_error(error, self.config.cluster.cluster["ps"])
+            if lost is None:
+                raise
+            raise lost from error
+
+    def scope(self):
+        """The strategy's scope; a ps lost inside it raises `ParameterServerLostError`.
+
+        Keras runs ``fit``, ``evaluate`` and ``predict`` inside this scope.
+        """
+        return self._translating_ps_loss(super().scope())
 
     @property
     def local_servers(self):
@@ -240,6 +293,41 @@ def variable_placement(model):
             base = base.rsplit("/part_", 1)[0]
         placement.setdefault(base, []).append(var.device)
     return placement
+
+
+def _start_server(cluster, role, index, **popen_kwargs):
+    """One ``python -m tfpar._server`` child for a task of ``cluster``; it exits with this process."""
+    info = ClusterInfo(cluster=cluster, task_type=role, task_index=index)
+    popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
+    popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfpar._server"],
+        env={**os.environ, "TF_CONFIG": info.to_tf_config(), "TFPAR_SERVER_PARENT_PID": str(os.getpid())},
+        start_new_session=True, **popen_kwargs)
+
+
+_PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
+
+
+def _lost_ps_error(error, ps_addresses):
+    """A `ParameterServerLostError` for TensorFlow's ``error`` if it comes from a ps, else None."""
+    named = {int(i) for i in _PS_TASK.findall(str(error))}
+    if not named:
+        return None
+    # Name the ps that no longer accept connections; if all still do (a transient
+    # failure), the ones TensorFlow's message names.
+    closed = [i for i in range(len(ps_addresses)) if not _accepts(ps_addresses[i], timeout=0.5)]
+    lost = closed or sorted(named)
+    tasks = [f"ps {i}" for i in lost]
+    where = ", ".join(f"ps {i} ({ps_addresses[i]})" for i in lost)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    message = (
+        f"Lost the parameter server {where} during training. A ps holds part of the model's "
+        "variables, so training cannot go on without it (a lost worker only has its steps "
+        "rescheduled). Restart that task and relaunch the job: with "
+        "keras.callbacks.BackupAndRestore training resumes from the last completed epoch. "
+        f"TensorFlow reported: {first}")
+    return ParameterServerLostError(tasks, message, error)
 
 
 def _stop(servers, grace_seconds=5.0):

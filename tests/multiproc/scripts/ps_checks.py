@@ -32,6 +32,13 @@ with strategy.scope():
 train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32,
                               shuffle_buffer=512, seed=1)
 history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=2)
+evaluation = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64,
+                                   shuffle_buffer=512, seed=2)
+scores = model.evaluate(evaluation.dataset, steps=evaluation.steps_per_epoch, return_dict=True, verbose=0)
+try:
+    model.fit(train.dataset, epochs=1, verbose=0)
+except ValueError as e:
+    steps_error = str(e)
 with tf.device("/job:chief/replica:0/task:0/device:CPU:0"):
     probabilities = model.predict(x, verbose=0)
 error = None
@@ -42,7 +49,10 @@ except ValueError as e:
 json.dump({
     "steps_per_epoch": train.steps_per_epoch,
     "accuracy": history.history["accuracy"],
+    "evaluate": scores,
+    "steps_error": steps_error,
     "predict_accuracy": float((probabilities.argmax(-1) == y).mean()),
+    "predict_loss": float(-np.log(probabilities[np.arange(len(y)), y]).mean()),
     "placement": variable_placement(embedder) | variable_placement(model),
     "describe": strategy.describe(global_batch_size=32, model=embedder),
     "dataset_error": error,

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 import tfpar
-from tfpar.strategies.parameter_server import ParameterServer
+from tfpar.strategies.parameter_server import ParameterServer, ParameterServerLostError
 
 backup, kill = sys.argv[1], "--kill-ps" in sys.argv
 strategy = ParameterServer.local(num_workers=2, num_ps=1)
@@ -33,6 +33,11 @@ class KillPs(keras.callbacks.Callback):
             threading.Timer(0.1, lambda: os.kill(strategy.local_servers["ps 0"].pid, signal.SIGKILL)).start()
 
 
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2,
-                    callbacks=[KillPs(), keras.callbacks.BackupAndRestore(backup)])
+try:
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2,
+                        callbacks=[KillPs(), keras.callbacks.BackupAndRestore(backup)])
+except ParameterServerLostError as error:
+    print(f"lost tasks: {error.tasks}; an UnavailableError: {isinstance(error, tf.errors.UnavailableError)}",
+          flush=True)
+    raise
 print(f"finished with loss {history.history['loss'][-1]:.4f}", flush=True)

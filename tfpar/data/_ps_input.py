@@ -1,0 +1,44 @@
+"""Keras-facing shim for parameter-server input: a DatasetCreator that knows its steps.
+
+Keras' ``DatasetCreatorAdapter`` refuses a ``DatasetCreator`` without
+``steps_per_epoch`` with a generic message. `ParameterServerInput` carries the
+steps tfpar planned, and `_install_adapter` puts a subclass of that adapter in
+Keras' adapter list (in place of the original, so that exactly one adapter
+still handles a DatasetCreator) that says why the steps are needed and which
+value to pass. Every other input goes through the original code unchanged.
+"""
+
+from tf_keras.src.engine import data_adapter
+
+from tfpar._keras import keras
+
+__all__ = ["ParameterServerInput"]
+
+
+class ParameterServerInput(keras.utils.experimental.DatasetCreator):
+    """A `DatasetCreator` for `tfpar.data.distribute` under a ParameterServer."""
+
+    def __init__(self, dataset_fn, steps_per_epoch):
+        super().__init__(dataset_fn)
+        self.steps_per_epoch = steps_per_epoch
+        _install_adapter()
+
+
+class _StepsExplainingAdapter(data_adapter.DatasetCreatorAdapter):
+    def __init__(self, x, y, steps=None, **kwargs):
+        if steps is None and isinstance(x, ParameterServerInput) and not kwargs.get("pss_evaluation_shards"):
+            raise ValueError(
+                "Parameter-server training needs the number of steps: pass "
+                f"steps_per_epoch={x.steps_per_epoch} to fit (validation_steps= for "
+                "validation_data, steps= for evaluate/predict), i.e. "
+                "steps_per_epoch=train.steps_per_epoch from tfpar.data.distribute. Received: "
+                "steps=None. Every worker reads its own endless copy of the input and each step "
+                "runs on whichever worker is free, so no end of data can end an epoch: the "
+                "coordinator schedules exactly the steps it is told.")
+        super().__init__(x, y, steps=steps, **kwargs)
+
+
+def _install_adapter():
+    adapters = data_adapter.ALL_ADAPTER_CLS
+    if _StepsExplainingAdapter not in adapters:
+        adapters[adapters.index(data_adapter.DatasetCreatorAdapter)] = _StepsExplainingAdapter
