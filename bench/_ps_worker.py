@@ -1,7 +1,7 @@
 """One side of the parameter-server benchmark; prints ``BENCH {json}``.
 
-  ps  the CNN on ParameterServer.local(num_workers=2, num_ps=1), timed in fit
-  dp  the same CNN and global batch on DataParallel over 2 virtual CPU devices
+  ps  a model (--model cnn|mlp|linear) on ParameterServer.local(num_workers=2, num_ps=1), timed in fit
+  dp  the same model and global batch on DataParallel over 2 virtual CPU devices
 """
 
 import argparse
@@ -12,6 +12,7 @@ import statistics
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["ps", "dp"])
+parser.add_argument("--model", choices=["cnn", "mlp", "linear"], default="cnn")
 parser.add_argument("--global-batch", type=int, default=128)
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--epochs", type=int, default=5)
@@ -31,10 +32,10 @@ import tensorflow as tf  # noqa: E402
 from bench_models import EpochTimer, make_data, make_model  # noqa: E402
 
 keras = tfpar.keras
-x, y = make_data("cnn", args.global_batch * args.steps)
+x, y = make_data(args.model, args.global_batch * args.steps)
 with strategy.scope():
     keras.utils.set_random_seed(0)
-    model = make_model("cnn")
+    model = make_model(args.model)
     model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
 train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.global_batch)
 timer = EpochTimer()

@@ -8,9 +8,15 @@ Last line:
 - steps_ratio: steps/second of ParameterServer.local(2 workers, 1 ps) ÷ DataParallel on
   2 virtual CPU devices, same 66k-parameter CNN and global batch (each in its own process,
   alternating A B B A).
-- model_ratio: the PS step time ÷ its floor: every step pulls the variables from the ps and
-  pushes their gradients back (2 × variable bytes ÷ the loopback TCP throughput measured in
-  this run) plus one RPC round trip (a loopback TCP ping-pong measured here).
+- model_ratio: the PS step time of a communication-bound model (the 2.6M-parameter MLP,
+  10.5 MB of variables, global batch 8: under 2 ms of compute) ÷ its floor: every step
+  pulls the variables from the ps and pushes their gradients back (2 × variable bytes ÷ the
+  loopback TCP throughput measured in this run) plus one RPC round trip (a loopback TCP
+  ping-pong measured here). A compute-bound model (the CNN) would only measure its compute.
+
+Also printed: the step time of a 7.9k-parameter linear model on the same cluster, i.e. what
+TensorFlow's coordinator costs per step whatever the model (scheduling a closure, a remote
+function call, reading back its result), which the floor leaves out.
 """
 
 import argparse
@@ -59,6 +65,10 @@ def run(mode, args):
     return run_job([sys.executable, os.path.join(HERE, "_ps_worker.py"), mode, *args], cwd=HERE)
 
 
+def median_step(jobs):
+    return statistics.median(j["step_seconds"] for j in jobs)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
@@ -70,17 +80,19 @@ def main():
         job = run(mode, common)
         jobs[mode].append(job)
         print(f"{mode}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
-    ps_step = statistics.median(j["step_seconds"] for j in jobs["ps"])
-    dp_step = statistics.median(j["step_seconds"] for j in jobs["dp"])
+    comm = [run("ps", common + ["--model", "mlp", "--global-batch", "8"]) for _ in order[:2]]
+    overhead = run("ps", common + ["--model", "linear", "--global-batch", "8"])
+    ps_step, dp_step, comm_step = median_step(jobs["ps"]), median_step(jobs["dp"]), median_step(comm)
     tcp = loopback_tcp_throughput()
     rtt = loopback_round_trip()
-    variable_bytes = jobs["ps"][0]["variable_bytes"]
+    variable_bytes = comm[0]["variable_bytes"]
     floor = 2 * variable_bytes / tcp + rtt
-    print(f"floor: 2 x {variable_bytes:,} bytes / {tcp / 1e9:.2f} GB/s + RTT {rtt * 1e6:.0f} us "
-          f"= {floor * 1e3:.3f} ms; PS step {ps_step * 1e3:.1f} ms, DataParallel step {dp_step * 1e3:.1f} ms",
-          flush=True)
-    print(f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} model_ratio={ps_step / floor:.3f}")
-
+    print(f"CNN: PS {ps_step * 1e3:.1f} ms/step, DataParallel {dp_step * 1e3:.1f} ms/step", flush=True)
+    print(f"MLP floor: 2 x {variable_bytes:,} bytes / {tcp / 1e9:.2f} GB/s + RTT {rtt * 1e6:.0f} us "
+          f"= {floor * 1e3:.2f} ms; measured {comm_step * 1e3:.1f} ms/step", flush=True)
+    print(f"coordinator cost per step (7.9k-parameter linear model): "
+          f"{overhead['step_seconds'] * 1e3:.1f} ms", flush=True)
+    print(f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} model_ratio={comm_step / floor:.3f}")
 
 if __name__ == "__main__":
     main()
