@@ -13,6 +13,7 @@ setup(
         "tf-keras>=2.21,<2.22",
         "numpy",
         "scikit-learn",  # the demo's digits ship with it: no download
+        "tensorboard>=2.21,<2.22",  # tf.summary scalars of tfpar.callbacks (TF no longer pulls it in)
     ],
     extras_require={
         "dev": ["pytest>=8", "pytest-timeout"],

@@ -35,3 +35,20 @@ def equivalence_data(n=96):
 def compile_for_equivalence(model):
     model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def pipeline_model(regularize=True):
+    """A Functional model with five cuttable layers (one L2-regularized) for pipeline tests."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.Flatten(name="flatten")(h)
+    h = keras.layers.Dense(16, activation="tanh", name="dense_a",
+                           kernel_regularizer="l2" if regularize else None)(h)
+    h = keras.layers.Dense(16, activation="tanh", name="dense_b")(h)
+    outputs = keras.layers.Dense(3, name="logits")(h)
+    return keras.Model(inputs, outputs, name="pipeline_model")
+
+
+def max_weight_difference(a, b):
+    return max(float(np.abs(u - v).max()) for u, v in zip(a.get_weights(), b.get_weights()))

@@ -22,11 +22,15 @@ def _parser():
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
     demo.add_argument("--strategy", default="data_parallel",
-                      help="data_parallel (default), horovod (starts the ranks with horovodrun) or "
-                           "ps (a local parameter-server cluster)")
+                      help="data_parallel (default), horovod (starts the ranks with horovodrun), "
+                           "ps (a local parameter-server cluster) or pipeline (2 stages)")
     demo.add_argument("--devices", type=_int, default=None,
                       help="virtual CPU devices when there is no GPU, Horovod ranks, or PS workers "
                            "(default 2)")
+    demo.add_argument("--replicas", type=_int, default=1,
+                      help="with --strategy pipeline: data-parallel copies of the 2-stage pipeline")
+    demo.add_argument("--microbatches", type=_int, default=8,
+                      help="with --strategy pipeline: microbatches per replica and step")
     demo.add_argument("--epochs", type=_int, default=15)
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")
@@ -132,7 +136,8 @@ def _demo(args):
     from tfpar.demo import run_demo
 
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
-                      global_batch_size=args.batch_size, verbose=0 if args.quiet else 1)
+             global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
+             replicas=args.replicas, microbatches=args.microbatches)
     return 0
 
 

@@ -18,7 +18,7 @@ from tfpar.strategies import DataParallel
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "load_digits", "run_demo"]
 
-STRATEGIES = ("data_parallel", "horovod", "ps")
+STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
 """Strategies the demo can run on."""
 
 
@@ -34,6 +34,8 @@ class DemoResult:
     """Validation accuracy after the last epoch."""
     examples_per_second: float
     """Training examples per second over the epochs after the first (which traces)."""
+    notes: tuple = ()
+    """Further lines for the summary (e.g. the pipeline's bubble)."""
 
     def summary(self):
         """The text the demo prints at the end."""
@@ -43,6 +45,7 @@ class DemoResult:
             f"epochs:              {self.epochs}",
             f"validation accuracy: {self.val_accuracy:.4f}",
             f"examples/second:     {self.examples_per_second:,.0f}",
+            *self.notes,
             "=" * 60,
         ])
 
@@ -86,21 +89,28 @@ class _EpochTimer(keras.callbacks.Callback):
         self.durations.append(time.perf_counter() - self._start)
 
 
-def _make_strategy(name, num_devices):
+def _make_strategy(name, num_devices, replicas=1, microbatches=8):
+    """The strategy whose scope builds the model, and the pipeline (or None)."""
     if name == "ps":  # a local cluster: --devices workers and one ps, as child processes
         from tfpar.strategies.parameter_server import ParameterServer
 
-        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1)
+        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1), None
     if name == "horovod":  # one replica per rank: started by horovodrun (see tfpar.cli)
         from tfpar.strategies.horovod import HorovodStrategy
 
-        return HorovodStrategy()
+        return HorovodStrategy(), None
+    if name == "pipeline":  # 2 stages (x replicas) on their own devices, in this process
+        from tfpar.strategies.pipeline import Pipeline
+
+        pipeline = Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas)
+        configure_devices(num_devices or 2 * replicas)
+        return tf.distribute.get_strategy(), pipeline
     configure_devices(num_devices)
-    return DataParallel()
+    return DataParallel(), None
 
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
-             learning_rate=2e-3, verbose=1, print_fn=print):
+             learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8):
     """Trains the digits CNN and returns a `DemoResult`.
 
     Args:
@@ -114,6 +124,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         learning_rate: Adam's learning rate.
         verbose: Keras verbosity (1: progress bar).
         print_fn: where the summary goes.
+        replicas: "pipeline" only: data-parallel copies of the 2-stage pipeline.
+        microbatches: "pipeline" only: microbatches per replica and step.
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, or a batch that does
@@ -123,31 +135,37 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         raise ValueError(f"Unknown demo strategy {strategy!r}. Received: --strategy {strategy}. "
                          f"Use one of {list(STRATEGIES)}.")
     check_int("epochs", epochs, 1)
-    dist = _make_strategy(strategy, num_devices)
+    dist, pipeline = _make_strategy(strategy, num_devices, replicas, microbatches)
     keras.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()
     chief = dist.extended.should_checkpoint
     if not chief:  # one progress bar and one summary: the chief's
         verbose, print_fn = 0, (lambda *_: None)
     with dist.scope():
-        model = build_model()
+        model = build_model() if pipeline is None else pipeline.stage(build_model())
         model.compile(
             optimizer=keras.optimizers.Adam(learning_rate),
             loss="sparse_categorical_crossentropy",
             weighted_metrics=["accuracy"],  # masks tfpar.data's padding
         )
-    global_batch_size = global_batch_size or 32 * dist.num_replicas_in_sync
-    description = dist.describe(global_batch_size=global_batch_size, model=model)
+    replicas_in_step = dist.num_replicas_in_sync if pipeline is None else pipeline.config.replicas
+    global_batch_size = global_batch_size or 32 * replicas_in_step
+    description = (pipeline or dist).describe(global_batch_size=global_batch_size, model=model)
     print_fn(description)
     # Functions, not datasets: parameter-server workers build their input themselves.
     train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), dist,
                        global_batch_size, shuffle_buffer=len(x_train), seed=0)
     val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), dist, global_batch_size)
     timer = _EpochTimer()
+    callbacks = [timer]
+    if pipeline is not None:
+        from tfpar.callbacks import PipelineBubble
+
+        callbacks.append(PipelineBubble())
     history = model.fit(
         train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,
         validation_data=val.dataset, validation_steps=val.steps_per_epoch,
-        callbacks=[timer], verbose=verbose,
+        callbacks=callbacks, verbose=verbose,
     )
     steady = timer.durations[1:] or timer.durations
     result = DemoResult(
@@ -155,6 +173,9 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         epochs=epochs,
         val_accuracy=float(history.history["val_accuracy"][-1]),
         examples_per_second=len(x_train) * len(steady) / sum(steady),
+        notes=() if pipeline is None else (
+            f"bubble: measured {history.history['bubble'][-1]:.3f} "
+            f"(theory {history.history['bubble_theory'][-1]:.3f})",),
     )
     print_fn(result.summary())
     return result

@@ -1,0 +1,131 @@
+"""Pipeline on 2 virtual CPU devices: same training as the plain model, partitions, errors.
+
+3 stages and the 2 x 2 hybrid need 3-4 devices: tests/multiproc/test_pipeline.py.
+"""
+
+import logging
+
+import numpy as np
+import pytest
+
+import tfpar
+from tests.models import compile_for_equivalence, equivalence_data, max_weight_difference, pipeline_model
+from tfpar.strategies.pipeline import Pipeline
+
+keras = tfpar.keras
+
+
+def _train(model, epochs=3, **fit):
+    x, y = equivalence_data()
+    compile_for_equivalence(model)
+    return model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0, **fit)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    model = pipeline_model()
+    history = _train(model)
+    return model, history
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_two_stage_pipeline_trains_exactly_like_the_plain_model(plain, schedule, recompute):
+    reference, history = plain
+    staged = Pipeline(num_stages=2, num_microbatches=4, schedule=schedule, recompute=recompute).stage(pipeline_model())
+    staged_history = _train(staged)
+    assert max_weight_difference(staged.plain_model(), reference) < 1e-5
+    np.testing.assert_allclose(staged_history.history["loss"], history.history["loss"], rtol=1e-5)
+    # Each stage's variables live on its own device.
+    for k, stage in enumerate(staged.stages):
+        assert all(v.device.endswith(f"device:CPU:{k}") for v in stage.variables), [v.device for v in stage.variables]
+
+
+def test_partition_auto_and_explicit_cuts_and_its_description():
+    model = pipeline_model()
+    staged = Pipeline(num_stages=2, cut_points=["dense_a"]).stage(model)
+    assert [s.layers for s in staged.partition.stages] == [("conv", "flatten", "dense_a"), ("dense_b", "logits")]
+    text = staged.partition.describe()
+    assert "stage 0:" in text and "[conv, flatten, dense_a]" in text and "parameters" in text
+    auto = Pipeline(num_stages=2).stage(pipeline_model()).partition
+    costs = [s.parameters for s in auto.stages]
+    assert sum(costs) == model.count_params()
+    # "auto" picks the cut whose larger stage is smallest, among every valid cut.
+    layers = [layer for layer in model.layers[1:]]
+    best = min(max(sum(l.count_params() for l in layers[:k]), sum(l.count_params() for l in layers[k:]))
+               for k in range(1, len(layers)))
+    assert max(costs) == best
+
+
+def test_saved_plain_model_loads_and_predicts_like_the_pipeline(tmp_path):
+    staged = Pipeline(num_stages=2, num_microbatches=2).stage(pipeline_model())
+    _train(staged, epochs=1)
+    x, _ = equivalence_data()
+    path = str(tmp_path / "model.keras")
+    staged.plain_model().save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), staged.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_bubble_callback_logs_measured_and_theoretical_bubble(tmp_path):
+    staged = Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b").stage(pipeline_model())
+    history = _train(staged, epochs=2, callbacks=[tfpar.callbacks.PipelineBubble(log_dir=str(tmp_path))])
+    assert history.history["bubble_theory"] == [pytest.approx(1 / 5)] * 2
+    assert all(0.0 <= b < 1.0 for b in history.history["bubble"])
+    assert list(tmp_path.rglob("events.out.tfevents*"))
+    with pytest.raises(TypeError, match="PipelineBubble needs a model from Pipeline.stage"):
+        _train(pipeline_model(), epochs=1, callbacks=[tfpar.callbacks.PipelineBubble()])
+
+
+def test_batch_normalization_warns_once_at_staging(caplog):
+    model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(2)])
+    with caplog.at_level(logging.WARNING, logger="tfpar.pipeline"):
+        Pipeline(num_stages=2, num_microbatches=4).stage(model)
+    assert [r.message for r in caplog.records if "BatchNormalization" in r.message] and len(caplog.records) == 1
+
+
+def test_fewer_microbatches_than_stages_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="tfpar.pipeline"):
+        Pipeline(num_stages=2, num_microbatches=1)
+    assert "the pipeline bubble (50% of the time) will dominate" in caplog.text
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = keras.layers.Dense(4), keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.b(self.a(x))
+
+
+def _skip_model():
+    inputs = keras.Input((4,))
+    a = keras.layers.Dense(4, name="a")(inputs)
+    b = keras.layers.Dense(4, name="b")(a)
+    c = keras.layers.Add(name="c")([a, b])
+    return keras.Model(inputs, keras.layers.Dense(2, name="d")(c))
+
+
+@pytest.mark.parametrize("make_model, kwargs, error, match", [
+    (pipeline_model, dict(num_stages=3), ValueError, r"needs replicas × num_stages = 1 × 3 = 3 devices. Received: 2"),
+    (lambda: keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)]), dict(num_stages=2, devices=("/cpu:0", "/cpu:1")),
+     ValueError, r"num_stages=2 is more than the 1 layers"),
+    (pipeline_model, dict(num_microbatches=0), ValueError, r"num_microbatches must be an int >= 1. Received: num_microbatches=0"),
+    (pipeline_model, dict(schedule="interleaved"), ValueError, r"Unknown pipeline schedule 'interleaved'"),
+    (pipeline_model, dict(cut_points=["nope"]), ValueError, r"Cut point 'nope' names no layer of 'pipeline_model'"),
+    (_skip_model, dict(cut_points=["b"]), ValueError, r"Cannot cut 'model.*' after 'b': more than one tensor crosses .* \['a', 'c'\]"),
+    (_Subclassed, dict(), ValueError, r"Cannot cut the subclassed model .* Write it as a Sequential or Functional model"),
+])
+def test_bad_pipeline_input_gets_a_clear_error(make_model, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Pipeline(**kwargs).stage(make_model())
+
+
+def test_microbatches_that_do_not_divide_the_batch_are_refused_at_the_step():
+    staged = Pipeline(num_stages=2, num_microbatches=4).stage(pipeline_model())
+    x, y = equivalence_data(30)
+    compile_for_equivalence(staged)
+    with pytest.raises(Exception, match=r"replicas × num_microbatches = 1 × 4 must divide the batch"):
+        staged.fit(x, y, batch_size=30, epochs=1, verbose=0)

@@ -1,0 +1,40 @@
+"""Pipelines that need more devices than the test process has: 3 stages, 2 x 2 hybrid; the demo."""
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+
+
+def test_three_stages_and_the_hybrid_train_exactly_like_the_plain_model():
+    result = run_command([sys.executable, os.path.join(SCRIPTS, "pipeline_checks.py")], timeout=400,
+                         env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    report = json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])
+    assert len(report) == 7
+    for name, run in report.items():
+        if name == "plain":
+            continue
+        assert run["max_difference"] < 1e-5, (name, run)
+        assert run["loss"] == pytest.approx(report["plain"], rel=1e-5), name
+        # Variables live on the stage devices (replica 0's for the hybrid).
+        assert run["variable_devices"] == (["CPU:0", "CPU:1", "CPU:2"] if name.startswith("3") else ["CPU:0", "CPU:1"])
+
+
+@pytest.mark.parametrize("extra, header", [
+    ((), "Pipeline (1f1b: 2 stages x 8 microbatches)"),
+    (("--replicas", "2"), "Pipeline (1f1b: 2 stages x 8 microbatches x 2 replicas)"),
+])
+def test_demo_on_a_pipeline(extra, header):
+    result = run_command(tfpar_command("demo", "--strategy", "pipeline", *extra, "--quiet"), timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    assert header in result.output and "pipeline partition (2 stages" in result.output
+    assert re.search(r"bubble: measured [0-9.]+ \(theory 0.111\)", result.output), result.output[-2000:]
+    accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
+    assert accuracy >= 0.95, result.output[-3000:]

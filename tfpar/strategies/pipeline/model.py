@@ -1,0 +1,295 @@
+"""Pipeline execution on the Keras side: `Pipeline` stages a model into a `PipelineModel`.
+
+``Pipeline(num_stages=2, num_microbatches=8, schedule="1f1b").stage(model)``
+cuts a Sequential or Functional tf_keras model (`partition.py`), builds each
+stage's variables on its own device, and returns a `PipelineModel` that
+``compile``/``fit``/``evaluate``/``predict`` accept unchanged. A training step
+splits the global batch into microbatches, runs the schedule's instructions
+(`schedule.py`) on the stage devices, accumulates the gradients over the
+microbatches and applies them once, so that it computes the same update as
+the plain model on the same global batch. With ``replicas=R`` each replica
+runs the pipeline on its own devices (R × stages devices) and each stage's
+gradients are summed over the replicas before the update.
+"""
+
+import dataclasses
+import logging
+
+from tfpar._checks import check_int
+from tfpar._keras import check_model, keras, tf
+from tfpar.strategies.pipeline.partition import partition_model
+from tfpar.strategies.pipeline.schedule import FORWARD, SCHEDULES, make_schedule
+
+__all__ = ["Pipeline", "PipelineConfig", "PipelineModel"]
+
+_log = logging.getLogger("tfpar.pipeline")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """Configuration of `Pipeline`, validated when built."""
+
+    num_stages: int = 2
+    """Stages the model is cut into, each on its own device."""
+    num_microbatches: int = 4
+    """Microbatches per replica and step; must divide the per-replica batch."""
+    schedule: str = "1f1b"
+    """"1f1b" (PipeDream-Flush: fewer activations held) or "gpipe"."""
+    cut_points: object = "auto"
+    """"auto", or the names of the layers after which a new stage begins."""
+    balance: str = "params"
+    """How "auto" balances the stages: "params" or "time" (needs ``layer_costs``)."""
+    layer_costs: dict = None
+    """With ``balance="time"``: layer name -> cost (e.g. measured seconds)."""
+    replicas: int = 1
+    """Data-parallel copies of the pipeline (uses replicas × num_stages devices)."""
+    recompute: bool = False
+    """Recompute each stage's activations in the backward pass (tf.recompute_grad)."""
+    devices: tuple = None
+    """Device names, replica-major (default: the GPUs, else the logical CPU devices)."""
+
+    def __post_init__(self):
+        check_int("num_stages", self.num_stages, 1)
+        check_int("num_microbatches", self.num_microbatches, 1)
+        check_int("replicas", self.replicas, 1)
+        if self.schedule not in SCHEDULES:
+            make_schedule(self.schedule, 1, 1)  # raises the error that names the choices
+        if not isinstance(self.recompute, bool):
+            raise TypeError(f"recompute must be True or False. Received: recompute={self.recompute!r}.")
+        if self.num_microbatches < self.num_stages:
+            _log.warning(
+                "num_microbatches=%d < num_stages=%d: the pipeline bubble (%.0f%% of the time) will "
+                "dominate; use at least as many microbatches as stages (4x is a good start).",
+                self.num_microbatches, self.num_stages,
+                100 * make_schedule(self.schedule, self.num_stages, self.num_microbatches).bubble_fraction)
+
+
+class Pipeline:
+    """Pipeline parallelism for tf_keras models: ``stage(model)`` returns the staged model.
+
+    Args:
+        config: a `PipelineConfig`, or its fields as keyword arguments.
+
+    Example:
+        >>> tfpar.configure_devices(2)  # doctest: +SKIP
+        >>> pipeline = tfpar.strategies.Pipeline(num_stages=2, num_microbatches=8)  # doctest: +SKIP
+        >>> staged = pipeline.stage(model)  # doctest: +SKIP
+        >>> print(staged.partition.describe())  # doctest: +SKIP
+        >>> staged.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])  # doctest: +SKIP
+        >>> staged.fit(x, y, batch_size=64, epochs=5)  # doctest: +SKIP
+        >>> staged.plain_model().save("model.keras")  # doctest: +SKIP
+    """
+
+    def __init__(self, config=None, **kwargs):
+        if config is None:
+            config = PipelineConfig(**kwargs)
+        elif kwargs or not isinstance(config, PipelineConfig):
+            raise TypeError("Pass either a PipelineConfig or keyword arguments. Received: "
+                            f"{type(config).__name__} and {sorted(kwargs)}.")
+        self.config = config
+        self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches)
+
+    def devices(self):
+        """The device grid: ``devices()[replica][stage]``.
+
+        Raises:
+            ValueError: fewer devices than replicas × num_stages.
+        """
+        from tfpar.devices import local_devices
+
+        names = list(self.config.devices or local_devices())
+        c = self.config
+        needed = c.replicas * c.num_stages
+        if len(names) < needed:
+            raise ValueError(
+                f"The pipeline needs replicas × num_stages = {c.replicas} × {c.num_stages} = {needed} "
+                f"devices. Received: {len(names)} ({names}). Call tfpar.configure_devices({needed}) "
+                "before TensorFlow starts (or pass devices=), or use fewer stages or replicas.")
+        return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
+
+    def stage(self, model):
+        """Cuts ``model`` into stages on their devices and returns the `PipelineModel`.
+
+        The original model is left as it is; `PipelineModel.plain_model` copies the
+        trained weights back into it.
+
+        Raises:
+            TypeError: not a tf_keras model.
+            ValueError: a subclassed model, more stages than layers or devices, a bad cut.
+        """
+        check_model(model)
+        c = self.config
+        grid = self.devices()
+        partition = partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
+        if any(isinstance(layer, keras.layers.BatchNormalization) for layer in _all_layers(model)):
+            _log.warning("%s has BatchNormalization: in a pipeline its batch statistics come from "
+                         "each microbatch (the batch / %d examples), as with a smaller batch, and "
+                         "its moving averages are updated once per microbatch.", model.name,
+                         c.num_microbatches * c.replicas)
+        return PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute)
+
+    def describe(self, global_batch_size=None, model=None):
+        """A readable summary: schedule, devices, bubble and memory figures."""
+        c, s = self.config, self.schedule
+        lines = [
+            f"Pipeline ({s.name}: {c.num_stages} stages x {c.num_microbatches} microbatches"
+            f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
+            f"  devices:    {self.devices()}",
+            f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, (p-1)/(m+p-1))",
+            "  activations held per stage: "
+            + ", ".join(str(s.peak_activations(k)) for k in range(c.num_stages)) + " microbatches",
+        ]
+        if global_batch_size is not None:
+            lines.append(f"  batch:      {global_batch_size} global, "
+                         f"{global_batch_size / (c.replicas * c.num_microbatches):g} per microbatch")
+        if model is not None:
+            lines.append(getattr(model, "partition", None).describe() if isinstance(model, PipelineModel)
+                         else f"  model:      {model.name}, {model.count_params():,} parameters")
+        return "\n".join(lines)
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
+
+
+def _split(structure, parts):
+    """``parts`` equal slices of a (nested) batch along its first axis; Nones for None."""
+    if structure is None:
+        return [None] * parts
+    pieces = [tf.split(tf.identity(t), parts) for t in tf.nest.flatten(structure)]
+    return [tf.nest.pack_sequence_as(structure, [piece[j] for piece in pieces]) for j in range(parts)]
+
+
+class PipelineModel(keras.Model):
+    """A tf_keras model run as a pipeline; build it with `Pipeline.stage`.
+
+    ``call`` (predict, evaluate) runs the stages one after another on their
+    devices; ``train_step`` runs the microbatch schedule. ``partition`` tells
+    how the model was cut; `plain_model` returns the original model with the
+    trained weights.
+    """
+
+    def __init__(self, source, partition, grid, schedule, recompute=False):
+        super().__init__(name=f"{source.name}_pipeline")
+        self.partition = partition
+        self.grid = grid
+        self.schedule = schedule
+        self.recompute = recompute
+        stages = []
+        for k, sub in enumerate(partition.models):
+            with tf.device(grid[0][k]):  # the stage's variables live on its device
+                clone = keras.models.clone_model(sub)
+                clone.set_weights(sub.get_weights())
+            stages.append(clone)
+        self.stages = stages
+        self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
+        self._order = schedule.simulate().order()
+        with tf.device("/cpu:0"):
+            self.pipeline_timing = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
+                                               name="pipeline_timing")
+        # Summed over steps: [stage busy time (mean over stages and replicas), step span].
+
+    def call(self, inputs, training=None):
+        x = inputs
+        for k, stage in enumerate(self.stages):
+            with tf.device(self.grid[0][k]):
+                x = stage(x, training=training)
+        return x
+
+    def plain_model(self):
+        """The original model with the pipeline's current weights; save or use it as usual."""
+        for stage, sub in zip(self.stages, self.partition.models):
+            sub.set_weights(stage.get_weights())
+        return self._source
+
+    def get_config(self):
+        raise NotImplementedError("Save plain_model() instead: a PipelineModel is rebuilt with "
+                                  "Pipeline.stage(model).")
+
+    def _run_stage(self, k, x):
+        stage = self.stages[k]
+        if self.recompute:
+            return tf.recompute_grad(lambda t: stage(t, training=True))(x)
+        return stage(x, training=True)
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        p, m, replicas = len(self.stages), self.schedule.num_microbatches, len(self.grid)
+        parts = replicas * m
+        first = tf.nest.flatten(x)[0]
+        message = (f"replicas × num_microbatches = {replicas} × {m} must divide the batch. A batch of "
+                   "another size came (an epoch's last, partial batch?): use a global batch that divides "
+                   f"by {parts} with drop_remainder=True, or tfpar.data.distribute (full batches).")
+        if first.shape[0] is not None and first.shape[0] % parts:
+            raise ValueError(f"{message} Received: a batch of {first.shape[0]}.")
+        with tf.control_dependencies([tf.debugging.assert_equal(tf.shape(first)[0] % parts, 0, message=message)]):
+            xs, ys, weights = (_split(t, parts) for t in (x, y, sample_weight))
+        scale = 1.0 / parts  # every microbatch has size / parts examples
+        saved, upstream, grads, predictions = {}, {}, {}, {}
+        last_on = {}  # (replica, stage) -> tensors the stage's next instruction waits for
+        busy = [[] for _ in range(p)]
+        for r, devices in enumerate(self.grid):
+            for instruction in self._order:
+                k, i, j = instruction.stage, instruction.microbatch, r * m + instruction.microbatch
+                with tf.device(devices[k]), tf.control_dependencies(last_on.get((r, k), [])):
+                    start = tf.timestamp()
+                    if instruction.kind == FORWARD:
+                        inputs = xs[j] if k == 0 else tf.identity(saved[(r, k - 1, i)][1])
+                        with tf.GradientTape() as tape:
+                            if k > 0:
+                                tape.watch(inputs)
+                            outputs = self._run_stage(k, inputs)
+                            objective = [outputs]
+                            if k == p - 1:
+                                # The loss (and its metric) includes every stage's regularization,
+                                # as the plain model's does; the gradient here reaches only this
+                                # stage's variables, the others get theirs from their own term below.
+                                objective = [self.compiled_loss(
+                                    ys[j], outputs, weights[j],
+                                    regularization_losses=[l for st in self.stages for l in st.losses]) * scale]
+                                predictions[j] = outputs
+                            elif self.stages[k].losses:
+                                objective.append(tf.add_n(self.stages[k].losses) * scale)
+                        saved[(r, k, i)] = (tape, outputs, inputs, objective)
+                        done = [outputs]
+                    else:
+                        tape, outputs, inputs, objective = saved.pop((r, k, i))
+                        sources = self.stages[k].trainable_variables + ([inputs] if k > 0 else [])
+                        output_gradients = None if k == p - 1 else [upstream.pop((r, k + 1, i))] + \
+                            [tf.ones_like(term) for term in objective[1:]]
+                        result = tape.gradient(objective, sources, output_gradients=output_gradients)
+                        if k > 0:
+                            upstream[(r, k, i)] = result[-1]
+                            result = result[:-1]
+                        grads.setdefault(k, []).append(result)
+                        done = [g for g in result if g is not None] + ([upstream[(r, k, i)]] if k > 0 else [])
+                    with tf.control_dependencies(done):
+                        busy[k].append((start, tf.timestamp()))
+                    last_on[(r, k)] = done
+        variables, summed = [], []
+        for k in range(p):
+            with tf.device(self.grid[0][k]):  # sum each stage's gradients over microbatches and replicas
+                for n, variable in enumerate(self.stages[k].trainable_variables):
+                    parts_k = [g[n] for g in grads[k] if g[n] is not None]
+                    if parts_k:
+                        variables.append(variable)
+                        summed.append(tf.add_n(parts_k))
+        self.optimizer.apply_gradients(zip(summed, variables))
+        self._record_timing(busy)
+        y_pred = tf.concat([predictions[j] for j in range(parts)], axis=0)
+        return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    def _record_timing(self, busy):
+        """Adds this step's mean stage busy time and its span (first start to last end).
+
+        The stage devices of one host share one clock, so 1 - busy / span is the
+        measured bubble (with replicas, each stage's busy time is summed over them).
+        """
+        starts = tf.stack([start for times in busy for start, _ in times])
+        ends = tf.stack([end for times in busy for _, end in times])
+        stage_busy = [tf.add_n([end - start for start, end in times]) for times in busy]
+        mean_busy = tf.add_n(stage_busy) / (len(stage_busy) * len(self.grid))
+        self.pipeline_timing.assign_add(tf.stack([mean_busy, tf.reduce_max(ends) - tf.reduce_min(starts)]))

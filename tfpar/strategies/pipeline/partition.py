@@ -1,0 +1,214 @@
+"""Cutting a Sequential or Functional tf_keras model into pipeline stages.
+
+`balanced_cuts` is the pure part: contiguous stages of a layer sequence that
+minimise the largest stage cost. `partition_model` works on a Keras model:
+it finds where a single tensor flows from one layer to the rest (a valid cut
+point), takes the cuts given by layer name or chooses them ("auto"), and
+builds each stage as a functional sub-model that shares the original layers.
+
+Example:
+    >>> balanced_cuts([4, 1, 1, 1, 1], 2)  # stage 0 = layer 0, stage 1 = the rest
+    [1]
+"""
+
+import dataclasses
+
+from tfpar._keras import keras, tf
+
+__all__ = ["Partition", "StageInfo", "balanced_cuts", "partition_model", "valid_cut_points"]
+
+
+def balanced_cuts(costs, num_stages, allowed=None):
+    """Cut positions (stage k starts at layer ``cuts[k-1]``) minimising the largest stage cost.
+
+    Args:
+        costs: cost of each layer, in order.
+        num_stages: number of contiguous, non-empty stages.
+        allowed: positions where a stage may start (default: all of 1..n-1).
+
+    Returns:
+        ``num_stages - 1`` increasing positions.
+
+    Raises:
+        ValueError: fewer allowed cut positions than ``num_stages - 1``.
+    """
+    n = len(costs)
+    allowed = sorted(set(range(1, n)) if allowed is None else set(allowed))
+    if len(allowed) < num_stages - 1:
+        raise ValueError(f"Cannot make {num_stages} stages: only {len(allowed)} valid cut point(s). "
+                         f"Received: num_stages={num_stages}. Use at most {len(allowed) + 1} stages.")
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+    bounds = [0] + allowed + [n]
+    # best[k][j]: the smallest largest-stage cost of splitting layers [0, bounds[j]) into k stages.
+    inf = float("inf")
+    best = [[inf] * len(bounds) for _ in range(num_stages + 1)]
+    choice = [[None] * len(bounds) for _ in range(num_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for j in range(1, len(bounds)):
+            for i in range(j):
+                if best[k - 1][i] == inf:
+                    continue
+                value = max(best[k - 1][i], prefix[bounds[j]] - prefix[bounds[i]])
+                if value < best[k][j]:
+                    best[k][j], choice[k][j] = value, i
+    cuts, j = [], len(bounds) - 1
+    for k in range(num_stages, 1, -1):
+        j = choice[k][j]
+        cuts.append(bounds[j])
+    return sorted(cuts)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageInfo:
+    """One stage of a `Partition`."""
+
+    index: int
+    layers: tuple
+    """Names of its layers, in order."""
+    parameters: int
+    cost: float
+    """Estimated cost (parameters, or measured seconds with ``balance="time"``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """How a model is cut into stages, and the stage sub-models."""
+
+    stages: tuple
+    """`StageInfo` per stage."""
+    models: tuple
+    """Per stage, a functional tf_keras model sharing the original layers."""
+    balance: str
+
+    def describe(self):
+        """A table: the layers, parameters and estimated cost of each stage."""
+        total = sum(s.cost for s in self.stages) or 1.0
+        lines = [f"pipeline partition ({len(self.stages)} stages, balanced by {self.balance}):"]
+        for stage in self.stages:
+            layers = ", ".join(stage.layers)
+            lines.append(f"  stage {stage.index}: {stage.parameters:>10,} parameters, "
+                         f"{100 * stage.cost / total:5.1f}% of the cost  [{layers}]")
+        return "\n".join(lines)
+
+
+def _graph_layers(model):
+    """The model's non-input layers in topological order, checked to be cuttable."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"Expected a tf_keras model to stage. Received: {type(model).__name__}.")
+    if not getattr(model, "_is_graph_network", False):
+        raise ValueError(
+            f"Cannot cut the subclassed model {model.name!r} ({type(model).__name__}) into stages: "
+            "its call() is Python code, so tfpar cannot see where one layer's output feeds the next. "
+            "Write it as a Sequential or Functional model (keras.Input ... keras.Model(inputs, "
+            "outputs)); a subclassed layer inside such a model is fine.")
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    for layer in layers:
+        if len(_nodes_in(model, layer)) != 1:
+            raise ValueError(f"Layer {layer.name!r} is called more than once in {model.name!r}; "
+                             "tfpar cannot place a shared layer on one stage. Use separate layers.")
+    return layers
+
+
+def _nodes_in(model, layer):
+    """The nodes (calls) of ``layer`` that belong to ``model``'s graph."""
+    return [node for index, node in enumerate(layer.inbound_nodes)
+            if f"{layer.name}_ib-{index}" in model._network_nodes]
+
+
+def valid_cut_points(model):
+    """Names of the layers after which exactly one tensor (that layer's output) flows on."""
+    layers = _graph_layers(model)
+    position = {id(layer): k for k, layer in enumerate(layers)}
+    # last_use[k]: the last position that consumes the output of layer k (-1: model inputs).
+    last_use = {}
+    for k, layer in enumerate(layers):
+        node = _nodes_in(model, layer)[0]
+        for inbound in node.parent_nodes:
+            source = position.get(id(inbound.layer), -1)
+            last_use[source] = max(last_use.get(source, -1), k)
+    valid = []
+    for k, layer in enumerate(layers[:-1]):
+        crossing = [j for j, last in last_use.items() if j != k and j <= k and last > k]
+        if not crossing and len(tf.nest.flatten(layer.output)) == 1 and last_use.get(k, -1) > k:
+            valid.append(layer.name)
+    return valid
+
+
+def partition_model(model, num_stages, cut_points="auto", balance="params", layer_costs=None):
+    """Cuts ``model`` into ``num_stages`` stages.
+
+    Args:
+        model: a built Sequential or Functional tf_keras model.
+        num_stages: how many stages.
+        cut_points: "auto", or the names of the ``num_stages - 1`` layers after which
+            a new stage begins.
+        balance: "params" (parameter count) or "time" (``layer_costs``, e.g. measured seconds).
+        layer_costs: with ``balance="time"``: layer name -> cost.
+
+    Returns:
+        A `Partition`.
+
+    Raises:
+        ValueError: a subclassed model, too many stages, a cut that names no layer or
+            where more than one tensor crosses.
+    """
+    layers = _graph_layers(model)
+    names = [layer.name for layer in layers]
+    if num_stages > len(layers):
+        raise ValueError(f"num_stages={num_stages} is more than the {len(layers)} layers of "
+                         f"{model.name!r}. Received: num_stages={num_stages}. Use at most {len(layers)}.")
+    valid = valid_cut_points(model)
+    if balance == "params":
+        costs = [float(layer.count_params()) for layer in layers]
+    elif balance == "time":
+        if not layer_costs or set(names) - set(layer_costs):
+            raise ValueError("balance='time' needs layer_costs with a cost for every layer. Received: "
+                             f"missing {sorted(set(names) - set(layer_costs or {}))}.")
+        costs = [float(layer_costs[name]) for name in names]
+    else:
+        raise ValueError(f"Unknown balance {balance!r}. Received: balance={balance!r}. Use 'params' or 'time'.")
+    if cut_points == "auto":
+        allowed = [names.index(name) + 1 for name in valid]
+        if len(allowed) < num_stages - 1:
+            raise ValueError(
+                f"{model.name!r} has {len(allowed)} place(s) where a single tensor flows on "
+                f"({valid}), too few for num_stages={num_stages}. Received: num_stages={num_stages}. "
+                f"Use at most {len(allowed) + 1} stages.")
+        cuts = balanced_cuts(costs, num_stages, allowed)
+    else:
+        cuts = _explicit_cuts(cut_points, names, valid, num_stages, model.name)
+    bounds = [0, *cuts, len(layers)]
+    stages, models = [], []
+    for k in range(num_stages):
+        chunk = layers[bounds[k]:bounds[k + 1]]
+        inputs = model.inputs if k == 0 else layers[bounds[k] - 1].output
+        outputs = chunk[-1].output
+        models.append(keras.Model(inputs, outputs, name=f"{model.name}_stage{k}"))
+        stages.append(StageInfo(k, tuple(layer.name for layer in chunk),
+                                sum(layer.count_params() for layer in chunk), sum(costs[bounds[k]:bounds[k + 1]])))
+    return Partition(tuple(stages), tuple(models), balance)
+
+
+def _explicit_cuts(cut_points, names, valid, num_stages, model_name):
+    if isinstance(cut_points, str) or not all(isinstance(c, str) for c in cut_points):
+        raise TypeError(f"cut_points must be 'auto' or a list of layer names. Received: {cut_points!r}.")
+    if len(cut_points) != num_stages - 1:
+        raise ValueError(f"{num_stages} stages need {num_stages - 1} cut point(s). "
+                         f"Received: cut_points={list(cut_points)}.")
+    cuts = []
+    for name in cut_points:
+        if name not in names:
+            raise ValueError(f"Cut point {name!r} names no layer of {model_name!r}. Received: "
+                             f"cut_points={list(cut_points)}. Layers: {names}.")
+        if name not in valid:
+            raise ValueError(
+                f"Cannot cut {model_name!r} after {name!r}: more than one tensor crosses there (a skip "
+                f"connection or a second input goes past it). Received: cut_points={list(cut_points)}. "
+                f"Cut where a single tensor flows on: {valid}.")
+        cuts.append(names.index(name) + 1)
+    if cuts != sorted(set(cuts)):
+        raise ValueError(f"Cut points must be distinct and in layer order. Received: {list(cut_points)}.")
+    return cuts
