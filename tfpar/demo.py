@@ -102,7 +102,7 @@ def _make_strategy(name, num_devices, replicas=1, microbatches=8):
     if name == "pipeline":  # 2 stages (x replicas) on their own devices, in this process
         from tfpar.strategies.pipeline import Pipeline
 
-        pipeline = Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas)
+        pipeline = Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas, balance="time")
         configure_devices(num_devices or 2 * replicas)
         return tf.distribute.get_strategy(), pipeline
     configure_devices(num_devices)

@@ -37,3 +37,13 @@ def test_data_parallel_example_on_one_host(tmp_path):
     assert result.returncode == 0, result.output[-3000:]
     assert (tmp_path / "worker_0.npz").exists()
     assert "MirroredDataParallel" in result.output
+
+
+def test_pipeline_example_saves_a_plain_model(tmp_path):
+    result = run_command([sys.executable, "examples/train_pipeline.py", "--epochs", "2", "--schedule", "gpipe",
+                          "--recompute"], timeout=300)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Pipeline (gpipe: 2 stages x 8 microbatches)" in result.output
+    assert "bubble_theory: 0.1111" in result.output
+    accuracy = float(re.search(r"saved plain model after 2 epochs: ([0-9.]+)", result.output).group(1))
+    assert accuracy > 0.8, result.output[-3000:]

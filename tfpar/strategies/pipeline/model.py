@@ -186,7 +186,8 @@ class PipelineModel(keras.Model):
             stages.append(clone)
         self.stages = stages
         self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
-        self._order = schedule.simulate().order()
+        self._timeline = schedule.simulate()
+        self._order = self._timeline.order()
         with tf.device("/cpu:0"):
             self.pipeline_timing = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
                                                name="pipeline_timing")
@@ -217,7 +218,19 @@ class PipelineModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        p, m, replicas = len(self.stages), self.schedule.num_microbatches, len(self.grid)
+        xs, ys, weights = self._microbatches(x, y, sample_weight)
+        step_start = tf.timestamp()
+        predictions, sums, done = {}, {}, {}
+        for replica in range(len(self.grid)):
+            self._run_replica(replica, xs, ys, weights, predictions, sums, done)
+        self._record_timing(step_start, done)
+        self.optimizer.apply_gradients(self._sum_over_replicas(sums))
+        y_pred = tf.concat([predictions[j] for j in sorted(predictions)], axis=0)
+        return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    def _microbatches(self, x, y, sample_weight):
+        """Splits the batch into replicas × num_microbatches equal microbatches."""
+        replicas, m = len(self.grid), self.schedule.num_microbatches
         parts = replicas * m
         first = tf.nest.flatten(x)[0]
         message = (f"replicas × num_microbatches = {replicas} × {m} must divide the batch. A batch of "
@@ -226,70 +239,98 @@ class PipelineModel(keras.Model):
         if first.shape[0] is not None and first.shape[0] % parts:
             raise ValueError(f"{message} Received: a batch of {first.shape[0]}.")
         with tf.control_dependencies([tf.debugging.assert_equal(tf.shape(first)[0] % parts, 0, message=message)]):
-            xs, ys, weights = (_split(t, parts) for t in (x, y, sample_weight))
-        scale = 1.0 / parts  # every microbatch has size / parts examples
-        saved, upstream, grads, predictions = {}, {}, {}, {}
-        last_on = {}  # (replica, stage) -> tensors the stage's next instruction waits for
-        busy = [[] for _ in range(p)]
-        for r, devices in enumerate(self.grid):
-            for instruction in self._order:
-                k, i, j = instruction.stage, instruction.microbatch, r * m + instruction.microbatch
-                with tf.device(devices[k]), tf.control_dependencies(last_on.get((r, k), [])):
-                    start = tf.timestamp()
-                    if instruction.kind == FORWARD:
-                        inputs = xs[j] if k == 0 else tf.identity(saved[(r, k - 1, i)][1])
-                        with tf.GradientTape() as tape:
-                            if k > 0:
-                                tape.watch(inputs)
-                            outputs = self._run_stage(k, inputs)
-                            objective = [outputs]
-                            if k == p - 1:
-                                # The loss (and its metric) includes every stage's regularization,
-                                # as the plain model's does; the gradient here reaches only this
-                                # stage's variables, the others get theirs from their own term below.
-                                objective = [self.compiled_loss(
-                                    ys[j], outputs, weights[j],
-                                    regularization_losses=[l for st in self.stages for l in st.losses]) * scale]
-                                predictions[j] = outputs
-                            elif self.stages[k].losses:
-                                objective.append(tf.add_n(self.stages[k].losses) * scale)
-                        saved[(r, k, i)] = (tape, outputs, inputs, objective)
-                        done = [outputs]
-                    else:
-                        tape, outputs, inputs, objective = saved.pop((r, k, i))
-                        sources = self.stages[k].trainable_variables + ([inputs] if k > 0 else [])
-                        output_gradients = None if k == p - 1 else [upstream.pop((r, k + 1, i))] + \
-                            [tf.ones_like(term) for term in objective[1:]]
-                        result = tape.gradient(objective, sources, output_gradients=output_gradients)
-                        if k > 0:
-                            upstream[(r, k, i)] = result[-1]
-                            result = result[:-1]
-                        grads.setdefault(k, []).append(result)
-                        done = [g for g in result if g is not None] + ([upstream[(r, k, i)]] if k > 0 else [])
-                    with tf.control_dependencies(done):
-                        busy[k].append((start, tf.timestamp()))
-                    last_on[(r, k)] = done
-        variables, summed = [], []
-        for k in range(p):
-            with tf.device(self.grid[0][k]):  # sum each stage's gradients over microbatches and replicas
-                for n, variable in enumerate(self.stages[k].trainable_variables):
-                    parts_k = [g[n] for g in grads[k] if g[n] is not None]
-                    if parts_k:
-                        variables.append(variable)
-                        summed.append(tf.add_n(parts_k))
-        self.optimizer.apply_gradients(zip(summed, variables))
-        self._record_timing(busy)
-        y_pred = tf.concat([predictions[j] for j in range(parts)], axis=0)
-        return self.compute_metrics(x, y, y_pred, sample_weight)
+            return tuple(_split(t, parts) for t in (x, y, sample_weight))
 
-    def _record_timing(self, busy):
-        """Adds this step's mean stage busy time and its span (first start to last end).
+    def _run_replica(self, replica, xs, ys, weights, predictions, sums, done):
+        """Builds one replica's schedule on its devices.
 
-        The stage devices of one host share one clock, so 1 - busy / span is the
-        measured bubble (with replicas, each stage's busy time is summed over them).
+        Each stage runs its instructions in the schedule's order (a control
+        dependency on the previous one's results); a forward keeps its tape for the
+        backward, which passes the input gradient on to the previous stage and adds
+        the variables' gradients to the stage's running sum (so that no more than
+        one microbatch's gradients are held besides the sum).
         """
-        starts = tf.stack([start for times in busy for start, _ in times])
-        ends = tf.stack([end for times in busy for _, end in times])
-        stage_busy = [tf.add_n([end - start for start, end in times]) for times in busy]
-        mean_busy = tf.add_n(stage_busy) / (len(stage_busy) * len(self.grid))
-        self.pipeline_timing.assign_add(tf.stack([mean_busy, tf.reduce_max(ends) - tf.reduce_min(starts)]))
+        p, m = len(self.stages), self.schedule.num_microbatches
+        scale = 1.0 / (m * len(self.grid))  # every microbatch has batch / (m × replicas) examples
+        saved, upstream, last_on = {}, {}, {}
+        for instruction in self._order:
+            k, i = instruction.stage, instruction.microbatch
+            j = replica * m + i
+            with tf.device(self.grid[replica][k]), tf.control_dependencies(last_on.get(k, [])):
+                if instruction.kind == FORWARD:
+                    inputs = xs[j] if k == 0 else tf.identity(saved[(k - 1, i)][1])
+                    with tf.GradientTape() as tape:
+                        if k > 0:
+                            tape.watch(inputs)
+                        outputs = self._run_stage(k, inputs)
+                        objective = [outputs]
+                        if k == p - 1:
+                            # The loss (and its metric) includes every stage's regularization, as
+                            # the plain model's does; the gradient here reaches only this stage's
+                            # variables: the other stages get theirs from their own term below.
+                            objective = [self.compiled_loss(
+                                ys[j], outputs, weights[j],
+                                regularization_losses=[l for st in self.stages for l in st.losses]) * scale]
+                            predictions[j] = outputs
+                        elif self.stages[k].losses:
+                            objective.append(tf.add_n(self.stages[k].losses) * scale)
+                    saved[(k, i)] = (tape, outputs, inputs, objective)
+                    last_on[k] = [outputs]
+                else:
+                    tape, outputs, inputs, objective = saved.pop((k, i))
+                    sources = self.stages[k].trainable_variables + ([inputs] if k > 0 else [])
+                    output_gradients = None if k == p - 1 else [upstream.pop((k + 1, i))] + \
+                        [tf.ones_like(term) for term in objective[1:]]
+                    result = tape.gradient(objective, sources, output_gradients=output_gradients)
+                    if k > 0:
+                        upstream[(k, i)] = result.pop()
+                    previous = sums.get((replica, k))
+                    sums[(replica, k)] = result if previous is None else [
+                        a if g is None else g if a is None else a + g for a, g in zip(previous, result)]
+                    # The stage's next instruction waits for this one's gradients, not for the
+                    # running sum: the additions run beside the pipeline, off its critical path.
+                    last_on[k] = [upstream[(k, i)]] if k > 0 else [g for g in result if g is not None]
+            done[(replica, instruction)] = last_on[k]
+        for k in range(p):  # the gradients are complete only once every addition ran
+            last_on[k] = [g for g in sums[(replica, k)] if g is not None]
+
+    def _sum_over_replicas(self, sums):
+        """(gradient, variable) pairs: each stage's sums added over the replicas on its device."""
+        pairs = []
+        for k, stage in enumerate(self.stages):
+            with tf.device(self.grid[0][k]):
+                for n, variable in enumerate(stage.trainable_variables):
+                    parts = [sums[(r, k)][n] for r in range(len(self.grid)) if sums[(r, k)][n] is not None]
+                    if parts:
+                        pairs.append((tf.add_n(parts) if len(parts) > 1 else parts[0], variable))
+        return pairs
+
+    def _record_timing(self, step_start, done):
+        """Adds this step's mean stage busy time and its span to ``pipeline_timing``.
+
+        One timestamp per instruction, taken when its results exist. Timestamps
+        are stateful ops, which a tf.function runs in program order, so they are
+        created in the order the schedule expects the instructions to end, and an
+        instruction's start is inferred: the later of the step's start, the end
+        of the stage's previous instruction and the end of its dependency. The
+        stage devices of one host share one clock.
+        """
+        spans = self._timeline.spans
+        ends = {}
+        for key in sorted(done, key=lambda key: (spans[key[1]][1], key[0], key[1].stage)):
+            with tf.control_dependencies(done[key]):
+                ends[key] = tf.timestamp()
+        busy, previous = [], {}
+        for (replica, instruction) in sorted(done, key=lambda key: (key[0], spans[key[1]][0], key[1].stage)):
+            candidates = [step_start]
+            if (replica, instruction.stage) in previous:
+                candidates.append(ends[previous[(replica, instruction.stage)]])
+            dependency = instruction.dependency(len(self.stages))
+            if dependency is not None:
+                candidates.append(ends[(replica, dependency)])
+            key = (replica, instruction)
+            busy.append(ends[key] - tf.reduce_max(tf.stack(candidates)))
+            previous[(replica, instruction.stage)] = key
+        mean_busy = tf.add_n(busy) / (len(self.stages) * len(self.grid))
+        span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
+        self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))

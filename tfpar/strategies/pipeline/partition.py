@@ -12,10 +12,13 @@ Example:
 """
 
 import dataclasses
+import statistics
+import time
 
 from tfpar._keras import keras, tf
 
-__all__ = ["Partition", "StageInfo", "balanced_cuts", "partition_model", "valid_cut_points"]
+__all__ = ["Partition", "StageInfo", "balanced_cuts", "measure_layer_costs", "partition_model",
+           "valid_cut_points"]
 
 
 def balanced_cuts(costs, num_stages, allowed=None):
@@ -137,6 +140,52 @@ def valid_cut_points(model):
     return valid
 
 
+def measure_layer_costs(model, batch_size=32, repeats=10):
+    """Seconds each layer takes for a forward and backward pass on a random batch.
+
+    The layers' inputs come from one pass of the whole model; each layer is then
+    timed alone (median of ``repeats``), in a `tf.function`, on the default device,
+    less the time of calling an empty `tf.function`.
+
+    Returns:
+        Layer name -> seconds.
+    """
+    layers = _graph_layers(model)
+    sample = [tf.random.normal([batch_size, *t.shape[1:]], dtype=t.dtype) if t.dtype.is_floating
+              else tf.zeros([batch_size, *t.shape[1:]], t.dtype) for t in model.inputs]
+    probe = keras.Model(model.inputs, [layer.output for layer in layers])
+    outputs = dict(zip((id(layer) for layer in layers), probe(sample, training=False)))
+    for tensor, value in zip(model.inputs, sample):  # the input layers "output" the sample
+        outputs[id(tensor._keras_history.layer)] = value
+    costs = {}
+    for layer in layers:
+        parents = [outputs[id(node.layer)] for node in _nodes_in(model, layer)[0].parent_nodes]
+        args = parents[0] if len(parents) == 1 else parents
+
+        @tf.function
+        def step(args, layer=layer):
+            with tf.GradientTape() as tape:
+                tape.watch([t for t in tf.nest.flatten(args) if t.dtype.is_floating])
+                out = layer(args, training=True)
+            return tape.gradient(out, [t for t in tf.nest.flatten(args) if t.dtype.is_floating]
+                                 + layer.trainable_variables)
+
+        costs[layer.name] = _median_seconds(step, args, repeats)
+    # Less what calling any tf.function costs, which small layers would otherwise all share.
+    floor = _median_seconds(tf.function(lambda args: tf.identity(args)), sample[0], repeats)
+    return {name: max(cost - floor, 1e-7) for name, cost in costs.items()}
+
+
+def _median_seconds(fn, args, repeats):
+    fn(args)  # trace
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.nest.map_structure(lambda t: None if t is None else t.numpy(), fn(args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def partition_model(model, num_stages, cut_points="auto", balance="params", layer_costs=None):
     """Cuts ``model`` into ``num_stages`` stages.
 
@@ -145,8 +194,9 @@ def partition_model(model, num_stages, cut_points="auto", balance="params", laye
         num_stages: how many stages.
         cut_points: "auto", or the names of the ``num_stages - 1`` layers after which
             a new stage begins.
-        balance: "params" (parameter count) or "time" (``layer_costs``, e.g. measured seconds).
-        layer_costs: with ``balance="time"``: layer name -> cost.
+        balance: "params" (parameter count) or "time" (``layer_costs``, or measured
+            with `measure_layer_costs` when None).
+        layer_costs: with ``balance="time"``: layer name -> cost (e.g. seconds).
 
     Returns:
         A `Partition`.
@@ -164,7 +214,8 @@ def partition_model(model, num_stages, cut_points="auto", balance="params", laye
     if balance == "params":
         costs = [float(layer.count_params()) for layer in layers]
     elif balance == "time":
-        if not layer_costs or set(names) - set(layer_costs):
+        layer_costs = layer_costs or measure_layer_costs(model)
+        if set(names) - set(layer_costs):
             raise ValueError("balance='time' needs layer_costs with a cost for every layer. Received: "
                              f"missing {sorted(set(names) - set(layer_costs or {}))}.")
         costs = [float(layer_costs[name]) for name in names]

@@ -1,0 +1,62 @@
+"""Pipeline benchmark: 2 stages x 8 microbatches on two compute units against one.
+
+    python bench/pipeline.py [--quick]
+
+Every op runs on one intra-op thread. The baseline process gets one inter-op
+thread too (one compute unit); the pipeline process gets two inter-op threads for
+its two virtual CPU devices (two compute units). Same model (an MLP of 8 Dense
+layers, 2048 wide, and a 10-way output) and global batch (512); the two jobs
+alternate A B B A and the medians are compared.
+
+Last line:
+    RESULT pipeline efficiency=<x> bubble_ratio=<y> overhead_1stage=<z> microbatch_cost=<w>
+
+- efficiency: step time of a 1-stage pipeline running the 8 microbatches one after
+  another with gradient accumulation ÷ the 2-stage pipeline's, ÷ the ideal
+  m·p/(m+p-1) = 16/9 (so the figure isolates the schedule);
+- bubble_ratio: the bubble `tfpar.callbacks.PipelineBubble` measures on the 2-stage run
+  ÷ the theory, (p-1)/(m+p-1) = 1/9;
+- overhead_1stage: a 1-stage, 1-microbatch pipeline ÷ the plain Keras model;
+- microbatch_cost: the 1-stage pipeline with 8 microbatches ÷ the plain model (one full
+  batch): what cutting the batch costs on one device.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_models import run_job  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
+    opts = parser.parse_args()
+    size = ["--width", "256", "--depth", "4", "--batch", "64", "--steps", "3", "--epochs", "1"] if opts.quick else []
+    order = ["baseline", "pipeline"] if opts.quick else ["baseline", "pipeline", "pipeline", "baseline"]
+    jobs = {"baseline": [], "pipeline": []}
+    for mode in order:
+        jobs[mode].append(run_job([sys.executable, os.path.join(HERE, "_pipeline_worker.py"), mode, *size], cwd=HERE))
+        print(mode, jobs[mode][-1], flush=True)
+    step = {name: statistics.median(job[name] for job in jobs[mode])
+            for mode in jobs for name in jobs[mode][0] if not name.startswith("bubble")}
+    for name, seconds in step.items():
+        print(f"{name:>13}: {seconds * 1e3:7.1f} ms/step", flush=True)
+    stages, microbatches = 2, 8
+    ideal = microbatches * stages / (microbatches + stages - 1)
+    speedup = step["1 stage x 8"] / step["2 stages x 8"]
+    measured = statistics.median(job["bubble"] for job in jobs["pipeline"])
+    theory = jobs["pipeline"][0]["bubble_theory"]
+    print(f"speedup {speedup:.3f} (ideal {ideal:.3f}); bubble measured {measured:.3f}, theory {theory:.3f}",
+          flush=True)
+    print(f"RESULT pipeline efficiency={speedup / ideal:.3f} bubble_ratio={measured / theory:.3f} "
+          f"overhead_1stage={step['1 stage x 1'] / step['plain']:.3f} "
+          f"microbatch_cost={step['1 stage x 8'] / step['plain']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
