@@ -36,6 +36,8 @@ def test_two_stage_pipeline_trains_exactly_like_the_plain_model(plain, schedule,
     staged_history = _train(staged)
     assert max_weight_difference(staged.plain_model(), reference) < 1e-5
     np.testing.assert_allclose(staged_history.history["loss"], history.history["loss"], rtol=1e-5)
+    x, y = equivalence_data()
+    np.testing.assert_allclose(staged.evaluate(x, y, verbose=0), reference.evaluate(x, y, verbose=0), rtol=1e-5)
     # Each stage's variables live on its own device.
     for k, stage in enumerate(staged.stages):
         assert all(v.device.endswith(f"device:CPU:{k}") for v in stage.variables), [v.device for v in stage.variables]
@@ -83,6 +85,30 @@ def test_batch_normalization_warns_once_at_staging(caplog):
     with caplog.at_level(logging.WARNING, logger="tfpar.pipeline"):
         Pipeline(num_stages=2, num_microbatches=4).stage(model)
     assert [r.message for r in caplog.records if "BatchNormalization" in r.message] and len(caplog.records) == 1
+
+
+def test_batch_normalization_in_a_pipeline_uses_per_microbatch_statistics():
+    def build():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.layers.Input((3,)), keras.layers.BatchNormalization(momentum=0.5, name="bn"),
+                                 keras.layers.Dense(2, name="out")])
+
+    # Two microbatches with different means: the first 4 examples around 1, the last 4 around 5.
+    x = np.concatenate([np.full((4, 3), 1.0), np.full((4, 3), 5.0)]).astype("float32")
+    x += np.random.default_rng(0).normal(scale=0.1, size=x.shape).astype("float32")
+    y = np.zeros((8, 2), "float32")
+    staged = Pipeline(num_stages=2, num_microbatches=2, cut_points=["bn"]).stage(build())
+    staged.compile("sgd", "mse")
+    staged.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    moving_mean = staged.stages[0].get_layer("bn").moving_mean.numpy()
+    first, second = x[:4].mean(0), x[4:].mean(0)
+    # Two updates, one per microbatch: 0.5 * (0.5 * 0 + 0.5 * first) + 0.5 * second ...
+    np.testing.assert_allclose(moving_mean, 0.25 * first + 0.5 * second, rtol=1e-5)
+    # ... where the plain model makes one update with the whole batch's mean.
+    plain = build()
+    plain.compile("sgd", "mse")
+    plain.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(plain.get_layer("bn").moving_mean.numpy(), 0.5 * x.mean(0), rtol=1e-5)
 
 
 def test_fewer_microbatches_than_stages_warns(caplog):

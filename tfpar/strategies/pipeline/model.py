@@ -143,7 +143,7 @@ class Pipeline:
             lines.append(f"  batch:      {global_batch_size} global, "
                          f"{global_batch_size / (c.replicas * c.num_microbatches):g} per microbatch")
         if model is not None:
-            lines.append(getattr(model, "partition", None).describe() if isinstance(model, PipelineModel)
+            lines.append(model.partition.describe() if isinstance(model, PipelineModel)
                          else f"  model:      {model.name}, {model.count_params():,} parameters")
         return "\n".join(lines)
 
