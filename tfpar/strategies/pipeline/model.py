@@ -224,7 +224,11 @@ class PipelineModel(keras.Model):
         for replica in range(len(self.grid)):
             self._run_replica(replica, xs, ys, weights, predictions, sums, done)
         self._record_timing(step_start, done)
-        self.optimizer.apply_gradients(self._sum_over_replicas(sums))
+        pairs = self._sum_over_replicas(sums)
+        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
+            gradients = self.optimizer.get_unscaled_gradients([g for g, _ in pairs])
+            pairs = list(zip(gradients, [v for _, v in pairs]))
+        self.optimizer.apply_gradients(pairs)
         y_pred = tf.concat([predictions[j] for j in sorted(predictions)], axis=0)
         return self.compute_metrics(x, y, y_pred, sample_weight)
 
@@ -268,12 +272,12 @@ class PipelineModel(keras.Model):
                             # The loss (and its metric) includes every stage's regularization, as
                             # the plain model's does; the gradient here reaches only this stage's
                             # variables: the other stages get theirs from their own term below.
-                            objective = [self.compiled_loss(
+                            objective = [self._scaled(self.compiled_loss(
                                 ys[j], outputs, weights[j],
-                                regularization_losses=[l for st in self.stages for l in st.losses]) * scale]
+                                regularization_losses=[l for st in self.stages for l in st.losses]) * scale)]
                             predictions[j] = outputs
                         elif self.stages[k].losses:
-                            objective.append(tf.add_n(self.stages[k].losses) * scale)
+                            objective.append(self._scaled(tf.add_n(self.stages[k].losses) * scale))
                     saved[(k, i)] = (tape, outputs, inputs, objective)
                     last_on[k] = [outputs]
                 else:
@@ -293,6 +297,14 @@ class PipelineModel(keras.Model):
             done[(replica, instruction)] = last_on[k]
         for k in range(p):  # the gradients are complete only once every addition ran
             last_on[k] = [g for g in sums[(replica, k)] if g is not None]
+
+    def _scaled(self, loss):
+        """The loss times the loss scale under mixed_float16 (the gradients are unscaled once,
+        after the sums over microbatches and replicas, and the optimizer skips the step if
+        any of them overflowed)."""
+        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
+            return self.optimizer.get_scaled_loss(loss)
+        return loss
 
     def _sum_over_replicas(self, sums):
         """(gradient, variable) pairs: each stage's sums added over the replicas on its device."""

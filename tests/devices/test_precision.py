@@ -1,0 +1,101 @@
+"""tfpar.precision on 2 virtual CPU devices: policy choice, the compile check, loss scaling."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import tfpar
+from tests.models import compile_for_equivalence, equivalence_data, overflow_step
+from tfpar.precision import PrecisionWarning, choose
+
+keras = tfpar.keras
+
+
+@pytest.fixture(autouse=True)
+def float32_after():
+    yield
+    tfpar.precision.use("float32")
+
+
+@pytest.mark.parametrize("gpus, flags, expected", [
+    ([("H100", (9, 0))], set(), "mixed_float16"),
+    ([("K80", (3, 7))], set(), "float32"),
+    ([], {"avx512f", "avx512_bf16"}, "mixed_bfloat16"),
+    ([], {"amx_bf16"}, "mixed_bfloat16"),
+    ([], {"avx2"}, "float32"),
+])
+def test_auto_choice_and_its_reason(gpus, flags, expected):
+    name, reason = choose(gpus=gpus, cpu_flags=flags)
+    assert name == expected and reason
+
+
+def test_use_sets_the_keras_policy_and_auto_follows_the_hardware():
+    assert tfpar.precision.use("auto") == choose()[0] == keras.mixed_precision.global_policy().name
+    assert tfpar.precision.use("mixed_bfloat16") == "mixed_bfloat16"
+    assert keras.layers.Dense(2).compute_dtype == "bfloat16"
+    with pytest.raises(ValueError, match=r"Unknown precision policy 'half'. Received: policy='half'. Use one of"):
+        tfpar.precision.use("half")
+    with pytest.warns(PrecisionWarning, match="mixed_float16 without a GPU that has float16 tensor cores"):
+        tfpar.precision.use("mixed_float16")  # this machine has no GPU
+
+
+def _softmax_model(float32_output):
+    return keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(3),
+                             keras.layers.Activation("softmax", dtype="float32" if float32_output else None)])
+
+
+def test_compile_warns_about_a_16_bit_output_and_strict_mode_raises():
+    tfpar.precision.use("mixed_bfloat16")
+    with pytest.warns(PrecisionWarning, match=r"computed in bfloat16, so the loss is too.*dtype='float32'"):
+        _softmax_model(False).compile("sgd", "sparse_categorical_crossentropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecisionWarning)
+        _softmax_model(True).compile("sgd", "sparse_categorical_crossentropy")  # no warning
+    tfpar.precision.use("mixed_bfloat16", strict=True)
+    with pytest.raises(ValueError, match=r"Received: policy 'mixed_bfloat16' with strict=True"):
+        _softmax_model(False).compile("sgd", "sparse_categorical_crossentropy")
+    tfpar.precision.use("float32")  # the check goes away with the mixed policy
+    _softmax_model(False).compile("sgd", "sparse_categorical_crossentropy")
+
+
+def test_an_overflow_on_one_replica_skips_the_step_on_every_replica():
+    report = overflow_step(tfpar.DataParallel())
+    # One loss-scale optimizer around the plain one (tf_keras' compile wraps it once).
+    assert report["optimizer"] == "LossScaleOptimizerV3" and report["inner"] == "SGD"
+    assert report["skipped"] and report["per_replica_equal"]
+    assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]  # halved once, then kept
+    assert report["updated"]  # the next, finite step applies
+
+
+def test_mixed_bfloat16_trains_under_data_parallel_without_loss_scaling():
+    tfpar.precision.use("mixed_bfloat16")
+    with tfpar.DataParallel().scope():
+        model = _softmax_model(True)
+        model.compile(keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy")
+    assert not isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    history = model.fit(x, y, batch_size=16, epochs=15, verbose=0)
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
+
+
+def test_pipeline_under_mixed_float16_scales_the_loss_and_matches_the_plain_model():
+    from tests.models import pipeline_model
+    from tfpar.strategies.pipeline import Pipeline
+
+    with pytest.warns(PrecisionWarning):
+        tfpar.precision.use("mixed_float16")
+    x, y = equivalence_data()
+
+    def trained(model):
+        compile_for_equivalence(model)
+        model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        return model
+
+    plain = trained(pipeline_model(regularize=False))
+    staged = trained(Pipeline(num_stages=2, num_microbatches=4).stage(pipeline_model(regularize=False)))
+    assert isinstance(staged.optimizer, keras.mixed_precision.LossScaleOptimizer)
+    assert float(staged.optimizer.loss_scale.numpy()) == float(plain.optimizer.loss_scale.numpy())
+    for a, b in zip(plain.get_weights(), staged.plain_model().get_weights()):
+        np.testing.assert_allclose(a, b, atol=2e-3)  # float16 sums in another order

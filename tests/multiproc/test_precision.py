@@ -1,0 +1,41 @@
+"""Loss scaling across processes: one worker's overflow makes every worker skip the step."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "precision_overflow.py")
+
+
+def _reports(output):
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in output.splitlines() if "REPORT " in line]
+    return sorted(reports, key=lambda r: r["worker"])
+
+
+def _check_consistent_skip(reports):
+    assert [r["worker"] for r in reports] == [0, 1]
+    for report in reports:
+        assert report["optimizer"] == "LossScaleOptimizerV3" and report["inner"] == "SGD"
+        assert report["skipped"] and report["updated"]
+        assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]
+    assert reports[0]["checksum"] == reports[1]["checksum"]  # identical weights on both workers
+
+
+def test_multi_worker_overflow_on_one_worker_skips_everywhere():
+    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT), timeout=300,
+                         env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    _check_consistent_skip(_reports(result.output))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="Horovod is not installed")
+def test_horovod_overflow_on_one_rank_skips_everywhere():
+    result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
+                          "--horovod"], timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    _check_consistent_skip(_reports(result.output))

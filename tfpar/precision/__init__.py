@@ -1,0 +1,8 @@
+"""Mixed precision: `use` a policy ("auto" picks one for the hardware) and check models.
+
+See `tfpar.precision.policy`.
+"""
+
+from tfpar.precision.policy import POLICIES, PrecisionWarning, check_model, choose, current, use
+
+__all__ = ["POLICIES", "PrecisionWarning", "check_model", "choose", "current", "use"]

@@ -1,0 +1,149 @@
+"""Mixed precision for tfpar: pick the Keras policy, and check models compiled under it.
+
+`use` sets tf_keras' global dtype policy; ``"auto"`` picks float16 on GPUs with
+tensor cores, bfloat16 on CPUs that compute it natively (AVX512_BF16 or AMX),
+float32 otherwise, and logs why. Under ``mixed_float16`` tf_keras wraps the
+optimizer in one `LossScaleOptimizer` at ``compile`` (never twice); its
+finiteness check runs on the gradients after they were reduced across replicas
+(tfpar's strategies, Horovod's included, reduce inside the optimizer's
+``apply_gradients``), so one replica's overflow makes every replica skip the step
+and change the loss scale the same way.
+
+While a mixed policy is set, `use` also makes ``Model.compile`` run
+`check_model`: an output computed in 16 bits (a final softmax without
+``dtype="float32"``) warns with the fix, or raises with ``strict=True``.
+
+Example:
+    >>> tfpar.precision.use("auto")  # doctest: +SKIP
+    'mixed_bfloat16'
+"""
+
+import functools
+import logging
+import warnings
+
+from tfpar._keras import keras, tf
+
+__all__ = ["POLICIES", "PrecisionWarning", "check_model", "choose", "current", "use"]
+
+POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
+"""Names `use` accepts."""
+
+_log = logging.getLogger("tfpar.precision")
+_state = {"strict": False, "original_compile": None}
+
+
+class PrecisionWarning(UserWarning):
+    """A valid but slow or unsafe precision set-up."""
+
+
+def _cpu_flags(path="/proc/cpuinfo"):
+    try:
+        with open(path) as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _gpu_capabilities():
+    capabilities = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(gpu)
+        capabilities.append((details.get("device_name", gpu.name), details.get("compute_capability")))
+    return capabilities
+
+
+def choose(gpus=None, cpu_flags=None):
+    """The policy ``"auto"`` means here, and why: ``(name, reason)``.
+
+    Args:
+        gpus: ``[(name, (major, minor)), ...]`` (default: this machine's GPUs).
+        cpu_flags: the CPU's feature flags (default: from /proc/cpuinfo).
+    """
+    gpus = _gpu_capabilities() if gpus is None else gpus
+    if gpus:
+        slow = [(name, cc) for name, cc in gpus if not cc or tuple(cc) < (7, 0)]
+        if not slow:
+            return "mixed_float16", f"every GPU has float16 tensor cores ({gpus[0][0]}, compute capability " \
+                                    f"{'.'.join(map(str, gpus[0][1]))})"
+        return "float32", f"GPU {slow[0][0]} (compute capability {slow[0][1]}) has no float16 tensor cores"
+    flags = _cpu_flags() if cpu_flags is None else set(cpu_flags)
+    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    if native:
+        return "mixed_bfloat16", f"no GPU; the CPU computes bfloat16 natively ({', '.join(native)})"
+    return "float32", "no GPU, and the CPU has no native bfloat16 (no avx512_bf16 or amx_bf16)"
+
+
+def use(policy="auto", *, strict=False):
+    """Sets the global tf_keras dtype policy; returns the policy's name.
+
+    Args:
+        policy: one of `POLICIES`.
+        strict: with a mixed policy, make the compile-time check raise instead of warn.
+
+    Raises:
+        ValueError: an unknown policy name.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"Unknown precision policy {policy!r}. Received: policy={policy!r}. "
+                         f"Use one of {list(POLICIES)}.")
+    if policy == "auto":
+        policy, reason = choose()
+        _log.info("precision 'auto' -> %s: %s", policy, reason)
+    elif policy == "mixed_float16" and not any(cc and tuple(cc) >= (7, 0) for _, cc in _gpu_capabilities()):
+        warnings.warn(
+            "mixed_float16 without a GPU that has float16 tensor cores: it runs, emulated, slower "
+            "than float32. Use 'mixed_bfloat16' on a CPU with AVX512_BF16/AMX, or 'float32' "
+            "(tfpar.precision.use('auto') picks for you).", PrecisionWarning, stacklevel=2)
+    keras.mixed_precision.set_global_policy(policy)
+    _state["strict"] = strict
+    _install_compile_check(policy != "float32")
+    return policy
+
+
+def current():
+    """The name of tf_keras' global dtype policy."""
+    return keras.mixed_precision.global_policy().name
+
+
+def check_model(model, strict=False):
+    """Finds outputs computed in 16 bits: warns (or raises) with the fix; returns the messages."""
+    problems = []
+    model = getattr(model, "stages", [model])[-1]  # a PipelineModel: its last stage computes the output
+    for tensor in model.outputs or []:
+        if tensor.dtype in (tf.float16, tf.bfloat16):
+            layer = tensor._keras_history.layer
+            problems.append(
+                f"Output {layer.name!r} of {model.name!r} is computed in {tensor.dtype.name}, so the loss "
+                f"is too (it loses precision, and float16 overflows). Give the last layer "
+                f"dtype='float32' (e.g. keras.layers.Activation('softmax', dtype='float32') after a "
+                f"Dense) so that only the inner layers run in 16 bits.")
+    for message in problems:
+        if strict:
+            raise ValueError(message + f" Received: policy {current()!r} with strict=True.")
+        warnings.warn(message, PrecisionWarning, stacklevel=3)
+    return problems
+
+
+def _install_compile_check(active):
+    model_class = keras.Model
+    if active and _state["original_compile"] is None:
+        original = model_class.compile
+
+        @functools.wraps(original)
+        def compile(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if current() != "float32":
+                check_model(self, strict=_state["strict"])
+            return result
+
+        _state["original_compile"] = original
+        model_class.compile = compile
+    elif not active and _state["original_compile"] is not None:
+        model_class.compile = _state["original_compile"]
+        _state["original_compile"] = None
+
+
