@@ -13,7 +13,8 @@ setup(
         "tf-keras>=2.21,<2.22",
         "numpy",
         "scikit-learn",  # the demo's digits ship with it: no download
-        "tensorboard>=2.21,<2.22",  # tf.summary scalars of tfpar.callbacks (TF no longer pulls it in)
+        "tensorboard>=2.21,<2.22",
+        "tensorflow-model-optimization>=0.8.1,<0.9",  # tfpar.quantization: QAT and pruning  # tf.summary scalars of tfpar.callbacks (TF no longer pulls it in)
     ],
     extras_require={
         "dev": ["pytest>=8", "pytest-timeout"],

@@ -125,3 +125,20 @@ def overflow_step(strategy, global_batch=8, first_worker=True):
         return report
     finally:
         tfpar.precision.use("float32")
+
+
+def qat_model():
+    """A small digits-shaped CNN for quantization tests (float32, Functional)."""
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(8, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.Flatten(name="flatten")(h)
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(h)
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(h), name="qat_model")
+
+
+def digits_subset(n=512):
+    from tfpar.demo import load_digits
+
+    (x, y), (x_val, y_val) = load_digits()
+    return x[:n], y[:n], x_val, y_val

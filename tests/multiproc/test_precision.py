@@ -1,4 +1,5 @@
-"""Loss scaling across processes: one worker's overflow makes every worker skip the step."""
+"""Precision and QAT across processes: one worker's overflow makes every worker skip the step;
+QAT under multi-worker DataParallel ends with the same weights and ranges on every worker."""
 
 import importlib.util
 import json
@@ -39,3 +40,14 @@ def test_horovod_overflow_on_one_rank_skips_everywhere():
                           "--horovod"], timeout=300, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     _check_consistent_skip(_reports(result.output))
+
+
+def test_qat_under_multi_worker_data_parallel_ends_identical_on_both_workers():
+    script = os.path.join(os.path.dirname(__file__), "scripts", "qat_multiworker.py")
+    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script), timeout=300,
+                         env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    reports = _reports(result.output)
+    assert [r["worker"] for r in reports] == [0, 1]
+    assert reports[0]["ranges"] and reports[0]["ranges"] == reports[1]["ranges"]
+    assert reports[0]["checksum"] == reports[1]["checksum"]
