@@ -31,6 +31,10 @@ def _parser():
                       help="with --strategy pipeline: data-parallel copies of the 2-stage pipeline")
     demo.add_argument("--microbatches", type=_int, default=8,
                       help="with --strategy pipeline: microbatches per replica and step")
+    demo.add_argument("--precision", default="float32",
+                      help="auto, mixed_float16, mixed_bfloat16 or float32 (default)")
+    demo.add_argument("--qat", action="store_true",
+                      help="then quantization-aware fine-tuning and float vs int8 TFLite export")
     demo.add_argument("--epochs", type=_int, default=15)
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")
@@ -130,6 +134,7 @@ def _demo(args):
         argv = [sys.executable, "-m", "tfpar.cli", "demo", "--strategy", "horovod", "--epochs", str(args.epochs)]
         if args.batch_size:
             argv += ["--batch-size", str(args.batch_size)]
+        argv += ["--precision", args.precision] + (["--qat"] if args.qat else [])
         if args.quiet:
             argv.append("--quiet")
         return _launch_horovod(args, argv)
@@ -137,7 +142,7 @@ def _demo(args):
 
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
              global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
-             replicas=args.replicas, microbatches=args.microbatches)
+             replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat)
     return 0
 
 

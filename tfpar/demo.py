@@ -18,6 +18,9 @@ from tfpar.strategies import DataParallel
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "load_digits", "run_demo"]
 
+QAT_EPOCHS = 3
+"""Epochs of quantization-aware fine-tuning after the float training (``--qat``)."""
+
 STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
 """Strategies the demo can run on."""
 
@@ -74,7 +77,9 @@ def build_model():
         keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"),
         keras.layers.Dropout(0.25),
-        keras.layers.Dense(10, activation="softmax"),
+        keras.layers.Dense(10),
+        # float32 output under any precision policy: the loss is computed in float32.
+        keras.layers.Activation("softmax", dtype="float32"),
     ], name="digits_cnn")
 
 
@@ -110,7 +115,8 @@ def _make_strategy(name, num_devices, replicas=1, microbatches=8):
 
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
-             learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8):
+             learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8,
+             precision="float32", qat=False):
     """Trains the digits CNN and returns a `DemoResult`.
 
     Args:
@@ -126,6 +132,9 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         print_fn: where the summary goes.
         replicas: "pipeline" only: data-parallel copies of the 2-stage pipeline.
         microbatches: "pipeline" only: microbatches per replica and step.
+        precision: a `tfpar.precision.POLICIES` name for the training.
+        qat: after training, fine-tune with quantization-aware training (float32), export
+            float and int8 TFLite models and compare their accuracy and size.
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, or a batch that does
@@ -135,6 +144,11 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         raise ValueError(f"Unknown demo strategy {strategy!r}. Received: --strategy {strategy}. "
                          f"Use one of {list(STRATEGIES)}.")
     check_int("epochs", epochs, 1)
+    if qat and strategy not in ("data_parallel", "horovod"):
+        raise ValueError(f"--qat runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
+    from tfpar import precision as precision_module
+
+    policy = precision_module.use(precision)
     dist, pipeline = _make_strategy(strategy, num_devices, replicas, microbatches)
     keras.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()
@@ -151,6 +165,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     replicas_in_step = dist.num_replicas_in_sync if pipeline is None else pipeline.config.replicas
     global_batch_size = global_batch_size or 32 * replicas_in_step
     description = (pipeline or dist).describe(global_batch_size=global_batch_size, model=model)
+    description += f"\n  precision:  {policy}"
     print_fn(description)
     # Functions, not datasets: parameter-server workers build their input themselves.
     train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), dist,
@@ -168,14 +183,52 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         callbacks=callbacks, verbose=verbose,
     )
     steady = timer.durations[1:] or timer.durations
+    notes = () if pipeline is None else (
+        f"bubble: measured {history.history['bubble'][-1]:.3f} "
+        f"(theory {history.history['bubble_theory'][-1]:.3f})",)
+    if qat:
+        precision_module.use("float32")  # QAT emulates int8 in float32
+        notes += _quantize_and_export(model, dist, train, val, x_train, (x_val, y_val), learning_rate,
+                                      verbose, chief)
     result = DemoResult(
         strategy=description,
         epochs=epochs,
         val_accuracy=float(history.history["val_accuracy"][-1]),
         examples_per_second=len(x_train) * len(steady) / sum(steady),
-        notes=() if pipeline is None else (
-            f"bubble: measured {history.history['bubble'][-1]:.3f} "
-            f"(theory {history.history['bubble_theory'][-1]:.3f})",),
+        notes=notes,
     )
     print_fn(result.summary())
     return result
+
+
+def _quantize_and_export(model, dist, train, val, x_train, validation, learning_rate, verbose, chief):
+    """QAT fine-tuning of the trained ``model``, then float and int8 TFLite files compared."""
+    import os
+    import tempfile
+
+    from tfpar.quantization import export_tflite, quantize
+
+    with dist.scope():
+        float_weights = model.get_weights()
+        float_model = build_model()  # rebuilt in float32 (the training may have been mixed)
+        float_model.set_weights(float_weights)
+        qat_model = quantize(float_model)
+        qat_model.compile(optimizer=keras.optimizers.Adam(learning_rate / 4),
+                          loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
+    qat_model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=QAT_EPOCHS,
+                  validation_data=val.dataset, validation_steps=val.steps_per_epoch, verbose=verbose)
+    if not chief:
+        return ()
+    x_val, y_val = validation
+    folder = tempfile.mkdtemp(prefix="tfpar-demo-")
+    exports = {
+        "float32": export_tflite(float_model, os.path.join(folder, "digits_float.tflite"), int8=False),
+        "int8 (QAT)": export_tflite(qat_model, os.path.join(folder, "digits_int8.tflite"),
+                                    representative_data=x_train[:200]),
+    }
+    lines = []
+    for name, export in exports.items():
+        accuracy = float((export.predict(x_val).argmax(-1) == y_val).mean())
+        lines.append(f"TFLite {name:<11} accuracy {accuracy:.4f}, {export.size_bytes:,} bytes ({export.path})")
+    ratio = exports["float32"].size_bytes / exports["int8 (QAT)"].size_bytes
+    return (*lines, f"TFLite size ratio float/int8: {ratio:.2f}")

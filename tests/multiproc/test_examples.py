@@ -47,3 +47,27 @@ def test_pipeline_example_saves_a_plain_model(tmp_path):
     assert "bubble_theory: 0.1111" in result.output
     accuracy = float(re.search(r"saved plain model after 2 epochs: ([0-9.]+)", result.output).group(1))
     assert accuracy > 0.8, result.output[-3000:]
+
+
+def test_demo_with_mixed_bfloat16():
+    result = run_command(tfpar_command("demo", "--precision", "mixed_bfloat16", "--epochs", "8", "--quiet"),
+                         timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "precision:  mixed_bfloat16" in result.output
+    assert float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1)) >= 0.95
+
+
+def test_demo_qat_exports_float_and_int8_tflite():
+    result = run_command(tfpar_command("demo", "--qat", "--epochs", "8", "--quiet"), timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    accuracy = {name: float(value) for name, value in
+                re.findall(r"TFLite (float32|int8) .*?accuracy ([0-9.]+)", result.output)}
+    assert accuracy["float32"] >= 0.95 and accuracy["int8"] >= accuracy["float32"] - 0.03, result.output[-2000:]
+    assert float(re.search(r"TFLite size ratio float/int8: ([0-9.]+)", result.output).group(1)) >= 3.5
+
+
+def test_demo_bad_precision_and_qat_flags():
+    result = run_command(tfpar_command("demo", "--precision", "half"), timeout=120)
+    assert result.returncode == 2 and "Unknown precision policy 'half'" in result.output
+    result = run_command(tfpar_command("demo", "--qat", "--strategy", "ps"), timeout=120)
+    assert result.returncode == 2 and "--qat runs with the data_parallel or horovod strategy" in result.output
