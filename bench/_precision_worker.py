@@ -1,0 +1,29 @@
+"""One side of the precision benchmark: ``python _precision_worker.py POLICY`` prints
+``BENCH {json}`` with the median training step time of the MLP under that policy."""
+
+import json
+import os
+import statistics
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tfpar  # noqa: E402
+
+policy, steps, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tfpar.configure_devices(1)
+tfpar.precision.use(policy)
+import tensorflow as tf  # noqa: E402
+
+from bench_models import EpochTimer, make_data  # noqa: E402
+
+keras = tfpar.keras
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.layers.Input((784,)), keras.layers.Dense(1152, activation="relu"),
+                          keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(512, activation="relu"),
+                          keras.layers.Dense(10), keras.layers.Activation("softmax", dtype="float32")])
+model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+x, y = make_data("mlp", 256 * steps)
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(256, drop_remainder=True).repeat()
+timer = EpochTimer()
+model.fit(dataset, steps_per_epoch=steps, epochs=epochs + 1, verbose=0, callbacks=[timer])
+print("BENCH " + json.dumps({"step_seconds": statistics.median(timer.times[1:]) / steps}), flush=True)
