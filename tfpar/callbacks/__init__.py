@@ -1,6 +1,9 @@
 """Keras callbacks for tuning and guarding distributed runs (tf_keras)."""
 
+from tfpar.callbacks.fault_tolerance import FaultTolerance
 from tfpar.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
+from tfpar.callbacks.monitoring import MetricAverage, NaNGuard, Throughput
 from tfpar.callbacks.pipeline import PipelineBubble
 
-__all__ = ["LearningRateSchedule", "LearningRateWarmup", "PipelineBubble"]
+__all__ = ["FaultTolerance", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage", "NaNGuard",
+           "PipelineBubble", "Throughput"]

@@ -1,0 +1,47 @@
+"""Multi-worker training with tfpar.callbacks.FaultTolerance (run under `tfpar launch -n 2`).
+
+Usage: fault_resume.py BACKUP_DIR [--kill]
+With --kill, worker 1 SIGKILLs itself at the 6th step of epoch 3. Prints "DONE {json}"
+(the chief's losses per epoch) when training completes.
+"""
+
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+
+import tfpar
+
+backup, kill = sys.argv[1], "--kill" in sys.argv
+strategy = tfpar.DataParallel(timeout_seconds=60)
+import tensorflow as tf  # noqa: E402
+
+keras = tfpar.keras
+worker = tfpar.ClusterInfo.from_tf_config().worker_index
+rng = np.random.default_rng(0)
+w = rng.normal(size=(8, 1)).astype("float32")
+x = rng.normal(size=(1024, 8)).astype("float32")
+y = (x @ w)[:, 0] + 0.1 * rng.normal(size=1024).astype("float32")
+with strategy.scope():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.02), "mse")
+train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64)
+
+
+class Die(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if kill and worker == 1 and self.epoch == 2 and batch == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2 if worker == 0 else 0,
+                    callbacks=[tfpar.callbacks.FaultTolerance(backup), Die()])
+if worker == 0:
+    print("DONE " + json.dumps({"loss": history.history["loss"]}), flush=True)

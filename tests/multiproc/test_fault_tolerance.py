@@ -1,0 +1,52 @@
+"""tfpar.callbacks.FaultTolerance with real processes: kill a worker mid-epoch, relaunch, resume."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+from tfpar.callbacks import FaultTolerance
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fault_resume.py")
+
+
+def _launch(backup, *args):
+    return run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, str(backup), *args),
+                       timeout=300, env={"PYTHONPATH": ROOT})
+
+
+def _epochs(output):
+    return [line.split("Epoch ")[1].split()[0] for line in output.splitlines() if "] Epoch " in line]
+
+
+def _losses(output):
+    return json.loads(output.split("DONE ", 1)[1].splitlines()[0])["loss"]
+
+
+def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tmp_path):
+    reference = _launch(tmp_path / "reference")
+    assert reference.returncode == 0, reference.output[-4000:]
+    assert _epochs(reference.output) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+
+    first = _launch(tmp_path / "backup", "--kill")
+    assert first.returncode != 0
+    assert "worker 1" in first.output.split("tfpar launch:")[-1]  # the launcher names the dead worker
+    assert _epochs(first.output) == ["1/5", "2/5", "3/5"] and "DONE" not in first.output
+
+    second = _launch(tmp_path / "backup")
+    assert second.returncode == 0, second.output[-4000:]
+    assert "tfpar: resumed from the backup" in second.output and "at epoch 3" in second.output
+    # Epochs 1-2 are not done again: only the interrupted epoch 3 is, then 4 and 5.
+    assert _epochs(second.output) == ["3/5", "4/5", "5/5"]
+    resumed, uninterrupted = _losses(second.output), _losses(reference.output)
+    assert resumed[-1] == pytest.approx(uninterrupted[-1], rel=0.1, abs=5e-3)
+    assert not os.listdir(tmp_path / "backup") or all(n.startswith(".") for n in os.listdir(tmp_path / "backup"))
+
+
+def test_an_unwritable_backup_directory_fails_at_once(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match=r"cannot be written .* Received: backup_dir=.*file/backup"):
+        FaultTolerance(str(blocker / "backup"))
