@@ -172,10 +172,14 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
                        global_batch_size, shuffle_buffer=len(x_train), seed=0)
     val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), dist, global_batch_size)
     timer = _EpochTimer()
-    callbacks = [timer]
-    if pipeline is not None:
-        from tfpar.callbacks import PipelineBubble
+    from tfpar.callbacks import LearningRateWarmup, PipelineBubble, Throughput
 
+    # The linear scaling rule: Adam's rate is learning_rate for the whole global batch, reached
+    # over 2 warm-up epochs from learning_rate / replicas; the throughput shows in the progress bar.
+    callbacks = [timer, LearningRateWarmup(warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas_in_step,
+                                           scale=replicas_in_step),
+                 Throughput(global_batch_size)]
+    if pipeline is not None:
         callbacks.append(PipelineBubble())
     history = model.fit(
         train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,

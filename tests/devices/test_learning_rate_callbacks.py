@@ -95,3 +95,41 @@ def test_optimizer_with_its_own_schedule_is_refused():
     x = np.ones((8, 2), "float32")
     with pytest.raises(ValueError, match=r"Received: learning_rate=ExponentialDecay"):
         model.fit(x, x[:, 0], batch_size=4, epochs=1, verbose=0, callbacks=[LearningRateWarmup(warmup_steps=1)])
+
+
+def test_named_schedules_and_their_bad_arguments():
+    from tfpar.callbacks import cosine_decay, exponential_decay, step_decay
+
+    cosine = cosine_decay(5, 15, final_fraction=0.1)
+    assert cosine(0) == cosine(5) == 1.0 and cosine(10) == pytest.approx(0.55) and cosine(15) == cosine(99) == 0.1
+    assert exponential_decay(2, 0.5)(4) == pytest.approx(0.25)
+    assert [step_decay(30, 0.1)(e) for e in (0, 29, 30, 60)] == pytest.approx([1, 1, 0.1, 0.01])
+    for make, match in [
+        (lambda: cosine_decay(5, 5), r"0 <= start_epoch < end_epoch. Received: start_epoch=5, end_epoch=5"),
+        (lambda: exponential_decay(0, 0.5), r"decay_epochs must be a number > 0. Received: decay_epochs=0"),
+        (lambda: step_decay(-3, 0.1), r"every_epochs must be a number > 0. Received: every_epochs=-3"),
+        (lambda: step_decay(3, 1.5), r"factor must be in \(0, 1\]. Received: factor=1.5"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            make()
+
+
+def test_momentum_correction_rescales_the_velocity_with_the_rate():
+    import numpy as np
+
+    from tfpar.callbacks import LearningRateSchedule, step_decay
+
+    keras = tfpar.keras
+    model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9), "mse")
+    x = np.ones((8, 2), "float32")
+    model.fit(x, x[:, :1] * 3, epochs=1, verbose=0)  # builds a non-zero velocity
+    velocity = [v.numpy().copy() for v in model.optimizer.momentums]
+    schedule = LearningRateSchedule(step_decay(1, 0.5), initial_lr=0.1, scale=1, momentum_correction=True)
+    schedule.set_model(model)
+    schedule.on_train_begin()
+    schedule.on_epoch_begin(0)  # rate 0.1 -> 0.1: velocity as it was
+    schedule.on_epoch_begin(1)  # rate 0.1 -> 0.05: velocity halved with it
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.05)
+    for before, after in zip(velocity, model.optimizer.momentums):
+        np.testing.assert_allclose(after.numpy(), 0.5 * before, rtol=1e-6)

@@ -21,6 +21,8 @@ def test_demo_flags_pick_devices_and_epochs():
     assert result.returncode == 0, result.output[-3000:]
     assert "replicas:   3" in result.output and "32 per replica, 96 global" in result.output
     assert "Epoch 2/2" in result.output and "epochs:              2" in result.output
+    # The demo's callbacks: warm-up (lr) and throughput in the progress bar.
+    assert " - lr: " in result.output and " - examples_per_second: " in result.output
 
 
 def test_demo_bad_flags():

@@ -1,9 +1,15 @@
 """Keras callbacks for tuning and guarding distributed runs (tf_keras)."""
 
 from tfpar.callbacks.fault_tolerance import FaultTolerance
-from tfpar.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
+from tfpar.callbacks.learning_rate import (
+    LearningRateSchedule,
+    LearningRateWarmup,
+    cosine_decay,
+    exponential_decay,
+    step_decay,
+)
 from tfpar.callbacks.monitoring import MetricAverage, NaNGuard, Throughput
 from tfpar.callbacks.pipeline import PipelineBubble
 
 __all__ = ["FaultTolerance", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage", "NaNGuard",
-           "PipelineBubble", "Throughput"]
+           "PipelineBubble", "Throughput", "cosine_decay", "exponential_decay", "step_decay"]

@@ -9,8 +9,69 @@ at the same step, under every tfpar strategy (their Horovod counterparts are
 import math
 
 from tfpar._keras import keras
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
 
-__all__ = ["LearningRateSchedule", "LearningRateWarmup"]
+__all__ = ["LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "exponential_decay", "step_decay"]
+
+
+def _set_rate(model, value, momentum_correction):
+    """Sets the optimizer's learning rate; with momentum correction (Goyal et al., 2017) the
+    velocity, which carries the old rate (v = m v - lr g), is rescaled to the new one."""
+    optimizer = model.optimizer
+    old = float(keras.backend.get_value(optimizer.learning_rate))
+    keras.backend.set_value(optimizer.learning_rate, value)
+    if momentum_correction and old > 0 and value != old:
+        for velocity in getattr(optimizer, "momentums", None) or []:
+            velocity.assign(velocity * (value / old))
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0. Received: {name}={value!r}.")
+
+
+def cosine_decay(start_epoch, end_epoch, final_fraction=0.0):
+    """Multiplier for `LearningRateSchedule`: cosine annealing from 1 at ``start_epoch`` to
+    ``final_fraction`` at ``end_epoch`` (Loshchilov & Hutter), then flat.
+
+    Raises:
+        ValueError: ``end_epoch <= start_epoch`` or a fraction outside [0, 1].
+    """
+    if not end_epoch > start_epoch or start_epoch < 0:
+        raise ValueError("cosine_decay needs 0 <= start_epoch < end_epoch. Received: "
+                         f"start_epoch={start_epoch!r}, end_epoch={end_epoch!r}.")
+    if not 0 <= final_fraction <= 1:
+        raise ValueError(f"final_fraction must be in [0, 1]. Received: final_fraction={final_fraction!r}.")
+
+    def multiplier(epoch):
+        progress = min(max((epoch - start_epoch) / (end_epoch - start_epoch), 0.0), 1.0)
+        return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def exponential_decay(decay_epochs, rate, start_epoch=0):
+    """Multiplier: ``rate ** ((epoch - start_epoch) / decay_epochs)``.
+
+    Raises:
+        ValueError: ``decay_epochs <= 0`` or a rate outside (0, 1].
+    """
+    _positive("decay_epochs", decay_epochs)
+    if not 0 < rate <= 1:
+        raise ValueError(f"rate must be in (0, 1]. Received: rate={rate!r}.")
+    return lambda epoch: rate ** (max(epoch - start_epoch, 0) / decay_epochs)
+
+
+def step_decay(every_epochs, factor, start_epoch=0):
+    """Multiplier: ``factor ** floor((epoch - start_epoch) / every_epochs)`` (e.g. x0.1 every 30 epochs).
+
+    Raises:
+        ValueError: ``every_epochs <= 0`` or a factor outside (0, 1].
+    """
+    _positive("every_epochs", every_epochs)
+    if not 0 < factor <= 1:
+        raise ValueError(f"factor must be in (0, 1]. Received: factor={factor!r}.")
+    return lambda epoch: factor ** math.floor(max(epoch - start_epoch, 0) / every_epochs)
 
 
 def _check_settable(optimizer, who):
@@ -36,7 +97,7 @@ def _check_scale(scale, who):
         raise ValueError(f"{who}: scale must be 'replicas' or a number > 0. Received: scale={scale!r}.")
 
 
-class LearningRateWarmup(keras.callbacks.Callback):
+class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     """Gradual warm-up to the linearly scaled learning rate (Goyal et al., 2017).
 
     The rate climbs linearly from ``initial_lr`` (default: the optimizer's rate
@@ -49,7 +110,10 @@ class LearningRateWarmup(keras.callbacks.Callback):
         warmup_steps: or in global steps; give exactly one of the two.
         scale: "replicas" or a number > 0.
         initial_lr: the rate before scaling (default: the optimizer's).
+        momentum_correction: rescale the momentum velocity when the rate changes.
         verbose: 1 prints the rate when the warm-up ends.
+
+    Under ParameterServer (no batch hooks in Keras) the rate changes at epoch starts.
 
     Raises:
         ValueError: both or neither length, a length <= 0, a warm-up longer than
@@ -60,7 +124,8 @@ class LearningRateWarmup(keras.callbacks.Callback):
         >>> model.fit(data, epochs=10, callbacks=[LearningRateWarmup(warmup_epochs=2)])  # doctest: +SKIP
     """
 
-    def __init__(self, *, warmup_epochs=None, warmup_steps=None, scale="replicas", initial_lr=None, verbose=0):
+    def __init__(self, *, warmup_epochs=None, warmup_steps=None, scale="replicas", initial_lr=None,
+                 momentum_correction=False, verbose=0):
         super().__init__()
         if (warmup_epochs is None) == (warmup_steps is None):
             raise ValueError(
@@ -73,6 +138,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         _check_scale(scale, "LearningRateWarmup")
         self.warmup_epochs, self.warmup_steps = warmup_epochs, warmup_steps
         self.scale, self.initial_lr, self.verbose = scale, initial_lr, verbose
+        self.momentum_correction = momentum_correction
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
@@ -97,13 +163,15 @@ class LearningRateWarmup(keras.callbacks.Callback):
                 "Shorten the warm-up or train longer.")
         self._done = False
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.on_train_batch_begin(0)  # the only update under ParameterServer
+
     def on_train_batch_begin(self, batch, logs=None):
         if self._done:
             return
         step = int(keras.backend.get_value(self.model.optimizer.iterations))
         fraction = min(step, self._length) / self._length
-        keras.backend.set_value(self.model.optimizer.learning_rate,
-                                self._base + (self._target - self._base) * fraction)
+        _set_rate(self.model, self._base + (self._target - self._base) * fraction, self.momentum_correction)
         if step >= self._length:
             self._done = True
             if self.verbose:
@@ -114,7 +182,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
             logs["lr"] = float(keras.backend.get_value(self.model.optimizer.learning_rate))
 
 
-class LearningRateSchedule(keras.callbacks.Callback):
+class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     """Sets ``lr = initial_lr * scale * multiplier(epoch)`` for epochs in [start_epoch, end_epoch).
 
     Follows a `LearningRateWarmup` (start it where the warm-up ends). With
@@ -127,11 +195,18 @@ class LearningRateSchedule(keras.callbacks.Callback):
         scale: "replicas" or a number > 0.
         start_epoch: first epoch it acts on.
         end_epoch: first epoch it no longer acts on (None: to the end).
-        staircase: per epoch (True) or per step (False).
+        staircase: per epoch (True) or per step (False; per epoch under ParameterServer).
+        momentum_correction: rescale the momentum velocity when the rate changes.
+
+    Multipliers for common schedules: `cosine_decay`, `exponential_decay`, `step_decay`.
+
+    Example:
+        >>> callbacks = [LearningRateWarmup(warmup_epochs=5),  # doctest: +SKIP
+        ...              LearningRateSchedule(cosine_decay(5, 90), initial_lr=0.1, start_epoch=5)]
     """
 
     def __init__(self, multiplier, *, initial_lr, scale="replicas", start_epoch=0, end_epoch=None,
-                 staircase=True):
+                 staircase=True, momentum_correction=False):
         super().__init__()
         if isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
             raise ValueError(f"initial_lr must be a number > 0. Received: initial_lr={initial_lr!r}.")
@@ -145,6 +220,7 @@ class LearningRateSchedule(keras.callbacks.Callback):
         _check_scale(scale, "LearningRateSchedule")
         self.multiplier, self.initial_lr, self.scale = multiplier, initial_lr, scale
         self.start_epoch, self.end_epoch, self.staircase = start_epoch, end_epoch, staircase
+        self.momentum_correction = momentum_correction
 
     def on_train_begin(self, logs=None):
         _check_settable(self.model.optimizer, "LearningRateSchedule")
@@ -157,11 +233,11 @@ class LearningRateSchedule(keras.callbacks.Callback):
         value = self._rate * self.multiplier(epoch)
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"The schedule's multiplier gave learning rate {value!r} at epoch {epoch}.")
-        keras.backend.set_value(self.model.optimizer.learning_rate, value)
+        _set_rate(self.model, value, self.momentum_correction)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-        if self.staircase and self._active(epoch):
+        if self._active(epoch):  # per step (staircase=False) also starts the epoch right
             self._set(epoch)
 
     def on_train_batch_begin(self, batch, logs=None):

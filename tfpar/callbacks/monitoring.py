@@ -13,6 +13,7 @@ import math
 import time
 
 from tfpar._keras import keras, tf
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
 
 __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
 
@@ -120,7 +121,7 @@ class Throughput(keras.callbacks.Callback):
             self._writer = None
 
 
-class NaNGuard(keras.callbacks.Callback):
+class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     """Stops training when the loss is NaN or infinite, on every worker at the same step, and
     restores the weights of the last check that found a finite loss.
 
@@ -129,7 +130,8 @@ class NaNGuard(keras.callbacks.Callback):
     together: none is left waiting in a collective.
 
     Args:
-        check: "batch" (after every step; not under ParameterServer) or "epoch".
+        check: "batch" (after every step; at epoch ends under ParameterServer, which has no
+            batch hooks) or "epoch".
     """
 
     def __init__(self, check="batch"):

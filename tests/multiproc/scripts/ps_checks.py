@@ -31,7 +31,10 @@ with strategy.scope():
                                  keras.layers.Flatten(), keras.layers.Dense(1)])
 train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32,
                               shuffle_buffer=512, seed=1)
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=2)
+# Callbacks with batch hooks run at epoch level here (Keras refuses batch hooks under PS).
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=2, callbacks=[
+    tfpar.callbacks.LearningRateWarmup(warmup_epochs=2, scale=4), tfpar.callbacks.NaNGuard(),
+    tfpar.callbacks.Throughput(32), tfpar.callbacks.MetricAverage()])
 evaluation = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64,
                                    shuffle_buffer=512, seed=2)
 scores = model.evaluate(evaluation.dataset, steps=evaluation.steps_per_epoch, return_dict=True, verbose=0)
@@ -49,6 +52,8 @@ except ValueError as e:
 json.dump({
     "steps_per_epoch": train.steps_per_epoch,
     "accuracy": history.history["accuracy"],
+    "lr": history.history["lr"],
+    "examples_per_second": history.history["examples_per_second"],
     "evaluate": scores,
     "steps_error": steps_error,
     "predict_accuracy": float((probabilities.argmax(-1) == y).mean()),
