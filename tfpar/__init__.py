@@ -29,7 +29,7 @@ _LAZY = {
     "keras": "tfpar._keras",
     "local_devices": "tfpar.devices",
 }
-_SUBMODULES = ("callbacks", "cluster", "data", "devices", "launch", "precision", "quantization", "strategies")
+_SUBMODULES = ("callbacks", "cluster", "data", "devices", "launch", "precision", "quantization", "strategies", "tune")
 
 __all__ = sorted([*_LAZY, *_SUBMODULES])
 

@@ -1,4 +1,4 @@
-"""The ``tfpar`` command: ``demo``, ``launch`` and ``doctor``."""
+"""The ``tfpar`` command: ``demo``, ``launch``, ``tune`` and ``doctor``."""
 
 import argparse
 import os
@@ -62,6 +62,20 @@ def _parser():
                      help="start a Horovod job instead (horovodrun --gloo, -n local ranks)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- program and arguments")
 
+    tune = sub.add_parser("tune", help="time short trials over a search space; report the fastest",
+                          description="tfpar tune --space '{\"per_replica_batch\": [16, 64], "
+                                      "\"steps_per_execution\": [1, 4]}' (default: the demo's model and data)")
+    tune.add_argument("--model", default="tfpar.demo:build_model", help="module:function building the model")
+    tune.add_argument("--data", default="tfpar.demo:digits_dataset",
+                      help="module:function returning a tf.data.Dataset of (x, y) examples")
+    tune.add_argument("--space", default='{"per_replica_batch": [16, 32, 64], "steps_per_execution": [1, 4]}',
+                      help="JSON {axis: [values]}; axes: per_replica_batch, steps_per_execution, num_packs, "
+                           "bytes_per_pack, microbatches")
+    tune.add_argument("--loss", default="sparse_categorical_crossentropy")
+    tune.add_argument("--steps", type=_int, default=20, help="timed steps per trial")
+    tune.add_argument("--devices", type=_int, default=2)
+    tune.add_argument("--json", help="also write the trials and the winner to this file")
+
     sub.add_parser("doctor", help="versions, devices and whether Horovod is usable")
     return parser
 
@@ -118,6 +132,24 @@ def _launch_horovod(args, cmd):
     return subprocess.call([horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd])
 
 
+def _tune(args):
+    import json
+
+    from tfpar.tune import tune
+
+    try:
+        space = json.loads(args.space)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--space must be JSON. Received: {args.space!r} ({error}).") from None
+    result = tune(args.model, args.data, space, loss=args.loss, steps=args.steps, devices=args.devices,
+                  print_fn=lambda line: print(line, flush=True))
+    print(result.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(result.to_json())
+    return 0 if result.best else 1
+
+
 def _doctor():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfpar.doctor import report
@@ -154,6 +186,8 @@ def main(argv=None):
             return _launch(args)
         if args.command == "doctor":
             return _doctor()
+        if args.command == "tune":
+            return _tune(args)
         return _demo(args)
     except LaunchError as e:
         print(f"tfpar launch: error: {e}", file=sys.stderr)

@@ -16,7 +16,7 @@ from tfpar.data import distribute
 from tfpar.devices import configure_devices
 from tfpar.strategies import DataParallel
 
-__all__ = ["DemoResult", "STRATEGIES", "build_model", "load_digits", "run_demo"]
+__all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_dataset", "load_digits", "run_demo"]
 
 QAT_EPOCHS = 3
 """Epochs of quantization-aware fine-tuning after the float training (``--qat``)."""
@@ -64,6 +64,12 @@ def load_digits(validation_fraction=0.2, seed=0):
     split = int(len(x) * (1 - validation_fraction))
     train, val = order[:split], order[split:]
     return (x[train], y[train]), (x[val], y[val])
+
+
+def digits_dataset():
+    """The training digits as a tf.data.Dataset of (image, label) examples (for ``tfpar tune``)."""
+    (x, y), _ = load_digits()
+    return tf.data.Dataset.from_tensor_slices((x, y))
 
 
 def build_model():

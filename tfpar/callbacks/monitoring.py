@@ -22,7 +22,10 @@ def num_workers(strategy):
     """How many worker processes train under ``strategy`` (1 for a one-process strategy)."""
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return strategy.extended._num_workers
-    local = len(getattr(strategy.extended, "worker_devices", ())) or 1
+    try:
+        local = len(strategy.extended.worker_devices) or 1
+    except RuntimeError:  # the default strategy (no scope): one process, one device
+        return 1
     return max(1, strategy.num_replicas_in_sync // local)
 
 

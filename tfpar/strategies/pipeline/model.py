@@ -216,6 +216,7 @@ class PipelineModel(keras.Model):
             return tf.recompute_grad(lambda t: stage(t, training=True))(x)
         return stage(x, training=True)
 
+    @tf.autograph.experimental.do_not_convert  # plain graph building: Python loops over the schedule
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         xs, ys, weights = self._microbatches(x, y, sample_weight)

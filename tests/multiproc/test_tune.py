@@ -1,0 +1,33 @@
+"""`tfpar tune` on the demo's model: real timed trials, each in its own process."""
+
+import json
+
+from tests.conftest import run_command, tfpar_command
+
+
+def test_tune_picks_the_fastest_trial_and_reports_the_failed_ones(tmp_path):
+    out = tmp_path / "tune.json"
+    space = {"per_replica_batch": [8, 32], "steps_per_execution": [1, 4]}
+    result = run_command(tfpar_command("tune", "--space", json.dumps(space), "--steps", "8", "--json", str(out)),
+                         timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    report = json.loads(out.read_text())
+    assert len(report["trials"]) == 4 and all(t["status"] == "ok" for t in report["trials"])
+    fastest = max(report["trials"], key=lambda t: t["examples_per_second"])
+    assert report["best"] == fastest
+    assert f"fastest: {fastest['config']}" in result.output
+
+
+def test_tune_over_pipeline_microbatches_survives_an_invalid_trial(tmp_path):
+    from tfpar.tune import tune
+
+    result = tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset",
+                  {"microbatches": [3, 4], "per_replica_batch": [8]}, steps=6, timeout_seconds=300)
+    by_microbatches = {t["config"]["microbatches"]: t for t in result.trials}
+    assert by_microbatches[3]["status"] == "failed" and "must divide the batch" in by_microbatches[3]["error"]
+    assert by_microbatches[4]["status"] == "ok" and result.best is by_microbatches[4]
+
+
+def test_tune_bad_space_is_a_clear_error():
+    result = run_command(tfpar_command("tune", "--space", '{"per_replica_batch": []}'), timeout=120)
+    assert result.returncode == 2 and "The tune axis 'per_replica_batch' is empty" in result.output

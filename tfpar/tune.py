@@ -1,0 +1,191 @@
+"""``tfpar tune``: find the fastest configuration of a model on this machine with short timed trials.
+
+Like Horovod's ``--autotune``, but over the knobs a Keras user sets: the
+per-replica batch size, ``steps_per_execution``, the all-reduce's packing
+(``num_packs`` on one host, ``bytes_per_pack`` across hosts) and, for a
+2-stage pipeline, the number of microbatches. Every combination of the search
+space runs in its own process (so that a trial that runs out of memory or is
+invalid fails alone): it builds the model from ``model_fn`` under the
+strategy, feeds ``data_fn``'s examples through `tfpar.data`, trains a warm-up
+epoch and a timed one of ``steps`` steps, and reports examples per second. The
+fastest successful trial wins; failed trials are listed with their error.
+
+Example:
+    >>> result = tfpar.tune.tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset",  # doctest: +SKIP
+    ...                          {"per_replica_batch": [16, 64], "steps_per_execution": [1, 4]})
+    >>> print(result.table()); result.best  # doctest: +SKIP
+"""
+
+import dataclasses
+import importlib
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+
+__all__ = ["AXES", "TuneResult", "check_space", "tune"]
+
+AXES = {
+    "per_replica_batch": 1,
+    "steps_per_execution": 1,
+    "num_packs": 1,
+    "bytes_per_pack": 0,
+    "microbatches": 1,
+}
+"""Axis name -> smallest valid value."""
+
+
+def check_space(space):
+    """Validates a search space ``{axis: [values]}``; returns it with lists.
+
+    Raises:
+        ValueError: not a dict, an unknown axis, an empty axis, or a value that is not
+            an int at least the axis' minimum.
+    """
+    if not isinstance(space, dict) or not space:
+        raise ValueError(f"The search space must be a non-empty dict {{axis: [values]}}. Received: {space!r}. "
+                         f"Axes: {sorted(AXES)}.")
+    checked = {}
+    for axis, values in space.items():
+        if axis not in AXES:
+            raise ValueError(f"Unknown tune axis {axis!r}. Received: {sorted(space)}. Use some of {sorted(AXES)}.")
+        values = [values] if isinstance(values, int) else list(values)
+        if not values:
+            raise ValueError(f"The tune axis {axis!r} is empty. Received: {axis}={values!r}. Give at least one value.")
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int) or value < AXES[axis]:
+                raise ValueError(f"Tune axis {axis!r} takes ints >= {AXES[axis]}. Received: {axis}={values!r}.")
+        checked[axis] = values
+    return checked
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """The trials of `tune`, fastest first, and the winner."""
+
+    trials: tuple
+    """Dicts: ``config``, ``status`` ("ok" or "failed"), ``examples_per_second`` or ``error``."""
+
+    @property
+    def best(self):
+        """The fastest successful trial (None if every trial failed)."""
+        ok = [t for t in self.trials if t["status"] == "ok"]
+        return max(ok, key=lambda t: t["examples_per_second"]) if ok else None
+
+    def table(self):
+        axes = sorted({axis for t in self.trials for axis in t["config"]})
+        lines = ["  ".join(f"{a:>19}" for a in axes) + f"  {'examples/s':>12}  status"]
+        for trial in self.trials:
+            cells = "  ".join(f"{trial['config'].get(a, ''):>19}" for a in axes)
+            speed = f"{trial['examples_per_second']:>12,.0f}" if trial["status"] == "ok" else f"{'-':>12}"
+            note = "ok" if trial["status"] == "ok" else "failed: " + _error_line(trial["error"])[:100]
+            lines.append(f"{cells}  {speed}  {note}")
+        best = self.best
+        lines.append(f"fastest: {best['config']} at {best['examples_per_second']:,.0f} examples/s" if best
+                     else "every trial failed")
+        return "\n".join(lines)
+
+    def to_json(self):
+        return json.dumps({"best": self.best, "trials": list(self.trials)}, indent=2)
+
+
+def _error_line(text):
+    """The most telling line of a failed trial's output: the last 'SomethingError: ...' line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)]
+    return (errors or lines or ["(no output)"])[-1]
+
+
+def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", optimizer="adam", steps=20,
+         devices=2, timeout_seconds=300, print_fn=None):
+    """Runs one short timed trial per combination of ``space``; returns a `TuneResult`.
+
+    Args:
+        model_fn: "module:function" returning an uncompiled tf_keras model (built in the
+            trial's strategy scope).
+        data_fn: "module:function" returning a tf.data.Dataset of single (x, y) examples.
+        space: ``{axis: [values]}`` over `AXES`; unset axes keep their defaults.
+        loss, optimizer: passed to ``compile``.
+        steps: timed steps per trial (after a warm-up epoch of as many).
+        devices: virtual CPU devices (ignored with GPUs).
+        timeout_seconds: a trial running longer fails.
+        print_fn: called with each trial's line as it finishes (e.g. ``print``).
+
+    Raises:
+        ValueError: an invalid space, or a function reference that is not "module:function".
+    """
+    space = check_space(space)
+    for name, ref in (("model_fn", model_fn), ("data_fn", data_fn)):
+        if not isinstance(ref, str) or ref.count(":") != 1:
+            raise ValueError(f"{name} must be 'module:function'. Received: {ref!r}.")
+    axes = sorted(space)
+    trials = []
+    for values in itertools.product(*(space[a] for a in axes)):
+        config = dict(zip(axes, values))
+        spec = {"model_fn": model_fn, "data_fn": data_fn, "config": config, "loss": loss,
+                "optimizer": optimizer, "steps": steps, "devices": devices}
+        trial = _run_trial_process(spec, timeout_seconds)
+        trials.append(trial)
+        if print_fn:
+            speed = f"{trial['examples_per_second']:,.0f} examples/s" if trial["status"] == "ok" else "failed"
+            print_fn(f"trial {len(trials)}: {config} -> {speed}")
+    trials.sort(key=lambda t: (t["status"] != "ok", -t.get("examples_per_second", 0)))
+    return TuneResult(tuple(trials))
+
+
+def _run_trial_process(spec, timeout_seconds):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "tfpar.tune", json.dumps(spec)], capture_output=True,
+                              text=True, timeout=timeout_seconds, env=env, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return {"config": spec["config"], "status": "failed", "error": f"timed out after {timeout_seconds} s"}
+    for line in done.stdout.splitlines():
+        if line.startswith("TRIAL "):
+            return {"config": spec["config"], "status": "ok", **json.loads(line[6:])}
+    return {"config": spec["config"], "status": "failed",
+            "error": (done.stderr or done.stdout)[-2000:] or f"exit status {done.returncode}"}
+
+
+def _resolve(ref):
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _trial(spec):
+    """Runs one trial in this process and prints ``TRIAL {json}``."""
+    import tfpar
+
+    config = {**{a: None for a in AXES}, **spec["config"]}
+    tfpar.configure_devices(spec["devices"])
+    per_replica = config["per_replica_batch"] or 32
+    if config["microbatches"]:
+        import tensorflow as tf
+
+        from tfpar.strategies.pipeline import Pipeline
+
+        pipeline = Pipeline(num_stages=2, num_microbatches=config["microbatches"])
+        strategy = tf.distribute.get_strategy()
+        model = pipeline.stage(_resolve(spec["model_fn"])())
+        replicas = 1
+    else:
+        pipeline = None
+        options = {k: config[k] for k in ("num_packs", "bytes_per_pack") if config[k] is not None}
+        strategy = tfpar.DataParallel(**options)
+        with strategy.scope():
+            model = _resolve(spec["model_fn"])()
+        replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        model.compile(spec["optimizer"], spec["loss"], steps_per_execution=config["steps_per_execution"] or 1)
+    global_batch = per_replica * replicas
+    train = tfpar.data.distribute(_resolve(spec["data_fn"])(), strategy, global_batch, remainder="drop")
+    throughput = tfpar.callbacks.Throughput(global_batch)
+    history = model.fit(train.dataset, steps_per_epoch=spec["steps"], epochs=2, verbose=0, callbacks=[throughput])
+    print("TRIAL " + json.dumps({"examples_per_second": history.history["examples_per_second"][-1],
+                                 "global_batch": global_batch, "pipeline": pipeline is not None}), flush=True)
+
+
+if __name__ == "__main__":
+    _trial(json.loads(sys.argv[1]))
