@@ -50,3 +50,12 @@ def run_command(args, timeout, env=None, cwd=ROOT):
 def tfpar_command(*args):
     """The argv that runs the ``tfpar`` command with this interpreter."""
     return [sys.executable, "-m", "tfpar.cli", *args]
+
+
+def run_json_script(script, timeout):
+    """Runs a Python script of tests/ in its own process; returns the last JSON line it printed."""
+    import json
+
+    result = run_command([sys.executable, script], timeout=timeout, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    return json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])

@@ -1,22 +1,17 @@
 """Pipelines that need more devices than the test process has: 3 stages, 2 x 2 hybrid; the demo."""
 
-import json
 import os
 import re
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_command, tfpar_command
+from tests.conftest import run_command, run_json_script, tfpar_command
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 def test_three_stages_and_the_hybrid_train_exactly_like_the_plain_model():
-    result = run_command([sys.executable, os.path.join(SCRIPTS, "pipeline_checks.py")], timeout=400,
-                         env={"PYTHONPATH": ROOT})
-    assert result.returncode == 0, result.output[-4000:]
-    report = json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])
+    report = run_json_script(os.path.join(SCRIPTS, "pipeline_checks.py"), timeout=400)
     assert len(report) == 7
     for name, run in report.items():
         if name == "plain":

@@ -30,6 +30,11 @@ def _positive(name, value):
         raise ValueError(f"{name} must be a number > 0. Received: {name}={value!r}.")
 
 
+def _in_unit_interval(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1]. Received: {name}={value!r}.")
+
+
 def cosine_decay(start_epoch, end_epoch, final_fraction=0.0):
     """Multiplier for `LearningRateSchedule`: cosine annealing from 1 at ``start_epoch`` to
     ``final_fraction`` at ``end_epoch`` (Loshchilov & Hutter), then flat.
@@ -57,8 +62,7 @@ def exponential_decay(decay_epochs, rate, start_epoch=0):
         ValueError: ``decay_epochs <= 0`` or a rate outside (0, 1].
     """
     _positive("decay_epochs", decay_epochs)
-    if not 0 < rate <= 1:
-        raise ValueError(f"rate must be in (0, 1]. Received: rate={rate!r}.")
+    _in_unit_interval("rate", rate)
     return lambda epoch: rate ** (max(epoch - start_epoch, 0) / decay_epochs)
 
 
@@ -69,8 +73,7 @@ def step_decay(every_epochs, factor, start_epoch=0):
         ValueError: ``every_epochs <= 0`` or a factor outside (0, 1].
     """
     _positive("every_epochs", every_epochs)
-    if not 0 < factor <= 1:
-        raise ValueError(f"factor must be in (0, 1]. Received: factor={factor!r}.")
+    _in_unit_interval("factor", factor)
     return lambda epoch: factor ** math.floor(max(epoch - start_epoch, 0) / every_epochs)
 
 
