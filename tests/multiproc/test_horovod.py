@@ -69,8 +69,9 @@ def test_two_ranks_end_identical_and_equal_to_data_parallel(tmp_path):
     reference = _reference(strategy=tfpar.DataParallel())
     for a, b in zip(rank0, reference):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    # Metrics are global: both ranks log the same numbers.
+    # Metrics are global: both ranks log the same numbers (per-rank ones through MetricAverage).
     assert logs[0] == logs[1]
+    assert logs[0]["rank_number"] == [1.5, 1.5] and all(e > 0 for e in logs[0]["examples_per_second"])
     assert "workers:    2 (this is rank 1" in output and "8 per replica, 16 global" in output
 
 

@@ -231,8 +231,10 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
             lambda v: self._horovod_ops.reduce_implementation(reduce_op, v, destinations, options), value)
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-        # Keras' optimizers aggregate gradients here, with their variables as destinations.
-        if self._accumulator is None or reduce_op != tf.distribute.ReduceOp.SUM:
+        # Keras' optimizers aggregate gradients here, with their variables as destinations;
+        # other sums (a replica context's all_reduce, a metric's) go to devices: never accumulated.
+        gradients = all(isinstance(d, tf.Variable) for _, d in value_destination_pairs)
+        if self._accumulator is None or reduce_op != tf.distribute.ReduceOp.SUM or not gradients:
             return self._horovod_ops.batch_reduce_implementation(reduce_op, value_destination_pairs, options)
         grads_and_vars = [(self._horovod_ops._local(g), v) for g, v in value_destination_pairs]
         return self._accumulator.reduce(

@@ -29,8 +29,19 @@ with strategy.scope():
     model.compile(model.optimizer, model.loss, weighted_metrics=["accuracy"])
 print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
 rank = strategy.rank
+
+
+class RankNumber(tfpar.keras.callbacks.Callback):
+    """A per-rank number (rank + 1) for MetricAverage to average over the ranks."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["rank_number"] = float(rank + 1)
+
+
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2, callbacks=[
+    RankNumber(), tfpar.callbacks.Throughput(global_batch), tfpar.callbacks.MetricAverage(),
+    tfpar.callbacks.NaNGuard()])
 np.savez(os.path.join(out, f"rank_{rank}.npz"), *model.get_weights())
 with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:
     json.dump({k: [float(v) for v in vals] for k, vals in history.history.items()}, f)

@@ -1,4 +1,4 @@
-"""PS training with BackupAndRestore; with --kill-ps the ps dies during epoch 3.
+"""PS training with tfpar.callbacks.FaultTolerance (Keras' BackupAndRestore); with --kill-ps the ps dies during epoch 3.
 
 Usage: ps_resume.py BACKUP_DIR [--kill-ps]
 """
@@ -35,7 +35,7 @@ class KillPs(keras.callbacks.Callback):
 
 try:
     history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2,
-                        callbacks=[KillPs(), keras.callbacks.BackupAndRestore(backup)])
+                        callbacks=[KillPs(), tfpar.callbacks.FaultTolerance(backup)])
 except ParameterServerLostError as error:
     print(f"lost tasks: {error.tasks}; an UnavailableError: {isinstance(error, tf.errors.UnavailableError)}",
           flush=True)
