@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import logging
 
-from tfpar._checks import check_int
+from tfpar._checks import check_int, config_from
 from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo
 from tfpar.strategies._describe import batch_and_model_lines
@@ -93,19 +93,7 @@ class DataParallelConfig:
 
 
 def _build_config(config, kwargs):
-    if config is not None:
-        if kwargs:
-            raise TypeError(
-                "Pass either a DataParallelConfig or keyword arguments, not "
-                f"both. Received: config and {sorted(kwargs)}."
-            )
-        if not isinstance(config, DataParallelConfig):
-            raise TypeError(
-                "config must be a DataParallelConfig. Received: "
-                f"{type(config).__name__}."
-            )
-    else:
-        config = DataParallelConfig(**kwargs)
+    config = config_from(DataParallelConfig, config, kwargs)
     if config.cluster is None:
         cluster = ClusterInfo.from_tf_config()
         if cluster is not None:

@@ -24,7 +24,7 @@ Keras 3 on TensorFlow >= 2.16 and breaks tf_keras models. Without
 
 import dataclasses
 
-from tfpar._checks import check_int
+from tfpar._checks import check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar.strategies._describe import batch_and_model_lines
 
@@ -348,12 +348,7 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
     """
 
     def __init__(self, config=None, **kwargs):
-        if config is None:
-            config = HorovodConfig(**kwargs)
-        elif kwargs or not isinstance(config, HorovodConfig):
-            raise TypeError(
-                "Pass either a HorovodConfig or keyword arguments. Received: "
-                f"{type(config).__name__} and {sorted(kwargs)}.")
+        config = config_from(HorovodConfig, config, kwargs)
         hvd = import_horovod()
         size = hvd.size()
         if config.op == "adasum" and size & (size - 1):

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from tfpar._checks import check_int
+from tfpar._checks import check_int, config_from
 from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo, local_cluster
 from tfpar.strategies._describe import batch_and_model_lines
@@ -152,11 +152,7 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
     """
 
     def __init__(self, config=None, **kwargs):
-        if config is None:
-            config = ParameterServerConfig(**kwargs)
-        elif kwargs or not isinstance(config, ParameterServerConfig):
-            raise TypeError("Pass either a ParameterServerConfig or keyword arguments. Received: "
-                            f"{type(config).__name__} and {sorted(kwargs)}.")
+        config = config_from(ParameterServerConfig, config, kwargs)
         cluster = _cluster_from(config)
         self.config = dataclasses.replace(config, cluster=cluster)
         self._servers = getattr(self, "_servers", {})

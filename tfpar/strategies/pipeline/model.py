@@ -15,7 +15,7 @@ gradients are summed over the replicas before the update.
 import dataclasses
 import logging
 
-from tfpar._checks import check_int
+from tfpar._checks import check_int, config_from
 from tfpar._keras import check_model, keras, tf
 from tfpar.strategies.pipeline.partition import partition_model
 from tfpar.strategies.pipeline.schedule import FORWARD, SCHEDULES, make_schedule
@@ -81,12 +81,7 @@ class Pipeline:
     """
 
     def __init__(self, config=None, **kwargs):
-        if config is None:
-            config = PipelineConfig(**kwargs)
-        elif kwargs or not isinstance(config, PipelineConfig):
-            raise TypeError("Pass either a PipelineConfig or keyword arguments. Received: "
-                            f"{type(config).__name__} and {sorted(kwargs)}.")
-        self.config = config
+        self.config = config = config_from(PipelineConfig, config, kwargs)
         self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches)
 
     def devices(self):
