@@ -6,7 +6,6 @@ downloaded. Training runs under a tfpar strategy with input from
 """
 
 import dataclasses
-import time
 
 import numpy as np
 
@@ -89,17 +88,6 @@ def build_model():
     ], name="digits_cnn")
 
 
-class _EpochTimer(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.durations = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.durations.append(time.perf_counter() - self._start)
-
-
 def _make_strategy(name, num_devices, replicas=1, microbatches=8):
     """The strategy whose scope builds the model, and the pipeline (or None)."""
     if name == "ps":  # a local cluster: --devices workers and one ps, as child processes
@@ -177,12 +165,11 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), dist,
                        global_batch_size, shuffle_buffer=len(x_train), seed=0)
     val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), dist, global_batch_size)
-    timer = _EpochTimer()
     from tfpar.callbacks import LearningRateWarmup, PipelineBubble, Throughput
 
     # The linear scaling rule: Adam's rate is learning_rate for the whole global batch, reached
     # over 2 warm-up epochs from learning_rate / replicas; the throughput shows in the progress bar.
-    callbacks = [timer, LearningRateWarmup(warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas_in_step,
+    callbacks = [LearningRateWarmup(warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas_in_step,
                                            scale=replicas_in_step),
                  Throughput(global_batch_size)]
     if pipeline is not None:
@@ -192,7 +179,9 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         validation_data=val.dataset, validation_steps=val.steps_per_epoch,
         callbacks=callbacks, verbose=verbose,
     )
-    steady = timer.durations[1:] or timer.durations
+    # Epoch times from Throughput's step_time, without the first epoch (it traces).
+    step_times = history.history["step_time"]
+    steady = [t * train.steps_per_epoch for t in (step_times[1:] or step_times)]
     notes = () if pipeline is None else (
         f"bubble: measured {history.history['bubble'][-1]:.3f} "
         f"(theory {history.history['bubble_theory'][-1]:.3f})",)
