@@ -5,6 +5,7 @@ devices), tests/multiproc (real processes on 127.0.0.1, started and stopped by
 the tests with bounded timeouts).
 """
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -33,9 +34,16 @@ class Finished:
 
 
 def run_command(args, timeout, env=None, cwd=ROOT):
-    """Runs ``args`` in its own session; kills the whole group on timeout (test fails)."""
+    """Runs ``args`` in its own session; kills the whole group on timeout (test fails).
+
+    ``env`` adds to this process's environment; a value of None removes that variable.
+    """
     full_env = dict(os.environ)
-    full_env.update(env or {})
+    for name, value in (env or {}).items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
     proc = subprocess.Popen(args, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -45,6 +53,20 @@ def run_command(args, timeout, env=None, cwd=ROOT):
         output, _ = proc.communicate()
         pytest.fail(f"{args} did not finish in {timeout} s:\n{output.decode(errors='replace')[-4000:]}")
     return Finished(proc.returncode, output.decode(errors="replace"))
+
+
+HOROVOD_INSTALLED = importlib.util.find_spec("horovod") is not None
+
+
+@pytest.fixture
+def horovod_installed():
+    """Skips a test without Horovod, but fails it under CI (CI=true), which installs Horovod:
+    there a missing Horovod is a broken install, not a reason to skip."""
+    if not HOROVOD_INSTALLED:
+        message = "Horovod is not installed (install it: tfpar install-horovod)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; CI installs it, so its install is broken")
+        pytest.skip(message)
 
 
 def tfpar_command(*args):

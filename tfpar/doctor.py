@@ -5,7 +5,22 @@ import json
 import os
 import platform
 
-__all__ = ["horovod_report", "report"]
+__all__ = ["horovod_keras_report", "horovod_report", "report"]
+
+# A Horovod Keras script in miniature, run as a user's shell would (no TF_USE_LEGACY_KERAS):
+# public API only, one rank.
+_KERAS_PROBE = """
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+hvd.init()
+model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+model.compile(optimizer=hvd.DistributedOptimizer(tf.optimizers.SGD(0.1)), loss="mse",
+              experimental_run_tf_function=False)
+callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+model.fit(tf.ones((8, 2)), tf.ones((8, 1)), batch_size=4, epochs=1, verbose=0, callbacks=callbacks)
+print("tfpar-probe-ok", type(model).__module__.split(".")[0])
+"""
+_KERAS_PROBE_TIMEOUT_SECONDS = 180
 
 
 def horovod_report():
@@ -34,6 +49,31 @@ def horovod_report():
     }
 
 
+def horovod_keras_report():
+    """Whether a script written for ``horovod.tensorflow.keras`` runs here unchanged.
+
+    Runs `_KERAS_PROBE` in a fresh process with ``TF_USE_LEGACY_KERAS`` unset.
+
+    Returns:
+        a dict: works (bool), keras (the Keras that ran it) or error (its last line).
+    """
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    try:
+        done = subprocess.run([sys.executable, "-c", _KERAS_PROBE], capture_output=True, text=True,
+                              env=env, timeout=_KERAS_PROBE_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return {"works": False, "error": f"a one-step fit took over {_KERAS_PROBE_TIMEOUT_SECONDS} s"}
+    for line in done.stdout.splitlines():
+        if line.startswith("tfpar-probe-ok"):
+            return {"works": True, "keras": line.split()[-1]}
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return {"works": False, "error": lines[-1] if lines else f"exit code {done.returncode}"}
+
+
 def report():
     """Returns the doctor's lines."""
     from tfpar._keras import keras, tf
@@ -52,8 +92,15 @@ def report():
 
         lines.append(f"horovod:     unavailable ({hv['error']}). {INSTALL_HINT}")
     else:
-        built = hv["built_against"] or "unknown (not built by scripts/install_horovod.py)"
+        built = hv["built_against"] or "unknown (not built by tfpar install-horovod)"
         lines.append(
             f"horovod:     {hv['version']}, controllers: {', '.join(hv['controllers']) or 'none'}, "
             f"NCCL: {'yes' if hv['nccl'] else 'no'}, built against TensorFlow {built}")
+        keras_api = horovod_keras_report()
+        if keras_api["works"]:
+            lines.append(f"horovod.tensorflow.keras: works, unchanged scripts run on {keras_api['keras']} "
+                         "(no TF_USE_LEGACY_KERAS needed)")
+        else:
+            lines.append(f"horovod.tensorflow.keras: fails ({keras_api['error']}). Horovod's Keras API "
+                         "runs on tf_keras in the build `tfpar install-horovod --force` makes.")
     return lines

@@ -1,7 +1,6 @@
 """HorovodStrategy as one rank in this process (no horovodrun), and its errors."""
 
 import builtins
-import importlib.util
 
 import numpy as np
 import pytest
@@ -9,8 +8,7 @@ import tensorflow as tf
 
 from tfpar import keras
 
-needs_horovod = pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
-                                   reason="Horovod is not installed")
+needs_horovod = pytest.mark.usefixtures("horovod_installed")
 
 
 def test_missing_horovod_says_how_to_install(monkeypatch):
@@ -24,7 +22,7 @@ def test_missing_horovod_says_how_to_install(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_horovod)
-    with pytest.raises(ImportError, match=r"needs Horovod.*scripts/install_horovod.py"):
+    with pytest.raises(ImportError, match=r"needs Horovod.*tfpar install-horovod"):
         horovod.HorovodStrategy()
 
 

@@ -1,6 +1,5 @@
 """HorovodStrategy under `horovodrun --gloo` on loopback (real processes, bounded in time)."""
 
-import importlib.util
 import json
 import os
 import re
@@ -12,9 +11,7 @@ import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("horovod") is None,
-    reason="Horovod is not installed (CI installs it: python scripts/install_horovod.py)")
+pytestmark = pytest.mark.usefixtures("horovod_installed")
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 ENV = {"PYTHONPATH": ROOT}
@@ -110,7 +107,7 @@ def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path):
     import horovod.tensorflow as hvd
 
     if not hvd.mpi_built():
-        pytest.skip("this Horovod has no MPI (scripts/install_horovod.py builds it in where OpenMPI is)")
+        pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
     (average, _), _, _ = _train(tmp_path)
     out = tmp_path / "adasum"
     out.mkdir()

@@ -1,7 +1,6 @@
 """Precision and QAT across processes: one worker's overflow makes every worker skip the step;
 QAT under multi-worker DataParallel ends with the same weights and ranges on every worker."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ def test_multi_worker_overflow_on_one_worker_skips_everywhere():
     _check_consistent_skip(_reports(result.output))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="Horovod is not installed")
+@pytest.mark.usefixtures("horovod_installed")
 def test_horovod_overflow_on_one_rank_skips_everywhere():
     result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
                           "--horovod"], timeout=300, env={"PYTHONPATH": ROOT})

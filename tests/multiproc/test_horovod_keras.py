@@ -1,0 +1,137 @@
+"""Horovod's own Keras API (``horovod.tensorflow.keras``) on the Horovod tfpar builds.
+
+Scripts written for that API, in the shape of Horovod's examples, run unchanged under
+``horovodrun -np 2 -H localhost:2 --gloo`` with nothing in the environment: the build picks
+tf_keras by itself (`tfpar._horovod_keras`). Real processes, bounded in time.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+USER_SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None}  # as a user starts it: nothing set
+RANKS = 2
+
+
+def _horovodrun(*args, timeout=300):
+    return run_command(["horovodrun", "-np", str(RANKS), "-H", f"localhost:{RANKS}", "--gloo", sys.executable,
+                        *args], timeout=timeout, env=USER_SHELL)
+
+
+def _arrays(path):
+    with np.load(path) as data:
+        return [data[key] for key in data.files]
+
+
+def _expected_rates(initial_lr, size, warmup_epochs, steps_per_epoch, epochs, then=0.5):
+    """Horovod's documented warm-up: from initial_lr / size to initial_lr over warmup_epochs,
+    set at every batch (epoch + (batch + 1) / steps); then the schedule: initial_lr x ``then``."""
+    rates = []
+    for epoch in range(epochs):
+        for batch in range(steps_per_epoch):
+            if epoch < warmup_epochs:
+                progress = epoch + (batch + 1) / steps_per_epoch
+                rates.append(initial_lr / size * (progress * (size - 1) / warmup_epochs + 1))
+            else:
+                rates.append(initial_lr * then)
+    return rates
+
+
+@pytest.mark.usefixtures("horovod_installed")
+def test_mnist_shaped_keras_script_runs_unchanged(tmp_path):
+    epochs = 3
+    result = _horovodrun(os.path.join(SCRIPTS, "hvd_keras_digits.py"), str(tmp_path), str(epochs))
+    assert result.returncode == 0, result.output[-4000:]
+    logs = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(RANKS)]
+    assert [log["keras"] for log in logs] == ["tf_keras"] * RANKS
+
+    # Every rank starts from its own random weights; the broadcast makes them rank 0's, and
+    # the averaged gradients keep them identical.
+    initial = [_arrays(tmp_path / f"initial_{r}.npz") for r in range(RANKS)]
+    assert any(not np.array_equal(a, b) for a, b in zip(*initial))
+    final = [_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
+    for a, b in zip(*final):
+        np.testing.assert_array_equal(a, b)
+
+    # MetricAverageCallback: each rank's own numbers differ; after it every rank holds their mean.
+    for epoch in range(epochs):
+        local = [log["local"][epoch] for log in logs]
+        averaged = [log["averaged"][epoch] for log in logs]
+        assert local[0]["loss"] != local[1]["loss"]
+        for key in ("loss", "accuracy"):
+            mean = np.mean([entry[key] for entry in local])
+            assert averaged[0][key] == pytest.approx(mean, rel=1e-6)
+            assert averaged[1][key] == averaged[0][key]
+
+    # LearningRateWarmupCallback: the rate at every batch, from 0.004 / 2 up to 0.004 over 2 epochs;
+    # then LearningRateScheduleCallback halves it.
+    expected = _expected_rates(logs[0]["initial_lr"], RANKS, 2, logs[0]["steps_per_epoch"], epochs)
+    for log in logs:
+        np.testing.assert_allclose(log["lr"], expected, rtol=1e-6)
+    assert expected[0] == pytest.approx(0.002 * (1 + 1 / (2 * logs[0]["steps_per_epoch"])))  # 0.004 / 2 ranks
+    assert "finished gradual learning rate warmup to 0.004" in result.output
+
+    # Checkpoints: rank 0 writes one per epoch, and the last holds the final weights.
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{e}.h5" for e in (1, 2, 3)]
+    import tf_keras
+
+    saved = tf_keras.models.load_model(str(tmp_path / "checkpoint-3.h5"), compile=False).get_weights()
+    for a, b in zip(saved, final[0]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.usefixtures("horovod_installed")
+@pytest.mark.parametrize("options", [[], ["--fp16-allreduce", "--backward-passes-per-step", "2"]],
+                         ids=["plain", "fp16-accumulate2"])
+def test_synthetic_benchmark_shaped_keras_script_runs_unchanged(tmp_path, options):
+    result = _horovodrun(os.path.join(SCRIPTS, "hvd_keras_synthetic.py"), "--out", str(tmp_path), *options)
+    assert result.returncode == 0, result.output[-4000:]
+    assert "Total img/sec on 2 CPU(s)" in result.output
+    final = [_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
+    for a, b in zip(*final):
+        np.testing.assert_array_equal(a, b)
+    assert all(np.isfinite(w).all() for w in final[0])
+
+
+# The selection itself (tfpar/_horovod_keras.py, copied into Horovod by the installer) runs
+# without Horovod: each case in a fresh process, as the order of imports is the point.
+_SELECT = "import tfpar._horovod_keras as m; print('selected', m.keras.Model.__module__.split('.')[0])"
+
+
+@pytest.mark.parametrize("code, env, expected", [
+    (_SELECT, {}, "selected tf_keras"),
+    ("import tensorflow as tf; tf.keras.Model; " + _SELECT, {},
+     "tf.keras is already Keras 3 in this process: set TF_USE_LEGACY_KERAS=1"),
+    (_SELECT, {"TF_USE_LEGACY_KERAS": "0"}, "tf.keras is already Keras 3 in this process"),
+    (_SELECT, {"TF_USE_LEGACY_KERAS": "1"}, "selected tf_keras"),
+], ids=["picks-tf_keras", "keras3-already-active", "keras3-asked-for", "legacy-asked-for"])
+def test_horovod_keras_selection(code, env, expected):
+    result = run_command([sys.executable, "-c", code], timeout=120,
+                         env={**USER_SHELL, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3", **env})
+    assert expected in result.output, result.output[-2000:]
+    if not expected.startswith("selected"):
+        assert result.returncode != 0
+        error_lines = [line for line in result.output.splitlines() if line.startswith("ImportError")]
+        assert len(error_lines) == 1 and "horovod.tensorflow.keras runs on tf_keras" in error_lines[0]
+
+
+@pytest.mark.usefixtures("horovod_installed")
+def test_installed_horovod_keras_refuses_keras3_in_one_line():
+    code = "import tensorflow as tf; tf.keras.Model; import horovod.tensorflow.keras"
+    result = run_command([sys.executable, "-c", code], timeout=120, env={**USER_SHELL, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode != 0
+    assert "ImportError: horovod.tensorflow.keras runs on tf_keras (the Keras 2 API), but tf.keras is already " \
+           "Keras 3 in this process: set TF_USE_LEGACY_KERAS=1" in result.output, result.output[-2000:]
+
+
+@pytest.mark.usefixtures("horovod_installed")
+def test_doctor_says_horovod_keras_works():
+    result = run_command(tfpar_command("doctor"), timeout=240)
+    assert result.returncode == 0, result.output[-2000:]
+    assert "horovod.tensorflow.keras: works, unchanged scripts run on tf_keras" in result.output
