@@ -17,9 +17,9 @@ ring all-reduce over Gloo, MPI or NCCL) across ``hvd.size()`` processes. So in
 - only rank 0 writes checkpoints (``should_checkpoint``) and prints Keras'
   progress bars.
 
-It sits on ``horovod.tensorflow`` only: ``horovod.tensorflow.keras`` imports
-Keras 3 on TensorFlow >= 2.16 and breaks tf_keras models. Without
-``horovodrun`` it runs as one rank.
+It sits on ``horovod.tensorflow`` only, so it needs no Keras choice from Horovod
+(Horovod's own Keras API, ``horovod.tensorflow.keras``, runs on tf_keras in the
+build `tfpar install-horovod` makes). Without ``horovodrun`` it runs as one rank.
 """
 
 import dataclasses
@@ -39,13 +39,13 @@ HOROVOD_OPS = ("average", "sum", "adasum")
 COMPRESSIONS = ("none", "fp16")
 """Gradient compression on the wire."""
 
-# scripts/install_horovod.py compiles Horovod's XLA ops only for TensorFlow
+# tfpar install-horovod compiles Horovod's XLA ops only for TensorFlow
 # 2.6-2.18: later wheels lack the headers they need.
 XLA_OPS_BUILT = tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 19)
 
 INSTALL_HINT = (
-    "Install it with `pip install \".[horovod]\" && python scripts/install_horovod.py` "
-    "from the tfpar checkout (it builds Horovod with Gloo against this TensorFlow)."
+    "Install it with `pip install 'tfpar[horovod]' && tfpar install-horovod` (it builds "
+    "Horovod with Gloo, and MPI where it can, against this TensorFlow)."
 )
 
 

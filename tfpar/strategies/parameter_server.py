@@ -164,6 +164,7 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
             tf.train.ClusterSpec(spec), task_type=cluster.task_type, task_id=cluster.task_index,
             rpc_layer="grpc")
         super().__init__(resolver, variable_partitioner=_partitioner(config, len(spec["ps"])))
+        self._resolver = resolver
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self)
 
     @classmethod
@@ -246,6 +247,12 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
         Keras runs ``fit``, ``evaluate`` and ``predict`` inside this scope.
         """
         return self._translating_ps_loss(super().scope())
+
+    @property
+    def cluster_resolver(self):
+        """The cluster's `tf.distribute.cluster_resolver.ClusterResolver` (TensorFlow's own
+        ParameterServerStrategy returns None here; its other strategies return theirs)."""
+        return self._resolver
 
     @property
     def local_servers(self):

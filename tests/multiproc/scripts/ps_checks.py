@@ -61,5 +61,8 @@ json.dump({
     "placement": variable_placement(embedder) | variable_placement(model),
     "describe": strategy.describe(global_batch_size=32, model=embedder),
     "dataset_error": error,
+    "resolver": {"cluster": strategy.cluster_resolver.cluster_spec().as_dict(),
+                 "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id]},
+    "local_cluster": strategy.config.cluster.cluster,
 }, sys.stdout)
 print()

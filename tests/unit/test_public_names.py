@@ -1,0 +1,51 @@
+"""Every name a public tfpar module exports resolves, and to the same object the second time.
+
+Lazy packages (``tfpar``, ``tfpar.strategies``, ``tfpar.strategies.pipeline``) load names on
+first use; a submodule with an exported name (``strategies/auto.py`` once was) would replace
+that name on the package after the first access.
+"""
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import tfpar
+
+
+def _public_modules():
+    names = ["tfpar"]
+    for info in pkgutil.walk_packages(tfpar.__path__, prefix="tfpar."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return names
+
+
+@pytest.mark.parametrize("module_name", _public_modules())
+def test_every_exported_name_resolves_twice_to_the_same_object(module_name):
+    module = importlib.import_module(module_name)
+    assert hasattr(module, "__all__"), f"{module_name} has no __all__"
+    for name in module.__all__:
+        first = getattr(module, name)
+        second = getattr(module, name)
+        assert first is second, f"{module_name}.{name} changed between two reads"
+        again = getattr(importlib.import_module(module_name), name)
+        assert again is first
+
+
+def test_auto_is_the_function_on_every_access():
+    from tfpar import strategies
+
+    for _ in range(3):
+        assert inspect.isfunction(strategies.auto) and strategies.auto.__name__ == "auto"
+    importlib.import_module("tfpar.strategies._auto")
+    assert inspect.isfunction(strategies.auto)
+
+
+def test_horovod_strategy_is_reachable_like_data_parallel():
+    from tfpar import strategies
+    from tfpar.strategies.horovod import HorovodConfig, HorovodStrategy
+
+    assert strategies.HorovodStrategy is HorovodStrategy and strategies.HorovodConfig is HorovodConfig
+    assert "HorovodStrategy" in strategies.__all__ and "HorovodStrategy" in dir(strategies)
