@@ -13,12 +13,13 @@ setup(
         "tf-keras>=2.21,<2.22",
         "numpy",
         "scikit-learn",  # the demo's digits ship with it: no download
-        "tensorboard>=2.21,<2.22",
-        "tensorflow-model-optimization>=0.8.1,<0.9",  # tfpar.quantization: QAT and pruning  # tf.summary scalars of tfpar.callbacks (TF no longer pulls it in)
+        "tensorboard>=2.21,<2.22",  # tf.summary scalars of tfpar.callbacks (TF no longer pulls it in)
+        "tensorflow-model-optimization>=0.8.1,<0.9",  # tfpar.quantization: QAT and pruning
     ],
     extras_require={
         "dev": ["pytest>=8", "pytest-timeout"],
-        # Horovod itself is built by scripts/install_horovod.py (see README).
+        # Horovod itself is built by `tfpar install-horovod` (see README). CMake 4 builds it too:
+        # the installer sets CMAKE_POLICY_VERSION_MINIMUM for Horovod's bundled Gloo.
         "horovod": ["cmake>=3.13", "cloudpickle", "psutil", "pyyaml", "packaging", "cffi>=1.4.0"],
     },
     entry_points={"console_scripts": ["tfpar=tfpar.cli:main"]},

@@ -17,12 +17,12 @@ import os
 import numpy as np
 
 import tfpar
-from tfpar.demo import build_model, load_digits
+from tfpar.demo import build_model, default_epochs, load_digits
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=default_epochs(5), help="default 5, or $TFPAR_EPOCHS")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument("--out", help="folder for worker_<i>.npz and worker_<i>.json")
     args = parser.parse_args()

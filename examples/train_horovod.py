@@ -4,19 +4,19 @@
     tfpar launch --horovod -n 2 -- python examples/train_horovod.py      (the same)
     python examples/train_horovod.py                                     (one rank)
 
-Needs Horovod: pip install ".[horovod]" && python scripts/install_horovod.py
+Needs Horovod: pip install "tfpar[horovod]" && tfpar install-horovod
 """
 
 import argparse
 
 import tfpar
-from tfpar.demo import build_model, load_digits
+from tfpar.demo import build_model, default_epochs, load_digits
 from tfpar.strategies.horovod import HorovodStrategy
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=default_epochs(5), help="default 5, or $TFPAR_EPOCHS")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument("--compression", default="none", help="none or fp16")
     parser.add_argument("--backward-passes", type=int, default=1, help="gradient accumulation steps")

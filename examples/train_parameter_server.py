@@ -9,13 +9,13 @@ As a job with roles (ps and worker servers, this script on the chief):
 import argparse
 
 import tfpar
-from tfpar.demo import build_model, load_digits
+from tfpar.demo import build_model, default_epochs, load_digits
 from tfpar.strategies import ParameterServer
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=default_epochs(5), help="default 5, or $TFPAR_EPOCHS")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     args = parser.parse_args()
 

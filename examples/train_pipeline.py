@@ -14,12 +14,12 @@ import os
 import tempfile
 
 import tfpar
-from tfpar.demo import build_model, load_digits
+from tfpar.demo import build_model, default_epochs, load_digits
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=default_epochs(5), help="default 5, or $TFPAR_EPOCHS")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])

@@ -1,5 +1,9 @@
 """Argument checks shared by tfpar's configs (pure Python)."""
 
+import os
+
+EPOCHS_VARIABLE = "TFPAR_EPOCHS"
+
 
 def check_int(name, value, minimum, hint=""):
     """Raises ValueError unless ``value`` is an int (not a bool) >= ``minimum``."""
@@ -21,3 +25,19 @@ def config_from(config_class, config, kwargs):
     if not isinstance(config, config_class):
         raise TypeError(f"config must be a {config_class.__name__}. Received: {type(config).__name__}.")
     return config
+
+
+def default_epochs(default):
+    """``default``, unless ``$TFPAR_EPOCHS`` is set: it shortens `tfpar demo` and every example
+    at once (the README's own test sets it).
+
+    Raises:
+        ValueError: the variable is not a whole number >= 1.
+    """
+    text = os.environ.get(EPOCHS_VARIABLE)
+    if text is None:
+        return default
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{EPOCHS_VARIABLE} must be a whole number >= 1. Received: {EPOCHS_VARIABLE}={text!r}. "
+                         f"Unset it to train for the default {default} epochs.")
+    return int(text)

@@ -1,4 +1,4 @@
-"""The ``tfpar`` command: ``demo``, ``launch``, ``tune`` and ``doctor``."""
+"""The ``tfpar`` command: ``demo``, ``launch``, ``tune``, ``doctor`` and ``install-horovod``."""
 
 import argparse
 import os
@@ -35,7 +35,7 @@ def _parser():
                       help="auto, mixed_float16, mixed_bfloat16 or float32 (default)")
     demo.add_argument("--qat", action="store_true",
                       help="then quantization-aware fine-tuning and float vs int8 TFLite export")
-    demo.add_argument("--epochs", type=_int, default=15)
+    demo.add_argument("--epochs", type=_int, default=None, help="default 15 (or $TFPAR_EPOCHS)")
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -76,7 +76,14 @@ def _parser():
     tune.add_argument("--devices", type=_int, default=2)
     tune.add_argument("--json", help="also write the trials and the winner to this file")
 
-    sub.add_parser("doctor", help="versions, devices and whether Horovod is usable")
+    sub.add_parser("doctor", help="versions, devices and whether Horovod (and its Keras API) is usable")
+    from tfpar import install_horovod
+
+    install = sub.add_parser("install-horovod", help=f"build Horovod {install_horovod.VERSION} against this "
+                                                     "TensorFlow (checked, cached) and install it",
+                             description=install_horovod.__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    install_horovod.add_arguments(install)
     return parser
 
 
@@ -159,7 +166,11 @@ def _doctor():
 
 
 def _demo(args):
+    from tfpar._checks import default_epochs
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.epochs is None:
+        args.epochs = default_epochs(15)
     if args.strategy == "horovod" and "HOROVOD_RANK" not in os.environ:
         # Start the ranks (one per --devices, default 2) and run this same demo in each.
         args.workers, args.hosts, args.cluster = args.devices or 2, None, None
@@ -188,6 +199,10 @@ def main(argv=None):
             return _doctor()
         if args.command == "tune":
             return _tune(args)
+        if args.command == "install-horovod":
+            from tfpar.install_horovod import run
+
+            return run(args)
         return _demo(args)
     except LaunchError as e:
         print(f"tfpar launch: error: {e}", file=sys.stderr)

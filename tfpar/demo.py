@@ -9,13 +9,13 @@ import dataclasses
 
 import numpy as np
 
-from tfpar._checks import check_int
+from tfpar._checks import check_int, default_epochs
 from tfpar._keras import keras, tf
 from tfpar.data import distribute
 from tfpar.devices import configure_devices
 from tfpar.strategies import DataParallel
 
-__all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_dataset", "load_digits", "run_demo"]
+__all__ = ["DemoResult", "STRATEGIES", "build_model", "default_epochs", "digits_dataset", "load_digits", "run_demo"]
 
 QAT_EPOCHS = 3
 """Epochs of quantization-aware fine-tuning after the float training (``--qat``)."""
@@ -122,7 +122,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         global_batch_size: examples per step across all replicas (default:
             32 per replica).
         learning_rate: Adam's learning rate.
-        verbose: Keras verbosity (1: progress bar).
+        verbose: Keras verbosity (1: progress bar; under "ps" it becomes 2, a line per epoch,
+            as Keras allows no progress bar there).
         print_fn: where the summary goes.
         replicas: "pipeline" only: data-parallel copies of the 2-stage pipeline.
         microbatches: "pipeline" only: microbatches per replica and step.
@@ -149,6 +150,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     chief = dist.extended.should_checkpoint
     if not chief:  # one progress bar and one summary: the chief's
         verbose, print_fn = 0, (lambda *_: None)
+    if verbose == 1 and isinstance(dist, tf.distribute.experimental.ParameterServerStrategy):
+        verbose = 2  # Keras refuses a progress bar under parameter servers: one line per epoch
     with dist.scope():
         model = build_model() if pipeline is None else pipeline.stage(build_model())
         model.compile(

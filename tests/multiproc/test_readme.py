@@ -1,0 +1,91 @@
+"""The README is a test: every ```bash and ```python block runs as written.
+
+Each block runs in its own process, from a user's shell (no TF_USE_LEGACY_KERAS, no
+PYTHONPATH), with TFPAR_EPOCHS=1 to shorten `tfpar demo` and the examples. Bash blocks run in
+the checkout (they name examples/), Python blocks in a temporary folder (they write files).
+The set-up's first block installs into a new virtual environment from a copy of the checkout;
+the second is the command `.ci/run` runs, checked to be the same text.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_command
+
+BLOCK = re.compile(r"^```(bash|python)\n(.*?)^```$", re.S | re.M)
+SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None, "TFPAR_EPOCHS": "1"}
+INSTALL_AND_DEMO = "pip install . && tfpar demo"
+INSTALL_AND_TEST = 'pip install -e ".[dev,horovod]" && tfpar install-horovod && python -m pytest'
+# What a block must print besides exiting 0, keyed by a fragment of the block.
+EXPECT = {
+    "strategy = tfpar.DataParallel()   # a real": ["MirroredDataParallel", "Epoch 3/3"],
+    "tfpar launch -n 2 --": ["[worker 0]", "[worker 1]"],
+    "--task-index 1": ["MultiWorkerDataParallel"],
+    "HorovodStrategy(op=": ["HorovodStrategy", "Epoch 2/2"],
+    "horovodrun -np 2": ["validation accuracy after 1 epochs", "HorovodStrategy (Horovod ring all-reduce)"],
+    "ParameterServer.local(": ["Epoch 2/2", "'ps': ['127.0.0.1:"],
+    "Pipeline(num_stages=2": ["Epoch 2/2"],
+    "quantization.quantize(": ["Epoch 2/2"],
+    "tfpar doctor": ["horovod.tensorflow.keras: works"],
+}
+
+
+def _readme_blocks():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    return [(m.group(1), m.group(2), text[:m.start()].count("\n") + 1) for m in BLOCK.finditer(text)]
+
+
+BLOCKS = _readme_blocks()
+RUNNABLE = [b for b in BLOCKS if b[1].strip() not in (INSTALL_AND_DEMO, INSTALL_AND_TEST)]
+
+
+def test_the_setup_is_the_two_documented_commands():
+    commands = [text.strip() for _, text, _ in BLOCKS[:2]]
+    assert commands == [INSTALL_AND_DEMO, INSTALL_AND_TEST]
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = [line.strip() for line in f]
+    assert INSTALL_AND_TEST in ci, "`.ci/run` must run the README's test command as written"
+
+
+def test_install_and_demo_on_a_new_environment(tmp_path):
+    """``pip install . && tfpar demo`` in a new virtual environment (the system's packages seen
+    through --system-site-packages, so only tfpar itself is installed), from a copy of the checkout."""
+    source = tmp_path / "tfpar"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__",
+                                                                 ".pytest_cache"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    env = {**SHELL, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
+    result = run_command(["bash", "-e", "-c", INSTALL_AND_DEMO], timeout=600, env=env, cwd=str(source))
+    assert result.returncode == 0, result.output[-4000:]
+    assert (venv / "bin" / "tfpar").exists()
+    assert re.search(r"validation accuracy: 0\.\d+", result.output) and "epochs:              1" in result.output
+
+
+@pytest.mark.parametrize("language, text, line", RUNNABLE, ids=[f"{lang}-line{line}" for lang, _, line in RUNNABLE])
+def test_readme_block_runs_as_written(language, text, line, tmp_path, request):
+    if "horovod" in text.lower():
+        request.getfixturevalue("horovod_installed")
+    if language == "bash":
+        result = run_command(["bash", "-e", "-c", text], timeout=600, env=SHELL)
+    else:
+        script = tmp_path / "block.py"
+        script.write_text(text)
+        result = run_command([sys.executable, str(script)], timeout=600, env=SHELL, cwd=str(tmp_path))
+    assert result.returncode == 0, f"README line {line}:\n{result.output[-4000:]}"
+    assert "Traceback" not in result.output, result.output[-4000:]
+    for fragment, expected in EXPECT.items():
+        if fragment in text:
+            for piece in expected:
+                assert piece in result.output, f"README line {line}: {piece!r} not printed:\n{result.output[-3000:]}"
+
+
+def test_every_runnable_block_is_checked_for_its_output():
+    unchecked = [line for _, text, line in RUNNABLE if not any(fragment in text for fragment in EXPECT)]
+    assert unchecked == [], f"README blocks at lines {unchecked} have no expected output in EXPECT"
