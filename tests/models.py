@@ -142,3 +142,13 @@ def digits_subset(n=512):
 
     (x, y), (x_val, y_val) = load_digits()
     return x[:n], y[:n], x_val, y_val
+
+
+def one_device_weights(examples=96, global_batch=16, epochs=2, lr=0.1):
+    """The equivalence model trained on one device: batches of ``global_batch`` in order, the
+    last one short where ``examples`` does not divide. The reference for every strategy."""
+    x, y = equivalence_data(examples)
+    model = equivalence_model()
+    model.compile(keras.optimizers.SGD(lr, momentum=0.9), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0)
+    return model.get_weights()

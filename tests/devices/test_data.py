@@ -122,6 +122,49 @@ def test_padding_is_masked_out_of_weighted_metrics():
     assert mae == pytest.approx(5.0)
 
 
+def _constant_examples():
+    """23 examples with x=1, y=5: a zero-initialised Dense(1) makes every example's loss exactly 5."""
+    return tf.data.Dataset.from_tensor_slices((np.ones((23, 1), "float32"), np.full((23, 1), 5.0, "float32")))
+
+
+def test_padding_leaves_the_loss_the_mean_over_real_examples():
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((1,)),
+                                  keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+        model.compile("sgd", "mae", weighted_metrics=["mae"])
+    data = tfpar.data.distribute(_constant_examples(), strategy, 4)
+    assert data.steps_per_epoch == 6 and data.plan.padded_step_weights == (4 / 3,)
+    loss, mae = model.evaluate(data.dataset, steps=data.steps_per_epoch, verbose=0)
+    assert loss == pytest.approx(5.0, abs=1e-6)  # was 115 / 24 = 4.7917: padding counted
+    assert mae == pytest.approx(5.0, abs=1e-6)
+
+
+def test_a_padded_epoch_trains_like_one_device_fed_a_short_last_batch():
+    """23 examples, global batch 4 over 2 replicas: the sixth step holds 3 real examples and one
+    padding row; one device gets the same 23 examples in the same order, its last batch 3 long."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(23, 3)).astype("float32")
+    y = rng.normal(size=(23, 1)).astype("float32")
+
+    def build():
+        model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(
+            1, kernel_initializer=keras.initializers.Constant(0.3), bias_initializer="zeros")])
+        model.compile(keras.optimizers.SGD(0.1), "mse", weighted_metrics=["mae"])
+        return model
+
+    single = build()
+    single.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0)
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        parallel = build()
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 4)
+    parallel.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0)
+    for a, b in zip(single.get_weights(), parallel.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert not np.allclose(single.get_weights()[0], 0.3, atol=1e-3)  # it trained
+
+
 @pytest.mark.parametrize("source, kwargs, error, match", [
     (lambda: _ids(10), dict(shard_policy="chunks"), ValueError, r"Unknown shard_policy 'chunks'"),
     (lambda: _ids(10), dict(remainder="wrap"), ValueError, r"Unknown remainder 'wrap'"),

@@ -33,6 +33,25 @@ def test_launch_two_workers_train_to_identical_weights(tmp_path):
     assert losses[-1] < 0.7 * losses[0]
 
 
+@pytest.mark.parametrize("examples", [96, 90], ids=["whole-steps", "padded-last-step"])
+def test_two_workers_train_exactly_like_one_device(tmp_path, examples):
+    """2 workers, global batch 16 (8 per replica), against one device with the same batches:
+    90 examples leave the last step 10 real examples and 6 padding rows."""
+    from tests.models import one_device_weights
+
+    result = run_command(tfpar_command(
+        "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "multiworker_train.py"),
+        str(tmp_path), "16", "2", str(examples)), timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert "8 per replica, 16 global" in result.output
+    workers = [np.load(tmp_path / f"worker_{i}.npz") for i in range(2)]
+    workers = [[w[k] for k in w.files] for w in workers]
+    for a, b in zip(*workers):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(workers[0], one_device_weights(examples)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("workers, n", [(2, 23), (3, 31)])
 def test_each_example_reaches_exactly_one_worker_and_epochs_end_cleanly(tmp_path, workers, n):
     global_batch = 2 * workers

@@ -17,16 +17,16 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 ENV = {"PYTHONPATH": ROOT}
 
 
-def _horovodrun(np_, *args, timeout=300):
+def _horovodrun(np_, *args, timeout=300, env=None):
     return run_command(["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-                        sys.executable, *args], timeout=timeout, env=ENV)
+                        sys.executable, *args], timeout=timeout, env={**ENV, **(env or {})})
 
 
-def _train(tmp_path, *options, global_batch=16, epochs=2):
+def _train(tmp_path, *options, global_batch=16, epochs=2, examples=96):
     out = tmp_path / "_".join(options or ("average",))
     out.mkdir()
     result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), str(global_batch),
-                         str(epochs), *options)
+                         str(epochs), *options, env={"EXAMPLES": str(examples)})
     assert result.returncode == 0, result.output[-4000:]
     weights = [np.load(out / f"rank_{r}.npz") for r in range(2)]
     weights = [[w[k] for k in w.files] for w in weights]
@@ -34,21 +34,16 @@ def _train(tmp_path, *options, global_batch=16, epochs=2):
     return weights, logs, result.output
 
 
-def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None):
+def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96):
     """The same model trained in this process (DataParallel on 2 virtual devices, or one device)."""
     import tensorflow as tf
 
     import tfpar
-    from tests.models import compile_for_equivalence, equivalence_data, equivalence_model
+    from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, one_device_weights
 
-    x, y = equivalence_data()
-    keras = tfpar.keras
     if strategy is None:
-        model = equivalence_model()
-        model.compile(keras.optimizers.SGD(lr, momentum=0.9),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0)
-        return model.get_weights()
+        return one_device_weights(examples, global_batch, epochs, lr)
+    x, y = equivalence_data(examples)
     with strategy.scope():
         model = equivalence_model()
         compile_for_equivalence(model)
@@ -70,6 +65,16 @@ def test_two_ranks_end_identical_and_equal_to_data_parallel(tmp_path):
     assert logs[0] == logs[1]
     assert logs[0]["rank_number"] == [1.5, 1.5] and all(e > 0 for e in logs[0]["examples_per_second"])
     assert "workers:    2 (this is rank 1" in output and "8 per replica, 16 global" in output
+
+
+def test_a_padded_last_step_trains_like_one_device_fed_a_short_last_batch(tmp_path):
+    """90 examples, global batch 16: the sixth step holds 10 real examples (5 per rank) and 6
+    padding rows; one device gets the same examples with a last batch of 10."""
+    (rank0, rank1), _, _ = _train(tmp_path, examples=90)
+    for a, b in zip(rank0, rank1):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(rank0, _reference(examples=90)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
 def test_sum_and_compression_change_the_numbers_as_they_should(tmp_path):

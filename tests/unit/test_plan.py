@@ -81,3 +81,27 @@ def test_bad_plans(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         plan_shard(**args)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("replicas_per_worker", [1, 2])
+def test_padded_step_weights_make_each_step_the_mean_over_its_real_examples(num_workers, replicas_per_worker):
+    """Against a brute-force count: each worker's DATA shard (every W-th example) cut into
+    per-replica batches, R of them per step; a padded step's real examples weigh global/real."""
+    batch = 3
+    global_batch = num_workers * replicas_per_worker * batch
+    for n in range(global_batch, 4 * global_batch + 1):
+        plans = [plan_shard(num_workers=num_workers, worker_index=w, replicas_per_worker=replicas_per_worker,
+                            per_replica_batch=batch, policy="data", num_elements=n) for w in range(num_workers)]
+        shards = [list(range(w, n, num_workers)) for w in range(num_workers)]
+        real = [0] * plans[0].steps
+        for shard in shards:
+            chunks = [shard[i:i + batch] for i in range(0, len(shard), batch)]
+            for index, chunk in enumerate(chunks):
+                real[index // replicas_per_worker] += len(chunk)
+        expected = tuple(global_batch / r for r in real if r < global_batch)
+        assert all(r == global_batch for r in real[:len(real) - len(expected)])  # only a tail is short
+        for plan in plans:
+            assert plan.padded_step_weights == pytest.approx(expected), (n, real)
+            assert plan.padded == bool(expected)
+        assert sum(real) == n

@@ -19,7 +19,8 @@ workers, else "data"."""
 REMAINDERS = ("pad", "drop")
 """What happens to the examples that do not fill a last global batch: "pad"
 fills the batch with masked examples (sample weight 0) so every example is
-seen exactly once; "drop" leaves them out, as ``drop_remainder=True``."""
+seen exactly once, and weighs that step's real examples global/real so that its
+loss and gradient are their mean; "drop" leaves them out, as ``drop_remainder=True``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,12 @@ class ShardPlan:
     """Whether some worker pads its last batches: then every worker's batches
     carry a sample-weight entry (0 for padding), so all workers agree on the
     structure; with no padding anywhere, examples pass through unchanged."""
+    padded_step_weights: tuple = ()
+    """The weight of a real example in each of the epoch's last steps that hold
+    padding (the tail of the epoch, in order): global batch / real examples in
+    that step across all workers. Keras divides a step's weighted loss sum by
+    the global batch, so with it the step's loss and gradient are the mean over
+    its real examples, as on one device fed a short last batch."""
 
     @property
     def global_batch_size(self):
@@ -96,15 +103,32 @@ def _resolve_policy(policy, num_files, num_workers):
 
 
 def _shard_sizes(num_elements, file_sizes, policy, num_workers):
-    """Smallest and largest worker shard, or None for an infinite input."""
+    """Every worker's shard size, or None for an infinite input."""
     if num_elements is None:
         return None
     if policy == "off":
-        return num_elements, num_elements
+        return [num_elements] * num_workers
     if policy == "file":
-        shards = [sum(file_sizes[w::num_workers]) for w in range(num_workers)]
-        return min(shards), max(shards)
-    return num_elements // num_workers, -(-num_elements // num_workers)
+        return [sum(file_sizes[w::num_workers]) for w in range(num_workers)]
+    return [len(range(w, num_elements, num_workers)) for w in range(num_workers)]  # tf.data's shard()
+
+
+def _padded_step_weights(shards, steps, replicas_per_worker, per_replica_batch):
+    """``global / real`` for each trailing step with padding (see `ShardPlan.padded_step_weights`).
+
+    Each worker batches its shard per replica and hands step s the batches
+    s*R .. s*R+R-1 of its stream; a batch i holds min(b, shard - i*b) real examples.
+    """
+    global_batch = len(shards) * replicas_per_worker * per_replica_batch
+    weights = []
+    for step in reversed(range(steps)):
+        first = step * replicas_per_worker
+        real = sum(min(per_replica_batch, max(0, shard - (first + r) * per_replica_batch))
+                   for shard in shards for r in range(replicas_per_worker))
+        if real == global_batch:
+            break
+        weights.append(global_batch / real)
+    return tuple(reversed(weights))
 
 
 def plan_shard(
@@ -156,11 +180,11 @@ def plan_shard(
             "FILE sharding of a finite input needs the size of every file. "
             f"Received: file_sizes={file_sizes!r} for {num_files} file(s)."
         )
-    sizes = _shard_sizes(num_elements, file_sizes, resolved, num_workers)
-    steps, padded = None, False
-    if sizes is not None:
+    shards = _shard_sizes(num_elements, file_sizes, resolved, num_workers)
+    steps, padded, weights = None, False, ()
+    if shards is not None:
         per_step = replicas_per_worker * per_replica_batch
-        smallest, largest = sizes
+        smallest, largest = min(shards), max(shards)
         steps = math.ceil(largest / per_step) if remainder == "pad" else smallest // per_step
         if steps == 0:
             raise ValueError(
@@ -171,6 +195,8 @@ def plan_shard(
                 "more data, or remainder='pad'."
             )
         padded = remainder == "pad" and smallest < steps * per_step
+        if padded:
+            weights = _padded_step_weights(shards, steps, replicas_per_worker, per_replica_batch)
     return ShardPlan(
         policy=resolved,
         num_workers=num_workers,
@@ -181,4 +207,5 @@ def plan_shard(
         steps=steps,
         files=tuple(files[worker_index::num_workers]) if resolved == "file" else None,
         padded=padded,
+        padded_step_weights=weights,
     )

@@ -182,7 +182,23 @@ def _batch(dataset, plan):
     dataset = dataset.batch(batch).map(_pad_batch(batch))
     zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), dataset.element_spec)
     padding = tf.data.Dataset.from_tensors(zeros).repeat()
-    return dataset.concatenate(padding).take(count)
+    dataset = dataset.concatenate(padding).take(count)
+    return dataset.enumerate().map(_weigh_padded_steps(plan))
+
+
+def _weigh_padded_steps(plan):
+    """Per-batch map over (index, batch): real rows of the trailing padded steps weigh
+    `ShardPlan.padded_step_weights` (global / real), padding stays 0, other steps unchanged."""
+    first = plan.steps - len(plan.padded_step_weights)
+    tail = tf.constant(plan.padded_step_weights or (1.0,), tf.float64)
+
+    def fn(index, batch):
+        step = index // plan.replicas_per_worker
+        scale = tf.where(step >= first, tf.gather(tail, tf.maximum(step - first, 0)), 1.0)
+        weights = batch[-1]
+        return (*batch[:-1], weights * tf.cast(scale, weights.dtype))
+
+    return fn
 
 
 def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, sizes=None):
@@ -406,12 +422,17 @@ def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **op
             num_replicas=num_workers * replicas_per_worker,
         )
         batches = 0
+        first_weighted = plan.steps - len(plan.padded_step_weights) if plan.padded else None
         for batch in dataset.as_numpy_iterator():
             batches += 1
             parts = batch if isinstance(batch, tuple) else (batch,)
             weights = parts[-1] if plan.padded else None
             if plan.padded and len(whole.element_spec) == 2:
                 parts = parts[:-1]
+            elif plan.padded:  # the user's own weights, as given: without the padded step's scale
+                step = (batches - 1) // plan.replicas_per_worker
+                scale = plan.padded_step_weights[step - first_weighted] if step >= first_weighted else 1.0
+                parts = (*parts[:-1], (parts[-1] / scale).astype(parts[-1].dtype))
             for row in range(len(tf.nest.flatten(parts)[0])):
                 if weights is not None and weights[row] == 0:
                     padded += 1

@@ -1,6 +1,7 @@
 """Trains the equivalence model under HorovodStrategy; writes rank_<r>.npz.
 
 Usage: horovod_train.py OUT_DIR GLOBAL_BATCH EPOCHS [op] [compression] [backward_passes_per_step]
+$EXAMPLES: how many examples of the equivalence data (default 96).
 """
 
 import json
@@ -22,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 
 from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
 
-x, y = equivalence_data()
+x, y = equivalence_data(int(os.environ.get("EXAMPLES", 96)))
 with strategy.scope():
     model = equivalence_model()
     compile_for_equivalence(model)

@@ -1,0 +1,29 @@
+"""Trains the equivalence model on every worker of `tfpar launch -n N` (MultiWorkerDataParallel);
+writes worker_<i>.npz.
+
+Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS EXAMPLES
+"""
+
+import os
+import sys
+
+import numpy as np
+
+import tfpar
+
+out, global_batch, epochs, examples = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+strategy = tfpar.DataParallel(timeout_seconds=120)
+
+import tensorflow as tf  # noqa: E402
+
+from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
+
+x, y = equivalence_data(examples)
+with strategy.scope():
+    model = equivalence_model()
+    compile_for_equivalence(model)
+print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
+train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
+index = tfpar.ClusterInfo.from_tf_config().worker_index
+np.savez(os.path.join(out, f"worker_{index}.npz"), *model.get_weights())
