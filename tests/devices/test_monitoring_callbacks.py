@@ -1,6 +1,7 @@
 """Throughput, NaNGuard, MetricAverage and global-norm clipping on 2 virtual CPU devices."""
 
 import numpy as np
+import tensorflow as tf
 import pytest
 
 import tfpar
@@ -36,13 +37,44 @@ def test_throughput_logs_totals_per_worker_and_scaling_efficiency(tmp_path):
     assert list(tmp_path.rglob("events.out.tfevents*"))
 
 
-def test_nan_guard_stops_and_restores_the_last_finite_weights():
-    x, y = _data()
-    model = _model(tfpar.DataParallel(), learning_rate=1e6)
+@pytest.mark.parametrize("check", ["batch", "epoch"])
+def test_nan_guard_restores_weights_whose_loss_was_finite(check):
+    """w <- w - 2 * 2w = -3w on loss w^2 (x=1, y=0, one full batch per epoch): the loss of step k
+    is 9^(k-1), until the float32 sum of a replica's squares overflows (near step 41). The weights
+    to restore are those the last finite step started from: evaluate gives back exactly the loss
+    logged there. The weights after that step are finite too, but their loss is not."""
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(
+            1, use_bias=False, kernel_initializer="ones")])
+        model.compile(keras.optimizers.SGD(2.0), "mse")
+    x, y = np.ones((8, 1), "float32"), np.zeros((8, 1), "float32")
+    guard = NaNGuard(check=check)
+    history = model.fit(x, y, batch_size=8, epochs=60, shuffle=False, verbose=0, callbacks=[guard])
+    losses = history.history["loss"]
+    stop = guard.stopped_at_step
+    assert stop == len(losses) and not np.isfinite(losses[-1]) and np.isfinite(losses[:-1]).all()
+    assert stop > 35 and guard.restored_step == stop - 1
+    last_finite = losses[guard.restored_step - 1]
+    assert last_finite == pytest.approx(9.0 ** (guard.restored_step - 1), rel=1e-5) and last_finite > 1e36
+    restored = model.evaluate(x, y, batch_size=8, verbose=0)
+    assert np.isfinite(restored) and restored == pytest.approx(last_finite, rel=1e-6)
+    assert model.get_weights()[0][0, 0] == pytest.approx((-3.0) ** (guard.restored_step - 1), rel=1e-5)
+
+
+def test_nan_guard_keeps_its_buffers_on_the_devices_and_runs_fit_after_fit():
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1, kernel_initializer="ones")])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
     guard = NaNGuard()
-    history = model.fit(x, y, batch_size=64, epochs=5, verbose=0, callbacks=[guard])
-    assert guard.stopped_at_step is not None and len(history.history["loss"]) == 1
-    assert all(np.isfinite(w).all() for w in model.get_weights())
+    x, y = np.ones((8, 1), "float32"), np.zeros((8, 1), "float32")
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[guard])
+    buffers = guard._buffers
+    assert all(isinstance(v, tf.distribute.DistributedValues) for buffer in buffers for v in buffer)
+    assert {d.split("/")[-1] for v in buffers[0] for d in (c.device for c in v.values)} == {"device:CPU:0", "device:CPU:1"}
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[guard])
+    assert guard._buffers is buffers and guard.stopped_at_step is None  # no new variables per fit
 
 
 def test_global_norm_clipping_happens_after_the_replicas_gradients_are_averaged():

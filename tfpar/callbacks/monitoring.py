@@ -126,15 +126,23 @@ class Throughput(keras.callbacks.Callback):
 
 class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     """Stops training when the loss is NaN or infinite, on every worker at the same step, and
-    restores the weights of the last check that found a finite loss.
+    restores the last weights whose loss was finite.
+
+    The loss a step logs was computed on the weights from before that step's update, so
+    the guard copies the weights at each step's start and keeps that copy once the step's
+    loss proves finite: when a later loss is not, the weights of the last finite step are
+    put back, not the update that diverged. The copies stay on the devices (two buffers of
+    variables beside the model's, alternating, so the good one is never overwritten); no
+    weight goes through the host.
 
     Under tfpar's strategies the logged loss is the global one (reduced over all
     replicas), so every worker sees the same value at the same step and they stop
-    together: none is left waiting in a collective.
+    together: none is left waiting in a collective. A logged batch loss is the epoch's
+    running mean, which stays finite exactly while every step's loss is.
 
     Args:
         check: "batch" (after every step; at epoch ends under ParameterServer, which has no
-            batch hooks) or "epoch".
+            batch hooks) or "epoch" (the weights at the start of the last finite epoch).
     """
 
     def __init__(self, check="batch"):
@@ -144,28 +152,69 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self.check = check
         self.stopped_at_step = None
         """The optimizer step at which the guard stopped training, or None."""
+        self.restored_step = None
+        """The optimizer step whose starting weights were put back (its loss was finite), or None."""
 
     def on_train_begin(self, logs=None):
-        self.stopped_at_step = None
-        self._good = self.model.get_weights()
+        self.stopped_at_step = self.restored_step = None
+        self._per_batch = self.check == "batch" and self._implements_train_batch_hooks()
+        weights = self.model.weights
+        if getattr(self, "_buffers_for", None) != [id(w) for w in weights]:  # once per model, not per fit
+            self._buffers = [[tf.Variable(w, trainable=False, name=f"nan_guard_{i}") for w in weights]
+                             for i in range(2)]
+            self._copies = [_copier(buffer, weights) for buffer in self._buffers]
+            self._restore = [_copier(weights, buffer) for buffer in self._buffers]
+            self._buffers_for = [id(w) for w in weights]
+        self._next, self._good, self._good_step = 0, None, None
+
+    def _snapshot(self):
+        self._copies[self._next]()  # the weights this step (or epoch) starts from
+        self._started_at = int(self.model.optimizer.iterations.numpy()) + 1
 
     def _inspect(self, logs):
         loss = (logs or {}).get("loss")
         if loss is None:
             return
         if math.isfinite(float(loss)):
-            self._good = self.model.get_weights()
+            self._good, self._good_step = self._next, self._started_at
+            self._next = 1 - self._next
             return
         self.stopped_at_step = int(self.model.optimizer.iterations.numpy())
-        self.model.set_weights(self._good)
         self.model.stop_training = True
+        if self._good is not None:
+            self._restore[self._good]()
+            self.restored_step = self._good_step
+            what = f"the weights that step {self.restored_step} started from (its loss was finite) restored"
+        else:
+            what = "no step had a finite loss, so the weights are left as they are"
         if self.model.distribute_strategy.extended.should_checkpoint:
-            print(f"tfpar: loss {float(loss)} at step {self.stopped_at_step}: training stopped, the last "
-                  "weights with a finite loss restored", flush=True)
+            print(f"tfpar: loss {float(loss)} at step {self.stopped_at_step}: training stopped, {what}",
+                  flush=True)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._per_batch:
+            self._snapshot()
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.check == "batch":
+        if self._per_batch:
             self._inspect(logs)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self._per_batch:
+            self._snapshot()
+
     def on_epoch_end(self, epoch, logs=None):
-        self._inspect(logs)
+        if not self._per_batch:
+            self._inspect(logs)
+
+
+def _copier(destination, source):
+    """A compiled ``destination[i].assign(source[i])`` for every i: on the devices, replica by replica
+    for mirrored variables (each replica copies its own component)."""
+
+    @tf.function(autograph=False)
+    def copy():
+        for d, s in zip(destination, source):
+            d.assign(s)
+
+    return copy

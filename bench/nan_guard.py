@@ -1,0 +1,64 @@
+"""NaNGuard's cost: the demo's training (digits CNN, DataParallel on 2 virtual CPU devices,
+global batch 64) with and without `tfpar.callbacks.NaNGuard()`, side by side in one process.
+
+    python bench/nan_guard.py [--quick]
+
+The two models train in turns (without, with, with, without, ...), one epoch each turn after a
+first untimed epoch each; the guard's check runs after every step (check="batch"). Keras' own
+progress bar is off in both (verbose=0), so the guard's per-step read of the loss is not hidden
+behind the bar's. Goal: overhead <= 1.02.
+
+Last line:
+    RESULT nan_guard overhead=<median epoch time with the guard / without>
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tfpar  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
+    opts = parser.parse_args()
+    rounds = 1 if opts.quick else 8
+    tfpar.configure_devices(2)
+    import tensorflow as tf
+
+    from tfpar.demo import build_model, load_digits
+
+    keras = tfpar.keras
+    strategy = tfpar.DataParallel()
+    (x, y), _ = load_digits()
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64,
+                                  shuffle_buffer=len(x), seed=0)
+    runs = {}
+    for name in ("plain", "guarded"):
+        with strategy.scope():
+            model = build_model()
+            model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+        callbacks = [tfpar.callbacks.NaNGuard()] if name == "guarded" else []
+        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, callbacks=callbacks)
+        runs[name] = (model, callbacks, [])
+    order = ("plain", "guarded", "guarded", "plain")
+    for _ in range(rounds):
+        for name in order:
+            model, callbacks, times = runs[name]
+            start = time.perf_counter()
+            model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0,
+                      callbacks=callbacks)
+            times.append(time.perf_counter() - start)
+    medians = {name: statistics.median(times) for name, (_, _, times) in runs.items()}
+    for name, seconds in medians.items():
+        print(f"{name:>8}: {seconds * 1e3:.1f} ms/epoch ({train.steps_per_epoch} steps), "
+              f"{len(runs[name][2])} epochs timed", flush=True)
+    print(f"RESULT nan_guard overhead={medians['guarded'] / medians['plain']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
