@@ -7,14 +7,17 @@ import tfpar
 keras = tfpar.keras
 
 
-def equivalence_model():
+def equivalence_model(seed=1):
     """Conv, Dense and an active Dropout whose mask does not depend on the batch.
+
+    ``seed`` draws the initial weights; tests give worker/rank k != 0 another one, so that
+    only the strategy's broadcast of worker 0's values makes them agree.
 
     A Dropout mask drawn per example differs between one device and several
     replicas by construction, so exact equality needs a mask shared across the
     batch (noise_shape) from a stateless seed: the same on every replica.
     """
-    keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(seed)
     return keras.Sequential([
         keras.layers.Input((8, 8, 1)),
         keras.layers.Conv2D(4, 3, activation="relu"),
@@ -152,3 +155,19 @@ def one_device_weights(examples=96, global_batch=16, epochs=2, lr=0.1):
     model.compile(keras.optimizers.SGD(lr, momentum=0.9), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0)
     return model.get_weights()
+
+
+def assert_started_from_worker_0(folder, workers=2):
+    """Every worker's weights after creation under the strategy equal worker 0's, though each
+    worker k != 0 drew other ones (``start_<k>.npz`` and ``local_start_<k>.npz`` in ``folder``)."""
+    import os
+
+    def arrays(name):
+        with np.load(os.path.join(folder, name)) as data:
+            return [data[key] for key in data.files]
+
+    first = arrays("start_0.npz")
+    for k in range(1, workers):
+        for a, b in zip(arrays(f"start_{k}.npz"), first):
+            np.testing.assert_array_equal(a, b)
+        assert any(not np.array_equal(a, b) for a, b in zip(arrays(f"local_start_{k}.npz"), first))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
+from tests.models import assert_started_from_worker_0
 from tfpar.cluster import ClusterInfo, local_cluster
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -44,6 +45,7 @@ def test_two_workers_train_exactly_like_one_device(tmp_path, examples):
         str(tmp_path), "16", "2", str(examples)), timeout=300, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     assert "8 per replica, 16 global" in result.output
+    assert_started_from_worker_0(tmp_path)
     workers = [np.load(tmp_path / f"worker_{i}.npz") for i in range(2)]
     workers = [[w[k] for k in w.files] for w in workers]
     for a, b in zip(*workers):

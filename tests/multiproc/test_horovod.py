@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
+from tests.models import assert_started_from_worker_0
 
 pytestmark = pytest.mark.usefixtures("horovod_installed")
 
@@ -28,6 +29,7 @@ def _train(tmp_path, *options, global_batch=16, epochs=2, examples=96):
     result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), str(global_batch),
                          str(epochs), *options, env={"EXAMPLES": str(examples)})
     assert result.returncode == 0, result.output[-4000:]
+    assert_started_from_worker_0(out)  # the broadcast of rank 0's initial values
     weights = [np.load(out / f"rank_{r}.npz") for r in range(2)]
     weights = [[w[k] for k in w.files] for w in weights]
     logs = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]

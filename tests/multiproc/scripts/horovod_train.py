@@ -24,13 +24,17 @@ import tensorflow as tf  # noqa: E402
 from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
 
 x, y = equivalence_data(int(os.environ.get("EXAMPLES", 96)))
+rank = strategy.rank
+seed = 1 if rank == 0 else 100 + rank  # only the broadcast can make the ranks start alike
+local_start = equivalence_model(seed).get_weights()  # what this rank would start from alone
 with strategy.scope():
-    model = equivalence_model()
+    model = equivalence_model(seed)
     compile_for_equivalence(model)
     model.compile(model.optimizer, model.loss, weighted_metrics=["accuracy"])
+np.savez(os.path.join(out, f"start_{rank}.npz"), *model.get_weights())
+np.savez(os.path.join(out, f"local_start_{rank}.npz"), *local_start)
 print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
-rank = strategy.rank
 
 
 class RankNumber(tfpar.keras.callbacks.Callback):

@@ -19,11 +19,15 @@ import tensorflow as tf  # noqa: E402
 from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
 
 x, y = equivalence_data(examples)
+index = tfpar.ClusterInfo.from_tf_config().worker_index
+seed = 1 if index == 0 else 100 + index  # only the strategy's broadcast can make the workers start alike
+local_start = equivalence_model(seed).get_weights()
 with strategy.scope():
-    model = equivalence_model()
+    model = equivalence_model(seed)
     compile_for_equivalence(model)
+np.savez(os.path.join(out, f"start_{index}.npz"), *model.get_weights())
+np.savez(os.path.join(out, f"local_start_{index}.npz"), *local_start)
 print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
 model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
-index = tfpar.ClusterInfo.from_tf_config().worker_index
 np.savez(os.path.join(out, f"worker_{index}.npz"), *model.get_weights())
