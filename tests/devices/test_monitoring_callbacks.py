@@ -32,9 +32,40 @@ def test_throughput_logs_totals_per_worker_and_scaling_efficiency(tmp_path):
     logs = history.history
     assert all(e > 0 for e in logs["examples_per_second"])
     assert logs["examples_per_second_per_worker"] == logs["examples_per_second"]  # one worker here
-    assert logs["scaling_efficiency"] == pytest.approx([e / (1000.0 * 2) for e in logs["examples_per_second"]])
     assert logs["step_time"] == pytest.approx([64 / e for e in logs["examples_per_second"]])
+    assert logs["scaling_efficiency"] == pytest.approx([e / (1000.0 * 2) for e in logs["examples_per_second"]])
     assert list(tmp_path.rglob("events.out.tfevents*"))
+
+
+def test_throughput_agrees_with_an_independent_timer():
+    """Steps made slow on purpose (30 ms each, 10 an epoch); the test's own clock, started before
+    Throughput's epoch hook and stopped after it, times every epoch: Throughput's figure must
+    describe the same interval, within 25 %."""
+    import time
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seconds, self.started = [], None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.started = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds.append(time.perf_counter() - self.started)
+
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.03)
+
+    x, y = _data(640)
+    clock = Clock()
+    history = _model(tfpar.DataParallel()).fit(x, y, batch_size=64, epochs=3, verbose=0,
+                                               callbacks=[clock, Throughput(64), Slow()])
+    reported = [10 * 64 / e for e in history.history["examples_per_second"]]  # 10 steps an epoch
+    for theirs, ours in zip(reported, clock.seconds):
+        assert 0.75 * ours <= theirs <= 1.25 * ours, (reported, clock.seconds)
+        assert ours >= 10 * 0.03  # at least the sleeps
 
 
 @pytest.mark.parametrize("check", ["batch", "epoch"])
