@@ -106,7 +106,15 @@ def test_fit_runs_epochs_back_to_back_without_hanging(remainder):
     assert train.steps_per_epoch == (6 if remainder == "pad" else 5)
     history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0)
     assert len(history.history["loss"]) == 3
-    assert model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0)
+    # evaluate: each step's mean squared error over its real examples, the steps averaged
+    # ("pad": 5 steps of 4 and one of 3; "drop": the 5 whole steps, 20 examples).
+    loss, mae = model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0)
+    (kernel,), bias = model.get_weights()[0], model.get_weights()[1]
+    x = np.arange(23, dtype="float64")
+    error = x * kernel[0] + bias[0] - x
+    steps = [error[i:i + 4] for i in range(0, 23 if remainder == "pad" else 20, 4)]
+    assert loss == pytest.approx(np.mean([np.mean(s ** 2) for s in steps]), rel=1e-5)
+    assert mae == pytest.approx(np.mean([np.mean(np.abs(s)) for s in steps]), rel=1e-5)
 
 
 def test_padding_is_masked_out_of_weighted_metrics():

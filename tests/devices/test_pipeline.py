@@ -73,7 +73,10 @@ def test_bubble_callback_logs_measured_and_theoretical_bubble(tmp_path):
     staged = Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b").stage(pipeline_model())
     history = _train(staged, epochs=2, callbacks=[tfpar.callbacks.PipelineBubble(log_dir=str(tmp_path))])
     assert history.history["bubble_theory"] == [pytest.approx(1 / 5)] * 2
+    # Measured from timestamps around every microbatch: the first epoch includes tracing; the
+    # second lands near the theory (0.13-0.18 here for 0.2).
     assert all(0.0 <= b < 1.0 for b in history.history["bubble"])
+    assert abs(history.history["bubble"][-1] - 1 / 5) <= 0.15, history.history["bubble"]
     assert list(tmp_path.rglob("events.out.tfevents*"))
     with pytest.raises(TypeError, match="PipelineBubble needs a model from Pipeline.stage"):
         _train(pipeline_model(), epochs=1, callbacks=[tfpar.callbacks.PipelineBubble()])

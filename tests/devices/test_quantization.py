@@ -43,7 +43,8 @@ def test_qat_on_one_replica_and_on_two_replicas_gives_the_same_weights(qat_two_r
     import tensorflow as tf
 
     one = _qat(tf.distribute.get_strategy())
-    # Tolerance 3e-3 (measured: 1.2e-3 after 16 steps, on weights of size ~0.1-0.3): each replica
+    # Tolerance 3e-3 (measured after 16 steps, on weights of size ~0.1-0.3: 1.2e-3 on an AMX
+    # machine, 2.6e-3 on an AVX-512 one): each replica
     # measures its activation ranges on half the batch and TFMOT averages them over the replicas
     # (its moving averages reduce with MEAN), which differs from the full batch's min and max by a
     # hair; fake-quant rounding with those ranges moves a few weights by one quantization step.
@@ -51,14 +52,20 @@ def test_qat_on_one_replica_and_on_two_replicas_gives_the_same_weights(qat_two_r
         np.testing.assert_allclose(a, b, atol=3e-3)
 
 
-def test_int8_tflite_export_runs_and_keeps_the_accuracy(qat_two_replicas, tmp_path):
+def test_int8_tflite_export_runs_and_keeps_the_accuracy(tmp_path):
     x, y, x_val, y_val = digits_subset()
-    export = export_tflite(qat_two_replicas, str(tmp_path / "int8.tflite"), representative_data=x[:100])
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        trained = quantize(qat_model())
+        trained.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trained.fit(x, y, batch_size=64, epochs=12, shuffle=False, verbose=0)  # 0.93 on the held-out digits here
+    export = export_tflite(trained, str(tmp_path / "int8.tflite"), representative_data=x[:100])
     assert export.int8 and export.size_bytes == (tmp_path / "int8.tflite").stat().st_size
     interpreter = export.interpreter()
     assert interpreter.get_input_details()[0]["dtype"] == np.int8
     int8_accuracy = (export.predict(x_val).argmax(-1) == y_val).mean()
-    keras_accuracy = (qat_two_replicas.predict(x_val, verbose=0).argmax(-1) == y_val).mean()
+    keras_accuracy = (trained.predict(x_val, verbose=0).argmax(-1) == y_val).mean()
+    assert keras_accuracy >= 0.85 and int8_accuracy >= 0.85, (keras_accuracy, int8_accuracy)
     assert abs(int8_accuracy - keras_accuracy) <= 0.02
     float_export = export_tflite(qat_model(), str(tmp_path / "float.tflite"), int8=False)
     assert float_export.size_bytes > 2 * export.size_bytes
