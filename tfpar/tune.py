@@ -2,7 +2,8 @@
 
 Like Horovod's ``--autotune``, but over the knobs a Keras user sets: the
 per-replica batch size, ``steps_per_execution``, the all-reduce's packing
-(``num_packs`` on one host, ``bytes_per_pack`` across hosts) and, for a
+(``num_packs`` on one host, with the "hierarchical" all-reduce that honours it;
+``bytes_per_pack`` across hosts) and, for a
 2-stage pipeline, the number of microbatches. Every combination of the search
 space runs in its own process (so that a trial that runs out of memory or is
 invalid fails alone): it builds the model from ``model_fn`` under the
@@ -173,6 +174,8 @@ def _trial(spec):
     else:
         pipeline = None
         options = {k: config[k] for k in ("num_packs", "bytes_per_pack") if config[k] is not None}
+        if "num_packs" in options:  # the one-host all-reduce that packs on any device
+            options["all_reduce"] = "hierarchical"
         strategy = tfpar.DataParallel(**options)
         with strategy.scope():
             model = _resolve(spec["model_fn"])()

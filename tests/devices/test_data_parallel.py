@@ -31,20 +31,28 @@ def test_is_a_real_strategy_with_a_summary():
         assert part in text
 
 
-def test_two_replicas_train_exactly_like_one_device_with_the_same_global_batch():
-    x, y = _data()
+@pytest.mark.parametrize("options, examples", [
+    ({}, 96),
+    ({}, 90),  # the sixth step: 10 real examples, 6 padding rows
+    ({"all_reduce": "hierarchical", "num_packs": 2}, 90),
+    ({"all_reduce": "reduce_to_one"}, 96),
+], ids=["auto", "auto-padded", "hierarchical-2packs-padded", "reduce_to_one"])
+def test_two_replicas_train_exactly_like_one_device_with_the_same_global_batch(options, examples):
+    x, y = _data(examples)
     global_batch = 16
     single = _model()
     _compile(single)
     single.fit(x, y, batch_size=global_batch, epochs=2, shuffle=False, verbose=0)
 
-    strategy = DataParallel()
+    strategy = DataParallel(**options)
+    if options.get("num_packs"):
+        assert "HierarchicalCopyAllReduce, num_packs=2" in strategy.describe(global_batch_size=16)
     with strategy.scope():
         parallel = _model()
         _compile(parallel)
     np.testing.assert_array_equal(parallel.get_weights()[0], _model().get_weights()[0])
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
-    assert train.steps_per_epoch == len(x) // global_batch
+    assert train.steps_per_epoch == -(-len(x) // global_batch)
     parallel.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0)
 
     for a, b in zip(single.get_weights(), parallel.get_weights()):
@@ -64,6 +72,12 @@ def test_all_reduce_choices_reduce_correctly(all_reduce):
 
     values = strategy.experimental_local_results(strategy.run(step))
     assert [float(v) for v in values] == [3.0, 3.0]
+
+
+def test_num_packs_with_an_all_reduce_that_ignores_it_is_refused():
+    with pytest.raises(ValueError, match=r"num_packs applies to all_reduce='nccl' or 'hierarchical' only.*"
+                                         r"Received: all_reduce='auto', num_packs=4"):
+        DataParallelConfig(num_packs=4)
 
 
 def test_explicit_devices_and_config_object():

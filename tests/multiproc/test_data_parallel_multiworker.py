@@ -34,17 +34,21 @@ def test_launch_two_workers_train_to_identical_weights(tmp_path):
     assert losses[-1] < 0.7 * losses[0]
 
 
-@pytest.mark.parametrize("examples", [96, 90], ids=["whole-steps", "padded-last-step"])
-def test_two_workers_train_exactly_like_one_device(tmp_path, examples):
+@pytest.mark.parametrize("examples, options", [(96, []), (90, ["ring", "4096"])],
+                         ids=["whole-steps", "padded-last-step-ring-4KiB-packs"])
+def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options):
     """2 workers, global batch 16 (8 per replica), against one device with the same batches:
-    90 examples leave the last step 10 real examples and 6 padding rows."""
+    90 examples leave the last step 10 real examples and 6 padding rows; the second case also
+    splits the ring all-reduce into packs of 4 KiB (the model's gradients are 9.6 KiB)."""
     from tests.models import one_device_weights
 
     result = run_command(tfpar_command(
         "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "multiworker_train.py"),
-        str(tmp_path), "16", "2", str(examples)), timeout=300, env={"PYTHONPATH": ROOT})
+        str(tmp_path), "16", "2", str(examples), *options), timeout=300, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     assert "8 per replica, 16 global" in result.output
+    if options:
+        assert "all_reduce='ring'" in result.output and "bytes_per_pack=4096" in result.output
     assert_started_from_worker_0(tmp_path)
     workers = [np.load(tmp_path / f"worker_{i}.npz") for i in range(2)]
     workers = [[w[k] for k in w.files] for w in workers]
@@ -94,3 +98,13 @@ def test_a_lost_peer_makes_the_survivor_fail_instead_of_hanging(tmp_path):
     assert code != 0, output[-3000:]
     assert "done" not in output
     print(f"survivor failed {waited:.1f} s after its peer died")
+
+
+def test_a_multi_worker_strategy_made_after_tensorflow_ran_says_to_create_it_first():
+    cluster = local_cluster({"worker": 2})
+    tf_config = ClusterInfo(cluster=cluster, task_type="worker", task_index=0).to_tf_config()
+    code = ("import tfpar, tensorflow as tf; tf.constant(1.0) + 1\n"
+            "try:\n    tfpar.DataParallel()\nexcept RuntimeError as e:\n    print('REFUSED', e)")
+    result = run_command([sys.executable, "-c", code], timeout=120, env={"TF_CONFIG": tf_config})
+    assert "REFUSED A multi-worker DataParallel must be created before TensorFlow runs anything" in result.output
+    assert "Create the strategy first, at the top of the script" in result.output

@@ -39,6 +39,9 @@ def test_local_cluster_trains_places_and_shards_variables():
     assert {role: list(a) for role, a in resolver["cluster"].items()} == report["local_cluster"]
     assert len(resolver["cluster"]["ps"]) == 2 and len(resolver["cluster"]["worker"]) == 2
     assert all(a.startswith("127.0.0.1:") for addresses in resolver["cluster"].values() for a in addresses)
+    # shutdown() stopped all 4 servers (2 ps, 2 workers) and closed their ports.
+    assert report["shutdown"]["exited"] == {"ps 0": True, "ps 1": True, "worker 0": True, "worker 1": True}
+    assert report["shutdown"]["listening"] == [] and report["shutdown"]["left"] == {}
     # The servers stop by themselves within a second of the coordinator's exit.
     deadline = time.monotonic() + 15
     while "tfpar._server" in run_command(["ps", "ax"], timeout=30).output:

@@ -49,3 +49,19 @@ def test_horovod_strategy_is_reachable_like_data_parallel():
 
     assert strategies.HorovodStrategy is HorovodStrategy and strategies.HorovodConfig is HorovodConfig
     assert "HorovodStrategy" in strategies.__all__ and "HorovodStrategy" in dir(strategies)
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("import tfpar, tensorflow as tf; print(tf.keras.Model.__module__)", "tf_keras."),
+    ("import tensorflow as tf; print(tf.keras.Model.__module__)", "keras."),  # without tfpar: Keras 3
+], ids=["with-tfpar-first", "without-tfpar"])
+def test_importing_tfpar_first_makes_tf_keras_the_keras_2_api(code, expected):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith(expected), done.stdout

@@ -63,6 +63,12 @@ class DataParallelConfig:
             )
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
+        if self.num_packs != 1 and self.all_reduce not in ("nccl", "hierarchical"):
+            raise ValueError(
+                f"num_packs applies to all_reduce='nccl' or 'hierarchical' only; all_reduce="
+                f"{self.all_reduce!r} would ignore it. Received: all_reduce={self.all_reduce!r}, "
+                f"num_packs={self.num_packs}. Use all_reduce='hierarchical' (any devices) or 'nccl' "
+                "(GPUs) to pack gradients, or leave num_packs at 1.")
         if self.timeout_seconds is not None and not (
             isinstance(self.timeout_seconds, (int, float))
             and not isinstance(self.timeout_seconds, bool)

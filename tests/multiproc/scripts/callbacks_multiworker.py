@@ -21,6 +21,7 @@ class PerWorkerNumber(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         logs["worker_number"] = float(worker + 1)
+        logs["kept_number"] = float(10 * (worker + 1))  # MetricAverage(keys=[...]) leaves it alone
 
 
 def build(learning_rate):
@@ -34,13 +35,14 @@ def build(learning_rate):
 
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64)
 history = build(0.01).fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0, callbacks=[
-    PerWorkerNumber(), tfpar.callbacks.MetricAverage(), tfpar.callbacks.Throughput(64)])
+    PerWorkerNumber(), tfpar.callbacks.MetricAverage(keys=["worker_number"]), tfpar.callbacks.Throughput(64)])
 guard = tfpar.callbacks.NaNGuard()
 diverging = build(1e6)  # explodes within a few steps
 diverging.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0, callbacks=[guard])
 print("REPORT " + json.dumps({
     "worker": worker,
     "worker_number": history.history["worker_number"],
+    "kept_number": history.history["kept_number"],
     "examples_per_second": history.history["examples_per_second"],
     "per_worker": history.history["examples_per_second_per_worker"],
     "stopped_at_step": guard.stopped_at_step,

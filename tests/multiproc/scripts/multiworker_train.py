@@ -1,7 +1,7 @@
 """Trains the equivalence model on every worker of `tfpar launch -n N` (MultiWorkerDataParallel);
 writes worker_<i>.npz.
 
-Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS EXAMPLES
+Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS EXAMPLES [ALL_REDUCE BYTES_PER_PACK]
 """
 
 import os
@@ -12,7 +12,8 @@ import numpy as np
 import tfpar
 
 out, global_batch, epochs, examples = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-strategy = tfpar.DataParallel(timeout_seconds=120)
+options = {"all_reduce": sys.argv[5], "bytes_per_pack": int(sys.argv[6])} if len(sys.argv) > 6 else {}
+strategy = tfpar.DataParallel(timeout_seconds=120, **options)
 
 import tensorflow as tf  # noqa: E402
 

@@ -49,6 +49,27 @@ try:
     tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
 except ValueError as e:
     error = str(e)
+resolver_report = {"cluster": strategy.cluster_resolver.cluster_spec().as_dict(),
+                   "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id]}
+local_cluster = strategy.config.cluster.cluster
+# shutdown(): every server process it started has exited, and nothing listens at their addresses.
+servers = strategy.local_servers
+strategy.shutdown()
+import socket  # noqa: E402
+
+
+def _listening(address):
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+shutdown = {"exited": {name: proc.poll() is not None for name, proc in servers.items()},
+            "listening": [a for role in ("ps", "worker") for a in local_cluster[role] if _listening(a)],
+            "left": strategy.local_servers}
 json.dump({
     "steps_per_epoch": train.steps_per_epoch,
     "accuracy": history.history["accuracy"],
@@ -61,8 +82,8 @@ json.dump({
     "placement": variable_placement(embedder) | variable_placement(model),
     "describe": strategy.describe(global_batch_size=32, model=embedder),
     "dataset_error": error,
-    "resolver": {"cluster": strategy.cluster_resolver.cluster_spec().as_dict(),
-                 "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id]},
-    "local_cluster": strategy.config.cluster.cluster,
+    "resolver": resolver_report,
+    "local_cluster": local_cluster,
+    "shutdown": shutdown,
 }, sys.stdout)
 print()
