@@ -50,16 +50,25 @@ def test_failed_worker_stops_the_others_and_is_named(tmp_path):
         os.kill(survivor, 0)
 
 
-def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period():
+@pytest.mark.parametrize("grace", [1.0, 4.0])
+def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path, grace):
+    """Worker 1 ignores SIGTERM: from worker 0's failure the launcher waits the grace period,
+    then SIGKILLs it and returns."""
     out = open(os.devnull, "w")
-    start = time.monotonic()
+    pid_file, exit_file = tmp_path / "pid", tmp_path / "exit"
     with pytest.raises(LaunchError) as info:
         launch(_script(
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "if task['index'] == 0: sys.exit(5)\n"
-            "time.sleep(600)\n"), num_workers=2, grace_seconds=1, out=out)
+            f"if task['index'] == 1: open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            "if task['index'] == 0:\n"
+            f"    while not os.path.exists({str(pid_file)!r}): time.sleep(0.05)\n"
+            f"    open({str(exit_file)!r}, 'w').write(repr(time.time())); sys.exit(5)\n"
+            "time.sleep(600)\n"), num_workers=2, grace_seconds=grace, out=out)
+    elapsed = time.time() - float(exit_file.read_text())
     assert info.value.task.name == "worker 0" and info.value.returncode == 5
-    assert time.monotonic() - start < 30
+    assert grace <= elapsed < grace + 5, elapsed
+    with pytest.raises(ProcessLookupError):  # worker 1 is gone
+        os.kill(int(pid_file.read_text()), 0)
 
 
 def test_ctrl_c_is_forwarded_to_every_worker():
