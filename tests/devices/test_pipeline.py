@@ -158,3 +158,26 @@ def test_microbatches_that_do_not_divide_the_batch_are_refused_at_the_step():
     compile_for_equivalence(staged)
     with pytest.raises(Exception, match=r"replicas × num_microbatches = 1 × 4 must divide the batch"):
         staged.fit(x, y, batch_size=30, epochs=1, verbose=0)
+
+
+def test_balance_by_measured_time_cuts_where_the_time_is():
+    """A 64x64 convolution is slow but small (1.8k parameters); the Dense after it is large
+    (16.6k) but quick. By parameters the first stage takes the Dense too; by measured time the
+    convolution is a stage of its own."""
+    from tfpar.strategies.pipeline.partition import measure_layer_costs, partition_model
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64, 64, 3))
+    h = keras.layers.Conv2D(64, 3, padding="same", name="conv")(inputs)
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    h = keras.layers.Dense(256, name="wide")(h)
+    model = keras.Model(inputs, keras.layers.Dense(10, name="out")(h))
+    costs = measure_layer_costs(model)
+    assert costs["conv"] > 10 * max(costs["wide"], costs["out"]), costs
+    by_params = partition_model(model, 2, balance="params")
+    by_time = partition_model(model, 2, balance="time")
+    assert by_params.stages[0].layers == ("conv", "pool", "wide")
+    assert by_time.stages[0].layers == ("conv",) and by_time.balance == "time"  # measured by itself
+    assert "balanced by time" in by_time.describe()
+    given = partition_model(model, 2, balance="time", layer_costs=costs)
+    assert given.stages[0].layers == ("conv",) and given.stages[0].cost == pytest.approx(costs["conv"])

@@ -31,7 +31,8 @@ EXPECT = {
     "ParameterServer.local(": ["Epoch 2/2", "'ps': ['127.0.0.1:"],
     "Pipeline(num_stages=2": ["Epoch 2/2"],
     "quantization.quantize(": ["Epoch 2/2"],
-    "tfpar doctor": ["horovod.tensorflow.keras: works"],
+    "tfpar doctor": ["horovod.tensorflow.keras: works", "ParameterServer (ParameterServerStrategy",
+                     "bubble: measured"],
 }
 
 
