@@ -120,35 +120,34 @@ def _wait_for_line(proc, text):
     raise AssertionError(f"{text!r} never came:\n{''.join(lines)}")
 
 
-def test_a_second_run_waits_for_the_lock_then_uses_the_whole_wheel(tmp_path):
-    first = _racer(tmp_path, 60)
+def _race(tmp_path, second_timeout):
+    """Starts a slow build, then a second run while it writes; returns (first, second) outputs
+    with their exit codes. Both processes are gone when it returns."""
+    procs = [_racer(tmp_path, 60)]
     try:
-        _wait_for_line(first, "building")
-        second = _racer(tmp_path, 60)
-        out_second, _ = second.communicate(timeout=60)
-        out_first, _ = first.communicate(timeout=60)
+        _wait_for_line(procs[0], "building")
+        procs.append(_racer(tmp_path, second_timeout))
+        outputs = [proc.communicate(timeout=60)[0] for proc in reversed(procs)][::-1]
     finally:
-        for proc in (first, locals().get("second")):
-            if proc is not None and proc.poll() is None:
+        for proc in procs:
+            if proc.poll() is None:
                 proc.kill()
-    assert first.returncode == 0 and "got 20000" in out_first, out_first
-    assert second.returncode == 0, out_second
+                proc.wait()
+    return [(proc.returncode, out) for proc, out in zip(procs, outputs)]
+
+
+def test_a_second_run_waits_for_the_lock_then_uses_the_whole_wheel(tmp_path):
+    (code_first, out_first), (code_second, out_second) = _race(tmp_path, 60)
+    assert code_first == 0 and "got 20000" in out_first, out_first
+    assert code_second == 0, out_second
     assert "another install-horovod holds" in out_second and "waiting for it" in out_second
     assert "using the cached wheel" in out_second and "sha256 checked" in out_second
     assert "got 20000" in out_second and "building" not in out_second
 
 
 def test_a_lock_held_too_long_fails_clearly(tmp_path):
-    first = _racer(tmp_path, 60)
-    try:
-        _wait_for_line(first, "building")
-        second = _racer(tmp_path, 0.5)
-        out_second, _ = second.communicate(timeout=60)
-        first.communicate(timeout=60)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert second.returncode == 1
+    _, (code_second, out_second) = _race(tmp_path, 0.5)
+    assert code_second == 1
     assert "waited 0 s for the lock" in out_second and "raise --lock-timeout" in out_second
 
 
