@@ -2,14 +2,15 @@
 
 Keras' ``DatasetCreatorAdapter`` refuses a ``DatasetCreator`` without
 ``steps_per_epoch`` with a generic message. `ParameterServerInput` carries the
-steps tfpar planned, and `_install_adapter` puts a subclass of that adapter in
-Keras' adapter list (in place of the original, so that exactly one adapter
-still handles a DatasetCreator) that says why the steps are needed and which
-value to pass. Every other input goes through the original code unchanged.
+steps tfpar planned, and importing this module registers, once, a subclass of
+that adapter in Keras' adapter list (in place of the original, so that exactly
+one adapter still handles a DatasetCreator) that says why the steps are needed
+and which value to pass. Every other input goes through the original code
+unchanged. (`tfpar.data.distribute` imports this module when it first builds
+parameter-server input.)
 """
 
-from tf_keras.src.engine import data_adapter
-
+from tfpar import _compat
 from tfpar._keras import keras
 
 __all__ = ["ParameterServerInput"]
@@ -21,10 +22,9 @@ class ParameterServerInput(keras.utils.experimental.DatasetCreator):
     def __init__(self, dataset_fn, steps_per_epoch):
         super().__init__(dataset_fn)
         self.steps_per_epoch = steps_per_epoch
-        _install_adapter()
 
 
-class _StepsExplainingAdapter(data_adapter.DatasetCreatorAdapter):
+class _StepsExplainingAdapter(_compat.DatasetCreatorAdapter):
     def __init__(self, x, y, steps=None, **kwargs):
         if steps is None and isinstance(x, ParameterServerInput) and not kwargs.get("pss_evaluation_shards"):
             raise ValueError(
@@ -38,7 +38,4 @@ class _StepsExplainingAdapter(data_adapter.DatasetCreatorAdapter):
         super().__init__(x, y, steps=steps, **kwargs)
 
 
-def _install_adapter():
-    adapters = data_adapter.ALL_ADAPTER_CLS
-    if _StepsExplainingAdapter not in adapters:
-        adapters[adapters.index(data_adapter.DatasetCreatorAdapter)] = _StepsExplainingAdapter
+_compat.replace_data_adapter(_compat.DatasetCreatorAdapter, _StepsExplainingAdapter)  # once, at import

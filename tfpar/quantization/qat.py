@@ -23,6 +23,7 @@ import dataclasses
 
 import numpy as np
 
+from tfpar import _compat
 from tfpar._keras import check_model, keras, tf
 
 __all__ = ["TFLiteExport", "export_tflite", "quantize", "quantizer_ranges"]
@@ -36,7 +37,7 @@ def _tfmot():
 
 def _check_graph_model(model, what):
     check_model(model)
-    if not getattr(model, "_is_graph_network", False):
+    if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot {what} the subclassed model {model.name!r} ({type(model).__name__}): "
             "tensorflow-model-optimization rebuilds models layer by layer from their graph, which a "

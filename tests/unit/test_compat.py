@@ -1,0 +1,137 @@
+"""`tfpar._compat`: every private TensorFlow and tf_keras symbol tfpar uses, touched on real objects.
+
+A TensorFlow or tf_keras upgrade that moves one fails here, naming it. (It runs in the unit tier:
+it builds small objects on the 2 virtual CPU devices of this process, and runs nothing.)
+"""
+
+import inspect
+
+import pytest
+import tensorflow as tf
+
+import tfpar
+from tfpar import _compat
+
+keras = tfpar.keras
+
+
+def test_every_name_of_the_seam_resolves():
+    for name in _compat.__all__:
+        assert getattr(_compat, name) is not None, name
+
+
+@pytest.mark.parametrize("hook", _compat.MIRRORED_EXTENDED_HOOKS)
+def test_mirrored_extended_still_has_the_hooks_horovod_strategy_uses(hook):
+    assert hasattr(_compat.MirroredExtended, hook), (
+        f"MirroredExtended.{hook} is gone: HorovodStrategy overrides or calls it")
+
+
+@pytest.mark.parametrize("hook", _compat.CROSS_DEVICE_OPS_HOOKS)
+def test_cross_device_ops_still_has_the_hooks_horovod_strategy_overrides(hook):
+    assert hasattr(tf.distribute.CrossDeviceOps, hook), f"CrossDeviceOps.{hook} is gone"
+
+
+@pytest.mark.parametrize("hook", _compat.KERAS_CALLBACK_HOOKS)
+def test_keras_callbacks_still_ask_the_hooks_tfpar_overrides(hook):
+    assert isinstance(getattr(keras.callbacks.Callback(), hook)(), bool)
+    assert hook in inspect.getsource(keras.callbacks.CallbackList), f"CallbackList no longer asks {hook}"
+
+
+@pytest.mark.parametrize("member", _compat.KERAS_READS_FROM_EXTENDED)
+def test_tf_keras_still_reads_what_horovod_strategy_defines(member):
+    from tf_keras.src.distribute import distributed_file_utils
+
+    assert f"extended.{member}" in inspect.getsource(distributed_file_utils), member
+
+
+def test_mirrored_strategy_members():
+    strategy = tfpar.DataParallel(all_reduce="hierarchical", num_packs=2)
+    assert isinstance(_compat.cross_device_ops_of(strategy), tf.distribute.HierarchicalCopyAllReduce)
+    assert strategy.extended._collective_key_base >= 100_000  # what set_collective_key_base gave it
+    assert "container_strategy._collective_key_base" in inspect.getsource(_compat.MirroredExtended.__init__)
+    with strategy.scope():
+        mirrored = tf.Variable(1.0)
+        own = _compat.ResourceVariable(2.0)  # not intercepted by the strategy's creator
+    assert isinstance(mirrored, _compat.Mirrored)
+    assert not isinstance(own, tf.distribute.DistributedValues)
+
+
+def test_distributed_dataset_builders_take_the_arguments_tfpar_passes():
+    single = inspect.signature(_compat.get_distributed_dataset).parameters
+    assert list(single)[:3] == ["dataset", "input_workers", "strategy"] and "options" in single
+    from_function = inspect.signature(_compat.get_distributed_datasets_from_function).parameters
+    assert {"dataset_fn", "input_workers", "input_contexts", "strategy", "options"} <= set(from_function)
+
+
+def test_xla_context_is_seen():
+    assert not _compat.in_xla_context()
+    seen = []
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        seen.append(_compat.in_xla_context())
+        return x + 1
+
+    compiled(tf.constant(1.0))
+    assert seen == [True]
+
+
+def test_checkpoint_initial_values_unwrap():
+    from tensorflow.python.trackable.base import CheckpointInitialValue
+
+    assert "self.wrapped_value = " in inspect.getsource(CheckpointInitialValue.__init__)
+    tensor = tf.constant(1.0)
+    assert _compat.unwrap_initial_value(tensor) is tensor
+
+
+def test_parameter_server_worker_count_is_kept_where_read():
+    from tensorflow.python.distribute import parameter_server_strategy_v2 as ps
+
+    assert "self._num_workers = " in inspect.getsource(ps.ParameterServerStrategyV2Extended.__init__)
+
+
+def test_the_dataset_creator_adapter_is_replaced_once_by_tfpars():
+    from tf_keras.src.engine import data_adapter
+
+    from tfpar.data import _ps_input
+
+    adapters = data_adapter.ALL_ADAPTER_CLS
+    assert _ps_input._StepsExplainingAdapter in adapters and _compat.DatasetCreatorAdapter not in adapters
+    _compat.replace_data_adapter(_compat.DatasetCreatorAdapter, _ps_input._StepsExplainingAdapter)  # again: no-op
+    assert adapters.count(_ps_input._StepsExplainingAdapter) == 1
+
+
+def test_the_learning_rate_an_optimizer_was_given():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    assert _compat.given_learning_rate(keras.optimizers.SGD(schedule)) is schedule
+    assert _compat.given_learning_rate(keras.optimizers.legacy.SGD(schedule)) is schedule
+    assert float(_compat.given_learning_rate(keras.optimizers.SGD(0.25))) == 0.25
+
+
+def test_functional_graph_queries():
+    inputs = keras.Input((3,))
+    dense = keras.layers.Dense(2)
+    outputs = dense(inputs)
+    model = keras.Model(inputs, outputs)
+    assert _compat.is_graph_network(model)
+    assert _compat.is_graph_network(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    assert not _compat.is_graph_network(Subclassed())
+    assert _compat.keras_layer_of(outputs) is dense
+    assert len(_compat.layer_nodes_in(model, dense)) == 1
+    dense(keras.Input((3,)))  # a second call, outside this model
+    assert len(dense.inbound_nodes) == 2 and len(_compat.layer_nodes_in(model, dense)) == 1
+
+
+def test_keras_printer_goes_quiet_with_keras(capsys):
+    _compat.print_msg("shown")
+    keras.utils.disable_interactive_logging()
+    try:
+        _compat.print_msg("hidden")
+    finally:
+        keras.utils.enable_interactive_logging()
+    assert capsys.readouterr().out == "shown\n"

@@ -1,0 +1,119 @@
+"""The one place tfpar reaches private TensorFlow and tf_keras APIs.
+
+Each symbol says what tfpar needs it for and which public API is missing.
+``tests/unit/test_compat.py`` touches every one on real objects, so a TensorFlow or
+tf_keras upgrade that moves one fails there, by name, instead of somewhere in a run.
+Everything else in tfpar uses public APIs, or this module.
+"""
+
+from tensorflow.python.distribute import input_util as _input_util
+from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
+from tensorflow.python.distribute import values as _values
+from tensorflow.python.ops import control_flow_util as _control_flow_util
+from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
+from tf_keras.src.engine import data_adapter as _data_adapter
+from tf_keras.src.utils import io_utils as _io_utils
+
+__all__ = [
+    "CROSS_DEVICE_OPS_HOOKS", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
+    "ResourceVariable", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
+    "given_learning_rate", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
+    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "unwrap_initial_value",
+]
+
+# --- tf.distribute internals: HorovodStrategy is a MirroredStrategy whose reductions go through Horovod.
+MirroredExtended = _mirrored_strategy.MirroredExtended
+"""Base of `HorovodStrategy`'s extended: no public API lets a strategy replace its reductions."""
+MIRRORED_EXTENDED_HOOKS = (
+    "_get_cross_device_ops", "_reduce_to", "_batch_reduce_to", "_update", "_replica_ctx_all_reduce",
+    "_get_variable_creator_initial_value", "_experimental_distribute_dataset",
+    "_distribute_datasets_from_function", "_num_replicas_in_sync", "_in_multi_worker_mode",
+    "_get_replica_id_in_sync_group", "_get_local_replica_id", "_input_workers_with_options",
+    "_container_strategy",
+)
+"""MirroredExtended members HorovodStrategy overrides or calls (the strategy-author hooks TensorFlow
+keeps private)."""
+CROSS_DEVICE_OPS_HOOKS = ("_gather",)
+"""CrossDeviceOps members HorovodStrategy overrides (gather has no public implementation hook)."""
+Mirrored = _values.Mirrored
+"""A value identical on every replica (a MEAN of it is itself); only DistributedValues is public."""
+ResourceVariable = _resource_variable_ops.ResourceVariable
+"""A variable on one device that no strategy's variable creator intercepts (Horovod's accumulation
+buffers); tf.Variable inside a scope would become a mirrored variable."""
+get_distributed_dataset = _input_util.get_distributed_dataset
+"""The DistributedDataset a Mirrored-based strategy builds for experimental_distribute_dataset."""
+get_distributed_datasets_from_function = _input_util.get_distributed_datasets_from_function
+"""The same for distribute_datasets_from_function, with tfpar's own input context (shard by rank)."""
+
+
+def in_xla_context():
+    """Whether the graph being built is compiled by XLA (no public query)."""
+    return _control_flow_util.GraphOrParentsInXlaContext(__import__("tensorflow").compat.v1.get_default_graph())
+
+
+def unwrap_initial_value(initial):
+    """A checkpoint-restored initial value (CheckpointInitialValue) as the tensor inside it."""
+    return getattr(initial, "wrapped_value", initial)
+
+
+def set_collective_key_base(strategy, base):
+    """Gives a MirroredStrategy its own collective keys, read by its __init__: two strategies in one
+    process otherwise share group key 1 (TensorFlow's own tests do this; no public option)."""
+    strategy._collective_key_base = base
+
+
+def cross_device_ops_of(strategy):
+    """The CrossDeviceOps a MirroredStrategy was built with, or None (no public getter)."""
+    return getattr(strategy.extended, "_cross_device_ops", None)
+
+
+def ps_num_workers(strategy):
+    """How many workers a ParameterServerStrategy schedules on (no public count)."""
+    return strategy.extended._num_workers
+
+
+# --- tf_keras internals.
+KERAS_READS_FROM_EXTENDED = ("_task_id",)
+"""What tf_keras' distributed_file_utils reads from a strategy's extended to name non-chief
+workers' temporary checkpoint folders; HorovodStrategy defines it (its rank)."""
+KERAS_CALLBACK_HOOKS = ("_implements_train_batch_hooks",)
+"""Callback members tfpar overrides: Keras asks a callback whether it has batch hooks (and refuses
+batch hooks under a ParameterServer) only through this private method."""
+print_msg = _io_utils.print_msg
+"""Keras' own printer: stdout, or absl logging once interactive logging is off (HorovodStrategy turns
+it off on ranks other than 0); tf_keras keeps it private."""
+DatasetCreatorAdapter = _data_adapter.DatasetCreatorAdapter
+"""The adapter fit uses for a DatasetCreator; tfpar subclasses it to explain missing steps."""
+
+
+def replace_data_adapter(original, replacement):
+    """Puts ``replacement`` in tf_keras' adapter list in place of ``original`` (a registration tfpar
+    makes once, when `tfpar.data._ps_input` is imported); Keras has no public adapter registry."""
+    adapters = _data_adapter.ALL_ADAPTER_CLS
+    if replacement not in adapters:
+        adapters[adapters.index(original)] = replacement
+
+
+def given_learning_rate(optimizer):
+    """What the optimizer was given as its rate (a number or a schedule): the public getter returns a
+    schedule's current value instead (new optimizers keep it in _learning_rate, legacy in _hyper)."""
+    if hasattr(optimizer, "_learning_rate"):
+        return optimizer._learning_rate
+    return getattr(optimizer, "_hyper", {}).get("learning_rate")
+
+
+def is_graph_network(model):
+    """Whether a tf_keras model is Sequential/Functional (its layer graph is known), not subclassed."""
+    return bool(getattr(model, "_is_graph_network", False))
+
+
+def layer_nodes_in(model, layer):
+    """The calls (nodes) of ``layer`` that belong to ``model``'s graph: tf_keras keys them
+    "<layer>_ib-<index>" in the model's _network_nodes (no public query)."""
+    return [node for index, node in enumerate(layer.inbound_nodes)
+            if f"{layer.name}_ib-{index}" in model._network_nodes]
+
+
+def keras_layer_of(tensor):
+    """The layer that produced a symbolic tf_keras tensor (its _keras_history)."""
+    return tensor._keras_history.layer
