@@ -12,7 +12,6 @@ Example:
     >>> strategy = tfpar.DataParallel()  # doctest: +SKIP
 """
 
-import importlib
 import os
 import sys
 
@@ -21,26 +20,15 @@ if "tensorflow" not in sys.modules:  # the Keras choice of tfpar._keras, made be
 
 __version__ = "0.1.0"
 
-_LAZY = {
+from tfpar._lazy import exports as _exports
+
+__getattr__, __dir__, __all__ = _exports(__name__, {
     "ClusterInfo": "tfpar.cluster",
     "DataParallel": "tfpar.strategies",
     "check_model": "tfpar._keras",
     "configure_devices": "tfpar.devices",
     "keras": "tfpar._keras",
     "local_devices": "tfpar.devices",
-}
-_SUBMODULES = ("callbacks", "cluster", "data", "devices", "launch", "precision", "quantization", "strategies", "tune")
-
-__all__ = sorted([*_LAZY, *_SUBMODULES])
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in _SUBMODULES:
-        return importlib.import_module(f"tfpar.{name}")
-    raise AttributeError(f"module 'tfpar' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *__all__])
+    **dict.fromkeys(("callbacks", "cluster", "data", "devices", "launch", "precision", "quantization",
+                     "strategies", "tune")),  # submodules
+})

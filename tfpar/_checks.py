@@ -1,14 +1,86 @@
-"""Argument checks shared by tfpar's configs (pure Python)."""
+"""The validation layer: the argument checks every config, callback and command of tfpar uses.
 
+One convention: a value of the wrong type (a bool is not a number) raises TypeError, a value
+out of range ValueError; both name the parameter, give ``Received: name=value`` and the fix.
+Pure Python.
+"""
+
+import math
 import os
 
 EPOCHS_VARIABLE = "TFPAR_EPOCHS"
 
 
+def check_number(name, value, *, minimum=None, above=None, maximum=None, integer=False, allow_none=False,
+                 hint=""):
+    """Checks a number and returns it.
+
+    Args:
+        name: the parameter, as the user writes it.
+        value: what was received.
+        minimum / above / maximum: ``value >= minimum``, ``value > above``, ``value <= maximum``.
+        integer: an int is required (else an int or a float, finite).
+        allow_none: None is accepted (and returned).
+        hint: a sentence appended to the message (the fix).
+
+    Raises:
+        TypeError: not an int (or float), or a bool.
+        ValueError: not finite, or out of range.
+
+    Example:
+        >>> check_number("timeout_seconds", 30, above=0)
+        30
+        >>> check_number("timeout_seconds", True, above=0)
+        Traceback (most recent call last):
+        TypeError: timeout_seconds must be a number. Received: timeout_seconds=True (bool).
+    """
+    if value is None and allow_none:
+        return value
+    kind = "an int" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)):
+        raise TypeError(f"{name} must be {kind}{' or None' if allow_none else ''}. Received: {name}={value!r} "
+                        f"({type(value).__name__}).{hint}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number. Received: {name}={value!r}.{hint}")
+    low_ok = (minimum is None or value >= minimum) and (above is None or value > above)
+    if not low_ok or (maximum is not None and value > maximum):
+        low = f">= {minimum}" if minimum is not None else f"> {above}" if above is not None else None
+        if low and maximum is not None:  # the whole interval: (0, 1], [0, 5]
+            rule = f"in {'[' if minimum is not None else '('}{minimum if minimum is not None else above}, {maximum}]"
+        else:
+            rule = low or f"<= {maximum}"
+        raise ValueError(f"{name} must be {kind} {rule}. Received: {name}={value!r}.{hint}")
+    return value
+
+
 def check_int(name, value, minimum, hint=""):
-    """Raises ValueError unless ``value`` is an int (not a bool) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}. Received: {name}={value!r}.{hint}")
+    """``check_number(name, value, minimum=minimum, integer=True)``."""
+    return check_number(name, value, minimum=minimum, integer=True, hint=hint)
+
+
+def check_choice(name, value, choices, what=None):
+    """Raises ValueError unless ``value`` is one of ``choices``; returns it.
+
+    Args:
+        what: how the message names the value ("precision policy"); default ``name``.
+    """
+    if value not in choices:
+        raise ValueError(f"Unknown {what or name} {value!r}. Received: {name}={value!r}. "
+                         f"Use one of {list(choices)}.")
+    return value
+
+
+def check_names(name, value):
+    """A list (or tuple) of strings, as a tuple; a single string is refused (it is not a list of names).
+
+    Raises:
+        TypeError: a string, or not a list of strings.
+    """
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name} must be a list of names. Received: {name}={value!r}. "
+                        f"Write [{value!r}] for one name." if isinstance(value, str) else
+                        f"{name} must be a list of names. Received: {name}={value!r}.")
+    return tuple(value)
 
 
 def config_from(config_class, config, kwargs):

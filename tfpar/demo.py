@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from tfpar._checks import check_int, default_epochs
+from tfpar._checks import check_choice, check_int, default_epochs
 from tfpar._keras import keras, tf
 from tfpar.data import distribute
 from tfpar.devices import configure_devices
@@ -135,9 +135,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         ValueError: on an unknown strategy, epochs < 1, or a batch that does
             not divide by the number of replicas.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown demo strategy {strategy!r}. Received: --strategy {strategy}. "
-                         f"Use one of {list(STRATEGIES)}.")
+    check_choice("strategy", strategy, STRATEGIES, what="demo strategy")
     check_int("epochs", epochs, 1)
     if qat and strategy not in ("data_parallel", "horovod"):
         raise ValueError(f"--qat runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
@@ -222,15 +220,16 @@ def _quantize_and_export(model, dist, train, val, x_train, validation, learning_
     if not chief:
         return ()
     x_val, y_val = validation
-    folder = tempfile.mkdtemp(prefix="tfpar-demo-")
-    exports = {
-        "float32": export_tflite(float_model, os.path.join(folder, "digits_float.tflite"), int8=False),
-        "int8 (QAT)": export_tflite(qat_model, os.path.join(folder, "digits_int8.tflite"),
-                                    representative_data=x_train[:200]),
-    }
     lines = []
-    for name, export in exports.items():
-        accuracy = float((export.predict(x_val).argmax(-1) == y_val).mean())
-        lines.append(f"TFLite {name:<11} accuracy {accuracy:.4f}, {export.size_bytes:,} bytes ({export.path})")
+    with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
+        exports = {
+            "float32": export_tflite(float_model, os.path.join(folder, "digits_float.tflite"), int8=False),
+            "int8 (QAT)": export_tflite(qat_model, os.path.join(folder, "digits_int8.tflite"),
+                                        representative_data=x_train[:200]),
+        }
+        for name, export in exports.items():
+            accuracy = float((export.predict(x_val).argmax(-1) == y_val).mean())
+            lines.append(f"TFLite {name:<11} accuracy {accuracy:.4f}, {export.size_bytes:,} bytes "
+                         f"({os.path.basename(export.path)})")
     ratio = exports["float32"].size_bytes / exports["int8 (QAT)"].size_bytes
     return (*lines, f"TFLite size ratio float/int8: {ratio:.2f}")

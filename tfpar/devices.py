@@ -8,6 +8,7 @@ code it runs on a GPU server.
 import logging
 import os
 
+from tfpar._checks import check_int
 from tfpar._keras import tf
 
 __all__ = [
@@ -40,16 +41,7 @@ def _resolve_count(num_cpu_devices):
                 f"{_ENV} must be a whole number of virtual CPU devices. "
                 f"Received: {_ENV}={raw!r}. Set it to e.g. 2, or unset it."
             ) from None
-    if isinstance(num_cpu_devices, bool) or not isinstance(num_cpu_devices, int):
-        raise TypeError(
-            f"{source} must be an int. Received: {num_cpu_devices!r} "
-            f"({type(num_cpu_devices).__name__})."
-        )
-    if num_cpu_devices < 1:
-        raise ValueError(
-            f"{source} must be at least 1. Received: {source}={num_cpu_devices}."
-        )
-    return num_cpu_devices
+    return check_int(source, num_cpu_devices, 1)
 
 
 def local_devices():

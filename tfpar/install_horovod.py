@@ -29,8 +29,6 @@ with Gloo only.
 """
 
 import argparse
-import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -40,7 +38,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
+
+from tfpar._install_cache import InstallError, cache_lock, cached_wheel, check_sha256, wheel_for
+from tfpar._install_cache import say as _say
 
 __all__ = ["InstallError", "PATCH_ID", "SDIST_SHA256", "VERSION", "cache_lock", "cached_wheel", "fetch_sdist",
            "install", "main", "wheel_for"]
@@ -83,10 +83,6 @@ BUILD_ENV = {
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
 
 
-class InstallError(RuntimeError):
-    """A step of the install failed; the message says which and what to do."""
-
-
 def _keras_module_source():
     with open(os.path.join(os.path.dirname(__file__), "_horovod_keras.py"), encoding="utf-8") as f:
         return f.read()
@@ -100,32 +96,11 @@ def _patch_id():
 PATCH_ID = _patch_id()  # names the cache entry and the build note: new patches, new build
 
 
-def _say(message):
-    print(f"tfpar install-horovod: {message}", flush=True)
-
-
 def _run(cmd, **kwargs):
     _say("$ " + " ".join(cmd))
     done = subprocess.run(cmd, **kwargs)
     if done.returncode != 0:
         raise InstallError(f"`{' '.join(cmd)}` failed with exit code {done.returncode} (its output is above).")
-
-
-def sha256_of(path):
-    """The hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _check_sha256(path, expected, what, fix):
-    actual = sha256_of(path)
-    if actual != expected:
-        raise InstallError(
-            f"{what} {path} ({os.path.getsize(path)} bytes) has sha256 {actual}, expected {expected}: "
-            f"it was changed or cut short. {fix}")
 
 
 def with_mpi():
@@ -211,7 +186,7 @@ def fetch_sdist(workdir, sdist=None):
         sdist = found[0]
     elif not os.path.isfile(sdist):
         raise InstallError(f"--sdist must be an existing file. Received: --sdist {sdist!r}.")
-    _check_sha256(sdist, SDIST_SHA256, "The Horovod sdist",
+    check_sha256(sdist, SDIST_SHA256, "The Horovod sdist",
                   f"Download horovod-{VERSION}.tar.gz again from PyPI (or drop --sdist to let pip fetch it).")
     return sdist
 
@@ -223,91 +198,10 @@ def build_wheel(sdist, out_dir):
             tar.extractall(tmp, filter="data")
         source = os.path.join(tmp, f"horovod-{VERSION}")
         apply_patches(source)
-        _say("compiling Horovod (about 4 minutes on 2 cores)")
+        _say("compiling Horovod (about 2 minutes on 2 cores)")
         mpi = {"HOROVOD_WITH_MPI": "1"} if with_mpi() else {"HOROVOD_WITHOUT_MPI": "1"}
         _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", source,
               "-w", out_dir], env={**os.environ, **BUILD_ENV, **mpi})
-
-
-@contextlib.contextmanager
-def cache_lock(cache_root, timeout_seconds):
-    """Holds ``cache_root/.lock`` (flock) for a whole run; waits at most ``timeout_seconds`` for it."""
-    os.makedirs(cache_root, exist_ok=True)
-    with open(os.path.join(cache_root, ".lock"), "a+") as lock:
-        deadline = time.monotonic() + timeout_seconds
-        told = False
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not told:
-                    _say(f"another install-horovod holds {lock.name}: waiting for it (at most {timeout_seconds:.0f} s)")
-                    told = True
-                if time.monotonic() > deadline:
-                    raise InstallError(
-                        f"waited {timeout_seconds:.0f} s for the lock {lock.name}, held by another "
-                        "install-horovod. Let it finish, or raise --lock-timeout.") from None
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def cached_wheel(entry):
-    """The wheel of a cache entry after checking it against its record; None where there is no entry."""
-    record_path = os.path.join(entry, "wheel.json")
-    if not os.path.isdir(entry):
-        return None
-    fix = f"Rebuild it: tfpar install-horovod --force (or delete {entry})."
-    if not os.path.exists(record_path):
-        raise InstallError(f"The cached Horovod build {entry} has no wheel.json record, so it cannot be checked. {fix}")
-    with open(record_path, encoding="utf-8") as f:
-        record = json.load(f)
-    wheel = os.path.join(entry, record["wheel"])
-    if not os.path.isfile(wheel):
-        raise InstallError(f"The cached Horovod wheel {wheel} named by {record_path} is missing. {fix}")
-    _check_sha256(wheel, record["sha256"], "The cached Horovod wheel", fix)
-    return wheel
-
-
-def build_into_cache(entry, build):
-    """Runs ``build(folder)`` in a temporary folder beside ``entry``, then renames it into place.
-
-    The wheel's sha256 is recorded in ``wheel.json`` before the rename, so an entry is
-    either complete and checkable or absent. Call it holding `cache_lock`.
-    """
-    parent = os.path.dirname(entry)
-    for stale in glob.glob(os.path.join(parent, ".building-*")):  # left by a killed run; we hold the lock
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=".building-", dir=parent)
-    os.chmod(tmp, 0o755)
-    try:
-        build(tmp)
-        wheels = glob.glob(os.path.join(tmp, "horovod-*.whl"))
-        if len(wheels) != 1:
-            raise InstallError(f"the build left {len(wheels)} Horovod wheels in {tmp}, expected 1.")
-        record = {"wheel": os.path.basename(wheels[0]), "sha256": sha256_of(wheels[0]), "patches": PATCH_ID}
-        with open(os.path.join(tmp, "wheel.json"), "w", encoding="utf-8") as f:
-            json.dump(record, f)
-        if os.path.exists(entry):  # --force: the old entry goes only once the new one is complete
-            old = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
-            os.replace(entry, os.path.join(old, "entry"))
-            shutil.rmtree(old)
-        os.replace(tmp, entry)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return os.path.join(entry, record["wheel"])
-
-
-def wheel_for(entry, build, force=False):
-    """The checked cached wheel of ``entry``, or a new one from ``build``; call it holding `cache_lock`."""
-    wheel = None if force else cached_wheel(entry)
-    if wheel is not None:
-        _say(f"using the cached wheel {wheel} (sha256 checked)")
-        return wheel
-    return build_into_cache(entry, build)
 
 
 def _build_from_sdist(sdist):
@@ -367,7 +261,7 @@ def install(mpi="auto", sdist=None, cache=None, force=False, lock_timeout_second
         python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
         controllers = "gloo-mpi" if with_mpi() else "gloo"
         entry = os.path.join(cache, f"{VERSION}-tf{tf_version}-{python_tag}-{controllers}-{PATCH_ID}")
-        wheel = wheel_for(entry, _build_from_sdist(sdist), force=force)
+        wheel = wheel_for(entry, _build_from_sdist(sdist), force=force, note={"patches": PATCH_ID})
         _run([sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", wheel])
         _run([sys.executable, "-m", "pip", "install", wheel])  # its dependencies
         write_build_note(tf_version)

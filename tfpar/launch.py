@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+from tfpar._checks import check_choice, check_int, check_number
 from tfpar.cluster import ROLES, ClusterInfo, local_cluster
 
 __all__ = ["LaunchError", "SERVER_COMMAND", "Task", "launch", "load_cluster_file", "local_tasks", "run_tasks"]
@@ -66,12 +67,8 @@ def local_tasks(roles):
         ValueError: on an unknown role, a negative count, or no training task.
     """
     for role, count in roles.items():
-        if role not in ROLES:
-            raise ValueError(f"Unknown role {role!r}. Received: {roles!r}. Roles are {list(ROLES)}.")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(
-                f"The number of {role} tasks must be an int >= 0. Received: {role}={count!r}."
-            )
+        check_choice("role", role, ROLES)
+        check_int(role, count, 0, f" (the number of {role} tasks)")
     if roles.get("worker", 0) + roles.get("chief", 0) < 1:
         raise ValueError(
             "A job needs at least one worker. Received: "
@@ -253,9 +250,7 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
             "Nothing to launch. Received: an empty command. Write e.g. "
             "`tfpar launch -n 2 -- python train.py`."
         )
-    if isinstance(grace_seconds, bool) or not isinstance(grace_seconds, (int, float)) \
-            or grace_seconds < 0:
-        raise ValueError(f"grace_seconds must be >= 0. Received: {grace_seconds!r}.")
+    check_number("grace_seconds", grace_seconds, minimum=0)
     if cluster is not None:
         if num_workers is not None:
             raise ValueError(

@@ -188,5 +188,5 @@ def test_bad_input(source, kwargs, error, match):
 
 
 def test_non_int_batch():
-    with pytest.raises(TypeError, match=r"global_batch_size must be an int. Received: 4.0"):
+    with pytest.raises(TypeError, match=r"global_batch_size must be an int. Received: global_batch_size=4.0 \(float\)"):
         tfpar.data.distribute(_ids(10), tfpar.DataParallel(), 4.0)

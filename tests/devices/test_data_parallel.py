@@ -157,8 +157,8 @@ def test_devices_configured_too_late_is_a_clear_error():
 
 
 @pytest.mark.parametrize("value, error, match", [
-    (0, ValueError, r"must be at least 1. Received: num_cpu_devices=0"),
-    ("2", TypeError, r"must be an int. Received: '2'"),
+    (0, ValueError, r"num_cpu_devices must be an int >= 1. Received: num_cpu_devices=0"),
+    ("2", TypeError, r"num_cpu_devices must be an int. Received: num_cpu_devices='2' \(str\)"),
 ])
 def test_bad_device_counts(value, error, match):
     with pytest.raises(error, match=match):

@@ -65,7 +65,8 @@ def test_smooth_schedule_changes_every_step():
     (dict(warmup_epochs=1, warmup_steps=2), r"exactly one of"),
     (dict(warmup_steps=0), r"warmup_steps must be a number > 0. Received: warmup_steps=0"),
     (dict(warmup_epochs=-1), r"warmup_epochs must be a number > 0"),
-    (dict(warmup_steps=2, scale=0), r"scale must be 'replicas' or a number > 0"),
+    (dict(warmup_steps=2, scale=0), r"scale must be a number > 0. Received: scale=0. LearningRateWarmup takes "
+                                    r"scale='replicas' or a number > 0"),
 ])
 def test_bad_warmup(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -108,7 +109,7 @@ def test_named_schedules_and_their_bad_arguments():
         (lambda: cosine_decay(5, 5), r"0 <= start_epoch < end_epoch. Received: start_epoch=5, end_epoch=5"),
         (lambda: exponential_decay(0, 0.5), r"decay_epochs must be a number > 0. Received: decay_epochs=0"),
         (lambda: step_decay(-3, 0.1), r"every_epochs must be a number > 0. Received: every_epochs=-3"),
-        (lambda: step_decay(3, 1.5), r"factor must be in \(0, 1\]. Received: factor=1.5"),
+        (lambda: step_decay(3, 1.5), r"factor must be a number in \(0, 1\]. Received: factor=1.5"),
     ]:
         with pytest.raises(ValueError, match=match):
             make()

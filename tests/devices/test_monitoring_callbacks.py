@@ -137,11 +137,16 @@ def test_global_norm_clipping_happens_after_the_replicas_gradients_are_averaged(
     assert np.abs(update - before).max() > 0.1
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: Throughput(0), r"global_batch_size must be an int >= 1. Received: 0"),
-    (lambda: Throughput(64, reference_examples_per_second=-1), r"reference_examples_per_second must be > 0"),
-    (lambda: NaNGuard(check="step"), r"check must be 'batch' or 'epoch'. Received: check='step'"),
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: Throughput(0), ValueError, r"global_batch_size must be an int >= 1. Received: global_batch_size=0"),
+    (lambda: Throughput(64.0), TypeError, r"global_batch_size must be an int. Received: global_batch_size=64.0"),
+    (lambda: MetricAverage(keys="loss"), TypeError,
+     r"keys must be a list of names. Received: keys='loss'. Write \['loss'\]"),
+    (lambda: Throughput(64, reference_examples_per_second=-1), ValueError,
+     r"reference_examples_per_second must be a number > 0. Received: reference_examples_per_second=-1"),
+    (lambda: NaNGuard(check="step"), ValueError,
+     r"Unknown check 'step'. Received: check='step'. Use one of \['batch', 'epoch'\]"),
 ])
-def test_bad_callback_arguments(make, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_callback_arguments(make, error, match):
+    with pytest.raises(error, match=match):
         make()

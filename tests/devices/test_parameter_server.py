@@ -7,8 +7,12 @@ from tfpar.strategies.parameter_server import ClusterUnreachableError, Parameter
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(num_workers=0), ValueError, r"needs num_workers >= 1. Received: num_workers=0"),
-    (dict(num_ps=0), ValueError, r"needs num_ps >= 1. Received: num_ps=0"),
+    (dict(num_workers=0), ValueError, r"num_workers must be an int >= 1. Received: num_workers=0. A parameter"),
+    (dict(num_ps=0), ValueError, r"num_ps must be an int >= 1. Received: num_ps=0"),
+    (dict(num_ps=True), TypeError, r"num_ps must be an int. Received: num_ps=True"),
+    (dict(connect_timeout_seconds=True), TypeError, r"connect_timeout_seconds must be a number. Received: "
+                                                    r"connect_timeout_seconds=True \(bool\)"),
+    (dict(connect_timeout_seconds=0), ValueError, r"connect_timeout_seconds must be a number > 0"),
     (dict(variable_partitioner="even"), TypeError, r"variable_partitioner must be 'auto', None or a"),
 ])
 def test_bad_local_arguments(kwargs, error, match):

@@ -65,3 +65,15 @@ def test_importing_tfpar_first_makes_tf_keras_the_keras_2_api(code, expected):
                           env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith(expected), done.stdout
+
+
+def test_the_pure_modules_load_no_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, tfpar.data.plan, tfpar.data.batching, tfpar.strategies.pipeline.schedule, tfpar.cli; "
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras')); "
+            "print('LOADED', loaded)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout, done.stdout

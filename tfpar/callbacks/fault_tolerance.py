@@ -4,6 +4,7 @@ import os
 import uuid
 
 from tfpar._keras import keras
+from tfpar.callbacks._hooks import chief_print
 
 __all__ = ["FaultTolerance"]
 
@@ -64,7 +65,5 @@ class FaultTolerance(keras.callbacks.BackupAndRestore):
             self._first_epoch = False
             if epoch > 0:
                 self.resumed_at_epoch = epoch
-                if self.model.distribute_strategy.extended.should_checkpoint:
-                    print(f"tfpar: resumed from the backup in {self.backup_dir} at epoch {epoch + 1}",
-                          flush=True)
+                chief_print(self.model, f"tfpar: resumed from the backup in {self.backup_dir} at epoch {epoch + 1}")
         super().on_epoch_begin(epoch, logs)

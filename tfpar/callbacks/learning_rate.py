@@ -8,8 +8,10 @@ at the same step, under every tfpar strategy (their Horovod counterparts are
 
 import math
 
+from tfpar import _compat
+from tfpar._checks import check_number
 from tfpar._keras import keras
-from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
 __all__ = ["LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "exponential_decay", "step_decay"]
 
@@ -26,13 +28,11 @@ def _set_rate(model, value, momentum_correction):
 
 
 def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0. Received: {name}={value!r}.")
+    check_number(name, value, above=0)
 
 
 def _in_unit_interval(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name} must be in (0, 1]. Received: {name}={value!r}.")
+    check_number(name, value, above=0, maximum=1)
 
 
 def cosine_decay(start_epoch, end_epoch, final_fraction=0.0):
@@ -78,15 +78,12 @@ def step_decay(every_epochs, factor, start_epoch=0):
 
 
 def _check_settable(optimizer, who):
-    # The public getter returns the schedule's current value, so look at what
-    # the optimizer was given (new optimizers: _learning_rate; legacy: _hyper).
-    given = [getattr(optimizer, "_learning_rate", None), getattr(optimizer, "_hyper", {}).get("learning_rate")]
-    for lr in given:
-        if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-            raise ValueError(
-                f"{who} sets the optimizer's learning rate, which is a schedule here. Received: "
-                f"learning_rate={type(lr).__name__}. Give the optimizer a number and let {who} "
-                "(or tfpar.callbacks.LearningRateSchedule) change it.")
+    lr = _compat.given_learning_rate(optimizer)
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        raise ValueError(
+            f"{who} sets the optimizer's learning rate, which is a schedule here. Received: "
+            f"learning_rate={type(lr).__name__}. Give the optimizer a number and let {who} "
+            "(or tfpar.callbacks.LearningRateSchedule) change it.")
 
 
 def _scale_of(scale, model):
@@ -96,8 +93,8 @@ def _scale_of(scale, model):
 
 
 def _check_scale(scale, who):
-    if scale != "replicas" and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0):
-        raise ValueError(f"{who}: scale must be 'replicas' or a number > 0. Received: scale={scale!r}.")
+    if scale != "replicas":
+        check_number("scale", scale, above=0, hint=f" {who} takes scale='replicas' or a number > 0.")
 
 
 class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
@@ -135,9 +132,7 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                 "Give exactly one of warmup_epochs and warmup_steps. Received: "
                 f"warmup_epochs={warmup_epochs!r}, warmup_steps={warmup_steps!r}.")
         length = warmup_epochs if warmup_steps is None else warmup_steps
-        if isinstance(length, bool) or not isinstance(length, (int, float)) or length <= 0:
-            name = "warmup_epochs" if warmup_steps is None else "warmup_steps"
-            raise ValueError(f"{name} must be a number > 0. Received: {name}={length!r}.")
+        check_number("warmup_epochs" if warmup_steps is None else "warmup_steps", length, above=0)
         _check_scale(scale, "LearningRateWarmup")
         self.warmup_epochs, self.warmup_steps = warmup_epochs, warmup_steps
         self.scale, self.initial_lr, self.verbose = scale, initial_lr, verbose
@@ -178,7 +173,8 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if step >= self._length:
             self._done = True
             if self.verbose:
-                print(f"LearningRateWarmup: warm-up done at step {step}, learning rate {self._target:.6g}")
+                chief_print(self.model, f"LearningRateWarmup: warm-up done at step {step}, "
+                                        f"learning rate {self._target:.6g}")
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
@@ -211,8 +207,7 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
     def __init__(self, multiplier, *, initial_lr, scale="replicas", start_epoch=0, end_epoch=None,
                  staircase=True, momentum_correction=False):
         super().__init__()
-        if isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) or initial_lr <= 0:
-            raise ValueError(f"initial_lr must be a number > 0. Received: initial_lr={initial_lr!r}.")
+        check_number("initial_lr", initial_lr, above=0)
         if not callable(multiplier):
             value = multiplier
             multiplier = lambda epoch: value  # noqa: E731

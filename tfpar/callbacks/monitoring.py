@@ -12,8 +12,10 @@ All three use epoch-level hooks by default, so they also run under ParameterServ
 import math
 import time
 
+from tfpar import _compat
+from tfpar._checks import check_choice, check_int, check_names, check_number
 from tfpar._keras import keras, tf
-from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
 __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
 
@@ -21,7 +23,7 @@ __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
 def num_workers(strategy):
     """How many worker processes train under ``strategy`` (1 for a one-process strategy)."""
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        return strategy.extended._num_workers
+        return _compat.ps_num_workers(strategy)
     try:
         local = len(strategy.extended.worker_devices) or 1
     except RuntimeError:  # the default strategy (no scope): one process, one device
@@ -43,7 +45,7 @@ class MetricAverage(keras.callbacks.Callback):
 
     def __init__(self, keys=None):
         super().__init__()
-        self.keys = None if keys is None else list(keys)
+        self.keys = None if keys is None else list(check_names("keys", keys))
 
     def on_epoch_end(self, epoch, logs=None):
         strategy = self.model.distribute_strategy
@@ -83,11 +85,8 @@ class Throughput(keras.callbacks.Callback):
 
     def __init__(self, global_batch_size, reference_examples_per_second=None, log_dir=None):
         super().__init__()
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-            raise ValueError(f"global_batch_size must be an int >= 1. Received: {global_batch_size!r}.")
-        if reference_examples_per_second is not None and not reference_examples_per_second > 0:
-            raise ValueError("reference_examples_per_second must be > 0 (or None). Received: "
-                             f"{reference_examples_per_second!r}.")
+        check_int("global_batch_size", global_batch_size, 1)
+        check_number("reference_examples_per_second", reference_examples_per_second, above=0, allow_none=True)
         self.global_batch_size = global_batch_size
         self.reference = reference_examples_per_second
         self.log_dir = log_dir
@@ -147,8 +146,7 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     def __init__(self, check="batch"):
         super().__init__()
-        if check not in ("batch", "epoch"):
-            raise ValueError(f"check must be 'batch' or 'epoch'. Received: check={check!r}.")
+        check_choice("check", check, ("batch", "epoch"))
         self.check = check
         self.stopped_at_step = None
         """The optimizer step at which the guard stopped training, or None."""
@@ -187,9 +185,7 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             what = f"the weights that step {self.restored_step} started from (its loss was finite) restored"
         else:
             what = "no step had a finite loss, so the weights are left as they are"
-        if self.model.distribute_strategy.extended.should_checkpoint:
-            print(f"tfpar: loss {float(loss)} at step {self.stopped_at_step}: training stopped, {what}",
-                  flush=True)
+        chief_print(self.model, f"tfpar: loss {float(loss)} at step {self.stopped_at_step}: training stopped, {what}")
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._per_batch:

@@ -1,26 +1,21 @@
-"""tf.data input sharding for tfpar strategies."""
+"""tf.data input sharding for tfpar strategies.
 
-from tfpar.data.batching import per_replica_batch_size
-from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
-from tfpar.data.sharding import (
-    CoverageReport,
-    DistributedInput,
-    InputConfig,
-    check_coverage,
-    distribute,
-    worker_dataset,
-)
+Names load on first use, so that the pure modules (`tfpar.data.plan`, the sharding
+arithmetic, and `tfpar.data.batching`) import without TensorFlow.
+"""
 
-__all__ = [
-    "REMAINDERS",
-    "SHARD_POLICIES",
-    "CoverageReport",
-    "DistributedInput",
-    "InputConfig",
-    "ShardPlan",
-    "check_coverage",
-    "distribute",
-    "per_replica_batch_size",
-    "plan_shard",
-    "worker_dataset",
-]
+from tfpar._lazy import exports
+
+__getattr__, __dir__, __all__ = exports(__name__, {
+    "REMAINDERS": "tfpar.data.plan",
+    "SHARD_POLICIES": "tfpar.data.plan",
+    "ShardPlan": "tfpar.data.plan",
+    "plan_shard": "tfpar.data.plan",
+    "per_replica_batch_size": "tfpar.data.batching",
+    "CoverageReport": "tfpar.data.coverage",
+    "DistributedInput": "tfpar.data.sharding",
+    "InputConfig": "tfpar.data.sharding",
+    "check_coverage": "tfpar.data.coverage",
+    "distribute": "tfpar.data.sharding",
+    "worker_dataset": "tfpar.data.sharding",
+})

@@ -1,24 +1,22 @@
 """Global batch vs per-replica batch: the one rule, checked in one place."""
 
+from tfpar._checks import check_int
+
 __all__ = ["per_replica_batch_size"]
 
 
 def per_replica_batch_size(global_batch_size, num_replicas):
     """Returns ``global_batch_size // num_replicas``, checking it divides.
 
+    Example:
+        >>> per_replica_batch_size(64, 2)
+        32
+
     Raises:
         TypeError: if ``global_batch_size`` is not an int.
         ValueError: if it is below 1 or not divisible by ``num_replicas``.
     """
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
-        raise TypeError(
-            f"global_batch_size must be an int. Received: {global_batch_size!r} "
-            f"({type(global_batch_size).__name__})."
-        )
-    if global_batch_size < 1:
-        raise ValueError(
-            f"global_batch_size must be at least 1. Received: {global_batch_size}."
-        )
+    check_int("global_batch_size", global_batch_size, 1)
     if global_batch_size % num_replicas:
         lower = global_batch_size - global_batch_size % num_replicas
         upper = lower + num_replicas

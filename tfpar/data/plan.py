@@ -8,6 +8,8 @@ import dataclasses
 import math
 import warnings
 
+from tfpar._checks import check_choice
+
 __all__ = ["REMAINDERS", "SHARD_POLICIES", "ShardPlan", "plan_shard"]
 
 SHARD_POLICIES = ("auto", "file", "data", "off")
@@ -59,14 +61,6 @@ class ShardPlan:
     def global_batch_size(self):
         """Examples in one step across all workers."""
         return self.per_replica_batch * self.replicas_per_worker * self.num_workers
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(
-            f"Unknown {name} {value!r}. Received: {name}={value!r}. "
-            f"Use one of {list(choices)}."
-        )
 
 
 def _resolve_policy(policy, num_files, num_workers):
@@ -161,12 +155,18 @@ def plan_shard(
     Returns:
         A `ShardPlan`.
 
+    Example:
+        >>> plan = plan_shard(num_workers=2, worker_index=0, replicas_per_worker=1,
+        ...                   per_replica_batch=2, policy="data", num_elements=23)
+        >>> plan.steps, plan.padded, plan.padded_step_weights  # the last step: 3 real of 4
+        (6, True, (1.3333333333333333,))
+
     Raises:
         ValueError: on an unknown policy or remainder, FILE sharding without
             files or with fewer files than workers, or an index out of range.
     """
-    _check_choice("shard_policy", policy, SHARD_POLICIES)
-    _check_choice("remainder", remainder, REMAINDERS)
+    check_choice("shard_policy", policy, SHARD_POLICIES)
+    check_choice("remainder", remainder, REMAINDERS)
     if not 0 <= worker_index < num_workers:
         raise ValueError(
             f"worker_index must be in [0, {num_workers}). Received: {worker_index}."

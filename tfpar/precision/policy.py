@@ -22,6 +22,8 @@ import functools
 import logging
 import warnings
 
+from tfpar import _compat
+from tfpar._checks import check_choice
 from tfpar._keras import keras, tf
 
 __all__ = ["POLICIES", "PrecisionWarning", "check_model", "choose", "current", "use"]
@@ -87,9 +89,7 @@ def use(policy="auto", *, strict=False):
     Raises:
         ValueError: an unknown policy name.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"Unknown precision policy {policy!r}. Received: policy={policy!r}. "
-                         f"Use one of {list(POLICIES)}.")
+    check_choice("policy", policy, POLICIES, what="precision policy")
     if policy == "auto":
         policy, reason = choose()
         _log.info("precision 'auto' -> %s: %s", policy, reason)
@@ -115,7 +115,7 @@ def check_model(model, strict=False):
     model = getattr(model, "stages", [model])[-1]  # a PipelineModel: its last stage computes the output
     for tensor in model.outputs or []:
         if tensor.dtype in (tf.float16, tf.bfloat16):
-            layer = tensor._keras_history.layer
+            layer = _compat.keras_layer_of(tensor)
             problems.append(
                 f"Output {layer.name!r} of {model.name!r} is computed in {tensor.dtype.name}, so the loss "
                 f"is too (it loses precision, and float16 overflows). Give the last layer "

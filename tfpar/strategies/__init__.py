@@ -8,9 +8,9 @@ private `_auto` module: a submodule named ``auto`` would replace the function on
 package once imported.)
 """
 
-import importlib
+from tfpar._lazy import exports
 
-_LAZY = {
+__getattr__, __dir__, __all__ = exports(__name__, {
     "auto": "tfpar.strategies._auto",
     "DataParallel": "tfpar.strategies.data_parallel",
     "DataParallelConfig": "tfpar.strategies.data_parallel",
@@ -22,16 +22,4 @@ _LAZY = {
     "ParameterServerConfig": "tfpar.strategies.parameter_server",
     "Pipeline": "tfpar.strategies.pipeline.model",
     "PipelineConfig": "tfpar.strategies.pipeline.model",
-}
-
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'tfpar.strategies' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *__all__])
+})

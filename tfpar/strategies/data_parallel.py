@@ -10,7 +10,8 @@ import dataclasses
 import itertools
 import logging
 
-from tfpar._checks import check_int, config_from
+from tfpar import _compat
+from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo
 from tfpar.strategies._describe import batch_and_model_lines
@@ -56,11 +57,7 @@ class DataParallelConfig:
     """The cluster and this task (default: parsed from ``TF_CONFIG``)."""
 
     def __post_init__(self):
-        if self.all_reduce not in ALL_REDUCE:
-            raise ValueError(
-                f"Unknown all_reduce {self.all_reduce!r}. Received: "
-                f"all_reduce={self.all_reduce!r}. Use one of {list(ALL_REDUCE)}."
-            )
+        check_choice("all_reduce", self.all_reduce, ALL_REDUCE)
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
         if self.num_packs != 1 and self.all_reduce not in ("nccl", "hierarchical"):
@@ -209,7 +206,7 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     def __init__(self, config=None, **kwargs):
         self.config = _build_config(config, kwargs)
         _require_gpus(self.config)
-        self._collective_key_base = next(self._key_bases)
+        _compat.set_collective_key_base(self, next(self._key_bases))
         devices = self.config.devices or _default_devices()
         super().__init__(devices=list(devices), cross_device_ops=self._cross_device_ops())
 
@@ -224,7 +221,7 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
         return None  # TensorFlow's choice: collective all-reduce over local devices.
 
     def _all_reduce_text(self):
-        ops = getattr(self.extended, "_cross_device_ops", None)  # read-only peek
+        ops = _compat.cross_device_ops_of(self)
         text = type(ops).__name__ if ops is not None else "TensorFlow's default"
         if self.config.all_reduce in ("nccl", "hierarchical"):
             text += f", num_packs={self.config.num_packs}"

@@ -24,24 +24,18 @@ build `tfpar install-horovod` makes). Without ``horovodrun`` it runs as one rank
 
 import dataclasses
 
-from tfpar._checks import check_int, config_from
+from tfpar import _compat
+from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar.strategies._describe import batch_and_model_lines
+from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, GradientAccumulator, HorovodAllReduce
 
-from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
-from tensorflow.python.distribute import distribute_lib, input_util, mirrored_strategy, values
-from tensorflow.python.ops import control_flow_util, resource_variable_ops
-
-__all__ = ["HOROVOD_OPS", "COMPRESSIONS", "HorovodConfig", "HorovodStrategy", "import_horovod"]
+__all__ = ["HOROVOD_OPS", "COMPRESSIONS", "XLA_OPS_BUILT", "HorovodConfig", "HorovodStrategy", "import_horovod"]
 
 HOROVOD_OPS = ("average", "sum", "adasum")
 """Gradient reductions: Horovod's Average (the default), Sum and Adasum."""
 COMPRESSIONS = ("none", "fp16")
 """Gradient compression on the wire."""
-
-# tfpar install-horovod compiles Horovod's XLA ops only for TensorFlow
-# 2.6-2.18: later wheels lack the headers they need.
-XLA_OPS_BUILT = tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 19)
 
 INSTALL_HINT = (
     "Install it with `pip install 'tfpar[horovod]' && tfpar install-horovod` (it builds "
@@ -81,142 +75,19 @@ class HorovodConfig:
 
     def __post_init__(self):
         check_int("backward_passes_per_step", self.backward_passes_per_step, 1, " (1: no accumulation.)")
-        for name, value, choices in (("op", self.op, HOROVOD_OPS), ("compression", self.compression, COMPRESSIONS)):
-            if value not in choices:
-                raise ValueError(f"Unknown {name} {value!r}. Received: {name}={value!r}. Use one of {list(choices)}.")
+        check_choice("op", self.op, HOROVOD_OPS)
+        check_choice("compression", self.compression, COMPRESSIONS)
 
 
-class _HorovodAllReduce(cross_device_ops_lib.CrossDeviceOps):
-    """Cross-device ops whose reductions are Horovod all-reduces across ranks.
-
-    The values reaching it are each rank's local contribution; Keras has
-    already divided the loss by ``num_replicas_in_sync`` (= ``hvd.size()``),
-    so a Sum across ranks yields the average gradient.
-    """
-
-    def __init__(self, hvd, config):
-        super().__init__()
-        self._hvd = hvd
-        self._size = hvd.size()
-        self._compression = hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
-        self._op = config.op
-
-    def _local(self, value):
-        if isinstance(value, values.DistributedValues):
-            (value,) = value.values
-        return value
-
-    def _reduce_args(self, reduce_op, gradients):
-        hvd = self._hvd
-        if self._op == "adasum" and gradients:
-            # Adasum combines unscaled gradients; undo Keras' 1/size.
-            return dict(op=hvd.Adasum, prescale_factor=float(self._size))
-        if self._op == "sum" and gradients:
-            return dict(op=hvd.Sum, prescale_factor=float(self._size))
-        return dict(op=hvd.Average if reduce_op == tf.distribute.ReduceOp.MEAN else hvd.Sum)
-
-    def allreduce(self, reduce_op, tensors, gradients=False):
-        """All-reduces a list of local tensors (dense or IndexedSlices) across ranks."""
-        if not XLA_OPS_BUILT and control_flow_util.GraphOrParentsInXlaContext(
-                tf.compat.v1.get_default_graph()):
-            raise ValueError(
-                "HorovodStrategy cannot run in an XLA-compiled function: Horovod's XLA "
-                f"ops are not built for TensorFlow {tf.__version__} (its wheels lack the "
-                "headers they need). Received: jit_compile=True. Compile the model with "
-                "jit_compile=False (the default).")
-        if self._size == 1:
-            return list(tensors)
-        hvd, args = self._hvd, self._reduce_args(reduce_op, gradients)
-        out = list(tensors)
-        grouped = []
-        for i, t in enumerate(tensors):
-            if isinstance(t, tf.IndexedSlices) and "prescale_factor" in args:
-                t = tf.convert_to_tensor(t)  # Horovod scales dense tensors only
-            if isinstance(t, tf.IndexedSlices) or args["op"] == hvd.Adasum:
-                # hvd.grouped_allreduce fails for Adasum in 0.28.1 (it reads an
-                # unbound name on that path); one allreduce per tensor works.
-                out[i] = hvd.allreduce(t, compression=self._compression, **args)
-            elif t.dtype.is_floating:
-                grouped.append(i)
-            else:  # integers: no compression, no scaling
-                out[i] = hvd.allreduce(t, op=hvd.Average if args["op"] == hvd.Average else hvd.Sum)
-        if grouped:
-            reduced = hvd.grouped_allreduce([tensors[i] for i in grouped], compression=self._compression, **args)
-            for i, r in zip(grouped, reduced):
-                out[i] = r
-        return out
-
-    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
-        return self.allreduce(reduce_op, [self._local(per_replica_value)])[0]
-
-    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
-        return self.allreduce(reduce_op, [self._local(v) for v, _ in value_destination_pairs], gradients=True)
-
-    def broadcast_implementation(self, tensor, destinations):
-        return tensor
-
-    def _gather(self, per_replica_value, destinations, axis, options=None):
-        return self._hvd.allgather(self._local(per_replica_value))
-
-
-class _GradientAccumulator:
-    """Local gradient accumulation over N steps, as Horovod's backward_passes_per_step.
-
-    Every step adds this rank's gradients to local buffers; every N-th step the
-    buffers' average is all-reduced, the optimizer applies it, and the buffers
-    are cleared. On the other steps the optimizer's variable updates are
-    skipped (its ``iterations`` still counts every step, as in Horovod).
-    """
-
-    def __init__(self, steps):
-        self.steps = steps
-        self._buffers = {}
-        self._counter = None
-        self.boundary = None  # the current step's "apply now" flag, while tracing it
-        self.targets = set()  # refs of the variables that flag governs
-
-    def _buffer(self, var, device):
-        key = var.ref()
-        if key not in self._buffers:
-            # ResourceVariable(...) bypasses the strategy's variable creator:
-            # these buffers are this rank's own, never mirrored or broadcast.
-            with tf.init_scope(), tf.device(device):
-                self._buffers[key] = resource_variable_ops.ResourceVariable(
-                    tf.zeros(var.shape, var.dtype), trainable=False, name="tfpar_grad_accumulator")
-                if self._counter is None:
-                    self._counter = resource_variable_ops.ResourceVariable(
-                        tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step")
-        return self._buffers[key]
-
-    def reduce(self, grads_and_vars, device, allreduce):
-        """Accumulates; returns the averaged, all-reduced gradients (zeros between boundaries)."""
-        buffers = [self._buffer(v, device) for _, v in grads_and_vars]
-        added = [b.assign_add(tf.convert_to_tensor(g)) for b, (g, _) in zip(buffers, grads_and_vars)]
-        with tf.control_dependencies(added):
-            step = self._counter.assign_add(1)
-        boundary = tf.equal(step % self.steps, 0)
-
-        def reduce_and_clear():
-            reduced = allreduce([b.read_value() / self.steps for b in buffers])
-            with tf.control_dependencies(reduced):
-                cleared = [b.assign(tf.zeros_like(b)) for b in buffers]
-            with tf.control_dependencies(cleared):
-                return [tf.identity(r) for r in reduced]
-
-        self.boundary = boundary
-        self.targets = {v.ref() for _, v in grads_and_vars}
-        return tf.cond(boundary, reduce_and_clear, lambda: [tf.zeros_like(b) for b in buffers])
-
-
-class _HorovodExtended(mirrored_strategy.MirroredExtended):
+class _HorovodExtended(_compat.MirroredExtended):
     """MirroredExtended over one local device, Horovod across processes."""
 
     def __init__(self, container_strategy, hvd, config, device):
         self._hvd = hvd
         self._rank, self._size = hvd.rank(), hvd.size()
-        self._horovod_ops = _HorovodAllReduce(hvd, config)
+        self._horovod_ops = HorovodAllReduce(hvd, config)
         steps = config.backward_passes_per_step
-        self._accumulator = _GradientAccumulator(steps) if steps > 1 else None
+        self._accumulator = GradientAccumulator(steps) if steps > 1 else None
         super().__init__(container_strategy, devices=[device], cross_device_ops=self._horovod_ops)
 
     # Reductions: always through Horovod (MirroredExtended would shortcut
@@ -225,7 +96,7 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
         return self._horovod_ops
 
     def _reduce_to(self, reduce_op, value, destinations, options):
-        if isinstance(value, values.Mirrored) and reduce_op == tf.distribute.ReduceOp.MEAN:
+        if isinstance(value, _compat.Mirrored) and reduce_op == tf.distribute.ReduceOp.MEAN:
             return value
         return tf.nest.map_structure(
             lambda v: self._horovod_ops.reduce_implementation(reduce_op, v, destinations, options), value)
@@ -268,7 +139,7 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
                 initial = kwargs["initial_value"]
                 if callable(initial):
                     initial = initial()
-                initial = getattr(initial, "wrapped_value", initial)  # CheckpointInitialValue
+                initial = _compat.unwrap_initial_value(initial)
                 initial = tf.convert_to_tensor(initial, dtype=kwargs.get("dtype", None))
                 name = kwargs.get("name") or "variable"
                 return hvd.broadcast(initial, root_rank=0, name=f"tfpar_init_{name}".replace(":", "_"))
@@ -277,16 +148,16 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
 
     # Input: each rank reads its own shard.
     def _make_input_context(self):
-        return distribute_lib.InputContext(
+        return tf.distribute.InputContext(
             num_input_pipelines=self._size, input_pipeline_id=self._rank, num_replicas_in_sync=self._size)
 
     def _experimental_distribute_dataset(self, dataset, options):
-        return input_util.get_distributed_dataset(
+        return _compat.get_distributed_dataset(
             dataset, self._input_workers_with_options(options), self._container_strategy(),
             num_replicas_in_sync=self._size, input_context=self._make_input_context(), options=options)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
-        return input_util.get_distributed_datasets_from_function(
+        return _compat.get_distributed_datasets_from_function(
             dataset_fn=dataset_fn, input_workers=self._input_workers_with_options(options),
             input_contexts=[self._make_input_context()], strategy=self._container_strategy(), options=options)
 
@@ -308,11 +179,7 @@ class _HorovodExtended(mirrored_strategy.MirroredExtended):
         return True
 
     @property
-    def _task_type(self):  # read by tf_keras' distributed_file_utils (non-chief temp dirs)
-        return "worker"
-
-    @property
-    def _task_id(self):
+    def _task_id(self):  # _compat.KERAS_READS_FROM_EXTENDED: tf_keras names non-chief temp folders by it
         return self._rank
 
     @property
@@ -372,7 +239,7 @@ class HorovodStrategy(tf.distribute.MirroredStrategy):
         else:
             device = "/device:CPU:0"
         extended = _HorovodExtended(self, hvd, config, device)
-        distribute_lib.Strategy.__init__(self, extended)
+        tf.distribute.Strategy.__init__(self, extended)  # not MirroredStrategy's: it would build its own extended
 
     @property
     def rank(self):

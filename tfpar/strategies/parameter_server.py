@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from tfpar._checks import check_int, config_from
+from tfpar._checks import check_int, check_number, config_from
 from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo, local_cluster
 from tfpar.strategies._describe import batch_and_model_lines
@@ -78,9 +78,7 @@ class ParameterServerConfig:
                 "tf.distribute.experimental.partitioners.Partitioner (MinSizePartitioner, "
                 f"FixedShardsPartitioner, MaxSizePartitioner). Received: {partitioner!r}.")
         check_int("min_shard_bytes", self.min_shard_bytes, 1)
-        if not isinstance(self.connect_timeout_seconds, (int, float)) or self.connect_timeout_seconds <= 0:
-            raise ValueError("connect_timeout_seconds must be > 0. Received: "
-                             f"{self.connect_timeout_seconds!r}.")
+        check_number("connect_timeout_seconds", self.connect_timeout_seconds, above=0)
 
 
 def _accepts(address, timeout=1.0):
@@ -177,10 +175,8 @@ class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
             ValueError: ``num_workers`` or ``num_ps`` below 1.
         """
         for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"ParameterServer.local needs {name} >= 1. Received: {name}={value!r}. "
-                    "A parameter-server cluster has at least one ps and one worker.")
+            check_int(name, value, 1, " A parameter-server cluster has at least one ps and one worker.")
+        ParameterServerConfig(**kwargs)  # every option checked before a server starts
         cluster = local_cluster({"chief": 1, "worker": num_workers, "ps": num_ps})
         servers = []
         try:

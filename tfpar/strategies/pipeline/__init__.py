@@ -4,14 +4,7 @@
 to cut) and `model` (`Pipeline`, `PipelineModel`: the Keras side).
 """
 
-import importlib
+from tfpar._lazy import exports
 
-_LAZY = {"Pipeline": "model", "PipelineConfig": "model", "PipelineModel": "model"}
-
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"tfpar.strategies.pipeline.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'tfpar.strategies.pipeline' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = exports(__name__, dict.fromkeys(
+    ("Pipeline", "PipelineConfig", "PipelineModel"), "tfpar.strategies.pipeline.model"))

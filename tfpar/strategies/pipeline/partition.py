@@ -15,6 +15,8 @@ import dataclasses
 import statistics
 import time
 
+from tfpar import _compat
+from tfpar._checks import check_choice
 from tfpar._keras import keras, tf
 
 __all__ = ["Partition", "StageInfo", "balanced_cuts", "measure_layer_costs", "partition_model",
@@ -101,7 +103,7 @@ def _graph_layers(model):
     """The model's non-input layers in topological order, checked to be cuttable."""
     if not isinstance(model, keras.Model):
         raise TypeError(f"Expected a tf_keras model to stage. Received: {type(model).__name__}.")
-    if not getattr(model, "_is_graph_network", False):
+    if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot cut the subclassed model {model.name!r} ({type(model).__name__}) into stages: "
             "its call() is Python code, so tfpar cannot see where one layer's output feeds the next. "
@@ -117,8 +119,7 @@ def _graph_layers(model):
 
 def _nodes_in(model, layer):
     """The nodes (calls) of ``layer`` that belong to ``model``'s graph."""
-    return [node for index, node in enumerate(layer.inbound_nodes)
-            if f"{layer.name}_ib-{index}" in model._network_nodes]
+    return _compat.layer_nodes_in(model, layer)
 
 
 def valid_cut_points(model):
@@ -156,7 +157,7 @@ def measure_layer_costs(model, batch_size=32, repeats=10):
     probe = keras.Model(model.inputs, [layer.output for layer in layers])
     outputs = dict(zip((id(layer) for layer in layers), probe(sample, training=False)))
     for tensor, value in zip(model.inputs, sample):  # the input layers "output" the sample
-        outputs[id(tensor._keras_history.layer)] = value
+        outputs[id(_compat.keras_layer_of(tensor))] = value
     costs = {}
     for layer in layers:
         parents = [outputs[id(node.layer)] for node in _nodes_in(model, layer)[0].parent_nodes]
@@ -220,7 +221,7 @@ def partition_model(model, num_stages, cut_points="auto", balance="params", laye
                              f"missing {sorted(set(names) - set(layer_costs or {}))}.")
         costs = [float(layer_costs[name]) for name in names]
     else:
-        raise ValueError(f"Unknown balance {balance!r}. Received: balance={balance!r}. Use 'params' or 'time'.")
+        check_choice("balance", balance, ("params", "time"))
     if cut_points == "auto":
         allowed = [names.index(name) + 1 for name in valid]
         if len(allowed) < num_stages - 1:

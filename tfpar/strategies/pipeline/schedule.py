@@ -22,7 +22,7 @@ Example:
 
 import dataclasses
 
-from tfpar._checks import check_int
+from tfpar._checks import check_choice, check_int
 
 __all__ = ["SCHEDULES", "GPipe", "Instruction", "OneFOneB", "Schedule", "Timeline", "make_schedule"]
 
@@ -197,7 +197,5 @@ def make_schedule(name, num_stages, num_microbatches):
     Raises:
         ValueError: an unknown name, or counts below 1.
     """
-    if name not in SCHEDULES:
-        raise ValueError(f"Unknown pipeline schedule {name!r}. Received: schedule={name!r}. "
-                         f"Use one of {sorted(SCHEDULES)}.")
+    check_choice("schedule", name, sorted(SCHEDULES), what="pipeline schedule")
     return SCHEDULES[name](num_stages, num_microbatches)
