@@ -25,7 +25,7 @@ from tfpar._lazy import exports as _exports
 __getattr__, __dir__, __all__ = _exports(__name__, {
     "ClusterInfo": "tfpar.cluster",
     "DataParallel": "tfpar.strategies",
-    "check_model": "tfpar._keras",
+    "check_tf_keras_model": "tfpar._keras",
     "configure_devices": "tfpar.devices",
     "keras": "tfpar._keras",
     "local_devices": "tfpar.devices",

@@ -13,7 +13,7 @@ earlier with Keras 3. Every other module takes ``tf`` and ``keras`` from here.
 import tensorflow as tf
 import tf_keras as keras
 
-__all__ = ["keras", "tf", "check_model"]
+__all__ = ["keras", "tf", "check_tf_keras_model"]
 
 _FIX = (
     "tfpar trains tf_keras (Keras 2) models. Build the model with "
@@ -23,7 +23,7 @@ _FIX = (
 )
 
 
-def check_model(model):
+def check_tf_keras_model(model):
     """Checks that ``model`` is a tf_keras model and returns it.
 
     Args:

@@ -147,7 +147,7 @@ def test_keras3_model_is_refused_with_the_fix():
     with pytest.raises(TypeError, match=r"Received a Keras 3 model .*import tf_keras as keras"):
         DataParallel().describe(model=model)
     with pytest.raises(TypeError, match=r"Expected a tf_keras.Model, received builtins.str"):
-        tfpar.check_model("model")
+        tfpar.check_tf_keras_model("model")
 
 
 def test_devices_configured_too_late_is_a_clear_error():

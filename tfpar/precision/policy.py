@@ -10,7 +10,7 @@ finiteness check runs on the gradients after they were reduced across replicas
 and change the loss scale the same way.
 
 While a mixed policy is set, `use` also makes ``Model.compile`` run
-`check_model`: an output computed in 16 bits (a final softmax without
+`check_output_precision`: an output computed in 16 bits (a final softmax without
 ``dtype="float32"``) warns with the fix, or raises with ``strict=True``.
 
 Example:
@@ -26,7 +26,7 @@ from tfpar import _compat
 from tfpar._checks import check_choice
 from tfpar._keras import keras, tf
 
-__all__ = ["POLICIES", "PrecisionWarning", "check_model", "choose", "current", "use"]
+__all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current", "use"]
 
 POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 """Names `use` accepts."""
@@ -109,7 +109,7 @@ def current():
     return keras.mixed_precision.global_policy().name
 
 
-def check_model(model, strict=False):
+def check_output_precision(model, strict=False):
     """Finds outputs computed in 16 bits: warns (or raises) with the fix; returns the messages."""
     problems = []
     model = getattr(model, "stages", [model])[-1]  # a PipelineModel: its last stage computes the output
@@ -137,7 +137,7 @@ def _install_compile_check(active):
         def compile(self, *args, **kwargs):
             result = original(self, *args, **kwargs)
             if current() != "float32":
-                check_model(self, strict=_state["strict"])
+                check_output_precision(self, strict=_state["strict"])
             return result
 
         _state["original_compile"] = original

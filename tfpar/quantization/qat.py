@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 
 from tfpar import _compat
-from tfpar._keras import check_model, keras, tf
+from tfpar._keras import check_tf_keras_model, keras, tf
 
 __all__ = ["TFLiteExport", "export_tflite", "quantize", "quantizer_ranges"]
 
@@ -36,7 +36,7 @@ def _tfmot():
 
 
 def _check_graph_model(model, what):
-    check_model(model)
+    check_tf_keras_model(model)
     if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot {what} the subclassed model {model.name!r} ({type(model).__name__}): "
@@ -155,7 +155,7 @@ def export_tflite(model, path, representative_data=None, int8=True):
     Raises:
         ValueError: ``int8`` without ``representative_data``.
     """
-    check_model(model)
+    check_tf_keras_model(model)
     if int8 and (representative_data is None or len(representative_data) == 0):
         raise ValueError(
             "A fully int8 TFLite model needs representative_data: input examples (a few hundred from "

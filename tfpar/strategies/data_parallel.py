@@ -152,10 +152,18 @@ class DataParallel:
     """
 
     def __new__(cls, config=None, **kwargs):
+        # DataParallel(...) stays the one call for one host and many, and isinstance(s, DataParallel)
+        # holds for both; the config is built here once and handed to __init__ (`_config_for`).
+        built = _build_config(config, kwargs)
         if cls is DataParallel:
-            built = _build_config(config, kwargs)
             cls = MultiWorkerDataParallel if built.multi_worker else MirroredDataParallel
-        return object.__new__(cls)
+        strategy = object.__new__(cls)
+        strategy._built_config = built
+        return strategy
+
+    def _config_for(self, config, kwargs):
+        built = self.__dict__.pop("_built_config", None)
+        return built if built is not None else _build_config(config, kwargs)
 
     config: DataParallelConfig
     _TF_BASE = ""
@@ -204,7 +212,7 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     _key_bases = itertools.count(100_000, 100_000)
 
     def __init__(self, config=None, **kwargs):
-        self.config = _build_config(config, kwargs)
+        self.config = self._config_for(config, kwargs)
         _require_gpus(self.config)
         _compat.set_collective_key_base(self, next(self._key_bases))
         devices = self.config.devices or _default_devices()
@@ -243,7 +251,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
     _TF_BASE = "MultiWorkerMirroredStrategy"
 
     def __init__(self, config=None, **kwargs):
-        self.config = _build_config(config, kwargs)
+        self.config = self._config_for(config, kwargs)
         _require_gpus(self.config)
         cluster = self.config.cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 
 from tfpar._checks import check_int, config_from
-from tfpar._keras import check_model, keras, tf
+from tfpar._keras import check_tf_keras_model, keras, tf
 from tfpar.strategies.pipeline.partition import partition_model
 from tfpar.strategies.pipeline.schedule import FORWARD, SCHEDULES, make_schedule
 
@@ -112,7 +112,7 @@ class Pipeline:
             TypeError: not a tf_keras model.
             ValueError: a subclassed model, more stages than layers or devices, a bad cut.
         """
-        check_model(model)
+        check_tf_keras_model(model)
         c = self.config
         grid = self.devices()
         partition = partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
