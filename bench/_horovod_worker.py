@@ -11,13 +11,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# This folder holds bench/horovod.py, which must not shadow the horovod package.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["strategy", "recipe", "allreduce"])
@@ -32,6 +28,7 @@ import tfpar  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfpar.strategies.horovod import HorovodStrategy, import_horovod  # noqa: E402
+from common import EpochTimer, bus_bandwidth, make_data, make_model  # noqa: E402
 
 hvd = import_horovod()
 keras = tfpar.keras
@@ -55,10 +52,9 @@ if args.mode == "allreduce":
     assert float(out[0]) == hvd.size()
     seconds = statistics.median(times)
     size = n * 4
-    report({"seconds": seconds, "busbw": size * 2 * (hvd.size() - 1) / hvd.size() / seconds})
+    report({"seconds": seconds, "busbw": bus_bandwidth(size, hvd.size(), seconds)})
     raise SystemExit(0)
 
-from bench_models import EpochTimer, make_data, make_model  # noqa: E402
 
 global_batch = args.per_worker_batch * hvd.size()
 x, y = make_data("cnn", global_batch * args.steps)

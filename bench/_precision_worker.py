@@ -14,13 +14,11 @@ tfpar.configure_devices(1)
 tfpar.precision.use(policy)
 import tensorflow as tf  # noqa: E402
 
-from bench_models import EpochTimer, make_data  # noqa: E402
+from common import EpochTimer, make_data, make_model  # noqa: E402
 
 keras = tfpar.keras
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.layers.Input((784,)), keras.layers.Dense(1152, activation="relu"),
-                          keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(512, activation="relu"),
-                          keras.layers.Dense(10), keras.layers.Activation("softmax", dtype="float32")])
+model = make_model("mlp")
 model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
 x, y = make_data("mlp", 256 * steps)
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(256, drop_remainder=True).repeat()

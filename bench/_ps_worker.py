@@ -29,7 +29,7 @@ else:
     strategy = tfpar.DataParallel()
 import tensorflow as tf  # noqa: E402
 
-from bench_models import EpochTimer, make_data, make_model  # noqa: E402
+from common import EpochTimer, make_data, make_model  # noqa: E402
 
 keras = tfpar.keras
 x, y = make_data(args.model, args.global_batch * args.steps)

@@ -38,7 +38,7 @@ else:
     strategy = tfpar.DataParallel(all_reduce="auto", timeout_seconds=TIMEOUT)
 
 
-from bench_models import EpochTimer, make_data, make_model  # noqa: E402
+from common import EpochTimer, bus_bandwidth, make_data, make_model  # noqa: E402
 
 cluster = tfpar.ClusterInfo.from_tf_config()
 workers = cluster.num_workers if cluster else 1
@@ -69,8 +69,7 @@ if args.mode == "allreduce":
     assert float(out[0][0]) == strategy.num_replicas_in_sync
     seconds = statistics.median(times)
     size = n * 4
-    busbw = size * 2 * (workers - 1) / workers / seconds
-    report({"seconds": seconds, "busbw": busbw, "bytes": size, "workers": workers})
+    report({"seconds": seconds, "busbw": bus_bandwidth(size, workers, seconds), "bytes": size, "workers": workers})
     raise SystemExit(0)
 
 keras = tfpar.keras

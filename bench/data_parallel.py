@@ -20,7 +20,6 @@ Last line:
   use alone, so this describes the machine more than tfpar.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -30,9 +29,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_worker.py")
-sys.path.insert(0, HERE)
 
-from bench_models import loopback_tcp_throughput, parse_bench_line, run_job  # noqa: E402
+from common import loopback_tcp_throughput, parse_bench_line, quick_options, run_job  # noqa: E402
 
 
 def run_tfpar_job(workers, args, env=None, timeout=600):
@@ -72,7 +70,7 @@ def one_host_overhead(rounds, steps):
     tfpar.configure_devices(2)
     import tensorflow as tf
 
-    from bench_models import make_data, make_model
+    from common import make_data, make_model
 
     keras = tfpar.keras
     global_batch = 128
@@ -104,9 +102,7 @@ def one_host_overhead(rounds, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     rounds, steps, epochs, mib = (2, 5, 2, 8) if opts.quick else (10, 30, 6, 64)
     common = ["--steps", str(steps), "--epochs", str(epochs)]
 

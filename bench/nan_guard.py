@@ -12,7 +12,6 @@ Last line:
     RESULT nan_guard overhead=<median epoch time with the guard / without>
 """
 
-import argparse
 import os
 import statistics
 import time
@@ -20,12 +19,11 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tfpar  # noqa: E402
+from common import quick_options  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     rounds = 1 if opts.quick else 8
     tfpar.configure_devices(2)
     import tensorflow as tf

@@ -19,7 +19,6 @@ TensorFlow's coordinator costs per step whatever the model (scheduling a closure
 function call, reading back its result), which the floor leaves out.
 """
 
-import argparse
 import os
 import socket
 import statistics
@@ -28,9 +27,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from bench_models import loopback_tcp_throughput, run_job  # noqa: E402
+from common import loopback_tcp_throughput, quick_options, run_job  # noqa: E402
 
 
 def loopback_round_trip(repeats=2000):
@@ -70,9 +68,7 @@ def median_step(jobs):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     common = ["--steps", "5", "--epochs", "2"] if opts.quick else ["--steps", "40", "--epochs", "5"]
     order = ["ps", "dp"] if opts.quick else ["ps", "dp", "dp", "ps"]
     jobs = {"ps": [], "dp": []}

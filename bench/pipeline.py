@@ -21,21 +21,17 @@ Last line:
   batch): what cutting the batch costs on one device.
 """
 
-import argparse
 import os
 import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from bench_models import run_job  # noqa: E402
+from common import quick_options, run_job  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     size = ["--width", "256", "--depth", "4", "--batch", "64", "--steps", "3", "--epochs", "1"] if opts.quick else []
     order = ["baseline", "pipeline"] if opts.quick else ["baseline", "pipeline", "pipeline", "baseline"]
     jobs = {"baseline": [], "pipeline": []}

@@ -12,23 +12,19 @@ Last line:
     RESULT precision mixed_float16=<x> mixed_bfloat16=<y>
 """
 
-import argparse
 import os
 import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from bench_models import run_job  # noqa: E402
+from common import quick_options, run_job  # noqa: E402
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     steps, epochs = ("3", "1") if opts.quick else ("20", "3")
     order = POLICIES if opts.quick else ("float32", "mixed_bfloat16", "mixed_float16", "mixed_bfloat16", "float32")
     times = {policy: [] for policy in POLICIES}

@@ -15,30 +15,23 @@ Last line:
 - latency_ratio: float ÷ int8 median latency of one image (batch 1) on this CPU (report).
 """
 
-import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-
 import tfpar  # noqa: E402
+from common import quick_options  # noqa: E402
 
 
 def latency(export, x, repeats):
     """Median seconds of one batch-1 invocation."""
     interpreter = export.interpreter(batch_size=1)
     inp = interpreter.get_input_details()[0]
-    sample = x[:1].astype(np.float32)
-    if inp["dtype"] == np.int8:
-        scale, zero = inp["quantization"]
-        sample = np.clip(np.round(sample / scale + zero), -128, 127).astype(np.int8)
+    sample = export.model_input(interpreter, x[:1])
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -49,9 +42,7 @@ def latency(export, x, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     epochs, qat_epochs, repeats = (2, 1, 50) if opts.quick else (15, 3, 2000)
 
     tfpar.configure_devices(2)

@@ -118,17 +118,25 @@ class TFLiteExport:
         interpreter.allocate_tensors()
         return interpreter
 
+    @staticmethod
+    def model_input(interpreter, x):
+        """``x`` (float) as ``interpreter``'s input expects it: quantized to int8 with the input's
+        scale and zero point for a fully int8 model, else float32."""
+        inp = interpreter.get_input_details()[0]
+        x = np.asarray(x, np.float32)
+        if inp["dtype"] == np.int8:
+            scale, zero = inp["quantization"]
+            return np.clip(np.round(x / scale + zero), -128, 127).astype(np.int8)
+        return x
+
     def predict(self, x, batch_size=64):
         """Runs ``x`` through the TFLite interpreter; returns float outputs (dequantized)."""
         outputs = []
         for start in range(0, len(x), batch_size):
-            chunk = np.asarray(x[start:start + batch_size], np.float32)
+            chunk = x[start:start + batch_size]
             interpreter = self.interpreter(len(chunk))
             inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
-            if inp["dtype"] == np.int8:
-                scale, zero = inp["quantization"]
-                chunk = np.clip(np.round(chunk / scale + zero), -128, 127).astype(np.int8)
-            interpreter.set_tensor(inp["index"], chunk)
+            interpreter.set_tensor(inp["index"], self.model_input(interpreter, chunk))
             interpreter.invoke()
             result = interpreter.get_tensor(out["index"])
             if out["dtype"] == np.int8:

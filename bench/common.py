@@ -1,5 +1,7 @@
-"""Models, synthetic data and measurements shared by the benchmarks."""
+"""What the benchmarks share: their --quick option, models, synthetic data, timing and the
+bus-bandwidth formula. (A driver's own folder is on sys.path, so ``from common import ...``.)"""
 
+import argparse
 import json
 import socket
 import subprocess
@@ -11,6 +13,18 @@ import numpy as np
 import tfpar
 
 keras = tfpar.keras
+
+
+def quick_options(doc):
+    """Parses a driver's command line: ``--quick`` for tiny settings (a smoke run, not a measurement)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
+    return parser.parse_args()
+
+
+def bus_bandwidth(nbytes, workers, seconds):
+    """An all-reduce's bus bandwidth (bytes/s): each byte crosses 2 (n-1)/n links (NCCL's definition)."""
+    return nbytes * 2 * (workers - 1) / workers / seconds
 
 
 def make_model(kind):
@@ -34,7 +48,8 @@ def make_model(kind):
         keras.layers.Dense(1152, activation="relu"),
         keras.layers.Dense(1024, activation="relu"),
         keras.layers.Dense(512, activation="relu"),
-        keras.layers.Dense(10, activation="softmax"),
+        keras.layers.Dense(10),
+        keras.layers.Activation("softmax", dtype="float32"),  # float32 output under any precision policy
     ])
 
 

@@ -1,6 +1,6 @@
 """Horovod benchmark: tfpar's HorovodStrategy against the plain Horovod recipe, side by side.
 
-    python bench/horovod.py [--quick]
+    python bench/horovod_strategy.py [--quick]
 
 Last line:
     RESULT horovod overhead=<x> busbw_ratio=<y>
@@ -13,15 +13,13 @@ Last line:
   in the same run.
 """
 
-import argparse
 import os
 import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-from bench_models import loopback_tcp_throughput, run_job  # noqa: E402
+from common import loopback_tcp_throughput, quick_options, run_job  # noqa: E402
 
 
 def run_horovod_job(ranks, args):
@@ -30,9 +28,7 @@ def run_horovod_job(ranks, args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
-    opts = parser.parse_args()
+    opts = quick_options(__doc__)
     steps, epochs, mib = (5, 2, 8) if opts.quick else (40, 6, 64)
     common = ["--steps", str(steps), "--epochs", str(epochs)]
     order = ["strategy", "recipe"] if opts.quick else ["strategy", "recipe", "recipe", "strategy",
