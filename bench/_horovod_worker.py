@@ -28,7 +28,7 @@ import tfpar  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfpar.strategies.horovod import HorovodStrategy, import_horovod  # noqa: E402
-from common import EpochTimer, bus_bandwidth, make_data, make_model  # noqa: E402
+from common import bus_bandwidth, make_data, make_model  # noqa: E402
 
 hvd = import_horovod()
 keras = tfpar.keras
@@ -69,10 +69,9 @@ if args.mode == "strategy":
         model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
     train = tfpar.data.distribute(source, strategy, global_batch)
 
-    timer = EpochTimer()
-    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0,
-              callbacks=[timer])
-    epoch_times = timer.times
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0,
+                        callbacks=[tfpar.callbacks.Throughput(global_batch)])
+    epoch_times = [t * train.steps_per_epoch for t in history.history["step_time"]]
 else:
     keras.utils.set_random_seed(0)
     model = make_model("cnn")

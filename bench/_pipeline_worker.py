@@ -30,7 +30,6 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1 if args.mode == "baseline" else 2)
 tfpar.configure_devices(2)
 
-from common import EpochTimer  # noqa: E402
 from tfpar.strategies.pipeline import Pipeline  # noqa: E402
 
 keras = tfpar.keras
@@ -58,11 +57,11 @@ else:
 report = {}
 for name, model in variants.items():
     model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    timer = EpochTimer()
-    callbacks = [timer] + ([tfpar.callbacks.PipelineBubble()] if args.mode == "pipeline" else [])
+    callbacks = [tfpar.callbacks.Throughput(args.batch)]
+    callbacks += [tfpar.callbacks.PipelineBubble()] if args.mode == "pipeline" else []
     history = model.fit(dataset, steps_per_epoch=args.steps, epochs=args.epochs + 1, verbose=0,
                         callbacks=callbacks)
-    report[name] = statistics.median(timer.times[1:]) / args.steps  # the first epoch traces
+    report[name] = statistics.median(history.history["step_time"][1:])  # the first epoch traces
     if args.mode == "pipeline":
         report["bubble"] = statistics.median(history.history["bubble"][1:])
         report["bubble_theory"] = history.history["bubble_theory"][-1]

@@ -29,7 +29,7 @@ else:
     strategy = tfpar.DataParallel()
 import tensorflow as tf  # noqa: E402
 
-from common import EpochTimer, make_data, make_model  # noqa: E402
+from common import make_data, make_model  # noqa: E402
 
 keras = tfpar.keras
 x, y = make_data(args.model, args.global_batch * args.steps)
@@ -38,8 +38,8 @@ with strategy.scope():
     model = make_model(args.model)
     model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
 train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.global_batch)
-timer = EpochTimer()
-model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0, callbacks=[timer])
-step = statistics.median(t / train.steps_per_epoch for t in timer.times[1:])
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0,
+                    callbacks=[tfpar.callbacks.Throughput(args.global_batch)])
+step = statistics.median(history.history["step_time"][1:])  # epoch 1 traces
 variable_bytes = sum(int(v.shape.num_elements()) * v.dtype.size for v in model.trainable_variables)
 print("BENCH " + json.dumps({"step_seconds": step, "variable_bytes": variable_bytes}), flush=True)

@@ -38,7 +38,7 @@ else:
     strategy = tfpar.DataParallel(all_reduce="auto", timeout_seconds=TIMEOUT)
 
 
-from common import EpochTimer, bus_bandwidth, make_data, make_model  # noqa: E402
+from common import bus_bandwidth, make_data, make_model  # noqa: E402
 
 cluster = tfpar.ClusterInfo.from_tf_config()
 workers = cluster.num_workers if cluster else 1
@@ -87,9 +87,9 @@ else:  # the recipe of the TensorFlow tutorial: global batch, auto-sharding by t
     data, steps = source.batch(global_batch).repeat(), args.steps
 
 
-timer = EpochTimer()
-model.fit(data, steps_per_epoch=steps, epochs=args.epochs, verbose=0, callbacks=[timer])
-step_times = [t / steps for t in timer.times[1:]]  # epoch 1 traces
+history = model.fit(data, steps_per_epoch=steps, epochs=args.epochs, verbose=0,
+                    callbacks=[tfpar.callbacks.Throughput(global_batch)])
+step_times = history.history["step_time"][1:]  # epoch 1 traces
 step = statistics.median(step_times)
 report({"step_seconds": step, "examples_per_second": global_batch / step, "workers": workers,
         "replicas": strategy.num_replicas_in_sync, "params": model.count_params()})

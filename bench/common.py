@@ -106,17 +106,3 @@ def run_job(cmd, cwd, env=None, timeout=600):
     if done.returncode:
         raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return parse_bench_line(done.stdout)
-
-
-class EpochTimer(keras.callbacks.Callback):
-    """Records each epoch's wall time in ``times`` (epoch-level hooks: fine under every strategy)."""
-
-    def __init__(self):
-        super().__init__()
-        self.times = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.times.append(time.perf_counter() - self._start)

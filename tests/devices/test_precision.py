@@ -99,3 +99,27 @@ def test_pipeline_under_mixed_float16_scales_the_loss_and_matches_the_plain_mode
     assert float(staged.optimizer.loss_scale.numpy()) == float(plain.optimizer.loss_scale.numpy())
     for a, b in zip(plain.get_weights(), staged.plain_model().get_weights()):
         np.testing.assert_allclose(a, b, atol=2e-3)  # float16 sums in another order
+
+
+def test_the_compile_check_is_registered_once_whatever_the_order_of_calls():
+    from tfpar.precision import policy
+
+    keras = tfpar.keras
+    wrapped = keras.Model.compile
+    assert getattr(wrapped, "_tfpar_precision_check", False)
+    policy._register_compile_check()  # what importing again would do: nothing more
+    assert keras.Model.compile is wrapped
+    for name in ("float32", "mixed_bfloat16", "float32"):  # use() installs and removes nothing
+        tfpar.precision.use(name)
+        assert keras.Model.compile is wrapped
+    # The policy set straight through Keras is checked too: the check reads the policy at compile.
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(2)])
+        with pytest.warns(PrecisionWarning, match="computed in bfloat16"):
+            model.compile("sgd", "mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecisionWarning)
+        keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(2)]).compile("sgd", "mse")  # float32: silent

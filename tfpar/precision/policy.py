@@ -9,9 +9,13 @@ finiteness check runs on the gradients after they were reduced across replicas
 ``apply_gradients``), so one replica's overflow makes every replica skip the step
 and change the loss scale the same way.
 
-While a mixed policy is set, `use` also makes ``Model.compile`` run
-`check_output_precision`: an output computed in 16 bits (a final softmax without
-``dtype="float32"``) warns with the fix, or raises with ``strict=True``.
+While a mixed policy is set, ``Model.compile`` runs `check_output_precision`: an
+output computed in 16 bits (a final softmax without ``dtype="float32"``) warns
+with the fix, or raises with ``strict=True``. The check is a registration made
+once, when this module is first imported (tf_keras has no public hook at
+compile): ``tf_keras.Model.compile`` is wrapped by a function that calls the
+original and then, only under a mixed policy, the check. Nothing is installed or
+removed by `use`, so the order of calls does not matter.
 
 Example:
     >>> tfpar.precision.use("auto")  # doctest: +SKIP
@@ -32,7 +36,7 @@ POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 """Names `use` accepts."""
 
 _log = logging.getLogger("tfpar.precision")
-_state = {"strict": False, "original_compile": None}
+_state = {"strict": False}  # use(..., strict=): what the compile check does with a 16-bit output
 
 
 class PrecisionWarning(UserWarning):
@@ -100,7 +104,6 @@ def use(policy="auto", *, strict=False):
             "(tfpar.precision.use('auto') picks for you).", PrecisionWarning, stacklevel=2)
     keras.mixed_precision.set_global_policy(policy)
     _state["strict"] = strict
-    _install_compile_check(policy != "float32")
     return policy
 
 
@@ -128,22 +131,21 @@ def check_output_precision(model, strict=False):
     return problems
 
 
-def _install_compile_check(active):
-    model_class = keras.Model
-    if active and _state["original_compile"] is None:
-        original = model_class.compile
+def _register_compile_check():
+    """Wraps ``tf_keras.Model.compile`` once per process (see the module docstring)."""
+    original = keras.Model.compile
+    if getattr(original, "_tfpar_precision_check", False):
+        return
 
-        @functools.wraps(original)
-        def compile(self, *args, **kwargs):
-            result = original(self, *args, **kwargs)
-            if current() != "float32":
-                check_output_precision(self, strict=_state["strict"])
-            return result
+    @functools.wraps(original)
+    def compile(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if current() != "float32":
+            check_output_precision(self, strict=_state["strict"])
+        return result
 
-        _state["original_compile"] = original
-        model_class.compile = compile
-    elif not active and _state["original_compile"] is not None:
-        model_class.compile = _state["original_compile"]
-        _state["original_compile"] = None
+    compile._tfpar_precision_check = True
+    keras.Model.compile = compile
 
 
+_register_compile_check()
