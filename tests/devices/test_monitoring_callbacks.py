@@ -93,6 +93,22 @@ def test_nan_guard_restores_weights_whose_loss_was_finite(check):
     assert model.get_weights()[0][0, 0] == pytest.approx((-3.0) ** (guard.restored_step - 1), rel=1e-5)
 
 
+def test_nan_guard_counts_steps_with_several_steps_per_execution():
+    """Keras calls batch hooks once per execution (here 2 steps): the guard's host-side step count
+    must still be the optimizer's, and the restored weights' loss finite."""
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(
+            1, use_bias=False, kernel_initializer="ones")])
+        model.compile(keras.optimizers.SGD(2.0), "mse", steps_per_execution=2)
+    x, y = np.ones((16, 1), "float32"), np.zeros((16, 1), "float32")
+    guard = NaNGuard()
+    model.fit(x, y, batch_size=8, epochs=60, shuffle=False, verbose=0, callbacks=[guard])
+    assert guard.stopped_at_step == int(model.optimizer.iterations.numpy()) and guard.stopped_at_step % 2 == 0
+    assert guard.restored_step == guard.stopped_at_step - 3  # the first step of the execution before
+    assert np.isfinite(model.evaluate(x, y, batch_size=8, verbose=0))
+
+
 def test_nan_guard_keeps_its_buffers_on_the_devices_and_runs_fit_after_fit():
     strategy = tfpar.DataParallel()
     with strategy.scope():

@@ -80,7 +80,6 @@ def test_a_restarted_worker_rejoins_and_runs_steps_again(tmp_path):
 
 
 def test_launch_roles_start_servers_and_stop_them_after_the_chief():
-    from tests.conftest import tfpar_command
 
     result = run_command(tfpar_command("launch", "--ps", "1", "-n", "2", "--", sys.executable,
                                        "examples/train_parameter_server.py", "--epochs", "2"), timeout=300)

@@ -144,6 +144,8 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             batch hooks) or "epoch" (the weights at the start of the last finite epoch).
     """
 
+    _supports_tf_logs = True  # Keras hands over its logs as they are: only the loss is read, once a step
+
     def __init__(self, check="batch"):
         super().__init__()
         check_choice("check", check, ("batch", "epoch"))
@@ -164,10 +166,14 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             self._restore = [_copier(weights, buffer) for buffer in self._buffers]
             self._buffers_for = [id(w) for w in weights]
         self._next, self._good, self._good_step = 0, None, None
+        self._step = self._optimizer_step()  # counted on the host from here: no read per step
 
-    def _snapshot(self):
+    def _optimizer_step(self):
+        return int(self.model.optimizer.iterations.numpy())
+
+    def _snapshot(self, started_at):
         self._copies[self._next]()  # the weights this step (or epoch) starts from
-        self._started_at = int(self.model.optimizer.iterations.numpy()) + 1
+        self._started_at = started_at
 
     def _inspect(self, logs):
         loss = (logs or {}).get("loss")
@@ -177,7 +183,7 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             self._good, self._good_step = self._next, self._started_at
             self._next = 1 - self._next
             return
-        self.stopped_at_step = int(self.model.optimizer.iterations.numpy())
+        self.stopped_at_step = self._step if self._per_batch else self._optimizer_step()
         self.model.stop_training = True
         if self._good is not None:
             self._restore[self._good]()
@@ -189,15 +195,17 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._per_batch:
-            self._snapshot()
+            self._first_batch = batch
+            self._snapshot(self._step + 1)
 
     def on_train_batch_end(self, batch, logs=None):
         if self._per_batch:
+            self._step += batch - self._first_batch + 1  # steps_per_execution > 1: several steps a call
             self._inspect(logs)
 
     def on_epoch_begin(self, epoch, logs=None):
         if not self._per_batch:
-            self._snapshot()
+            self._snapshot(self._optimizer_step() + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._per_batch:
