@@ -80,6 +80,7 @@ def test_a_restarted_worker_rejoins_and_runs_steps_again(tmp_path):
 
 
 def test_launch_roles_start_servers_and_stop_them_after_the_chief():
+    from tests.conftest import tfpar_command
 
     result = run_command(tfpar_command("launch", "--ps", "1", "-n", "2", "--", sys.executable,
                                        "examples/train_parameter_server.py", "--epochs", "2"), timeout=300)
@@ -98,8 +99,6 @@ def test_parameter_server_example_with_its_own_local_cluster():
 
 def test_demo_on_a_local_parameter_server_cluster():
     import re
-
-    from tests.conftest import tfpar_command
 
     # As the README writes it: the installed command, no --quiet. Keras allows no progress bar
     # under parameter servers, so the demo prints a line per epoch instead.
