@@ -157,17 +157,20 @@ def one_device_weights(examples=96, global_batch=16, epochs=2, lr=0.1):
     return model.get_weights()
 
 
+def load_arrays(path):
+    """The arrays a script saved with ``np.savez(path, *arrays)``, in order."""
+    with np.load(path) as data:
+        return [data[key] for key in data.files]
+
+
 def assert_started_from_worker_0(folder, workers=2):
     """Every worker's weights after creation under the strategy equal worker 0's, though each
     worker k != 0 drew other ones (``start_<k>.npz`` and ``local_start_<k>.npz`` in ``folder``)."""
     import os
 
-    def arrays(name):
-        with np.load(os.path.join(folder, name)) as data:
-            return [data[key] for key in data.files]
-
-    first = arrays("start_0.npz")
+    first = load_arrays(os.path.join(folder, "start_0.npz"))
     for k in range(1, workers):
-        for a, b in zip(arrays(f"start_{k}.npz"), first):
+        for a, b in zip(load_arrays(os.path.join(folder, f"start_{k}.npz")), first):
             np.testing.assert_array_equal(a, b)
-        assert any(not np.array_equal(a, b) for a, b in zip(arrays(f"local_start_{k}.npz"), first))
+        local = load_arrays(os.path.join(folder, f"local_start_{k}.npz"))
+        assert any(not np.array_equal(a, b) for a, b in zip(local, first))

@@ -99,6 +99,24 @@ def config_from(config_class, config, kwargs):
     return config
 
 
+def env_int(variable, default, minimum=1, hint=""):
+    """The environment variable ``variable`` as an int >= ``minimum``, or ``default`` when it is unset.
+
+    Raises:
+        ValueError: set, but not a whole number >= ``minimum`` (``hint`` says what to do).
+    """
+    text = os.environ.get(variable)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"{variable} must be a whole number >= {minimum}. Received: {variable}={text!r}.{hint}")
+    return value
+
+
 def default_epochs(default):
     """``default``, unless ``$TFPAR_EPOCHS`` is set: it shortens `tfpar demo` and every example
     at once (the README's own test sets it).
@@ -106,10 +124,4 @@ def default_epochs(default):
     Raises:
         ValueError: the variable is not a whole number >= 1.
     """
-    text = os.environ.get(EPOCHS_VARIABLE)
-    if text is None:
-        return default
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError(f"{EPOCHS_VARIABLE} must be a whole number >= 1. Received: {EPOCHS_VARIABLE}={text!r}. "
-                         f"Unset it to train for the default {default} epochs.")
-    return int(text)
+    return env_int(EPOCHS_VARIABLE, default, 1, f" Unset it to train for the default {default} epochs.")

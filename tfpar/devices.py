@@ -6,9 +6,8 @@ code it runs on a GPU server.
 """
 
 import logging
-import os
 
-from tfpar._checks import check_int
+from tfpar._checks import check_int, env_int
 from tfpar._keras import tf
 
 __all__ = [
@@ -28,20 +27,9 @@ class DevicesAlreadyInitializedError(RuntimeError):
 
 
 def _resolve_count(num_cpu_devices):
-    source = "num_cpu_devices"
     if num_cpu_devices is None:
-        raw = os.environ.get(_ENV)
-        if raw is None:
-            return DEFAULT_NUM_CPU_DEVICES
-        source = _ENV
-        try:
-            num_cpu_devices = int(raw)
-        except ValueError:
-            raise ValueError(
-                f"{_ENV} must be a whole number of virtual CPU devices. "
-                f"Received: {_ENV}={raw!r}. Set it to e.g. 2, or unset it."
-            ) from None
-    return check_int(source, num_cpu_devices, 1)
+        return env_int(_ENV, DEFAULT_NUM_CPU_DEVICES, 1, " Set it to a number of virtual CPU devices, or unset it.")
+    return check_int("num_cpu_devices", num_cpu_devices, 1)
 
 
 def local_devices():

@@ -39,6 +39,7 @@ import sys
 import tarfile
 import tempfile
 
+from tfpar._checks import check_choice, check_number
 from tfpar._install_cache import InstallError, cache_lock, cached_wheel, check_sha256, wheel_for
 from tfpar._install_cache import say as _say
 
@@ -81,6 +82,7 @@ BUILD_ENV = {
     "CMAKE_POLICY_VERSION_MINIMUM": "3.5",
 }
 APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
+MPI_MODES = ("auto", "yes", "no")
 
 
 def _keras_module_source():
@@ -245,12 +247,10 @@ def install(mpi="auto", sdist=None, cache=None, force=False, lock_timeout_second
 
     Raises:
         InstallError: a step failed; the message names it and the fix.
-        ValueError: a bad argument.
+        ValueError, TypeError: a bad argument.
     """
-    if mpi not in ("auto", "yes", "no"):
-        raise ValueError(f"mpi must be 'auto', 'yes' or 'no'. Received: mpi={mpi!r}.")
-    if not isinstance(lock_timeout_seconds, (int, float)) or not 0 < lock_timeout_seconds < float("inf"):
-        raise ValueError(f"lock_timeout_seconds must be a finite number > 0. Received: {lock_timeout_seconds!r}.")
+    check_choice("mpi", mpi, MPI_MODES)
+    check_number("lock_timeout_seconds", lock_timeout_seconds, above=0)
     cache = cache or default_cache()
     with cache_lock(cache, lock_timeout_seconds):
         ensure_mpi(mpi)
@@ -275,7 +275,7 @@ def install(mpi="auto", sdist=None, cache=None, force=False, lock_timeout_second
 
 def add_arguments(parser):
     """The command's options, shared by `tfpar install-horovod` and ``python -m tfpar.install_horovod``."""
-    parser.add_argument("--mpi", choices=["auto", "yes", "no"], default="auto",
+    parser.add_argument("--mpi", choices=MPI_MODES, default="auto",
                         help="auto: build MPI in, installing OpenMPI with apt-get where root may; "
                              "no: Gloo only")
     parser.add_argument("--sdist", help=f"build from this horovod-{VERSION}.tar.gz (checked against its sha256) "
@@ -291,7 +291,7 @@ def run(args):
     try:
         return install(mpi=args.mpi, sdist=args.sdist, cache=args.cache, force=args.force,
                        lock_timeout_seconds=args.lock_timeout)
-    except (InstallError, ValueError) as error:
+    except (InstallError, ValueError, TypeError) as error:
         print(f"tfpar install-horovod: error: {error}", file=sys.stderr)
         return 1
 

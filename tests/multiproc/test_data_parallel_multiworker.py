@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
-from tests.models import assert_started_from_worker_0
+from tests.models import assert_started_from_worker_0, load_arrays
 from tfpar.cluster import ClusterInfo, local_cluster
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -50,8 +50,7 @@ def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options):
     if options:
         assert "all_reduce='ring'" in result.output and "bytes_per_pack=4096" in result.output
     assert_started_from_worker_0(tmp_path)
-    workers = [np.load(tmp_path / f"worker_{i}.npz") for i in range(2)]
-    workers = [[w[k] for k in w.files] for w in workers]
+    workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
     for a, b in zip(*workers):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(workers[0], one_device_weights(examples)):

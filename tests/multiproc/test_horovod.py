@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
-from tests.models import assert_started_from_worker_0
+from tests.models import assert_started_from_worker_0, load_arrays
 
 pytestmark = pytest.mark.usefixtures("horovod_installed")
 
@@ -30,8 +30,7 @@ def _train(tmp_path, *options, global_batch=16, epochs=2, examples=96):
                          str(epochs), *options, env={"EXAMPLES": str(examples)})
     assert result.returncode == 0, result.output[-4000:]
     assert_started_from_worker_0(out)  # the broadcast of rank 0's initial values
-    weights = [np.load(out / f"rank_{r}.npz") for r in range(2)]
-    weights = [[w[k] for k in w.files] for w in weights]
+    weights = [load_arrays(out / f"rank_{r}.npz") for r in range(2)]
     logs = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
     return weights, logs, result.output
 
@@ -137,10 +136,9 @@ def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path):
                          timeout=300, env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1",
                                            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     assert result.returncode == 0, result.output[-4000:]
-    ranks = [np.load(out / f"rank_{r}.npz") for r in range(2)]
-    adasum = [ranks[0][k] for k in ranks[0].files]
-    for k in ranks[0].files:
-        np.testing.assert_array_equal(ranks[0][k], ranks[1][k])
+    adasum, rank1 = (load_arrays(out / f"rank_{r}.npz") for r in range(2))
+    for a, b in zip(adasum, rank1):
+        np.testing.assert_array_equal(a, b)
     assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(adasum, average))
     loss = json.loads((out / "rank_0.json").read_text())["loss"]
     assert loss[-1] < loss[0]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
+from tests.models import load_arrays
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 USER_SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None}  # as a user starts it: nothing set
@@ -22,11 +23,6 @@ RANKS = 2
 def _horovodrun(*args, timeout=300):
     return run_command(["horovodrun", "-np", str(RANKS), "-H", f"localhost:{RANKS}", "--gloo", sys.executable,
                         *args], timeout=timeout, env=USER_SHELL)
-
-
-def _arrays(path):
-    with np.load(path) as data:
-        return [data[key] for key in data.files]
 
 
 def _expected_rates(initial_lr, size, warmup_epochs, steps_per_epoch, epochs, then=0.5):
@@ -53,9 +49,9 @@ def test_mnist_shaped_keras_script_runs_unchanged(tmp_path):
 
     # Every rank starts from its own random weights; the broadcast makes them rank 0's, and
     # the averaged gradients keep them identical.
-    initial = [_arrays(tmp_path / f"initial_{r}.npz") for r in range(RANKS)]
+    initial = [load_arrays(tmp_path / f"initial_{r}.npz") for r in range(RANKS)]
     assert any(not np.array_equal(a, b) for a, b in zip(*initial))
-    final = [_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
+    final = [load_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
     for a, b in zip(*final):
         np.testing.assert_array_equal(a, b)
 
@@ -93,7 +89,7 @@ def test_synthetic_benchmark_shaped_keras_script_runs_unchanged(tmp_path, option
     result = _horovodrun(os.path.join(SCRIPTS, "hvd_keras_synthetic.py"), "--out", str(tmp_path), *options)
     assert result.returncode == 0, result.output[-4000:]
     assert "Total img/sec on 2 CPU(s)" in result.output
-    final = [_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
+    final = [load_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
     for a, b in zip(*final):
         np.testing.assert_array_equal(a, b)
     assert all(np.isfinite(w).all() for w in final[0])

@@ -62,3 +62,17 @@ def test_check_choice_and_names():
         check_names("keys", "loss")
     with pytest.raises(TypeError, match=r"keys must be a list of names. Received: keys=\[1\]"):
         check_names("keys", [1])
+
+
+def test_env_int(monkeypatch):
+    from tfpar._checks import env_int
+
+    monkeypatch.delenv("TFPAR_TEST_INT", raising=False)
+    assert env_int("TFPAR_TEST_INT", 7) == 7
+    monkeypatch.setenv("TFPAR_TEST_INT", "3")
+    assert env_int("TFPAR_TEST_INT", 7) == 3
+    for text in ("two", "0", "1.5", ""):
+        monkeypatch.setenv("TFPAR_TEST_INT", text)
+        with pytest.raises(ValueError, match=rf"TFPAR_TEST_INT must be a whole number >= 1. Received: "
+                                             rf"TFPAR_TEST_INT={text!r}. Unset it"):
+            env_int("TFPAR_TEST_INT", 7, hint=" Unset it.")

@@ -152,9 +152,10 @@ def test_a_lock_held_too_long_fails_clearly(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(mpi="maybe"), r"mpi must be 'auto', 'yes' or 'no'. Received: mpi='maybe'"),
-    (dict(lock_timeout_seconds=0), r"lock_timeout_seconds must be a finite number > 0. Received: 0"),
-    (dict(lock_timeout_seconds=float("inf")), r"lock_timeout_seconds must be a finite number > 0. Received: inf"),
+    (dict(mpi="maybe"), r"Unknown mpi 'maybe'. Received: mpi='maybe'. Use one of \['auto', 'yes', 'no'\]"),
+    (dict(lock_timeout_seconds=0), r"lock_timeout_seconds must be a number > 0. Received: lock_timeout_seconds=0"),
+    (dict(lock_timeout_seconds=float("inf")),
+     r"lock_timeout_seconds must be a finite number. Received: lock_timeout_seconds=inf"),
 ])
 def test_bad_arguments(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):

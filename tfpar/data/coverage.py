@@ -85,7 +85,6 @@ def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **op
             num_replicas=num_workers * replicas_per_worker,
         )
         batches = 0
-        first_weighted = plan.steps - len(plan.padded_step_weights) if plan.padded else None
         for batch in dataset.as_numpy_iterator():
             batches += 1
             parts = batch if isinstance(batch, tuple) else (batch,)
@@ -93,8 +92,7 @@ def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **op
             if plan.padded and len(whole.element_spec) == 2:
                 parts = parts[:-1]
             elif plan.padded:  # the user's own weights, as given: without the padded step's scale
-                step = (batches - 1) // plan.replicas_per_worker
-                scale = plan.padded_step_weights[step - first_weighted] if step >= first_weighted else 1.0
+                scale = plan.step_weight((batches - 1) // plan.replicas_per_worker)
                 parts = (*parts[:-1], (parts[-1] / scale).astype(parts[-1].dtype))
             for row in range(len(tf.nest.flatten(parts)[0])):
                 if weights is not None and weights[row] == 0:

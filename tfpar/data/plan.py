@@ -62,6 +62,17 @@ class ShardPlan:
         """Examples in one step across all workers."""
         return self.per_replica_batch * self.replicas_per_worker * self.num_workers
 
+    @property
+    def first_weighted_step(self):
+        """The first step of the epoch whose real examples weigh more than 1 (= ``steps`` if none)."""
+        return (self.steps or 0) - len(self.padded_step_weights)
+
+    def step_weight(self, step):
+        """The weight of a real example in ``step`` (0-based, within the epoch): 1, or
+        `padded_step_weights` for the trailing steps that hold padding."""
+        first = self.first_weighted_step
+        return self.padded_step_weights[step - first] if step >= first else 1.0
+
 
 def _resolve_policy(policy, num_files, num_workers):
     if policy == "auto":

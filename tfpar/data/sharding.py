@@ -174,7 +174,7 @@ def _batch(dataset, plan):
 def _weigh_padded_steps(plan):
     """Per-batch map over (index, batch): real rows of the trailing padded steps weigh
     `ShardPlan.padded_step_weights` (global / real), padding stays 0, other steps unchanged."""
-    first = plan.steps - len(plan.padded_step_weights)
+    first = plan.first_weighted_step
     tail = tf.constant(plan.padded_step_weights or (1.0,), tf.float64)
 
     def fn(index, batch):

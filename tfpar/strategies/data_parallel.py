@@ -11,7 +11,7 @@ import itertools
 import logging
 
 from tfpar import _compat
-from tfpar._checks import check_choice, check_int, config_from
+from tfpar._checks import check_choice, check_int, check_number, config_from
 from tfpar._keras import tf
 from tfpar.cluster import ClusterInfo
 from tfpar.strategies._describe import batch_and_model_lines
@@ -32,6 +32,7 @@ ALL_REDUCE = ("auto", "nccl", "ring", "hierarchical", "reduce_to_one")
 reduce_to_one. Several hosts: auto, ring, nccl."""
 
 _ONE_HOST_ONLY = ("hierarchical", "reduce_to_one")
+_PACKING = ("nccl", "hierarchical")  # the all-reduces that honour num_packs
 _MULTI_WORKER_ONLY = ("ring",)
 DEFAULT_TIMEOUT_SECONDS = 300.0
 
@@ -60,21 +61,13 @@ class DataParallelConfig:
         check_choice("all_reduce", self.all_reduce, ALL_REDUCE)
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
-        if self.num_packs != 1 and self.all_reduce not in ("nccl", "hierarchical"):
+        if self.num_packs != 1 and self.all_reduce not in _PACKING:
             raise ValueError(
                 f"num_packs applies to all_reduce='nccl' or 'hierarchical' only; all_reduce="
                 f"{self.all_reduce!r} would ignore it. Received: all_reduce={self.all_reduce!r}, "
                 f"num_packs={self.num_packs}. Use all_reduce='hierarchical' (any devices) or 'nccl' "
                 "(GPUs) to pack gradients, or leave num_packs at 1.")
-        if self.timeout_seconds is not None and not (
-            isinstance(self.timeout_seconds, (int, float))
-            and not isinstance(self.timeout_seconds, bool)
-            and self.timeout_seconds > 0
-        ):
-            raise ValueError(
-                "timeout_seconds must be a positive number of seconds or None. "
-                f"Received: timeout_seconds={self.timeout_seconds!r}."
-            )
+        check_number("timeout_seconds", self.timeout_seconds, above=0, allow_none=True)
         if self.cluster is not None and not isinstance(self.cluster, ClusterInfo):
             raise TypeError(
                 "cluster must be a tfpar.cluster.ClusterInfo (or None to read "
@@ -231,7 +224,7 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     def _all_reduce_text(self):
         ops = _compat.cross_device_ops_of(self)
         text = type(ops).__name__ if ops is not None else "TensorFlow's default"
-        if self.config.all_reduce in ("nccl", "hierarchical"):
+        if self.config.all_reduce in _PACKING:
             text += f", num_packs={self.config.num_packs}"
         return f"{text} (all_reduce={self.config.all_reduce!r})"
 
