@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,13 +56,20 @@ def test_the_setup_is_the_two_documented_commands():
 
 
 def test_install_and_demo_on_a_new_environment(tmp_path):
-    """``pip install . && tfpar demo`` in a new virtual environment (the system's packages seen
-    through --system-site-packages, so only tfpar itself is installed), from a copy of the checkout."""
+    """``pip install . && tfpar demo`` in a new virtual environment, from a copy of the checkout.
+    The environment running the tests lends its packages through a .pth file (whether it is a
+    venv or not), so only tfpar itself is installed."""
+    import sysconfig
+
     source = tmp_path / "tfpar"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__",
                                                                  ".pytest_cache"))
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, timeout=60, capture_output=True, text=True).stdout.strip()
+    outer = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    (Path(site) / "_tfpar_test_outer.pth").write_text("\n".join(outer) + "\n")
     env = {**SHELL, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
     result = run_command(["bash", "-e", "-c", INSTALL_AND_DEMO], timeout=600, env=env, cwd=str(source))
     assert result.returncode == 0, result.output[-4000:]
