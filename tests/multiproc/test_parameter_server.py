@@ -1,6 +1,7 @@
 """ParameterServer on a local cluster: ps and worker servers as child processes on 127.0.0.1."""
 
 import json
+import math
 import os
 import sys
 import time
@@ -20,10 +21,15 @@ def test_local_cluster_trains_places_and_shards_variables():
     # Warm-up from 0.01 to 4 x 0.01 over 2 epochs (32 steps), set at epoch starts under PS.
     assert report["lr"] == pytest.approx([0.01, 0.025, 0.04, 0.04], rel=1e-5)
     assert all(e > 0 for e in report["examples_per_second"])
-    # model.evaluate on the workers (steps batches sampled from their shuffled copies) lands
-    # where predicting the whole input on the chief does.
-    assert abs(report["evaluate"]["accuracy"] - report["predict_accuracy"]) < 0.02
-    assert abs(report["evaluate"]["loss"] - report["predict_loss"]) < 0.3 * report["predict_loss"] + 1e-3
+    # model.evaluate on the workers lands where predicting the whole input on the chief does.
+    # It reads `steps` batches that free workers draw from their own shuffled copies, so it
+    # scores a sample of n = 512 examples, not each one once: the bound is five standard errors
+    # of such a sample's mean (the loss is heavy-tailed: one badly placed example read twice
+    # moves it by several times its mean). An untrained or wrongly averaged model lands far out.
+    n = 512
+    p = report["predict_accuracy"]
+    assert abs(report["evaluate"]["accuracy"] - p) < 5 * math.sqrt(p * (1 - p) / n) + 0.01
+    assert abs(report["evaluate"]["loss"] - report["predict_loss"]) < 5 * report["predict_loss_std"] / math.sqrt(n) + 0.01
     assert "Parameter-server training needs the number of steps: pass steps_per_epoch=16" in report["steps_error"]
     assert "Received: steps=None" in report["steps_error"]
     placement = report["placement"]
