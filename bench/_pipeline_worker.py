@@ -30,7 +30,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1 if args.mode == "baseline" else 2)
 tfpar.configure_devices(2)
 
-from tfpar.strategies.pipeline import Pipeline  # noqa: E402
+from tfpar.pipeline import Pipeline  # noqa: E402
 
 keras = tfpar.keras
 STAGES, MICROBATCHES = 2, 8

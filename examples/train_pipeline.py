@@ -26,7 +26,7 @@ def main():
     parser.add_argument("--recompute", action="store_true", help="recompute activations in the backward pass")
     args = parser.parse_args()
 
-    pipeline = tfpar.strategies.Pipeline(num_stages=2, num_microbatches=args.microbatches,
+    pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=args.microbatches,
                                          schedule=args.schedule, replicas=args.replicas,
                                          recompute=args.recompute, balance="time")
     tfpar.configure_devices(2 * args.replicas)  # one device per stage and replica

@@ -1,5 +1,5 @@
 """Packages whose names load on first use: ``tfpar``, ``tfpar.data``, ``tfpar.strategies``, and
-``tfpar.strategies.pipeline`` keep TensorFlow out of ``import tfpar`` and of the pure modules."""
+``tfpar.pipeline`` keep TensorFlow out of ``import tfpar`` and of the pure modules."""
 
 import importlib
 import sys

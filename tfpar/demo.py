@@ -88,24 +88,23 @@ def build_model():
     ], name="digits_cnn")
 
 
-def _make_strategy(name, num_devices, replicas=1, microbatches=8):
-    """The strategy whose scope builds the model, and the pipeline (or None)."""
+def _make_parallelism(name, num_devices, replicas=1, microbatches=8):
+    """The strategy, or the pipeline, that builds and trains the model (`tfpar._parallelism`)."""
     if name == "ps":  # a local cluster: --devices workers and one ps, as child processes
         from tfpar.strategies.parameter_server import ParameterServer
 
-        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1), None
+        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1)
     if name == "horovod":  # one replica per rank: started by horovodrun (see tfpar.cli)
         from tfpar.strategies.horovod import HorovodStrategy
 
-        return HorovodStrategy(), None
+        return HorovodStrategy()
     if name == "pipeline":  # 2 stages (x replicas) on their own devices, in this process
-        from tfpar.strategies.pipeline import Pipeline
+        from tfpar.pipeline import Pipeline
 
-        pipeline = Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas, balance="time")
         configure_devices(num_devices or 2 * replicas)
-        return tf.distribute.get_strategy(), pipeline
+        return Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas, balance="time")
     configure_devices(num_devices)
-    return DataParallel(), None
+    return DataParallel()
 
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
@@ -142,7 +141,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
-    dist, pipeline = _make_strategy(strategy, num_devices, replicas, microbatches)
+    parallelism = _make_parallelism(strategy, num_devices, replicas, microbatches)
+    dist = parallelism.input_strategy
     keras.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()
     chief = dist.extended.should_checkpoint
@@ -150,30 +150,32 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         verbose, print_fn = 0, (lambda *_: None)
     if verbose == 1 and isinstance(dist, tf.distribute.experimental.ParameterServerStrategy):
         verbose = 2  # Keras refuses a progress bar under parameter servers: one line per epoch
-    with dist.scope():
-        model = build_model() if pipeline is None else pipeline.stage(build_model())
+    model = parallelism.build(build_model)
+    with parallelism.scope():
         model.compile(
             optimizer=keras.optimizers.Adam(learning_rate),
             loss="sparse_categorical_crossentropy",
             weighted_metrics=["accuracy"],  # masks tfpar.data's padding
         )
-    replicas_in_step = dist.num_replicas_in_sync if pipeline is None else pipeline.config.replicas
+    replicas_in_step = parallelism.num_replicas_in_sync
     global_batch_size = global_batch_size or 32 * replicas_in_step
-    description = (pipeline or dist).describe(global_batch_size=global_batch_size, model=model)
+    description = parallelism.describe(global_batch_size=global_batch_size, model=model)
     description += f"\n  precision:  {policy}"
     print_fn(description)
     # Functions, not datasets: parameter-server workers build their input themselves.
-    train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), dist,
+    train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), parallelism,
                        global_batch_size, shuffle_buffer=len(x_train), seed=0)
-    val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), dist, global_batch_size)
+    val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), parallelism, global_batch_size)
     from tfpar.callbacks import LearningRateWarmup, PipelineBubble, Throughput
+    from tfpar.pipeline import PipelineModel
 
     # The linear scaling rule: Adam's rate is learning_rate for the whole global batch, reached
     # over 2 warm-up epochs from learning_rate / replicas; the throughput shows in the progress bar.
     callbacks = [LearningRateWarmup(warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas_in_step,
                                            scale=replicas_in_step),
                  Throughput(global_batch_size)]
-    if pipeline is not None:
+    pipelined = isinstance(model, PipelineModel)
+    if pipelined:
         callbacks.append(PipelineBubble())
     history = model.fit(
         train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,
@@ -183,7 +185,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     # Epoch times from Throughput's step_time, without the first epoch (it traces).
     step_times = history.history["step_time"]
     steady = [t * train.steps_per_epoch for t in (step_times[1:] or step_times)]
-    notes = () if pipeline is None else (
+    notes = () if not pipelined else (
         f"bubble: measured {history.history['bubble'][-1]:.3f} "
         f"(theory {history.history['bubble_theory'][-1]:.3f})",)
     if qat:

@@ -163,31 +163,23 @@ def _trial(spec):
     tfpar.configure_devices(spec["devices"])
     per_replica = config["per_replica_batch"] or 32
     if config["microbatches"]:
-        import tensorflow as tf
+        from tfpar.pipeline import Pipeline
 
-        from tfpar.strategies.pipeline import Pipeline
-
-        pipeline = Pipeline(num_stages=2, num_microbatches=config["microbatches"])
-        strategy = tf.distribute.get_strategy()
-        model = pipeline.stage(_resolve(spec["model_fn"])())
-        replicas = 1
+        parallelism = Pipeline(num_stages=2, num_microbatches=config["microbatches"])
     else:
-        pipeline = None
         options = {k: config[k] for k in ("num_packs", "bytes_per_pack") if config[k] is not None}
         if "num_packs" in options:  # the one-host all-reduce that packs on any device
             options["all_reduce"] = "hierarchical"
-        strategy = tfpar.DataParallel(**options)
-        with strategy.scope():
-            model = _resolve(spec["model_fn"])()
-        replicas = strategy.num_replicas_in_sync
-    with strategy.scope():
+        parallelism = tfpar.DataParallel(**options)
+    model = parallelism.build(_resolve(spec["model_fn"]))
+    with parallelism.scope():
         model.compile(spec["optimizer"], spec["loss"], steps_per_execution=config["steps_per_execution"] or 1)
-    global_batch = per_replica * replicas
-    train = tfpar.data.distribute(_resolve(spec["data_fn"])(), strategy, global_batch, remainder="drop")
+    global_batch = per_replica * parallelism.num_replicas_in_sync
+    train = tfpar.data.distribute(_resolve(spec["data_fn"])(), parallelism, global_batch, remainder="drop")
     throughput = tfpar.callbacks.Throughput(global_batch)
     history = model.fit(train.dataset, steps_per_epoch=spec["steps"], epochs=2, verbose=0, callbacks=[throughput])
     print("TRIAL " + json.dumps({"examples_per_second": history.history["examples_per_second"][-1],
-                                 "global_batch": global_batch, "pipeline": pipeline is not None}), flush=True)
+                                 "global_batch": global_batch, "pipeline": bool(config["microbatches"])}), flush=True)
 
 
 if __name__ == "__main__":

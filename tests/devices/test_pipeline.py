@@ -10,7 +10,7 @@ import pytest
 
 import tfpar
 from tests.models import compile_for_equivalence, equivalence_data, max_weight_difference, pipeline_model
-from tfpar.strategies.pipeline import Pipeline
+from tfpar.pipeline import Pipeline
 
 keras = tfpar.keras
 
@@ -164,7 +164,7 @@ def test_balance_by_measured_time_cuts_where_the_time_is():
     """A 64x64 convolution is slow but small (1.8k parameters); the Dense after it is large
     (16.6k) but quick. By parameters the first stage takes the Dense too; by measured time the
     convolution is a stage of its own."""
-    from tfpar.strategies.pipeline.partition import measure_layer_costs, partition_model
+    from tfpar.pipeline.partition import measure_layer_costs, partition_model
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((64, 64, 3))

@@ -82,7 +82,7 @@ def test_mixed_bfloat16_trains_under_data_parallel_without_loss_scaling():
 
 def test_pipeline_under_mixed_float16_scales_the_loss_and_matches_the_plain_model():
     from tests.models import pipeline_model
-    from tfpar.strategies.pipeline import Pipeline
+    from tfpar.pipeline import Pipeline
 
     with pytest.warns(PrecisionWarning):
         tfpar.precision.use("mixed_float16")

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from tfpar.strategies.pipeline.schedule import GPipe, Instruction, OneFOneB, make_schedule
+from tfpar.pipeline.schedule import GPipe, Instruction, OneFOneB, make_schedule
 
 GRID = list(itertools.product(range(1, 9), range(1, 33)))
 

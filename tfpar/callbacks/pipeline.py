@@ -30,7 +30,7 @@ class PipelineBubble(keras.callbacks.Callback):
         self._writer = None
 
     def on_train_begin(self, logs=None):
-        from tfpar.strategies.pipeline.model import PipelineModel
+        from tfpar.pipeline.model import PipelineModel
 
         if not isinstance(self.model, PipelineModel):
             raise TypeError("PipelineBubble needs a model from Pipeline.stage(). Received: "

@@ -260,7 +260,8 @@ def distribute(source, strategy, global_batch_size, **options):
         source: a tf.data.Dataset of single examples, a function returning
             one (called on each worker), or a list of files (read with
             ``reader``, TFRecord by default).
-        strategy: a `tf.distribute.Strategy` (any tfpar strategy).
+        strategy: a `tf.distribute.Strategy` (any tfpar strategy), or a
+            `tfpar.pipeline.Pipeline` (fed through its ``input_strategy``).
         global_batch_size: examples per step across all replicas; must be
             divisible by ``strategy.num_replicas_in_sync``.
         **options: the other fields of `InputConfig` (shard_policy,
@@ -278,9 +279,15 @@ def distribute(source, strategy, global_batch_size, **options):
         >>> train = tfpar.data.distribute(ds, strategy, global_batch_size=64)
         >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch)
     """
+    if not hasattr(strategy, "num_replicas_in_sync"):
+        raise TypeError(
+            "strategy must be a tf.distribute.Strategy (e.g. tfpar.DataParallel()) or a "
+            f"tfpar.pipeline.Pipeline. Received: strategy={strategy!r}. Pass "
+            "tf.distribute.get_strategy() for one device.")
     config = InputConfig(global_batch_size=global_batch_size, **options)
     replicas = strategy.num_replicas_in_sync
     per_replica_batch_size(global_batch_size, replicas)
+    strategy = getattr(strategy, "input_strategy", strategy)  # a pipeline splits the batch itself
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return _for_parameter_servers(source, config, replicas)
     sizes = _measure(source, config)

@@ -1,9 +1,9 @@
-"""tfpar's strategies: real `tf.distribute.Strategy` objects, and the pipeline.
+"""tfpar's strategies: real `tf.distribute.Strategy` objects (the pipeline is `tfpar.pipeline`).
 
 `HorovodStrategy` lives in `tfpar.strategies.horovod`: Horovod itself is imported
 only when one is built, and without it that says how to install it; `auto()` picks it
 under horovodrun. Names load on first use, so that pure modules such as
-`tfpar.strategies.pipeline.schedule` import without TensorFlow. (`auto` lives in the
+`tfpar.pipeline.schedule` import without TensorFlow. (`auto` lives in the
 private `_auto` module: a submodule named ``auto`` would replace the function on the
 package once imported.)
 """
@@ -20,6 +20,7 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "MultiWorkerDataParallel": "tfpar.strategies.data_parallel",
     "ParameterServer": "tfpar.strategies.parameter_server",
     "ParameterServerConfig": "tfpar.strategies.parameter_server",
-    "Pipeline": "tfpar.strategies.pipeline.model",
-    "PipelineConfig": "tfpar.strategies.pipeline.model",
+    # The pipeline's former names: it lives in tfpar.pipeline (it is not a strategy).
+    "Pipeline": "tfpar.pipeline.staging",
+    "PipelineConfig": "tfpar.pipeline.staging",
 })

@@ -13,6 +13,7 @@ import logging
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number, config_from
 from tfpar._keras import tf
+from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.devices import DevicesAlreadyInitializedError, configure_devices, local_devices
@@ -129,7 +130,7 @@ def _require_gpus(config):
         )
 
 
-class DataParallel:
+class DataParallel(Parallelism):
     """Synchronous data parallelism as a `tf.distribute.Strategy`.
 
     ``DataParallel(**options)`` returns a `MirroredDataParallel` (one worker)

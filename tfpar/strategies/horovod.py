@@ -27,6 +27,7 @@ import dataclasses
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
+from tfpar._parallelism import Parallelism
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, GradientAccumulator, HorovodAllReduce
 
@@ -191,7 +192,7 @@ class _HorovodExtended(_compat.MirroredExtended):
         return self._rank == 0
 
 
-class HorovodStrategy(tf.distribute.MirroredStrategy):
+class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
     """Horovod ring all-reduce as a `tf.distribute.Strategy`: one replica per process.
 
     Run the same script under ``horovodrun -np 2 -H localhost:2 --gloo python

@@ -23,6 +23,7 @@ import time
 
 from tfpar._checks import check_int, check_number, config_from
 from tfpar._keras import tf
+from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster
 from tfpar.strategies._describe import batch_and_model_lines
 
@@ -130,7 +131,7 @@ def _partitioner(config, num_ps):
     return config.variable_partitioner
 
 
-class ParameterServer(tf.distribute.experimental.ParameterServerStrategy):
+class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStrategy):
     """Parameter-server training as a `tf.distribute.Strategy`; this process coordinates.
 
     Args:

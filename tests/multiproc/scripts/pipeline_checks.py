@@ -15,7 +15,7 @@ from tests.models import (  # noqa: E402
     max_weight_difference,
     pipeline_model,
 )
-from tfpar.strategies.pipeline import Pipeline  # noqa: E402
+from tfpar.pipeline import Pipeline  # noqa: E402
 
 x, y = equivalence_data()
 

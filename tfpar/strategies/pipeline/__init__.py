@@ -1,10 +1,14 @@
-"""Pipeline parallelism: a tf_keras model cut into stages over devices, fed microbatches.
+"""The pipeline's former place, kept so that code written for it still imports.
 
-`schedule` (GPipe and 1F1B as plain data, no TensorFlow), `partition` (where
-to cut) and `model` (`Pipeline`, `PipelineModel`: the Keras side).
+The pipeline is not a strategy (it stages a model; it has no replicas of its own kind to
+put variables on), so it lives in `tfpar.pipeline`. This package is an alias of it:
+``tfpar.strategies.pipeline.Pipeline`` is ``tfpar.pipeline.Pipeline``, and the pure
+``tfpar.strategies.pipeline.schedule`` is ``tfpar.pipeline.schedule`` (no TensorFlow).
 """
 
-from tfpar._lazy import exports
+import sys
 
-__getattr__, __dir__, __all__ = exports(__name__, dict.fromkeys(
-    ("Pipeline", "PipelineConfig", "PipelineModel"), "tfpar.strategies.pipeline.model"))
+from tfpar.pipeline import __all__, __dir__, __getattr__  # noqa: F401 (the same lazy names)
+from tfpar.pipeline import schedule
+
+sys.modules[f"{__name__}.schedule"] = schedule

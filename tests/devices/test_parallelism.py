@@ -1,0 +1,69 @@
+"""One script, unchanged, on any tfpar parallelism: a strategy or the pipeline (`tfpar._parallelism`).
+
+Run on 2 virtual CPU devices: DataParallel (2 replicas), the pipeline (2 stages) and
+TensorFlow's default strategy give the same losses on the same global batches.
+"""
+
+import numpy as np
+import pytest
+
+import tfpar
+from tests.models import compile_for_equivalence, equivalence_data, pipeline_model
+from tfpar.pipeline import Pipeline, PipelineModel
+
+tf = pytest.importorskip("tensorflow")
+
+
+def _script(parallelism, global_batch_size=32):
+    """What demo and tune run: build, compile under scope, feed through tfpar.data, fit."""
+    model = parallelism.build(pipeline_model)
+    with parallelism.scope():
+        compile_for_equivalence(model)
+    x, y = equivalence_data()
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, global_batch_size)
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0)
+    return model, train, history.history["loss"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _script(tfpar.DataParallel(devices=["/cpu:0"]))[2]
+
+
+@pytest.mark.parametrize("make, replicas, staged", [
+    (lambda: tfpar.DataParallel(), 2, False),
+    (lambda: Pipeline(num_stages=2, num_microbatches=4), 1, True),
+], ids=["data_parallel", "pipeline"])
+def test_the_same_script_trains_the_same_on_a_strategy_and_on_the_pipeline(reference, make, replicas, staged):
+    parallelism = make()
+    model, train, losses = _script(parallelism)
+    assert parallelism.num_replicas_in_sync == replicas
+    assert isinstance(model, PipelineModel) is staged
+    assert train.steps_per_epoch == 3  # 96 examples in global batches of 32, whatever the replicas
+    np.testing.assert_allclose(losses, reference, rtol=1e-4)
+    assert losses[-1] < losses[0]
+    text = parallelism.describe(global_batch_size=32, model=model)
+    assert "32" in text and ("stage 1" in text if staged else "16 per replica" in text)
+
+
+def test_strategies_build_their_variables_under_their_scope():
+    strategy = tfpar.DataParallel()
+    model = strategy.build(pipeline_model)
+    assert all(isinstance(v, tf.distribute.DistributedValues) for v in model.trainable_variables)
+    assert strategy.input_strategy is strategy
+
+
+def test_build_wants_the_function_and_the_pipeline_stays_out_of_other_scopes():
+    with pytest.raises(TypeError, match=r"model_fn must be a function .* Received: model_fn=<tf_keras"):
+        tfpar.DataParallel().build(pipeline_model())
+    with pytest.raises(TypeError, match=r"model_fn must be a function"):
+        Pipeline(num_stages=2).build(pipeline_model())
+    strategy = tfpar.DataParallel()
+    with strategy.scope(), pytest.raises(ValueError, match=r"cannot run inside another strategy's scope\. "
+                                                            r"Received: a call inside MirroredDataParallel"):
+        Pipeline(num_stages=2).build(pipeline_model)
+
+
+def test_distribute_names_a_wrong_strategy():
+    with pytest.raises(TypeError, match=r"strategy must be a tf.distribute.Strategy .* Received: strategy='mirrored'"):
+        tfpar.data.distribute(tf.data.Dataset.range(8), "mirrored", 4)

@@ -1,0 +1,52 @@
+"""What every tfpar strategy and the pipeline offer, so that one script runs on either.
+
+A *parallelism* is a tfpar strategy (`DataParallel`, `HorovodStrategy`,
+`ParameterServer`: real ``tf.distribute.Strategy`` objects) or a `tfpar.pipeline.Pipeline`.
+Each has:
+
+- ``build(model_fn)``: calls ``model_fn()`` where the model's variables belong and returns
+  the model to compile (a pipeline returns it cut into stages);
+- ``scope()``: compile (and build anything else) under it;
+- ``num_replicas_in_sync``: the data-parallel copies the global batch is split over;
+- ``input_strategy``: the ``tf.distribute.Strategy`` that `tfpar.data.distribute` feeds
+  (a strategy's is itself; a pipeline's is TensorFlow's default strategy, as the pipeline
+  splits the batch over its stages and replicas itself);
+- ``describe(global_batch_size=None, model=None)``: a summary to print.
+
+Example:
+    >>> parallelism = tfpar.DataParallel()  # or tfpar.pipeline.Pipeline(num_stages=2)  # doctest: +SKIP
+    >>> model = parallelism.build(make_model)  # doctest: +SKIP
+    >>> with parallelism.scope():  # doctest: +SKIP
+    ...     model.compile("adam", "sparse_categorical_crossentropy")
+    >>> train = tfpar.data.distribute(make_dataset, parallelism, 64)  # doctest: +SKIP
+"""
+
+__all__ = ["Parallelism", "check_model_fn"]
+
+
+def check_model_fn(model_fn):
+    """Raises TypeError unless ``model_fn`` is a function (a built model is callable too)."""
+    if not callable(model_fn) or hasattr(model_fn, "count_params"):  # a Keras model or layer
+        raise TypeError(
+            "model_fn must be a function that builds and returns the Keras model (it is called "
+            f"where the model's variables belong). Received: model_fn={model_fn!r}. Pass the "
+            "function itself, e.g. build(make_model), not build(make_model()).")
+
+
+class Parallelism:
+    """The shared part of tfpar's strategies: ``build`` under ``scope()``, fed as themselves."""
+
+    def build(self, model_fn):
+        """Calls ``model_fn()`` under ``self.scope()`` and returns its model.
+
+        Raises:
+            TypeError: ``model_fn`` is not callable.
+        """
+        check_model_fn(model_fn)
+        with self.scope():
+            return model_fn()
+
+    @property
+    def input_strategy(self):
+        """The strategy `tfpar.data.distribute` feeds: this one."""
+        return self

@@ -1,0 +1,187 @@
+"""`Pipeline`: how a model is cut into stages, on which devices, under which schedule.
+
+``Pipeline(num_stages=2, num_microbatches=8, schedule="1f1b").stage(model)``
+cuts a Sequential or Functional tf_keras model (`partition.py`) and returns a
+`PipelineModel` (`model.py`) that ``compile``/``fit``/``evaluate``/``predict``
+accept unchanged. With ``replicas=R`` each replica runs the pipeline on its own
+devices (R × stages devices).
+"""
+
+import dataclasses
+import logging
+
+from tfpar._checks import check_int, config_from
+from tfpar._keras import check_tf_keras_model, keras, tf
+from tfpar._parallelism import Parallelism, check_model_fn
+from tfpar.pipeline.model import PipelineModel
+from tfpar.pipeline.partition import partition_model
+from tfpar.pipeline.schedule import SCHEDULES, make_schedule
+
+__all__ = ["Pipeline", "PipelineConfig"]
+
+_log = logging.getLogger("tfpar.pipeline")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """Configuration of `Pipeline`, validated when built."""
+
+    num_stages: int = 2
+    """Stages the model is cut into, each on its own device."""
+    num_microbatches: int = 4
+    """Microbatches per replica and step; must divide the per-replica batch."""
+    schedule: str = "1f1b"
+    """"1f1b" (PipeDream-Flush: fewer activations held) or "gpipe"."""
+    cut_points: object = "auto"
+    """"auto", or the names of the layers after which a new stage begins."""
+    balance: str = "params"
+    """How "auto" balances the stages: "params" or "time" (needs ``layer_costs``)."""
+    layer_costs: dict = None
+    """With ``balance="time"``: layer name -> cost (e.g. measured seconds)."""
+    replicas: int = 1
+    """Data-parallel copies of the pipeline (uses replicas × num_stages devices)."""
+    recompute: bool = False
+    """Recompute each stage's activations in the backward pass (tf.recompute_grad)."""
+    devices: tuple = None
+    """Device names, replica-major (default: the GPUs, else the logical CPU devices)."""
+
+    def __post_init__(self):
+        check_int("num_stages", self.num_stages, 1)
+        check_int("num_microbatches", self.num_microbatches, 1)
+        check_int("replicas", self.replicas, 1)
+        if self.schedule not in SCHEDULES:
+            make_schedule(self.schedule, 1, 1)  # raises the error that names the choices
+        if not isinstance(self.recompute, bool):
+            raise TypeError(f"recompute must be True or False. Received: recompute={self.recompute!r}.")
+        if self.num_microbatches < self.num_stages:
+            _log.warning(
+                "num_microbatches=%d < num_stages=%d: the pipeline bubble (%.0f%% of the time) will "
+                "dominate; use at least as many microbatches as stages (4x is a good start).",
+                self.num_microbatches, self.num_stages,
+                100 * make_schedule(self.schedule, self.num_stages, self.num_microbatches).bubble_fraction)
+
+
+class Pipeline(Parallelism):
+    """Pipeline parallelism for tf_keras models: ``stage(model)`` returns the staged model.
+
+    Not a ``tf.distribute.Strategy``: it places each stage's variables itself and runs its
+    replicas in this process, under TensorFlow's default strategy. It offers what tfpar's
+    strategies do (`tfpar._parallelism`): ``build(model_fn)``, ``scope()``,
+    ``num_replicas_in_sync``, ``input_strategy`` and ``describe()``.
+
+    Args:
+        config: a `PipelineConfig`, or its fields as keyword arguments.
+
+    Example:
+        >>> tfpar.configure_devices(2)  # doctest: +SKIP
+        >>> pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=8)  # doctest: +SKIP
+        >>> staged = pipeline.stage(model)  # doctest: +SKIP
+        >>> print(staged.partition.describe())  # doctest: +SKIP
+        >>> staged.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])  # doctest: +SKIP
+        >>> staged.fit(x, y, batch_size=64, epochs=5)  # doctest: +SKIP
+        >>> staged.plain_model().save("model.keras")  # doctest: +SKIP
+    """
+
+    def __init__(self, config=None, **kwargs):
+        self.config = config = config_from(PipelineConfig, config, kwargs)
+        self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches)
+
+    @property
+    def num_replicas_in_sync(self):
+        """The data-parallel copies of the pipeline that split the global batch."""
+        return self.config.replicas
+
+    @property
+    def input_strategy(self):
+        """TensorFlow's default strategy: the pipeline splits each batch over its devices itself."""
+        return tf.distribute.get_strategy()
+
+    def scope(self):
+        """The default strategy's scope; compile the staged model under it.
+
+        Raises:
+            ValueError: called inside another strategy's scope.
+        """
+        if tf.distribute.has_strategy():
+            raise ValueError(
+                "A Pipeline runs its stages and replicas itself, in this process, so it cannot run "
+                f"inside another strategy's scope. Received: a call inside "
+                f"{type(tf.distribute.get_strategy()).__name__}.scope(). Build and compile the "
+                "pipeline outside it; for data parallelism across pipelines use replicas=.")
+        return tf.distribute.get_strategy().scope()
+
+    def build(self, model_fn):
+        """Builds ``model_fn()`` and returns it staged (`stage`).
+
+        Raises:
+            TypeError: ``model_fn`` is not callable, or its model is not a tf_keras model.
+            ValueError: inside another strategy's scope, or as `stage` does.
+        """
+        check_model_fn(model_fn)
+        with self.scope():
+            return self.stage(model_fn())
+
+    def devices(self):
+        """The device grid: ``devices()[replica][stage]``.
+
+        Raises:
+            ValueError: fewer devices than replicas × num_stages.
+        """
+        from tfpar.devices import local_devices
+
+        names = list(self.config.devices or local_devices())
+        c = self.config
+        needed = c.replicas * c.num_stages
+        if len(names) < needed:
+            raise ValueError(
+                f"The pipeline needs replicas × num_stages = {c.replicas} × {c.num_stages} = {needed} "
+                f"devices. Received: {len(names)} ({names}). Call tfpar.configure_devices({needed}) "
+                "before TensorFlow starts (or pass devices=), or use fewer stages or replicas.")
+        return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
+
+    def stage(self, model):
+        """Cuts ``model`` into stages on their devices and returns the `PipelineModel`.
+
+        The original model is left as it is; `PipelineModel.plain_model` copies the
+        trained weights back into it.
+
+        Raises:
+            TypeError: not a tf_keras model.
+            ValueError: a subclassed model, more stages than layers or devices, a bad cut.
+        """
+        check_tf_keras_model(model)
+        c = self.config
+        grid = self.devices()
+        partition = partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
+        if any(isinstance(layer, keras.layers.BatchNormalization) for layer in _all_layers(model)):
+            _log.warning("%s has BatchNormalization: in a pipeline its batch statistics come from "
+                         "each microbatch (the batch / %d examples), as with a smaller batch, and "
+                         "its moving averages are updated once per microbatch.", model.name,
+                         c.num_microbatches * c.replicas)
+        return PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute)
+
+    def describe(self, global_batch_size=None, model=None):
+        """A readable summary: schedule, devices, bubble and memory figures."""
+        c, s = self.config, self.schedule
+        lines = [
+            f"Pipeline ({s.name}: {c.num_stages} stages x {c.num_microbatches} microbatches"
+            f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
+            f"  devices:    {self.devices()}",
+            f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, (p-1)/(m+p-1))",
+            "  activations held per stage: "
+            + ", ".join(str(s.peak_activations(k)) for k in range(c.num_stages)) + " microbatches",
+        ]
+        if global_batch_size is not None:
+            lines.append(f"  batch:      {global_batch_size} global, "
+                         f"{global_batch_size / (c.replicas * c.num_microbatches):g} per microbatch")
+        if model is not None:
+            lines.append(model.partition.describe() if isinstance(model, PipelineModel)
+                         else f"  model:      {model.name}, {model.count_params():,} parameters")
+        return "\n".join(lines)
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
