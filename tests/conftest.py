@@ -14,6 +14,11 @@ import sys
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every process the tests start keeps its servers on loopback (tfpar._loopback): a test that
+# checks what tfpar itself does without it removes LD_PRELOAD for its child.
+from tfpar import _loopback  # noqa: E402
+
+os.environ.update(_loopback.child_env(dict(os.environ)))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_DEVICES = 2

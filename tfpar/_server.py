@@ -23,7 +23,12 @@ def main():
     server = tf.distribute.Server(
         tf.train.ClusterSpec(info.cluster), job_name=info.task_type, task_index=info.task_index,
         protocol="grpc", start=True)
-    print(f"tfpar server: {info.task_type} {info.task_index} serving at {info.address}", flush=True)
+    from tfpar import _loopback
+
+    name = f"{info.task_type} {info.task_index}"
+    warning = _loopback.warning_unless_active(f"tfpar server {name}", [info.address.rsplit(":", 1)[1]])
+    print(f"tfpar server: {name} serving at {info.address}"
+          + (" (loopback only)" if warning is None else f"\n{warning}"), flush=True)
     parent = os.environ.get("TFPAR_SERVER_PARENT_PID")
     if parent is None:
         server.join()

@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from tfpar.launch import DEFAULT_GRACE_SECONDS, LaunchError, Task, launch, load_cluster_file
+from tfpar.launch import DEFAULT_GRACE_SECONDS, LaunchError, Task, launch, load_cluster_file, run_command
 
 __all__ = ["main"]
 
@@ -75,6 +75,8 @@ def _parser():
     tune.add_argument("--steps", type=_int, default=20, help="timed steps per trial")
     tune.add_argument("--devices", type=_int, default=2)
     tune.add_argument("--json", help="also write the trials and the winner to this file")
+    tune.add_argument("--trial-timeout", type=float, default=300.0,
+                      help="seconds a trial may run before it is stopped and counted as failed (default 300)")
 
     sub.add_parser("doctor", help="versions, devices and whether Horovod (and its Keras API) is usable")
     from tfpar import install_horovod
@@ -120,7 +122,6 @@ def _launch(args):
 def _launch_horovod(args, cmd):
     """Delegates to ``horovodrun --gloo`` on this machine (it supervises the ranks)."""
     import shutil
-    import subprocess
 
     if args.hosts or args.cluster:
         raise ValueError(
@@ -136,24 +137,27 @@ def _launch_horovod(args, cmd):
 
         raise ValueError(f"tfpar launch --horovod needs horovodrun, which is not on PATH. {INSTALL_HINT}")
     n = str(args.workers)
-    return subprocess.call([horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd])
+    return run_command([horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd], grace_seconds=getattr(args, "grace", DEFAULT_GRACE_SECONDS))
 
 
 def _tune(args):
     import json
 
+    from tfpar._files import check_folder_of, write_atomically
     from tfpar.tune import tune
+
+    if args.json:
+        check_folder_of("--json", args.json)  # before the trials, not after them
 
     try:
         space = json.loads(args.space)
     except json.JSONDecodeError as error:
         raise ValueError(f"--space must be JSON. Received: {args.space!r} ({error}).") from None
     result = tune(args.model, args.data, space, loss=args.loss, steps=args.steps, devices=args.devices,
-                  print_fn=lambda line: print(line, flush=True))
+                  timeout_seconds=args.trial_timeout, print_fn=lambda line: print(line, flush=True))
     print(result.table())
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(result.to_json())
+        write_atomically(args.json, result.to_json())
     return 0 if result.best else 1
 
 
@@ -165,7 +169,7 @@ def _doctor():
     return 0
 
 
-def _demo(args):
+def _demo(args, command_line=None):
     from tfpar._checks import default_epochs
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -181,12 +185,25 @@ def _demo(args):
         if args.quiet:
             argv.append("--quiet")
         return _launch_horovod(args, argv)
+    if args.strategy == "ps" and command_line is not None:
+        _keep_servers_on_loopback(command_line)
     from tfpar.demo import run_demo
 
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
              global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
              replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat)
     return 0
+
+
+def _keep_servers_on_loopback(command_line):
+    """Runs this command again with tfpar's loopback library, so that the servers this process
+    starts (the chief of a local parameter-server cluster) listen on loopback only."""
+    from tfpar import _loopback
+
+    if not _loopback.active() and _loopback.library() and "TFPAR_LOOPBACK_REEXEC" not in os.environ:
+        env = {**_loopback.child_env(dict(os.environ)), "TFPAR_LOOPBACK_REEXEC": "1"}
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "tfpar.cli", *command_line], env)
 
 
 def main(argv=None):
@@ -203,9 +220,10 @@ def main(argv=None):
             from tfpar.install_horovod import run
 
             return run(args)
-        return _demo(args)
+        # The real command line only: a call from Python (tests) is never replaced by exec.
+        return _demo(args, command_line=sys.argv[1:] if argv is None else None)
     except LaunchError as e:
-        print(f"tfpar launch: error: {e}", file=sys.stderr)
+        print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
         return e.returncode
     except (ValueError, TypeError) as e:
         print(f"tfpar {args.command}: error: {e}", file=sys.stderr)

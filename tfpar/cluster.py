@@ -13,8 +13,10 @@ __all__ = [
     "DEFAULT_PORT",
     "ROLES",
     "free_ports",
+    "is_loopback_cluster",
     "local_cluster",
     "parse_hosts",
+    "validate_cluster",
 ]
 
 ROLES = ("chief", "worker", "ps", "evaluator")
@@ -36,8 +38,8 @@ class ClusterInfo:
     """This process's index among the tasks of ``task_type``."""
 
     def __post_init__(self):
-        _validate_cluster(self.cluster)
-        if self.task_type not in self.cluster:
+        validate_cluster(self.cluster)
+        if not isinstance(self.task_type, str) or self.task_type not in self.cluster:
             raise ValueError(
                 f"The task type must be one the cluster names "
                 f"({sorted(self.cluster)}). Received: task type "
@@ -119,32 +121,55 @@ class ClusterInfo:
                 'TF_CONFIG must name this process\'s task: "task": {"type": '
                 f'"worker", "index": N}}. Received: TF_CONFIG={raw!r}.'
             )
-        return cls(
-            cluster=config["cluster"],
-            task_type=task["type"],
-            task_index=task.get("index", 0),
-        )
+        cluster = config["cluster"]
+        validate_cluster(cluster)
+        if "index" not in task and len(cluster.get(task["type"], ()) if isinstance(task["type"], str) else ()) > 1:
+            # Without it every task of that type would be index 0: several chiefs, one address.
+            raise ValueError(
+                f'TF_CONFIG must give this task\'s "index": the cluster has {len(cluster[task["type"]])} '
+                f'{task["type"]!r} tasks. Received: TF_CONFIG={raw!r}. Add e.g. "index": 1.')
+        return cls(cluster=cluster, task_type=task["type"], task_index=task.get("index", 0))
 
 
-def _validate_cluster(cluster):
+def validate_cluster(cluster):
+    """Refuses a cluster TensorFlow would fail on later, or run wrongly: each address once, a port
+    in 1..65535, at most one chief and one evaluator, at least one training task."""
+    example = 'e.g. {"worker": ["host1:2222", "host2:2222"]}'
     if not isinstance(cluster, dict) or not cluster:
         raise ValueError(
             "A cluster must be a non-empty dict of task type -> list of "
-            f"'host:port'. Received: {cluster!r}."
+            f"'host:port'. Received: {cluster!r}. Write {example}."
         )
+    seen = {}
     for role, addresses in cluster.items():
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise ValueError(
                 f"Unknown task type {role!r} in the cluster. Received: "
                 f"{cluster!r}. Task types are {list(ROLES)}."
             )
-        if not isinstance(addresses, list) or not all(
-            isinstance(a, str) and ":" in a for a in addresses
-        ):
+        if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) for a in addresses):
             raise ValueError(
-                f"Cluster entry {role!r} must be a list of 'host:port' "
-                f"strings. Received: {addresses!r}."
+                f"Cluster entry {role!r} must be a non-empty list of 'host:port' "
+                f"strings. Received: {role!r}: {addresses!r}. Write {example}."
             )
+        for index, address in enumerate(addresses):
+            host, colon, port = address.rpartition(":")
+            if not colon or not host.strip("[] ") or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(
+                    f"Each address must be 'host:port' with a port in 1..65535. Received: {role} "
+                    f"{index} at {address!r}. Write e.g. 'host1:2222'.")
+            if address in seen:
+                raise ValueError(
+                    f"Two tasks have one address: {seen[address]} and {role} {index} at {address!r}. "
+                    "Received: a cluster that names it twice. Give each task its own host:port.")
+            seen[address] = f"{role} {index}"
+    for role in ("chief", "evaluator"):
+        if len(cluster.get(role, ())) > 1:
+            raise ValueError(
+                f"A cluster has at most one {role}. Received: {len(cluster[role])} ({cluster[role]}). "
+                f"Make the others workers.")
+    if not cluster.get("chief") and not cluster.get("worker"):
+        raise ValueError(f"A cluster needs a chief or a worker to train. Received: {cluster!r}. Write {example}.")
 
 
 def free_ports(count, host="127.0.0.1"):
@@ -178,6 +203,22 @@ def local_cluster(roles, host="127.0.0.1"):
     counts = {role: n for role, n in roles.items() if n}
     ports = iter(free_ports(sum(counts.values()), host))
     return {role: [f"{host}:{next(ports)}" for _ in range(n)] for role, n in counts.items()}
+
+
+def is_loopback_cluster(cluster):
+    """Whether every task of ``cluster`` has a loopback address (127.0.0.0/8, ::1 or localhost)."""
+    import ipaddress
+
+    for addresses in cluster.values():
+        for address in addresses:
+            host = address.rsplit(":", 1)[0].strip("[]")
+            if host != "localhost":
+                try:
+                    if not ipaddress.ip_address(host).is_loopback:
+                        return False
+                except ValueError:  # a host name
+                    return False
+    return True
 
 
 def parse_hosts(hosts, default_port=DEFAULT_PORT):

@@ -19,23 +19,17 @@ import sys
 import threading
 import time
 
-from tfpar._checks import check_choice, check_int, check_number
-from tfpar.cluster import ROLES, ClusterInfo, local_cluster
+from tfpar import _loopback as loopback
+from tfpar._checks import check_choice, check_int
+from tfpar._processes import (DEFAULT_GRACE_SECONDS, LaunchError, ProcessGroups, check_command,
+                              forwarding_signals, run_command)
+from tfpar.cluster import ROLES, ClusterInfo, is_loopback_cluster, local_cluster, validate_cluster
 
-__all__ = ["LaunchError", "SERVER_COMMAND", "Task", "launch", "load_cluster_file", "local_tasks", "run_tasks"]
+__all__ = ["LaunchError", "SERVER_COMMAND", "Task", "check_command", "launch", "load_cluster_file", "local_tasks", "run_command",
+           "run_tasks"]
 
-DEFAULT_GRACE_SECONDS = 10.0
 SERVER_COMMAND = (sys.executable, "-m", "tfpar._server")
 """What a serving task runs: a TensorFlow server for its TF_CONFIG task."""
-
-
-class LaunchError(RuntimeError):
-    """A task of the job failed; ``task`` and ``returncode`` say which and how."""
-
-    def __init__(self, message, task=None, returncode=1):
-        super().__init__(message)
-        self.task = task
-        self.returncode = returncode
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,59 +74,71 @@ def local_tasks(roles):
 
 
 class _Job:
-    """The running processes of a job and their output pumps."""
+    """The running processes of a job, their output pumps and their process groups."""
 
-    def __init__(self, command, cluster, tasks, env, out):
+    def __init__(self, out, grace_seconds):
         self.out = out
+        self.out_closed = False
         self.lock = threading.Lock()
         self.procs = {}
         self.pumps = []
+        self.groups = ProcessGroups(grace_seconds)
+
+    def start(self, command, cluster, tasks, env, received=()):
+        """Starts every task; on a failure to start, stops those started and raises LaunchError.
+
+        Once a signal is in ``received``, no further task starts.
+        """
         for task in tasks:
+            if received:
+                return
             info = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
             child_env = dict(env)
             child_env.update(TF_CONFIG=info.to_tf_config(), PYTHONUNBUFFERED="1")
-            proc = subprocess.Popen(
-                list(SERVER_COMMAND) if task.serves else command,
-                env=child_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # our own signals reach it only when we forward them
-            )
+            argv = list(SERVER_COMMAND) if task.serves else command
+            try:
+                proc = subprocess.Popen(
+                    argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own group: our signals reach it only when we forward them
+                )
+            except OSError as e:
+                self.close()
+                raise LaunchError(f"could not start {task.name} ({argv[0]}): {e}. The "
+                                  f"{len(self.procs)} task(s) already started were stopped.",
+                                  task=task) from None
             self.procs[task] = proc
+            self.groups.add(proc.pid)
             pump = threading.Thread(target=self._pump, args=(task, proc), daemon=True)
             pump.start()
             self.pumps.append(pump)
 
+    def _write(self, text):
+        with self.lock:
+            if self.out_closed:
+                return
+            try:
+                self.out.write(text)
+                self.out.flush()
+            except (BrokenPipeError, ValueError):  # e.g. `| head -1` exited: drop the rest
+                self.out_closed = True
+
     def _pump(self, task, proc):
         prefix = f"[{task.name}] "
+        # Read to the end even when nobody reads our output: a task must never block on a full pipe.
         for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            with self.lock:
-                self.out.write(prefix + line + "\n")
-                self.out.flush()
+            self._write(prefix + raw.decode("utf-8", "replace").rstrip("\n") + "\n")
         proc.stdout.close()
 
     def say(self, message):
-        with self.lock:
-            self.out.write(f"tfpar launch: {message}\n")
-            self.out.flush()
+        self._write(f"tfpar launch: {message}\n")
 
     def signal_all(self, sig):
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
+        self.groups.send(sig)
 
-    def stop(self, grace_seconds, sig=signal.SIGTERM):
-        """Signals every live task, then kills what outlives the grace period."""
-        self.signal_all(sig)
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
-            time.sleep(0.05)
-        self.signal_all(signal.SIGKILL)
+    def stop(self, first=signal.SIGTERM):
+        """``first`` to every task's group (None: already sent), SIGKILL after the grace period."""
+        self.groups.stop(first if first is not None else 0)
         for proc in self.procs.values():
             proc.wait()
         self.drain()
@@ -140,6 +146,13 @@ class _Job:
     def drain(self):
         for pump in self.pumps:
             pump.join(timeout=5)
+
+    def close(self):
+        """Nothing of the job is left: every group (grandchildren too) ended, the watchdog released."""
+        self.groups.close()
+        for proc in self.procs.values():
+            proc.wait()
+        self.drain()
 
 
 def _describe_exit(code):
@@ -158,34 +171,47 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
     Returns 0 when every task exits 0. When a task fails (non-zero exit or a
     signal) the others get SIGTERM, then SIGKILL after ``grace_seconds``, and
     `LaunchError` names the task. Serving tasks (`Task.serves`) run a server,
-    are stopped once the other tasks succeed, and may die without ending the job. SIGINT/SIGTERM sent to the launcher are
-    forwarded to every task.
+    are stopped once the other tasks succeed, and may die without ending the job.
+    SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded to every task,
+    which then has ``grace_seconds`` to exit before SIGKILL.
+
+    Every task runs in a process group of its own; when the job ends, whatever
+    is left in those groups (a worker's background children too) is stopped,
+    and a watchdog process stops them if the launcher itself is killed. When
+    every address of ``cluster`` is on this machine, the tasks' servers listen
+    on loopback only (`tfpar._loopback`); otherwise the launcher names the ports
+    its tasks open on all interfaces.
 
     Raises:
-        LaunchError: a task failed, or the launcher was interrupted.
+        LaunchError: a task failed or could not start, or the launcher was interrupted.
     """
+    check_command(command, grace_seconds, len(tasks))
     out = out or sys.stdout
     env = dict(os.environ if env is None else env)
-    job = _Job(list(command), cluster, tasks, env, out)
-    received, reported = [], set()
+    local = is_loopback_cluster(cluster)
+    if local:
+        env = loopback.child_env(env)
+    job = _Job(out, grace_seconds)
+    if not (local and loopback.library()):
+        reason = loopback.build_error() if local else "a multi-host job is reached from the other hosts"
+        for task in tasks:
+            address = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index).address
+            job.say(loopback.open_ports_warning(task.name, [address.rsplit(":", 1)[1]], reason))
+    reported = set()
+    # Installed before any task starts: a Ctrl-C during start-up stops those already started.
+    with forwarding_signals(job.signal_all) as received:
+        return _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds)
 
-    def forward(signum, _frame):
-        received.append(signum)
-        job.signal_all(signum)
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, forward)
+def _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds):
     try:
+        job.start(list(command), cluster, tasks, env, received)
         while True:
             if received:
-                job.say(f"{signal.Signals(received[0]).name} received; stopping every task")
-                job.stop(grace_seconds)
-                raise LaunchError(
-                    f"interrupted by {signal.Signals(received[0]).name}",
-                    returncode=128 + received[0],
-                )
+                name = signal.Signals(received[0]).name
+                job.say(f"{name} received and passed on; every task has {grace_seconds:g} s to exit")
+                job.stop(first=None)
+                raise LaunchError(f"interrupted by {name}", returncode=128 + received[0])
             codes = {task: proc.poll() for task, proc in job.procs.items()}
             for task, code in codes.items():
                 if task.serves and code is not None and task not in reported:
@@ -196,7 +222,7 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
             if failed:
                 task, code = failed[0]
                 job.say(f"{task.name} {_describe_exit(code)}; stopping the other tasks")
-                job.stop(grace_seconds)
+                job.stop()
                 raise LaunchError(
                     f"{task.name} {_describe_exit(code)}",
                     task=task,
@@ -208,14 +234,13 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
             if mains and all(c == 0 for c in mains):
                 if any(t.serves for t in codes):
                     job.say("the chief finished; stopping the servers")
-                    job.stop(grace_seconds)
+                    job.stop()
                 else:
                     job.drain()
                 return 0
             time.sleep(poll_seconds)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        job.close()  # whatever the way out: no task, and nothing a task started, is left
 
 
 def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=None, out=None,
@@ -245,12 +270,6 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
         >>> from tfpar.launch import launch
         >>> launch(["python", "train.py"], num_workers=2)  # doctest: +SKIP
     """
-    if not command:
-        raise ValueError(
-            "Nothing to launch. Received: an empty command. Write e.g. "
-            "`tfpar launch -n 2 -- python train.py`."
-        )
-    check_number("grace_seconds", grace_seconds, minimum=0)
     if cluster is not None:
         if num_workers is not None:
             raise ValueError(
@@ -263,6 +282,7 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
                 "(and --task-type if not a worker)."
             )
         ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
+        check_command(command, grace_seconds)
         tasks = [task]
     else:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
@@ -272,6 +292,7 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
             )
         if isinstance(num_ps, bool) or not isinstance(num_ps, int) or num_ps < 0:
             raise ValueError(f"--ps must be an int >= 0. Received: --ps {num_ps!r}.")
+        check_command(command, grace_seconds, num_workers + num_ps + (1 if num_ps else 0))
         if num_ps:
             cluster, tasks = local_tasks({"chief": 1, "worker": num_workers, "ps": num_ps})
             tasks = [dataclasses.replace(t, serves=t.task_type != "chief") for t in tasks]
@@ -289,4 +310,8 @@ def load_cluster_file(path):
         raise ValueError(f"Cannot read the cluster file {path!r}: {e}.") from None
     if isinstance(data, dict) and "cluster" in data:
         data = data["cluster"]
+    try:
+        validate_cluster(data)
+    except ValueError as e:
+        raise ValueError(f"The cluster file {path!r} is not a valid cluster: {e}") from None
     return data

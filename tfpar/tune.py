@@ -23,8 +23,12 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+
+from tfpar._checks import check_int, check_number
+from tfpar._processes import LaunchError, ProcessGroups, forwarding_signals
 
 __all__ = ["AXES", "TuneResult", "check_space", "tune"]
 
@@ -111,13 +115,17 @@ def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", op
         loss, optimizer: passed to ``compile``.
         steps: timed steps per trial (after a warm-up epoch of as many).
         devices: virtual CPU devices (ignored with GPUs).
-        timeout_seconds: a trial running longer fails.
+        timeout_seconds: a trial running longer is stopped and fails (``--trial-timeout``).
         print_fn: called with each trial's line as it finishes (e.g. ``print``).
 
     Raises:
         ValueError: an invalid space, or a function reference that is not "module:function".
+        LaunchError: tune was interrupted (SIGINT, SIGTERM, SIGHUP); the running trial was stopped.
     """
     space = check_space(space)
+    check_number("timeout_seconds", timeout_seconds, above=0, hint=" It bounds each trial, e.g. --trial-timeout 300.")
+    check_int("steps", steps, 1)
+    check_int("devices", devices, 1)
     for name, ref in (("model_fn", model_fn), ("data_fn", data_fn)):
         if not isinstance(ref, str) or ref.count(":") != 1:
             raise ValueError(f"{name} must be 'module:function'. Received: {ref!r}.")
@@ -137,19 +145,33 @@ def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", op
 
 
 def _run_trial_process(spec, timeout_seconds):
+    """Runs one trial in a child process (its own process group, stopped with everything it
+    started when it times out, when tune is signalled, or, through the watchdog, when tune dies)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    groups = ProcessGroups(grace_seconds=5.0)
     try:
-        done = subprocess.run([sys.executable, "-m", "tfpar.tune", json.dumps(spec)], capture_output=True,
-                              text=True, timeout=timeout_seconds, env=env, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return {"config": spec["config"], "status": "failed", "error": f"timed out after {timeout_seconds} s"}
-    for line in done.stdout.splitlines():
+        with forwarding_signals(groups.send) as received:
+            proc = subprocess.Popen([sys.executable, "-m", "tfpar.tune", json.dumps(spec)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
+                                    start_new_session=True)
+            groups.add(proc.pid)
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout_seconds)
+            except subprocess.TimeoutExpired:
+                groups.stop()
+                proc.communicate()
+                return {"config": spec["config"], "status": "failed", "error": f"timed out after {timeout_seconds} s"}
+            if received:
+                name = signal.Signals(received[0]).name
+                raise LaunchError(f"interrupted by {name}; the running trial was stopped",
+                                  returncode=128 + received[0])
+    finally:
+        groups.close()
+    for line in stdout.splitlines():
         if line.startswith("TRIAL "):
             return {"config": spec["config"], "status": "ok", **json.loads(line[6:])}
     return {"config": spec["config"], "status": "failed",
-            "error": (done.stderr or done.stdout)[-2000:] or f"exit status {done.returncode}"}
-
-
+            "error": (stderr or stdout)[-2000:] or f"exit status {proc.returncode}"}
 def _resolve(ref):
     module, name = ref.split(":")
     return getattr(importlib.import_module(module), name)

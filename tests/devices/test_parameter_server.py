@@ -30,8 +30,8 @@ def test_cluster_without_ps_is_refused():
 def test_unreachable_ps_is_reported_by_address_after_a_bounded_wait():
     from tfpar.cluster import free_ports
 
-    port = free_ports(1)[0]
-    cluster = ClusterInfo(cluster={"chief": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{port}"],
+    port, other = free_ports(2)
+    cluster = ClusterInfo(cluster={"chief": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{other}"],
                                    "ps": [f"127.0.0.1:{port}"]}, task_type="chief", task_index=0)
     with pytest.raises(ClusterUnreachableError, match=rf"Cannot reach 127.0.0.1:{port} after waiting 2 s"):
         ParameterServer(cluster=cluster, connect_timeout_seconds=2)

@@ -48,6 +48,11 @@ def test_local_cluster_trains_places_and_shards_variables():
     # shutdown() stopped all 4 servers (2 ps, 2 workers) and closed their ports.
     assert report["shutdown"]["exited"] == {"ps 0": True, "ps 1": True, "worker 0": True, "worker 1": True}
     assert report["shutdown"]["listening"] == [] and report["shutdown"]["left"] == {}
+    # While it ran, every task of the cluster, the chief in this script's process included,
+    # listened on loopback only (read from /proc/net/tcp*; the tests start it with tfpar's
+    # loopback library, as `tfpar launch` and `tfpar demo` do).
+    assert sorted(role for _, role in report["listening_while_running"]) == ["chief", "ps", "ps", "worker", "worker"]
+    assert {address for address, _ in report["listening_while_running"]} == {"127.0.0.1"}
     # The servers stop by themselves within a second of the coordinator's exit.
     deadline = time.monotonic() + 15
     while "tfpar._server" in run_command(["ps", "ax"], timeout=30).output:

@@ -30,7 +30,7 @@ def test_unset_tf_config_is_none(monkeypatch):
      r"task index must be an int in \[0, 2\).*Received: task index 2"),
     ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}', r"task type must be one"),
     ('{"cluster": {"boss": ["a:1"]}, "task": {"type": "boss", "index": 0}}', r"Unknown task type 'boss'"),
-    ('{"cluster": {"worker": ["nope"]}, "task": {"type": "worker", "index": 0}}', r"list of 'host:port'"),
+    ('{"cluster": {"worker": ["nope"]}, "task": {"type": "worker", "index": 0}}', r"Each address must be 'host:port' with a port in 1..65535. Received: worker 0 at 'nope'"),
 ])
 def test_bad_tf_config(raw, match):
     with pytest.raises(ValueError, match=match):

@@ -103,6 +103,9 @@ def test_multi_host_mode_runs_only_this_hosts_task():
     assert config == {"cluster": {"worker": ["10.1.2.3:5001", "10.1.2.4:2222"]},
                       "task": {"type": "worker", "index": 1}}
     assert "[worker 0]" not in result.output
+    # Other hosts must reach this one, so its port is open on every interface: said once, at start.
+    assert result.output.count("tfpar launch: WARNING: worker 1 listens on all interfaces, port(s) 2222, "
+                               "without authentication") == 1
 
 
 def test_cluster_file(tmp_path):

@@ -15,10 +15,7 @@ import contextlib
 import dataclasses
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 import time
 
 from tfpar._checks import check_int, check_number, config_from
@@ -26,6 +23,7 @@ from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster
 from tfpar.strategies._describe import batch_and_model_lines
+from tfpar.strategies._local_servers import start_server, stop_servers, warn_if_the_chief_listens_on_all_interfaces
 
 __all__ = [
     "ClusterUnreachableError",
@@ -183,14 +181,15 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         try:
             for role in ("ps", "worker"):
                 for index in range(len(cluster[role])):
-                    servers.append((f"{role} {index}", _start_server(cluster, role, index)))
+                    servers.append((f"{role} {index}", start_server(cluster, role, index)))
+            warn_if_the_chief_listens_on_all_interfaces(cluster)
             strategy = cls.__new__(cls)
             strategy._servers = dict(servers)  # they also exit by themselves when this process ends
             cls.__init__(strategy, cluster=ClusterInfo(cluster=cluster, task_type="chief", task_index=0),
                          **kwargs)
             return strategy
         except BaseException:
-            _stop(dict(servers))
+            stop_servers(dict(servers))
             raise
 
     def shutdown(self):
@@ -199,7 +198,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         The strategy cannot run anything afterwards. Without it the servers
         stop by themselves when this process exits.
         """
-        _stop(self._servers)
+        stop_servers(self._servers)
         self._servers = {}
 
     def restart_local_server(self, name, **popen_kwargs):
@@ -224,7 +223,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
             raise ValueError(f"{name} still runs (pid {proc.pid}); only a server that died can be "
                              "restarted.")
         role, index = name.split()
-        self._servers[name] = _start_server(self.config.cluster.cluster, role, int(index), **popen_kwargs)
+        self._servers[name] = start_server(self.config.cluster.cluster, role, int(index), **popen_kwargs)
         return self._servers[name]
 
     @contextlib.contextmanager
@@ -295,17 +294,6 @@ def variable_placement(model):
     return placement
 
 
-def _start_server(cluster, role, index, **popen_kwargs):
-    """One ``python -m tfpar._server`` child for a task of ``cluster``; it exits with this process."""
-    info = ClusterInfo(cluster=cluster, task_type=role, task_index=index)
-    popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
-    popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
-    return subprocess.Popen(
-        [sys.executable, "-m", "tfpar._server"],
-        env={**os.environ, "TF_CONFIG": info.to_tf_config(), "TFPAR_SERVER_PARENT_PID": str(os.getpid())},
-        start_new_session=True, **popen_kwargs)
-
-
 _PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
 
 
@@ -328,20 +316,3 @@ def _lost_ps_error(error, ps_addresses):
         "keras.callbacks.BackupAndRestore training resumes from the last completed epoch. "
         f"TensorFlow reported: {first}")
     return ParameterServerLostError(tasks, message, error)
-
-
-def _stop(servers, grace_seconds=5.0):
-    procs = list(servers.values())
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace_seconds
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

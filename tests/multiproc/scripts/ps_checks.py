@@ -52,23 +52,15 @@ except ValueError as e:
 resolver_report = {"cluster": strategy.cluster_resolver.cluster_spec().as_dict(),
                    "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id]}
 local_cluster = strategy.config.cluster.cluster
+ports = {int(a.rsplit(":", 1)[1]): role for role in ("chief", "ps", "worker") for a in local_cluster[role]}
+from tfpar._loopback import listening  # noqa: E402  (reads /proc/net/tcp*: nothing is sent)
+
+running = [(address, ports[port]) for address, port in sorted(set(listening())) if port in ports]
 # shutdown(): every server process it started has exited, and nothing listens at their addresses.
 servers = strategy.local_servers
 strategy.shutdown()
-import socket  # noqa: E402
-
-
-def _listening(address):
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=2).close()
-        return True
-    except OSError:
-        return False
-
-
 shutdown = {"exited": {name: proc.poll() is not None for name, proc in servers.items()},
-            "listening": [a for role in ("ps", "worker") for a in local_cluster[role] if _listening(a)],
+            "listening": [port for _, port in listening() if ports.get(port) in ("ps", "worker")],
             "left": strategy.local_servers}
 json.dump({
     "steps_per_epoch": train.steps_per_epoch,
@@ -86,5 +78,6 @@ json.dump({
     "resolver": resolver_report,
     "local_cluster": local_cluster,
     "shutdown": shutdown,
+    "listening_while_running": running,
 }, sys.stdout)
 print()

@@ -1,0 +1,69 @@
+"""Local jobs listen on loopback only; a process tfpar did not start says which ports it opens.
+
+What listens is read from /proc/net/tcp and tcp6 (`tfpar._loopback.listening`): no test sends
+anything to a non-loopback address.
+"""
+
+import json
+import sys
+
+from tests.conftest import run_command, tfpar_command
+
+# A chief that serves its own task, as a parameter-server chief does, and reports what listens
+# on the job's ports once every task is up.
+_CHIEF = """
+import json, os, time
+import tensorflow as tf
+from tfpar._loopback import listening
+config = json.loads(os.environ["TF_CONFIG"])
+cluster = config["cluster"]
+server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="chief", task_index=0, start=True)
+ports = {int(a.rsplit(":", 1)[1]) for addresses in cluster.values() for a in addresses}
+deadline = time.time() + 60
+while time.time() < deadline:
+    found = sorted({(a, p) for a, p in listening() if p in ports})
+    if {p for _, p in found} == ports:
+        break
+    time.sleep(0.2)
+print("REPORT " + json.dumps({"ports": sorted(ports), "listening": found}), flush=True)
+"""
+
+
+def _report(output):
+    (line,) = [l for l in output.splitlines() if "REPORT " in l]
+    return json.loads(line.split("REPORT ", 1)[1])
+
+
+def test_a_local_parameter_server_job_listens_on_loopback_only():
+    # Without the tests' own LD_PRELOAD: the launcher must add tfpar's library itself.
+    result = run_command(tfpar_command("launch", "--ps", "1", "-n", "1", "--", sys.executable, "-c", _CHIEF),
+                         timeout=180, env={"LD_PRELOAD": None})
+    assert result.returncode == 0, result.output[-3000:]
+    report = _report(result.output)
+    assert sorted({p for _, p in report["listening"]}) == report["ports"]  # chief, worker and ps
+    assert {a for a, _ in report["listening"]} == {"127.0.0.1"}, report
+    assert result.output.count("(loopback only)") == 2  # the ps and the worker server say so
+    assert "listens on all interfaces" not in result.output
+
+
+def test_a_parameter_server_chief_outside_tfpar_names_its_open_port():
+    """`ParameterServer.local()` in a plain `python` process: its servers (children) listen on
+    loopback; the chief's own server, in that process, cannot, and one warning says so."""
+    script = ("import json, tfpar\n"
+              "from tfpar.strategies.parameter_server import ParameterServer\n"
+              "from tfpar._loopback import listening\n"
+              "s = ParameterServer.local(num_workers=1, num_ps=1)\n"
+              "c = s.config.cluster.cluster\n"
+              "ports = {int(a.rsplit(':', 1)[1]): r for r in c for a in c[r]}\n"
+              "print('REPORT ' + json.dumps(sorted({(a, ports[p]) for a, p in listening() if p in ports})))\n"
+              "s.shutdown()\n")
+    result = run_command([sys.executable, "-c", script], timeout=180, env={"LD_PRELOAD": None})
+    assert result.returncode == 0, result.output[-3000:]
+    (line,) = [l for l in result.output.splitlines() if l.startswith("REPORT ")]
+    found = json.loads(line[len("REPORT "):])
+    assert {a for a, r in found if r in ("ps", "worker")} == {"127.0.0.1"}
+    chief_addresses = {a for a, r in found if r == "chief"}
+    assert chief_addresses and chief_addresses <= {"0.0.0.0", "::"}
+    warnings = [l for l in result.output.splitlines() if "listens on all interfaces" in l]
+    assert len(warnings) == 1 and "this process (the chief)" in warnings[0]
+    assert "tfpar launch -n 1 -- python" in warnings[0]

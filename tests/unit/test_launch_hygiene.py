@@ -1,0 +1,146 @@
+"""Nothing a launcher starts outlives it: kills, hang-ups, failed starts, grandchildren, closed pipes.
+
+Plain Python children (no TensorFlow). Each child writes its pid to a folder; a test ends by
+counting which of them still run (a zombie left for init to reap counts as ended).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tfpar.launch as launch_module
+from tests.conftest import ROOT, run_command, tfpar_command
+from tfpar.launch import LaunchError, Task, run_tasks
+
+PY = sys.executable
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _pids(folder):
+    return [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout} s for {what}")
+        time.sleep(0.05)
+
+
+def _orphans_after(folder, timeout=15):
+    """The recorded processes still running once ``timeout`` has passed (or none is left)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_running(p) for p in _pids(folder)):
+        time.sleep(0.1)
+    return [p for p in _pids(folder) if _running(p)]
+
+
+def _sleeper(folder, seconds=120):
+    """A worker that records itself and a background grandchild, then sleeps."""
+    return [PY, "-c", "import os, subprocess, time\n"
+            f"open(os.path.join({str(folder)!r}, str(os.getpid())), 'w').close()\n"
+            f"child = subprocess.Popen(['sleep', '{seconds}'])\n"
+            f"open(os.path.join({str(folder)!r}, str(child.pid)), 'w').close()\n"
+            "print('ready', flush=True)\n"
+            f"time.sleep({seconds})\n"]
+
+
+def _start_launcher(args):
+    return subprocess.Popen(tfpar_command("launch", *args), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP, signal.SIGTERM], ids=lambda s: s.name)
+def test_killing_the_launcher_leaves_no_worker_and_no_grandchild(tmp_path, sig):
+    proc = _start_launcher(["-n", "2", "--grace", "2", "--", *_sleeper(tmp_path)])
+    try:
+        _wait_for(lambda: len(_pids(tmp_path)) == 4, 30, "2 workers and their 2 children")
+        proc.send_signal(sig)  # to the launcher alone, not its group: as a kill -9 of its pid
+        proc.wait(timeout=30)
+        assert _orphans_after(tmp_path) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _pids(tmp_path):
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("exit_code", [0, 1])
+def test_a_workers_background_children_end_with_the_job(tmp_path, exit_code):
+    marker = tmp_path / "grandchild"
+    result = run_command(tfpar_command("launch", "-n", "1", "--grace", "2", "--", "bash", "-c",
+                                       f"sleep 60 & echo $! > {marker}; exit {exit_code}"), timeout=60)
+    assert result.returncode == exit_code, result.output
+    grandchild = int(marker.read_text())
+    deadline = time.monotonic() + 10
+    while _running(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(grandchild)
+
+
+def test_a_closed_output_pipe_does_not_hang_the_job(tmp_path):
+    done = tmp_path / "done"
+    script = f"[print(i) for i in range(200000)]; open({str(done)!r}, 'w').close()"
+    pipeline = subprocess.Popen(
+        f"{' '.join(tfpar_command('launch', '-n', '1', '--', PY, '-c', repr(script)))} | head -1",
+        shell=True, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = pipeline.communicate(timeout=60)
+    finally:
+        if pipeline.poll() is None:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+    assert output.decode().strip() == "[worker 0] 0"
+    _wait_for(done.exists, 30, "the worker to finish writing its 200000 lines")
+
+
+def test_sigint_gets_the_grace_period_before_sigterm():
+    proc = _start_launcher(["-n", "1", "--grace", "10", "--", PY, "-c",
+                            "import signal, sys, time\n"
+                            "def on_int(*_):\n"
+                            "    print('saving', flush=True); time.sleep(2); print('saved', flush=True); sys.exit(0)\n"
+                            "signal.signal(signal.SIGINT, on_int)\n"
+                            "signal.signal(signal.SIGTERM, lambda *_: (print('got SIGTERM', flush=True), sys.exit(1)))\n"
+                            "print('ready', flush=True); time.sleep(120)\n"])
+    try:
+        _wait_for(lambda: b"ready" in proc.stdout.readline(), 30, "the worker")
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = output.decode()
+    assert proc.returncode == 128 + signal.SIGINT
+    assert text.count("[worker 0] saving") == 1 and "[worker 0] saved" in text, text
+    assert "got SIGTERM" not in text
+
+
+def test_a_task_that_cannot_start_stops_those_started(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch_module, "SERVER_COMMAND", (str(tmp_path / "no-such-server"),))
+    cluster = {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}
+    tasks = [Task(task_type="worker", task_index=0), Task(task_type="ps", task_index=0, serves=True)]
+    with pytest.raises(LaunchError, match=r"could not start ps 0 \(.*no-such-server\).*The 1 task\(s\) already "
+                                          r"started were stopped"):
+        run_tasks(_sleeper(tmp_path), cluster, tasks, out=open(os.devnull, "w"), grace_seconds=2)
+    assert _orphans_after(tmp_path) == []
+
+
+def test_too_many_tasks_for_the_open_file_limit_are_refused_before_any_starts(tmp_path):
+    limit = "import resource, sys, tfpar.cli; resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32)); "
+    result = run_command([PY, "-c", limit + "sys.argv[0] = 'tfpar'; sys.exit(tfpar.cli.main())",
+                          "launch", "-n", "28", "--", *_sleeper(tmp_path)], timeout=60)
+    assert result.returncode == 2, result.output
+    assert "28 tasks need about 116 open files in the launcher, and this shell allows 32 (ulimit -n)" in result.output
+    assert _pids(tmp_path) == []

@@ -1,0 +1,217 @@
+"""The processes a launcher starts: checked before they start, signalled as groups, never left behind.
+
+`ProcessGroups` keeps the process group of every child and a watchdog process that stops
+them if the launcher dies, however it dies (SIGKILL included):
+
+    python -m tfpar._processes GRACE_SECONDS   (lines on stdin: "+PGID", "-PGID", "exit")
+
+`ProcessGroups` starts one, in a session of its own, and writes to it the process group of
+every child it starts. The pipe's write end lives only in the launcher (children are started
+with ``close_fds``), so end-of-file means the launcher is gone: without a last "exit" line the
+watchdog sends SIGTERM to every group still listed, waits ``GRACE_SECONDS`` and sends SIGKILL.
+A group outlives its leader (``bash -c 'sleep 60 & exit'``), so groups are signalled, not pids.
+Pure Python; no TensorFlow.
+"""
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tfpar import _loopback as loopback
+from tfpar._checks import check_number
+
+__all__ = ["DEFAULT_GRACE_SECONDS", "FORWARDED_SIGNALS", "LaunchError", "ProcessGroups", "check_command",
+           "forwarding_signals", "group_alive", "run_command", "signal_group", "stop_groups"]
+
+DEFAULT_GRACE_SECONDS = 10.0
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def signal_group(pgid, sig):
+    """Sends ``sig`` to the group; False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the pgid was reused by someone else's group: not ours any more
+        return False
+
+
+def group_alive(pgid):
+    return signal_group(pgid, 0)
+
+
+def stop_groups(pgids, grace_seconds, first=signal.SIGTERM, poll_seconds=0.05):
+    """``first`` to every group, SIGKILL to what is left after ``grace_seconds``."""
+    live = [g for g in pgids if signal_group(g, first)]
+    deadline = time.monotonic() + grace_seconds
+    while live and time.monotonic() < deadline:
+        time.sleep(poll_seconds)
+        live = [g for g in live if group_alive(g)]
+    for g in live:
+        signal_group(g, signal.SIGKILL)
+
+
+class ProcessGroups:
+    """The process groups a launcher started, with a watchdog that ends them if it dies.
+
+    Start each child with ``start_new_session=True`` and `add` its pid (its group's id).
+    """
+
+    def __init__(self, grace_seconds):
+        self.grace_seconds = grace_seconds
+        self.pgids = []
+        self._lock = threading.Lock()
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "tfpar._processes", repr(float(grace_seconds))],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, text=True)
+
+    def _tell(self, line):
+        try:
+            self._watchdog.stdin.write(line + "\n")
+            self._watchdog.stdin.flush()
+        except (BrokenPipeError, ValueError):  # the watchdog is gone: nothing more to tell it
+            pass
+
+    def add(self, pgid):
+        with self._lock:
+            self.pgids.append(pgid)
+            self._tell(f"+{pgid}")
+
+    def send(self, sig):
+        """Sends ``sig`` to every group, leaders that already exited included."""
+        for pgid in list(self.pgids):
+            signal_group(pgid, sig)
+
+    def stop(self, first=signal.SIGTERM):
+        """``first``, then SIGKILL after the grace period, to every group: nothing of them is left."""
+        stop_groups(list(self.pgids), self.grace_seconds, first)
+
+    def close(self):
+        """Ends every group that is left (SIGTERM, grace, SIGKILL) and lets the watchdog go."""
+        self.stop()
+        with self._lock:
+            self._tell("exit")
+            try:
+                self._watchdog.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self._watchdog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._watchdog.kill()
+            self._watchdog.wait()
+
+
+class LaunchError(RuntimeError):
+    """A task of the job failed; ``task`` and ``returncode`` say which and how."""
+
+    def __init__(self, message, task=None, returncode=1):
+        super().__init__(message)
+        self.task = task
+        self.returncode = returncode
+
+
+def check_command(command, grace_seconds, num_tasks=1):
+    """Refuses, before anything starts, what would fail later: a missing program, a bad grace
+    period, more tasks than this process may open files for.
+
+    Raises:
+        ValueError / TypeError: naming the value received and the fix.
+    """
+    if not command:
+        raise ValueError(
+            "Nothing to launch. Received: an empty command. Write e.g. "
+            "`tfpar launch -n 2 -- python train.py`.")
+    check_number("grace_seconds", grace_seconds, minimum=0, hint=" It is how long a stopped task may take "
+                 "to exit before SIGKILL, e.g. --grace 10.")
+    program = str(command[0])
+    if shutil.which(program) is None:
+        where = "is not an executable file" if os.sep in program else "is not on PATH"
+        raise ValueError(f"The command {program!r} {where}. Received: {' '.join(map(str, command))!r}. "
+                         "Check its spelling, or give its full path.")
+    # Per task the launcher holds an output pipe (two ends while it starts) and, while it picks
+    # free ports, a socket; plus what Python itself holds.
+    needed = 3 * num_tasks + 32
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and needed > soft:
+        raise ValueError(
+            f"{num_tasks} tasks need about {needed} open files in the launcher, and this shell allows "
+            f"{soft} (ulimit -n). Received: {num_tasks} tasks. Raise the limit (ulimit -n 4096) or "
+            "start fewer tasks.")
+
+
+@contextlib.contextmanager
+def forwarding_signals(forward):
+    """SIGINT, SIGTERM and SIGHUP call ``forward(signum)`` and are listed in the yielded list."""
+    received, previous = [], {}
+
+    def handler(signum, _frame):
+        received.append(signum)
+        forward(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in FORWARDED_SIGNALS:
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_command(argv, *, env=None, grace_seconds=DEFAULT_GRACE_SECONDS, poll_seconds=0.05):
+    """Runs one local command that starts a job itself (``horovodrun``) and returns its exit status.
+
+    As with `run_tasks`: it runs in a process group of its own with loopback-only
+    servers, SIGINT/SIGTERM/SIGHUP are passed on with ``grace_seconds`` to exit,
+    and nothing it started is left when it ends or when the launcher is killed.
+
+    Raises:
+        LaunchError: it could not start.
+    """
+    check_command(argv, grace_seconds)
+    groups = ProcessGroups(grace_seconds)
+    try:
+        with forwarding_signals(groups.send) as received:
+            try:
+                proc = subprocess.Popen(argv, env=loopback.child_env(dict(os.environ if env is None else env)),
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as e:
+                raise LaunchError(f"could not start {argv[0]}: {e}") from None
+            groups.add(proc.pid)
+            while proc.poll() is None:
+                if received:
+                    groups.stop(first=0)  # the signal was passed on; SIGKILL after the grace period
+                    proc.wait()
+                    return 128 + received[0]
+                time.sleep(poll_seconds)
+            return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    finally:
+        groups.close()
+
+
+def main():
+    grace = float(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the launcher's to handle
+    pgids = []
+    for line in sys.stdin:
+        line = line.strip()
+        if line == "exit":
+            return
+        if line.startswith("+"):
+            pgids.append(int(line[1:]))
+        elif line.startswith("-") and int(line[1:]) in pgids:
+            pgids.remove(int(line[1:]))
+    stop_groups(pgids, grace)  # end of input without "exit": the launcher died
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The ps and worker servers of `ParameterServer.local()`: child processes on 127.0.0.1."""
+
+import logging
+import os
+import subprocess
+import sys
+
+from tfpar import _loopback as loopback
+from tfpar._processes import stop_groups
+from tfpar.cluster import ClusterInfo
+
+__all__ = ["start_server", "stop_servers", "warn_if_the_chief_listens_on_all_interfaces"]
+
+_log = logging.getLogger("tfpar.parameter_server")
+
+
+def start_server(cluster, role, index, **popen_kwargs):
+    """One ``python -m tfpar._server`` child for a task of ``cluster``; it exits with this process."""
+    info = ClusterInfo(cluster=cluster, task_type=role, task_index=index)
+    popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
+    popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfpar._server"],
+        env=loopback.child_env({**os.environ, "TF_CONFIG": info.to_tf_config(),
+                                "TFPAR_SERVER_PARENT_PID": str(os.getpid())}),  # loopback-only servers
+        start_new_session=True, **popen_kwargs)
+
+
+def stop_servers(servers, grace_seconds=5.0):
+    """SIGTERM to each server's process group, SIGKILL to what is left after ``grace_seconds``."""
+    stop_groups([proc.pid for proc in servers.values() if proc.poll() is None], grace_seconds)
+    for proc in servers.values():
+        proc.wait()
+
+
+def warn_if_the_chief_listens_on_all_interfaces(cluster):
+    """This process serves the chief task: its own binds are kept to loopback only when it runs
+    in a local tfpar job (``tfpar launch -n 1 -- python train.py``, ``tfpar demo``)."""
+    warning = loopback.warning_unless_active("this process (the chief)", [cluster["chief"][0].rsplit(":", 1)[1]])
+    if warning:
+        _log.warning("%s Start it with `tfpar launch -n 1 -- python %s` to keep it to loopback.", warning,
+                     os.path.basename(sys.argv[0]) or "train.py")
