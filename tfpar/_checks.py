@@ -64,7 +64,11 @@ def check_choice(name, value, choices, what=None):
     Args:
         what: how the message names the value ("precision policy"); default ``name``.
     """
-    if value not in choices:
+    try:
+        known = value in choices
+    except TypeError:  # unhashable (a list, a dict): not one of them
+        known = False
+    if not known:
         raise ValueError(f"Unknown {what or name} {value!r}. Received: {name}={value!r}. "
                          f"Use one of {list(choices)}.")
     return value

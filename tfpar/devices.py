@@ -7,10 +7,11 @@ code it runs on a GPU server.
 
 import logging
 
-from tfpar._checks import check_int, env_int
+from tfpar._checks import check_int, check_names, env_int
 from tfpar._keras import tf
 
 __all__ = [
+    "check_devices",
     "DEFAULT_NUM_CPU_DEVICES",
     "DevicesAlreadyInitializedError",
     "configure_devices",
@@ -42,6 +43,37 @@ def local_devices():
     if gpus:
         return [d.name for d in gpus]
     return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def check_devices(name, devices):
+    """Returns ``devices`` as a tuple after checking that each one exists in this process.
+
+    A name TensorFlow would not find (``"/gpu:0"`` with no GPU, ``"/cpu:7"`` with 2 CPU
+    devices) would otherwise be placed on another device without a word.
+
+    Raises:
+        TypeError: a string, or not a list of strings.
+        ValueError: an empty list, a name that is not a device name, or a device that does not exist.
+    """
+    devices = check_names(name, devices)
+    if not devices:
+        raise ValueError(f"{name} must name at least one device. Received: {name}=[]. Leave it None for all.")
+    present = {(d.device_type, tf.DeviceSpec.from_string(d.name).device_index)
+               for d in tf.config.list_logical_devices()}
+    for device in devices:
+        try:
+            spec = tf.DeviceSpec.from_string(device)
+        except ValueError:
+            spec = None
+        if spec is None or spec.device_type is None:
+            raise ValueError(f"{device!r} is not a device name. Received: {name}={list(devices)!r}. "
+                             f"Use names such as {local_devices()[:2]}.")
+        if (spec.device_type.upper(), spec.device_index or 0) not in present:
+            raise ValueError(
+                f"No device {device!r} in this process. Received: {name}={list(devices)!r}; the devices "
+                f"are {sorted(d.name for d in tf.config.list_logical_devices())}. Use those, or "
+                "tfpar.configure_devices(N) before TensorFlow starts for N virtual CPU devices.")
+    return devices
 
 
 def configure_devices(num_cpu_devices=None):

@@ -104,7 +104,7 @@ def test_multi_worker_cluster_selects_multi_worker_class_without_starting(monkey
     (dict(all_reduce="ring"), ValueError, r"all_reduce='ring' needs several workers"),
     (dict(num_packs=-1), ValueError, r"num_packs must be an int >= 0. Received: num_packs=-1"),
     (dict(timeout_seconds=0), ValueError, r"timeout_seconds must be a number > 0. Received: timeout_seconds=0"),
-    (dict(devices=[]), ValueError, r"devices must be a non-empty list"),
+    (dict(devices=[]), ValueError, r"devices must name at least one device. Received: devices=\[\]"),
     (dict(cluster={"worker": ["a:1"]}), TypeError, r"cluster must be a tfpar.cluster.ClusterInfo"),
     (dict(bogus=1), TypeError, r"bogus"),
 ])

@@ -152,12 +152,19 @@ def test_bad_pipeline_input_gets_a_clear_error(make_model, kwargs, error, match)
         Pipeline(**kwargs).stage(make_model())
 
 
-def test_microbatches_that_do_not_divide_the_batch_are_refused_at_the_step():
+def test_microbatches_that_do_not_divide_the_batch_are_refused_before_a_step():
+    import tensorflow as tf
+
     staged = Pipeline(num_stages=2, num_microbatches=4).stage(pipeline_model())
     x, y = equivalence_data(30)
     compile_for_equivalence(staged)
-    with pytest.raises(Exception, match=r"replicas × num_microbatches = 1 × 4 must divide the batch"):
+    # Arrays: by fit, from their sizes; a dataset of fixed batches: when the step is traced.
+    with pytest.raises(ValueError, match=r"= 4 equal microbatches. Received: 30 examples in batches of batch_size=30"):
         staged.fit(x, y, batch_size=30, epochs=1, verbose=0)
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(30, drop_remainder=True)
+    with pytest.raises(ValueError, match=r"replicas × num_microbatches = 1 × 4 must divide the batch"):
+        staged.fit(batches, epochs=1, verbose=0)
+    assert int(staged.optimizer.iterations) == 0
 
 
 def test_balance_by_measured_time_cuts_where_the_time_is():

@@ -3,6 +3,7 @@
 import os
 import uuid
 
+from tfpar._checks import check_number
 from tfpar._keras import keras
 from tfpar.callbacks._hooks import chief_print
 
@@ -50,6 +51,9 @@ class FaultTolerance(keras.callbacks.BackupAndRestore):
     """
 
     def __init__(self, backup_dir, save_freq="epoch", delete_checkpoint=True):
+        if save_freq != "epoch":
+            check_number("save_freq", save_freq, minimum=1, integer=True,
+                         hint=' Use "epoch", or a number of steps between backups.')
         _check_writable(backup_dir)
         super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=delete_checkpoint)
         self.resumed_at_epoch = None

@@ -9,7 +9,7 @@ at the same step, under every tfpar strategy (their Horovod counterparts are
 import math
 
 from tfpar import _compat
-from tfpar._checks import check_number
+from tfpar._checks import check_int, check_number
 from tfpar._keras import keras
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
@@ -209,8 +209,11 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
         super().__init__()
         check_number("initial_lr", initial_lr, above=0)
         if not callable(multiplier):
-            value = multiplier
+            value = check_number("multiplier", multiplier, minimum=0, hint=" Give a function of the epoch "
+                                 "(e.g. tfpar.callbacks.cosine_decay(...)) or a constant.")
             multiplier = lambda epoch: value  # noqa: E731
+        check_int("start_epoch", start_epoch, 0)
+        check_number("end_epoch", end_epoch, integer=True, allow_none=True)
         if start_epoch < 0 or (end_epoch is not None and end_epoch <= start_epoch):
             raise ValueError(
                 "The schedule needs 0 <= start_epoch < end_epoch. Received: "

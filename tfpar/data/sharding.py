@@ -13,7 +13,7 @@ through the same code and reports how often each example was seen.)
 import dataclasses
 import os
 
-from tfpar._checks import check_choice, check_int
+from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import tf
 from tfpar.data.batching import per_replica_batch_size
 from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
@@ -43,6 +43,7 @@ class InputConfig:
         check_choice("shard_policy", self.shard_policy, SHARD_POLICIES)
         check_choice("remainder", self.remainder, REMAINDERS)
         check_int("shuffle_buffer", self.shuffle_buffer, 0)
+        check_number("seed", self.seed, minimum=0, integer=True, allow_none=True)
         if self.reader is not None and not callable(self.reader):
             raise TypeError(
                 f"reader must be a callable path -> tf.data.Dataset. Received: {self.reader!r}."
@@ -64,6 +65,12 @@ def _open_source(source):
     """Returns (dataset or None, files or None)."""
     files = _as_files(source)
     if files is not None:
+        missing = [f for f in files if not tf.io.gfile.exists(f)]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} of the {len(files)} input files do not exist: {missing[:5]}"
+                f"{' ...' if len(missing) > 5 else ''}. Received: source={files[:5]}"
+                f"{' ...' if len(files) > 5 else ''}. Check the paths (every worker reads them).")
         return None, files
     if isinstance(source, tf.data.Dataset):
         return source, None

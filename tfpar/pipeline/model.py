@@ -92,6 +92,24 @@ class PipelineModel(keras.Model):
         y_pred = tf.concat([predictions[j] for j in sorted(predictions)], axis=0)
         return self.compute_metrics(x, y, y_pred, sample_weight)
 
+    def fit(self, x=None, y=None, batch_size=None, **kwargs):
+        """Keras' ``fit``; arrays whose last batch would not split into microbatches are refused
+        before the first step (not at the epoch's end, after steps were applied)."""
+        if x is not None and not isinstance(x, tf.data.Dataset) and hasattr(tf.nest.flatten(x)[0], "shape"):
+            parts = len(self.grid) * self.schedule.num_microbatches
+            n = len(tf.nest.flatten(x)[0])
+            size = batch_size or 32
+            if kwargs.get("validation_split"):
+                n = int(n * (1 - kwargs["validation_split"]))
+            if size % parts or (n % size and (n % size) % parts):
+                raise ValueError(
+                    f"Each batch must split into replicas × num_microbatches = {parts} equal microbatches. "
+                    f"Received: {n} examples in batches of batch_size={size}, so "
+                    f"{'every batch' if size % parts else f'the last batch of each epoch ({n % size})'} "
+                    f"does not divide by {parts}. Use a batch_size that divides by {parts} and a number "
+                    "of examples that leaves no partial batch, or tf.data with drop_remainder=True.")
+        return super().fit(x, y, batch_size=batch_size, **kwargs)
+
     def _microbatches(self, x, y, sample_weight):
         """Splits the batch into replicas × num_microbatches equal microbatches."""
         replicas, m = len(self.grid), self.schedule.num_microbatches

@@ -10,7 +10,7 @@ devices (R × stages devices).
 import dataclasses
 import logging
 
-from tfpar._checks import check_int, config_from
+from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import check_tf_keras_model, keras, tf
 from tfpar._parallelism import Parallelism, check_model_fn
 from tfpar.pipeline.model import PipelineModel
@@ -49,8 +49,11 @@ class PipelineConfig:
         check_int("num_stages", self.num_stages, 1)
         check_int("num_microbatches", self.num_microbatches, 1)
         check_int("replicas", self.replicas, 1)
-        if self.schedule not in SCHEDULES:
-            make_schedule(self.schedule, 1, 1)  # raises the error that names the choices
+        if self.devices is not None:
+            from tfpar.devices import check_devices
+
+            object.__setattr__(self, "devices", check_devices("devices", self.devices))
+        check_choice("schedule", self.schedule, SCHEDULES, what="pipeline schedule")
         if not isinstance(self.recompute, bool):
             raise TypeError(f"recompute must be True or False. Received: recompute={self.recompute!r}.")
         if self.num_microbatches < self.num_stages:

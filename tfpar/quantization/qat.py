@@ -24,6 +24,7 @@ import dataclasses
 import numpy as np
 
 from tfpar import _compat
+from tfpar._files import check_folder_of, write_atomically
 from tfpar._keras import check_tf_keras_model, keras, tf
 
 __all__ = ["TFLiteExport", "export_tflite", "quantize", "quantizer_ranges"]
@@ -161,9 +162,10 @@ def export_tflite(model, path, representative_data=None, int8=True):
         A `TFLiteExport`.
 
     Raises:
-        ValueError: ``int8`` without ``representative_data``.
+        ValueError: ``int8`` without ``representative_data``, or a ``path`` in no existing folder.
     """
     check_tf_keras_model(model)
+    check_folder_of("path", path)  # before the conversion, which takes seconds
     if int8 and (representative_data is None or len(representative_data) == 0):
         raise ValueError(
             "A fully int8 TFLite model needs representative_data: input examples (a few hundred from "
@@ -184,8 +186,7 @@ def export_tflite(model, path, representative_data=None, int8=True):
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
     content = converter.convert()
-    with open(path, "wb") as f:
-        f.write(content)
+    write_atomically(path, content)  # a reader never sees half a model
     export = TFLiteExport(path=path, size_bytes=len(content), int8=int8)
     probe = np.zeros([1, *model.inputs[0].shape[1:]], np.float32) if representative_data is None \
         else np.asarray(representative_data[:1], np.float32)

@@ -16,7 +16,7 @@ from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo
 from tfpar.strategies._describe import batch_and_model_lines
-from tfpar.devices import DevicesAlreadyInitializedError, configure_devices, local_devices
+from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
 __all__ = [
     "ALL_REDUCE",
@@ -75,13 +75,7 @@ class DataParallelConfig:
                 f"TF_CONFIG). Received: {type(self.cluster).__name__}."
             )
         if self.devices is not None:
-            devices = tuple(self.devices)
-            if not devices or not all(isinstance(d, str) for d in devices):
-                raise ValueError(
-                    "devices must be a non-empty list of device names. "
-                    f"Received: devices={self.devices!r}."
-                )
-            object.__setattr__(self, "devices", devices)
+            object.__setattr__(self, "devices", check_devices("devices", self.devices))
 
     @property
     def multi_worker(self):

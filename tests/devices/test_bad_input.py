@@ -1,0 +1,184 @@
+"""Bad input, one row per case: refused at once, by tfpar's own code, naming the parameter and the
+value received, with nothing started or left behind.
+
+Python rows run here (2 virtual CPU devices); command-line rows run the real ``tfpar`` command.
+A row's ``names`` are strings its message must contain: the parameter and the value received.
+"""
+
+import json
+import math
+import os
+import re
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+import tfpar
+from tests.conftest import run_command, tfpar_command
+from tests.models import pipeline_model
+
+tf = pytest.importorskip("tensorflow")
+PY = sys.executable
+LOCAL = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+
+
+def _children():
+    """Pids of this process's live children (read from /proc)."""
+    me, found = str(os.getpid()), set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            found.add(int(pid))
+    return found
+
+
+def _cluster_info(cluster, task_type="worker", task_index=0):
+    from tfpar.cluster import ClusterInfo
+
+    return ClusterInfo(cluster=cluster, task_type=task_type, task_index=task_index)
+
+
+def _tf_config(raw):
+    from tfpar.cluster import ClusterInfo
+
+    return ClusterInfo.from_tf_config(raw)
+
+
+def _cluster_file(tmp_path, content):
+    from tfpar.launch import load_cluster_file
+
+    path = tmp_path / "cluster.json"
+    path.write_text(content)
+    return load_cluster_file(str(path))
+
+
+def _fault_tolerance(tmp_path, **kwargs):
+    return tfpar.callbacks.FaultTolerance(str(tmp_path / "backup"), **kwargs)
+
+
+def _distribute(**options):
+    x = np.zeros((8, 2), "float32")
+    return tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, x)), tf.distribute.get_strategy(), 4, **options)
+
+
+def _missing_files(tmp_path):
+    return tfpar.data.distribute([str(tmp_path / "a.tfrecord"), str(tmp_path / "b.tfrecord")],
+                                 tf.distribute.get_strategy(), 4)
+
+
+def _pipeline_partial_batch():
+    from tfpar.pipeline import Pipeline
+
+    model = Pipeline(num_stages=2, num_microbatches=4).stage(pipeline_model())
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = np.zeros((102, 8, 8, 1), "float32"), np.zeros(102, "int64")
+    try:
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    finally:
+        assert int(model.optimizer.iterations) == 0  # refused before any step was applied
+
+
+keras = tfpar.keras
+ROWS = {
+    # Cluster specs
+    "duplicate-address": (lambda tmp: _cluster_info({"worker": ["127.0.0.1:2222", "127.0.0.1:2222"]}),
+                          ValueError, ["worker 0 and worker 1", "'127.0.0.1:2222'"]),
+    "port-not-a-number": (lambda tmp: _cluster_info({"worker": ["host:notaport"]}), ValueError,
+                          ["worker 0", "'host:notaport'", "port in 1..65535"]),
+    "colon-only": (lambda tmp: _cluster_info({"worker": [":"]}), ValueError, ["worker 0", "':'"]),
+    "port-out-of-range": (lambda tmp: _cluster_info({"worker": ["h:70000"]}), ValueError, ["'h:70000'"]),
+    "two-chiefs": (lambda tmp: _cluster_info({"chief": ["a:1", "b:1"], "worker": ["c:1"]}, "chief"),
+                   ValueError, ["at most one chief", "['a:1', 'b:1']"]),
+    "missing-index": (lambda tmp: _tf_config(json.dumps({"cluster": LOCAL, "task": {"type": "worker"}})),
+                      ValueError, ['"index"', "2 'worker' tasks", "TF_CONFIG="]),
+    "cluster-null": (lambda tmp: _tf_config('{"cluster": null, "task": {"type": "worker", "index": 0}}'),
+                     ValueError, ['"cluster"', '"cluster": null']),
+    "cluster-file-null": (lambda tmp: _cluster_file(tmp, '{"cluster": null}'), ValueError,
+                          ["cluster.json", "Received: None"]),
+    "task-type-list": (lambda tmp: _tf_config(json.dumps({"cluster": LOCAL, "task": {"type": ["worker"], "index": 0}})),
+                       ValueError, ["task type", "['worker']"]),
+    "empty-role": (lambda tmp: _cluster_info({"worker": []}), ValueError, ["'worker'", "[]"]),
+    # A string where a list belongs
+    "devices-string": (lambda tmp: tfpar.DataParallel(devices="/cpu:0"), TypeError,
+                       ["devices", "'/cpu:0'", "['/cpu:0']"]),
+    "pipeline-devices-string": (lambda tmp: tfpar.pipeline.Pipeline(devices="/cpu:0"), TypeError,
+                                ["devices", "'/cpu:0'"]),
+    "metric-average-keys-string": (lambda tmp: tfpar.callbacks.MetricAverage(keys="loss"), TypeError,
+                                   ["keys", "'loss'", "['loss']"]),
+    # Devices that do not exist
+    "gpu-on-cpu-machine": (lambda tmp: tfpar.DataParallel(devices=["/gpu:0"]), ValueError,
+                           ["devices", "'/gpu:0'", "No device"]),
+    "cpu-7-of-2": (lambda tmp: tfpar.DataParallel(devices=["/cpu:7"]), ValueError, ["'/cpu:7'", "CPU:1"]),
+    "pipeline-cpu-7": (lambda tmp: tfpar.pipeline.Pipeline(devices=["/cpu:0", "/cpu:7"]), ValueError, ["'/cpu:7'"]),
+    # Wrong types or values accepted until fit
+    "save-freq-string": (lambda tmp: _fault_tolerance(tmp, save_freq="10"), TypeError, ["save_freq", "'10'"]),
+    "save-freq-negative": (lambda tmp: _fault_tolerance(tmp, save_freq=-5), ValueError, ["save_freq", "-5"]),
+    "warmup-nan": (lambda tmp: tfpar.callbacks.LearningRateWarmup(warmup_epochs=math.nan), ValueError,
+                   ["warmup_epochs", "nan"]),
+    "schedule-multiplier-string": (lambda tmp: tfpar.callbacks.LearningRateSchedule("0.5", initial_lr=0.1),
+                                   TypeError, ["multiplier", "'0.5'"]),
+    "schedule-initial-lr-string": (lambda tmp: tfpar.callbacks.LearningRateSchedule(0.5, initial_lr="0.1"),
+                                   TypeError, ["initial_lr", "'0.1'"]),
+    "seed-string": (lambda tmp: _distribute(seed="1"), TypeError, ["seed", "'1'"]),
+    "shuffle-buffer-float": (lambda tmp: _distribute(shuffle_buffer=2.5), TypeError, ["shuffle_buffer", "2.5"]),
+    "missing-tfrecord": (_missing_files, ValueError, ["a.tfrecord", "b.tfrecord", "do not exist"]),
+    "connect-timeout-nan": (lambda tmp: tfpar.strategies.ParameterServerConfig(connect_timeout_seconds=math.nan),
+                            ValueError, ["connect_timeout_seconds", "nan"]),
+    "connect-timeout-bool": (lambda tmp: tfpar.strategies.ParameterServerConfig(connect_timeout_seconds=True),
+                             TypeError, ["connect_timeout_seconds", "True"]),
+    # Pipeline
+    "pipeline-partial-last-batch": (lambda tmp: _pipeline_partial_batch(), ValueError,
+                                    ["batch_size=32", "102 examples", "(6)"]),
+    # Added
+    "distribute-strategy-string": (lambda tmp: tfpar.data.distribute(tf.data.Dataset.range(8), "mirrored", 4),
+                                   TypeError, ["strategy", "'mirrored'"]),
+    "build-with-a-model": (lambda tmp: tfpar.DataParallel().build(pipeline_model()), TypeError, ["model_fn"]),
+    "tune-timeout-zero": (lambda tmp: tfpar.tune.tune("a:b", "c:d", {"per_replica_batch": [8]}, timeout_seconds=0),
+                          ValueError, ["timeout_seconds", "0"]),
+    "tflite-path-in-missing-folder": (lambda tmp: tfpar.quantization.export_tflite(
+        pipeline_model(), str(tmp / "no" / "m.tflite"), int8=False), ValueError, ["path", "m.tflite", "does not exist"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROWS))
+def test_bad_input_is_refused_at_once_by_tfpar(case, tmp_path):
+    make, kind, names = ROWS[case]
+    before, files_before = _children(), sorted(os.listdir(tmp_path))
+    with pytest.raises((TypeError, ValueError)) as info:
+        make(tmp_path)
+    assert type(info.value) is kind, f"{type(info.value).__name__}: {info.value}"
+    raised_in = traceback.extract_tb(info.value.__traceback__)[-1].filename
+    assert f"{os.sep}tfpar{os.sep}" in raised_in, f"raised in {raised_in}, not by tfpar: {info.value}"
+    message = str(info.value)
+    assert "Received" in message, message
+    for name in names:
+        assert name in message, f"{name!r} not in: {message}"
+    assert _children() <= before  # nothing started (and left running)
+    assert sorted(os.listdir(tmp_path)) == files_before or case == "cluster-file-null"  # nothing written
+
+
+@pytest.mark.parametrize("args, names", [
+    (["launch", "-n", "2", "--", "/nonexistent/cmd"], ["'/nonexistent/cmd'", "is not an executable file"]),
+    (["launch", "-n", "1", "--", "no-such-program-here"], ["'no-such-program-here'", "is not on PATH"]),
+    (["launch", "-n", "1", "--grace", "nan", "--", PY, "-c", "pass"], ["grace_seconds=nan", "finite"]),
+    (["launch", "-n", "1", "--grace", "inf", "--", PY, "-c", "pass"], ["grace_seconds=inf", "finite"]),
+    (["launch", "-n", "1", "--grace", "-1", "--", PY, "-c", "pass"], ["grace_seconds=-1", ">= 0"]),
+    (["launch", "--horovod", "-n", "1", "--grace", "nan", "--", PY, "-c", "pass"], ["grace_seconds=nan"]),
+    (["launch", "--hosts", "h:notaport", "--task-index", "0", "--", PY, "-c", "pass"], ["'h:notaport'"]),
+    (["tune", "--trial-timeout", "0"], ["timeout_seconds=0"]),
+    (["tune", "--json", "/nonexistent/dir/out.json"], ["--json", "/nonexistent/dir/out.json", "does not exist"]),
+], ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0] in ("launch", "tune") else None)
+def test_bad_command_line_is_refused_at_once(args, names):
+    result = run_command(tfpar_command(*args), timeout=60)
+    assert result.returncode == 2, result.output
+    assert "Traceback" not in result.output, result.output
+    line = [l for l in result.output.splitlines() if re.match(r"tfpar \w+: error: ", l)]
+    assert line, result.output
+    for name in names:
+        assert name in line[-1], f"{name!r} not in: {line[-1]}"
