@@ -1,5 +1,7 @@
 """Models and data shared by equivalence tests in this process and in child processes."""
 
+import os
+
 import numpy as np
 
 import tfpar
@@ -174,3 +176,28 @@ def assert_started_from_worker_0(folder, workers=2):
             np.testing.assert_array_equal(a, b)
         local = load_arrays(os.path.join(folder, f"local_start_{k}.npz"))
         assert any(not np.array_equal(a, b) for a, b in zip(local, first))
+
+
+def write_id_files(folder, sizes):
+    """TFRecord files of float ids 0, 1, ... (``sizes[i]`` in file i); returns (paths, reader)."""
+    import tensorflow as tf
+
+    paths, start = [], 0
+    for i, size in enumerate(sizes):
+        path = os.path.join(str(folder), f"part-{i}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for v in range(start, start + size):
+                feature = {"id": tf.train.Feature(float_list=tf.train.FloatList(value=[v]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        start += size
+        paths.append(path)
+    return paths, read_id_file
+
+
+def read_id_file(path):
+    """The reader of `write_id_files`' files: (id as a 1-vector, id) examples."""
+    import tensorflow as tf
+
+    spec = {"id": tf.io.FixedLenFeature([1], tf.float32)}
+    return tf.data.TFRecordDataset(path).map(
+        lambda r: (lambda e: (e["id"], e["id"][0]))(tf.io.parse_single_example(r, spec)))

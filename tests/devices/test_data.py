@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tfpar
+from tests.models import write_id_files
 from tfpar import keras
 from tfpar.data import check_coverage
 
@@ -12,26 +13,6 @@ from tfpar.data import check_coverage
 def _ids(n):
     ids = np.arange(n, dtype="float32")
     return tf.data.Dataset.from_tensor_slices((ids[:, None], ids))
-
-
-def _write_files(folder, sizes):
-    """TFRecord files of float ids; returns (paths, reader)."""
-    paths, start = [], 0
-    for i, size in enumerate(sizes):
-        path = str(folder / f"part-{i}.tfrecord")
-        with tf.io.TFRecordWriter(path) as writer:
-            for v in range(start, start + size):
-                feature = {"id": tf.train.Feature(float_list=tf.train.FloatList(value=[v]))}
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-        start += size
-        paths.append(path)
-
-    def reader(path):
-        spec = {"id": tf.io.FixedLenFeature([1], tf.float32)}
-        return tf.data.TFRecordDataset(path).map(
-            lambda r: (lambda e: (e["id"], e["id"][0]))(tf.io.parse_single_example(r, spec)))
-
-    return paths, reader
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -57,7 +38,7 @@ def test_data_sharding_drop_loses_less_than_a_global_batch(workers):
 
 @pytest.mark.parametrize("workers, sizes", [(2, [7, 3, 9]), (3, [5, 5, 1, 8]), (3, [10, 1, 1])])
 def test_file_sharding_with_uneven_files(tmp_path, workers, sizes):
-    paths, reader = _write_files(tmp_path, sizes)
+    paths, reader = write_id_files(tmp_path, sizes)
     report = check_coverage(paths, num_workers=workers, global_batch_size=2 * workers,
                             shard_policy="file", reader=reader)
     assert report.exactly_once, str(report)
@@ -65,14 +46,14 @@ def test_file_sharding_with_uneven_files(tmp_path, workers, sizes):
 
 
 def test_fewer_files_than_workers_falls_back_to_data_with_a_warning(tmp_path):
-    paths, reader = _write_files(tmp_path, [11])
+    paths, reader = write_id_files(tmp_path, [11])
     with pytest.warns(UserWarning, match=r"Sharding by DATA: there are 1 file\(s\) for 2 workers"):
         report = check_coverage(paths, num_workers=2, global_batch_size=4, reader=reader)
     assert report.exactly_once
 
 
 def test_forced_file_policy_with_more_workers_than_files(tmp_path):
-    paths, reader = _write_files(tmp_path, [4, 4])
+    paths, reader = write_id_files(tmp_path, [4, 4])
     with pytest.raises(ValueError, match=r"Received: 2 file\(s\) for 3 workers"):
         check_coverage(paths, num_workers=3, global_batch_size=3, shard_policy="file", reader=reader)
 

@@ -71,6 +71,26 @@ def test_each_example_reaches_exactly_one_worker_and_epochs_end_cleanly(tmp_path
     assert all(log["epochs"] == 3 for log in logs)
 
 
+def test_files_are_counted_once_for_the_job_and_every_example_is_read_once(tmp_path):
+    """4 uneven files, 2 workers: each worker counts 2 of them, the counts are summed over the
+    workers, and both plan the same steps from them: every example is read exactly once."""
+    from tests.models import write_id_files
+
+    sizes = [5, 9, 3, 6]
+    write_id_files(tmp_path, sizes)
+    result = run_command(tfpar_command(
+        "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "coverage_worker.py"),
+        str(sum(sizes)), "4", str(tmp_path), "--files", ",".join(map(str, sizes))), timeout=300,
+        env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    for worker in range(2):
+        assert (f"[worker {worker}] INFO:tfpar.data:counted 2 of the 4 input files here; the other "
+                "worker(s) counted the rest and the 2 workers summed the counts") in result.output
+    logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(2)]
+    assert collections.Counter(i for log in logs for i in log["seen"]) == collections.Counter(range(sum(sizes)))
+    assert logs[0]["steps"] == logs[1]["steps"]
+
+
 def test_a_lost_peer_makes_the_survivor_fail_instead_of_hanging(tmp_path):
     """No launcher here: the surviving worker must notice the dead peer by itself."""
     cluster = local_cluster({"worker": 2})

@@ -5,7 +5,8 @@ import collections
 import dataclasses
 
 from tfpar._keras import tf
-from tfpar.data.sharding import InputConfig, _open_source, _read_files, worker_dataset
+from tfpar.data.sharding import InputConfig, worker_dataset
+from tfpar.data.source import open_source, read_files
 
 __all__ = ["CoverageReport", "check_coverage"]
 
@@ -70,9 +71,9 @@ def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **op
     """
     config = InputConfig(**options)
     key = key or _example_key
-    whole, files = _open_source(source)
+    whole, files = open_source(source)
     if whole is None:
-        whole = _read_files(files, config.reader)
+        whole = read_files(files, config.reader)
     expected = collections.Counter(
         key(tuple(tf.nest.map_structure(lambda t: t.numpy(), e)) if isinstance(e, tuple)
             else (e.numpy(),))

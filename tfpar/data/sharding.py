@@ -11,12 +11,12 @@ through the same code and reports how often each example was seen.)
 """
 
 import dataclasses
-import os
 
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import tf
 from tfpar.data.batching import per_replica_batch_size
 from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
+from tfpar.data.source import measure, open_source, read_files
 
 __all__ = ["DistributedInput", "InputConfig", "distribute", "worker_dataset"]
 
@@ -48,79 +48,6 @@ class InputConfig:
             raise TypeError(
                 f"reader must be a callable path -> tf.data.Dataset. Received: {self.reader!r}."
             )
-
-
-def _as_files(source):
-    if isinstance(source, (str, os.PathLike)):
-        return [os.fspath(source)]
-    if isinstance(source, (list, tuple)):
-        if not source:
-            raise ValueError("The list of input files is empty. Received: [].")
-        if all(isinstance(f, (str, os.PathLike)) for f in source):
-            return [os.fspath(f) for f in source]
-    return None
-
-
-def _open_source(source):
-    """Returns (dataset or None, files or None)."""
-    files = _as_files(source)
-    if files is not None:
-        missing = [f for f in files if not tf.io.gfile.exists(f)]
-        if missing:
-            raise ValueError(
-                f"{len(missing)} of the {len(files)} input files do not exist: {missing[:5]}"
-                f"{' ...' if len(missing) > 5 else ''}. Received: source={files[:5]}"
-                f"{' ...' if len(files) > 5 else ''}. Check the paths (every worker reads them).")
-        return None, files
-    if isinstance(source, tf.data.Dataset):
-        return source, None
-    if callable(source):
-        dataset = source()
-        if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(
-                "A dataset function must return a tf.data.Dataset. Received: "
-                f"{type(dataset).__name__} from {source!r}."
-            )
-        return dataset, None
-    raise TypeError(
-        "The input must be a tf.data.Dataset, a function returning one, or a "
-        f"list of file names. Received: {type(source).__name__}."
-    )
-
-
-def _read_files(files, reader):
-    reader = reader or tf.data.TFRecordDataset
-    names = tf.data.Dataset.from_tensor_slices(list(files))
-    return names.interleave(
-        reader, cycle_length=min(len(files), 4), deterministic=True,
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
-
-
-def _count(dataset):
-    """Number of examples; None if infinite. Reads the data once if tf.data can't tell."""
-    cardinality = int(dataset.cardinality())
-    if cardinality == tf.data.INFINITE_CARDINALITY:
-        return None
-    if cardinality >= 0:
-        return cardinality
-    return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sizes:
-    num_elements: int  # None: infinite
-    file_sizes: tuple  # per file, for file inputs
-
-
-def _measure(source, config):
-    dataset, files = _open_source(source)
-    if files is None:
-        return _Sizes(_count(dataset), None)
-    sizes = tuple(_count(_read_files([f], config.reader)) for f in files)
-    if None in sizes:
-        return _Sizes(None, None)
-    return _Sizes(sum(sizes), sizes)
 
 
 def _check_padable(spec):
@@ -213,8 +140,8 @@ def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, s
         worker the same), and the `ShardPlan`.
     """
     per_replica = per_replica_batch_size(config.global_batch_size, num_replicas)
-    sizes = sizes or _measure(source, config)
-    dataset, files = _open_source(source)
+    sizes = sizes or measure(source, config)
+    dataset, files = open_source(source)
     plan = plan_shard(
         num_workers=num_workers,
         worker_index=worker_index,
@@ -227,7 +154,7 @@ def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, s
         file_sizes=sizes.file_sizes,
     )
     if files is not None:
-        dataset = _read_files(plan.files or files, config.reader)
+        dataset = read_files(plan.files or files, config.reader)
     if plan.policy == "data":
         dataset = dataset.shard(num_workers, worker_index)
     if config.shuffle_buffer:
@@ -297,7 +224,7 @@ def distribute(source, strategy, global_batch_size, **options):
     strategy = getattr(strategy, "input_strategy", strategy)  # a pipeline splits the batch itself
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return _for_parameter_servers(source, config, replicas)
-    sizes = _measure(source, config)
+    sizes = measure(source, config, strategy)  # files: counted once per job, shared
     plans = []
 
     def dataset_fn(context):
@@ -333,7 +260,7 @@ def _for_parameter_servers(source, config, replicas):
             "a function that returns the dataset (or a list of files). Received: a "
             "tf.data.Dataset built in this process. Pass e.g. `lambda: "
             "tf.data.Dataset.from_tensor_slices((x, y))`.")
-    sizes = _measure(source, config)
+    sizes = measure(source, config)
 
     def dataset_fn(context):
         dataset, _ = worker_dataset(source, config, num_workers=1, worker_index=0,
