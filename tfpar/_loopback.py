@@ -21,8 +21,8 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["LIBRARY_NAME", "active", "build_error", "child_env", "library", "open_ports_warning",
-           "warning_unless_active"]
+__all__ = ["LIBRARY_NAME", "active", "build_error", "child_env", "job_listeners", "library", "listening",
+           "open_ports_warning", "warning_unless_active"]
 
 LIBRARY_NAME = "libtfpar_loopback.so"
 
@@ -156,11 +156,14 @@ def listening(pid="self"):
     Read from ``/proc/<pid>/net/tcp`` and ``tcp6``, so nothing is sent anywhere. An IPv6
     address that maps IPv4 (``::ffff:127.0.0.1``) is given as its IPv4 address.
     """
+    return [(address, port) for address, port, _ in _listen_rows(pid)]
+
+
+def _listen_rows(pid):
     import ipaddress
     import socket
     import struct
 
-    found = []
     for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
         try:
             with open(f"/proc/{pid}/net/{name}", encoding="ascii") as f:
@@ -178,5 +181,30 @@ def listening(pid="self"):
             address = ipaddress.ip_address(struct.pack(f">{len(words)}I", *words))
             if family == socket.AF_INET6 and address.ipv4_mapped:
                 address = address.ipv4_mapped
-            found.append((str(address), int(hex_port, 16)))
-    return found
+            yield str(address), int(hex_port, 16), fields[9]
+
+
+def job_listeners():
+    """What the running processes of tfpar jobs (those with a TF_CONFIG) listen on, from /proc.
+
+    Returns ``[(task name, pid, address, port)]``, for the processes this user may inspect.
+    """
+    import json
+
+    sockets = {inode: (address, port) for address, port, inode in _listen_rows("self")}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            if b"TF_CONFIG" not in env:
+                continue
+            task = json.loads(env[b"TF_CONFIG"]).get("task", {})
+            name = f"{task.get('type')} {task.get('index', 0)}"
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except (OSError, ValueError, AttributeError):
+            continue  # gone, not ours, or not a TF_CONFIG we can read
+        for link in links:
+            if link.startswith("socket:[") and link[8:-1] in sockets:
+                found.append((name, int(pid), *sockets[link[8:-1]]))
+    return sorted(found)

@@ -74,6 +74,20 @@ def horovod_keras_report():
     return {"works": False, "error": lines[-1] if lines else f"exit code {done.returncode}"}
 
 
+def job_lines():
+    """One line per port a running tfpar job listens on (read from /proc: nothing is sent)."""
+    import ipaddress
+
+    from tfpar._loopback import job_listeners
+
+    listeners = job_listeners()
+    if not listeners:
+        return ["jobs:        no running tfpar job (no process with a TF_CONFIG listens)"]
+    return [f"jobs:        {name} (pid {pid}) listens on {address}:{port} "
+            f"({'loopback only' if ipaddress.ip_address(address).is_loopback else 'ALL interfaces: see README, Security'})"
+            for name, pid, address, port in listeners]
+
+
 def report():
     """Returns the doctor's lines."""
     from tfpar._keras import keras, tf
@@ -86,6 +100,7 @@ def report():
         f"devices:     {len(gpus)} GPU(s), {len(tf.config.list_physical_devices('CPU'))} CPU(s), "
         f"{os.cpu_count()} cores",
     ]
+    lines += job_lines()
     hv = horovod_report()
     if not hv["installed"] or not hv.get("importable"):
         from tfpar.strategies.horovod import INSTALL_HINT

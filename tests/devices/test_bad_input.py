@@ -62,6 +62,14 @@ def _fault_tolerance(tmp_path, **kwargs):
     return tfpar.callbacks.FaultTolerance(str(tmp_path / "backup"), **kwargs)
 
 
+def _fault_tolerance_without_index(tmp_path):
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": LOCAL, "task": {"type": "worker"}})
+    try:
+        return _fault_tolerance(tmp_path)
+    finally:
+        del os.environ["TF_CONFIG"]
+
+
 def _distribute(**options):
     x = np.zeros((8, 2), "float32")
     return tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, x)), tf.distribute.get_strategy(), 4, **options)
@@ -118,6 +126,7 @@ ROWS = {
     "pipeline-cpu-7": (lambda tmp: tfpar.pipeline.Pipeline(devices=["/cpu:0", "/cpu:7"]), ValueError, ["'/cpu:7'"]),
     # Wrong types or values accepted until fit
     "save-freq-string": (lambda tmp: _fault_tolerance(tmp, save_freq="10"), TypeError, ["save_freq", "'10'"]),
+    "fault-tolerance-several-chiefs": (_fault_tolerance_without_index, ValueError, ['"index"', "TF_CONFIG="]),
     "save-freq-negative": (lambda tmp: _fault_tolerance(tmp, save_freq=-5), ValueError, ["save_freq", "-5"]),
     "warmup-nan": (lambda tmp: tfpar.callbacks.LearningRateWarmup(warmup_epochs=math.nan), ValueError,
                    ["warmup_epochs", "nan"]),

@@ -67,3 +67,31 @@ def test_a_parameter_server_chief_outside_tfpar_names_its_open_port():
     warnings = [l for l in result.output.splitlines() if "listens on all interfaces" in l]
     assert len(warnings) == 1 and "this process (the chief)" in warnings[0]
     assert "tfpar launch -n 1 -- python" in warnings[0]
+
+
+def test_doctor_lists_what_a_running_local_job_listens_on():
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import ROOT
+
+    job = subprocess.Popen(tfpar_command("launch", "--ps", "1", "-n", "1", "--", sys.executable, "-c",
+                                         "import time; time.sleep(120)"),
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        serving, deadline = 0, time.monotonic() + 90
+        while serving < 2 and time.monotonic() < deadline:
+            serving += "(loopback only)" in job.stdout.readline()
+        assert serving == 2
+        result = run_command(tfpar_command("doctor"), timeout=120)
+        assert result.returncode == 0, result.output
+        lines = [l for l in result.output.splitlines() if l.startswith("jobs:")]
+        for task in ("ps 0", "worker 0"):
+            (line,) = [l for l in lines if l.startswith(f"jobs:        {task} (pid ")]
+            assert "listens on 127.0.0.1:" in line and line.endswith("(loopback only)"), line
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.communicate(timeout=60)

@@ -4,7 +4,8 @@ import os
 import uuid
 
 from tfpar._checks import check_number
-from tfpar._keras import keras
+from tfpar._keras import keras, tf
+from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import chief_print
 
 __all__ = ["FaultTolerance"]
@@ -25,6 +26,22 @@ def _check_writable(directory):
             "hosts, a shared file system), so that a run does not fail only when it first saves.") from None
 
 
+def _refuse_several_chiefs(strategy, backup_dir):
+    """Counts the workers that believe they are the chief (one collective, multi-worker only):
+    two would write and delete one backup, each undoing the other's."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return  # one process (or Horovod: rank 0; or parameter servers: the coordinator) saves
+    local = len(strategy.extended.worker_devices)
+    mine = (1.0 if strategy.extended.should_checkpoint else 0.0) / local
+    chiefs = int(round(float(strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                             strategy.run(lambda: tf.constant(mine)), axis=None))))
+    if chiefs != 1:
+        raise ValueError(
+            f"FaultTolerance needs exactly one chief to write {backup_dir}, and {chiefs} workers of "
+            f"this job believe they are it. Received: a cluster whose tasks do not agree on their "
+            "roles. Give each task its own TF_CONFIG \"task\" (type and index); tfpar launch does.")
+
+
 class FaultTolerance(keras.callbacks.BackupAndRestore):
     """Backs the run up at each epoch's end (or every N steps) and resumes from it after a relaunch.
 
@@ -43,7 +60,8 @@ class FaultTolerance(keras.callbacks.BackupAndRestore):
         delete_checkpoint: delete the backup when training finishes.
 
     Raises:
-        ValueError: a directory that cannot be written.
+        ValueError: a directory that cannot be written, a bad ``save_freq``, or a job whose
+            TF_CONFIG or tasks would make more than one chief (then refused when training starts).
 
     Example:
         >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=20,  # doctest: +SKIP
@@ -54,12 +72,14 @@ class FaultTolerance(keras.callbacks.BackupAndRestore):
         if save_freq != "epoch":
             check_number("save_freq", save_freq, minimum=1, integer=True,
                          hint=' Use "epoch", or a number of steps between backups.')
+        ClusterInfo.from_tf_config()  # a TF_CONFIG that makes several chiefs (no "index") fails here
         _check_writable(backup_dir)
         super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=delete_checkpoint)
         self.resumed_at_epoch = None
         """The epoch (0-based) this run resumed at, or None for a fresh start."""
 
     def on_train_begin(self, logs=None):
+        _refuse_several_chiefs(self.model.distribute_strategy, self.backup_dir)
         self.resumed_at_epoch = None
         self._first_epoch = True
         super().on_train_begin(logs)
