@@ -95,3 +95,38 @@ def test_doctor_lists_what_a_running_local_job_listens_on():
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.communicate(timeout=60)
+
+
+_ONE_RANK = """
+import json, os
+from tfpar.strategies.horovod import HorovodStrategy
+from tfpar._loopback import _listen_rows
+strategy = HorovodStrategy()
+
+def sockets(pid):
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return sorted({address for address, _, inode in _listen_rows("self") if inode in inodes})
+
+me = str(os.getpid())
+children = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me]
+print("REPORT " + json.dumps({"size": strategy.size, "self": sockets("self"),
+                              "children": [a for c in children for a in sockets(c)],
+                              "LD_PRELOAD": os.environ.get("LD_PRELOAD")}), flush=True)
+"""
+
+
+def test_a_one_rank_horovod_strategy_opens_no_port_beyond_loopback(horovod_installed):
+    """Under plain `python` (no horovodrun), MPI's singleton and its daemon stay on loopback, and
+    the process's own environment is left as it was."""
+    result = run_command([sys.executable, "-c", _ONE_RANK], timeout=180, env={"LD_PRELOAD": None})
+    assert result.returncode == 0, result.output[-3000:]
+    report = _report(result.output)
+    assert report["size"] == 1 and report["self"] == [] and report["LD_PRELOAD"] is None
+    assert set(report["children"]) <= {"127.0.0.1"}, report

@@ -23,8 +23,10 @@ build `tfpar install-horovod` makes). Without ``horovodrun`` it runs as one rank
 """
 
 import dataclasses
+import os
 
 from tfpar import _compat
+from tfpar import _loopback as loopback
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
@@ -55,8 +57,28 @@ def import_horovod():
     except ImportError as e:
         raise ImportError(f"HorovodStrategy needs Horovod, which is not importable ({e}). {INSTALL_HINT}") from None
     if not hvd.is_initialized():
-        hvd.init()
+        if any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")):
+            hvd.init()
+        else:
+            _init_one_rank(hvd)
     return hvd
+
+
+def _init_one_rank(hvd):
+    """``hvd.init()`` for a rank not started by horovodrun or mpirun: MPI's singleton would open
+    its TCP transport in this process, and its helper daemon (orted) its ports, on every
+    interface, with no peer to talk to. Shared memory serves one rank, and the daemon starts
+    with tfpar's loopback library."""
+    os.environ.setdefault("OMPI_MCA_btl", "self,vader")
+    saved = os.environ.get("LD_PRELOAD")
+    os.environ.update(loopback.child_env(dict(os.environ)))
+    try:
+        hvd.init()
+    finally:
+        if saved is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = saved
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
