@@ -201,3 +201,12 @@ def read_id_file(path):
     spec = {"id": tf.io.FixedLenFeature([1], tf.float32)}
     return tf.data.TFRecordDataset(path).map(
         lambda r: (lambda e: (e["id"], e["id"][0]))(tf.io.parse_single_example(r, spec)))
+
+
+def sleeping_model():
+    """A `tfpar tune` model_fn that records its process in $TFPAR_TEST_PID_DIR and never returns."""
+    import time
+
+    folder = os.environ["TFPAR_TEST_PID_DIR"]
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    time.sleep(600)

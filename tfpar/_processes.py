@@ -27,7 +27,7 @@ from tfpar import _loopback as loopback
 from tfpar._checks import check_number
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "FORWARDED_SIGNALS", "LaunchError", "ProcessGroups", "check_command",
-           "forwarding_signals", "group_alive", "run_command", "signal_group", "stop_groups"]
+           "forwarding_signals", "group_alive", "run_command", "signal_group", "stop_groups", "tree_groups"]
 
 DEFAULT_GRACE_SECONDS = 10.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -48,14 +48,51 @@ def group_alive(pgid):
     return signal_group(pgid, 0)
 
 
+def _process_table():
+    """pid -> (parent pid, process group) of every process, from /proc."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def tree_groups(pgids):
+    """``pgids`` and the groups of every descendant of their members.
+
+    A child may start its own children in new sessions (horovodrun starts each rank so): they
+    are still its descendants, and ending the job ends them too.
+    """
+    table = _process_table()
+    children = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    members = [pid for pid, (_, group) in table.items() if group in pgids]
+    seen = set(members)
+    while members:
+        for child in children.get(members.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                members.append(child)
+    own = os.getpgrp()
+    return (set(pgids) | {table[pid][1] for pid in seen}) - {own}
+
+
 def stop_groups(pgids, grace_seconds, first=signal.SIGTERM, poll_seconds=0.05):
-    """``first`` to every group, SIGKILL to what is left after ``grace_seconds``."""
-    live = [g for g in pgids if signal_group(g, first)]
+    """``first`` to every group and its descendants' groups, SIGKILL to what is left after
+    ``grace_seconds`` (descendants started meanwhile included)."""
+    groups = tree_groups(set(pgids))
+    live = [g for g in groups if signal_group(g, first)]
     deadline = time.monotonic() + grace_seconds
     while live and time.monotonic() < deadline:
         time.sleep(poll_seconds)
         live = [g for g in live if group_alive(g)]
-    for g in live:
+    for g in tree_groups(set(live)) if live else ():
         signal_group(g, signal.SIGKILL)
 
 

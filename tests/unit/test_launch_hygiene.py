@@ -144,3 +144,49 @@ def test_too_many_tasks_for_the_open_file_limit_are_refused_before_any_starts(tm
     assert result.returncode == 2, result.output
     assert "28 tasks need about 116 open files in the launcher, and this shell allows 32 (ulimit -n)" in result.output
     assert _pids(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_tune_leaves_no_trial_running(tmp_path, sig):
+    env = {**os.environ, "PYTHONPATH": ROOT, "TFPAR_TEST_PID_DIR": str(tmp_path)}
+    proc = subprocess.Popen(tfpar_command("tune", "--model", "tests.models:sleeping_model", "--space",
+                                          '{"per_replica_batch": [8, 16]}', "--trial-timeout", "300"),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(lambda: len(_pids(tmp_path)) == 1, 120, "the first trial")
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=60)
+        assert _orphans_after(tmp_path) == []
+        assert len(_pids(tmp_path)) == 1  # the second trial never started
+        if sig == signal.SIGTERM:
+            assert proc.returncode == 128 + signal.SIGTERM
+            assert b"tfpar tune: error: interrupted by SIGTERM; the running trial was stopped" in output
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_trial_past_its_timeout_is_stopped_and_counted_as_failed(tmp_path):
+    result = run_command(tfpar_command("tune", "--model", "tests.models:sleeping_model", "--space",
+                                       '{"per_replica_batch": [8]}', "--trial-timeout", "15"),
+                         timeout=180, env={"PYTHONPATH": ROOT, "TFPAR_TEST_PID_DIR": str(tmp_path)})
+    assert result.returncode == 1, result.output
+    assert "timed out after 15.0 s" in result.output
+    assert len(_pids(tmp_path)) == 1 and _orphans_after(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_launch_horovod_leaves_no_rank_running(tmp_path, sig, horovod_installed):
+    proc = _start_launcher(["--horovod", "-n", "2", "--grace", "3", "--", *_sleeper(tmp_path)])
+    try:
+        _wait_for(lambda: len(_pids(tmp_path)) == 4, 120, "2 ranks and their 2 children")
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        assert _orphans_after(tmp_path) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _pids(tmp_path):
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
