@@ -62,13 +62,20 @@ def _start_launcher(args):
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP, signal.SIGTERM], ids=lambda s: s.name)
-def test_killing_the_launcher_leaves_no_worker_and_no_grandchild(tmp_path, sig):
-    proc = _start_launcher(["-n", "2", "--grace", "2", "--", *_sleeper(tmp_path)])
+@pytest.mark.parametrize("mode, sig", [("launch", signal.SIGKILL), ("launch", signal.SIGHUP), ("launch", signal.SIGTERM),
+                                       ("horovod", signal.SIGKILL), ("horovod", signal.SIGTERM)],
+                         ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
+def test_killing_the_launcher_leaves_no_worker_and_no_grandchild(tmp_path, mode, sig, request):
+    """2 workers (or 2 Horovod ranks, which horovodrun starts in sessions of their own), each
+    with a child of its own; the signal goes to the launcher alone, as a `kill -9 <pid>` does."""
+    if mode == "horovod":
+        request.getfixturevalue("horovod_installed")
+    proc = _start_launcher([*(["--horovod"] if mode == "horovod" else []), "-n", "2", "--grace", "3", "--",
+                            *_sleeper(tmp_path)])
     try:
-        _wait_for(lambda: len(_pids(tmp_path)) == 4, 30, "2 workers and their 2 children")
-        proc.send_signal(sig)  # to the launcher alone, not its group: as a kill -9 of its pid
-        proc.wait(timeout=30)
+        _wait_for(lambda: len(_pids(tmp_path)) == 4, 120, "2 workers and their 2 children")
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
         assert _orphans_after(tmp_path) == []
     finally:
         if proc.poll() is None:
@@ -174,19 +181,3 @@ def test_a_trial_past_its_timeout_is_stopped_and_counted_as_failed(tmp_path):
     assert result.returncode == 1, result.output
     assert "timed out after 15.0 s" in result.output
     assert len(_pids(tmp_path)) == 1 and _orphans_after(tmp_path) == []
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_launch_horovod_leaves_no_rank_running(tmp_path, sig, horovod_installed):
-    proc = _start_launcher(["--horovod", "-n", "2", "--grace", "3", "--", *_sleeper(tmp_path)])
-    try:
-        _wait_for(lambda: len(_pids(tmp_path)) == 4, 120, "2 ranks and their 2 children")
-        proc.send_signal(sig)
-        proc.wait(timeout=60)
-        assert _orphans_after(tmp_path) == []
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in _pids(tmp_path):
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
