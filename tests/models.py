@@ -59,42 +59,55 @@ def max_weight_difference(a, b):
     return max(float(np.abs(u - v).max()) for u, v in zip(a.get_weights(), b.get_weights()))
 
 
-class InfGradientOnReplica0(keras.layers.Layer):
-    """Identity whose gradient is inf on replica 0 of the first worker while ``trigger`` is true:
-    one replica overflows. (Horovod ranks each hold replica 0 of their own strategy.)"""
+def _inf_gradient_layer(k):
+    """InfGradientOnReplica0 for Keras module ``k`` (tf_keras or Keras 3)."""
 
-    def __init__(self, trigger, first_worker=True, **kwargs):
-        super().__init__(**kwargs)
-        self.trigger, self.first_worker = trigger, first_worker
+    class InfGradientOnReplica0(k.layers.Layer):
+        """Identity whose gradient is inf on replica 0 of the first worker while ``trigger`` is true:
+        one replica overflows. (Horovod ranks each hold replica 0 of their own strategy.)"""
 
-    def call(self, inputs):
-        import tensorflow as tf
+        def __init__(self, trigger, first_worker=True, **kwargs):
+            super().__init__(**kwargs)
+            self.trigger, self.first_worker = trigger, first_worker
 
-        @tf.custom_gradient
-        def identity(x):
-            def grad(dy):
-                replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-                bad = tf.logical_and(tf.equal(replica, 0), self.trigger) if self.first_worker else False
-                return tf.where(bad, tf.fill(tf.shape(dy), tf.constant(float("inf"), dy.dtype)), dy)
+        def call(self, inputs):
+            import tensorflow as tf
 
-            return tf.identity(x), grad
+            @tf.custom_gradient
+            def identity(x):
+                def grad(dy):
+                    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+                    bad = tf.logical_and(tf.equal(replica, 0), self.trigger) if self.first_worker else False
+                    return tf.where(bad, tf.fill(tf.shape(dy), tf.constant(float("inf"), dy.dtype)), dy)
 
-        return identity(inputs)
+                return tf.identity(x), grad
+
+            return identity(inputs)
+
+    return InfGradientOnReplica0
 
 
-def overflow_model(trigger, first_worker=True):
-    """Dense -> (inf gradient on replica 0 when triggered) -> Dense, float32 output."""
-    keras.utils.set_random_seed(3)
-    return keras.Sequential([
-        keras.layers.Input((6,)),
-        keras.layers.Dense(8, activation="tanh", name="first"),
-        InfGradientOnReplica0(trigger, first_worker, name="overflow"),
-        keras.layers.Dense(2, name="logits"),
-        keras.layers.Activation("linear", dtype="float32", name="out"),
+def overflow_model(trigger, first_worker=True, k=keras):
+    """Dense -> (inf gradient on replica 0 when triggered) -> Dense, float32 output, in Keras ``k``."""
+    k.utils.set_random_seed(3)
+    return k.Sequential([
+        k.layers.Input((6,)),
+        k.layers.Dense(8, activation="tanh", name="first"),
+        _inf_gradient_layer(k)(trigger, first_worker, name="overflow"),
+        k.layers.Dense(2, name="logits"),
+        k.layers.Activation("linear", dtype="float32", name="out"),
     ])
 
 
-def overflow_step(strategy, global_batch=8, first_worker=True):
+def _loss_scale(optimizer):
+    """The current loss scale: ``loss_scale`` in tf_keras; ``dynamic_scale`` in Keras 3 (built at the
+    first step, ``initial_scale`` before it)."""
+    if hasattr(optimizer, "loss_scale"):
+        return float(optimizer.loss_scale.numpy())
+    return float(np.asarray(optimizer.dynamic_scale)) if optimizer.built else float(optimizer.initial_scale)
+
+
+def overflow_step(strategy, global_batch=8, first_worker=True, k=keras):
     """Two steps of the overflow model under ``strategy`` with mixed_float16: the first has an inf
     gradient on replica 0. Returns what each replica sees after each step."""
     import tensorflow as tf
@@ -105,24 +118,24 @@ def overflow_step(strategy, global_batch=8, first_worker=True):
     try:
         with strategy.scope():
             trigger = tf.Variable(True, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            model = overflow_model(trigger, first_worker)
-            model.compile(keras.optimizers.SGD(0.1), keras.losses.MeanSquaredError())
+            model = overflow_model(trigger, first_worker, k)
+            model.compile(k.optimizers.SGD(0.1), k.losses.MeanSquaredError())
         rng = np.random.default_rng(0)
         x = rng.normal(size=(global_batch, 6)).astype("float32")
         y = rng.normal(size=(global_batch, 2)).astype("float32")
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).repeat()
         before = [w.copy() for w in model.get_weights()]
-        report = {"loss_scale": [float(model.optimizer.loss_scale.numpy())]}
+        report = {"loss_scale": [_loss_scale(model.optimizer)]}
         model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)
         after_skip = model.get_weights()
-        report["loss_scale"].append(float(model.optimizer.loss_scale.numpy()))
+        report["loss_scale"].append(_loss_scale(model.optimizer))
         report["skipped"] = all(np.array_equal(a, b) for a, b in zip(before, after_skip))
         report["per_replica_equal"] = all(
             all(np.array_equal(v.values[0].numpy(), r.numpy()) for r in v.values)
             for v in model.trainable_variables if hasattr(v, "values"))
         trigger.assign(False)
         model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)
-        report["loss_scale"].append(float(model.optimizer.loss_scale.numpy()))
+        report["loss_scale"].append(_loss_scale(model.optimizer))
         report["updated"] = not all(np.array_equal(a, b) for a, b in zip(after_skip, model.get_weights()))
         report["optimizer"] = type(model.optimizer).__name__
         report["inner"] = type(model.optimizer.inner_optimizer).__name__

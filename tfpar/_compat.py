@@ -115,5 +115,7 @@ def layer_nodes_in(model, layer):
 
 
 def keras_layer_of(tensor):
-    """The layer that produced a symbolic tf_keras tensor (its _keras_history)."""
-    return tensor._keras_history.layer
+    """The layer that produced a symbolic tensor (its _keras_history: ``.layer`` in tf_keras,
+    ``.operation`` in Keras 3; no public accessor in either)."""
+    history = tensor._keras_history
+    return history.layer if hasattr(history, "layer") else history.operation

@@ -140,12 +140,14 @@ def test_global_batch_must_divide_by_replicas():
         tfpar.data.distribute(tf.data.Dataset.range(10), strategy, 33)
 
 
-def test_keras3_model_is_refused_with_the_fix():
+def test_describe_counts_a_model_of_either_keras_and_refuses_anything_else():
     import keras as keras3
 
-    model = keras3.Sequential([keras3.layers.Input((2,)), keras3.layers.Dense(1)])
-    with pytest.raises(TypeError, match=r"Received a Keras 3 model .*import tf_keras as keras"):
-        DataParallel().describe(model=model)
+    for k in (keras3, tfpar.keras):
+        model = k.Sequential([k.layers.Input((2,)), k.layers.Dense(1)], name=f"m_{k.__name__}")
+        assert f"model:      m_{k.__name__}, 3 parameters" in DataParallel().describe(model=model)
+    with pytest.raises(TypeError, match=r"model must be a Keras model .* Received: model=builtins.str"):
+        DataParallel().describe(model="model")
     with pytest.raises(TypeError, match=r"Expected a tf_keras.Model, received builtins.str"):
         tfpar.check_tf_keras_model("model")
 

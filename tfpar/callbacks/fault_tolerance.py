@@ -4,7 +4,7 @@ import os
 import uuid
 
 from tfpar._checks import check_number
-from tfpar._keras import keras, tf
+from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import chief_print
 
@@ -42,10 +42,11 @@ def _refuse_several_chiefs(strategy, backup_dir):
             "roles. Give each task its own TF_CONFIG \"task\" (type and index); tfpar launch does.")
 
 
-class FaultTolerance(keras.callbacks.BackupAndRestore):
+class FaultTolerance(keras.callbacks.Callback):
     """Backs the run up at each epoch's end (or every N steps) and resumes from it after a relaunch.
 
-    Keras' `BackupAndRestore` under every tfpar strategy: with several workers only
+    Keras' `BackupAndRestore`, of the model's own Keras (tf_keras or Keras 3), under every
+    tfpar strategy: with several workers only
     the chief writes the real backup and the others write to their own temporary
     directories that are removed (so no two workers write one path,
     tensorflow#38635); after a process is killed and the job relaunched with the
@@ -69,20 +70,37 @@ class FaultTolerance(keras.callbacks.BackupAndRestore):
     """
 
     def __init__(self, backup_dir, save_freq="epoch", delete_checkpoint=True):
+        super().__init__()
         if save_freq != "epoch":
             check_number("save_freq", save_freq, minimum=1, integer=True,
                          hint=' Use "epoch", or a number of steps between backups.')
         ClusterInfo.from_tf_config()  # a TF_CONFIG that makes several chiefs (no "index") fails here
         _check_writable(backup_dir)
-        super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=delete_checkpoint)
+        self.backup_dir, self.save_freq, self.delete_checkpoint = backup_dir, save_freq, delete_checkpoint
+        self._backup = None  # Keras' BackupAndRestore for the model's Keras, made at set_model
         self.resumed_at_epoch = None
         """The epoch (0-based) this run resumed at, or None for a fresh start."""
 
+    def set_model(self, model):
+        super().set_model(model)
+        if self._backup is None or is_keras3(self._backup) != is_keras3(model):
+            make = _keras3_backup if is_keras3(model) else _TfKerasBackup
+            self._backup = make(self.backup_dir, save_freq=self.save_freq, delete_checkpoint=self.delete_checkpoint)
+        self._backup.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        if self._backup is not None:
+            self._backup.set_params(params)
+
+    def _implements_train_batch_hooks(self):
+        return self._backup._implements_train_batch_hooks()
+
     def on_train_begin(self, logs=None):
-        _refuse_several_chiefs(self.model.distribute_strategy, self.backup_dir)
+        _refuse_several_chiefs(_strategy_of(self.model), self.backup_dir)
         self.resumed_at_epoch = None
         self._first_epoch = True
-        super().on_train_begin(logs)
+        self._backup.on_train_begin(logs)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._first_epoch:
@@ -90,4 +108,47 @@ class FaultTolerance(keras.callbacks.BackupAndRestore):
             if epoch > 0:
                 self.resumed_at_epoch = epoch
                 chief_print(self.model, f"tfpar: resumed from the backup in {self.backup_dir} at epoch {epoch + 1}")
-        super().on_epoch_begin(epoch, logs)
+        self._backup.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._backup.on_epoch_end(epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._backup.on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._backup.on_train_batch_end(batch, logs)
+
+    def on_train_end(self, logs=None):
+        self._backup.on_train_end(logs)
+
+
+class _TfKerasBackup(keras.callbacks.BackupAndRestore):
+    """tf_keras' own: on several workers the chief writes the backup, the others temporary copies."""
+
+
+def _strategy_of(model):
+    return getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+
+
+def _keras3_backup(backup_dir, **kwargs):
+    """Keras 3's BackupAndRestore, written by the chief only (Keras 3 lets every worker write the
+    one path), kept in two copies so that a crash while saving leaves the previous one."""
+    base = keras3().callbacks.BackupAndRestore
+
+    class Keras3Backup(base):
+        def _chief(self):
+            return _strategy_of(self.model).extended.should_checkpoint
+
+        def _save_model(self):
+            if self._chief():
+                super()._save_model()
+
+        def on_train_end(self, logs=None):
+            if self._chief():
+                super().on_train_end(logs)
+
+        def _implements_train_batch_hooks(self):
+            return self.save_freq != "epoch"
+
+    return Keras3Backup(backup_dir, double_checkpoint=True, **kwargs)

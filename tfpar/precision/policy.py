@@ -1,9 +1,9 @@
 """Mixed precision for tfpar: pick the Keras policy, and check models compiled under it.
 
-`use` sets tf_keras' global dtype policy; ``"auto"`` picks float16 on GPUs with
+`use` sets the global dtype policy of tf_keras and of Keras 3; ``"auto"`` picks float16 on GPUs with
 tensor cores, bfloat16 on CPUs that compute it natively (AVX512_BF16 or AMX),
-float32 otherwise, and logs why. Under ``mixed_float16`` tf_keras wraps the
-optimizer in one `LossScaleOptimizer` at ``compile`` (never twice); its
+float32 otherwise, and logs why. Under ``mixed_float16`` each Keras wraps the
+optimizer in one `LossScaleOptimizer` of its own at ``compile`` (never twice); its
 finiteness check runs on the gradients after they were reduced across replicas
 (tfpar's strategies, Horovod's included, reduce inside the optimizer's
 ``apply_gradients``), so one replica's overflow makes every replica skip the step
@@ -12,8 +12,9 @@ and change the loss scale the same way.
 While a mixed policy is set, ``Model.compile`` runs `check_output_precision`: an
 output computed in 16 bits (a final softmax without ``dtype="float32"``) warns
 with the fix, or raises with ``strict=True``. The check is a registration made
-once, when this module is first imported (tf_keras has no public hook at
-compile): ``tf_keras.Model.compile`` is wrapped by a function that calls the
+once, when this module is first imported (neither Keras has a public hook at
+compile; Keras 3's is registered then if it is loaded, else at the first `use`):
+``Model.compile`` is wrapped by a function that calls the
 original and then, only under a mixed policy, the check. Nothing is installed or
 removed by `use`, so the order of calls does not matter.
 
@@ -24,11 +25,12 @@ Example:
 
 import functools
 import logging
+import sys
 import warnings
 
 from tfpar import _compat
 from tfpar._checks import check_choice
-from tfpar._keras import keras, tf
+from tfpar._keras import keras, keras3, tf
 
 __all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current", "use"]
 
@@ -84,7 +86,11 @@ def choose(gpus=None, cpu_flags=None):
 
 
 def use(policy="auto", *, strict=False):
-    """Sets the global tf_keras dtype policy; returns the policy's name.
+    """Sets the global dtype policy of tf_keras and of Keras 3; returns the policy's name.
+
+    Both Kerases read their own global policy when a layer is built, so a model of either
+    built afterwards computes in it (under ``mixed_float16`` both wrap the optimizer in their
+    LossScaleOptimizer at ``compile``).
 
     Args:
         policy: one of `POLICIES`.
@@ -103,6 +109,8 @@ def use(policy="auto", *, strict=False):
             "than float32. Use 'mixed_bfloat16' on a CPU with AVX512_BF16/AMX, or 'float32' "
             "(tfpar.precision.use('auto') picks for you).", PrecisionWarning, stacklevel=2)
     keras.mixed_precision.set_global_policy(policy)
+    keras3().mixed_precision.set_global_policy(policy)
+    _register_compile_check(keras3())
     _state["strict"] = strict
     return policy
 
@@ -131,9 +139,10 @@ def check_output_precision(model, strict=False):
     return problems
 
 
-def _register_compile_check():
-    """Wraps ``tf_keras.Model.compile`` once per process (see the module docstring)."""
-    original = keras.Model.compile
+def _register_compile_check(module=keras):
+    """Wraps ``Model.compile`` of ``module`` (tf_keras, or Keras 3) once per process (see the module
+    docstring)."""
+    original = module.Model.compile
     if getattr(original, "_tfpar_precision_check", False):
         return
 
@@ -145,7 +154,9 @@ def _register_compile_check():
         return result
 
     compile._tfpar_precision_check = True
-    keras.Model.compile = compile
+    module.Model.compile = compile
 
 
 _register_compile_check()
+if "keras" in sys.modules:  # Keras 3 already loaded: its check too, at import (else at the first use)
+    _register_compile_check(keras3())

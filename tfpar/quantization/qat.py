@@ -27,6 +27,9 @@ from tfpar import _compat
 from tfpar._files import check_folder_of, write_atomically
 from tfpar._keras import check_tf_keras_model, keras, tf
 
+_WHY_TF_KERAS = ("tensorflow-model-optimization, which inserts the fake-quantization ops, "
+                 "rewrites tf_keras models only")
+
 __all__ = ["TFLiteExport", "export_tflite", "quantize", "quantizer_ranges"]
 
 
@@ -37,7 +40,7 @@ def _tfmot():
 
 
 def _check_graph_model(model, what):
-    check_tf_keras_model(model)
+    check_tf_keras_model(model, "Pruning" if what == "prune" else "Quantization-aware training", _WHY_TF_KERAS)
     if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot {what} the subclassed model {model.name!r} ({type(model).__name__}): "
@@ -164,7 +167,7 @@ def export_tflite(model, path, representative_data=None, int8=True):
     Raises:
         ValueError: ``int8`` without ``representative_data``, or a ``path`` in no existing folder.
     """
-    check_tf_keras_model(model)
+    check_tf_keras_model(model, "tfpar.quantization.export_tflite", "it exports the tf_keras models quantize() makes")
     check_folder_of("path", path)  # before the conversion, which takes seconds
     if int8 and (representative_data is None or len(representative_data) == 0):
         raise ValueError(
