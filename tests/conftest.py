@@ -74,6 +74,14 @@ def horovod_installed():
         pytest.skip(message)
 
 
+@pytest.fixture(params=["tf_keras", "keras3"])
+def any_keras(request):
+    """The Keras module a shared scenario runs under: tf_keras (tfpar.keras), then Keras 3."""
+    import tfpar
+
+    return tfpar.keras if request.param == "tf_keras" else importlib.import_module("keras")
+
+
 def tfpar_command(*args):
     """The argv that runs the ``tfpar`` command with this interpreter."""
     return [sys.executable, "-m", "tfpar.cli", *args]

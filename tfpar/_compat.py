@@ -17,7 +17,7 @@ from tf_keras.src.utils import io_utils as _io_utils
 __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
     "ResourceVariable", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
-    "given_learning_rate", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
+    "given_learning_rate", "keras3_data_adapter_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "unwrap_initial_value",
 ]
 
@@ -84,6 +84,14 @@ print_msg = _io_utils.print_msg
 it off on ranks other than 0); tf_keras keeps it private."""
 DatasetCreatorAdapter = _data_adapter.DatasetCreatorAdapter
 """The adapter fit uses for a DatasetCreator; tfpar subclasses it to explain missing steps."""
+
+
+def keras3_data_adapter_class():
+    """Keras 3's DataAdapter base: ``fit`` takes an instance of it as it is (no public name); tfpar's
+    parameter-server input is one, so that Keras 3 hands it to tfpar, which refuses it clearly."""
+    from keras.src.trainers.data_adapters.data_adapter import DataAdapter
+
+    return DataAdapter
 
 
 def replace_data_adapter(original, replacement):

@@ -70,6 +70,12 @@ def _fault_tolerance_without_index(tmp_path):
         del os.environ["TF_CONFIG"]
 
 
+def _keras3_model():
+    import keras as keras3
+
+    return keras3.Sequential([keras3.layers.Input((4,)), keras3.layers.Dense(3), keras3.layers.Dense(2)])
+
+
 def _distribute(**options):
     x = np.zeros((8, 2), "float32")
     return tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, x)), tf.distribute.get_strategy(), 4, **options)
@@ -144,6 +150,13 @@ ROWS = {
     # Pipeline
     "pipeline-partial-last-batch": (lambda tmp: _pipeline_partial_batch(), ValueError,
                                     ["batch_size=32", "102 examples", "(6)"]),
+    # Keras 3 where it cannot go
+    "quantize-keras3": (lambda tmp: tfpar.quantization.quantize(_keras3_model()), TypeError,
+                        ["Keras 3 model", "Quantization-aware training needs a tf_keras", "tfpar.keras"]),
+    "prune-keras3": (lambda tmp: tfpar.quantization.prune(_keras3_model(), 0.5, end_step=10), TypeError,
+                     ["Keras 3 model", "Pruning needs a tf_keras"]),
+    "pipeline-keras3": (lambda tmp: tfpar.pipeline.Pipeline(num_stages=2).stage(_keras3_model()), TypeError,
+                        ["Keras 3 model", "The pipeline needs a tf_keras"]),
     # Added
     "distribute-strategy-string": (lambda tmp: tfpar.data.distribute(tf.data.Dataset.range(8), "mirrored", 4),
                                    TypeError, ["strategy", "'mirrored'"]),

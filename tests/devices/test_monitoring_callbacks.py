@@ -69,16 +69,16 @@ def test_throughput_agrees_with_an_independent_timer():
 
 
 @pytest.mark.parametrize("check", ["batch", "epoch"])
-def test_nan_guard_restores_weights_whose_loss_was_finite(check):
+def test_nan_guard_restores_weights_whose_loss_was_finite(check, any_keras):
     """w <- w - 2 * 2w = -3w on loss w^2 (x=1, y=0, one full batch per epoch): the loss of step k
     is 9^(k-1), until the float32 sum of a replica's squares overflows (near step 41). The weights
     to restore are those the last finite step started from: evaluate gives back exactly the loss
     logged there. The weights after that step are finite too, but their loss is not."""
     strategy = tfpar.DataParallel()
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(
-            1, use_bias=False, kernel_initializer="ones")])
-        model.compile(keras.optimizers.SGD(2.0), "mse")
+        k = any_keras
+        model = k.Sequential([k.layers.Input((1,)), k.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+        model.compile(k.optimizers.SGD(2.0), "mse")
     x, y = np.ones((8, 1), "float32"), np.zeros((8, 1), "float32")
     guard = NaNGuard(check=check)
     history = model.fit(x, y, batch_size=8, epochs=60, shuffle=False, verbose=0, callbacks=[guard])

@@ -32,6 +32,7 @@ EXPECT = {
     "ParameterServer.local(": ["Epoch 2/2", "'ps': ['127.0.0.1:"],
     "Pipeline(num_stages=2": ["Epoch 2/2"],
     "parallelism.build(": ["23/23", "32 per replica, 64 global"],
+    "keras_tuner.RandomSearch(": ["best: {'units':"],
     "quantization.quantize(": ["Epoch 2/2"],
     "tfpar doctor": ["horovod.tensorflow.keras: works", "ParameterServer (ParameterServerStrategy",
                      "bubble: measured"],

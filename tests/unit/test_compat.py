@@ -135,3 +135,22 @@ def test_keras_printer_goes_quiet_with_keras(capsys):
     finally:
         keras.utils.enable_interactive_logging()
     assert capsys.readouterr().out == "shown\n"
+
+
+def test_keras3_takes_a_data_adapter_as_it_is_and_asks_its_batches_first():
+    """tfpar's parameter-server input relies on both to refuse a Keras 3 model clearly."""
+    from keras.src.trainers.data_adapters import get_data_adapter
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    adapter_class = _compat.keras3_data_adapter_class()
+    adapter = adapter_class()
+    assert get_data_adapter(adapter) is adapter
+    assert "data_adapter.num_batches" in inspect.getsource(EpochIterator.__init__)
+
+
+def test_keras3_tensors_name_the_layer_that_made_them():
+    import keras as keras3
+
+    inputs = keras3.Input((3,))
+    dense = keras3.layers.Dense(2)
+    assert _compat.keras_layer_of(dense(inputs)) is dense

@@ -54,7 +54,11 @@ def test_horovod_strategy_is_reachable_like_data_parallel():
 @pytest.mark.parametrize("code, expected", [
     ("import tfpar, tensorflow as tf; print(tf.keras.Model.__module__)", "tf_keras."),
     ("import tensorflow as tf; print(tf.keras.Model.__module__)", "keras."),  # without tfpar: Keras 3
-], ids=["with-tfpar-first", "without-tfpar"])
+    # keras first loads TensorFlow first: tf.keras stays Keras 3, tfpar.keras is tf_keras, and a
+    # Keras 3 model trains under tfpar's strategies all the same
+    ("import keras, tfpar, tensorflow as tf; print(tfpar.keras.__name__, tf.keras.Model.__module__)",
+     "tf_keras keras."),
+], ids=["with-tfpar-first", "without-tfpar", "keras-first"])
 def test_importing_tfpar_first_makes_tf_keras_the_keras_2_api(code, expected):
     import os
     import subprocess

@@ -16,12 +16,25 @@ from tfpar._keras import keras
 __all__ = ["ParameterServerInput"]
 
 
-class ParameterServerInput(keras.utils.experimental.DatasetCreator):
-    """A `DatasetCreator` for `tfpar.data.distribute` under a ParameterServer."""
+class ParameterServerInput(keras.utils.experimental.DatasetCreator, _compat.keras3_data_adapter_class()):
+    """A `DatasetCreator` for `tfpar.data.distribute` under a ParameterServer.
+
+    tf_keras' ``fit`` drives it through the ClusterCoordinator. It is also a Keras 3 data
+    adapter, so that Keras 3's ``fit``, which has no parameter-server training, hands it to
+    tfpar and gets the reason and the fix instead of "Unrecognized data type".
+    """
 
     def __init__(self, dataset_fn, steps_per_epoch):
         super().__init__(dataset_fn)
         self.steps_per_epoch = steps_per_epoch
+
+    @property
+    def num_batches(self):  # the first thing Keras 3's fit, evaluate and predict ask an adapter
+        raise TypeError(
+            "Parameter-server training in fit needs a tf_keras (Keras 2) model: Keras 3's fit has no "
+            "ClusterCoordinator, which runs the steps on the workers. Received: a Keras 3 model's "
+            "fit/evaluate/predict on tfpar.data input for a ParameterServer. Build the model with "
+            "tfpar.keras (tf_keras), or train a Keras 3 model with DataParallel or HorovodStrategy.")
 
 
 class _StepsExplainingAdapter(_compat.DatasetCreatorAdapter):

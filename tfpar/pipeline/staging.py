@@ -152,7 +152,8 @@ class Pipeline(Parallelism):
             TypeError: not a tf_keras model.
             ValueError: a subclassed model, more stages than layers or devices, a bad cut.
         """
-        check_tf_keras_model(model)
+        check_tf_keras_model(model, "The pipeline", "it cuts the model along tf_keras' layer graph "
+                             "and runs each stage as a tf_keras model")
         c = self.config
         grid = self.devices()
         partition = partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)

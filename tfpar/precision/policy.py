@@ -125,10 +125,11 @@ def check_output_precision(model, strict=False):
     problems = []
     model = getattr(model, "stages", [model])[-1]  # a PipelineModel: its last stage computes the output
     for tensor in model.outputs or []:
-        if tensor.dtype in (tf.float16, tf.bfloat16):
+        dtype = tf.as_dtype(tensor.dtype)  # a tf.DType in tf_keras, a name in Keras 3
+        if dtype in (tf.float16, tf.bfloat16):
             layer = _compat.keras_layer_of(tensor)
             problems.append(
-                f"Output {layer.name!r} of {model.name!r} is computed in {tensor.dtype.name}, so the loss "
+                f"Output {layer.name!r} of {model.name!r} is computed in {dtype.name}, so the loss "
                 f"is too (it loses precision, and float16 overflows). Give the last layer "
                 f"dtype='float32' (e.g. keras.layers.Activation('softmax', dtype='float32') after a "
                 f"Dense) so that only the inner layers run in 16 bits.")
