@@ -9,7 +9,7 @@ import tfpar
 keras = tfpar.keras
 
 
-def equivalence_model(seed=1):
+def equivalence_model(seed=1, k=keras):
     """Conv, Dense and an active Dropout whose mask does not depend on the batch.
 
     ``seed`` draws the initial weights; tests give worker/rank k != 0 another one, so that
@@ -18,15 +18,18 @@ def equivalence_model(seed=1):
     A Dropout mask drawn per example differs between one device and several
     replicas by construction, so exact equality needs a mask shared across the
     batch (noise_shape) from a stateless seed: the same on every replica.
+    Keras 3 (``k``) has no stateless Dropout whose mask one device and several replicas draw
+    alike, so its variant has none.
     """
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.layers.Input((8, 8, 1)),
-        keras.layers.Conv2D(4, 3, activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dropout(0.3, noise_shape=(1, 144), seed=3, rng_type="stateless"),
-        keras.layers.Dense(16, activation="tanh"),
-        keras.layers.Dense(3),
+    k.utils.set_random_seed(seed)
+    dropout = ([k.layers.Dropout(0.3, noise_shape=(1, 144), seed=3, rng_type="stateless")] if k is keras else [])
+    return k.Sequential([
+        k.layers.Input((8, 8, 1)),
+        k.layers.Conv2D(4, 3, activation="relu"),
+        k.layers.Flatten(),
+        *dropout,
+        k.layers.Dense(16, activation="tanh"),
+        k.layers.Dense(3),
     ])
 
 
@@ -37,9 +40,8 @@ def equivalence_data(n=96):
     return x, y
 
 
-def compile_for_equivalence(model):
-    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+def compile_for_equivalence(model, k=keras):
+    model.compile(k.optimizers.SGD(0.1, momentum=0.9), k.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
 def pipeline_model(regularize=True):
@@ -162,12 +164,12 @@ def digits_subset(n=512):
     return x[:n], y[:n], x_val, y_val
 
 
-def one_device_weights(examples=96, global_batch=16, epochs=2, lr=0.1):
+def one_device_weights(examples=96, global_batch=16, epochs=2, lr=0.1, k=keras):
     """The equivalence model trained on one device: batches of ``global_batch`` in order, the
     last one short where ``examples`` does not divide. The reference for every strategy."""
     x, y = equivalence_data(examples)
-    model = equivalence_model()
-    model.compile(keras.optimizers.SGD(lr, momentum=0.9), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = equivalence_model(k=k)
+    model.compile(k.optimizers.SGD(lr, momentum=0.9), k.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0)
     return model.get_weights()
 
@@ -214,6 +216,22 @@ def read_id_file(path):
     spec = {"id": tf.io.FixedLenFeature([1], tf.float32)}
     return tf.data.TFRecordDataset(path).map(
         lambda r: (lambda e: (e["id"], e["id"][0]))(tf.io.parse_single_example(r, spec)))
+
+
+def keras_of_env():
+    """The Keras a test script runs under: Keras 3 when $TFPAR_TEST_KERAS is "3", else tf_keras."""
+    import importlib
+
+    return importlib.import_module("keras") if os.environ.get("TFPAR_TEST_KERAS") == "3" else keras
+
+
+def keras3_digits_model():
+    """The demo's model in Keras 3 (a `tfpar tune` model_fn)."""
+    import keras as keras3
+
+    from tfpar.demo import build_model
+
+    return build_model(keras3)
 
 
 def sleeping_model():

@@ -38,6 +38,9 @@ def _parser():
     demo.add_argument("--epochs", type=_int, default=None, help="default 15 (or $TFPAR_EPOCHS)")
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")
+    demo.add_argument("--keras", type=_int, default=2, choices=(2, 3),
+                      help="the Keras the model is built in: 2 (tf_keras, default) or 3 (Keras 3; "
+                           "data_parallel and horovod)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
 
     run = sub.add_parser(
@@ -181,7 +184,7 @@ def _demo(args, command_line=None):
         argv = [sys.executable, "-m", "tfpar.cli", "demo", "--strategy", "horovod", "--epochs", str(args.epochs)]
         if args.batch_size:
             argv += ["--batch-size", str(args.batch_size)]
-        argv += ["--precision", args.precision] + (["--qat"] if args.qat else [])
+        argv += ["--precision", args.precision, "--keras", str(args.keras)] + (["--qat"] if args.qat else [])
         if args.quiet:
             argv.append("--quiet")
         return _launch_horovod(args, argv)
@@ -191,7 +194,8 @@ def _demo(args, command_line=None):
 
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
              global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
-             replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat)
+             replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat,
+             keras_version=args.keras)
     return 0
 
 

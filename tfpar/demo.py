@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from tfpar._checks import check_choice, check_int, default_epochs
-from tfpar._keras import keras, tf
+from tfpar._keras import keras, keras3, tf
 from tfpar.data import distribute
 from tfpar.devices import configure_devices
 from tfpar.strategies import DataParallel
@@ -71,20 +71,22 @@ def digits_dataset():
     return tf.data.Dataset.from_tensor_slices((x, y))
 
 
-def build_model():
-    """A small convolutional network for 8x8 digits (85k parameters)."""
-    return keras.Sequential([
-        keras.layers.Input((8, 8, 1)),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Dropout(0.25),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dropout(0.25),
-        keras.layers.Dense(10),
+def build_model(k=None):
+    """A small convolutional network for 8x8 digits (85k parameters), in Keras ``k`` (default
+    tf_keras, `tfpar.keras`; or the Keras 3 module)."""
+    k = k or keras
+    return k.Sequential([
+        k.layers.Input((8, 8, 1)),
+        k.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        k.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        k.layers.MaxPooling2D(),
+        k.layers.Dropout(0.25),
+        k.layers.Flatten(),
+        k.layers.Dense(64, activation="relu"),
+        k.layers.Dropout(0.25),
+        k.layers.Dense(10),
         # float32 output under any precision policy: the loss is computed in float32.
-        keras.layers.Activation("softmax", dtype="float32"),
+        k.layers.Activation("softmax", dtype="float32"),
     ], name="digits_cnn")
 
 
@@ -109,7 +111,7 @@ def _make_parallelism(name, num_devices, replicas=1, microbatches=8):
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
              learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8,
-             precision="float32", qat=False):
+             precision="float32", qat=False, keras_version=2):
     """Trains the digits CNN and returns a `DemoResult`.
 
     Args:
@@ -129,31 +131,39 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         precision: a `tfpar.precision.POLICIES` name for the training.
         qat: after training, fine-tune with quantization-aware training (float32), export
             float and int8 TFLite models and compare their accuracy and size.
+        keras_version: 2 (tf_keras, `tfpar.keras`) or 3 (Keras 3): the Keras the model is built in.
 
     Raises:
-        ValueError: on an unknown strategy, epochs < 1, or a batch that does
-            not divide by the number of replicas.
+        ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the
+            number of replicas, or Keras 3 with a strategy or --qat that needs tf_keras.
     """
     check_choice("strategy", strategy, STRATEGIES, what="demo strategy")
     check_int("epochs", epochs, 1)
+    check_choice("keras_version", keras_version, (2, 3))
     if qat and strategy not in ("data_parallel", "horovod"):
         raise ValueError(f"--qat runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
+    if keras_version == 3 and (strategy in ("ps", "pipeline") or qat):
+        raise ValueError(
+            "--keras 3 runs with --strategy data_parallel or horovod, without --qat: parameter servers in "
+            "fit, the pipeline and QAT need tf_keras (README, Keras 3 and tf_keras). Received: --keras 3 "
+            f"--strategy {strategy}{' --qat' if qat else ''}. Leave out --keras 3 for those.")
+    k = keras3() if keras_version == 3 else keras
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
     parallelism = _make_parallelism(strategy, num_devices, replicas, microbatches)
     dist = parallelism.input_strategy
-    keras.utils.set_random_seed(0)
+    k.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()
     chief = dist.extended.should_checkpoint
     if not chief:  # one progress bar and one summary: the chief's
         verbose, print_fn = 0, (lambda *_: None)
     if verbose == 1 and isinstance(dist, tf.distribute.experimental.ParameterServerStrategy):
         verbose = 2  # Keras refuses a progress bar under parameter servers: one line per epoch
-    model = parallelism.build(build_model)
+    model = parallelism.build(lambda: build_model(k))
     with parallelism.scope():
         model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate),
+            optimizer=k.optimizers.Adam(learning_rate),
             loss="sparse_categorical_crossentropy",
             weighted_metrics=["accuracy"],  # masks tfpar.data's padding
         )
@@ -161,6 +171,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     global_batch_size = global_batch_size or 32 * replicas_in_step
     description = parallelism.describe(global_batch_size=global_batch_size, model=model)
     description += f"\n  precision:  {policy}"
+    description += f"\n  keras:      {'Keras 3' if keras_version == 3 else 'tf_keras'} {k.__version__}"
     print_fn(description)
     # Functions, not datasets: parameter-server workers build their input themselves.
     train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), parallelism,
@@ -181,6 +192,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,
         validation_data=val.dataset, validation_steps=val.steps_per_epoch,
         callbacks=callbacks, verbose=verbose,
+        shuffle=False,  # tfpar.data shuffled it; Keras 3 warns that it cannot shuffle a dataset
     )
     # Epoch times from Throughput's step_time, without the first epoch (it traces).
     step_times = history.history["step_time"]

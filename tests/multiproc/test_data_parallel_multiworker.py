@@ -34,17 +34,22 @@ def test_launch_two_workers_train_to_identical_weights(tmp_path):
     assert losses[-1] < 0.7 * losses[0]
 
 
-@pytest.mark.parametrize("examples, options", [(96, []), (90, ["ring", "4096"])],
+@pytest.mark.parametrize("examples, options, keras_version", [(96, [], "2"), (90, ["ring", "4096"], "2")],
                          ids=["whole-steps", "padded-last-step-ring-4KiB-packs"])
-def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options):
+def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options, keras_version):
     """2 workers, global batch 16 (8 per replica), against one device with the same batches:
     90 examples leave the last step 10 real examples and 6 padding rows; the second case also
-    splits the ring all-reduce into packs of 4 KiB (the model's gradients are 9.6 KiB)."""
+    splits the ring all-reduce into packs of 4 KiB (the model's gradients are 9.6 KiB).
+    (TFPAR_TEST_KERAS=3 runs the script's model in Keras 3: today Keras 3's fit fails on a
+    multi-worker distributed dataset, "Attempt to convert a value (PerReplica...)"; issue 12.)"""
+    import importlib
+
     from tests.models import one_device_weights
 
     result = run_command(tfpar_command(
         "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "multiworker_train.py"),
-        str(tmp_path), "16", "2", str(examples), *options), timeout=300, env={"PYTHONPATH": ROOT})
+        str(tmp_path), "16", "2", str(examples), *options), timeout=300,
+        env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
     assert result.returncode == 0, result.output[-4000:]
     assert "8 per replica, 16 global" in result.output
     if options:
@@ -53,7 +58,8 @@ def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options):
     workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
     for a, b in zip(*workers):
         np.testing.assert_array_equal(a, b)
-    for a, b in zip(workers[0], one_device_weights(examples)):
+    k = importlib.import_module("keras") if keras_version == "3" else None
+    for a, b in zip(workers[0], one_device_weights(examples, **({"k": k} if k else {}))):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 

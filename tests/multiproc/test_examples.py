@@ -6,6 +6,7 @@ import re
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
 
@@ -20,9 +21,12 @@ def test_demo_reaches_the_accuracy_target():
     assert float(re.search(r"examples/second:\s+([0-9,]+)", result.output).group(1).replace(",", "")) > 0
 
 
-def test_demo_flags_pick_devices_and_epochs():
-    result = run_command(tfpar_command("demo", "--devices", "3", "--epochs", "2"), timeout=300)
+@pytest.mark.parametrize("keras_version, named", [("2", "tf_keras 2."), ("3", "Keras 3 3.")])
+def test_demo_flags_pick_devices_and_epochs(keras_version, named):
+    result = run_command(tfpar_command("demo", "--devices", "3", "--epochs", "2", "--keras", keras_version),
+                         timeout=300)
     assert result.returncode == 0, result.output[-3000:]
+    assert f"keras:      {named}" in result.output
     assert "replicas:   3" in result.output and "32 per replica, 96 global" in result.output
     assert "Epoch 2/2" in result.output and "epochs:              2" in result.output
     # The demo's callbacks: warm-up (lr) and throughput in the progress bar.
@@ -82,6 +86,10 @@ def test_demo_bad_precision_and_qat_flags():
     assert result.returncode == 2 and "Unknown precision policy 'half'" in result.output
     result = run_command(tfpar_command("demo", "--qat", "--strategy", "ps"), timeout=120)
     assert result.returncode == 2 and "--qat runs with the data_parallel or horovod strategy" in result.output
+    for flags in (["--strategy", "ps"], ["--strategy", "pipeline"], ["--qat"]):
+        result = run_command(tfpar_command("demo", "--keras", "3", *flags), timeout=120)
+        assert result.returncode == 2, result.output
+        assert f"Received: --keras 3 {' '.join(flags) if flags[0] != '--qat' else '--strategy data_parallel --qat'}" in result.output
 
 
 def test_one_script_picks_data_parallel_without_horovod():

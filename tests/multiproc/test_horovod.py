@@ -222,6 +222,15 @@ def test_demo_on_horovod_reaches_the_accuracy_target():
     assert result.output.count("validation accuracy:") == 1  # only rank 0 prints the summary
 
 
+def test_demo_on_horovod_with_a_keras3_model():
+    result = run_command(["tfpar", "demo", "--strategy", "horovod", "--keras", "3", "--epochs", "3"], timeout=400)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "HorovodStrategy (Horovod ring all-reduce)" in result.output and "keras:      Keras 3 3." in result.output
+    accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
+    assert accuracy >= 0.8, result.output[-3000:]  # 3 epochs; the 15-epoch target is tested above
+    assert result.output.count("validation accuracy:") == 1
+
+
 def test_horovod_example_runs_under_horovodrun(tmp_path):
     result = _horovodrun(2, "examples/train_horovod.py", "--epochs", "2", "--compression", "fp16",
                          "--checkpoint-dir", str(tmp_path))

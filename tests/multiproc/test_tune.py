@@ -18,6 +18,20 @@ def test_tune_picks_the_fastest_trial_and_reports_the_failed_ones(tmp_path):
     assert f"fastest: {fastest['config']}" in result.output
 
 
+def test_tune_times_a_keras3_model(tmp_path):
+    from tests.conftest import ROOT
+
+    out = tmp_path / "tune.json"
+    space = {"per_replica_batch": [16, 32]}
+    result = run_command(tfpar_command("tune", "--model", "tests.models:keras3_digits_model", "--space",
+                                       json.dumps(space), "--steps", "6", "--json", str(out)),
+                         timeout=400, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-3000:]
+    report = json.loads(out.read_text())
+    assert [t["status"] for t in report["trials"]] == ["ok", "ok"]
+    assert all(t["examples_per_second"] > 0 for t in report["trials"])
+
+
 def test_tune_over_pipeline_microbatches_survives_an_invalid_trial(tmp_path):
     from tfpar.tune import tune
 

@@ -2,6 +2,7 @@
 writes worker_<i>.npz.
 
 Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS EXAMPLES [ALL_REDUCE BYTES_PER_PACK]
+(the model in Keras 3 when $TFPAR_TEST_KERAS is "3")
 """
 
 import os
@@ -17,15 +18,16 @@ strategy = tfpar.DataParallel(timeout_seconds=120, **options)
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
+from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, keras_of_env  # noqa: E402
 
+k = keras_of_env()
 x, y = equivalence_data(examples)
 index = tfpar.ClusterInfo.from_tf_config().worker_index
 seed = 1 if index == 0 else 100 + index  # only the strategy's broadcast can make the workers start alike
-local_start = equivalence_model(seed).get_weights()
+local_start = equivalence_model(seed, k).get_weights()
 with strategy.scope():
-    model = equivalence_model(seed)
-    compile_for_equivalence(model)
+    model = equivalence_model(seed, k)
+    compile_for_equivalence(model, k)
 np.savez(os.path.join(out, f"start_{index}.npz"), *model.get_weights())
 np.savez(os.path.join(out, f"local_start_{index}.npz"), *local_start)
 print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
