@@ -22,6 +22,30 @@ def quick_options(doc):
     return parser.parse_args()
 
 
+def median_seconds_in_turns(names, rounds, run_one):
+    """Times ``run_one(name)`` for two names in turns (a, b, b, a), ``rounds`` times, so that a slow
+    patch of the machine falls on both; returns ``{name: (median seconds, runs timed)}``."""
+    import statistics
+
+    first, second = names
+    times = {first: [], second: []}
+    for _ in range(rounds):
+        for name in (first, second, second, first):
+            start = time.perf_counter()
+            run_one(name)
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(t), len(t)) for name, t in times.items()}
+
+
+def print_step_times(timed, steps_per_epoch):
+    """Prints `median_seconds_in_turns`' epochs per step; returns ``{name: seconds per step}``."""
+    step = {name: seconds / steps_per_epoch for name, (seconds, _) in timed.items()}
+    for name, seconds in step.items():
+        print(f"{name:>8}: {seconds * 1e3:.2f} ms/step, {timed[name][1]} epochs of {steps_per_epoch} steps timed",
+              flush=True)
+    return step
+
+
 def bus_bandwidth(nbytes, workers, seconds):
     """An all-reduce's bus bandwidth (bytes/s): each byte crosses 2 (n-1)/n links (NCCL's definition)."""
     return nbytes * 2 * (workers - 1) / workers / seconds

@@ -12,13 +12,11 @@ Last line:
 """
 
 import os
-import statistics
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tfpar  # noqa: E402
-from common import quick_options  # noqa: E402
+from common import median_seconds_in_turns, print_step_times, quick_options  # noqa: E402
 
 
 def main():
@@ -40,17 +38,13 @@ def main():
         with strategy.scope():
             model.compile(k.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
         model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False)  # traces
-        runs[name] = (model, [])
-    for _ in range(rounds):
-        for name in ("tf_keras", "keras3", "keras3", "tf_keras"):
-            model, times = runs[name]
-            start = time.perf_counter()
-            model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False)
-            times.append((time.perf_counter() - start) / train.steps_per_epoch)
-    step = {name: statistics.median(times) for name, (_, times) in runs.items()}
-    for name, seconds in step.items():
-        print(f"{name:>8}: {seconds * 1e3:.2f} ms/step, {len(runs[name][1])} epochs of "
-              f"{train.steps_per_epoch} steps timed", flush=True)
+        runs[name] = model
+
+    def epoch(name):
+        runs[name].fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False)
+
+    timed = median_seconds_in_turns(("tf_keras", "keras3"), rounds, epoch)
+    step = print_step_times(timed, train.steps_per_epoch)
     print(f"RESULT keras_versions step_time_ratio={step['keras3'] / step['tf_keras']:.3f}")
 
 

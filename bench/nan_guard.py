@@ -13,13 +13,11 @@ Last line:
 """
 
 import os
-import statistics
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tfpar  # noqa: E402
-from common import quick_options  # noqa: E402
+from common import median_seconds_in_turns, print_step_times, quick_options  # noqa: E402
 
 
 def main():
@@ -42,20 +40,14 @@ def main():
             model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
         callbacks = [tfpar.callbacks.NaNGuard()] if name == "guarded" else []
         model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, callbacks=callbacks)
-        runs[name] = (model, callbacks, [])
-    order = ("plain", "guarded", "guarded", "plain")
-    for _ in range(rounds):
-        for name in order:
-            model, callbacks, times = runs[name]
-            start = time.perf_counter()
-            model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0,
-                      callbacks=callbacks)
-            times.append(time.perf_counter() - start)
-    medians = {name: statistics.median(times) for name, (_, _, times) in runs.items()}
-    for name, seconds in medians.items():
-        print(f"{name:>8}: {seconds * 1e3:.1f} ms/epoch ({train.steps_per_epoch} steps), "
-              f"{len(runs[name][2])} epochs timed", flush=True)
-    print(f"RESULT nan_guard overhead={medians['guarded'] / medians['plain']:.3f}")
+        runs[name] = (model, callbacks)
+    def epoch(name):
+        model, callbacks = runs[name]
+        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, callbacks=callbacks)
+
+    timed = median_seconds_in_turns(("plain", "guarded"), rounds, epoch)
+    step = print_step_times(timed, train.steps_per_epoch)
+    print(f"RESULT nan_guard overhead={step['guarded'] / step['plain']:.3f}")
 
 
 if __name__ == "__main__":
