@@ -21,7 +21,29 @@ Example:
     >>> train = tfpar.data.distribute(make_dataset, parallelism, 64)  # doctest: +SKIP
 """
 
-__all__ = ["Parallelism", "check_model_fn"]
+from tfpar import _compile_checks as compile_checks
+
+__all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn"]
+
+
+def check_compiled_in_its_scope(model):
+    """Refuses ``compile`` outside the scope of the strategy the model was built under: tf_keras
+    would fail at ``fit`` ("Mixing different tf.distribute.Strategy objects"), and Keras 3 would
+    make the optimizer's variables plain, not mirrored, and train on."""
+    import tensorflow as tf
+
+    built_under = model.distribute_strategy  # the model's strategy, else the current one
+    current = tf.distribute.get_strategy()
+    if built_under is not current and isinstance(built_under, Parallelism):
+        raise ValueError(
+            f"Compile the model under the scope of the strategy it was built under. Received: "
+            f"{model.name!r}, built under {type(built_under).__name__}, compiled under "
+            f"{type(current).__name__}. Write `with strategy.scope(): model.compile(...)`; the "
+            "optimizer's variables must be created there too.")
+
+
+compile_checks.register_before(check_compiled_in_its_scope)  # once, at import
+compile_checks.install_loaded()
 
 
 def check_model_fn(model_fn):
@@ -43,6 +65,7 @@ class Parallelism:
             TypeError: ``model_fn`` is not callable.
         """
         check_model_fn(model_fn)
+        compile_checks.install_loaded()  # Keras 3 may have been loaded since tfpar was
         with self.scope():
             return model_fn()
 
@@ -50,3 +73,9 @@ class Parallelism:
     def input_strategy(self):
         """The strategy `tfpar.data.distribute` feeds: this one."""
         return self
+
+    def scope(self):
+        """The strategy's scope; entering it also installs tfpar's compile checks for a Keras loaded
+        since tfpar was imported (Keras 3 imported after tfpar)."""
+        compile_checks.install_loaded()
+        return super().scope()

@@ -105,7 +105,8 @@ class ProcessGroups:
     def __init__(self, grace_seconds):
         self.grace_seconds = grace_seconds
         self.pgids = []
-        self._lock = threading.Lock()
+        self._seen = set()
+        self._lock = threading.RLock()  # a signal handler may send while the main thread holds it
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "tfpar._processes", repr(float(grace_seconds))],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, text=True)
@@ -122,14 +123,22 @@ class ProcessGroups:
             self.pgids.append(pgid)
             self._tell(f"+{pgid}")
 
+    def _groups(self):
+        """The registered groups and every group of their descendants seen so far: a child's own
+        children in other sessions (horovodrun's ranks) are remembered while they are still
+        its descendants, so that they are reached after it exits too."""
+        with self._lock:
+            self._seen |= tree_groups(set(self.pgids) | self._seen)
+            return set(self.pgids) | self._seen
+
     def send(self, sig):
-        """Sends ``sig`` to every group, leaders that already exited included."""
-        for pgid in list(self.pgids):
+        """Sends ``sig`` to every group and its descendants' groups, leaders that exited included."""
+        for pgid in self._groups():
             signal_group(pgid, sig)
 
     def stop(self, first=signal.SIGTERM):
         """``first``, then SIGKILL after the grace period, to every group: nothing of them is left."""
-        stop_groups(list(self.pgids), self.grace_seconds, first)
+        stop_groups(self._groups(), self.grace_seconds, first)
 
     def close(self):
         """Ends every group that is left (SIGTERM, grace, SIGKILL) and lets the watchdog go."""

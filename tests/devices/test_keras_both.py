@@ -120,3 +120,21 @@ def test_keras_tuner_searches_under_data_parallel_with_tfpar_callbacks(kind, tmp
         assert min(abs(logs["lr"][-1] - 2 * rate) for rate in (1e-2, 3e-2)) < 1e-7 or len(logs["lr"]) == 1
     best = tuner.get_best_models(1)[0]
     assert best.predict(x, verbose=0).shape == (90, 3)
+
+
+def test_compile_outside_the_strategys_scope_is_refused_at_compile(any_keras):
+    """Built under the strategy, compiled outside it: tf_keras would fail at fit ("Mixing different
+    tf.distribute.Strategy objects") and Keras 3 would train with plain, unmirrored optimizer
+    variables. Both are refused at compile, by tfpar, with the fix."""
+    k = any_keras
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = _mlp(k)
+    with pytest.raises(ValueError, match=r"Compile the model under the scope of the strategy it was built under. "
+                                         r"Received: .*built under MirroredDataParallel, compiled under _Default"):
+        model.compile(k.optimizers.SGD(0.1), "mse")
+    with strategy.scope():
+        model.compile(k.optimizers.SGD(0.1, momentum=0.9), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = _data(32)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2

@@ -102,12 +102,12 @@ def test_pipeline_under_mixed_float16_scales_the_loss_and_matches_the_plain_mode
 
 
 def test_the_compile_check_is_registered_once_whatever_the_order_of_calls():
-    from tfpar.precision import policy
+    from tfpar import _compile_checks
 
     keras = tfpar.keras
     wrapped = keras.Model.compile
-    assert getattr(wrapped, "_tfpar_precision_check", False)
-    policy._register_compile_check()  # what importing again would do: nothing more
+    assert getattr(wrapped, "_tfpar_compile_checks", False)
+    _compile_checks.install_loaded()  # what importing again would do: nothing more
     assert keras.Model.compile is wrapped
     for name in ("float32", "mixed_bfloat16", "float32"):  # use() installs and removes nothing
         tfpar.precision.use(name)

@@ -12,23 +12,21 @@ and change the loss scale the same way.
 While a mixed policy is set, ``Model.compile`` runs `check_output_precision`: an
 output computed in 16 bits (a final softmax without ``dtype="float32"``) warns
 with the fix, or raises with ``strict=True``. The check is a registration made
-once, when this module is first imported (neither Keras has a public hook at
-compile; Keras 3's is registered then if it is loaded, else at the first `use`):
-``Model.compile`` is wrapped by a function that calls the
-original and then, only under a mixed policy, the check. Nothing is installed or
-removed by `use`, so the order of calls does not matter.
+once, when this module is first imported, in `tfpar._compile_checks` (neither Keras
+has a public hook at compile): after the original ``Model.compile``, only under a mixed
+policy, the check runs. Nothing is installed or removed by `use`, so the order of calls
+does not matter.
 
 Example:
     >>> tfpar.precision.use("auto")  # doctest: +SKIP
     'mixed_bfloat16'
 """
 
-import functools
 import logging
-import sys
 import warnings
 
 from tfpar import _compat
+from tfpar import _compile_checks as compile_checks
 from tfpar._checks import check_choice
 from tfpar._keras import keras, keras3, tf
 
@@ -110,7 +108,7 @@ def use(policy="auto", *, strict=False):
             "(tfpar.precision.use('auto') picks for you).", PrecisionWarning, stacklevel=2)
     keras.mixed_precision.set_global_policy(policy)
     keras3().mixed_precision.set_global_policy(policy)
-    _register_compile_check(keras3())
+    compile_checks.install(keras3())
     _state["strict"] = strict
     return policy
 
@@ -140,24 +138,10 @@ def check_output_precision(model, strict=False):
     return problems
 
 
-def _register_compile_check(module=keras):
-    """Wraps ``Model.compile`` of ``module`` (tf_keras, or Keras 3) once per process (see the module
-    docstring)."""
-    original = module.Model.compile
-    if getattr(original, "_tfpar_precision_check", False):
-        return
-
-    @functools.wraps(original)
-    def compile(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        if current() != "float32":
-            check_output_precision(self, strict=_state["strict"])
-        return result
-
-    compile._tfpar_precision_check = True
-    module.Model.compile = compile
+def _check_after_compile(model):
+    if current() != "float32":
+        check_output_precision(model, strict=_state["strict"])
 
 
-_register_compile_check()
-if "keras" in sys.modules:  # Keras 3 already loaded: its check too, at import (else at the first use)
-    _register_compile_check(keras3())
+compile_checks.register_after(_check_after_compile)  # once, at import (see the module docstring)
+compile_checks.install_loaded()
