@@ -23,7 +23,18 @@ Example:
 
 from tfpar import _compile_checks as compile_checks
 
-__all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn"]
+__all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn", "sum_over_workers"]
+
+
+def sum_over_workers(strategy, value):
+    """Each worker's ``value`` (a number or an array, float64) summed over the workers, in one
+    collective; every worker gets the sum. Each of a worker's replicas adds its share of it."""
+    import numpy as np
+    import tensorflow as tf
+
+    share = np.asarray(value, np.float64) / len(strategy.extended.worker_devices)
+    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(share)), axis=None)
+    return np.rint(summed.numpy()).astype(np.int64)
 
 
 def check_compiled_in_its_scope(model):

@@ -5,6 +5,7 @@ import uuid
 
 from tfpar._checks import check_number
 from tfpar._keras import is_keras3, keras, keras3, tf
+from tfpar._parallelism import sum_over_workers
 from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import chief_print
 
@@ -31,10 +32,7 @@ def _refuse_several_chiefs(strategy, backup_dir):
     two would write and delete one backup, each undoing the other's."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return  # one process (or Horovod: rank 0; or parameter servers: the coordinator) saves
-    local = len(strategy.extended.worker_devices)
-    mine = (1.0 if strategy.extended.should_checkpoint else 0.0) / local
-    chiefs = int(round(float(strategy.reduce(tf.distribute.ReduceOp.SUM,
-                                             strategy.run(lambda: tf.constant(mine)), axis=None))))
+    chiefs = int(sum_over_workers(strategy, 1 if strategy.extended.should_checkpoint else 0))
     if chiefs != 1:
         raise ValueError(
             f"FaultTolerance needs exactly one chief to write {backup_dir}, and {chiefs} workers of "

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from tfpar._keras import tf
+from tfpar._parallelism import sum_over_workers
 
 __all__ = ["Sizes", "as_files", "count", "measure", "open_source", "read_files"]
 
@@ -121,10 +122,7 @@ def _count_shared(strategy, files, reader, index, workers):
     for i in range(index, len(files), workers):
         n = count(read_files([files[i]], reader))
         mine[i] = -1 if n is None else n
-    local = len(strategy.extended.worker_devices)  # each replica of this worker adds 1/local of it
-    summed = strategy.reduce(tf.distribute.ReduceOp.SUM,
-                             strategy.run(lambda: tf.constant(mine / local)), axis=None)
-    totals = np.rint(summed.numpy()).astype(np.int64)
+    totals = sum_over_workers(strategy, mine)
     _log.info("counted %d of the %d input files here; the other worker(s) counted the rest and the %d "
               "workers summed the counts", len(range(index, len(files), workers)), len(files), workers)
     return tuple(None if n < 0 else int(n) for n in totals)
