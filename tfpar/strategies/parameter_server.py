@@ -231,7 +231,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         try:
             with scope:
                 yield self
-        except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+        except Exception as error:  # noqa: BLE001 (re-raised unless a ps is gone)
             lost = _lost_ps_error(error, self.config.cluster.cluster["ps"])
             if lost is None:
                 raise
@@ -295,24 +295,39 @@ def variable_placement(model):
 
 
 _PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
+# What a lost ps surfaces as, depending on which task noticed first and how: the coordinator's
+# workers see UnavailableError/AbortedError; a worker that reconnects to a restarted address sees
+# InvalidArgumentError (unknown device, lost remote handle); the chief's own reads of ps
+# variables (logs, checkpoints) fail in its executor; the coordinator may wrap any of them.
+_PS_LOSS_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                  tf.errors.InvalidArgumentError, tf.errors.UnknownError, tf.errors.InternalError)
 
 
 def _lost_ps_error(error, ps_addresses):
-    """A `ParameterServerLostError` for TensorFlow's ``error`` if it comes from a ps, else None."""
-    named = {int(i) for i in _PS_TASK.findall(str(error))}
-    if not named:
+    """A `ParameterServerLostError` for ``error`` if a ps was lost, else None.
+
+    A ps is lost when it no longer accepts connections (whatever the error says: which task
+    noticed first, and how, varies), or when a connection error names it (a ps that failed
+    and came back at once).
+    """
+    original = getattr(error, "original_exception", error)  # the coordinator's Closure*Error
+    if isinstance(error, ParameterServerLostError) or not isinstance(original, _PS_LOSS_TYPES):
         return None
-    # Name the ps that no longer accept connections; if all still do (a transient
-    # failure), the ones TensorFlow's message names.
     closed = [i for i in range(len(ps_addresses)) if not _accepts(ps_addresses[i], timeout=0.5)]
-    lost = closed or sorted(named)
+    text = str(original)
+    named = {int(i) for i in _PS_TASK.findall(text)}
+    named |= {i for i, address in enumerate(ps_addresses) if address in text}
+    connection_error = isinstance(original, (tf.errors.UnavailableError, tf.errors.AbortedError))
+    lost = closed or (sorted(named) if connection_error else [])
+    if not lost:
+        return None
     tasks = [f"ps {i}" for i in lost]
     where = ", ".join(f"ps {i} ({ps_addresses[i]})" for i in lost)
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = text.strip().splitlines()[0] if text.strip() else type(original).__name__
     message = (
         f"Lost the parameter server {where} during training. A ps holds part of the model's "
         "variables, so training cannot go on without it (a lost worker only has its steps "
         "rescheduled). Restart that task and relaunch the job: with "
         "keras.callbacks.BackupAndRestore training resumes from the last completed epoch. "
         f"TensorFlow reported: {first}")
-    return ParameterServerLostError(tasks, message, error)
+    return ParameterServerLostError(tasks, message, original)
