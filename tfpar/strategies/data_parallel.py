@@ -265,6 +265,22 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
                 f"the top of the script. (TensorFlow said: {e})"
             ) from None
 
+    def reduce(self, reduce_op, value, axis):
+        """`tf.distribute.Strategy.reduce`, also for a nest of values and for scalars with an axis.
+
+        TensorFlow's multi-worker reduce takes one tensor and refuses ``axis=0`` on a scalar;
+        MirroredStrategy takes both. Keras 3's ``fit`` relies on them (it reduces the first
+        batch, a nest, to build the model, and each step's scalar metrics with ``axis=0``;
+        TensorFlow issue 72388), so here a nest is reduced leaf by leaf, and a scalar, which
+        has no axis to reduce along, across the replicas alone, as MirroredStrategy does.
+        """
+        if tf.nest.is_nested(value):
+            return tf.nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axis), value)
+        local = self.experimental_local_results(value)[0]
+        if axis is not None and tf.TensorShape(getattr(local, "shape", ())).rank == 0:
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
     def _implementation(self):
         impl = tf.distribute.experimental.CommunicationImplementation
         name = self.config.all_reduce

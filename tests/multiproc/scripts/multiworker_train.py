@@ -1,5 +1,6 @@
 """Trains the equivalence model on every worker of `tfpar launch -n N` (MultiWorkerDataParallel);
-writes worker_<i>.npz.
+writes worker_<i>.npz (weights) and scored_<i>.npz (evaluate's loss on the padded input, predict's
+output on every example).
 
 Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS EXAMPLES [ALL_REDUCE BYTES_PER_PACK]
 (the model in Keras 3 when $TFPAR_TEST_KERAS is "3")
@@ -34,3 +35,6 @@ print(strategy.describe(global_batch_size=global_batch, model=model), flush=True
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
 model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
 np.savez(os.path.join(out, f"worker_{index}.npz"), *model.get_weights())
+scores = model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0, return_dict=True)
+np.savez(os.path.join(out, f"scored_{index}.npz"), loss=scores["loss"],
+         predictions=model.predict(x, batch_size=global_batch, verbose=0))
