@@ -62,15 +62,15 @@ def max_weight_difference(a, b):
 
 
 def _inf_gradient_layer(k):
-    """InfGradientOnReplica0 for Keras module ``k`` (tf_keras or Keras 3)."""
+    """InfGradientOnOneReplica for Keras module ``k`` (tf_keras or Keras 3)."""
 
-    class InfGradientOnReplica0(k.layers.Layer):
-        """Identity whose gradient is inf on replica 0 of the first worker while ``trigger`` is true:
-        one replica overflows. (Horovod ranks each hold replica 0 of their own strategy.)"""
+    class InfGradientOnOneReplica(k.layers.Layer):
+        """Identity whose gradient is inf on replica ``replica`` of the first worker while ``trigger``
+        is true: one replica overflows. (Horovod ranks each hold replica 0 of their own strategy.)"""
 
-        def __init__(self, trigger, first_worker=True, **kwargs):
+        def __init__(self, trigger, first_worker=True, replica=0, **kwargs):
             super().__init__(**kwargs)
-            self.trigger, self.first_worker = trigger, first_worker
+            self.trigger, self.first_worker, self.replica = trigger, first_worker, replica
 
         def call(self, inputs):
             import tensorflow as tf
@@ -79,23 +79,25 @@ def _inf_gradient_layer(k):
             def identity(x):
                 def grad(dy):
                     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-                    bad = tf.logical_and(tf.equal(replica, 0), self.trigger) if self.first_worker else False
+                    # The same ops on every worker (Horovod matches its reductions by op name).
+                    bad = tf.logical_and(tf.logical_and(tf.equal(replica, self.replica), self.trigger),
+                                         tf.constant(self.first_worker))
                     return tf.where(bad, tf.fill(tf.shape(dy), tf.constant(float("inf"), dy.dtype)), dy)
 
                 return tf.identity(x), grad
 
             return identity(inputs)
 
-    return InfGradientOnReplica0
+    return InfGradientOnOneReplica
 
 
-def overflow_model(trigger, first_worker=True, k=keras):
-    """Dense -> (inf gradient on replica 0 when triggered) -> Dense, float32 output, in Keras ``k``."""
+def overflow_model(trigger, first_worker=True, k=keras, replica=0):
+    """Dense -> (inf gradient on one replica when triggered) -> Dense, float32 output, in Keras ``k``."""
     k.utils.set_random_seed(3)
     return k.Sequential([
         k.layers.Input((6,)),
         k.layers.Dense(8, activation="tanh", name="first"),
-        _inf_gradient_layer(k)(trigger, first_worker, name="overflow"),
+        _inf_gradient_layer(k)(trigger, first_worker, replica, name="overflow"),
         k.layers.Dense(2, name="logits"),
         k.layers.Activation("linear", dtype="float32", name="out"),
     ])
@@ -109,9 +111,9 @@ def _loss_scale(optimizer):
     return float(np.asarray(optimizer.dynamic_scale)) if optimizer.built else float(optimizer.initial_scale)
 
 
-def overflow_step(strategy, global_batch=8, first_worker=True, k=keras):
+def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=0):
     """Two steps of the overflow model under ``strategy`` with mixed_float16: the first has an inf
-    gradient on replica 0. Returns what each replica sees after each step."""
+    gradient on replica ``replica`` (of the first worker). Returns what each replica sees after each step."""
     import tensorflow as tf
 
     import tfpar
@@ -120,7 +122,7 @@ def overflow_step(strategy, global_batch=8, first_worker=True, k=keras):
     try:
         with strategy.scope():
             trigger = tf.Variable(True, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            model = overflow_model(trigger, first_worker, k)
+            model = overflow_model(trigger, first_worker, k, replica)
             model.compile(k.optimizers.SGD(0.1), k.losses.MeanSquaredError())
         rng = np.random.default_rng(0)
         x = rng.normal(size=(global_batch, 6)).astype("float32")

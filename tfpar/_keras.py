@@ -17,7 +17,8 @@ earlier with Keras 3. Every other module takes ``tf`` and ``keras`` from here.
 import tensorflow as tf
 import tf_keras as keras
 
-__all__ = ["keras", "tf", "check_keras_model", "check_tf_keras_model", "is_keras3", "keras3", "keras_of"]
+__all__ = ["keras", "tf", "check_callbacks_keras", "check_keras_model", "check_one_keras", "check_tf_keras_model",
+           "is_keras3", "keras3", "keras_of"]
 
 _FIX = (
     "tfpar trains tf_keras (Keras 2) models. Build the model with "
@@ -34,9 +35,19 @@ def keras3():
     return keras_3
 
 
+def _family(obj):
+    """"keras" (Keras 3), "tf_keras", or None: the Keras whose class ``obj``'s class derives from
+    (a user's subclass of ``keras.Model`` belongs to Keras 3 too)."""
+    for cls in type(obj).__mro__:
+        top = cls.__module__.split(".")[0]
+        if top in ("keras", "tf_keras"):
+            return top
+    return None
+
+
 def is_keras3(obj):
     """Whether ``obj`` (a model, layer, optimizer, callback...) belongs to Keras 3."""
-    return type(obj).__module__.split(".")[0] == "keras"
+    return _family(obj) == "keras"
 
 
 def keras_of(obj):
@@ -77,3 +88,80 @@ def check_tf_keras_model(model, feature=None, why=None):
         needs = f"{feature} needs a tf_keras (Keras 2) model: {why}. " if feature else ""
         raise TypeError(f"Received a Keras 3 model ({kind}). {needs}{_FIX}")
     raise TypeError(f"Expected a tf_keras.Model, received {kind}. {_FIX}")
+
+
+_NAMES = {"keras": ("Keras 3", "keras"), "tf_keras": ("tf_keras", "tf_keras")}  # tfpar.keras is tf_keras
+
+
+def _other_keras_layers(model, family):
+    """``(path, layer)`` for each layer of the other Keras held by ``model`` or its layers."""
+    found, seen = [], set()
+
+    def visit(path, value, depth):
+        if id(value) in seen or depth > 3:
+            return
+        seen.add(id(value))
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(f"{path}[{i}]", item, depth + 1)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(f"{path}[{key!r}]", item, depth + 1)
+        elif hasattr(value, "trainable_weights") and _family(value) not in (None, family):
+            found.append((path, value))
+
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        # The attributes a user sets first (Keras' own tracking holds the same layers again).
+        for name, value in sorted(vars(layer).items(), key=lambda item: item[0].startswith("_")):
+            visit(f"{layer.name}.{name}", value, 0)
+    return found
+
+
+def check_one_keras(model, arguments):
+    """At ``compile``: refuses a model that holds layers, or is given an optimizer, of the other
+    Keras (Keras 3 would leave a tf_keras layer untrained; tf_keras fails inside Keras)."""
+    family = _family(model)
+    if family is None:
+        return
+    name, module = _NAMES[family]
+    for path, layer in _other_keras_layers(model, family):
+        other = _NAMES[_family(layer)][0]
+        raise TypeError(
+            f"Model {model.name!r} is a {name} model but holds a {other} layer at {path}: a model "
+            f"trains only the layers of its own Keras (that layer's weights would not be trained, "
+            f"or Keras fails inside). Build every layer with {module}. Received: {path}="
+            f"{type(layer).__module__}.{type(layer).__qualname__}.")
+    optimizer = (arguments or {}).get("optimizer")
+    if _family(optimizer) not in (None, family):
+        raise TypeError(
+            f"optimizer must be a {name} optimizer for {name} model {model.name!r}. Received: "
+            f"optimizer={type(optimizer).__module__}.{type(optimizer).__qualname__} "
+            f"({_NAMES[_family(optimizer)][0]}). Use {module}.optimizers.{type(optimizer).__name__}.")
+
+
+def _serves_both(callback):
+    """tfpar's own callbacks (and subclasses of them) work under either Keras."""
+    return any(cls.__module__.startswith("tfpar.") for cls in type(callback).__mro__)
+
+
+def check_callbacks_keras(model, arguments):
+    """At ``fit``/``evaluate``/``predict``: refuses callbacks of the other Keras (tfpar's serve both)."""
+    family = _family(model)
+    callbacks = (arguments or {}).get("callbacks")
+    if family is None or not isinstance(callbacks, (list, tuple)):
+        return
+    name, module = _NAMES[family]
+    for i, callback in enumerate(callbacks):
+        other = _family(callback)
+        if other not in (None, family) and not _serves_both(callback):
+            raise TypeError(
+                f"callbacks[{i}] is a {_NAMES[other][0]} callback and model {model.name!r} is a "
+                f"{name} model: each Keras runs only its own callbacks. Use "
+                f"{module}.callbacks.{type(callback).__name__} (or subclass {module}.callbacks."
+                f"Callback); tfpar's callbacks serve both. Received: callbacks[{i}]="
+                f"{type(callback).__module__}.{type(callback).__qualname__}.")
+
+
+from tfpar import _model_checks  # noqa: E402 (it reads this module's names when it installs)
+
+_model_checks.install_loaded()

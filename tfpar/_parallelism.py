@@ -21,7 +21,7 @@ Example:
     >>> train = tfpar.data.distribute(make_dataset, parallelism, 64)  # doctest: +SKIP
 """
 
-from tfpar import _compile_checks as compile_checks
+from tfpar import _model_checks as model_checks
 
 __all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn", "sum_over_workers"]
 
@@ -37,7 +37,7 @@ def sum_over_workers(strategy, value):
     return np.rint(summed.numpy()).astype(np.int64)
 
 
-def check_compiled_in_its_scope(model):
+def check_compiled_in_its_scope(model, arguments=None):
     """Refuses ``compile`` outside the scope of the strategy the model was built under: tf_keras
     would fail at ``fit`` ("Mixing different tf.distribute.Strategy objects"), and Keras 3 would
     make the optimizer's variables plain, not mirrored, and train on."""
@@ -53,8 +53,7 @@ def check_compiled_in_its_scope(model):
             "optimizer's variables must be created there too.")
 
 
-compile_checks.register_before(check_compiled_in_its_scope)  # once, at import
-compile_checks.install_loaded()
+model_checks.register_before(check_compiled_in_its_scope)  # once, at import
 
 
 def check_model_fn(model_fn):
@@ -76,7 +75,6 @@ class Parallelism:
             TypeError: ``model_fn`` is not callable.
         """
         check_model_fn(model_fn)
-        compile_checks.install_loaded()  # Keras 3 may have been loaded since tfpar was
         with self.scope():
             return model_fn()
 
@@ -84,9 +82,3 @@ class Parallelism:
     def input_strategy(self):
         """The strategy `tfpar.data.distribute` feeds: this one."""
         return self
-
-    def scope(self):
-        """The strategy's scope; entering it also installs tfpar's compile checks for a Keras loaded
-        since tfpar was imported (Keras 3 imported after tfpar)."""
-        compile_checks.install_loaded()
-        return super().scope()

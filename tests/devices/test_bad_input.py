@@ -70,10 +70,45 @@ def _fault_tolerance_without_index(tmp_path):
         del os.environ["TF_CONFIG"]
 
 
-def _keras3_model():
+def _k3():
     import keras as keras3
 
+    return keras3
+
+
+def _keras3_model():
+    keras3 = _k3()
     return keras3.Sequential([keras3.layers.Input((4,)), keras3.layers.Dense(3), keras3.layers.Dense(2)])
+
+
+def _holding_the_other_kerass_layer(model_keras, layer_keras):
+    """A subclassed model of ``model_keras`` with a Dense of ``layer_keras``, compiled."""
+    class Mixed(model_keras.Model):
+        def __init__(self):
+            super().__init__(name="mixed")
+            self.dense = layer_keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    Mixed().compile("sgd", "mse")
+
+
+def _fit_with_the_other_kerass_callback(model_keras, callback_keras):
+    model = model_keras.Sequential([model_keras.layers.Input((4,)), model_keras.layers.Dense(2)], name="plain")
+    model.compile("sgd", "mse")
+    x = np.zeros((8, 4), "float32")
+    model.fit(x, x[:, :2], epochs=1, verbose=0, callbacks=[tfpar.callbacks.NaNGuard(),
+                                                           callback_keras.callbacks.EarlyStopping(monitor="loss")])
+
+
+def _compiled_after_use(model_keras):
+    model = model_keras.Sequential([model_keras.layers.Input((4,)), model_keras.layers.Dense(2)], name="early")
+    tfpar.precision.use("mixed_bfloat16")
+    try:
+        model.compile("sgd", "mse")
+    finally:
+        tfpar.precision.use("float32")
 
 
 def _distribute(**options):
@@ -157,6 +192,21 @@ ROWS = {
                      ["Keras 3 model", "Pruning needs a tf_keras"]),
     "pipeline-keras3": (lambda tmp: tfpar.pipeline.Pipeline(num_stages=2).stage(_keras3_model()), TypeError,
                         ["Keras 3 model", "The pipeline needs a tf_keras"]),
+    # A mix of the two Kerases, and a policy set after the model was built
+    "keras3-model-tf-keras-layer": (lambda tmp: _holding_the_other_kerass_layer(_k3(), keras), TypeError,
+                                    ["Keras 3 model", "tf_keras layer at mixed.dense", "tf_keras.src.layers"]),
+    "tf-keras-model-keras3-layer": (lambda tmp: _holding_the_other_kerass_layer(keras, _k3()), TypeError,
+                                    ["tf_keras model", "Keras 3 layer at mixed.dense", "keras.src.layers"]),
+    "keras3-model-tf-keras-callback": (lambda tmp: _fit_with_the_other_kerass_callback(_k3(), keras), TypeError,
+                                       ["callbacks[1]", "tf_keras callback", "keras.callbacks.EarlyStopping"]),
+    "tf-keras-model-keras3-callback": (lambda tmp: _fit_with_the_other_kerass_callback(keras, _k3()), TypeError,
+                                       ["callbacks[1]", "Keras 3 callback", "tf_keras.callbacks.EarlyStopping"]),
+    "keras3-model-tf-keras-optimizer": (lambda tmp: _k3().Sequential([_k3().layers.Dense(2)]).compile(
+        keras.optimizers.SGD(), "mse"), TypeError, ["optimizer", "tf_keras.src.optimizers", "keras.optimizers.SGD"]),
+    "precision-after-keras3-model": (lambda tmp: _compiled_after_use(_k3()), ValueError,
+                                     ["'early'", "built under the dtype policy 'float32'", "'mixed_bfloat16'"]),
+    "precision-after-tf-keras-model": (lambda tmp: _compiled_after_use(keras), ValueError,
+                                       ["'early'", "built under the dtype policy 'float32'", "'mixed_bfloat16'"]),
     # Added
     "distribute-strategy-string": (lambda tmp: tfpar.data.distribute(tf.data.Dataset.range(8), "mirrored", 4),
                                    TypeError, ["strategy", "'mirrored'"]),

@@ -59,8 +59,11 @@ def test_compile_warns_about_a_16_bit_output_and_strict_mode_raises(any_keras):
     _softmax_model(False, any_keras).compile("sgd", "sparse_categorical_crossentropy")
 
 
-def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(any_keras):
-    report = overflow_step(tfpar.DataParallel(), k=any_keras)
+@pytest.mark.parametrize("replica", [0, 1])
+def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(any_keras, replica):
+    """Either replica: Keras 3's own check would follow replica 0's gradients alone (tfpar
+    reduces its decision over the replicas)."""
+    report = overflow_step(tfpar.DataParallel(), k=any_keras, replica=replica)
     # One loss-scale optimizer around the plain one (each Keras' compile wraps it once).
     assert report["optimizer"] in ("LossScaleOptimizerV3", "LossScaleOptimizer") and report["inner"] == "SGD"
     assert report["skipped"] and report["per_replica_equal"]
@@ -102,12 +105,12 @@ def test_pipeline_under_mixed_float16_scales_the_loss_and_matches_the_plain_mode
 
 
 def test_the_compile_check_is_registered_once_whatever_the_order_of_calls():
-    from tfpar import _compile_checks
+    from tfpar import _model_checks
 
     keras = tfpar.keras
     wrapped = keras.Model.compile
-    assert getattr(wrapped, "_tfpar_compile_checks", False)
-    _compile_checks.install_loaded()  # what importing again would do: nothing more
+    assert getattr(wrapped, "_tfpar_checks", False)
+    _model_checks.install_loaded()  # what importing again would do: nothing more
     assert keras.Model.compile is wrapped
     for name in ("float32", "mixed_bfloat16", "float32"):  # use() installs and removes nothing
         tfpar.precision.use(name)

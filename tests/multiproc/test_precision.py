@@ -24,28 +24,31 @@ def _assert_same_arrays(first, second):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _check_consistent_skip(reports):
+def _check_consistent_skip(reports, keras_version):
     assert [r["worker"] for r in reports] == [0, 1]
     for report in reports:
-        assert report["optimizer"] == "LossScaleOptimizerV3" and report["inner"] == "SGD"
+        optimizer = "LossScaleOptimizer" if keras_version == "3" else "LossScaleOptimizerV3"
+        assert report["optimizer"] == optimizer and report["inner"] == "SGD"
         assert report["skipped"] and report["updated"]
         assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]
     _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])  # identical weights on both workers
 
 
-def test_multi_worker_overflow_on_one_worker_skips_everywhere():
+@pytest.mark.parametrize("keras_version", ["2", "3"], ids=["tf_keras", "keras3"])
+def test_multi_worker_overflow_on_one_worker_skips_everywhere(keras_version):
     result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT), timeout=300,
-                         env={"PYTHONPATH": ROOT})
+                         env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
     assert result.returncode == 0, result.output[-4000:]
-    _check_consistent_skip(_reports(result.output))
+    _check_consistent_skip(_reports(result.output), keras_version)
 
 
 @pytest.mark.usefixtures("horovod_installed")
-def test_horovod_overflow_on_one_rank_skips_everywhere():
+@pytest.mark.parametrize("keras_version", ["2", "3"], ids=["tf_keras", "keras3"])
+def test_horovod_overflow_on_one_rank_skips_everywhere(keras_version):
     result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
-                          "--horovod"], timeout=300, env={"PYTHONPATH": ROOT})
+                          "--horovod"], timeout=300, env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
     assert result.returncode == 0, result.output[-4000:]
-    _check_consistent_skip(_reports(result.output))
+    _check_consistent_skip(_reports(result.output), keras_version)
 
 
 def test_qat_under_multi_worker_data_parallel_ends_identical_on_both_workers():

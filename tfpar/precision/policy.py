@@ -12,7 +12,7 @@ and change the loss scale the same way.
 While a mixed policy is set, ``Model.compile`` runs `check_output_precision`: an
 output computed in 16 bits (a final softmax without ``dtype="float32"``) warns
 with the fix, or raises with ``strict=True``. The check is a registration made
-once, when this module is first imported, in `tfpar._compile_checks` (neither Keras
+once, when this module is first imported, in `tfpar._model_checks` (neither Keras
 has a public hook at compile): after the original ``Model.compile``, only under a mixed
 policy, the check runs. Nothing is installed or removed by `use`, so the order of calls
 does not matter.
@@ -26,9 +26,9 @@ import logging
 import warnings
 
 from tfpar import _compat
-from tfpar import _compile_checks as compile_checks
+from tfpar import _model_checks as model_checks
 from tfpar._checks import check_choice
-from tfpar._keras import keras, keras3, tf
+from tfpar._keras import is_keras3, keras, keras3, tf
 
 __all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current", "use"]
 
@@ -108,7 +108,6 @@ def use(policy="auto", *, strict=False):
             "(tfpar.precision.use('auto') picks for you).", PrecisionWarning, stacklevel=2)
     keras.mixed_precision.set_global_policy(policy)
     keras3().mixed_precision.set_global_policy(policy)
-    compile_checks.install(keras3())
     _state["strict"] = strict
     return policy
 
@@ -138,10 +137,46 @@ def check_output_precision(model, strict=False):
     return problems
 
 
-def _check_after_compile(model):
+def _check_built_under_the_policy(model, arguments=None):
+    """A model built before `use` keeps the policy it was built under: refuse to compile it then."""
+    built_under = getattr(getattr(model, "dtype_policy", None), "name", None)
+    if built_under is not None and built_under != current():
+        raise ValueError(
+            f"Model {model.name!r} was built under the dtype policy {built_under!r} and is compiled "
+            f"under {current()!r}: its layers keep the policy they were built under, so it would "
+            f"train in {built_under}, not in {current()}. Build the model after "
+            f"tfpar.precision.use({current()!r}) (or call use({built_under!r}) before compiling it). "
+            f"Received: model {model.name!r} ({type(model).__module__.split('.')[0]}), "
+            f"built under {built_under!r}.")
+
+
+def _agree_on_overflow(model):
+    """Keras 3's LossScaleOptimizer decides to skip a step from each replica's own gradients
+    before they are reduced (TensorFlow's multi-worker strategy and Horovod reduce them in the
+    step it applies, MirroredStrategy takes the first replica's decision): one replica's
+    overflow would make the replicas part ways, and the next collective hang or apply an inf.
+    Its check here is reduced over the replicas, so they all skip, or all apply, together."""
+    optimizer = getattr(model, "optimizer", None)
+    if not (is_keras3(optimizer) and isinstance(optimizer, keras3().optimizers.LossScaleOptimizer)):
+        return
+    local_check = type(optimizer).check_finite.__get__(optimizer)
+
+    def check_finite(grads):
+        finite = local_check(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return finite
+        overflows = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
+        return tf.equal(overflows, 0.0)
+
+    optimizer.check_finite = check_finite
+
+
+def _check_after_compile(model, arguments=None):
     if current() != "float32":
         check_output_precision(model, strict=_state["strict"])
+    _agree_on_overflow(model)
 
 
-compile_checks.register_after(_check_after_compile)  # once, at import (see the module docstring)
-compile_checks.install_loaded()
+model_checks.register_before(_check_built_under_the_policy)  # once, at import (see the module docstring)
+model_checks.register_after(_check_after_compile)
