@@ -44,17 +44,17 @@ def compile_for_equivalence(model, k=keras):
     model.compile(k.optimizers.SGD(0.1, momentum=0.9), k.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
-def pipeline_model(regularize=True):
-    """A Functional model with five cuttable layers (one L2-regularized) for pipeline tests."""
-    keras.utils.set_random_seed(2)
-    inputs = keras.Input((8, 8, 1))
-    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
-    h = keras.layers.Flatten(name="flatten")(h)
-    h = keras.layers.Dense(16, activation="tanh", name="dense_a",
-                           kernel_regularizer="l2" if regularize else None)(h)
-    h = keras.layers.Dense(16, activation="tanh", name="dense_b")(h)
-    outputs = keras.layers.Dense(3, name="logits")(h)
-    return keras.Model(inputs, outputs, name="pipeline_model")
+def pipeline_model(regularize=True, k=keras):
+    """A Functional model with five cuttable layers (one L2-regularized) for pipeline tests, in
+    Keras ``k``."""
+    k.utils.set_random_seed(2)
+    inputs = k.Input((8, 8, 1))
+    h = k.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    h = k.layers.Flatten(name="flatten")(h)
+    h = k.layers.Dense(16, activation="tanh", name="dense_a", kernel_regularizer="l2" if regularize else None)(h)
+    h = k.layers.Dense(16, activation="tanh", name="dense_b")(h)
+    outputs = k.layers.Dense(3, name="logits")(h)
+    return k.Model(inputs, outputs, name="pipeline_model")
 
 
 def max_weight_difference(a, b):

@@ -110,16 +110,37 @@ def given_learning_rate(optimizer):
     return getattr(optimizer, "_hyper", {}).get("learning_rate")
 
 
+def _keras3_graph(model):
+    """A Keras 3 model's layer graph: a Functional model itself, a Sequential's inner Functional
+    (built once it knows its input), else None (subclassed)."""
+    from keras.src.models.functional import Functional
+
+    graph = getattr(model, "_functional", None) or model
+    return graph if isinstance(graph, Functional) else None
+
+
 def is_graph_network(model):
-    """Whether a tf_keras model is Sequential/Functional (its layer graph is known), not subclassed."""
-    return bool(getattr(model, "_is_graph_network", False))
+    """Whether a model (either Keras) is Sequential/Functional (its layer graph is known), not
+    subclassed: tf_keras flags it (_is_graph_network); Keras 3 builds a Functional."""
+    if hasattr(model, "_is_graph_network"):  # tf_keras
+        return bool(model._is_graph_network)
+    return _keras3_graph(model) is not None
 
 
 def layer_nodes_in(model, layer):
     """The calls (nodes) of ``layer`` that belong to ``model``'s graph: tf_keras keys them
-    "<layer>_ib-<index>" in the model's _network_nodes (no public query)."""
-    return [node for index, node in enumerate(layer.inbound_nodes)
-            if f"{layer.name}_ib-{index}" in model._network_nodes]
+    "<layer name>_ib-<index>" in the model's _network_nodes, Keras 3 "<id(layer)>_ib-<index>" in
+    its graph's _nodes (no public query in either)."""
+    if hasattr(model, "_network_nodes"):
+        return [node for index, node in enumerate(layer.inbound_nodes)
+                if f"{layer.name}_ib-{index}" in model._network_nodes]
+    nodes = _keras3_graph(model)._nodes
+    return [node for index, node in enumerate(layer._inbound_nodes) if f"{id(layer)}_ib-{index}" in nodes]
+
+
+def node_layer(node):
+    """The layer a node calls (``.layer`` in tf_keras, ``.operation`` in Keras 3)."""
+    return node.layer if hasattr(node, "layer") else node.operation
 
 
 def keras_layer_of(tensor):

@@ -17,7 +17,7 @@ def _int(text):
 
 
 def _parser():
-    parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for tf_keras.")
+    parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for Keras models (tf_keras and Keras 3).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
@@ -40,7 +40,7 @@ def _parser():
                       help="global batch size (default: 32 per replica)")
     demo.add_argument("--keras", type=_int, default=2, choices=(2, 3),
                       help="the Keras the model is built in: 2 (tf_keras, default) or 3 (Keras 3; "
-                           "data_parallel and horovod)")
+                           "data_parallel, horovod and pipeline)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
 
     run = sub.add_parser(

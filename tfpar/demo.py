@@ -142,10 +142,10 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     check_choice("keras_version", keras_version, (2, 3))
     if qat and strategy not in ("data_parallel", "horovod"):
         raise ValueError(f"--qat runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
-    if keras_version == 3 and (strategy in ("ps", "pipeline") or qat):
+    if keras_version == 3 and (strategy == "ps" or qat):
         raise ValueError(
-            "--keras 3 runs with --strategy data_parallel or horovod, without --qat: parameter servers in "
-            "fit, the pipeline and QAT need tf_keras (README, Keras 3 and tf_keras). Received: --keras 3 "
+            "--keras 3 runs with --strategy data_parallel, horovod or pipeline, without --qat: parameter "
+            "servers in fit and QAT need tf_keras (README, Keras 3 and tf_keras). Received: --keras 3 "
             f"--strategy {strategy}{' --qat' if qat else ''}. Leave out --keras 3 for those.")
     k = keras3() if keras_version == 3 else keras
     from tfpar import precision as precision_module

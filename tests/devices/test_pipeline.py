@@ -15,32 +15,40 @@ from tfpar.pipeline import Pipeline
 keras = tfpar.keras
 
 
-def _train(model, epochs=3, **fit):
+def _train(model, epochs=3, k=keras, **fit):
     x, y = equivalence_data()
-    compile_for_equivalence(model)
+    compile_for_equivalence(model, k)
     return model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0, **fit)
 
 
-@pytest.fixture(scope="module")
-def plain():
-    model = pipeline_model()
-    history = _train(model)
-    return model, history
+_PLAIN = {}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("recompute", [False, True])
-def test_two_stage_pipeline_trains_exactly_like_the_plain_model(plain, schedule, recompute):
-    reference, history = plain
-    staged = Pipeline(num_stages=2, num_microbatches=4, schedule=schedule, recompute=recompute).stage(pipeline_model())
-    staged_history = _train(staged)
+def _plain(k):
+    """The plain model trained in Keras ``k`` (once per Keras)."""
+    if k not in _PLAIN:
+        model = pipeline_model(k=k)
+        _PLAIN[k] = model, _train(model, k=k)
+    return _PLAIN[k]
+
+
+@pytest.mark.parametrize("schedule, recompute", [("gpipe", False), ("1f1b", False), ("gpipe", True),
+                                                 ("1f1b", True)])
+def test_two_stage_pipeline_trains_exactly_like_the_plain_model(any_keras, schedule, recompute):
+    k = any_keras
+    reference, history = _plain(k)
+    staged = Pipeline(num_stages=2, num_microbatches=4, schedule=schedule,
+                      recompute=recompute).stage(pipeline_model(k=k))
+    assert isinstance(staged, k.Model)
+    staged_history = _train(staged, k=k)
     assert max_weight_difference(staged.plain_model(), reference) < 1e-5
     np.testing.assert_allclose(staged_history.history["loss"], history.history["loss"], rtol=1e-5)
     x, y = equivalence_data()
     np.testing.assert_allclose(staged.evaluate(x, y, verbose=0), reference.evaluate(x, y, verbose=0), rtol=1e-5)
     # Each stage's variables live on its own device.
-    for k, stage in enumerate(staged.stages):
-        assert all(v.device.endswith(f"device:CPU:{k}") for v in stage.variables), [v.device for v in stage.variables]
+    for index, stage in enumerate(staged.stages):
+        devices = [v.device if hasattr(v, "device") else v.value.device for v in stage.variables]  # Keras 3: .value
+        assert all(d.endswith(f"device:CPU:{index}") for d in devices), devices
 
 
 def test_partition_auto_and_explicit_cuts_and_its_description():
@@ -69,9 +77,10 @@ def test_saved_plain_model_loads_and_predicts_like_the_pipeline(tmp_path):
     np.testing.assert_allclose(loaded.predict(x, verbose=0), staged.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
 
 
-def test_bubble_callback_logs_measured_and_theoretical_bubble(tmp_path):
-    staged = Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b").stage(pipeline_model())
-    history = _train(staged, epochs=2, callbacks=[tfpar.callbacks.PipelineBubble(log_dir=str(tmp_path))])
+def test_bubble_callback_logs_measured_and_theoretical_bubble(tmp_path, any_keras):
+    staged = Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b").stage(pipeline_model(k=any_keras))
+    history = _train(staged, epochs=2, k=any_keras,
+                     callbacks=[tfpar.callbacks.PipelineBubble(log_dir=str(tmp_path))])
     assert history.history["bubble_theory"] == [pytest.approx(1 / 5)] * 2
     # Measured from timestamps around every microbatch: the first epoch includes tracing; the
     # second lands near the theory (0.13-0.18 here for 0.2).
@@ -167,12 +176,13 @@ def test_microbatches_that_do_not_divide_the_batch_are_refused_before_a_step():
     assert int(staged.optimizer.iterations) == 0
 
 
-def test_balance_by_measured_time_cuts_where_the_time_is():
+def test_balance_by_measured_time_cuts_where_the_time_is(any_keras):
     """A 64x64 convolution is slow but small (1.8k parameters); the Dense after it is large
     (16.6k) but quick. By parameters the first stage takes the Dense too; by measured time the
     convolution is a stage of its own."""
     from tfpar.pipeline.partition import measure_layer_costs, partition_model
 
+    keras = any_keras
     keras.utils.set_random_seed(0)
     inputs = keras.Input((64, 64, 3))
     h = keras.layers.Conv2D(64, 3, padding="same", name="conv")(inputs)

@@ -86,7 +86,7 @@ def test_demo_bad_precision_and_qat_flags():
     assert result.returncode == 2 and "Unknown precision policy 'half'" in result.output
     result = run_command(tfpar_command("demo", "--qat", "--strategy", "ps"), timeout=120)
     assert result.returncode == 2 and "--qat runs with the data_parallel or horovod strategy" in result.output
-    for flags in (["--strategy", "ps"], ["--strategy", "pipeline"], ["--qat"]):
+    for flags in (["--strategy", "ps"], ["--qat"]):
         result = run_command(tfpar_command("demo", "--keras", "3", *flags), timeout=120)
         assert result.returncode == 2, result.output
         assert f"Received: --keras 3 {' '.join(flags) if flags[0] != '--qat' else '--strategy data_parallel --qat'}" in result.output

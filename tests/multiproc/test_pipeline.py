@@ -24,8 +24,8 @@ def test_three_stages_and_the_hybrid_train_exactly_like_the_plain_model():
 
 @pytest.mark.parametrize("extra, header", [
     ((), "Pipeline (1f1b: 2 stages x 8 microbatches)"),
-    (("--replicas", "2"), "Pipeline (1f1b: 2 stages x 8 microbatches x 2 replicas)"),
-])
+    (("--replicas", "2", "--keras", "3"), "Pipeline (1f1b: 2 stages x 8 microbatches x 2 replicas)"),
+], ids=["tf_keras", "keras3-2-replicas"])
 def test_demo_on_a_pipeline(extra, header):
     result = run_command(["tfpar", "demo", "--strategy", "pipeline", *extra], timeout=400)  # as in the README
     assert result.returncode == 0, result.output[-3000:]

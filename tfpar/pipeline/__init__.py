@@ -1,4 +1,4 @@
-"""Pipeline parallelism: a tf_keras model cut into stages over devices, fed microbatches.
+"""Pipeline parallelism: a Keras model (tf_keras or Keras 3) cut into stages over devices, fed microbatches.
 
 `schedule` (GPipe and 1F1B as plain data, no TensorFlow), `partition` (where
 to cut), `staging` (`Pipeline`, `PipelineConfig`: what to cut, where it runs) and

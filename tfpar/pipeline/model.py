@@ -6,9 +6,16 @@ the microbatches and applies them once, so that it computes the same update as
 the plain model on the same global batch. With ``replicas=R`` each stage's
 gradients are summed over the replicas before the update. `tfpar.pipeline.Pipeline`
 builds it.
+
+A `PipelineModel` is a model of the Keras its source model was written in: the pipeline is
+written once (`PipelineModel`) over the few places where the two Kerases differ (the loss of a
+microbatch, loss scaling, applying the summed gradients), which `_TfKerasPipelineModel` and
+`_Keras3PipelineModel` fill in.
 """
 
-from tfpar._keras import keras, tf
+import functools
+
+from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar.pipeline.schedule import FORWARD
 
 __all__ = ["PipelineModel"]
@@ -22,14 +29,22 @@ def _split(structure, parts):
     return [tf.nest.pack_sequence_as(structure, [piece[j] for piece in pieces]) for j in range(parts)]
 
 
-class PipelineModel(keras.Model):
-    """A tf_keras model run as a pipeline; build it with `Pipeline.stage`.
+class PipelineModel:
+    """A model run as a pipeline; build it with `Pipeline.stage`. It is a ``keras.Model`` of the
+    Keras its source model was written in (tf_keras or Keras 3).
 
     ``call`` (predict, evaluate) runs the stages one after another on their
     devices; ``train_step`` runs the microbatch schedule. ``partition`` tells
     how the model was cut; `plain_model` returns the original model with the
     trained weights.
     """
+
+    _keras = None  # the Keras module of the concrete class
+
+    def __new__(cls, source=None, *args, **kwargs):
+        if cls is PipelineModel:  # the class of the source model's Keras
+            cls = _keras3_pipeline_model() if is_keras3(source) else _TfKerasPipelineModel
+        return super().__new__(cls)
 
     def __init__(self, source, partition, grid, schedule, recompute=False):
         super().__init__(name=f"{source.name}_pipeline")
@@ -40,7 +55,7 @@ class PipelineModel(keras.Model):
         stages = []
         for k, sub in enumerate(partition.models):
             with tf.device(grid[0][k]):  # the stage's variables live on its device
-                clone = keras.models.clone_model(sub)
+                clone = self._keras.models.clone_model(sub)
                 clone.set_weights(sub.get_weights())
             stages.append(clone)
         self.stages = stages
@@ -77,20 +92,35 @@ class PipelineModel(keras.Model):
 
     @tf.autograph.experimental.do_not_convert  # plain graph building: Python loops over the schedule
     def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = self._keras.utils.unpack_x_y_sample_weight(data)
         xs, ys, weights = self._microbatches(x, y, sample_weight)
         step_start = tf.timestamp()
-        predictions, sums, done = {}, {}, {}
+        predictions, sums, done, losses = {}, {}, {}, []
         for replica in range(len(self.grid)):
-            self._run_replica(replica, xs, ys, weights, predictions, sums, done)
+            self._run_replica(replica, xs, ys, weights, predictions, sums, done, losses)
         self._record_timing(step_start, done)
-        pairs = self._sum_over_replicas(sums)
-        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
-            gradients = self.optimizer.get_unscaled_gradients([g for g, _ in pairs])
-            pairs = list(zip(gradients, [v for _, v in pairs]))
-        self.optimizer.apply_gradients(pairs)
+        self._track_loss(losses, x)
+        self._apply(self._sum_over_replicas(sums))
         y_pred = tf.concat([predictions[j] for j in sorted(predictions)], axis=0)
         return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    # Where the two Kerases differ (filled in by each concrete class).
+    def _microbatch_loss(self, y, y_pred, sample_weight):
+        """A microbatch's loss with every stage's regularization (the plain model's loss)."""
+        raise NotImplementedError
+
+    def _scaled(self, loss):
+        """The loss times the loss scale under mixed_float16 (the gradients are unscaled once,
+        after the sums over microbatches and replicas, and the optimizer skips the step if
+        any of them overflowed)."""
+        raise NotImplementedError
+
+    def _apply(self, pairs):
+        """Applies the summed (gradient, variable) pairs: unscaled, then the optimizer's step."""
+        raise NotImplementedError
+
+    def _track_loss(self, losses, x):
+        """Records the step's loss (the microbatches' losses) for the logs."""
 
     def fit(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras' ``fit``; arrays whose last batch would not split into microbatches are refused
@@ -123,7 +153,7 @@ class PipelineModel(keras.Model):
         with tf.control_dependencies([tf.debugging.assert_equal(tf.shape(first)[0] % parts, 0, message=message)]):
             return tuple(_split(t, parts) for t in (x, y, sample_weight))
 
-    def _run_replica(self, replica, xs, ys, weights, predictions, sums, done):
+    def _run_replica(self, replica, xs, ys, weights, predictions, sums, done, losses):
         """Builds one replica's schedule on its devices.
 
         Each stage runs its instructions in the schedule's order (a control
@@ -150,10 +180,10 @@ class PipelineModel(keras.Model):
                             # The loss (and its metric) includes every stage's regularization, as
                             # the plain model's does; the gradient here reaches only this stage's
                             # variables: the other stages get theirs from their own term below.
-                            objective = [self._scaled(self.compiled_loss(
-                                ys[j], outputs, weights[j],
-                                regularization_losses=[l for st in self.stages for l in st.losses]) * scale)]
+                            loss = self._microbatch_loss(ys[j], outputs, weights[j])
+                            objective = [self._scaled(loss * scale)]
                             predictions[j] = outputs
+                            losses.append(loss)
                         elif self.stages[k].losses:
                             objective.append(self._scaled(tf.add_n(self.stages[k].losses) * scale))
                     saved[(k, i)] = (tape, outputs, inputs, objective)
@@ -175,14 +205,6 @@ class PipelineModel(keras.Model):
             done[(replica, instruction)] = last_on[k]
         for k in range(p):  # the gradients are complete only once every addition ran
             last_on[k] = [g for g in sums[(replica, k)] if g is not None]
-
-    def _scaled(self, loss):
-        """The loss times the loss scale under mixed_float16 (the gradients are unscaled once,
-        after the sums over microbatches and replicas, and the optimizer skips the step if
-        any of them overflowed)."""
-        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
-            return self.optimizer.get_scaled_loss(loss)
-        return loss
 
     def _sum_over_replicas(self, sums):
         """(gradient, variable) pairs: each stage's sums added over the replicas on its device."""
@@ -224,3 +246,55 @@ class PipelineModel(keras.Model):
         mean_busy = tf.add_n(busy) / (len(self.stages) * len(self.grid))
         span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
         self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))
+
+
+class _TfKerasPipelineModel(PipelineModel, keras.Model):
+    """A `PipelineModel` of a tf_keras model."""
+
+    _keras = keras
+
+    def _microbatch_loss(self, y, y_pred, sample_weight):
+        # compiled_loss also adds the microbatch to the loss metric (equal microbatches: the mean).
+        return self.compiled_loss(y, y_pred, sample_weight,
+                                  regularization_losses=[l for stage in self.stages for l in stage.losses])
+
+    def _scaled(self, loss):
+        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
+            return self.optimizer.get_scaled_loss(loss)
+        return loss
+
+    def _apply(self, pairs):
+        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
+            gradients = self.optimizer.get_unscaled_gradients([g for g, _ in pairs])
+            pairs = list(zip(gradients, [v for _, v in pairs]))
+        self.optimizer.apply_gradients(pairs)
+
+
+@functools.cache
+def _keras3_pipeline_model():
+    """The `PipelineModel` class of Keras 3 models (made when first needed: Keras 3 loads then)."""
+    k3 = keras3()
+
+    class _Keras3PipelineModel(PipelineModel, k3.Model):
+        """A `PipelineModel` of a Keras 3 model."""
+
+        _keras = k3
+
+        def _microbatch_loss(self, y, y_pred, sample_weight):
+            # The compiled loss plus self.losses: every stage's regularization.
+            return self._compute_loss(x=None, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+
+        def _scaled(self, loss):
+            return self.optimizer.scale_loss(loss)  # the loss itself unless a LossScaleOptimizer
+
+        def _apply(self, pairs):
+            self.optimizer.apply_gradients(pairs)  # a LossScaleOptimizer unscales, and skips on overflow
+
+        def _track_loss(self, losses, x):
+            # Keras 3's train_step records the loss itself; the step's loss is the mean of its
+            # equal microbatches' losses, weighted by the batch's size.
+            batch = tf.shape(tf.nest.flatten(x)[0])[0]
+            self._loss_tracker.update_state(tf.add_n(losses) / len(losses), sample_weight=batch)
+
+    return _Keras3PipelineModel
+

@@ -1,4 +1,4 @@
-"""Cutting a Sequential or Functional tf_keras model into pipeline stages.
+"""Cutting a Sequential or Functional model (tf_keras or Keras 3) into pipeline stages.
 
 `balanced_cuts` is the pure part: contiguous stages of a layer sequence that
 minimise the largest stage cost. `partition_model` works on a Keras model:
@@ -17,7 +17,7 @@ import time
 
 from tfpar import _compat
 from tfpar._checks import check_choice
-from tfpar._keras import keras, tf
+from tfpar._keras import check_keras_model, keras_of, tf
 
 __all__ = ["Partition", "StageInfo", "balanced_cuts", "measure_layer_costs", "partition_model",
            "valid_cut_points"]
@@ -85,7 +85,7 @@ class Partition:
     stages: tuple
     """`StageInfo` per stage."""
     models: tuple
-    """Per stage, a functional tf_keras model sharing the original layers."""
+    """Per stage, a functional model (of the original's Keras) sharing the original layers."""
     balance: str
 
     def describe(self):
@@ -101,15 +101,14 @@ class Partition:
 
 def _graph_layers(model):
     """The model's non-input layers in topological order, checked to be cuttable."""
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"Expected a tf_keras model to stage. Received: {type(model).__name__}.")
+    check_keras_model(model)
     if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot cut the subclassed model {model.name!r} ({type(model).__name__}) into stages: "
             "its call() is Python code, so tfpar cannot see where one layer's output feeds the next. "
             "Write it as a Sequential or Functional model (keras.Input ... keras.Model(inputs, "
             "outputs)); a subclassed layer inside such a model is fine.")
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    layers = [layer for layer in model.layers if not isinstance(layer, keras_of(model).layers.InputLayer)]
     for layer in layers:
         if len(_nodes_in(model, layer)) != 1:
             raise ValueError(f"Layer {layer.name!r} is called more than once in {model.name!r}; "
@@ -131,7 +130,7 @@ def valid_cut_points(model):
     for k, layer in enumerate(layers):
         node = _nodes_in(model, layer)[0]
         for inbound in node.parent_nodes:
-            source = position.get(id(inbound.layer), -1)
+            source = position.get(id(_compat.node_layer(inbound)), -1)
             last_use[source] = max(last_use.get(source, -1), k)
     valid = []
     for k, layer in enumerate(layers[:-1]):
@@ -152,15 +151,16 @@ def measure_layer_costs(model, batch_size=32, repeats=10):
         Layer name -> seconds.
     """
     layers = _graph_layers(model)
-    sample = [tf.random.normal([batch_size, *t.shape[1:]], dtype=t.dtype) if t.dtype.is_floating
-              else tf.zeros([batch_size, *t.shape[1:]], t.dtype) for t in model.inputs]
-    probe = keras.Model(model.inputs, [layer.output for layer in layers])
+    dtypes = [tf.as_dtype(t.dtype) for t in model.inputs]  # a name in Keras 3
+    sample = [tf.random.normal([batch_size, *t.shape[1:]], dtype=d) if d.is_floating
+              else tf.zeros([batch_size, *t.shape[1:]], d) for t, d in zip(model.inputs, dtypes)]
+    probe = keras_of(model).Model(model.inputs, [layer.output for layer in layers])
     outputs = dict(zip((id(layer) for layer in layers), probe(sample, training=False)))
     for tensor, value in zip(model.inputs, sample):  # the input layers "output" the sample
         outputs[id(_compat.keras_layer_of(tensor))] = value
     costs = {}
     for layer in layers:
-        parents = [outputs[id(node.layer)] for node in _nodes_in(model, layer)[0].parent_nodes]
+        parents = [outputs[id(_compat.node_layer(node))] for node in _nodes_in(model, layer)[0].parent_nodes]
         args = parents[0] if len(parents) == 1 else parents
 
         @tf.function
@@ -191,7 +191,7 @@ def partition_model(model, num_stages, cut_points="auto", balance="params", laye
     """Cuts ``model`` into ``num_stages`` stages.
 
     Args:
-        model: a built Sequential or Functional tf_keras model.
+        model: a built Sequential or Functional model (tf_keras or Keras 3).
         num_stages: how many stages.
         cut_points: "auto", or the names of the ``num_stages - 1`` layers after which
             a new stage begins.
@@ -238,7 +238,7 @@ def partition_model(model, num_stages, cut_points="auto", balance="params", laye
         chunk = layers[bounds[k]:bounds[k + 1]]
         inputs = model.inputs if k == 0 else layers[bounds[k] - 1].output
         outputs = chunk[-1].output
-        models.append(keras.Model(inputs, outputs, name=f"{model.name}_stage{k}"))
+        models.append(keras_of(model).Model(inputs, outputs, name=f"{model.name}_stage{k}"))
         stages.append(StageInfo(k, tuple(layer.name for layer in chunk),
                                 sum(layer.count_params() for layer in chunk), sum(costs[bounds[k]:bounds[k + 1]])))
     return Partition(tuple(stages), tuple(models), balance)

@@ -1,7 +1,7 @@
 """`Pipeline`: how a model is cut into stages, on which devices, under which schedule.
 
 ``Pipeline(num_stages=2, num_microbatches=8, schedule="1f1b").stage(model)``
-cuts a Sequential or Functional tf_keras model (`partition.py`) and returns a
+cuts a Sequential or Functional model, tf_keras or Keras 3 (`partition.py`) and returns a
 `PipelineModel` (`model.py`) that ``compile``/``fit``/``evaluate``/``predict``
 accept unchanged. With ``replicas=R`` each replica runs the pipeline on its own
 devices (R × stages devices).
@@ -11,7 +11,7 @@ import dataclasses
 import logging
 
 from tfpar._checks import check_choice, check_int, config_from
-from tfpar._keras import check_tf_keras_model, keras, tf
+from tfpar._keras import check_keras_model, keras_of, tf
 from tfpar._parallelism import Parallelism, check_model_fn
 from tfpar.pipeline.model import PipelineModel
 from tfpar.pipeline.partition import partition_model
@@ -65,7 +65,7 @@ class PipelineConfig:
 
 
 class Pipeline(Parallelism):
-    """Pipeline parallelism for tf_keras models: ``stage(model)`` returns the staged model.
+    """Pipeline parallelism for Keras models (tf_keras or Keras 3): ``stage(model)`` returns the staged model.
 
     Not a ``tf.distribute.Strategy``: it places each stage's variables itself and runs its
     replicas in this process, under TensorFlow's default strategy. It offers what tfpar's
@@ -117,7 +117,7 @@ class Pipeline(Parallelism):
         """Builds ``model_fn()`` and returns it staged (`stage`).
 
         Raises:
-            TypeError: ``model_fn`` is not callable, or its model is not a tf_keras model.
+            TypeError: ``model_fn`` is not callable, or its model is not a Keras model.
             ValueError: inside another strategy's scope, or as `stage` does.
         """
         check_model_fn(model_fn)
@@ -149,15 +149,14 @@ class Pipeline(Parallelism):
         trained weights back into it.
 
         Raises:
-            TypeError: not a tf_keras model.
+            TypeError: not a Keras model.
             ValueError: a subclassed model, more stages than layers or devices, a bad cut.
         """
-        check_tf_keras_model(model, "The pipeline", "it cuts the model along tf_keras' layer graph "
-                             "and runs each stage as a tf_keras model")
+        check_keras_model(model)
         c = self.config
         grid = self.devices()
         partition = partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
-        if any(isinstance(layer, keras.layers.BatchNormalization) for layer in _all_layers(model)):
+        if any(isinstance(layer, keras_of(model).layers.BatchNormalization) for layer in _all_layers(model)):
             _log.warning("%s has BatchNormalization: in a pipeline its batch statistics come from "
                          "each microbatch (the batch / %d examples), as with a smaller batch, and "
                          "its moving averages are updated once per microbatch.", model.name,
@@ -187,5 +186,5 @@ class Pipeline(Parallelism):
 def _all_layers(model):
     for layer in model.layers:
         yield layer
-        if isinstance(layer, keras.Model):
+        if isinstance(layer, keras_of(model).Model):
             yield from _all_layers(layer)
