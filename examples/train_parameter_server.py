@@ -4,6 +4,8 @@ On one machine, with its own servers (2 workers, 1 ps, as child processes):
     python examples/train_parameter_server.py
 As a job with roles (ps and worker servers, this script on the chief):
     tfpar launch --ps 1 -n 2 -- python examples/train_parameter_server.py
+As a Kubeflow TFJob (examples/kubernetes/tfjob-parameter-server.yaml), every pod runs this script:
+ParameterServer() serves in the ps and worker pods and trains in the chief.
 """
 
 import argparse

@@ -2,7 +2,8 @@
 
     TF_CONFIG=... python -m tfpar._server
 
-Used by `tfpar launch --ps` and `ParameterServer.local()`. It serves until killed,
+Used by `tfpar launch --ps`, `ParameterServer.local()`, and `ParameterServer()` made in a ps or
+worker task (a TFJob's pods all run one script). It serves until killed,
 or, with TFPAR_SERVER_PARENT_PID set, until that process is gone.
 """
 
@@ -18,6 +19,12 @@ def main():
     info = ClusterInfo.from_tf_config()
     if info is None:
         sys.exit("tfpar._server needs TF_CONFIG naming this task")
+    serve(info)
+
+
+def serve(info):
+    """Serves ``info``'s task (a ps, or a worker of a parameter-server cluster) until killed, or,
+    with TFPAR_SERVER_PARENT_PID set, until that process is gone."""
     import tensorflow as tf
 
     server = tf.distribute.Server(

@@ -61,6 +61,9 @@ def _parser():
                      help="this machine's index in its role (multi-host)")
     run.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS,
                      help="seconds a stopped task gets before SIGKILL")
+    run.add_argument("--slurm", action="store_true",
+                     help="join the SLURM job this srun task belongs to (one worker per task; the "
+                          "cluster comes from SLURM_JOB_NODELIST, SLURM_NTASKS, SLURM_PROCID)")
     run.add_argument("--horovod", action="store_true",
                      help="start a Horovod job instead (horovodrun --gloo, -n local ranks)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- program and arguments")
@@ -100,6 +103,8 @@ def _launch(args):
         return _launch_horovod(args, cmd)
     if args.hosts and args.cluster:
         raise ValueError("Give --hosts or --cluster, not both.")
+    if args.slurm:
+        return _launch_slurm(args, cmd)
     cluster = task = None
     if args.hosts or args.cluster:
         cluster = {"worker": parse_hosts(args.hosts)} if args.hosts else load_cluster_file(args.cluster)
@@ -119,6 +124,24 @@ def _launch(args):
             "`tfpar launch -n 2 -- python train.py`."
         )
     return launch(cmd, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
+                  grace_seconds=args.grace)
+
+
+def _launch_slurm(args, cmd):
+    """This srun task's worker: the cluster from SLURM's variables, run like --hosts/--task-index."""
+    import os
+
+    from tfpar.cluster import ClusterInfo, slurm_gpu_env
+
+    given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
+                                      ("--task-index", args.task_index), ("--ps", args.ps or None))
+             if value is not None]
+    if given:
+        raise ValueError(f"--slurm takes the cluster from SLURM. Received: --slurm with {', '.join(given)}. "
+                         "Leave those out (srun starts one task per worker).")
+    info = ClusterInfo.from_slurm()
+    task = Task(task_type=info.task_type, task_index=info.task_index)
+    return launch(cmd, cluster=info.cluster, task=task, env={**os.environ, **slurm_gpu_env()},
                   grace_seconds=args.grace)
 
 

@@ -241,11 +241,14 @@ def test_bad_input_is_refused_at_once_by_tfpar(case, tmp_path):
     (["launch", "-n", "1", "--grace", "-1", "--", PY, "-c", "pass"], ["grace_seconds=-1", ">= 0"]),
     (["launch", "--horovod", "-n", "1", "--grace", "nan", "--", PY, "-c", "pass"], ["grace_seconds=nan"]),
     (["launch", "--hosts", "h:notaport", "--task-index", "0", "--", PY, "-c", "pass"], ["'h:notaport'"]),
+    (["launch", "--slurm", "-n", "2", "--", PY, "-c", "pass"], ["--slurm with -n", "Leave those out"]),
+    (["launch", "--slurm", "--", PY, "-c", "pass"], ["SLURM_JOB_NODELIST", "Start the job with srun"]),
     (["tune", "--trial-timeout", "0"], ["timeout_seconds=0"]),
     (["tune", "--json", "/nonexistent/dir/out.json"], ["--json", "/nonexistent/dir/out.json", "does not exist"]),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0] in ("launch", "tune") else None)
 def test_bad_command_line_is_refused_at_once(args, names):
-    result = run_command(tfpar_command(*args), timeout=60)
+    # As on a machine outside SLURM, even when the tests run in a SLURM allocation.
+    result = run_command(tfpar_command(*args), timeout=60, env=dict.fromkeys(k for k in os.environ if k.startswith("SLURM_")))
     assert result.returncode == 2, result.output
     assert "Traceback" not in result.output, result.output
     line = [l for l in result.output.splitlines() if re.match(r"tfpar \w+: error: ", l)]

@@ -1,28 +1,51 @@
 """`auto()`: the strategy that fits how the script was started, so one script runs anywhere.
 
-| started by                                   | strategy                              |
-|----------------------------------------------|---------------------------------------|
-| ``horovodrun`` / ``tfpar launch --horovod``  | `HorovodStrategy` (one rank/process)  |
-| ``tfpar launch -n N`` (TF_CONFIG, N workers) | `DataParallel`: MultiWorkerMirrored   |
-| plain ``python``                             | `DataParallel`: Mirrored, local devices |
+| started by                                           | strategy                                |
+|------------------------------------------------------|-----------------------------------------|
+| ``horovodrun`` / ``tfpar launch --horovod``          | `HorovodStrategy` (one rank/process)    |
+| ``srun --mpi=pmix`` (or pmi2) under SLURM            | `HorovodStrategy` over SLURM's MPI      |
+| ``srun`` under SLURM, no TF_CONFIG                   | `DataParallel`: one worker per task     |
+| ``mpirun`` (Open MPI, MPICH)                         | `HorovodStrategy`                       |
+| ``tfpar launch`` (TF_CONFIG, N workers)              | `DataParallel`: MultiWorkerMirrored     |
+| plain ``python``                                     | `DataParallel`: Mirrored, local devices |
+
+SLURM is recognized before the MPI launchers' variables: srun's PMI plugins set ``PMI_RANK``
+and ``PMIX_RANK`` for its tasks, so under srun they mean "srun was asked for MPI" (Horovod),
+not "mpirun started this".
 """
 
 import os
 
-__all__ = ["auto", "started_by_horovod"]
+__all__ = ["auto", "choose", "started_by_horovod"]
 
 # horovodrun sets HOROVOD_RANK for Gloo jobs; under --mpi, Open MPI's and MPICH's
 # launchers set their own rank variables.
 _HOROVOD_MARKERS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_SLURM_MPI_MARKERS = ("PMIX_RANK", "PMI_RANK")  # srun --mpi=pmix / --mpi=pmi2
 
 
-def started_by_horovod():
-    """Whether this process was started as a rank of a Horovod job."""
-    return any(name in os.environ for name in _HOROVOD_MARKERS)
+def started_by_horovod(environ=None):
+    """Whether this process was started as a rank of a Horovod job (see `choose`)."""
+    return choose(environ) == "horovod"
+
+
+def choose(environ=None):
+    """What `auto` picks here: ``"horovod"``, ``"slurm"`` (DataParallel over the SLURM tasks),
+    or ``"data_parallel"`` (TF_CONFIG's cluster, or this host)."""
+    from tfpar.cluster import started_by_srun
+
+    env = os.environ if environ is None else environ
+    if "HOROVOD_RANK" in env:
+        return "horovod"
+    if started_by_srun(env):
+        if any(name in env for name in _SLURM_MPI_MARKERS):
+            return "horovod"
+        return "data_parallel" if env.get("TF_CONFIG", "").strip() else "slurm"
+    return "horovod" if any(name in env for name in _HOROVOD_MARKERS) else "data_parallel"
 
 
 def auto(**options):
-    """Returns `HorovodStrategy(**options)` under Horovod, else `DataParallel(**options)`.
+    """Returns the strategy for how this process was started (the table above).
 
     Args:
         **options: fields of `HorovodConfig` or `DataParallelConfig`, whichever applies.
@@ -30,10 +53,16 @@ def auto(**options):
     Example:
         >>> strategy = tfpar.strategies.auto()  # doctest: +SKIP
     """
-    if started_by_horovod():
+    kind = choose()
+    if kind == "horovod":
         from tfpar.strategies.horovod import HorovodStrategy
 
         return HorovodStrategy(**options)
     from tfpar.strategies.data_parallel import DataParallel
 
+    if kind == "slurm" and "cluster" not in options:
+        from tfpar.cluster import ClusterInfo, slurm_gpu_env
+
+        os.environ.update(slurm_gpu_env())  # before TensorFlow finds the GPUs
+        options["cluster"] = ClusterInfo.from_slurm()
     return DataParallel(**options)

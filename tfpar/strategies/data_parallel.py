@@ -14,7 +14,7 @@ from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number, config_from
 from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
-from tfpar.cluster import ClusterInfo
+from tfpar.cluster import ClusterInfo, refuse_evaluator
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
@@ -89,6 +89,8 @@ def _build_config(config, kwargs):
         cluster = ClusterInfo.from_tf_config()
         if cluster is not None:
             config = dataclasses.replace(config, cluster=cluster)
+    if config.cluster is not None:
+        refuse_evaluator(config.cluster, "DataParallel")
     if config.multi_worker:
         if config.all_reduce in _ONE_HOST_ONLY:
             raise ValueError(
@@ -243,7 +245,8 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
         _require_gpus(self.config)
         cluster = self.config.cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(cluster.cluster),
+            # Without an evaluator (a TFJob's Evaluator replica): it takes no part in the collectives.
+            tf.train.ClusterSpec({role: tasks for role, tasks in cluster.cluster.items() if role != "evaluator"}),
             task_type=cluster.task_type,
             task_id=cluster.task_index,
             rpc_layer="grpc",

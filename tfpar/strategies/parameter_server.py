@@ -21,7 +21,7 @@ import time
 from tfpar._checks import check_int, check_number, config_from
 from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
-from tfpar.cluster import ClusterInfo, local_cluster
+from tfpar.cluster import ClusterInfo, local_cluster, refuse_evaluator
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._local_servers import start_server, stop_servers, warn_if_the_chief_listens_on_all_interfaces
 
@@ -132,11 +132,15 @@ def _partitioner(config, num_ps):
 class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStrategy):
     """Parameter-server training as a `tf.distribute.Strategy`; this process coordinates.
 
+    Made in the chief task, it returns the strategy. Made in a ps or worker task (every pod of a
+    TFJob runs the same script), it serves that task instead and never returns: the process
+    ends when the job stops it.
+
     Args:
         config: a `ParameterServerConfig`, or its fields as keyword arguments.
 
     Raises:
-        ValueError: no cluster, or one without ps or worker tasks.
+        ValueError: no cluster, one without ps or worker tasks, or an evaluator task.
         TypeError: a partitioner that is not a partitioner.
         ClusterUnreachableError: a task that does not answer within the wait.
 
@@ -151,12 +155,21 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
     def __init__(self, config=None, **kwargs):
         config = config_from(ParameterServerConfig, config, kwargs)
         cluster = _cluster_from(config)
+        refuse_evaluator(cluster, "ParameterServer")
+        if cluster.task_type in ("ps", "worker"):
+            # One script for every task, as a TFJob runs it: a ps or worker task serves here until
+            # the job ends (it never returns); the chief goes on and trains.
+            from tfpar._server import serve
+
+            serve(cluster)
+            raise SystemExit(0)
         self.config = dataclasses.replace(config, cluster=cluster)
         self._servers = getattr(self, "_servers", {})
         remote = cluster.cluster["ps"] + cluster.cluster["worker"]
         wait_for_addresses(remote, config.connect_timeout_seconds)
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # a dead worker fails fast, then reschedules
-        spec = {role: list(addresses) for role, addresses in cluster.cluster.items()}
+        # An evaluator (a TFJob's Evaluator replica) trains nothing: the coordinator does not reach for it.
+        spec = {role: list(addresses) for role, addresses in cluster.cluster.items() if role != "evaluator"}
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec), task_type=cluster.task_type, task_id=cluster.task_index,
             rpc_layer="grpc")
