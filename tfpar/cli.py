@@ -61,6 +61,9 @@ def _parser():
                      help="this machine's index in its role (multi-host)")
     run.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS,
                      help="seconds a stopped task gets before SIGKILL")
+    run.add_argument("--max-restarts", type=_int, default=0,
+                     help="local jobs: when a task fails, stop the others and start the job again on "
+                          "fresh ports, up to this many times (training resumes from FaultTolerance's backup)")
     run.add_argument("--slurm", action="store_true",
                      help="join the SLURM job this srun task belongs to (one worker per task; the "
                           "cluster comes from SLURM_JOB_NODELIST, SLURM_NTASKS, SLURM_PROCID)")
@@ -124,7 +127,7 @@ def _launch(args):
             "`tfpar launch -n 2 -- python train.py`."
         )
     return launch(cmd, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
-                  grace_seconds=args.grace)
+                  grace_seconds=args.grace, max_restarts=args.max_restarts)
 
 
 def _launch_slurm(args, cmd):

@@ -25,8 +25,8 @@ from tfpar._processes import (DEFAULT_GRACE_SECONDS, LaunchError, ProcessGroups,
                               forwarding_signals, run_command)
 from tfpar.cluster import ROLES, ClusterInfo, is_loopback_cluster, local_cluster, validate_cluster
 
-__all__ = ["LaunchError", "SERVER_COMMAND", "Task", "check_command", "launch", "load_cluster_file", "local_tasks", "run_command",
-           "run_tasks"]
+__all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "RESTART_VARIABLE", "SERVER_COMMAND", "STATE_VARIABLE", "Task",
+           "check_command", "launch", "load_cluster_file", "local_tasks", "run_command", "run_tasks"]
 
 SERVER_COMMAND = (sys.executable, "-m", "tfpar._server")
 """What a serving task runs: a TensorFlow server for its TF_CONFIG task."""
@@ -243,8 +243,16 @@ def _supervise(job, command, cluster, tasks, env, received, reported, grace_seco
         job.close()  # whatever the way out: no task, and nothing a task started, is left
 
 
+RESTART_VARIABLE = "TFPAR_RESTART_COUNT"
+"""Set in every task: how many times `launch` has restarted the job (0 on the first run)."""
+STATE_VARIABLE = "TFPAR_LAUNCH_DIR"
+"""Set in every task: a folder the job's tfpar callbacks tell the launcher things through."""
+FAULT_TOLERANCE_MARK = "fault_tolerance"
+"""The file `tfpar.callbacks.FaultTolerance` writes in `STATE_VARIABLE`'s folder: training resumes."""
+
+
 def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=None, out=None,
-           grace_seconds=DEFAULT_GRACE_SECONDS):
+           grace_seconds=DEFAULT_GRACE_SECONDS, max_restarts=0):
     """Launches a job: every task locally, or this machine's task of a cluster.
 
     Args:
@@ -258,19 +266,29 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
         env: environment for the tasks (default: this process's).
         out: where prefixed output goes (default: stdout).
         grace_seconds: how long a stopped task may take to exit before SIGKILL.
+        max_restarts: a local job only: when a task fails, stop the others and start the whole
+            job again on fresh ports, up to this many times (as torchrun does); training resumes
+            from `tfpar.callbacks.FaultTolerance`'s backup. Every task gets
+            ``TFPAR_RESTART_COUNT``.
 
     Returns:
         0 when every task succeeded.
 
     Raises:
         ValueError: on a bad count, cluster or command.
-        LaunchError: when a task fails.
+        LaunchError: when a task fails (after ``max_restarts`` restarts: the last failure).
 
     Example:
         >>> from tfpar.launch import launch
         >>> launch(["python", "train.py"], num_workers=2)  # doctest: +SKIP
     """
+    check_int("max_restarts", max_restarts, 0, " (how many times a failed job is started again)")
     if cluster is not None:
+        if max_restarts:
+            raise ValueError(
+                "max_restarts restarts a local job (-n), whose tasks one launcher starts. Received: "
+                f"max_restarts={max_restarts} with a cluster of several hosts. There, restart through "
+                "the scheduler (SLURM --requeue, a TFJob's restartPolicy), with FaultTolerance in the script.")
         if num_workers is not None:
             raise ValueError(
                 "Give either a number of local workers or a cluster, not both. "
@@ -293,12 +311,47 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
         if isinstance(num_ps, bool) or not isinstance(num_ps, int) or num_ps < 0:
             raise ValueError(f"--ps must be an int >= 0. Received: --ps {num_ps!r}.")
         check_command(command, grace_seconds, num_workers + num_ps + (1 if num_ps else 0))
-        if num_ps:
-            cluster, tasks = local_tasks({"chief": 1, "worker": num_workers, "ps": num_ps})
-            tasks = [dataclasses.replace(t, serves=t.task_type != "chief") for t in tasks]
-        else:
-            cluster, tasks = local_tasks({"worker": num_workers})
+        roles = {"chief": 1, "worker": num_workers, "ps": num_ps} if num_ps else {"worker": num_workers}
+        return _run_restarting(command, roles, env, out, grace_seconds, max_restarts)
     return run_tasks(command, cluster, tasks, env=env, out=out, grace_seconds=grace_seconds)
+
+
+def _local_job(roles):
+    cluster, tasks = local_tasks(roles)
+    if "ps" in roles:  # ps and workers serve; the chief runs the command
+        tasks = [dataclasses.replace(t, serves=t.task_type != "chief") for t in tasks]
+    return cluster, tasks
+
+
+def _run_restarting(command, roles, env, out, grace_seconds, max_restarts):
+    """Runs a local job, and up to ``max_restarts`` times again, on fresh ports, when a task fails."""
+    import tempfile
+
+    out = out or sys.stdout
+    env = dict(os.environ if env is None else env)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
+        for attempt in range(max_restarts + 1):
+            cluster, tasks = _local_job(roles)
+            run_env = {**env, RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state}
+            try:
+                return run_tasks(command, cluster, tasks, env=run_env, out=out, grace_seconds=grace_seconds)
+            except LaunchError as error:
+                if error.task is None or attempt == max_restarts:  # interrupted, or out of restarts
+                    if attempt and error.task is not None:
+                        _say(out, f"giving up after {max_restarts} restart(s); the last failure: {error}")
+                    raise
+                _say(out, f"restart {attempt + 1} of {max_restarts} at {time.monotonic() - start:.1f} s: {error}; "
+                          f"starting the {len(tasks)} task(s) again on fresh ports")
+                if attempt == 0 and not os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
+                    _say(out, "warning: the command made no tfpar.callbacks.FaultTolerance backup, so "
+                              "training starts over from the first epoch; add "
+                              "FaultTolerance(backup_dir) to fit's callbacks to resume instead")
+
+
+def _say(out, message):
+    out.write(f"tfpar launch: {message}\n")
+    out.flush()
 
 
 def load_cluster_file(path):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -58,3 +59,46 @@ def test_an_unwritable_backup_directory_fails_at_once(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(ValueError, match=r"cannot be written .* Received: backup_dir=.*file/backup"):
         FaultTolerance(str(blocker / "backup"))
+
+
+def _epochs_completed(output):
+    return [int(line.split("EPOCH_COMPLETE ")[1].split()[0]) for line in output.splitlines() if "EPOCH_COMPLETE " in line]
+
+
+def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(tmp_path):
+    """Worker 1 dies at step 4 of epoch 2, then (after the restart) worker 0 at step 2 of epoch 4:
+    the launcher restarts the whole job twice on fresh ports; each run resumes after the last
+    completed epoch, so no epoch completes twice, and the job ends like an undisturbed run."""
+    reference = _launch(tmp_path / "reference")
+    assert reference.returncode == 0, reference.output[-4000:]
+    result = run_command(tfpar_command(
+        "launch", "-n", "2", "--max-restarts", "3", "--", sys.executable, SCRIPT, str(tmp_path / "backup"),
+        "--kill-at", "0:1:2:3", "--kill-at", "1:0:4:1"), timeout=400, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    restarts = [line for line in result.output.splitlines() if line.startswith("tfpar launch: restart ")]
+    assert len(restarts) == 2, result.output[-4000:]
+    assert re.match(r"tfpar launch: restart 1 of 3 at [0-9.]+ s: worker 1 was killed by SIGKILL; starting the 2 "
+                    r"task\(s\) again on fresh ports", restarts[0])
+    assert re.match(r"tfpar launch: restart 2 of 3 at [0-9.]+ s: worker 0 was killed by SIGKILL", restarts[1])
+    assert "warning: the command made no tfpar.callbacks.FaultTolerance backup" not in result.output
+    assert _epochs_completed(result.output) == [1, 2, 3, 4, 5]  # each epoch completed once, in order
+    assert "at epoch 2" in result.output and "at epoch 4" in result.output  # where each run resumed
+    np.testing.assert_allclose(_losses(result.output), _losses(reference.output)[3:], rtol=1e-4)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-restarts", "1", "--no-backup"], "restart 1 of 1"),
+    (["--max-restarts", "1", "--no-backup", "--kill-at", "1:1:1:0"], "giving up after 1 restart(s)"),
+])
+def test_restarts_without_a_backup_warn_and_the_last_failure_ends_the_job(tmp_path, flags, message):
+    max_restarts, script_flags = flags[:2], flags[2:]
+    result = run_command(tfpar_command(
+        "launch", "-n", "2", *max_restarts, "--", sys.executable, SCRIPT, str(tmp_path / "b"), "--kill-at", "0:1:1:2",
+        *script_flags), timeout=400, env={"PYTHONPATH": ROOT})
+    assert message in result.output, result.output[-3000:]
+    assert "warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts over" in result.output
+    if "giving up" in message:
+        assert result.returncode == 128 + 9, result.output[-3000:]
+        assert "the last failure: worker 1 was killed by SIGKILL" in result.output
+    else:
+        assert result.returncode == 0 and _epochs_completed(result.output)[-5:] == [1, 2, 3, 4, 5]

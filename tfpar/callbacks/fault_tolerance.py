@@ -74,6 +74,7 @@ class FaultTolerance(keras.callbacks.Callback):
                          hint=' Use "epoch", or a number of steps between backups.')
         ClusterInfo.from_tf_config()  # a TF_CONFIG that makes several chiefs (no "index") fails here
         _check_writable(backup_dir)
+        _tell_the_launcher()
         self.backup_dir, self.save_freq, self.delete_checkpoint = backup_dir, save_freq, delete_checkpoint
         self._backup = None  # Keras' BackupAndRestore for the model's Keras, made at set_model
         self.resumed_at_epoch = None
@@ -119,6 +120,16 @@ class FaultTolerance(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._backup.on_train_end(logs)
+
+
+def _tell_the_launcher():
+    """Under ``tfpar launch --max-restarts``: marks that this job backs up, so a restart resumes."""
+    from tfpar.launch import FAULT_TOLERANCE_MARK, STATE_VARIABLE
+
+    folder = os.environ.get(STATE_VARIABLE)
+    if folder and os.path.isdir(folder):
+        with open(os.path.join(folder, FAULT_TOLERANCE_MARK), "a"):
+            pass
 
 
 class _TfKerasBackup(keras.callbacks.BackupAndRestore):

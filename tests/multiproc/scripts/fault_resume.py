@@ -1,8 +1,10 @@
 """Multi-worker training with tfpar.callbacks.FaultTolerance (run under `tfpar launch -n 2`).
 
-Usage: fault_resume.py BACKUP_DIR [--kill]
-With --kill, worker 1 SIGKILLs itself at the 6th step of epoch 3. Prints "DONE {json}"
-(the chief's losses per epoch) when training completes.
+Usage: fault_resume.py BACKUP_DIR [--kill] [--kill-at RESTART:WORKER:EPOCH:STEP ...] [--no-backup]
+With --kill, worker 1 SIGKILLs itself at the 6th step of epoch 3; --kill-at makes WORKER do so at
+STEP (0-based) of EPOCH (1-based) in the run whose $TFPAR_RESTART_COUNT is RESTART (under
+`tfpar launch --max-restarts`). The chief prints "EPOCH_COMPLETE k" after each completed epoch, and
+"DONE {json}" (its losses per epoch) when training completes.
 """
 
 import json
@@ -15,6 +17,8 @@ import numpy as np
 import tfpar
 
 backup, kill = sys.argv[1], "--kill" in sys.argv
+kill_at = {tuple(int(v) for v in sys.argv[i + 1].split(":")) for i, a in enumerate(sys.argv) if a == "--kill-at"}
+restart = int(os.environ.get("TFPAR_RESTART_COUNT", "0"))
 strategy = tfpar.DataParallel(timeout_seconds=60)
 import tensorflow as tf  # noqa: E402
 
@@ -37,11 +41,16 @@ class Die(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if kill and worker == 1 and self.epoch == 2 and batch == 5:
+        if (kill and worker == 1 and self.epoch == 2 and batch == 5) or (restart, worker, self.epoch + 1, batch) in kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def on_epoch_end(self, epoch, logs=None):
+        if worker == 0:
+            print(f"EPOCH_COMPLETE {epoch + 1} restart {restart}", flush=True)
 
+
+backups = [] if "--no-backup" in sys.argv else [tfpar.callbacks.FaultTolerance(backup)]
 history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2 if worker == 0 else 0,
-                    callbacks=[tfpar.callbacks.FaultTolerance(backup), Die()])
+                    callbacks=[*backups, Die()])
 if worker == 0:
     print("DONE " + json.dumps({"loss": history.history["loss"]}), flush=True)
