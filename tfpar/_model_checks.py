@@ -28,7 +28,8 @@ def _register(method, when, check):
 
 def register_before(check, method="compile"):
     """``check(model, arguments)`` runs before every call of ``Model.<method>`` (it may raise to
-    refuse it); ``arguments`` maps the method's parameter names to the values of this call."""
+    refuse it); ``arguments`` maps the method's parameter names to the values of this call, and
+    a value the check replaces there is what the method gets."""
     _register(method, "before", check)
 
 
@@ -47,10 +48,14 @@ def _wrap(method, original):
         except TypeError:  # arguments the method does not take: Keras itself says so
             return original(self, *args, **kwargs)
         bound.apply_defaults()
-        arguments = dict(bound.arguments)
+        arguments = bound.arguments
+        given = dict(arguments)
         for check in _checks[method, "before"]:
             check(self, arguments)
-        result = original(self, *args, **kwargs)
+        if any(arguments[name] is not value for name, value in given.items()):
+            result = original(*bound.args, **bound.kwargs)  # a check changed an argument
+        else:
+            result = original(self, *args, **kwargs)
         for check in _checks[method, "after"]:
             check(self, arguments)
         return result
@@ -98,12 +103,28 @@ def install_loaded():
         sys.meta_path.insert(0, _InstallWhenKeras3Loads())
 
 
+def _add_heartbeat(model, arguments):
+    """Under ``tfpar launch --heartbeat-timeout`` (``TFPAR_HEARTBEAT_FILE`` set): adds tfpar's
+    `Heartbeat` to the call's callbacks, unless one is there."""
+    import os
+
+    from tfpar._heartbeat import HEARTBEAT_VARIABLE
+    from tfpar.callbacks.heartbeat import Heartbeat
+
+    callbacks = arguments.get("callbacks")
+    if not os.environ.get(HEARTBEAT_VARIABLE) or not (callbacks is None or isinstance(callbacks, (list, tuple))):
+        return
+    if not any(isinstance(callback, Heartbeat) for callback in callbacks or ()):
+        arguments["callbacks"] = [*(callbacks or ()), Heartbeat()]
+
+
 def _register_the_one_keras_checks():
     from tfpar._keras import check_callbacks_keras, check_one_keras
 
     register_before(check_one_keras, "compile")
     for method in ("fit", "evaluate", "predict"):
         register_before(check_callbacks_keras, method)
+        register_before(_add_heartbeat, method)
 
 
 _register_the_one_keras_checks()  # once, at import: every model is checked for a mix of the Kerases

@@ -213,15 +213,17 @@ def forwarding_signals(forward):
             signal.signal(sig, old)
 
 
-def run_command(argv, *, env=None, grace_seconds=DEFAULT_GRACE_SECONDS, poll_seconds=0.05):
+def run_command(argv, *, env=None, grace_seconds=DEFAULT_GRACE_SECONDS, poll_seconds=0.05, check=None):
     """Runs one local command that starts a job itself (``horovodrun``) and returns its exit status.
 
     As with `run_tasks`: it runs in a process group of its own with loopback-only
     servers, SIGINT/SIGTERM/SIGHUP are passed on with ``grace_seconds`` to exit,
     and nothing it started is left when it ends or when the launcher is killed.
+    ``check()``, if given, runs at every poll; what it raises stops the command (and everything
+    it started) and is raised.
 
     Raises:
-        LaunchError: it could not start.
+        LaunchError: it could not start (or from ``check``).
     """
     check_command(argv, grace_seconds)
     groups = ProcessGroups(grace_seconds)
@@ -234,6 +236,8 @@ def run_command(argv, *, env=None, grace_seconds=DEFAULT_GRACE_SECONDS, poll_sec
                 raise LaunchError(f"could not start {argv[0]}: {e}") from None
             groups.add(proc.pid)
             while proc.poll() is None:
+                if check is not None:
+                    check()
                 if received:
                     groups.stop(first=0)  # the signal was passed on; SIGKILL after the grace period
                     proc.wait()

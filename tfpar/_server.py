@@ -24,8 +24,15 @@ def main():
 
 def serve(info):
     """Serves ``info``'s task (a ps, or a worker of a parameter-server cluster) until killed, or,
-    with TFPAR_SERVER_PARENT_PID set, until that process is gone."""
+    with TFPAR_SERVER_PARENT_PID set, until that process is gone. Its stacks go to stderr on
+    SIGUSR1 (as a task's with a heartbeat: ``tfpar launch --heartbeat-timeout``)."""
+    import faulthandler
+
     import tensorflow as tf
+
+    from tfpar._heartbeat import STACK_SIGNAL
+
+    faulthandler.register(STACK_SIGNAL, all_threads=True)
 
     server = tf.distribute.Server(
         tf.train.ClusterSpec(info.cluster), job_name=info.task_type, task_index=info.task_index,

@@ -4,6 +4,7 @@ import argparse
 import os
 import sys
 
+from tfpar._checks import check_number
 from tfpar.launch import DEFAULT_GRACE_SECONDS, LaunchError, Task, launch, load_cluster_file, run_command
 
 __all__ = ["main"]
@@ -64,6 +65,9 @@ def _parser():
     run.add_argument("--max-restarts", type=_int, default=0,
                      help="local jobs: when a task fails, stop the others and start the job again on "
                           "fresh ports, up to this many times (training resumes from FaultTolerance's backup)")
+    run.add_argument("--heartbeat-timeout", type=float, default=None,
+                     help="seconds a task may make no training step before it is named hung, its stacks are "
+                          "dumped and the job is stopped (or restarted under --max-restarts)")
     run.add_argument("--slurm", action="store_true",
                      help="join the SLURM job this srun task belongs to (one worker per task; the "
                           "cluster comes from SLURM_JOB_NODELIST, SLURM_NTASKS, SLURM_PROCID)")
@@ -127,17 +131,17 @@ def _launch(args):
             "`tfpar launch -n 2 -- python train.py`."
         )
     return launch(cmd, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
-                  grace_seconds=args.grace, max_restarts=args.max_restarts)
+                  grace_seconds=args.grace, max_restarts=args.max_restarts,
+                  heartbeat_timeout=args.heartbeat_timeout)
 
 
 def _launch_slurm(args, cmd):
     """This srun task's worker: the cluster from SLURM's variables, run like --hosts/--task-index."""
-    import os
-
     from tfpar.cluster import ClusterInfo, slurm_gpu_env
 
     given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
-                                      ("--task-index", args.task_index), ("--ps", args.ps or None))
+                                      ("--task-index", args.task_index), ("--ps", args.ps or None),
+                                      ("--max-restarts", args.max_restarts or None))
              if value is not None]
     if given:
         raise ValueError(f"--slurm takes the cluster from SLURM. Received: --slurm with {', '.join(given)}. "
@@ -145,7 +149,7 @@ def _launch_slurm(args, cmd):
     info = ClusterInfo.from_slurm()
     task = Task(task_type=info.task_type, task_index=info.task_index)
     return launch(cmd, cluster=info.cluster, task=task, env={**os.environ, **slurm_gpu_env()},
-                  grace_seconds=args.grace)
+                  grace_seconds=args.grace, heartbeat_timeout=args.heartbeat_timeout)
 
 
 def _launch_horovod(args, cmd):
@@ -160,13 +164,45 @@ def _launch_horovod(args, cmd):
         raise ValueError(f"tfpar launch --horovod needs -n N >= 1. Received: -n {args.workers}.")
     if not cmd:
         raise ValueError("Nothing to launch. Received: an empty command.")
+    if getattr(args, "heartbeat_timeout", None) is not None:
+        check_number("heartbeat_timeout", args.heartbeat_timeout, above=0, hint=" (seconds a rank may make no step)")
     horovodrun = shutil.which("horovodrun")
     if horovodrun is None:
         from tfpar.strategies.horovod import INSTALL_HINT
 
         raise ValueError(f"tfpar launch --horovod needs horovodrun, which is not on PATH. {INSTALL_HINT}")
     n = str(args.workers)
-    return run_command([horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd], grace_seconds=getattr(args, "grace", DEFAULT_GRACE_SECONDS))
+    argv = [horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd]
+    grace = getattr(args, "grace", DEFAULT_GRACE_SECONDS)
+    if getattr(args, "heartbeat_timeout", None) is None:
+        return run_command(argv, grace_seconds=grace)
+    return _run_horovod_watched(argv, grace, args.heartbeat_timeout)
+
+
+def _run_horovod_watched(argv, grace, timeout):
+    """horovodrun with each rank's heartbeat watched (--heartbeat-timeout): a stalled rank is named,
+    its stacks dumped, and the job stopped (code 124)."""
+    import tempfile
+    import time
+
+    from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, dump_stacks
+
+    with tempfile.TemporaryDirectory(prefix="tfpar-heartbeat-") as folder:
+        watch = Watch(folder, timeout)
+
+        def check():
+            hang = watch.check()
+            if hang is not None:
+                print(f"tfpar launch: {hang.message}", flush=True)
+                dump_stacks(hang.pid)
+                time.sleep(2)  # the dump reaches horovodrun's output
+                raise LaunchError(f"{hang.name} hung: it {hang.why}", returncode=124)
+
+        env = {**os.environ, HEARTBEAT_VARIABLE: os.path.join(folder, "rank-{rank}")}
+        code = run_command(argv, env=env, grace_seconds=grace, check=check)
+        if code == 0 and watch.step_times():
+            print(f"tfpar launch: mean step time per rank (÷ the median): {watch.step_times()}", flush=True)
+        return code
 
 
 def _tune(args):

@@ -20,9 +20,10 @@ import threading
 import time
 
 from tfpar import _loopback as loopback
-from tfpar._checks import check_choice, check_int
+from tfpar._checks import check_choice, check_int, check_number
 from tfpar._processes import (DEFAULT_GRACE_SECONDS, LaunchError, ProcessGroups, check_command,
                               forwarding_signals, run_command)
+from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, dump_stacks
 from tfpar.cluster import ROLES, ClusterInfo, is_loopback_cluster, local_cluster, validate_cluster
 
 __all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "RESTART_VARIABLE", "SERVER_COMMAND", "STATE_VARIABLE", "Task",
@@ -76,7 +77,8 @@ def local_tasks(roles):
 class _Job:
     """The running processes of a job, their output pumps and their process groups."""
 
-    def __init__(self, out, grace_seconds):
+    def __init__(self, out, grace_seconds, heartbeats=None):
+        self.heartbeats = heartbeats  # the folder of the tasks' heartbeat files, or None
         self.out = out
         self.out_closed = False
         self.lock = threading.Lock()
@@ -95,6 +97,8 @@ class _Job:
             info = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
             child_env = dict(env)
             child_env.update(TF_CONFIG=info.to_tf_config(), PYTHONUNBUFFERED="1")
+            if self.heartbeats is not None:
+                child_env[HEARTBEAT_VARIABLE] = self.heartbeat_file(task)
             argv = list(SERVER_COMMAND) if task.serves else command
             try:
                 proc = subprocess.Popen(
@@ -112,6 +116,9 @@ class _Job:
             pump = threading.Thread(target=self._pump, args=(task, proc), daemon=True)
             pump.start()
             self.pumps.append(pump)
+
+    def heartbeat_file(self, task):
+        return os.path.join(self.heartbeats, task.name.replace(" ", "-"))
 
     def _write(self, text):
         with self.lock:
@@ -165,7 +172,7 @@ def _describe_exit(code):
 
 
 def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFAULT_GRACE_SECONDS,
-              poll_seconds=0.05):
+              poll_seconds=0.05, heartbeat_timeout=None):
     """Runs ``command`` once per task and supervises the processes.
 
     Returns 0 when every task exits 0. When a task fails (non-zero exit or a
@@ -182,16 +189,31 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
     on loopback only (`tfpar._loopback`); otherwise the launcher names the ports
     its tasks open on all interfaces.
 
+    With ``heartbeat_timeout`` (seconds), each task's ``fit``/``evaluate``/``predict`` reports its
+    steps (`tfpar.callbacks.Heartbeat`); a task that makes no step for that long is named, its
+    stacks are dumped, and the job is stopped (`LaunchError`, code 124). At the end the launcher
+    prints each task's mean step time against the median (stragglers).
+
     Raises:
-        LaunchError: a task failed or could not start, or the launcher was interrupted.
+        LaunchError: a task failed, hung or could not start, or the launcher was interrupted.
     """
     check_command(command, grace_seconds, len(tasks))
+    if heartbeat_timeout is not None:
+        check_number("heartbeat_timeout", heartbeat_timeout, above=0, hint=" (seconds without a step)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tfpar-heartbeat-") as folder:
+        return _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds,
+                          heartbeat_timeout, folder if heartbeat_timeout is not None else None)
+
+
+def _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds, heartbeat_timeout, heartbeats):
     out = out or sys.stdout
     env = dict(os.environ if env is None else env)
     local = is_loopback_cluster(cluster)
     if local:
         env = loopback.child_env(env)
-    job = _Job(out, grace_seconds)
+    job = _Job(out, grace_seconds, heartbeats)
     if not (local and loopback.library()):
         reason = loopback.build_error() if local else "a multi-host job is reached from the other hosts"
         for task in tasks:
@@ -200,13 +222,18 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
     reported = set()
     # Installed before any task starts: a Ctrl-C during start-up stops those already started.
     with forwarding_signals(job.signal_all) as received:
-        return _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds)
+        return _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds,
+                          heartbeat_timeout)
 
 
-def _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds):
+def _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds,
+               heartbeat_timeout=None):
+    watch = Watch(job.heartbeats, heartbeat_timeout) if heartbeat_timeout is not None else None
     try:
         job.start(list(command), cluster, tasks, env, received)
         while True:
+            if watch is not None:
+                _check_heartbeats(job, watch)
             if received:
                 name = signal.Signals(received[0]).name
                 job.say(f"{name} received and passed on; every task has {grace_seconds:g} s to exit")
@@ -237,6 +264,8 @@ def _supervise(job, command, cluster, tasks, env, received, reported, grace_seco
                     job.stop()
                 else:
                     job.drain()
+                if watch is not None and watch.step_times():
+                    job.say(f"mean step time per task (÷ the median): {watch.step_times()}")
                 return 0
             time.sleep(poll_seconds)
     finally:
@@ -251,8 +280,22 @@ FAULT_TOLERANCE_MARK = "fault_tolerance"
 """The file `tfpar.callbacks.FaultTolerance` writes in `STATE_VARIABLE`'s folder: training resumes."""
 
 
+def _check_heartbeats(job, watch):
+    """Stops the job (LaunchError, code 124) when its heartbeats say it stalled (`Watch.check`)."""
+    others = {task.name: proc.pid for task, proc in job.procs.items() if proc.poll() is None}
+    hang = watch.check(others)
+    if hang is None:
+        return
+    job.say(hang.message)
+    dump_stacks(hang.pid)
+    time.sleep(2)  # the dump reaches the output pumps
+    job.stop()
+    task = next((t for t in job.procs if t.name == hang.name), None)
+    raise LaunchError(f"{hang.name} hung: it {hang.why}", task=task, returncode=124)
+
+
 def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=None, out=None,
-           grace_seconds=DEFAULT_GRACE_SECONDS, max_restarts=0):
+           grace_seconds=DEFAULT_GRACE_SECONDS, max_restarts=0, heartbeat_timeout=None):
     """Launches a job: every task locally, or this machine's task of a cluster.
 
     Args:
@@ -270,6 +313,8 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
             job again on fresh ports, up to this many times (as torchrun does); training resumes
             from `tfpar.callbacks.FaultTolerance`'s backup. Every task gets
             ``TFPAR_RESTART_COUNT``.
+        heartbeat_timeout: seconds a task may make no step before it is named hung, its stacks
+            dumped and the job stopped (or restarted); see `run_tasks`.
 
     Returns:
         0 when every task succeeded.
@@ -283,6 +328,8 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
         >>> launch(["python", "train.py"], num_workers=2)  # doctest: +SKIP
     """
     check_int("max_restarts", max_restarts, 0, " (how many times a failed job is started again)")
+    check_number("heartbeat_timeout", heartbeat_timeout, above=0, allow_none=True,
+                 hint=" (seconds a task may make no step)")
     if cluster is not None:
         if max_restarts:
             raise ValueError(
@@ -312,8 +359,9 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
             raise ValueError(f"--ps must be an int >= 0. Received: --ps {num_ps!r}.")
         check_command(command, grace_seconds, num_workers + num_ps + (1 if num_ps else 0))
         roles = {"chief": 1, "worker": num_workers, "ps": num_ps} if num_ps else {"worker": num_workers}
-        return _run_restarting(command, roles, env, out, grace_seconds, max_restarts)
-    return run_tasks(command, cluster, tasks, env=env, out=out, grace_seconds=grace_seconds)
+        return _run_restarting(command, roles, env, out, grace_seconds, max_restarts, heartbeat_timeout)
+    return run_tasks(command, cluster, tasks, env=env, out=out, grace_seconds=grace_seconds,
+                     heartbeat_timeout=heartbeat_timeout)
 
 
 def _local_job(roles):
@@ -323,7 +371,7 @@ def _local_job(roles):
     return cluster, tasks
 
 
-def _run_restarting(command, roles, env, out, grace_seconds, max_restarts):
+def _run_restarting(command, roles, env, out, grace_seconds, max_restarts, heartbeat_timeout):
     """Runs a local job, and up to ``max_restarts`` times again, on fresh ports, when a task fails."""
     import tempfile
 
@@ -335,7 +383,8 @@ def _run_restarting(command, roles, env, out, grace_seconds, max_restarts):
             cluster, tasks = _local_job(roles)
             run_env = {**env, RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state}
             try:
-                return run_tasks(command, cluster, tasks, env=run_env, out=out, grace_seconds=grace_seconds)
+                return run_tasks(command, cluster, tasks, env=run_env, out=out, grace_seconds=grace_seconds,
+                                 heartbeat_timeout=heartbeat_timeout)
             except LaunchError as error:
                 if error.task is None or attempt == max_restarts:  # interrupted, or out of restarts
                     if attempt and error.task is not None:

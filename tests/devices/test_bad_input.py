@@ -242,6 +242,9 @@ def test_bad_input_is_refused_at_once_by_tfpar(case, tmp_path):
     (["launch", "--horovod", "-n", "1", "--grace", "nan", "--", PY, "-c", "pass"], ["grace_seconds=nan"]),
     (["launch", "--hosts", "h:notaport", "--task-index", "0", "--", PY, "-c", "pass"], ["'h:notaport'"]),
     (["launch", "-n", "1", "--max-restarts", "-1", "--", PY, "-c", "pass"], ["max_restarts", "-1", ">= 0"]),
+    *[(["launch", "-n", "1", "--heartbeat-timeout", value, "--", PY, "-c", "pass"], ["heartbeat_timeout", value])
+      for value in ("0", "nan", "inf", "-3")],
+    (["launch", "--horovod", "-n", "1", "--heartbeat-timeout", "nan", "--", PY, "-c", "pass"], ["heartbeat_timeout=nan"]),
     (["launch", "--hosts", "h:1,g:2", "--task-index", "0", "--max-restarts", "2", "--", PY, "-c", "pass"],
      ["max_restarts=2", "SLURM --requeue"]),
     (["launch", "--slurm", "-n", "2", "--", PY, "-c", "pass"], ["--slurm with -n", "Leave those out"]),

@@ -69,8 +69,14 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
     """Worker 1 dies at step 4 of epoch 2, then (after the restart) worker 0 at step 2 of epoch 4:
     the launcher restarts the whole job twice on fresh ports; each run resumes after the last
     completed epoch, so no epoch completes twice, and the job ends like an undisturbed run."""
-    reference = _launch(tmp_path / "reference")
+    # The undisturbed run, watched: at the end the launcher reports each task's mean step time.
+    reference = run_command(tfpar_command("launch", "-n", "2", "--heartbeat-timeout", "60", "--", sys.executable,
+                                          SCRIPT, str(tmp_path / "reference")), timeout=300, env={"PYTHONPATH": ROOT})
     assert reference.returncode == 0, reference.output[-4000:]
+    steps = re.search(r"tfpar launch: mean step time per task \(÷ the median\): worker 0 ([0-9.]+) ms \(([0-9.]+)x\), "
+                      r"worker 1 ([0-9.]+) ms \(([0-9.]+)x\)", reference.output)
+    assert steps and float(steps.group(1)) > 0 and float(steps.group(3)) > 0, reference.output[-2000:]
+    assert float(steps.group(2)) + float(steps.group(4)) == pytest.approx(2.0, abs=0.02)  # two: the median is the mean
     result = run_command(tfpar_command(
         "launch", "-n", "2", "--max-restarts", "3", "--", sys.executable, SCRIPT, str(tmp_path / "backup"),
         "--kill-at", "0:1:2:3", "--kill-at", "1:0:4:1"), timeout=400, env={"PYTHONPATH": ROOT})
@@ -102,3 +108,33 @@ def test_restarts_without_a_backup_warn_and_the_last_failure_ends_the_job(tmp_pa
         assert "the last failure: worker 1 was killed by SIGKILL" in result.output
     else:
         assert result.returncode == 0 and _epochs_completed(result.output)[-5:] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "horovod"])
+def test_a_frozen_worker_is_named_its_stack_dumped_and_the_job_stopped(tmp_path, strategy):
+    """Worker (rank) 1 SIGSTOPs itself at step 4 of epoch 2; its peer waits for it in the all-reduce.
+    With --heartbeat-timeout 5 the launcher names it within the timeout plus a few seconds, dumps
+    its stack and stops the job (code 124), long before any collective timeout."""
+    if strategy == "horovod":
+        from tests.conftest import HOROVOD_INSTALLED
+
+        if not HOROVOD_INSTALLED and not os.environ.get("CI"):
+            pytest.skip("Horovod is not installed (install it: tfpar install-horovod)")
+        launcher, name, extra = ["--horovod"], "rank 1", ["--horovod"]
+    else:
+        launcher, name, extra = [], "worker 1", []
+    result = run_command(tfpar_command(
+        "launch", *launcher, "-n", "2", "--heartbeat-timeout", "5", "--", sys.executable, SCRIPT, str(tmp_path / "b"),
+        "--freeze-at", "0:1:2:3", *extra), timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 124, result.output[-4000:]
+    assert "FREEZING" in result.output
+    line = next(l for l in result.output.splitlines() if "(--heartbeat-timeout 5)" in l)
+    assert line.startswith(f"tfpar launch: {name} is stopped (state T: SIGSTOP or a debugger): its last step "), line
+    waited = float(re.search(r"its last step ([0-9.]+) s ago", line).group(1))  # about when it froze
+    assert 5 <= waited < 5 + 10, line  # the timeout, plus the poll and the last beat's age (on a loaded machine)
+    assert f"tfpar launch: error: {name} hung: it is stopped" in result.output
+    # faulthandler's dump of the frozen task's Python stacks (let run again to write them, it has
+    # left the frame where it froze, or not, by then).
+    after = result.output.split(line, 1)[1]
+    assert re.search(r"(Current thread|Thread) 0x", after), after[-3000:]
+    assert re.search(r'File ".*fault_resume.py", line \d+ in ', after), after[-3000:]

@@ -3,12 +3,13 @@
 import json
 import math
 import os
+import re
 import sys
 import time
 
 import pytest
 
-from tests.conftest import ROOT, run_command, run_json_script
+from tests.conftest import ROOT, run_command, run_json_script, tfpar_command
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -163,3 +164,19 @@ def test_a_keras3_model_gets_the_reason_and_the_fix_at_fit():
     assert "/tfpar/data/_ps_input.py" in line
     assert "Parameter-server training in fit needs a tf_keras (Keras 2) model" in line
     assert "Build the model with tfpar.keras" in line
+
+
+def test_a_frozen_worker_server_is_named_and_the_job_stopped():
+    """The chief SIGSTOPs the worker 1 server at epoch 2: it keeps its steps, the chief waits at
+    the epoch's end and stops beating; the launcher names the stopped worker, not the chief."""
+    script = os.path.join(SCRIPTS, "ps_freeze.py")
+    result = run_command(tfpar_command("launch", "--ps", "1", "-n", "2", "--heartbeat-timeout", "5", "--",
+                                       sys.executable, script), timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 124, result.output[-4000:]
+    assert "[chief 0] FREEZING worker 1" in result.output
+    line = next(l for l in result.output.splitlines() if "(--heartbeat-timeout 5)" in l)
+    assert line.startswith("tfpar launch: worker 1 is stopped (state T: SIGSTOP or a debugger): the job's last "
+                           "step "), line
+    assert 5 <= float(re.search(r"last step ([0-9.]+) s ago", line).group(1)) < 5 + 10, line
+    assert "stalled: chief 0." in line
+    assert re.search(r"\[worker 1\] (Current thread|Thread) 0x", result.output.split(line, 1)[1])  # its dump

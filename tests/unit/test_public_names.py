@@ -80,7 +80,7 @@ def test_the_pure_modules_load_no_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, tfpar.data.plan, tfpar.data.batching, tfpar.pipeline.schedule, tfpar.cli, "
+    code = ("import sys, tfpar.data.plan, tfpar.data.batching, tfpar.pipeline.schedule, tfpar.cli, tfpar._heartbeat, "
             "tfpar.strategies.pipeline.schedule; "
             "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras')); "
             "print('LOADED', loaded)")

@@ -1,6 +1,7 @@
 """Keras callbacks for tuning and guarding distributed runs (tf_keras)."""
 
 from tfpar.callbacks.fault_tolerance import FaultTolerance
+from tfpar.callbacks.heartbeat import Heartbeat
 from tfpar.callbacks.learning_rate import (
     LearningRateSchedule,
     LearningRateWarmup,
@@ -11,5 +12,5 @@ from tfpar.callbacks.learning_rate import (
 from tfpar.callbacks.monitoring import MetricAverage, NaNGuard, Throughput
 from tfpar.callbacks.pipeline import PipelineBubble
 
-__all__ = ["FaultTolerance", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage", "NaNGuard",
+__all__ = ["FaultTolerance", "Heartbeat", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage", "NaNGuard",
            "PipelineBubble", "Throughput", "cosine_decay", "exponential_decay", "step_decay"]

@@ -1,9 +1,11 @@
 """Multi-worker training with tfpar.callbacks.FaultTolerance (run under `tfpar launch -n 2`).
 
 Usage: fault_resume.py BACKUP_DIR [--kill] [--kill-at RESTART:WORKER:EPOCH:STEP ...] [--no-backup]
+                       [--freeze-at RESTART:WORKER:EPOCH:STEP] [--horovod]
 With --kill, worker 1 SIGKILLs itself at the 6th step of epoch 3; --kill-at makes WORKER do so at
 STEP (0-based) of EPOCH (1-based) in the run whose $TFPAR_RESTART_COUNT is RESTART (under
-`tfpar launch --max-restarts`). The chief prints "EPOCH_COMPLETE k" after each completed epoch, and
+`tfpar launch --max-restarts`); --freeze-at makes it SIGSTOP itself there instead (it hangs,
+alive; it prints "FREEZING <time>" first). The chief prints "EPOCH_COMPLETE k" after each completed epoch, and
 "DONE {json}" (its losses per epoch) when training completes.
 """
 
@@ -11,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -18,12 +21,19 @@ import tfpar
 
 backup, kill = sys.argv[1], "--kill" in sys.argv
 kill_at = {tuple(int(v) for v in sys.argv[i + 1].split(":")) for i, a in enumerate(sys.argv) if a == "--kill-at"}
+freeze_at = {tuple(int(v) for v in sys.argv[i + 1].split(":")) for i, a in enumerate(sys.argv) if a == "--freeze-at"}
 restart = int(os.environ.get("TFPAR_RESTART_COUNT", "0"))
-strategy = tfpar.DataParallel(timeout_seconds=60)
+if "--horovod" in sys.argv:  # under horovodrun (tfpar launch --horovod): ranks instead of workers
+    from tfpar.strategies.horovod import HorovodStrategy
+
+    strategy = HorovodStrategy()
+    worker = strategy.rank
+else:
+    strategy = tfpar.DataParallel(timeout_seconds=60)
+    worker = tfpar.ClusterInfo.from_tf_config().worker_index
 import tensorflow as tf  # noqa: E402
 
 keras = tfpar.keras
-worker = tfpar.ClusterInfo.from_tf_config().worker_index
 rng = np.random.default_rng(0)
 w = rng.normal(size=(8, 1)).astype("float32")
 x = rng.normal(size=(1024, 8)).astype("float32")
@@ -43,6 +53,9 @@ class Die(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if (kill and worker == 1 and self.epoch == 2 and batch == 5) or (restart, worker, self.epoch + 1, batch) in kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        if (restart, worker, self.epoch + 1, batch) in freeze_at:
+            print(f"FREEZING {time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def on_epoch_end(self, epoch, logs=None):
         if worker == 0:

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -71,12 +72,14 @@ class KillWorker(keras.callbacks.Callback):
             threading.Timer(0.2, shoot).start()
 
     def on_epoch_end(self, epoch, logs=None):
-        # With a restart: stop once the restarted process ran a few steps (bounded by `epochs`).
-        if restart_log and epoch >= 3 and restarted_steps() >= 5:
+        # With a restart: stop once the restarted process ran a few steps, or after 120 s (the
+        # coordinator finds the new process again after a while, longer on a loaded machine).
+        if restart_log and epoch >= 3 and (restarted_steps() >= 5 or time.monotonic() - STARTED > 120):
             self.model.stop_training = True
 
 
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=60 if restart_log else 4,
+STARTED = time.monotonic()
+history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=100_000 if restart_log else 4,
                     verbose=2, callbacks=[KillWorker()])
 survivors = {name: p.poll() is None for name, p in strategy.local_servers.items()}
 print(json.dumps({"loss": history.history["loss"], "iterations": int(model.optimizer.iterations.numpy()),

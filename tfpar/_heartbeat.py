@@ -1,0 +1,126 @@
+"""The heartbeat between a job's tasks (`tfpar.callbacks.Heartbeat`) and ``tfpar launch``.
+
+Each task writes ``"<steps> <step seconds> <time> <busy|idle> <pid>"`` to its own file in one
+folder (``$TFPAR_HEARTBEAT_FILE``; a ``{rank}`` in it becomes the task's Horovod rank, for the
+ranks horovodrun starts with one environment). `Watch` reads the folder: a busy task whose last
+step is older than the timeout stalls the job; it names the task to blame. Pure Python: the
+launcher reads the files without TensorFlow.
+"""
+
+import dataclasses
+import os
+import signal
+import statistics
+import time
+
+__all__ = ["HEARTBEAT_VARIABLE", "STACK_SIGNAL", "Beat", "Hang", "Watch", "heartbeat_path", "read_heartbeat"]
+
+HEARTBEAT_VARIABLE = "TFPAR_HEARTBEAT_FILE"
+"""The file a task's heartbeat goes to; set by ``tfpar launch --heartbeat-timeout``."""
+STACK_SIGNAL = signal.SIGUSR1
+"""On this signal a task with a heartbeat writes every thread's stack to its stderr."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """A task's last heartbeat."""
+
+    steps: int
+    step_seconds: float
+    time: float
+    busy: bool
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Hang:
+    """A stalled job: the task to blame, and what to say."""
+
+    name: str
+    pid: int
+    why: str
+    message: str
+
+
+def heartbeat_path(template, environ=None):
+    """The task's file: ``template`` with ``{rank}`` replaced by its Horovod rank (0 without)."""
+    env = os.environ if environ is None else environ
+    return template.replace("{rank}", env.get("HOROVOD_RANK", "0"))
+
+
+def read_heartbeat(path):
+    """The `Beat` in ``path``, or None before its first write."""
+    try:
+        with open(path) as f:
+            steps, seconds, when, state, pid = f.read().split()
+        return Beat(int(steps), float(seconds), float(when), state == "busy", int(pid))
+    except (OSError, ValueError):
+        return None
+
+
+def process_state(pid):
+    """The state letter of a process in /proc (``"T"``: stopped), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class Watch:
+    """The heartbeat files of one job in ``folder``, named after their tasks."""
+
+    def __init__(self, folder, timeout):
+        self.folder, self.timeout = folder, timeout
+
+    def beats(self):
+        found = {}
+        for name in sorted(os.listdir(self.folder)):
+            if not name.endswith(".tmp"):
+                beat = read_heartbeat(os.path.join(self.folder, name))
+                if beat is not None:
+                    found[name.replace("-", " ")] = beat
+        return found
+
+    def check(self, others=None, now=None):
+        """A `Hang` when a busy task has made no step for longer than the timeout, else None.
+
+        The task to blame is one that is stopped (state T: SIGSTOP, a debugger), among the tasks
+        with a heartbeat and ``others`` (name -> pid: those without one, e.g. a parameter
+        server's), if any; else the task whose last step is the oldest (its peers then wait for it
+        in a collective).
+        """
+        now = time.time() if now is None else now
+        beats = {name: beat for name, beat in self.beats().items() if process_state(beat.pid) not in (None, "Z")}
+        stalled = {name: beat for name, beat in beats.items() if beat.busy and now - beat.time > self.timeout}
+        if not stalled:
+            return None
+        pids = {**{name: beat.pid for name, beat in beats.items()}, **(others or {})}
+        stopped = [name for name, pid in pids.items() if process_state(pid) == "T"]
+        if stopped:
+            name, why = stopped[0], "is stopped (state T: SIGSTOP or a debugger)"
+        else:
+            name = min(stalled, key=lambda n: stalled[n].time)
+            why = f"made no step since step {stalled[name].steps}"
+        own = f"its last step {now - beats[name].time:.1f} s ago, " if name in beats else ""
+        since = now - max(beat.time for beat in stalled.values())
+        message = (f"{name} {why}: {own}the job's last step {since:.1f} s ago (--heartbeat-timeout "
+                   f"{self.timeout:g}); stalled: {', '.join(stalled)}. Its stacks follow; then the job is stopped")
+        return Hang(name, pids[name], why, message)
+
+    def step_times(self):
+        """``"<task> <ms> (<ratio to the median>x), ..."``: each task's mean step time, or None."""
+        times = {name: beat.step_seconds / beat.steps for name, beat in self.beats().items() if beat.steps}
+        if not times:
+            return None
+        median = statistics.median(times.values())
+        return ", ".join(f"{name} {1000 * t:.1f} ms ({t / median:.2f}x)" for name, t in times.items())
+
+
+def dump_stacks(pid):
+    """Asks ``pid`` for its stacks (a stopped process is let run again to write them)."""
+    for sig in (STACK_SIGNAL, signal.SIGCONT):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
