@@ -17,7 +17,8 @@ setup(
         "tensorflow-model-optimization>=0.8.1,<0.9",  # tfpar.quantization: QAT and pruning
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "keras-tuner>=1.4", "pyyaml"],
+        "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "keras-tuner>=1.4", "pyyaml", "ray[train]>=2.50"],
+        "ray": ["ray[train]>=2.50"],  # tfpar.integrations.ray, inside Ray Train's TensorflowTrainer
         # Horovod itself is built by `tfpar install-horovod` (see README). CMake 4 builds it too:
         # the installer sets CMAKE_POLICY_VERSION_MINIMUM for Horovod's bundled Gloo.
         "horovod": ["cmake>=3.13", "cloudpickle", "psutil", "pyyaml", "packaging", "cffi>=1.4.0"],

@@ -33,6 +33,7 @@ EXPECT = {
     "Pipeline(num_stages=2": ["Epoch 2/2"],
     "parallelism.build(": ["23/23", "32 per replica, 64 global"],
     "keras_tuner.RandomSearch(": ["best: {'units':"],
+    "TensorflowTrainer(train_loop": ["Ray reported: {", "'epoch': 2"],
     "quantization.quantize(": ["Epoch 2/2"],
     "tfpar doctor": ["horovod.tensorflow.keras: works", "ParameterServer (ParameterServerStrategy",
                      "bubble: measured"],

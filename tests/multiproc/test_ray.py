@@ -1,0 +1,79 @@
+"""Ray Train for real: a local Ray cluster on 127.0.0.1 (started by the script, 2 CPUs), tfpar inside
+TensorflowTrainer's train_loop_per_worker with 2 workers."""
+
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_command
+from tests.models import load_arrays
+
+try:
+    import ray.train.tensorflow  # noqa: F401
+except ImportError:  # under CI ([dev] installs Ray) a missing Ray is a broken install: fail, never skip
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("Ray is not installed (pip install 'tfpar[ray]')", allow_module_level=True)
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ray_train.py")
+# Ray takes this machine's outward address for its nodes and for TF_CONFIG unless told it runs on
+# one machine: then every Ray and TensorFlow address is 127.0.0.1.
+LOCAL_RAY = {"PYTHONPATH": ROOT, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DEDUP_LOGS": "0"}
+
+
+def _ray(out, *args, timeout=400):
+    result = run_command([sys.executable, SCRIPT, str(out), *args], timeout=timeout, env=LOCAL_RAY)
+    report = [line for line in result.output.splitlines() if line.startswith("RESULT ")]
+    return result, json.loads(report[-1][len("RESULT "):]) if report else None
+
+
+def _epochs(out):
+    """{start epoch: [losses]} of each run of the loop, per worker."""
+    runs = {}
+    for path in glob.glob(os.path.join(out, "epochs_*_*.json")):
+        worker = int(os.path.basename(path).split("_")[1])
+        with open(path) as f:
+            run = json.load(f)
+        runs.setdefault(worker, {})[run["start"]] = run["loss"]
+    return runs
+
+
+def test_two_ray_workers_train_as_one_job_and_report_checkpoints(tmp_path):
+    result, report = _ray(tmp_path)
+    assert result.returncode == 0 and report, result.output[-4000:]
+    assert "127.0.0.1:" in result.output and "cluster_spec = {'worker': ['127.0.0.1:" in result.output
+    workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
+    for a, b in zip(*workers):
+        np.testing.assert_array_equal(a, b)  # one model, trained together
+    assert _epochs(tmp_path)[0][0][-1] < 0.5 * _epochs(tmp_path)[0][0][0]
+    # The checkpoints reached Ray: the last one, of epoch 4, with the model, optimizer and epoch.
+    assert report["metrics"]["epoch"] == 4 and report["metrics"]["loss"] > 0 and "examples_per_second" in report["metrics"]
+    assert os.path.exists(os.path.join(report["checkpoint"], "epoch.json"))
+    with open(os.path.join(report["checkpoint"], "epoch.json")) as f:
+        assert json.load(f) == {"epoch": 4}
+    print(f"Ray start-up {report['ray_start_seconds']:.1f} s, whole job {report['total_seconds']:.1f} s")
+
+
+def test_a_killed_ray_worker_restarts_the_group_which_resumes_from_the_last_checkpoint(tmp_path):
+    result, report = _ray(tmp_path, "--kill-worker")
+    assert result.returncode == 0 and report, result.output[-4000:]
+    assert (tmp_path / "killed").exists()
+    runs = _epochs(tmp_path)
+    # Only the restarted run finished (the first was killed in epoch 3); it started after a
+    # reported checkpoint (epoch 1 or 2, as far as Ray had registered one), not from scratch.
+    assert runs[0].keys() == runs[1].keys() and len(runs[0]) == 1
+    (start,) = runs[0]
+    assert 1 <= start <= 2 and len(runs[0][start]) == 4 - start
+    assert report["metrics"]["epoch"] == 4
+    for a, b in zip(*[load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_ray_cluster_smaller_than_the_workers_is_refused_at_once(tmp_path):
+    result, _ = _ray(tmp_path, "--cpus", "1", timeout=120)
+    assert result.returncode == 3, result.output[-3000:]
+    assert ("REFUSED The Ray cluster has 1 CPU in all, and ScalingConfig(num_workers=2) asks for 1 per worker (2); "
+            "Ray would wait for them without end") in result.output
