@@ -96,3 +96,21 @@ def test_each_local_task_gets_its_own_gpu_when_slurm_shows_them_all():
 def test_auto_recognizes_slurm_before_the_mpi_launchers(env, picked):
     assert choose(env) == picked
     assert started_by_srun(env) == ("SLURM_STEP_ID" in env)
+
+
+@pytest.mark.parametrize("script, launches", [
+    ("data_parallel.sbatch", "srun tfpar launch --slurm -- python examples/train_data_parallel.py"),
+    ("horovod.sbatch", "srun --mpi=pmix python examples/train_horovod.py"),
+])
+def test_the_sbatch_examples_are_valid_bash_and_start_the_job_with_srun(script, launches):
+    import os
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    path = os.path.join(ROOT, "examples", "slurm", script)
+    assert subprocess.run(["bash", "-n", path], capture_output=True, timeout=30).returncode == 0
+    with open(path) as f:
+        text = f.read()
+    assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in text and launches in text
+    assert os.path.exists(os.path.join(ROOT, launches.split("python ")[1].split()[0]))
