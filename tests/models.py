@@ -243,3 +243,17 @@ def sleeping_model():
     folder = os.environ["TFPAR_TEST_PID_DIR"]
     open(os.path.join(folder, str(os.getpid())), "w").close()
     time.sleep(600)
+
+
+def assert_trained_together_like_one_device(folder, examples, workers=2):
+    """The workers of a multiworker_train.py job (``folder``) started from worker 0's weights, end
+    with identical weights, and those equal the equivalence model trained on one device."""
+    import os
+
+    assert_started_from_worker_0(folder, workers)
+    trained = [load_arrays(os.path.join(folder, f"worker_{i}.npz")) for i in range(workers)]
+    for arrays in zip(*trained, one_device_weights(examples)):
+        for other in arrays[1:workers]:
+            np.testing.assert_array_equal(arrays[0], other)
+        np.testing.assert_allclose(arrays[0], arrays[-1], atol=1e-5, rtol=0)
+

@@ -7,12 +7,11 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.models import assert_started_from_worker_0, load_arrays, one_device_weights
+from tests.models import assert_trained_together_like_one_device
 from tfpar.cluster import local_cluster
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -56,11 +55,7 @@ def test_a_chief_and_a_worker_train_under_data_parallel_like_one_device(tmp_path
         assert code == 0, outputs[name][-4000:]
     assert "2 (this is chief 0, chief)" in outputs["chief 0"]
     assert "2 (this is worker 0, not chief)" in outputs["worker 0"]
-    assert_started_from_worker_0(tmp_path)
-    workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
-    for a, b, c in zip(*workers, one_device_weights(90)):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_allclose(a, c, atol=1e-5, rtol=0)
+    assert_trained_together_like_one_device(tmp_path, 90)
 
 
 def test_one_script_in_every_pod_of_a_parameter_server_tfjob():

@@ -13,7 +13,7 @@ from tests.conftest import ROOT, run_command
 from tests.models import load_arrays
 
 try:
-    import ray.train.tensorflow  # noqa: F401
+    import ray.train.tensorflow  # noqa: F401 (whether Ray Train's TensorFlow part is installed)
 except ImportError:  # under CI ([dev] installs Ray) a missing Ray is a broken install: fail, never skip
     if os.environ.get("CI"):
         raise

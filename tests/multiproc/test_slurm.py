@@ -8,10 +8,8 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
-
 from tests.conftest import ROOT, tfpar_command
-from tests.models import assert_started_from_worker_0, load_arrays, one_device_weights
+from tests.models import assert_trained_together_like_one_device
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -57,11 +55,7 @@ def test_launch_slurm_trains_the_tasks_together_like_one_device(tmp_path):
     for code, output in results:
         assert code == 0, output[-4000:]
     assert "2 (this is worker 0, chief)" in results[0][1] and "2 (this is worker 1, not chief)" in results[1][1]
-    assert_started_from_worker_0(tmp_path)
-    workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
-    for a, b, c in zip(*workers, one_device_weights(90)):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_allclose(a, c, atol=1e-5, rtol=0)
+    assert_trained_together_like_one_device(tmp_path, 90)
 
 
 def test_auto_under_srun_makes_one_worker_per_task():
