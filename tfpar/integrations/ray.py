@@ -44,7 +44,12 @@ def check_resources(scaling_config):
     """
     import ray
 
-    per_worker = dict(scaling_config._resources_per_worker_not_none)
+    # What Ray places per worker, defaults included (1 CPU, or 1 GPU with use_gpu=True); Ray
+    # computes it in a private property, so the public fields stand in where it is gone.
+    per_worker = getattr(scaling_config, "_resources_per_worker_not_none", None)
+    if per_worker is None:
+        per_worker = scaling_config.resources_per_worker or ({"GPU": 1} if scaling_config.use_gpu else {"CPU": 1})
+    per_worker = dict(per_worker)
     available = ray.cluster_resources()
     for resource, amount in per_worker.items():
         needed = amount * scaling_config.num_workers
