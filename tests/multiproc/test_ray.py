@@ -2,6 +2,7 @@
 TensorflowTrainer's train_loop_per_worker with 2 workers."""
 
 import glob
+import importlib.util
 import json
 import os
 import sys
@@ -12,11 +13,10 @@ import pytest
 from tests.conftest import ROOT, run_command
 from tests.models import load_arrays
 
-try:
-    import ray.train.tensorflow  # noqa: F401 (whether Ray Train's TensorFlow part is installed)
-except ImportError:  # under CI ([dev] installs Ray) a missing Ray is a broken install: fail, never skip
+if importlib.util.find_spec("ray") is None:
+    # Under CI ([dev] installs Ray) a missing Ray is a broken install: fail, never skip.
     if os.environ.get("CI"):
-        raise
+        raise ImportError("Ray is not installed, but [dev] installs it: the install is broken")
     pytest.skip("Ray is not installed (pip install 'tfpar[ray]')", allow_module_level=True)
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ray_train.py")
 # Ray takes this machine's outward address for its nodes and for TF_CONFIG unless told it runs on
