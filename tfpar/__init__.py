@@ -29,6 +29,6 @@ __getattr__, __dir__, __all__ = _exports(__name__, {
     "configure_devices": "tfpar.devices",
     "keras": "tfpar._keras",
     "local_devices": "tfpar.devices",
-    **dict.fromkeys(("callbacks", "cluster", "data", "devices", "launch", "pipeline", "precision",
+    **dict.fromkeys(("callbacks", "cluster", "data", "devices", "integrations", "launch", "pipeline", "precision",
                      "quantization", "strategies", "tune")),  # submodules
 })

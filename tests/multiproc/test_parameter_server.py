@@ -30,6 +30,7 @@ def test_local_cluster_trains_places_and_shards_variables():
     n = 512
     p = report["predict_accuracy"]
     assert abs(report["evaluate"]["accuracy"] - p) < 5 * math.sqrt(p * (1 - p) / n) + 0.01
+    assert report["predict_loss_std"] > 0
     assert abs(report["evaluate"]["loss"] - report["predict_loss"]) < 5 * report["predict_loss_std"] / math.sqrt(n) + 0.01
     assert "Parameter-server training needs the number of steps: pass steps_per_epoch=16" in report["steps_error"]
     assert "Received: steps=None" in report["steps_error"]

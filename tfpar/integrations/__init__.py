@@ -1,1 +1,6 @@
-"""tfpar inside other engines' training loops (each integration imports its engine when used)."""
+"""tfpar inside other engines' training loops: `ray` (Ray Train's TensorflowTrainer). Each
+integration loads on first use and imports its engine only when called."""
+
+from tfpar._lazy import exports
+
+__getattr__, __dir__, __all__ = exports(__name__, {"ray": None})

@@ -70,8 +70,9 @@ json.dump({
     "evaluate": scores,
     "steps_error": steps_error,
     "predict_accuracy": float((probabilities.argmax(-1) == y).mean()),
-    "predict_loss": float(-np.log(probabilities[np.arange(len(y)), y]).mean()),
-    "predict_loss_std": float(-np.log(probabilities[np.arange(len(y)), y]).std()),
+    # Per-example losses; their spread bounds how far a sample's mean (evaluate's) may fall.
+    "predict_loss": float((-np.log(probabilities[np.arange(len(y)), y])).mean()),
+    "predict_loss_std": float((-np.log(probabilities[np.arange(len(y)), y])).std()),
     "placement": variable_placement(embedder) | variable_placement(model),
     "describe": strategy.describe(global_batch_size=32, model=embedder),
     "dataset_error": error,
