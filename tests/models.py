@@ -257,3 +257,20 @@ def assert_trained_together_like_one_device(folder, examples, workers=2):
             np.testing.assert_array_equal(arrays[0], other)
         np.testing.assert_allclose(arrays[0], arrays[-1], atol=1e-5, rtol=0)
 
+
+def ps_sum_regression(strategy, examples):
+    """The parameter-server scripts' job: Dense(1) learning ``sum(x)`` from ``examples`` random
+    rows of 8, compiled under ``strategy`` (SGD 0.05, mse); returns (model, its tfpar.data input
+    with global batch 32, built on each worker from a function)."""
+    import tensorflow as tf
+
+    import tfpar
+
+    rng = np.random.default_rng(0)
+    x = rng.random((examples, 8)).astype("float32")
+    y = x.sum(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    return model, tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
+

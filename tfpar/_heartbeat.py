@@ -13,7 +13,10 @@ import signal
 import statistics
 import time
 
-__all__ = ["HEARTBEAT_VARIABLE", "STACK_SIGNAL", "Beat", "Hang", "Watch", "heartbeat_path", "read_heartbeat"]
+from tfpar._processes import LaunchError, stat_fields
+
+__all__ = ["HEARTBEAT_VARIABLE", "STACK_SIGNAL", "Beat", "Hang", "Watch", "dump_stacks", "hang_error", "heartbeat_path",
+           "process_state", "read_heartbeat"]
 
 HEARTBEAT_VARIABLE = "TFPAR_HEARTBEAT_FILE"
 """The file a task's heartbeat goes to; set by ``tfpar launch --heartbeat-timeout``."""
@@ -60,11 +63,8 @@ def read_heartbeat(path):
 
 def process_state(pid):
     """The state letter of a process in /proc (``"T"``: stopped), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 class Watch:
@@ -124,3 +124,12 @@ def dump_stacks(pid):
             os.kill(pid, sig)
         except ProcessLookupError:
             return
+
+
+def hang_error(hang, say, task=None):
+    """Says ``hang``, has its task dump its stacks (and waits 2 s for them to reach the output);
+    returns the `LaunchError` (code 124) to raise once the job is stopped."""
+    say(hang.message)
+    dump_stacks(hang.pid)
+    time.sleep(2)
+    return LaunchError(f"{hang.name} hung: it {hang.why}", task=task, returncode=124)

@@ -48,17 +48,24 @@ def group_alive(pgid):
     return signal_group(pgid, 0)
 
 
+def stat_fields(pid):
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, parent pid, process
+    group, ...), or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _process_table():
     """pid -> (parent pid, process group) of every process, from /proc."""
     table = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            table[int(name)] = (int(fields[1]), int(fields[2]))
+            fields = stat_fields(name)
+            if fields is not None:  # else gone meanwhile
+                table[int(name)] = (int(fields[1]), int(fields[2]))
     return table
 
 

@@ -183,25 +183,25 @@ def _run_horovod_watched(argv, grace, timeout):
     """horovodrun with each rank's heartbeat watched (--heartbeat-timeout): a stalled rank is named,
     its stacks dumped, and the job stopped (code 124)."""
     import tempfile
-    import time
 
-    from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, dump_stacks
+    from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, hang_error
+
+    def say(message):
+        print(f"tfpar launch: {message}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="tfpar-heartbeat-") as folder:
         watch = Watch(folder, timeout)
 
-        def check():
+        def check():  # what it raises stops horovodrun and its ranks (run_command)
             hang = watch.check()
             if hang is not None:
-                print(f"tfpar launch: {hang.message}", flush=True)
-                dump_stacks(hang.pid)
-                time.sleep(2)  # the dump reaches horovodrun's output
-                raise LaunchError(f"{hang.name} hung: it {hang.why}", returncode=124)
+                raise hang_error(hang, say)
 
         env = {**os.environ, HEARTBEAT_VARIABLE: os.path.join(folder, "rank-{rank}")}
         code = run_command(argv, env=env, grace_seconds=grace, check=check)
-        if code == 0 and watch.step_times():
-            print(f"tfpar launch: mean step time per rank (÷ the median): {watch.step_times()}", flush=True)
+        steps = watch.step_times() if code == 0 else None
+        if steps:
+            say(f"mean step time per rank (÷ the median): {steps}")
         return code
 
 

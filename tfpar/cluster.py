@@ -85,6 +85,12 @@ class ClusterInfo:
         return self.task_type == "worker" and self.task_index == 0
 
     @property
+    def training_cluster(self):
+        """The cluster without its evaluator tasks (a TFJob's Evaluator replica): they train
+        nothing and take part in no collective, so the strategies never reach for them."""
+        return {role: list(tasks) for role, tasks in self.cluster.items() if role != "evaluator"}
+
+    @property
     def address(self):
         """This task's ``host:port``."""
         return self.cluster[self.task_type][self.task_index]

@@ -23,7 +23,7 @@ from tfpar import _loopback as loopback
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._processes import (DEFAULT_GRACE_SECONDS, LaunchError, ProcessGroups, check_command,
                               forwarding_signals, run_command)
-from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, dump_stacks
+from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, hang_error
 from tfpar.cluster import ROLES, ClusterInfo, is_loopback_cluster, local_cluster, validate_cluster
 
 __all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "RESTART_VARIABLE", "SERVER_COMMAND", "STATE_VARIABLE", "Task",
@@ -198,13 +198,13 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
         LaunchError: a task failed, hung or could not start, or the launcher was interrupted.
     """
     check_command(command, grace_seconds, len(tasks))
-    if heartbeat_timeout is not None:
-        check_number("heartbeat_timeout", heartbeat_timeout, above=0, hint=" (seconds without a step)")
+    if heartbeat_timeout is None:
+        return _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds, None, None)
+    check_number("heartbeat_timeout", heartbeat_timeout, above=0, hint=" (seconds without a step)")
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="tfpar-heartbeat-") as folder:
-        return _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds,
-                          heartbeat_timeout, folder if heartbeat_timeout is not None else None)
+        return _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds, heartbeat_timeout, folder)
 
 
 def _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds, heartbeat_timeout, heartbeats):
@@ -264,8 +264,9 @@ def _supervise(job, command, cluster, tasks, env, received, reported, grace_seco
                     job.stop()
                 else:
                     job.drain()
-                if watch is not None and watch.step_times():
-                    job.say(f"mean step time per task (÷ the median): {watch.step_times()}")
+                steps = watch.step_times() if watch is not None else None
+                if steps:
+                    job.say(f"mean step time per task (÷ the median): {steps}")
                 return 0
             time.sleep(poll_seconds)
     finally:
@@ -286,12 +287,9 @@ def _check_heartbeats(job, watch):
     hang = watch.check(others)
     if hang is None:
         return
-    job.say(hang.message)
-    dump_stacks(hang.pid)
-    time.sleep(2)  # the dump reaches the output pumps
+    error = hang_error(hang, job.say, task=next((t for t in job.procs if t.name == hang.name), None))
     job.stop()
-    task = next((t for t in job.procs if t.name == hang.name), None)
-    raise LaunchError(f"{hang.name} hung: it {hang.why}", task=task, returncode=124)
+    raise error
 
 
 def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=None, out=None,

@@ -19,6 +19,7 @@ from tfpar._keras import keras
 
 __all__ = ["Heartbeat"]
 
+
 class Heartbeat(keras.callbacks.Callback):
     """Writes ``"<steps> <step seconds> <time> <busy|idle> <pid>"`` to ``path`` as steps end.
 

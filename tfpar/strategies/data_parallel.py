@@ -245,8 +245,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
         _require_gpus(self.config)
         cluster = self.config.cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            # Without an evaluator (a TFJob's Evaluator replica): it takes no part in the collectives.
-            tf.train.ClusterSpec({role: tasks for role, tasks in cluster.cluster.items() if role != "evaluator"}),
+            tf.train.ClusterSpec(cluster.training_cluster),
             task_type=cluster.task_type,
             task_id=cluster.task_index,
             rpc_layer="grpc",

@@ -168,8 +168,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         remote = cluster.cluster["ps"] + cluster.cluster["worker"]
         wait_for_addresses(remote, config.connect_timeout_seconds)
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # a dead worker fails fast, then reschedules
-        # An evaluator (a TFJob's Evaluator replica) trains nothing: the coordinator does not reach for it.
-        spec = {role: list(addresses) for role, addresses in cluster.cluster.items() if role != "evaluator"}
+        spec = cluster.training_cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec), task_type=cluster.task_type, task_id=cluster.task_index,
             rpc_layer="grpc")

@@ -5,13 +5,11 @@ import json
 import os
 import signal
 
-import numpy as np
-
 import tfpar
 from tfpar.strategies.parameter_server import ParameterServer
 
 strategy = ParameterServer()
-import tensorflow as tf  # noqa: E402
+from tests.models import ps_sum_regression  # noqa: E402
 
 keras = tfpar.keras
 cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
@@ -37,12 +35,6 @@ class FreezeWorker1(keras.callbacks.Callback):
             os.kill(worker_1_pid(), signal.SIGSTOP)
 
 
-rng = np.random.default_rng(0)
-x = rng.random((2048, 8)).astype("float32")
-y = x.sum(1)
-with strategy.scope():
-    model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.05), "mse")
-train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
+model, train = ps_sum_regression(strategy, 2048)
 model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=2, callbacks=[FreezeWorker1()])
 print("finished", flush=True)

@@ -8,8 +8,6 @@ import signal
 import sys
 import threading
 
-import numpy as np
-
 import tfpar
 from tfpar.strategies.parameter_server import ParameterServer, ParameterServerLostError
 
@@ -17,14 +15,10 @@ backup, kill = sys.argv[1], "--kill-ps" in sys.argv
 strategy = ParameterServer.local(num_workers=2, num_ps=1)
 import tensorflow as tf  # noqa: E402
 
+from tests.models import ps_sum_regression  # noqa: E402
+
 keras = tfpar.keras
-rng = np.random.default_rng(0)
-x = rng.random((1024, 8)).astype("float32")
-y = x.sum(1)
-with strategy.scope():
-    model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.05), "mse")
-train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
+model, train = ps_sum_regression(strategy, 1024)
 
 
 class KillPs(keras.callbacks.Callback):
