@@ -1,15 +1,19 @@
-"""SLURM without SLURM: N local processes with the environment srun gives its tasks
-(node list "localhost"), joined by `tfpar launch --slurm` or by `tfpar.strategies.auto()`."""
+"""Under a real SLURM (tests/slurm_cluster.py: slurmctld and slurmd on 127.0.0.1, node
+"localhost"): srun's tasks joined by `tfpar launch --slurm`, by `tfpar.strategies.auto()`, and
+by `HorovodStrategy` over ``srun --mpi=pmix``."""
 
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 from tests.conftest import ROOT, tfpar_command
-from tests.models import assert_trained_together_like_one_device
+from tests.models import (assert_started_from_worker_0, assert_trained_together_like_one_device, load_arrays,
+                          one_device_weights)
+from tests.slurm_cluster import SlurmCluster, ensure_slurm
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -28,38 +32,74 @@ def _free_consecutive_ports(count):
     raise RuntimeError("no consecutive free ports on 127.0.0.1")
 
 
-def _srun(argv, ntasks, timeout):
-    """Starts ``argv`` as the ``ntasks`` tasks of one srun step on one node; returns [(code, output)]."""
-    job = {"SLURM_JOB_ID": str(random.randint(1000, 99999)), "SLURM_JOB_NODELIST": "localhost",
-           "SLURM_NTASKS": str(ntasks), "SLURM_TASKS_PER_NODE": str(ntasks), "SLURM_STEP_ID": "0",
-           "SLURM_NODEID": "0", "TFPAR_SLURM_PORT": str(_free_consecutive_ports(ntasks)), "PYTHONPATH": ROOT}
-    procs = []
-    try:
-        for task in range(ntasks):
-            env = {**os.environ, **job, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)}
-            procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-        return [(proc.wait(timeout=timeout), proc.stdout.read().decode(errors="replace")) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    ensure_slurm()
+    ctld = _free_consecutive_ports(2)
+    cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm")), ctld, ctld + 1).start()
+    yield cluster
+    cluster.stop()
 
 
-def test_launch_slurm_trains_the_tasks_together_like_one_device(tmp_path):
+def _job_env():
+    """Each srun step's workers on free ports (TFPAR_SLURM_PORT), running this checkout's tests."""
+    return {"TFPAR_SLURM_PORT": str(_free_consecutive_ports(2)), "PYTHONPATH": ROOT}
+
+
+def test_launch_slurm_trains_the_tasks_together_like_one_device(slurm, tmp_path):
     """2 srun tasks, each `tfpar launch --slurm`: one multi-worker job, equal to one device."""
     script = os.path.join(SCRIPTS, "multiworker_train.py")
-    results = _srun(tfpar_command("launch", "--slurm", "--", sys.executable, script, str(tmp_path), "16", "2", "90"),
-                    2, timeout=300)
-    for code, output in results:
-        assert code == 0, output[-4000:]
-    assert "2 (this is worker 0, chief)" in results[0][1] and "2 (this is worker 1, not chief)" in results[1][1]
+    result = slurm.srun(tfpar_command("launch", "--slurm", "--", sys.executable, script, str(tmp_path), "16", "2", "90"),
+                        2, env=_job_env())
+    assert result.returncode == 0, result.output[-4000:]
+    assert "2 (this is worker 0, chief)" in result.output and "2 (this is worker 1, not chief)" in result.output
     assert_trained_together_like_one_device(tmp_path, 90)
 
 
-def test_auto_under_srun_makes_one_worker_per_task():
-    results = _srun([sys.executable, os.path.join(SCRIPTS, "which_strategy.py")], 2, timeout=200)
-    for code, output in results:
-        assert code == 0, output[-4000:]
-        assert "strategy MultiWorkerDataParallel 2" in output, output[-3000:]
+@pytest.mark.parametrize("mpi, picked", [("none", "MultiWorkerDataParallel"), ("pmix", "HorovodStrategy")])
+def test_auto_under_srun_picks_a_worker_or_a_rank_per_task(slurm, mpi, picked, horovod_installed):
+    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "which_strategy.py")], 2, mpi=mpi, env=_job_env(),
+                        timeout=200)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.output.count(f"strategy {picked} 2") == 2, result.output[-3000:]
+
+
+def test_horovod_strategy_under_srun_mpi_pmix_trains_like_one_device(slurm, tmp_path, horovod_installed):
+    """SLURM's PMIx server, not horovodrun, makes the two tasks one MPI (Horovod) job."""
+    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path), "16", "2"], 2,
+                        mpi="pmix", env=_job_env())
+    assert result.returncode == 0, result.output[-4000:]
+    assert "workers:    2 (this is rank 1" in result.output, result.output[-3000:]
+    assert_started_from_worker_0(tmp_path)
+    rank0, rank1 = (load_arrays(tmp_path / f"rank_{r}.npz") for r in range(2))
+    for a, b, reference in zip(rank0, rank1, one_device_weights(96, 16, 2, 0.1)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, reference, atol=1e-5, rtol=0)
+
+
+def test_horovod_strategy_under_srun_without_mpi_is_refused_clearly(slurm, horovod_installed):
+    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), "/nonexistent", "16", "1"], 2,
+                        env=_job_env(), timeout=200)
+    assert result.returncode != 0
+    assert "ValueError: HorovodStrategy under srun needs SLURM's MPI plugin" in result.output, result.output[-3000:]
+    assert "srun --mpi=pmix" in result.output
+
+
+@pytest.mark.parametrize("script, says", [
+    ("data_parallel.sbatch", ("2 (this is worker 0, chief)", "loss: first epoch")),
+    ("horovod.sbatch", ("workers:    2 (this is rank 0", "validation accuracy after 1 epochs")),
+])
+def test_the_sbatch_examples_run_under_sbatch(slurm, tmp_path, script, says, horovod_installed):
+    """Each example as submitted, sized for this one node: 2 tasks, no GPU, 1 epoch."""
+    with open(os.path.join(ROOT, "examples", "slurm", script)) as f:
+        text = f.read()
+    for directive, here in (("--nodes=2", "--nodes=1"), ("--ntasks-per-node=4", "--ntasks-per-node=2"),
+                            ("--gpus-per-task=1", "--cpus-per-task=1"), ("--cpus-per-task=8", "--cpus-per-task=1"),
+                            ("--epochs 10", "--epochs 1")):
+        assert directive in text
+        text = text.replace(directive, here)
+    job = tmp_path / script
+    job.write_text(text)
+    result = slurm.sbatch(str(job), output=str(tmp_path / "job.out"), env=_job_env())
+    assert result.returncode == 0, result.output[-4000:]
+    assert all(line in result.output for line in says), result.output[-3000:]

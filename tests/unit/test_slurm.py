@@ -114,3 +114,32 @@ def test_the_sbatch_examples_are_valid_bash_and_start_the_job_with_srun(script, 
         text = f.read()
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in text and launches in text
     assert os.path.exists(os.path.join(ROOT, launches.split("python ")[1].split()[0]))
+
+
+class _Built:
+    """What `_check_srun_step` asks of Horovod: whether it was built with MPI (a Gloo-only build
+    cannot be made beside the MPI one this suite installs)."""
+
+    def __init__(self, mpi):
+        self.mpi = mpi
+
+    def mpi_built(self):
+        return self.mpi
+
+
+@pytest.mark.parametrize("env, mpi, refused", [
+    (_srun(0, SLURM_NTASKS="2"), True, "needs SLURM's MPI plugin"),                     # plain srun, 2 tasks
+    (_srun(0, SLURM_NTASKS="2", PMIX_RANK="0"), False, "needs a Horovod built with MPI"),  # --mpi=pmix, Gloo-only Horovod
+    (_srun(0, SLURM_NTASKS="2", PMIX_RANK="0"), True, None),                            # --mpi=pmix, MPI Horovod
+    (_srun(0, SLURM_NTASKS="2", HOROVOD_RANK="0"), False, None),                        # horovodrun inside an allocation
+    ({**_srun(0), "SLURM_NTASKS": "1"}, False, None),                 # one task: one rank
+    ({}, False, None),                                                # not under SLURM
+])
+def test_horovod_under_srun_needs_slurms_mpi_and_an_mpi_build(env, mpi, refused):
+    from tfpar.strategies.horovod import _check_srun_step
+
+    if refused is None:
+        _check_srun_step(_Built(mpi), env)
+    else:
+        with pytest.raises(ValueError, match=refused):
+            _check_srun_step(_Built(mpi), env)

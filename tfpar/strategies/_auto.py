@@ -16,12 +16,12 @@ not "mpirun started this".
 
 import os
 
-__all__ = ["auto", "choose", "started_by_horovod"]
+__all__ = ["SLURM_MPI_MARKERS", "auto", "choose", "started_by_horovod"]
 
 # horovodrun sets HOROVOD_RANK for Gloo jobs; under --mpi, Open MPI's and MPICH's
 # launchers set their own rank variables.
 _HOROVOD_MARKERS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-_SLURM_MPI_MARKERS = ("PMIX_RANK", "PMI_RANK")  # srun --mpi=pmix / --mpi=pmi2
+SLURM_MPI_MARKERS = ("PMIX_RANK", "PMI_RANK")  # srun --mpi=pmix / --mpi=pmi2
 
 
 def started_by_horovod(environ=None):
@@ -38,7 +38,7 @@ def choose(environ=None):
     if "HOROVOD_RANK" in env:
         return "horovod"
     if started_by_srun(env):
-        if any(name in env for name in _SLURM_MPI_MARKERS):
+        if any(name in env for name in SLURM_MPI_MARKERS):
             return "horovod"
         return "data_parallel" if env.get("TF_CONFIG", "").strip() else "slurm"
     return "horovod" if any(name in env for name in _HOROVOD_MARKERS) else "data_parallel"

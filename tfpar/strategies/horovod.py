@@ -30,6 +30,7 @@ from tfpar import _loopback as loopback
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
+from tfpar.strategies._auto import SLURM_MPI_MARKERS, started_by_horovod
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, GradientAccumulator, HorovodAllReduce
 
@@ -57,11 +58,34 @@ def import_horovod():
     except ImportError as e:
         raise ImportError(f"HorovodStrategy needs Horovod, which is not importable ({e}). {INSTALL_HINT}") from None
     if not hvd.is_initialized():
-        if any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")):
+        _check_srun_step(hvd, os.environ)
+        if started_by_horovod():
             hvd.init()
         else:
             _init_one_rank(hvd)
     return hvd
+
+
+def _check_srun_step(hvd, env):
+    """Under ``srun``, Horovod's ranks come from SLURM's MPI plugin (``srun --mpi=pmix``), which
+    only an MPI-built Horovod can use: without either, each task would train alone as rank 0."""
+    from tfpar.cluster import started_by_srun
+
+    if not started_by_srun(env) or env.get("SLURM_NTASKS", "1") == "1" or "HOROVOD_RANK" in env:
+        return
+    mpi_plugin = any(name in env for name in SLURM_MPI_MARKERS)
+    if not mpi_plugin:
+        raise ValueError(
+            f"HorovodStrategy under srun needs SLURM's MPI plugin to join the {env['SLURM_NTASKS']} "
+            "tasks into one Horovod job. Received: an srun step without --mpi (no PMIX_RANK or PMI_RANK "
+            "set). Start it with `srun --mpi=pmix ...` (see examples/slurm/horovod.sbatch), or use "
+            "tfpar.strategies.auto() / DataParallel, which join srun's tasks without MPI.")
+    if not hvd.mpi_built():
+        raise ValueError(
+            "HorovodStrategy under `srun --mpi=...` needs a Horovod built with MPI; this one has Gloo only, "
+            "so each task would train alone. Received: PMIX_RANK/PMI_RANK from srun, Horovod without MPI. "
+            "Rebuild it with `tfpar install-horovod --mpi yes` (OpenMPI with PMIx), or use "
+            "tfpar.strategies.auto() / DataParallel under plain srun.")
 
 
 def _init_one_rank(hvd):
