@@ -274,3 +274,19 @@ def ps_sum_regression(strategy, examples):
         model.compile(keras.optimizers.SGD(0.05), "mse")
     return model, tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
 
+
+def verify_model(kind="plain", k=keras):
+    """A compiled model for `tfpar verify` tests: "plain" (Dense layers), "batchnorm" (a
+    BatchNormalization after the first layer), "synchronized_batchnorm" (one with
+    synchronized=True) or "dropout" (an unseeded Dropout there)."""
+    middle = {"plain": [], "batchnorm": [k.layers.BatchNormalization()], "dropout": [k.layers.Dropout(0.3)],
+              "synchronized_batchnorm": [k.layers.BatchNormalization(synchronized=True)]}[kind]
+    model = k.Sequential([k.layers.Input((8, 8, 1)), k.layers.Flatten(), k.layers.Dense(16, activation="relu"),
+                          *middle, k.layers.Dense(3)])
+    model.compile(k.optimizers.SGD(0.1), k.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=["accuracy"])
+    return model
+
+
+def verify_batchnorm_model():
+    return verify_model("batchnorm")

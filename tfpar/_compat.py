@@ -148,3 +148,10 @@ def keras_layer_of(tensor):
     ``.operation`` in Keras 3; no public accessor in either)."""
     history = tensor._keras_history
     return history.layer if hasattr(history, "layer") else history.operation
+
+
+def random_generator_type(layer):
+    """How a tf_keras random layer draws ("stateless", "stateful", "legacy_stateful"), or None
+    (Keras 3, or not a random layer): its RandomGenerator has no public getter."""
+    generator = getattr(layer, "_random_generator", None)
+    return getattr(generator, "_rng_type", None)

@@ -23,7 +23,44 @@ Example:
 
 from tfpar import _model_checks as model_checks
 
-__all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn", "sum_over_workers"]
+__all__ = ["STRATEGIES", "Parallelism", "check_compiled_in_its_scope", "check_model_fn", "make_parallelism",
+           "sum_over_workers"]
+
+STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
+"""The names `make_parallelism` (so ``tfpar demo`` and ``tfpar verify``) takes."""
+
+
+def make_parallelism(name, num_devices=None, replicas=1, microbatches=8):
+    """The parallelism called ``name`` (one of `STRATEGIES`), for this process.
+
+    Args:
+        name: "data_parallel" (this host's devices, or TF_CONFIG's workers), "horovod" (one
+            replica per rank, started by horovodrun or ``tfpar launch --horovod``), "ps" (a local
+            cluster of ``num_devices`` workers, default 2, and one ps, as child processes) or
+            "pipeline" (2 stages x ``replicas`` on their own devices).
+        num_devices: virtual CPU devices when there is no GPU, or the PS workers.
+        replicas: "pipeline": data-parallel copies of the 2-stage pipeline.
+        microbatches: "pipeline": microbatches per replica and step.
+    """
+    from tfpar.devices import configure_devices
+
+    if name == "ps":
+        from tfpar.strategies.parameter_server import ParameterServer
+
+        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1)
+    if name == "horovod":
+        from tfpar.strategies.horovod import HorovodStrategy
+
+        return HorovodStrategy()
+    if name == "pipeline":
+        from tfpar.pipeline import Pipeline
+
+        configure_devices(num_devices or 2 * replicas)
+        return Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas, balance="time")
+    from tfpar.strategies.data_parallel import DataParallel
+
+    configure_devices(num_devices)
+    return DataParallel()
 
 
 def sum_over_workers(strategy, value):

@@ -1,4 +1,4 @@
-"""The ``tfpar`` command: ``demo``, ``launch``, ``tune``, ``doctor`` and ``install-horovod``."""
+"""The ``tfpar`` command: ``demo``, ``launch``, ``tune``, ``verify``, ``doctor`` and ``install-horovod``."""
 
 import argparse
 import os
@@ -43,6 +43,26 @@ def _parser():
                       help="the Keras the model is built in: 2 (tf_keras, default) or 3 (Keras 3; "
                            "data_parallel, horovod and pipeline)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    verify = sub.add_parser(
+        "verify", help="prove a model trains under a distribution as on one replica",
+        description="K steps on one replica and K steps under --strategy, from the same weights and "
+                    "batches; prints each variable's largest difference and its likely cause, and exits 1 "
+                    "above --tolerance. Several workers: tfpar launch -n 2 -- python -m tfpar verify ...")
+    verify.add_argument("--model", required=True,
+                        help="module:function that builds and compiles the model (looked up from this folder)")
+    verify.add_argument("--data", required=True,
+                        help="module:function returning (x, y) arrays or an unbatched tf.data.Dataset")
+    verify.add_argument("--strategy", default="data_parallel", help="data_parallel (default), horovod, pipeline or ps")
+    verify.add_argument("--replicas", type=_int, default=None,
+                        help="data_parallel: devices (default 2; 1 per worker under tfpar launch); ps: workers "
+                             "(default 1: more train asynchronously); pipeline: copies of a 2-stage pipeline "
+                             "(default 1)")
+    verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
+    verify.add_argument("--batch-size", type=_int, default=None, help="global batch (default 32 per replica)")
+    verify.add_argument("--tolerance", type=float, default=1e-5,
+                        help="largest absolute difference per variable (default 1e-5)")
+    verify.add_argument("--seed", type=_int, default=0, help="Keras seed before each build (default 0)")
 
     run = sub.add_parser(
         "launch",
@@ -261,6 +281,22 @@ def _demo(args, command_line=None):
     return 0
 
 
+def _verify(args, command_line=None):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.strategy == "ps" and command_line is not None:
+        _keep_servers_on_loopback(command_line)
+    if os.getcwd() not in sys.path:  # module:function from the folder the command runs in, as python -m does
+        sys.path.insert(0, os.getcwd())
+    from tfpar.verify import load_function, verify
+
+    model_fn, data_fn = load_function(args.model, "--model"), load_function(args.data, "--data")
+    report = verify(model_fn, data_fn, strategy=args.strategy, replicas=args.replicas, steps=args.steps,
+                    global_batch_size=args.batch_size, tolerance=args.tolerance, seed=args.seed)
+    if report.chief:  # one report per job
+        print(report.summary(), flush=True)
+    return 0 if report.passed else 1
+
+
 def _keep_servers_on_loopback(command_line):
     """Runs this command again with tfpar's loopback library, so that the servers this process
     starts (the chief of a local parameter-server cluster) listen on loopback only."""
@@ -282,6 +318,8 @@ def main(argv=None):
             return _doctor()
         if args.command == "tune":
             return _tune(args)
+        if args.command == "verify":
+            return _verify(args, command_line=sys.argv[1:] if argv is None else None)
         if args.command == "install-horovod":
             from tfpar.install_horovod import run
 

@@ -10,17 +10,16 @@ import dataclasses
 import numpy as np
 
 from tfpar._checks import check_choice, check_int, default_epochs
+from tfpar._parallelism import STRATEGIES, make_parallelism
 from tfpar._keras import keras, keras3, tf
 from tfpar.data import distribute
-from tfpar.devices import configure_devices
-from tfpar.strategies import DataParallel
 
-__all__ = ["DemoResult", "STRATEGIES", "build_model", "default_epochs", "digits_dataset", "load_digits", "run_demo"]
+__all__ = ["DemoResult", "STRATEGIES", "build_model", "compiled_model", "default_epochs", "digits_dataset",
+           "load_digits", "run_demo"]
 
 QAT_EPOCHS = 3
 """Epochs of quantization-aware fine-tuning after the float training (``--qat``)."""
 
-STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
 """Strategies the demo can run on."""
 
 
@@ -66,7 +65,8 @@ def load_digits(validation_fraction=0.2, seed=0):
 
 
 def digits_dataset():
-    """The training digits as a tf.data.Dataset of (image, label) examples (for ``tfpar tune``)."""
+    """The training digits as a tf.data.Dataset of (image, label) examples (for ``tfpar tune``
+    and ``tfpar verify --data tfpar.demo:digits_dataset``)."""
     (x, y), _ = load_digits()
     return tf.data.Dataset.from_tensor_slices((x, y))
 
@@ -80,33 +80,21 @@ def build_model(k=None):
         k.layers.Conv2D(32, 3, padding="same", activation="relu"),
         k.layers.Conv2D(64, 3, padding="same", activation="relu"),
         k.layers.MaxPooling2D(),
-        k.layers.Dropout(0.25),
         k.layers.Flatten(),
         k.layers.Dense(64, activation="relu"),
-        k.layers.Dropout(0.25),
         k.layers.Dense(10),
         # float32 output under any precision policy: the loss is computed in float32.
         k.layers.Activation("softmax", dtype="float32"),
     ], name="digits_cnn")
 
 
-def _make_parallelism(name, num_devices, replicas=1, microbatches=8):
-    """The strategy, or the pipeline, that builds and trains the model (`tfpar._parallelism`)."""
-    if name == "ps":  # a local cluster: --devices workers and one ps, as child processes
-        from tfpar.strategies.parameter_server import ParameterServer
-
-        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1)
-    if name == "horovod":  # one replica per rank: started by horovodrun (see tfpar.cli)
-        from tfpar.strategies.horovod import HorovodStrategy
-
-        return HorovodStrategy()
-    if name == "pipeline":  # 2 stages (x replicas) on their own devices, in this process
-        from tfpar.pipeline import Pipeline
-
-        configure_devices(num_devices or 2 * replicas)
-        return Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas, balance="time")
-    configure_devices(num_devices)
-    return DataParallel()
+def compiled_model(k=None, learning_rate=2e-3):
+    """`build_model` compiled as the demo compiles it: ``tfpar verify --model tfpar.demo:compiled_model``."""
+    k = k or keras
+    model = build_model(k)
+    model.compile(optimizer=k.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
+                  weighted_metrics=["accuracy"])  # masks tfpar.data's padding
+    return model
 
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
@@ -151,7 +139,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
-    parallelism = _make_parallelism(strategy, num_devices, replicas, microbatches)
+    parallelism = make_parallelism(strategy, num_devices, replicas, microbatches)
     dist = parallelism.input_strategy
     k.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()

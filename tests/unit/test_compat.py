@@ -154,3 +154,10 @@ def test_keras3_tensors_name_the_layer_that_made_them():
     inputs = keras3.Input((3,))
     dense = keras3.layers.Dense(2)
     assert _compat.keras_layer_of(dense(inputs)) is dense
+
+
+def test_tf_keras_random_layers_say_how_they_draw():
+    stateless = keras.layers.Dropout(0.3, seed=3, rng_type="stateless")
+    assert _compat.random_generator_type(stateless) == "stateless"
+    assert _compat.random_generator_type(keras.layers.Dropout(0.3)) != "stateless"
+    assert _compat.random_generator_type(keras.layers.Dense(2)) is None

@@ -1,0 +1,41 @@
+"""`tfpar verify` as a command: parameter servers, Horovod ranks and workers (real processes)."""
+
+import pytest
+
+from tests.conftest import ROOT, run_command, tfpar_command
+
+DEMO = ["--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dataset", "--steps", "4"]
+VERIFY = [*tfpar_command("verify"), *DEMO]
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param([*VERIFY, "--strategy", "ps"], id="ps"),
+    pytest.param(tfpar_command("launch", "-n", "2", "--", *VERIFY), id="2-workers"),
+    pytest.param(tfpar_command("launch", "--horovod", "-n", "2", "--", *VERIFY, "--strategy", "horovod"),
+                 id="horovod"),
+])
+def test_the_demo_model_trains_like_one_replica(argv, request):
+    if "--horovod" in argv:
+        request.getfixturevalue("horovod_installed")
+    result = run_command(argv, timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.output.count("PASSED: trains like one replica") == 1, result.output[-3000:]  # the chief's
+    assert result.output.count(" ok   ") == 8 and "DIFF" not in result.output
+
+
+def test_a_model_that_differs_exits_1_naming_the_cause():
+    result = run_command([*tfpar_command("verify"), "--model", "tests.models:verify_batchnorm_model", "--data",
+                          "tests.models:equivalence_data", "--batch-size", "32", "--steps", "3"],
+                         timeout=300, env={"PYTHONPATH": None}, cwd=ROOT)  # the module from the folder it runs in
+    assert result.returncode == 1, result.output[-4000:]
+    assert "[1] BatchNormalization statistics taken per replica (layer 'batch_normalization')" in result.output
+    assert "FAILED: differs from one replica" in result.output
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--steps", "0"], "steps must be an int >= 1. Received: steps=0"),
+    (["--model", "tfpar.demo"], "--model takes module:function. Received: --model='tfpar.demo'"),
+])
+def test_bad_options_are_refused_at_once(option, message):
+    result = run_command([*VERIFY, *option], timeout=120)
+    assert result.returncode == 2 and f"tfpar verify: error: {message}" in result.output, result.output[-2000:]

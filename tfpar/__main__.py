@@ -1,0 +1,7 @@
+"""``python -m tfpar ...``: the ``tfpar`` command."""
+
+import sys
+
+from tfpar.cli import main
+
+sys.exit(main())

@@ -1,0 +1,347 @@
+"""`tfpar verify`: does a model train under a distribution exactly as on one replica?
+
+K steps on one replica (no strategy) and K steps under the chosen parallelism, from the same
+initial weights and on the same global batches, in the same order; then each variable's
+largest difference, and for each variable that differs the likely causes tfpar can see:
+
+- BatchNormalization whose batch statistics are taken per replica (or per microbatch);
+- random layers (Dropout, noise, augmentation) whose draws differ between the two runs;
+- quantization-aware-training ranges taken per replica;
+- loss-scale skips that happened on one side only;
+- metrics that count tfpar's padding examples (``metrics=`` instead of ``weighted_metrics=``).
+
+Example:
+    >>> report = tfpar.verify.verify(make_compiled_model, make_data, strategy="data_parallel")  # doctest: +SKIP
+    >>> report.passed  # doctest: +SKIP
+    True
+"""
+
+import dataclasses
+import importlib
+import math
+
+import numpy as np
+
+from tfpar import _compat
+from tfpar._checks import check_choice, check_int, check_number
+from tfpar._parallelism import STRATEGIES, check_model_fn, make_parallelism
+
+__all__ = ["VariableDifference", "VerifyReport", "load_function", "verify"]
+
+_RANDOM_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianDropout",
+                  "GaussianNoise", "AlphaDropout", "RandomFlip", "RandomRotation", "RandomZoom",
+                  "RandomTranslation", "RandomCrop", "RandomContrast", "RandomBrightness")
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableDifference:
+    """One variable: its largest absolute difference, and the likely causes when it differs."""
+
+    name: str
+    max_difference: float
+    causes: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What `verify` found; ``passed`` when every variable is within ``tolerance`` and nothing
+    else (loss scale, metrics, the batch) disagrees."""
+
+    description: str
+    steps: int
+    tolerance: float
+    variables: tuple
+    findings: tuple = ()
+    chief: bool = True
+    """Whether this process is the job's chief (worker 0, rank 0), which prints the report."""
+
+    @property
+    def passed(self):
+        return not self.findings and all(v.max_difference <= self.tolerance for v in self.variables)
+
+    def summary(self):
+        lines = [self.description, f"after {self.steps} steps from the same weights and batches "
+                 f"(tolerance {self.tolerance:g}):"]
+        width = max([len(v.name) for v in self.variables] + [8])
+        causes = []
+        for v in self.variables:
+            line = f"  {'ok  ' if v.max_difference <= self.tolerance else 'DIFF'} {v.name:<{width}}  " \
+                   f"max |difference| {v.max_difference:.3g}"
+            if v.max_difference > self.tolerance:
+                for cause in v.causes:
+                    if cause not in causes:
+                        causes.append(cause)
+                line += "  likely: " + (" ".join(f"[{causes.index(c) + 1}]" for c in v.causes)
+                                        or "no cause tfpar can detect")
+            lines.append(line)
+        lines.extend(f"  [{n}] {cause}" for n, cause in enumerate(causes, 1))
+        lines.extend(f"  {finding}" for finding in self.findings)
+        lines.append("PASSED: trains like one replica" if self.passed else "FAILED: differs from one replica")
+        return "\n".join(lines)
+
+
+def load_function(spec, parameter):
+    """``"module:function"`` → the function (the module imported as Python imports it).
+
+    Raises:
+        ValueError: not of that form, or the module or the function cannot be found.
+        TypeError: the name is not a function.
+    """
+    module_name, _, name = str(spec).partition(":")
+    if not module_name or not name:
+        raise ValueError(f"{parameter} takes module:function. Received: {parameter}={spec!r}. "
+                         f"Write e.g. {parameter}=mypackage.models:build_model.")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{parameter}: cannot import {module_name!r} ({e}). Received: {parameter}={spec!r}. "
+                         "Run from the folder that holds it, or put it on PYTHONPATH.") from None
+    function = getattr(module, name, None)
+    if function is None:
+        raise ValueError(f"{parameter}: {module_name} has no {name!r}. Received: {parameter}={spec!r}.")
+    if not callable(function):
+        raise TypeError(f"{parameter} must name a function. Received: {parameter}={spec!r}, a "
+                        f"{type(function).__name__}.")
+    return function
+
+
+def verify(model_fn, data_fn, *, strategy="data_parallel", replicas=None, steps=10, global_batch_size=None,
+           tolerance=1e-5, seed=0):
+    """Trains ``steps`` steps on one replica and under ``strategy``; returns a `VerifyReport`.
+
+    Args:
+        model_fn: builds and compiles the model (called once with no strategy, once under the
+            strategy's scope, each time after ``keras.utils.set_random_seed(seed)``).
+        data_fn: returns the training examples: ``(x, y)`` or ``(x, y, sample_weight)`` arrays,
+            or an unbatched ``tf.data.Dataset``; the first ``steps`` global batches are used, in order.
+        strategy: one of `tfpar._parallelism.STRATEGIES`.
+        replicas: "data_parallel": this process's devices (default 2; 1 per worker under
+            ``tfpar launch``); "ps": workers (default 1: more train asynchronously, which
+            verify names as the cause); "pipeline": copies of the 2-stage
+            pipeline (default 1); "horovod": the ranks (set by the launcher).
+        steps: steps on each side, >= 1.
+        global_batch_size: examples per step (default 32 per replica).
+        tolerance: the largest absolute difference a variable may show, > 0.
+        seed: the Keras seed before each build.
+
+    Raises:
+        TypeError / ValueError: a bad argument (a global batch that does not divide over the
+            replicas among them); a model that is not compiled, or not built.
+    """
+    import os
+
+    check_model_fn(model_fn)
+    if not callable(data_fn):
+        raise TypeError(f"data_fn must be a function that returns the examples. Received: data_fn={data_fn!r}.")
+    check_choice("strategy", strategy, STRATEGIES)
+    check_int("steps", steps, 1, hint=" Verify needs at least one step on each side.")
+    check_number("tolerance", tolerance, above=0)
+    check_int("seed", seed, 0)
+    if replicas is not None:
+        check_int("replicas", replicas, 1)
+    if strategy == "horovod" and replicas is not None:
+        raise ValueError("--strategy horovod takes its replicas from the launcher (one per rank). Received: "
+                         f"replicas={replicas}. Start it with tfpar launch --horovod -n N, without --replicas.")
+    multi_worker = bool(os.environ.get("TF_CONFIG", "").strip())
+    default = {"data_parallel": 1 if multi_worker else 2, "ps": 1, "pipeline": 1, "horovod": None}[strategy]
+    replicas = replicas or default
+    if strategy == "pipeline":
+        parallelism = make_parallelism("pipeline", replicas=replicas)
+    else:
+        parallelism = make_parallelism(strategy, num_devices=replicas)
+    return _Comparison(model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed).run()
+
+
+class _Comparison:
+    def __init__(self, model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed):
+        self.model_fn, self.data_fn, self.parallelism = model_fn, data_fn, parallelism
+        self.steps, self.tolerance, self.seed = steps, tolerance, seed
+        self.replicas = parallelism.num_replicas_in_sync
+        self.batch = global_batch_size or 32 * self.replicas
+        check_int("global_batch_size", self.batch, 1)
+
+    def run(self):
+        import tensorflow as tf
+
+        from tfpar._keras import keras_of
+
+        description = self.parallelism.describe(global_batch_size=self.batch)
+        chief = self.parallelism.input_strategy.extended.should_checkpoint
+        # The first steps x batch examples, as arrays: every side (a parameter-server worker too)
+        # builds the same dataset from them.
+        arrays = tf.nest.map_structure(
+            lambda t: t.numpy(),
+            _examples(self.data_fn(), tf).take(self.steps * self.batch).batch(self.steps * self.batch).get_single_element())
+        count = len(tf.nest.flatten(arrays)[0])
+        steps = math.ceil(count / self.batch)
+
+        def examples():
+            return tf.data.Dataset.from_tensor_slices(arrays)
+
+        reference = self._build_reference()
+        start = reference.get_weights()
+        k = keras_of(reference)
+        ref_history = reference.fit(examples().batch(self.batch), epochs=1, steps_per_epoch=steps, shuffle=False,
+                                    verbose=0).history
+        model, trained = self._build_distributed(start, k)
+        from tfpar.data import distribute
+
+        train = distribute(examples, self.parallelism, self.batch)
+        history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, shuffle=False,
+                            verbose=0).history
+        layer_causes, anywhere = self._causes(reference, padded=count % self.batch)
+        variables = []
+        for variable, mine, theirs in zip(reference.weights, reference.get_weights(), trained()):
+            own = layer_causes.get(id(variable), [])
+            variables.append(VariableDifference(
+                getattr(variable, "path", None) or variable.name,
+                float(np.max(np.abs(np.asarray(mine, np.float64) - np.asarray(theirs, np.float64)), initial=0.0)),
+                tuple(own + [c for c in anywhere if c not in own])))
+        findings = _loss_scale_finding(reference.optimizer, model.optimizer)
+        if all(v.max_difference <= self.tolerance for v in variables):  # else the metrics follow the weights
+            findings += self._metrics(ref_history, history, count % self.batch)
+        return VerifyReport(description, steps, self.tolerance, tuple(variables), tuple(findings), chief)
+
+    def _build_reference(self):
+        from tfpar._keras import keras
+
+        keras.utils.set_random_seed(self.seed)
+        _seed_keras3(self.seed)
+        model = self.model_fn()
+        if getattr(model, "optimizer", None) is None or not hasattr(model, "fit"):
+            raise ValueError("model_fn must return a compiled Keras model (build it, then model.compile(...)). "
+                             f"Received: a {type(model).__name__} without an optimizer.")
+        if not model.built or not model.weights:
+            raise ValueError(
+                f"verify copies the one-replica model's initial weights into the distributed one, and "
+                f"{model.name!r} has none yet (a subclassed model is built at its first call). Received: "
+                f"a model with built={model.built}. Build it in model_fn: model.build(input_shape), or "
+                "give it an Input.")
+        return model
+
+    def _build_distributed(self, start, k):
+        """The model under the parallelism, from ``start``; returns it and a function that gives
+        its weights in the reference's order."""
+        from tfpar._keras import keras
+        from tfpar.pipeline import Pipeline
+
+        keras.utils.set_random_seed(self.seed)
+        _seed_keras3(self.seed)
+        if isinstance(self.parallelism, Pipeline):
+            plain = self.model_fn()
+            plain.set_weights(start)
+            staged = self.parallelism.stage(plain)
+            optimizer = type(plain.optimizer).from_config(plain.optimizer.get_config())
+            with self.parallelism.scope():
+                staged.compile(optimizer=optimizer, loss=plain.loss)
+            return staged, lambda: staged.plain_model().get_weights()
+        model = self.parallelism.build(self.model_fn)
+        with self.parallelism.scope():
+            model.set_weights(start)
+        return model, model.get_weights
+
+    def _causes(self, model, padded):
+        """{id(variable): [causes of its own layer]} and the model's causes for every variable."""
+        from tfpar._keras import keras_of, tf
+
+        k = keras_of(model)
+        microbatches = getattr(getattr(self.parallelism, "config", None), "num_microbatches", 1)
+        split = self.replicas > 1 or microbatches > 1
+        per = "microbatch" if microbatches > 1 else "replica"
+        own, anywhere = {}, []
+        strategy = self.parallelism.input_strategy
+        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy) and \
+                _compat.ps_num_workers(strategy) > 1:
+            anywhere.append(f"asynchronous training: the parameter servers apply each of the "
+                            f"{_compat.ps_num_workers(strategy)} workers' steps as it comes, computed from stale "
+                            "weights, and the workers take their batches in the order they finish; with one "
+                            "worker (--replicas 1) it must match")
+        for layer in _layers(model):
+            cause = None
+            kind = type(layer).__name__
+            if isinstance(layer, k.layers.BatchNormalization) and split and not getattr(layer, "synchronized", False):
+                fix = ("a pipeline cannot share them" if per == "microbatch"
+                       else "use BatchNormalization(synchronized=True)")
+                cause = (f"BatchNormalization statistics taken per {per} (layer {layer.name!r}): each {per} "
+                         f"normalizes its own examples; {fix}")
+            elif isinstance(layer, k.layers.BatchNormalization) and padded:
+                cause = (f"BatchNormalization statistics count padding (layer {layer.name!r}): the last step "
+                         f"holds {padded} examples padded to {self.batch}, and sample weights do not reach batch "
+                         "statistics; feed whole batches (tfpar.data.distribute(..., remainder='drop'))")
+            elif kind in _RANDOM_LAYERS:
+                cause = _random_layer_cause(layer, split, per)
+            elif kind.startswith("QuantizeWrapper") and self.replicas > 1:
+                cause = (f"QAT ranges taken per replica (layer {layer.name!r}): each replica's fake-quant "
+                         "min/max follow its own examples and are averaged over the replicas")
+            if cause:
+                anywhere.append(cause)
+                for variable in layer.weights:
+                    own[id(variable)] = [cause]
+        return own, anywhere
+
+    def _metrics(self, reference, history, remainder):
+        findings = []
+        for name in sorted(set(reference) & set(history) - {"loss"}):
+            a, b = reference[name][-1], history[name][-1]
+            if abs(a - b) > max(1e-4, 1e-4 * abs(a)):
+                why = (f"the last step is padded ({remainder} real examples of {self.batch}) and the metric "
+                       "counts the padding: compile it as weighted_metrics=, not metrics="
+                       if remainder else "no cause tfpar can detect")
+                findings.append(f"DIFF metric {name!r}: {a:.6g} on one replica, {b:.6g} distributed; likely: {why}")
+        return findings
+
+
+def _seed_keras3(seed):
+    import sys
+
+    if "keras" in sys.modules and hasattr(sys.modules["keras"], "utils"):
+        sys.modules["keras"].utils.set_random_seed(seed)
+
+
+def _examples(data, tf):
+    """``data_fn()``'s result as an unbatched dataset of examples."""
+    if isinstance(data, tf.data.Dataset):
+        return data
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        return tf.data.Dataset.from_tensor_slices(tuple(data))
+    raise TypeError("data_fn must return (x, y) or (x, y, sample_weight) arrays, or an unbatched tf.data.Dataset. "
+                    f"Received: a {type(data).__name__}.")
+
+
+def _layers(model):
+    for layer in getattr(model, "layers", []):
+        yield layer
+        if hasattr(layer, "layer"):  # a wrapper (QAT, pruning): the wrapped layer too
+            yield layer.layer
+        yield from _layers(layer) if hasattr(layer, "layers") else ()
+
+
+def _random_layer_cause(layer, split, per):
+    seed = getattr(layer, "seed", None)
+    if seed is None:
+        return (f"random layer {layer.name!r} ({type(layer).__name__}) draws without a fixed seed, so the two runs "
+                f"draw different numbers: give it seed=..., or leave it out to verify")
+    noise_shape = getattr(layer, "noise_shape", None)
+    shared = noise_shape is not None and noise_shape[0] == 1 and _compat.random_generator_type(layer) == "stateless"
+    if split and not shared:
+        return (f"random layer {layer.name!r} ({type(layer).__name__}) draws per {per}: a {per} of B examples draws "
+                "what one device draws for the first B of the whole batch; use a mask shared across the batch "
+                "(noise_shape=(1, ...), rng_type='stateless'), or leave it out to verify")
+    return None
+
+
+def _loss_scale_finding(reference, distributed):
+    """A finding when the two optimizers' loss scales disagree (a skip on one side only), else []."""
+    mine, theirs = _loss_scale(reference), _loss_scale(distributed)
+    if mine is None or theirs is None or mine == theirs:
+        return []
+    return [f"DIFF loss-scale skips differ: one replica ended with loss scale {mine:g}, the distribution with "
+            f"{theirs:g} (a step was skipped on one side only: an overflow in one replica's gradients)"]
+
+
+def _loss_scale(optimizer):
+    for name in ("dynamic_scale", "loss_scale"):  # Keras 3; tf_keras
+        value = getattr(optimizer, name, None)
+        if value is not None and not callable(value):
+            return float(np.asarray(value))
+    return None
