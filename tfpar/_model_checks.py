@@ -118,6 +118,14 @@ def _add_heartbeat(model, arguments):
         arguments["callbacks"] = [*(callbacks or ()), Heartbeat()]
 
 
+def _add_timeline(model, arguments):
+    """Before ``fit``: `tfpar.callbacks.timeline.add_timeline` (the Timeline's in-step timestamps,
+    and a Timeline under ``tfpar launch --timeline``)."""
+    from tfpar.callbacks.timeline import add_timeline
+
+    add_timeline(model, arguments)
+
+
 def _register_the_one_keras_checks():
     from tfpar._keras import check_callbacks_keras, check_one_keras
 
@@ -125,6 +133,7 @@ def _register_the_one_keras_checks():
     for method in ("fit", "evaluate", "predict"):
         register_before(check_callbacks_keras, method)
         register_before(_add_heartbeat, method)
+    register_before(_add_timeline, "fit")
 
 
 _register_the_one_keras_checks()  # once, at import: every model is checked for a mix of the Kerases

@@ -88,6 +88,9 @@ def _parser():
     run.add_argument("--heartbeat-timeout", type=float, default=None,
                      help="seconds a task may make no training step before it is named hung, its stacks are "
                           "dumped and the job is stopped (or restarted under --max-restarts)")
+    run.add_argument("--timeline", metavar="DIR", default=None,
+                     help="every fit of the job writes DIR/timeline.json: a Chrome trace of all workers' steps "
+                          "(tfpar.callbacks.Timeline); with --horovod, Horovod's own DIR/horovod_timeline.json too")
     run.add_argument("--slurm", action="store_true",
                      help="join the SLURM job this srun task belongs to (one worker per task; the "
                           "cluster comes from SLURM_JOB_NODELIST, SLURM_NTASKS, SLURM_PROCID)")
@@ -126,6 +129,8 @@ def _launch(args):
     from tfpar.cluster import parse_hosts
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.timeline is not None:
+        _timeline_folder(args.timeline, horovod=args.horovod)
     if args.horovod:
         return _launch_horovod(args, cmd)
     if args.hosts and args.cluster:
@@ -153,6 +158,22 @@ def _launch(args):
     return launch(cmd, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
                   grace_seconds=args.grace, max_restarts=args.max_restarts,
                   heartbeat_timeout=args.heartbeat_timeout)
+
+
+def _timeline_folder(folder, horovod):
+    """--timeline DIR: made if missing and checked writable now; the tasks inherit $TFPAR_TIMELINE."""
+    from tfpar.callbacks.timeline import TIMELINE_VARIABLE, check_writable
+
+    folder = os.path.abspath(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--timeline cannot make {folder} ({e.strerror}). Received: --timeline {folder}. "
+                         "Choose a folder this user may write to.") from None
+    check_writable(os.path.join(folder, "timeline.json"), "--timeline")
+    os.environ[TIMELINE_VARIABLE] = folder
+    if horovod:
+        os.environ.setdefault("HOROVOD_TIMELINE", os.path.join(folder, "horovod_timeline.json"))
 
 
 def _launch_slurm(args, cmd):
@@ -194,9 +215,15 @@ def _launch_horovod(args, cmd):
     n = str(args.workers)
     argv = [horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd]
     grace = getattr(args, "grace", DEFAULT_GRACE_SECONDS)
-    if getattr(args, "heartbeat_timeout", None) is None:
-        return run_command(argv, grace_seconds=grace)
-    return _run_horovod_watched(argv, grace, args.heartbeat_timeout)
+    try:
+        if getattr(args, "heartbeat_timeout", None) is None:
+            return run_command(argv, grace_seconds=grace)
+        return _run_horovod_watched(argv, grace, args.heartbeat_timeout)
+    finally:
+        if getattr(args, "timeline", None):
+            from tfpar.callbacks.timeline import merge_horovod_timeline
+
+            merge_horovod_timeline(os.environ["TFPAR_TIMELINE"])
 
 
 def _run_horovod_watched(argv, grace, timeout):

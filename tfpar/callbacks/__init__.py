@@ -11,6 +11,7 @@ from tfpar.callbacks.learning_rate import (
 )
 from tfpar.callbacks.monitoring import MetricAverage, NaNGuard, Throughput
 from tfpar.callbacks.pipeline import PipelineBubble
+from tfpar.callbacks.timeline import Timeline
 
 __all__ = ["FaultTolerance", "Heartbeat", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage", "NaNGuard",
-           "PipelineBubble", "Throughput", "cosine_decay", "exponential_decay", "step_decay"]
+           "PipelineBubble", "Throughput", "Timeline", "cosine_decay", "exponential_decay", "step_decay"]

@@ -65,7 +65,20 @@ class PipelineModel:
         with tf.device("/cpu:0"):
             self.pipeline_timing = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
                                                name="pipeline_timing")
+            # The last step's instructions, replica by replica in the schedule's order: (start, end).
+            self.pipeline_trace = tf.Variable(tf.zeros([len(grid) * len(self._order), 2], tf.float64),
+                                              trainable=False, name="pipeline_trace")
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
+
+    def pipeline_track_names(self):
+        """The trace's tracks: one per stage of each replica (`tfpar.callbacks.Timeline`)."""
+        return [f"stage {k}" + (f" (replica {r})" if len(self.grid) > 1 else "")
+                for r in range(len(self.grid)) for k in range(len(self.stages))]
+
+    def pipeline_trace_labels(self):
+        """Per row of ``pipeline_trace``: (its track, "F<microbatch>" or "B<microbatch>")."""
+        return [(r * len(self.stages) + i.stage, f"{'F' if i.kind == FORWARD else 'B'}{i.microbatch}")
+                for r in range(len(self.grid)) for i in self._order]
 
     def call(self, inputs, training=None):
         x = inputs
@@ -232,7 +245,7 @@ class PipelineModel:
         for key in sorted(done, key=lambda key: (spans[key[1]][1], key[0], key[1].stage)):
             with tf.control_dependencies(done[key]):
                 ends[key] = tf.timestamp()
-        busy, previous = [], {}
+        busy, previous, starts = [], {}, {}
         for (replica, instruction) in sorted(done, key=lambda key: (key[0], spans[key[1]][0], key[1].stage)):
             candidates = [step_start]
             if (replica, instruction.stage) in previous:
@@ -241,11 +254,14 @@ class PipelineModel:
             if dependency is not None:
                 candidates.append(ends[(replica, dependency)])
             key = (replica, instruction)
-            busy.append(ends[key] - tf.reduce_max(tf.stack(candidates)))
+            starts[key] = tf.reduce_max(tf.stack(candidates))
+            busy.append(ends[key] - starts[key])
             previous[(replica, instruction.stage)] = key
         mean_busy = tf.add_n(busy) / (len(self.stages) * len(self.grid))
         span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
         self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))
+        rows = [(r, i) for r in range(len(self.grid)) for i in self._order]
+        self.pipeline_trace.assign(tf.stack([tf.stack([starts[key], ends[key]]) for key in rows]))
 
 
 class _TfKerasPipelineModel(PipelineModel, keras.Model):

@@ -1,0 +1,83 @@
+"""`tfpar.callbacks.Timeline` in this process: 2 replicas (both Kerases) and a 2-stage pipeline."""
+
+import json
+
+import pytest
+
+import tfpar
+from tests.models import equivalence_data, verify_model
+from tfpar.callbacks import Timeline
+
+
+def _fit(model, parallelism, path, epochs=2, examples=96, batch=16, exchange=False):
+    import tensorflow as tf
+
+    x, y = equivalence_data(examples)
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, batch)
+    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0, shuffle=False,
+              callbacks=[Timeline(str(path), exchange=exchange)])
+    return train.steps_per_epoch * epochs
+
+
+def _tracks(trace):
+    """{(worker, track name): [events by start]}."""
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    tracks = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], names[e["pid"], e["tid"]]), []).append(e)
+    return {key: sorted(events, key=lambda e: e["ts"]) for key, events in tracks.items()}
+
+
+@pytest.mark.parametrize("exchange", [False, True])
+def test_each_step_shows_its_phases_in_order_within_it(any_keras, exchange, tmp_path):
+    strategy = tfpar.DataParallel()
+    model = strategy.build(lambda: verify_model(k=any_keras))
+    steps = _fit(model, strategy, tmp_path / "timeline.json", exchange=exchange)
+    tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
+    phases = ["input wait", "forward+backward", "exchange+apply"] if exchange else ["input wait", "compute"]
+    assert {name for _, name in tracks} == {"step", "epoch", *phases}
+    step = tracks[0, "step"]
+    assert [e["name"] for e in tracks[0, "epoch"]] == ["epoch 1", "epoch 2"]
+    slack = 2000  # microseconds: the host's callbacks run after the step's last op
+    for s, *spans in zip(step, *(tracks[0, name] for name in phases)):
+        assert spans[0]["ts"] == s["ts"]
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1 for a, b in zip(spans, spans[1:]))
+        assert spans[-1]["ts"] + spans[-1]["dur"] <= s["ts"] + s["dur"] + slack
+    assert all(len(tracks[0, name]) == steps for name in ["step", *phases])
+    assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(step, step[1:]))  # one step after another
+    # fit without a Timeline afterwards: the training function is Keras' own again
+    assert "train_step" not in model.__dict__ and "apply_gradients" not in model.optimizer.__dict__
+
+
+def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_path):
+    pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b")
+    model = pipeline.stage(verify_model())
+    model.compile(tfpar.keras.optimizers.SGD(0.1), tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    steps = _fit(model, pipeline, tmp_path / "timeline.json", epochs=1)
+    tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
+    streams = model.schedule.streams()
+    for stage, expected in enumerate(streams):
+        events = tracks[0, f"stage {stage}"]
+        assert len(events) == steps * len(expected)
+        per_step = [events[i:i + len(expected)] for i in range(0, len(events), len(expected))]
+        for run in per_step:
+            assert [e["name"] for e in run] == [str(i) for i in expected]
+            assert all(a["ts"] + a["dur"] <= b["ts"] + 1 for a, b in zip(run, run[1:]))
+    # a forward of stage 1 starts after stage 0's forward of that microbatch ends
+    first = {e["name"]: e for e in tracks[0, "stage 0"][:len(streams[0])]}
+    second = {e["name"]: e for e in tracks[0, "stage 1"][:len(streams[1])]}
+    assert all(second[f"F{i}"]["ts"] >= first[f"F{i}"]["ts"] + first[f"F{i}"]["dur"] - 1 for i in range(4))
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/nonexistent-folder/timeline.json", "path cannot be written"),
+    ("/etc/hostname/timeline.json", "path cannot be written"),
+    ("/tmp", "path is a folder"),
+    (None, "Timeline needs a file to write"),
+])
+def test_a_path_that_cannot_be_written_is_refused_at_once(path, message, monkeypatch):
+    monkeypatch.delenv("TFPAR_TIMELINE", raising=False)
+    with pytest.raises(ValueError) as info:
+        Timeline(path)
+    assert message in str(info.value) and "Received: path=" in str(info.value)

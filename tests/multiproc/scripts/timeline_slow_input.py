@@ -1,0 +1,36 @@
+"""One fit of the equivalence model under `tfpar launch -n 2 --timeline DIR` (DataParallel or
+HorovodStrategy by tfpar.strategies.auto()); worker SLOW's input sleeps 5 ms per example.
+
+Usage: timeline_slow_input.py SLOW (-1: none)
+"""
+
+import sys
+import time
+
+import tensorflow as tf
+
+import tfpar
+from tests.models import equivalence_data, verify_model
+
+strategy = tfpar.strategies.auto()
+slow = int(sys.argv[1])
+index = strategy.rank if hasattr(strategy, "rank") else strategy.cluster_resolver.task_id
+model = strategy.build(verify_model)
+x, y = equivalence_data(192)
+
+
+def source():
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    if index == slow:  # a slow input on this worker only
+        def late(a, b):
+            time.sleep(0.005)
+            return a, b
+
+        dataset = dataset.map(lambda a, b: tf.numpy_function(late, [a, b], (tf.float32, tf.int64)))
+        dataset = dataset.map(lambda a, b: (tf.ensure_shape(a, (8, 8, 1)), tf.ensure_shape(b, ())))
+    return dataset
+
+
+train = tfpar.data.distribute(source, strategy, 32)
+model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0)
+print("done", index, flush=True)

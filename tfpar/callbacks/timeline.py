@@ -1,0 +1,302 @@
+"""`Timeline`: one Chrome-trace (Perfetto) JSON for the whole job, every worker on one clock.
+
+Open the file in https://ui.perfetto.dev or chrome://tracing. Each worker (TF_CONFIG task or
+Horovod rank) is a process, with these tracks:
+
+- ``step``: each training step as the host saw it (``on_train_batch_begin`` to ``..._end``);
+- ``input wait``: from the step's start until its batch reached the step (input pipeline and
+  dispatch: a slow input shows here);
+- ``compute``: from then until the step's update is done and its metrics exist: forward,
+  backward, the gradient exchange (the collective all-reduce, or Horovod's) and the optimizer's
+  update. With ``exchange=True`` it is split where the gradients exist (at
+  ``optimizer.apply_gradients``): ``forward+backward``, then ``exchange+apply`` (the exchange and
+  the update run inside ``apply_gradients`` under every tfpar strategy, so they stay together);
+- for a `PipelineModel`, one track per stage (and replica) with each microbatch's forward ``F``
+  and backward ``B``, from the timestamps the pipeline takes around every instruction.
+
+The in-step times are ``tf.timestamp()`` ops in the training function (tfpar puts them there when
+``fit`` gets a Timeline); steps and workers are matched by the optimizer's step counter. All
+times are the host's wall clock: workers on one machine share it; across machines they are as
+close as the machines' clocks. Under a ParameterServer, Keras calls no batch hooks and the steps
+run on the workers: the trace has the chief's epochs only.
+
+At the end of ``fit`` the workers' events are gathered over the strategy (a collective) and the
+chief writes the file, atomically.
+"""
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+
+from tfpar import _compat
+from tfpar._files import write_atomically
+from tfpar._keras import keras, tf
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, coordinator_strategy
+
+__all__ = ["TIMELINE_VARIABLE", "Timeline", "check_writable", "merge_horovod_timeline"]
+
+TIMELINE_VARIABLE = "TFPAR_TIMELINE"
+"""A folder: ``tfpar launch --timeline DIR`` sets it, and every ``fit`` then writes DIR/timeline.json."""
+
+_TRACKS = ("step", "input wait", "forward+backward", "exchange+apply", "epoch", "compute")
+_CAPACITY = 4096  # steps kept between two reads of the in-step stamps (read every epoch)
+
+
+class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
+    """Writes the job's timeline to ``path`` when ``fit`` ends (the chief writes it).
+
+    Args:
+        path: the JSON file (default: ``$TFPAR_TIMELINE/timeline.json``). Its folder must exist
+            and be writable: checked here, not at the end of the run.
+        exchange: also split each step where the gradients exist (``forward+backward``, then
+            ``exchange+apply``). The timestamp that waits for the gradients costs up to about
+            14 % of the demo's step time here (``bench/timeline.py``: 0.96 to 1.14 over runs);
+            without it the step after its input is one ``compute`` span (forward, backward,
+            exchange and apply), at no measurable cost (0.95 to 0.99).
+
+    Raises:
+        ValueError: no path, a path that is a folder, or a folder that is missing or not writable.
+
+    Example:
+        >>> model.fit(data, epochs=3, callbacks=[tfpar.callbacks.Timeline("run/timeline.json")])  # doctest: +SKIP
+    """
+
+    def __init__(self, path=None, exchange=False):
+        super().__init__()
+        self.exchange = exchange
+        self._supports_tf_logs = True  # it reads no logs
+        if path is None and os.environ.get(TIMELINE_VARIABLE):
+            path = os.path.join(os.environ[TIMELINE_VARIABLE], "timeline.json")
+        self.path = check_writable(path, "path")
+        self._stamps = None
+
+    # --- in the training function (installed by the fit check below) ---
+    def install(self, model):
+        """Puts the in-step timestamps into ``model``'s training function (rebuilt at this fit)."""
+        if self._stamps is None:
+            with tf.device("/cpu:0"):
+                self._stamps = _compat.ResourceVariable(_empty(), trainable=False, name="tfpar_timeline")
+        stamps, optimizer = self._stamps, model.optimizer
+
+        traced = threading.local()  # the step a replica's thread traces: its counter, its gradients' time
+
+        def now_after(dependencies):
+            with tf.control_dependencies([t for t in tf.nest.flatten(dependencies) if t is not None]):
+                return tf.timestamp()
+
+        train_step, apply_gradients = model.train_step, optimizer.apply_gradients
+
+        def timed_train_step(data):
+            step = tf.cast(tf.identity(optimizer.iterations), tf.float64)
+            traced.grads = tf.constant(-np.inf, tf.float64)
+            arrived = now_after(data)
+            with tf.control_dependencies([arrived]):
+                logs = train_step(data)
+            # The step ends when its metrics exist and its update is done: reading the weights after
+            # the update orders the read after it (tf.function runs a variable's ops in program order).
+            done = now_after([logs, [tf.convert_to_tensor(v) for v in model.trainable_variables]])
+            row = tf.stack([step, arrived, traced.grads, done])[None]
+            del traced.grads
+            index = tf.reshape(tf.cast(step, tf.int64) % _CAPACITY, [1])
+            with tf.control_dependencies([stamps.scatter_max(tf.IndexedSlices(row, index))]):
+                return tf.nest.map_structure(tf.identity, logs)
+
+        def timed_apply_gradients(grads_and_vars, *args, **kwargs):
+            grads_and_vars = list(grads_and_vars)
+            if hasattr(traced, "grads") and self.exchange:  # inside a training step
+                traced.grads = now_after([g for g, _ in grads_and_vars])
+            return apply_gradients(grads_and_vars, *args, **kwargs)
+
+        model.train_step, optimizer.apply_gradients = timed_train_step, timed_apply_gradients
+        model.train_function = None  # rebuilt with the stamps at this fit
+        self._installed = (model, optimizer)
+
+    def _uninstall(self):
+        model, optimizer = self._installed
+        for owner, name in ((model, "train_step"), (optimizer, "apply_gradients")):
+            owner.__dict__.pop(name, None)
+        model.train_function = None
+
+    # --- on the host ---
+    def on_train_begin(self, logs=None):
+        self._events, self._step_begin, self._read_steps = [], None, 0
+        self._labels = list(_TRACKS)  # an event's name: an index into these (the same on every worker)
+        self._tracks = dict(enumerate(_TRACKS))
+        if self._stamps is not None:
+            self._stamps.assign(_empty())
+        self._pipeline = getattr(self.model, "pipeline_trace", None)
+        if self._pipeline is not None:  # a track per stage and replica, an event per F and B
+            first = len(self._tracks)
+            for track, name in enumerate(self.model.pipeline_track_names(), first):
+                self._tracks[track] = name
+            self._instructions = [(first + track, self._label(label))
+                                  for track, label in self.model.pipeline_trace_labels()]
+
+    def _label(self, text):
+        if text not in self._labels:
+            self._labels.append(text)
+        return self._labels.index(text)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_begin = time.time()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_begin = time.time()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._events.append((self._step_begin, time.time(), 0, 0))
+        if self._pipeline is not None:  # the step's instructions: [n, 2] (start, end)
+            for (start, stop), (track, label) in zip(self._pipeline.numpy(), self._instructions):
+                self._events.append((start, stop, track, label))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._events.append((self._epoch_begin, time.time(), 4, self._label(f"epoch {epoch + 1}")))
+        self._read_stamps()
+
+    def _read_stamps(self):
+        if self._stamps is None:
+            return
+        steps = [(begin, end) for begin, end, track, _ in self._events if track == 0][self._read_steps:]
+        self._read_steps += len(steps)
+        rows = self._stamps.numpy()
+        rows = rows[np.isfinite(rows[:, 0])]
+        rows = rows[np.argsort(rows[:, 0])][-len(steps):] if steps else rows[:0]
+        for (begin, end), (_, data, grads, done) in zip(steps[-len(rows):], rows):
+            spans = [(begin, data, 1)] + ([(data, grads, 2), (grads, done, 3)] if np.isfinite(grads)
+                                          else [(data, done, 5)])
+            for a, b, track in spans:
+                if np.isfinite(a) and np.isfinite(b):
+                    self._events.append((a, max(a, b), track, track))
+        self._stamps.assign(_empty())
+
+    def on_train_end(self, logs=None):
+        if getattr(self, "_installed", None):
+            self._uninstall()
+        strategy = self.model.distribute_strategy
+        workers = _gather(strategy, np.array(self._events, np.float64).reshape(-1, 4))
+        if strategy.extended.should_checkpoint:
+            write_atomically(self.path, json.dumps(_trace(workers, self._tracks, self._labels)))
+
+
+def _empty():
+    return tf.fill([_CAPACITY, 4], tf.constant(-np.inf, tf.float64))
+
+
+def check_writable(path, parameter):
+    """``path`` as given, once its folder is known to exist and take a new file; else ValueError."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"Timeline needs a file to write. Received: {parameter}={path!r}. Pass a path, or start "
+                         f"the job with `tfpar launch --timeline DIR` (it sets ${TIMELINE_VARIABLE}).")
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{parameter} is a folder. Received: {parameter}={path!r}. Name a file in it, e.g. "
+                         f"{os.path.join(path, 'timeline.json')!r}.")
+    try:
+        probe = os.path.join(folder, f".tfpar-timeline-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"{parameter} cannot be written ({e.strerror}: {folder}). Received: {parameter}={path!r}. "
+                         "Create the folder, or choose one this process may write to.") from None
+    return path
+
+
+def _gather(strategy, events):
+    """Every worker's events, on every worker (one SUM collective of a table a worker fills its row of)."""
+    from tfpar.callbacks.monitoring import num_workers
+
+    count = 1 if coordinator_strategy() else num_workers(strategy)
+    if count == 1:
+        return [events]
+    index, local = _worker_index(strategy), len(strategy.extended.worker_devices)
+    lengths = np.zeros(count, np.float64)
+    lengths[index] = len(events)
+    lengths = np.rint(_sum(strategy, lengths, local)).astype(int)
+    table = np.zeros((count, lengths.max(), 4), np.float64)
+    table[index, :len(events)] = events
+    table = _sum(strategy, table, local)
+    return [table[w, :n] for w, n in enumerate(lengths)]
+
+
+def _worker_index(strategy):
+    """This worker's place among the workers: its Horovod rank, or its TF_CONFIG task (a chief first)."""
+    if hasattr(strategy, "rank"):
+        return strategy.rank
+    resolver = strategy.cluster_resolver
+    if resolver.task_type == "chief":
+        return 0
+    return resolver.task_id + (1 if "chief" in resolver.cluster_spec().as_dict() else 0)
+
+
+def _sum(strategy, array, local):
+    share = array / local  # each of the worker's replicas adds its share
+    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(share)), axis=None)
+    return summed.numpy()
+
+
+def _trace(workers, tracks, labels):
+    """The Chrome trace: a process per worker, a thread per track, times in microseconds."""
+    events = []
+    for worker, rows in enumerate(workers):
+        events.append({"ph": "M", "name": "process_name", "pid": worker, "args": {"name": f"worker {worker}"}})
+        for track in sorted({int(t) for t in rows[:, 2]}):
+            events.append({"ph": "M", "name": "thread_name", "pid": worker, "tid": track,
+                           "args": {"name": tracks[track]}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": worker, "tid": track,
+                           "args": {"sort_index": track}})
+        for begin, end, track, label in rows:
+            events.append({"ph": "X", "pid": worker, "tid": int(track), "name": labels[int(label)], "cat": "tfpar",
+                           "ts": round(begin * 1e6, 1), "dur": round(max(0.0, end - begin) * 1e6, 1)})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"producer": "tfpar.callbacks.Timeline", "clock": "wall clock, microseconds since the epoch"}}
+
+
+def add_timeline(model, arguments):
+    """Before ``fit``: under ``tfpar launch --timeline DIR`` adds a `Timeline`; and puts the in-step
+    timestamps of every Timeline of this call into the model's training function."""
+    callbacks = arguments.get("callbacks")
+    if not (callbacks is None or isinstance(callbacks, (list, tuple))):
+        return
+    timelines = [c for c in callbacks or () if isinstance(c, Timeline)]
+    if not timelines and os.environ.get(TIMELINE_VARIABLE):
+        timelines = [Timeline()]
+        arguments["callbacks"] = [*(callbacks or ()), *timelines]
+    if timelines and not isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy):
+        timelines[0].install(model)
+
+
+def merge_horovod_timeline(folder):
+    """Adds Horovod's own timeline (``HOROVOD_TIMELINE``: FOLDER/horovod_timeline.json, one process
+    per tensor, times from its start) to FOLDER/timeline.json, on the same clock: after the job
+    (``tfpar launch --horovod --timeline``). Returns whether it merged."""
+    ours, theirs = os.path.join(folder, "timeline.json"), os.path.join(folder, "horovod_timeline.json")
+    if not (os.path.exists(ours) and os.path.exists(theirs)):
+        return False
+    with open(theirs) as f:
+        text = f.read().strip().rstrip(",")
+    if not text.endswith("]"):  # a job cut short leaves the array open
+        text += "]"
+    horovod = json.loads(text)
+    start = next((e["args"]["start_time_since_epoch_in_micros"] for e in horovod
+                  if "start_time_since_epoch_in_micros" in e.get("args", {})), None)
+    if start is None:
+        return False
+    with open(ours) as f:
+        trace = json.load(f)
+    offset = 1 + max((e["pid"] for e in trace["traceEvents"]), default=0)
+    for event in horovod:
+        event = dict(event, pid=offset + event.get("pid", 0))
+        if "ts" in event:
+            event["ts"] = event["ts"] + start
+        if event.get("name") == "process_name" and "name" in event.get("args", {}):
+            event["args"] = {"name": f"Horovod {event['args']['name']}"}
+        elif event.get("name") == "process_name":
+            event["args"] = {"name": "Horovod"}
+        trace["traceEvents"].append(event)
+    write_atomically(ours, json.dumps(trace))
+    return True
