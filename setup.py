@@ -17,7 +17,9 @@ setup(
         "tensorflow-model-optimization>=0.8.1,<0.9",  # tfpar.quantization: QAT and pruning
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "keras-tuner>=1.4", "pyyaml", "ray[train]>=2.50"],
+        "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "keras-tuner>=1.4", "pyyaml", "ray[train]>=2.50",
+                "matplotlib>=3.8"],
+        "report": ["matplotlib>=3.8"],  # tfpar report, tfpar demo --report
         "ray": ["ray[train]>=2.50"],  # tfpar.integrations.ray, inside Ray Train's TensorflowTrainer
         # Horovod itself is built by `tfpar install-horovod` (see README). CMake 4 builds it too:
         # the installer sets CMAKE_POLICY_VERSION_MINIMUM for Horovod's bundled Gloo.

@@ -1,4 +1,4 @@
-"""The ``tfpar`` command: ``demo``, ``launch``, ``tune``, ``verify``, ``doctor`` and ``install-horovod``."""
+"""The ``tfpar`` command: ``demo``, ``launch``, ``tune``, ``verify``, ``report``, ``doctor`` and ``install-horovod``."""
 
 import argparse
 import os
@@ -43,6 +43,8 @@ def _parser():
                       help="the Keras the model is built in: 2 (tf_keras, default) or 3 (Keras 3; "
                            "data_parallel, horovod and pipeline)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.add_argument("--report", metavar="DIR", default=None,
+                      help="write the run's timeline and plots (tfpar report) to DIR, and say where")
 
     verify = sub.add_parser(
         "verify", help="prove a model trains under a distribution as on one replica",
@@ -63,6 +65,10 @@ def _parser():
     verify.add_argument("--tolerance", type=float, default=1e-5,
                         help="largest absolute difference per variable (default 1e-5)")
     verify.add_argument("--seed", type=_int, default=0, help="Keras seed before each build (default 0)")
+
+    plots = sub.add_parser("report", help="PNG plots of a run from its timeline (tfpar launch --timeline DIR)")
+    plots.add_argument("run_dir", help="the run's folder (its timeline.json)")
+    plots.add_argument("--out", default=None, help="where the PNG files go (default: the run's folder)")
 
     run = sub.add_parser(
         "launch",
@@ -296,6 +302,8 @@ def _demo(args, command_line=None):
         argv += ["--precision", args.precision, "--keras", str(args.keras)] + (["--qat"] if args.qat else [])
         if args.quiet:
             argv.append("--quiet")
+        if args.report:
+            argv += ["--report", os.path.abspath(args.report)]
         return _launch_horovod(args, argv)
     if args.strategy == "ps" and command_line is not None:
         _keep_servers_on_loopback(command_line)
@@ -304,7 +312,16 @@ def _demo(args, command_line=None):
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
              global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
              replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat,
-             keras_version=args.keras)
+             keras_version=args.keras, report_dir=args.report)
+    return 0
+
+
+def _report(folder, out=None):
+    from tfpar.report import report
+
+    written = report(folder, out)
+    print("\n".join(["wrote:", *(f"  {path}" for path in written)]) if written else
+          f"nothing to plot in {folder}: its timeline has no steps")
     return 0
 
 
@@ -345,6 +362,8 @@ def main(argv=None):
             return _doctor()
         if args.command == "tune":
             return _tune(args)
+        if args.command == "report":
+            return _report(args.run_dir, args.out)
         if args.command == "verify":
             return _verify(args, command_line=sys.argv[1:] if argv is None else None)
         if args.command == "install-horovod":
@@ -356,7 +375,7 @@ def main(argv=None):
     except LaunchError as e:
         print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
         return e.returncode
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ImportError) as e:
         print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
         return 2
 

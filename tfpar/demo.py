@@ -99,7 +99,7 @@ def compiled_model(k=None, learning_rate=2e-3):
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
              learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8,
-             precision="float32", qat=False, keras_version=2):
+             precision="float32", qat=False, keras_version=2, report_dir=None):
     """Trains the digits CNN and returns a `DemoResult`.
 
     Args:
@@ -120,6 +120,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         qat: after training, fine-tune with quantization-aware training (float32), export
             float and int8 TFLite models and compare their accuracy and size.
         keras_version: 2 (tf_keras, `tfpar.keras`) or 3 (Keras 3): the Keras the model is built in.
+        report_dir: a folder for the run's `tfpar.callbacks.Timeline` and `tfpar.report` plots
+            (made if missing, checked before training); their paths end the summary.
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the
@@ -136,6 +138,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
             "servers in fit and QAT need tf_keras (README, Keras 3 and tf_keras). Received: --keras 3 "
             f"--strategy {strategy}{' --qat' if qat else ''}. Leave out --keras 3 for those.")
     k = keras3() if keras_version == 3 else keras
+    timeline = _timeline(report_dir)
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
@@ -176,6 +179,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     pipelined = isinstance(model, PipelineModel)
     if pipelined:
         callbacks.append(PipelineBubble())
+    if timeline is not None:
+        callbacks.append(timeline)
     history = model.fit(
         train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,
         validation_data=val.dataset, validation_steps=val.steps_per_epoch,
@@ -188,6 +193,11 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     notes = () if not pipelined else (
         f"bubble: measured {history.history['bubble'][-1]:.3f} "
         f"(theory {history.history['bubble_theory'][-1]:.3f})",)
+    if timeline is not None and chief:
+        from tfpar.report import report
+
+        notes += (f"timeline: {timeline.path} (open it in https://ui.perfetto.dev)",
+                  *(f"plot:     {path}" for path in report(report_dir)))
     if qat:
         precision_module.use("float32")  # QAT emulates int8 in float32
         notes += _quantize_and_export(model, dist, train, val, x_train, (x_val, y_val), learning_rate,
@@ -201,6 +211,22 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     )
     print_fn(result.summary())
     return result
+
+
+def _timeline(report_dir):
+    """The run's Timeline in ``report_dir`` (made if missing), or None."""
+    if report_dir is None:
+        return None
+    import os
+
+    from tfpar.callbacks import Timeline
+
+    try:
+        os.makedirs(report_dir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"report_dir cannot be made ({e.strerror}). Received: report_dir={report_dir!r}. "
+                         "Choose a folder this user may write to.") from None
+    return Timeline(os.path.join(report_dir, "timeline.json"))
 
 
 def _quantize_and_export(model, dist, train, val, x_train, validation, learning_rate, verbose, chief):

@@ -26,9 +26,13 @@ def test_three_stages_and_the_hybrid_train_exactly_like_the_plain_model():
     ((), "Pipeline (1f1b: 2 stages x 8 microbatches)"),
     (("--replicas", "2", "--keras", "3"), "Pipeline (1f1b: 2 stages x 8 microbatches x 2 replicas)"),
 ], ids=["tf_keras", "keras3-2-replicas"])
-def test_demo_on_a_pipeline(extra, header):
-    result = run_command(["tfpar", "demo", "--strategy", "pipeline", *extra], timeout=400)  # as in the README
+def test_demo_on_a_pipeline(extra, header, tmp_path):
+    folder = tmp_path / "report"
+    result = run_command(["tfpar", "demo", "--strategy", "pipeline", *extra, "--report", str(folder)],
+                         timeout=400)  # as in the README, with its timeline and plots
     assert result.returncode == 0, result.output[-3000:]
+    assert f"timeline: {folder / 'timeline.json'}" in result.output
+    assert f"plot:     {folder / 'pipeline.png'}" in result.output and (folder / "pipeline.png").exists()
     assert header in result.output and "pipeline partition (2 stages" in result.output
     assert re.search(r"bubble: measured [0-9.]+ \(theory 0.111\)", result.output), result.output[-2000:]
     accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))

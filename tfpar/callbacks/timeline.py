@@ -11,6 +11,8 @@ Horovod rank) is a process, with these tracks:
   update. With ``exchange=True`` it is split where the gradients exist (at
   ``optimizer.apply_gradients``): ``forward+backward``, then ``exchange+apply`` (the exchange and
   the update run inside ``apply_gradients`` under every tfpar strategy, so they stay together);
+- ``loss scale``: a counter, each step's loss scale under a LossScaleOptimizer (it halves on a
+  skipped step);
 - for a `PipelineModel`, one track per stage (and replica) with each microbatch's forward ``F``
   and backward ``B``, from the timestamps the pipeline takes around every instruction.
 
@@ -41,7 +43,7 @@ __all__ = ["TIMELINE_VARIABLE", "Timeline", "check_writable", "merge_horovod_tim
 TIMELINE_VARIABLE = "TFPAR_TIMELINE"
 """A folder: ``tfpar launch --timeline DIR`` sets it, and every ``fit`` then writes DIR/timeline.json."""
 
-_TRACKS = ("step", "input wait", "forward+backward", "exchange+apply", "epoch", "compute")
+_TRACKS = ("step", "input wait", "forward+backward", "exchange+apply", "epoch", "compute", "loss scale")
 _CAPACITY = 4096  # steps kept between two reads of the in-step stamps (read every epoch)
 
 
@@ -98,7 +100,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             # The step ends when its metrics exist and its update is done: reading the weights after
             # the update orders the read after it (tf.function runs a variable's ops in program order).
             done = now_after([logs, [tf.convert_to_tensor(v) for v in model.trainable_variables]])
-            row = tf.stack([step, arrived, traced.grads, done])[None]
+            row = tf.stack([step, arrived, traced.grads, done, _loss_scale(optimizer)])[None]
             del traced.grads
             index = tf.reshape(tf.cast(step, tf.int64) % _CAPACITY, [1])
             with tf.control_dependencies([stamps.scatter_max(tf.IndexedSlices(row, index))]):
@@ -164,7 +166,9 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         rows = self._stamps.numpy()
         rows = rows[np.isfinite(rows[:, 0])]
         rows = rows[np.argsort(rows[:, 0])][-len(steps):] if steps else rows[:0]
-        for (begin, end), (_, data, grads, done) in zip(steps[-len(rows):], rows):
+        for (begin, end), (_, data, grads, done, scale) in zip(steps[-len(rows):], rows):
+            if np.isfinite(scale):  # a counter: (time, value)
+                self._events.append((done, scale, 6, 6))
             spans = [(begin, data, 1)] + ([(data, grads, 2), (grads, done, 3)] if np.isfinite(grads)
                                           else [(data, done, 5)])
             for a, b, track in spans:
@@ -181,8 +185,17 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             write_atomically(self.path, json.dumps(_trace(workers, self._tracks, self._labels)))
 
 
+def _loss_scale(optimizer):
+    """The loss scale of a LossScaleOptimizer (either Keras), as a float64 tensor; else -inf."""
+    for name in ("dynamic_scale", "loss_scale"):  # Keras 3; tf_keras
+        value = getattr(optimizer, name, None)
+        if value is not None and not callable(value):
+            return tf.cast(tf.convert_to_tensor(value), tf.float64)
+    return tf.constant(-np.inf, tf.float64)
+
+
 def _empty():
-    return tf.fill([_CAPACITY, 4], tf.constant(-np.inf, tf.float64))
+    return tf.fill([_CAPACITY, 5], tf.constant(-np.inf, tf.float64))
 
 
 def check_writable(path, parameter):
@@ -244,12 +257,16 @@ def _trace(workers, tracks, labels):
     events = []
     for worker, rows in enumerate(workers):
         events.append({"ph": "M", "name": "process_name", "pid": worker, "args": {"name": f"worker {worker}"}})
-        for track in sorted({int(t) for t in rows[:, 2]}):
+        for track in sorted({int(t) for t in rows[:, 2]} - {_TRACKS.index("loss scale")}):
             events.append({"ph": "M", "name": "thread_name", "pid": worker, "tid": track,
                            "args": {"name": tracks[track]}})
             events.append({"ph": "M", "name": "thread_sort_index", "pid": worker, "tid": track,
                            "args": {"sort_index": track}})
         for begin, end, track, label in rows:
+            if tracks[int(track)] == "loss scale":  # a counter: its value in place of an end
+                events.append({"ph": "C", "pid": worker, "name": "loss scale", "ts": round(begin * 1e6, 1),
+                               "args": {"loss scale": float(end)}})
+                continue
             events.append({"ph": "X", "pid": worker, "tid": int(track), "name": labels[int(label)], "cat": "tfpar",
                            "ts": round(begin * 1e6, 1), "dur": round(max(0.0, end - begin) * 1e6, 1)})
     return {"traceEvents": events, "displayTimeUnit": "ms",
