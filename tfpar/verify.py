@@ -332,16 +332,13 @@ def _random_layer_cause(layer, split, per):
 
 def _loss_scale_finding(reference, distributed):
     """A finding when the two optimizers' loss scales disagree (a skip on one side only), else []."""
-    mine, theirs = _loss_scale(reference), _loss_scale(distributed)
-    if mine is None or theirs is None or mine == theirs:
+    from tfpar.precision import loss_scale_of
+
+    mine, theirs = loss_scale_of(reference), loss_scale_of(distributed)
+    if mine is None or theirs is None:
+        return []
+    mine, theirs = float(np.asarray(mine)), float(np.asarray(theirs))
+    if mine == theirs:
         return []
     return [f"DIFF loss-scale skips differ: one replica ended with loss scale {mine:g}, the distribution with "
             f"{theirs:g} (a step was skipped on one side only: an overflow in one replica's gradients)"]
-
-
-def _loss_scale(optimizer):
-    for name in ("dynamic_scale", "loss_scale"):  # Keras 3; tf_keras
-        value = getattr(optimizer, name, None)
-        if value is not None and not callable(value):
-            return float(np.asarray(value))
-    return None

@@ -187,11 +187,10 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
 def _loss_scale(optimizer):
     """The loss scale of a LossScaleOptimizer (either Keras), as a float64 tensor; else -inf."""
-    for name in ("dynamic_scale", "loss_scale"):  # Keras 3; tf_keras
-        value = getattr(optimizer, name, None)
-        if value is not None and not callable(value):
-            return tf.cast(tf.convert_to_tensor(value), tf.float64)
-    return tf.constant(-np.inf, tf.float64)
+    from tfpar.precision import loss_scale_of
+
+    value = loss_scale_of(optimizer)
+    return tf.constant(-np.inf, tf.float64) if value is None else tf.cast(tf.convert_to_tensor(value), tf.float64)
 
 
 def _empty():

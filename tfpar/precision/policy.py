@@ -30,7 +30,7 @@ from tfpar import _model_checks as model_checks
 from tfpar._checks import check_choice
 from tfpar._keras import is_keras3, keras, keras3, tf
 
-__all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current", "use"]
+__all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current", "loss_scale_of", "use"]
 
 POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 """Names `use` accepts."""
@@ -110,6 +110,16 @@ def use(policy="auto", *, strict=False):
     keras3().mixed_precision.set_global_policy(policy)
     _state["strict"] = strict
     return policy
+
+
+def loss_scale_of(optimizer):
+    """A LossScaleOptimizer's current loss scale (a variable or tensor: ``dynamic_scale`` in Keras 3,
+    ``loss_scale`` in tf_keras), or None for any other optimizer."""
+    for name in ("dynamic_scale", "loss_scale"):
+        value = getattr(optimizer, name, None)
+        if value is not None and not callable(value):
+            return value
+    return None
 
 
 def current():
