@@ -4,7 +4,8 @@ RUN_DIR is what ``tfpar launch --timeline RUN_DIR`` or ``tfpar demo --report RUN
 (its ``timeline.json``). Written next to it, when the run has what each needs:
 
 - ``throughput.png``: each worker's steps per second over the run, and the share of each of its
-  steps spent waiting for input (a straggling or starved worker stands out);
+  steps spent waiting for input (a straggling or starved worker stands out); with a `Throughput`
+  callback given a one-replica reference, its scaling efficiency at each epoch's end;
 - ``pipeline.png``: a pipeline's median step as a Gantt chart, a row per stage, every microbatch's
   F and B, the idle time (the bubble) shaded, measured against the theory (p-1)/(m+p-1);
 - ``loss_scale.png``: the loss scale at every step, with the skipped steps (where it halved) marked.
@@ -78,16 +79,17 @@ def report(folder, out=None):
 
 
 def _tracks(trace):
-    """({(worker, track): [(start s, end s, name)] by start}, {worker: [(time s, loss scale)]})."""
+    """({(worker, track): [(start s, end s, name)] by start}, {counter: {worker: [(time s, value)]}})."""
     names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
     tracks, counters = {}, {}
     for e in trace["traceEvents"]:
         if e.get("ph") == "X" and (e["pid"], e.get("tid")) in names:
             tracks.setdefault((e["pid"], names[e["pid"], e["tid"]]), []).append(
                 (e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, e["name"]))
-        elif e.get("ph") == "C" and e.get("name") == "loss scale":
-            counters.setdefault(e["pid"], []).append((e["ts"] / 1e6, e["args"]["loss scale"]))
-    return {k: sorted(v) for k, v in tracks.items()}, {k: sorted(v) for k, v in counters.items()}
+        elif e.get("ph") == "C":
+            counters.setdefault(e["name"], {}).setdefault(e["pid"], []).append((e["ts"] / 1e6, e["args"][e["name"]]))
+    return ({k: sorted(v) for k, v in tracks.items()},
+            {name: {w: sorted(v) for w, v in by_worker.items()} for name, by_worker in counters.items()})
 
 
 def _throughput(figure, tracks, counters):
@@ -95,7 +97,13 @@ def _throughput(figure, tracks, counters):
     if not workers:
         return False
     origin = min(tracks[w, "step"][0][0] for w in workers)
-    rate, wait = figure.subplots(2, 1, sharex=True)
+    efficiency = counters.get("scaling_efficiency")
+    rate, wait, *more = figure.subplots(3 if efficiency else 2, 1, sharex=True)
+    if efficiency:
+        for w, values in sorted(efficiency.items()):
+            more[0].plot([t - origin for t, _ in values], [v for _, v in values], "o-", label=f"worker {w}")
+        more[0].set_ylabel("scaling efficiency\n(each epoch)")
+        more[0].set_ylim(0, max(1.05, max(v for values in efficiency.values() for _, v in values) * 1.05))
     for w in workers:
         steps = tracks[w, "step"][1:]  # the first step traces the training function
         if not steps:
@@ -113,7 +121,7 @@ def _throughput(figure, tracks, counters):
     rate.legend(loc="lower right")
     wait.set_ylabel("share of the step\nwaiting for input")
     wait.set_ylim(0, 1)
-    wait.set_xlabel("seconds since the first step")
+    (more or [wait])[-1].set_xlabel("seconds since the first step")
     figure.tight_layout()
     return True
 
@@ -155,6 +163,7 @@ def _pipeline(figure, tracks, counters):
 
 
 def _loss_scale(figure, tracks, counters):
+    counters = counters.get("loss scale")
     if not counters:
         return False
     axes = figure.subplots()

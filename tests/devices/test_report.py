@@ -17,19 +17,29 @@ def _png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
-def _fit(model, parallelism, folder, x=None, y=None):
+def _fit(model, parallelism, folder, x=None, y=None, before=()):
     import tensorflow as tf
 
     if x is None:
         x, y = equivalence_data(192)
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, 32)
-    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0, shuffle=False,
-              callbacks=[tfpar.callbacks.Timeline(str(folder / "timeline.json"))])
+    return model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0, shuffle=False,
+                     callbacks=[*before, tfpar.callbacks.Timeline(str(folder / "timeline.json"))])
 
 
-def test_a_data_parallel_run_gets_its_throughput_plot(tmp_path):
+def test_a_data_parallel_run_gets_its_throughput_plot_with_scaling_efficiency(tmp_path):
+    from tfpar.report import _tracks, load_timeline
+
+    alone = tfpar.strategies.DataParallel(devices=["/cpu:0"])  # one replica: the reference
+    (tmp_path / "one").mkdir()
+    one = _fit(alone.build(verify_model), alone, tmp_path / "one", before=[tfpar.callbacks.Throughput(32)])
+    reference = one.history["examples_per_second"][-1]
     strategy = tfpar.DataParallel()
-    _fit(strategy.build(verify_model), strategy, tmp_path)
+    history = _fit(strategy.build(verify_model), strategy, tmp_path,
+                   before=[tfpar.callbacks.Throughput(32, reference_examples_per_second=reference)])
+    _, counters = _tracks(load_timeline(str(tmp_path)))
+    assert [v for _, v in counters["scaling_efficiency"][0]] == pytest.approx(history.history["scaling_efficiency"])
+    assert [v for _, v in counters["loss"][0]] == pytest.approx(history.history["loss"])
     written = report(str(tmp_path))
     assert written == [str(tmp_path / "throughput.png")]  # no pipeline, no loss scale
     assert _png_size(written[0]) == SIZE
@@ -57,7 +67,7 @@ def test_a_skipped_step_shows_in_the_loss_scale_plot(tmp_path):
     from tfpar.report import _tracks, load_timeline
 
     _, counters = _tracks(load_timeline(str(tmp_path)))
-    scale = np.array([v for _, v in counters[0]])
+    scale = np.array([v for _, v in counters["loss scale"][0]])
     assert len(scale) == 12 and np.sum(scale[1:] < scale[:-1]) >= 1, scale
     written = report(str(tmp_path))
     assert str(tmp_path / "loss_scale.png") in written and _png_size(str(tmp_path / "loss_scale.png")) == SIZE

@@ -11,8 +11,9 @@ Horovod rank) is a process, with these tracks:
   update. With ``exchange=True`` it is split where the gradients exist (at
   ``optimizer.apply_gradients``): ``forward+backward``, then ``exchange+apply`` (the exchange and
   the update run inside ``apply_gradients`` under every tfpar strategy, so they stay together);
-- ``loss scale``: a counter, each step's loss scale under a LossScaleOptimizer (it halves on a
-  skipped step);
+- counters: ``loss scale``, each step's loss scale under a LossScaleOptimizer (it halves on a
+  skipped step), and at each epoch's end ``loss`` and, from a `Throughput` callback before it,
+  ``examples_per_second_per_worker`` and ``scaling_efficiency``;
 - for a `PipelineModel`, one track per stage (and replica) with each microbatch's forward ``F``
   and backward ``B``, from the timestamps the pipeline takes around every instruction.
 
@@ -43,7 +44,10 @@ __all__ = ["TIMELINE_VARIABLE", "Timeline", "check_writable", "merge_horovod_tim
 TIMELINE_VARIABLE = "TFPAR_TIMELINE"
 """A folder: ``tfpar launch --timeline DIR`` sets it, and every ``fit`` then writes DIR/timeline.json."""
 
-_TRACKS = ("step", "input wait", "forward+backward", "exchange+apply", "epoch", "compute", "loss scale")
+_TRACKS = ("step", "input wait", "forward+backward", "exchange+apply", "epoch", "compute", "counter")
+_COUNTER = _TRACKS.index("counter")  # an event of this track is a value: (time, value, _COUNTER, its name)
+COUNTED_LOGS = ("examples_per_second_per_worker", "scaling_efficiency", "loss")
+"""Epoch logs the trace keeps as counters, when there (the first two from `Throughput`)."""
 _CAPACITY = 4096  # steps kept between two reads of the in-step stamps (read every epoch)
 
 
@@ -155,7 +159,11 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                 self._events.append((start, stop, track, label))
 
     def on_epoch_end(self, epoch, logs=None):
-        self._events.append((self._epoch_begin, time.time(), 4, self._label(f"epoch {epoch + 1}")))
+        now = time.time()
+        self._events.append((self._epoch_begin, now, 4, self._label(f"epoch {epoch + 1}")))
+        for name in COUNTED_LOGS:  # every worker logs the same keys
+            if name in (logs or {}):
+                self._events.append((now, float(np.asarray(logs[name])), _COUNTER, self._label(name)))
         self._read_stamps()
 
     def _read_stamps(self):
@@ -168,7 +176,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         rows = rows[np.argsort(rows[:, 0])][-len(steps):] if steps else rows[:0]
         for (begin, end), (_, data, grads, done, scale) in zip(steps[-len(rows):], rows):
             if np.isfinite(scale):  # a counter: (time, value)
-                self._events.append((done, scale, 6, 6))
+                self._events.append((done, scale, _COUNTER, self._label("loss scale")))
             spans = [(begin, data, 1)] + ([(data, grads, 2), (grads, done, 3)] if np.isfinite(grads)
                                           else [(data, done, 5)])
             for a, b, track in spans:
@@ -256,15 +264,16 @@ def _trace(workers, tracks, labels):
     events = []
     for worker, rows in enumerate(workers):
         events.append({"ph": "M", "name": "process_name", "pid": worker, "args": {"name": f"worker {worker}"}})
-        for track in sorted({int(t) for t in rows[:, 2]} - {_TRACKS.index("loss scale")}):
+        for track in sorted({int(t) for t in rows[:, 2]} - {_COUNTER}):
             events.append({"ph": "M", "name": "thread_name", "pid": worker, "tid": track,
                            "args": {"name": tracks[track]}})
             events.append({"ph": "M", "name": "thread_sort_index", "pid": worker, "tid": track,
                            "args": {"sort_index": track}})
         for begin, end, track, label in rows:
-            if tracks[int(track)] == "loss scale":  # a counter: its value in place of an end
-                events.append({"ph": "C", "pid": worker, "name": "loss scale", "ts": round(begin * 1e6, 1),
-                               "args": {"loss scale": float(end)}})
+            if int(track) == _COUNTER:  # its value in place of an end
+                name = labels[int(label)]
+                events.append({"ph": "C", "pid": worker, "name": name, "ts": round(begin * 1e6, 1),
+                               "args": {name: float(end)}})
                 continue
             events.append({"ph": "X", "pid": worker, "tid": int(track), "name": labels[int(label)], "cat": "tfpar",
                            "ts": round(begin * 1e6, 1), "dur": round(max(0.0, end - begin) * 1e6, 1)})
