@@ -15,10 +15,13 @@ import tfpar
 keras = tfpar.keras
 
 
-def quick_options(doc):
-    """Parses a driver's command line: ``--quick`` for tiny settings (a smoke run, not a measurement)."""
+def quick_options(doc, plot=False):
+    """Parses a driver's command line: ``--quick`` for tiny settings (a smoke run, not a measurement),
+    and with ``plot``, ``--plot DIR`` (where the driver draws its figures)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
+    if plot:
+        parser.add_argument("--plot", metavar="DIR", default=None, help="draw this benchmark's figures in DIR")
     return parser.parse_args()
 
 

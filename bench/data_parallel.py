@@ -1,6 +1,9 @@
 """Data-parallel benchmark: tfpar against bare TensorFlow, measured side by side.
 
-    python bench/data_parallel.py [--quick]
+    python bench/data_parallel.py [--quick] [--plot DIR]
+
+--plot DIR also times the all-reduce at 1, 4, 16 and 64 MiB and draws DIR/busbw.png: its bus
+bandwidth per size against the loopback TCP limit measured in the same run (tfpar.report).
 
 Last line:
     RESULT data_parallel overhead=<x> mw_overhead=<y> busbw_ratio=<z> weak_scaling_cnn=<a> weak_scaling_mlp=<b>
@@ -102,7 +105,7 @@ def one_host_overhead(rounds, steps):
 
 
 def main():
-    opts = quick_options(__doc__)
+    opts = quick_options(__doc__, plot=True)
     rounds, steps, epochs, mib = (2, 5, 2, 8) if opts.quick else (10, 30, 6, 64)
     common = ["--steps", str(steps), "--epochs", str(epochs)]
 
@@ -123,6 +126,15 @@ def main():
     busbw_ratio = reduce["busbw"] / tcp
     print(f"all-reduce {mib} MiB over 2 workers: {reduce['seconds'] * 1e3:.0f} ms, busbw "
           f"{reduce['busbw'] / 1e9:.2f} GB/s; loopback TCP {tcp / 1e9:.2f} GB/s", flush=True)
+    if opts.plot:
+        from tfpar.report import bandwidth_plot
+
+        busbw = {mib * 2**20: reduce["busbw"]}
+        for size in (1, 4, 16, 64):
+            if size != mib:
+                busbw[size * 2**20] = run_tfpar_job(2, ["allreduce", "--mib", str(size)])["busbw"]
+        os.makedirs(opts.plot, exist_ok=True)
+        print(f"plot: {bandwidth_plot(os.path.join(opts.plot, 'busbw.png'), busbw, tcp)}", flush=True)
 
     scaling = {}
     for model in ("cnn", "mlp"):

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-__all__ = ["SIZE", "load_timeline", "report"]
+__all__ = ["SIZE", "bandwidth_plot", "load_timeline", "report"]
 
 SIZE = (1200, 600)
 """Every plot's size in pixels (width, height)."""
@@ -55,19 +55,12 @@ def report(folder, out=None):
         ImportError: matplotlib is not installed, saying how to install it.
     """
     trace = load_timeline(folder)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError('tfpar report draws with matplotlib: pip install "tfpar[report]"') from None
     out = out or folder
     os.makedirs(out, exist_ok=True)
     tracks, counters = _tracks(trace)
     written = []
     for name, draw in (("throughput", _throughput), ("pipeline", _pipeline), ("loss_scale", _loss_scale)):
-        figure = plt.figure(figsize=(SIZE[0] / _DPI, SIZE[1] / _DPI), dpi=_DPI)
+        plt, figure = _figure()
         try:
             if draw(figure, tracks, counters):
                 path = os.path.join(out, f"{name}.png")
@@ -76,6 +69,46 @@ def report(folder, out=None):
         finally:
             plt.close(figure)
     return written
+
+
+def _figure():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError('tfpar report draws with matplotlib: pip install "tfpar[report]"') from None
+    return plt, plt.figure(figsize=(SIZE[0] / _DPI, SIZE[1] / _DPI), dpi=_DPI)
+
+
+def bandwidth_plot(path, busbw, limit, workers=2):
+    """Writes ``path``: an all-reduce's bus bandwidth per message size against the link's limit,
+    both measured in the same run (``python bench/data_parallel.py --plot DIR``).
+
+    Args:
+        busbw: {message bytes: bus bandwidth in bytes/s} (size x 2(n-1)/n ÷ time).
+        limit: what one loopback TCP connection carried in the same run, bytes/s.
+        workers: how many workers the all-reduce spanned.
+    """
+    plt, figure = _figure()
+    try:
+        axes = figure.subplots()
+        sizes = sorted(busbw)
+        axes.plot([n / 2**20 for n in sizes], [busbw[n] / 1e9 for n in sizes], "o-",
+                  label=f"tfpar's all-reduce over {workers} workers (bus bandwidth)")
+        axes.axhline(limit / 1e9, color="red", linestyle="--", label="loopback TCP, one connection (the limit here)")
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("message size (MiB)")
+        axes.set_ylabel("GB/s")
+        axes.set_ylim(0, max(limit, *busbw.values()) / 1e9 * 1.1)
+        axes.set_title("All-reduce bus bandwidth against the loopback limit, measured in one run")
+        axes.legend(loc="upper left")
+        figure.tight_layout()
+        figure.savefig(path, dpi=_DPI)
+    finally:
+        plt.close(figure)
+    return path
 
 
 def _tracks(trace):

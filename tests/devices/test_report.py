@@ -81,3 +81,44 @@ def test_a_folder_without_a_run_is_refused(tmp_path, make, message):
     with pytest.raises(ValueError) as info:
         report(str(make(tmp_path)))
     assert message in str(info.value)
+
+
+def test_the_bandwidth_plot_draws_measured_all_reduces_against_a_measured_link(tmp_path):
+    """As `bench/data_parallel.py --plot` draws it; here 2 devices of this process and a socket pair."""
+    import socket
+    import threading
+    import time
+
+    import tensorflow as tf
+
+    from tfpar.report import bandwidth_plot
+
+    strategy = tfpar.DataParallel()
+    busbw = {}
+    for size in (2**20, 4 * 2**20):
+        value = strategy.run(lambda: tf.ones([size // 4], tf.float32))
+        strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)  # warm up
+        start = time.perf_counter()
+        strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None).numpy()
+        busbw[size] = size * 2 * (2 - 1) / 2 / (time.perf_counter() - start)
+    a, b = socket.socketpair()
+    a.settimeout(30)
+    b.settimeout(30)
+    buffer = bytearray(2**20)
+
+    def drain():
+        while b.recv_into(buffer):
+            pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    start = time.perf_counter()
+    reader.start()
+    for _ in range(16):
+        a.sendall(bytes(2**20))
+    a.close()
+    reader.join(timeout=30)
+    b.close()
+    assert not reader.is_alive()
+    limit = 16 * 2**20 / (time.perf_counter() - start)
+    path = bandwidth_plot(str(tmp_path / "busbw.png"), busbw, limit)
+    assert _png_size(path) == SIZE
