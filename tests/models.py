@@ -290,3 +290,7 @@ def verify_model(kind="plain", k=keras):
 
 def verify_batchnorm_model():
     return verify_model("batchnorm")
+
+
+def verify_synchronized_batchnorm_model():
+    return verify_model("synchronized_batchnorm")

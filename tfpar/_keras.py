@@ -17,8 +17,8 @@ earlier with Keras 3. Every other module takes ``tf`` and ``keras`` from here.
 import tensorflow as tf
 import tf_keras as keras
 
-__all__ = ["keras", "tf", "check_callbacks_keras", "check_keras_model", "check_one_keras", "check_tf_keras_model",
-           "is_keras3", "keras3", "keras_of"]
+__all__ = ["keras", "tf", "all_layers", "check_callbacks_keras", "check_keras_model", "check_one_keras",
+           "check_tf_keras_model", "is_keras3", "keras3", "keras_of"]
 
 _FIX = (
     "tfpar trains tf_keras (Keras 2) models. Build the model with "
@@ -53,6 +53,17 @@ def is_keras3(obj):
 def keras_of(obj):
     """The Keras module ``obj`` belongs to: ``tf_keras``, or Keras 3."""
     return keras3() if is_keras3(obj) else keras
+
+
+def all_layers(model):
+    """Every layer of ``model`` (either Keras), those of nested models and the layer inside a
+    wrapper (QAT, pruning) included."""
+    for layer in getattr(model, "layers", []):
+        yield layer
+        if hasattr(layer, "layer"):
+            yield layer.layer
+        if hasattr(layer, "layers"):
+            yield from all_layers(layer)
 
 
 def check_keras_model(model, name="model"):

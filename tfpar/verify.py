@@ -242,7 +242,7 @@ class _Comparison:
 
     def _causes(self, model, padded):
         """{id(variable): [causes of its own layer]} and the model's causes for every variable."""
-        from tfpar._keras import keras_of, tf
+        from tfpar._keras import all_layers, keras_of, tf
 
         k = keras_of(model)
         microbatches = getattr(getattr(self.parallelism, "config", None), "num_microbatches", 1)
@@ -256,7 +256,7 @@ class _Comparison:
                             f"{_compat.ps_num_workers(strategy)} workers' steps as it comes, computed from stale "
                             "weights, and the workers take their batches in the order they finish; with one "
                             "worker (--replicas 1) it must match")
-        for layer in _layers(model):
+        for layer in all_layers(model):
             cause = None
             kind = type(layer).__name__
             if isinstance(layer, k.layers.BatchNormalization) and split and not getattr(layer, "synchronized", False):
@@ -306,14 +306,6 @@ def _examples(data, tf):
         return tf.data.Dataset.from_tensor_slices(tuple(data))
     raise TypeError("data_fn must return (x, y) or (x, y, sample_weight) arrays, or an unbatched tf.data.Dataset. "
                     f"Received: a {type(data).__name__}.")
-
-
-def _layers(model):
-    for layer in getattr(model, "layers", []):
-        yield layer
-        if hasattr(layer, "layer"):  # a wrapper (QAT, pruning): the wrapped layer too
-            yield layer.layer
-        yield from _layers(layer) if hasattr(layer, "layers") else ()
 
 
 def _random_layer_cause(layer, split, per):

@@ -23,6 +23,21 @@ def test_the_demo_model_trains_like_one_replica(argv, request):
     assert result.output.count(" ok   ") == 8 and "DIFF" not in result.output
 
 
+@pytest.mark.parametrize("launcher", [["-n", "2"], ["--horovod", "-n", "2"]], ids=["2-workers", "horovod"])
+def test_synchronized_batchnorm_trains_like_one_device_on_the_global_batch(launcher, request):
+    """Its moving statistics too: verify compares every variable (3 whole global batches)."""
+    if "--horovod" in launcher:
+        request.getfixturevalue("horovod_installed")
+    strategy = ["--strategy", "horovod"] if "--horovod" in launcher else []
+    result = run_command(tfpar_command("launch", *launcher, "--", *tfpar_command("verify"), "--model",
+                                       "tests.models:verify_synchronized_batchnorm_model", "--data",
+                                       "tests.models:equivalence_data", "--batch-size", "32", "--steps", "3",
+                                       *strategy), timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert "moving_mean" in result.output and "moving_variance" in result.output
+    assert "PASSED: trains like one replica" in result.output and "DIFF" not in result.output
+
+
 def test_a_model_that_differs_exits_1_naming_the_cause():
     result = run_command([*tfpar_command("verify"), "--model", "tests.models:verify_batchnorm_model", "--data",
                           "tests.models:equivalence_data", "--batch-size", "32", "--steps", "3"],

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 
 from tfpar._checks import check_choice, check_int, config_from
-from tfpar._keras import check_keras_model, keras_of, tf
+from tfpar._keras import all_layers, check_keras_model, keras_of, tf
 from tfpar._parallelism import Parallelism, check_model_fn
 from tfpar.pipeline.model import PipelineModel
 from tfpar.pipeline.partition import partition_model
@@ -156,7 +156,7 @@ class Pipeline(Parallelism):
         c = self.config
         grid = self.devices()
         partition = partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
-        if any(isinstance(layer, keras_of(model).layers.BatchNormalization) for layer in _all_layers(model)):
+        if any(isinstance(layer, keras_of(model).layers.BatchNormalization) for layer in all_layers(model)):
             _log.warning("%s has BatchNormalization: in a pipeline its batch statistics come from "
                          "each microbatch (the batch / %d examples), as with a smaller batch, and "
                          "its moving averages are updated once per microbatch.", model.name,
@@ -181,10 +181,3 @@ class Pipeline(Parallelism):
             lines.append(model.partition.describe() if isinstance(model, PipelineModel)
                          else f"  model:      {model.name}, {model.count_params():,} parameters")
         return "\n".join(lines)
-
-
-def _all_layers(model):
-    for layer in model.layers:
-        yield layer
-        if isinstance(layer, keras_of(model).Model):
-            yield from _all_layers(layer)

@@ -19,7 +19,8 @@ import socket
 import time
 
 from tfpar._checks import check_int, check_number, config_from
-from tfpar._keras import tf
+from tfpar import _model_checks as model_checks
+from tfpar._keras import all_layers, keras_of, tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster, refuse_evaluator
 from tfpar.strategies._describe import batch_and_model_lines
@@ -343,3 +344,21 @@ def _lost_ps_error(error, ps_addresses):
         "keras.callbacks.BackupAndRestore training resumes from the last completed epoch. "
         f"TensorFlow reported: {first}")
     return ParameterServerLostError(tasks, message, original)
+
+
+def refuse_synchronized_batchnorm(model, arguments=None):
+    """At ``compile``: a synchronized BatchNormalization needs replicas that step together; a
+    parameter server's workers step alone, each on its own batch."""
+    if not isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return
+    for layer in all_layers(model):
+        if isinstance(layer, keras_of(model).layers.BatchNormalization) and getattr(layer, "synchronized", False):
+            raise ValueError(
+                "BatchNormalization(synchronized=True) cannot run under parameter servers: its statistics are "
+                "summed over replicas that step together, and each worker here steps alone, on its own batch, "
+                f"whenever it is free. Received: layer {layer.name!r} of {model.name!r} under "
+                f"{type(model.distribute_strategy).__name__}. Use synchronized=False (statistics per worker "
+                "batch), or DataParallel / HorovodStrategy, whose replicas step together.")
+
+
+model_checks.register_before(refuse_synchronized_batchnorm)  # once, at import

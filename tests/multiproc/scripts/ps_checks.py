@@ -49,6 +49,13 @@ try:
     tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
 except ValueError as e:
     error = str(e)
+synchronized_error = None
+try:
+    with strategy.scope():
+        synchronized = keras.Sequential([keras.layers.Input((4,)), keras.layers.BatchNormalization(synchronized=True)])
+        synchronized.compile("sgd", "mse")
+except ValueError as e:
+    synchronized_error = str(e)
 resolver_report = {"cluster": strategy.cluster_resolver.cluster_spec().as_dict(),
                    "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id]}
 local_cluster = strategy.config.cluster.cluster
@@ -76,6 +83,7 @@ json.dump({
     "placement": variable_placement(embedder) | variable_placement(model),
     "describe": strategy.describe(global_batch_size=32, model=embedder),
     "dataset_error": error,
+    "synchronized_batchnorm_error": synchronized_error,
     "resolver": resolver_report,
     "local_cluster": local_cluster,
     "shutdown": shutdown,
