@@ -103,7 +103,7 @@ def bandwidth_plot(path, busbw, limit, workers=2):
         axes.set_ylabel("GB/s")
         axes.set_ylim(0, max(limit, *busbw.values()) / 1e9 * 1.1)
         axes.set_title("All-reduce bus bandwidth against the loopback limit, measured in one run")
-        axes.legend(loc="upper left")
+        axes.legend(loc="center right")
         figure.tight_layout()
         figure.savefig(path, dpi=_DPI)
     finally:

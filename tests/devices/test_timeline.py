@@ -50,6 +50,18 @@ def test_each_step_shows_its_phases_in_order_within_it(any_keras, exchange, tmp_
     assert "train_step" not in model.__dict__ and "apply_gradients" not in model.optimizer.__dict__
 
 
+def test_with_steps_per_execution_a_step_is_one_call_of_the_training_function(tmp_path):
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = verify_model()
+        model.compile(model.optimizer, model.loss, steps_per_execution=3)
+    calls = _fit(model, strategy, tmp_path / "timeline.json", examples=192) // 3  # 24 steps: 8 calls
+    tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
+    assert len(tracks[0, "step"]) == len(tracks[0, "input wait"]) == len(tracks[0, "compute"]) == calls
+    for s, w, c in zip(tracks[0, "step"], tracks[0, "input wait"], tracks[0, "compute"]):
+        assert w["ts"] == s["ts"] and w["ts"] + w["dur"] <= c["ts"] + 1
+
+
 def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_path):
     pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b")
     model = pipeline.stage(verify_model())

@@ -17,7 +17,8 @@ Horovod rank) is a process, with these tracks:
 - for a `PipelineModel`, one track per stage (and replica) with each microbatch's forward ``F``
   and backward ``B``, from the timestamps the pipeline takes around every instruction.
 
-The in-step times are ``tf.timestamp()`` ops in the training function (tfpar puts them there when
+With ``steps_per_execution`` N, a ``step`` is one call of the training function, N steps, and
+its ``compute`` spans them all. The in-step times are ``tf.timestamp()`` ops in the training function (tfpar puts them there when
 ``fit`` gets a Timeline); steps and workers are matched by the optimizer's step counter. All
 times are the host's wall clock: workers on one machine share it; across machines they are as
 close as the machines' clocks. Under a ParameterServer, Keras calls no batch hooks and the steps
@@ -173,11 +174,17 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._read_steps += len(steps)
         rows = self._stamps.numpy()
         rows = rows[np.isfinite(rows[:, 0])]
-        rows = rows[np.argsort(rows[:, 0])][-len(steps):] if steps else rows[:0]
-        for (begin, end), (_, data, grads, done, scale) in zip(steps[-len(rows):], rows):
-            if np.isfinite(scale):  # a counter: (time, value)
-                self._events.append((done, scale, _COUNTER, self._label("loss scale")))
-            spans = [(begin, data, 1)] + ([(data, grads, 2), (grads, done, 3)] if np.isfinite(grads)
+        rows = rows[np.argsort(rows[:, 0])]
+        # With steps_per_execution N, one host step (one call of the training function) runs N steps.
+        per = max(1, len(rows) // len(steps)) if steps else 1
+        count = min(len(steps), len(rows) // per)
+        for k, (begin, end) in enumerate(steps[len(steps) - count:]):
+            group = rows[len(rows) - (count - k) * per:len(rows) - (count - k - 1) * per]
+            for done, scale in group[:, 3:5]:
+                if np.isfinite(scale):  # a counter: (time, value)
+                    self._events.append((done, scale, _COUNTER, self._label("loss scale")))
+            data, grads, done = group[0, 1], group[-1, 2], group[-1, 3]
+            spans = [(begin, data, 1)] + ([(data, grads, 2), (grads, done, 3)] if per == 1 and np.isfinite(grads)
                                           else [(data, done, 5)])
             for a, b, track in spans:
                 if np.isfinite(a) and np.isfinite(b):
