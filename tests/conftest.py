@@ -94,3 +94,14 @@ def run_json_script(script, timeout):
     result = run_command([sys.executable, script], timeout=timeout, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     return json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])
+
+
+def trace_tracks(trace):
+    """A `tfpar.callbacks.Timeline` trace's spans: {(worker, track name): [events by start]} (events
+    on no named track, Horovod's merged ones, left out)."""
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    tracks = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and (e["pid"], e.get("tid")) in names:
+            tracks.setdefault((e["pid"], names[e["pid"], e["tid"]]), []).append(e)
+    return {key: sorted(events, key=lambda e: e["ts"]) for key, events in tracks.items()}

@@ -63,15 +63,16 @@ def make_parallelism(name, num_devices=None, replicas=1, microbatches=8):
     return DataParallel()
 
 
-def sum_over_workers(strategy, value):
+def sum_over_workers(strategy, value, whole=True):
     """Each worker's ``value`` (a number or an array, float64) summed over the workers, in one
-    collective; every worker gets the sum. Each of a worker's replicas adds its share of it."""
+    collective; every worker gets the sum (rounded to int64 when ``whole``, else float64). Each
+    of a worker's replicas adds its share of it."""
     import numpy as np
     import tensorflow as tf
 
     share = np.asarray(value, np.float64) / len(strategy.extended.worker_devices)
-    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(share)), axis=None)
-    return np.rint(summed.numpy()).astype(np.int64)
+    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(share)), axis=None).numpy()
+    return np.rint(summed).astype(np.int64) if whole else summed
 
 
 def check_compiled_in_its_scope(model, arguments=None):

@@ -168,15 +168,9 @@ def _launch(args):
 
 def _timeline_folder(folder, horovod):
     """--timeline DIR: made if missing and checked writable now; the tasks inherit $TFPAR_TIMELINE."""
-    from tfpar.callbacks.timeline import TIMELINE_VARIABLE, check_writable
+    from tfpar.callbacks.timeline import TIMELINE_VARIABLE, timeline_in
 
-    folder = os.path.abspath(folder)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--timeline cannot make {folder} ({e.strerror}). Received: --timeline {folder}. "
-                         "Choose a folder this user may write to.") from None
-    check_writable(os.path.join(folder, "timeline.json"), "--timeline")
+    folder = os.path.dirname(timeline_in(folder, "--timeline"))
     os.environ[TIMELINE_VARIABLE] = folder
     if horovod:
         os.environ.setdefault("HOROVOD_TIMELINE", os.path.join(folder, "horovod_timeline.json"))
@@ -227,9 +221,9 @@ def _launch_horovod(args, cmd):
         return _run_horovod_watched(argv, grace, args.heartbeat_timeout)
     finally:
         if getattr(args, "timeline", None):
-            from tfpar.callbacks.timeline import merge_horovod_timeline
+            from tfpar.callbacks.timeline import TIMELINE_VARIABLE, merge_horovod_timeline
 
-            merge_horovod_timeline(os.environ["TFPAR_TIMELINE"])
+            merge_horovod_timeline(os.environ[TIMELINE_VARIABLE])
 
 
 def _run_horovod_watched(argv, grace, timeout):

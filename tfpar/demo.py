@@ -20,8 +20,6 @@ __all__ = ["DemoResult", "STRATEGIES", "build_model", "compiled_model", "default
 QAT_EPOCHS = 3
 """Epochs of quantization-aware fine-tuning after the float training (``--qat``)."""
 
-"""Strategies the demo can run on."""
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DemoResult:
@@ -138,7 +136,11 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
             "servers in fit and QAT need tf_keras (README, Keras 3 and tf_keras). Received: --keras 3 "
             f"--strategy {strategy}{' --qat' if qat else ''}. Leave out --keras 3 for those.")
     k = keras3() if keras_version == 3 else keras
-    timeline = _timeline(report_dir)
+    timeline = None
+    if report_dir is not None:
+        from tfpar.callbacks.timeline import Timeline, timeline_in
+
+        timeline = Timeline(timeline_in(report_dir, "report_dir"))
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
@@ -211,22 +213,6 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     )
     print_fn(result.summary())
     return result
-
-
-def _timeline(report_dir):
-    """The run's Timeline in ``report_dir`` (made if missing), or None."""
-    if report_dir is None:
-        return None
-    import os
-
-    from tfpar.callbacks import Timeline
-
-    try:
-        os.makedirs(report_dir, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"report_dir cannot be made ({e.strerror}). Received: report_dir={report_dir!r}. "
-                         "Choose a folder this user may write to.") from None
-    return Timeline(os.path.join(report_dir, "timeline.json"))
 
 
 def _quantize_and_export(model, dist, train, val, x_train, validation, learning_rate, verbose, chief):

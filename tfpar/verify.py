@@ -163,8 +163,6 @@ class _Comparison:
     def run(self):
         import tensorflow as tf
 
-        from tfpar._keras import keras_of
-
         description = self.parallelism.describe(global_batch_size=self.batch)
         chief = self.parallelism.input_strategy.extended.should_checkpoint
         # The first steps x batch examples, as arrays: every side (a parameter-server worker too)
@@ -178,18 +176,18 @@ class _Comparison:
         def examples():
             return tf.data.Dataset.from_tensor_slices(arrays)
 
+        padded = count % self.batch  # real examples in a padded last step (0: none padded)
         reference = self._build_reference()
         start = reference.get_weights()
-        k = keras_of(reference)
         ref_history = reference.fit(examples().batch(self.batch), epochs=1, steps_per_epoch=steps, shuffle=False,
                                     verbose=0).history
-        model, trained = self._build_distributed(start, k)
+        model, trained = self._build_distributed(start)
         from tfpar.data import distribute
 
         train = distribute(examples, self.parallelism, self.batch)
         history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, shuffle=False,
                             verbose=0).history
-        layer_causes, anywhere = self._causes(reference, padded=count % self.batch)
+        layer_causes, anywhere = self._causes(reference, padded)
         variables = []
         for variable, mine, theirs in zip(reference.weights, reference.get_weights(), trained()):
             own = layer_causes.get(id(variable), [])
@@ -199,14 +197,11 @@ class _Comparison:
                 tuple(own + [c for c in anywhere if c not in own])))
         findings = _loss_scale_finding(reference.optimizer, model.optimizer)
         if all(v.max_difference <= self.tolerance for v in variables):  # else the metrics follow the weights
-            findings += self._metrics(ref_history, history, count % self.batch)
+            findings += self._metrics(ref_history, history, padded)
         return VerifyReport(description, steps, self.tolerance, tuple(variables), tuple(findings), chief)
 
     def _build_reference(self):
-        from tfpar._keras import keras
-
-        keras.utils.set_random_seed(self.seed)
-        _seed_keras3(self.seed)
+        _seed(self.seed)
         model = self.model_fn()
         if getattr(model, "optimizer", None) is None or not hasattr(model, "fit"):
             raise ValueError("model_fn must return a compiled Keras model (build it, then model.compile(...)). "
@@ -219,14 +214,12 @@ class _Comparison:
                 "give it an Input.")
         return model
 
-    def _build_distributed(self, start, k):
+    def _build_distributed(self, start):
         """The model under the parallelism, from ``start``; returns it and a function that gives
         its weights in the reference's order."""
-        from tfpar._keras import keras
         from tfpar.pipeline import Pipeline
 
-        keras.utils.set_random_seed(self.seed)
-        _seed_keras3(self.seed)
+        _seed(self.seed)
         if isinstance(self.parallelism, Pipeline):
             plain = self.model_fn()
             plain.set_weights(start)
@@ -291,9 +284,13 @@ class _Comparison:
         return findings
 
 
-def _seed_keras3(seed):
+def _seed(seed):
+    """The Keras seed of tf_keras, and of Keras 3 when it is loaded (a model_fn may build in either)."""
     import sys
 
+    from tfpar._keras import keras
+
+    keras.utils.set_random_seed(seed)
     if "keras" in sys.modules and hasattr(sys.modules["keras"], "utils"):
         sys.modules["keras"].utils.set_random_seed(seed)
 

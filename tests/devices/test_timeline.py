@@ -5,6 +5,7 @@ import json
 import pytest
 
 import tfpar
+from tests.conftest import trace_tracks as _tracks
 from tests.models import equivalence_data, verify_model
 from tfpar.callbacks import Timeline
 
@@ -17,16 +18,6 @@ def _fit(model, parallelism, path, epochs=2, examples=96, batch=16, exchange=Fal
     model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0, shuffle=False,
               callbacks=[Timeline(str(path), exchange=exchange)])
     return train.steps_per_epoch * epochs
-
-
-def _tracks(trace):
-    """{(worker, track name): [events by start]}."""
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
-    tracks = {}
-    for e in trace["traceEvents"]:
-        if e["ph"] == "X":
-            tracks.setdefault((e["pid"], names[e["pid"], e["tid"]]), []).append(e)
-    return {key: sorted(events, key=lambda e: e["ts"]) for key, events in tracks.items()}
 
 
 @pytest.mark.parametrize("exchange", [False, True])

@@ -8,17 +8,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
+from tests.conftest import trace_tracks as _tracks
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "timeline_slow_input.py")
-
-
-def _tracks(trace):
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
-    tracks = {}
-    for e in trace["traceEvents"]:
-        if e["ph"] == "X" and (e["pid"], e.get("tid")) in names:
-            tracks.setdefault((e["pid"], names[e["pid"], e["tid"]]), []).append(e)
-    return {key: sorted(events, key=lambda e: e["ts"]) for key, events in tracks.items()}
 
 
 @pytest.mark.parametrize("launcher", [["-n", "2"], ["--horovod", "-n", "2"]], ids=["data_parallel", "horovod"])

@@ -18,8 +18,9 @@ Horovod rank) is a process, with these tracks:
   and backward ``B``, from the timestamps the pipeline takes around every instruction.
 
 With ``steps_per_execution`` N, a ``step`` is one call of the training function, N steps, and
-its ``compute`` spans them all. The in-step times are ``tf.timestamp()`` ops in the training function (tfpar puts them there when
-``fit`` gets a Timeline); steps and workers are matched by the optimizer's step counter. All
+its ``compute`` spans them all. The in-step times are ``tf.timestamp()`` ops in the training
+function (tfpar puts them there when ``fit`` gets a Timeline); steps and workers are matched by
+the optimizer's step counter. All
 times are the host's wall clock: workers on one machine share it; across machines they are as
 close as the machines' clocks. Under a ParameterServer, Keras calls no batch hooks and the steps
 run on the workers: the trace has the chief's epochs only.
@@ -38,15 +39,18 @@ import numpy as np
 from tfpar import _compat
 from tfpar._files import write_atomically
 from tfpar._keras import keras, tf
+from tfpar._parallelism import sum_over_workers
+from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, coordinator_strategy
 
-__all__ = ["TIMELINE_VARIABLE", "Timeline", "check_writable", "merge_horovod_timeline"]
+__all__ = ["TIMELINE_VARIABLE", "Timeline", "check_writable", "merge_horovod_timeline", "timeline_in"]
 
 TIMELINE_VARIABLE = "TFPAR_TIMELINE"
 """A folder: ``tfpar launch --timeline DIR`` sets it, and every ``fit`` then writes DIR/timeline.json."""
 
 _TRACKS = ("step", "input wait", "forward+backward", "exchange+apply", "epoch", "compute", "counter")
-_COUNTER = _TRACKS.index("counter")  # an event of this track is a value: (time, value, _COUNTER, its name)
+_STEP, _INPUT, _FORWARD, _EXCHANGE, _EPOCH, _COMPUTE, _COUNTER = range(len(_TRACKS))
+# An event is (start, end, track, label); a _COUNTER event is (time, value, _COUNTER, its name's label).
 COUNTED_LOGS = ("examples_per_second_per_worker", "scaling_efficiency", "loss")
 """Epoch logs the trace keeps as counters, when there (the first two from `Throughput`)."""
 _CAPACITY = 4096  # steps kept between two reads of the in-step stamps (read every epoch)
@@ -129,7 +133,8 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     # --- on the host ---
     def on_train_begin(self, logs=None):
-        self._events, self._step_begin, self._read_steps = [], None, 0
+        self._events, self._step_begin = [], None
+        self._unmatched = []  # host steps whose in-step times are not read yet
         self._labels = list(_TRACKS)  # an event's name: an index into these (the same on every worker)
         self._tracks = dict(enumerate(_TRACKS))
         if self._stamps is not None:
@@ -154,14 +159,16 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._step_begin = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
-        self._events.append((self._step_begin, time.time(), 0, 0))
+        step = (self._step_begin, time.time())
+        self._events.append((*step, _STEP, _STEP))
+        self._unmatched.append(step)
         if self._pipeline is not None:  # the step's instructions: [n, 2] (start, end)
             for (start, stop), (track, label) in zip(self._pipeline.numpy(), self._instructions):
                 self._events.append((start, stop, track, label))
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.time()
-        self._events.append((self._epoch_begin, now, 4, self._label(f"epoch {epoch + 1}")))
+        self._events.append((self._epoch_begin, now, _EPOCH, self._label(f"epoch {epoch + 1}")))
         for name in COUNTED_LOGS:  # every worker logs the same keys
             if name in (logs or {}):
                 self._events.append((now, float(np.asarray(logs[name])), _COUNTER, self._label(name)))
@@ -170,8 +177,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     def _read_stamps(self):
         if self._stamps is None:
             return
-        steps = [(begin, end) for begin, end, track, _ in self._events if track == 0][self._read_steps:]
-        self._read_steps += len(steps)
+        steps, self._unmatched = self._unmatched, []
         rows = self._stamps.numpy()
         rows = rows[np.isfinite(rows[:, 0])]
         rows = rows[np.argsort(rows[:, 0])]
@@ -184,8 +190,9 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                 if np.isfinite(scale):  # a counter: (time, value)
                     self._events.append((done, scale, _COUNTER, self._label("loss scale")))
             data, grads, done = group[0, 1], group[-1, 2], group[-1, 3]
-            spans = [(begin, data, 1)] + ([(data, grads, 2), (grads, done, 3)] if per == 1 and np.isfinite(grads)
-                                          else [(data, done, 5)])
+            spans = [(begin, data, _INPUT)] + (
+                [(data, grads, _FORWARD), (grads, done, _EXCHANGE)] if per == 1 and np.isfinite(grads)
+                else [(data, done, _COMPUTE)])
             for a, b, track in spans:
                 if np.isfinite(a) and np.isfinite(b):
                     self._events.append((a, max(a, b), track, track))
@@ -233,6 +240,18 @@ def check_writable(path, parameter):
     return path
 
 
+def timeline_in(folder, parameter):
+    """FOLDER/timeline.json, once FOLDER is made (if missing) and known to take a new file; else
+    ValueError naming ``parameter``."""
+    folder = os.path.abspath(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{parameter} cannot make {folder} ({e.strerror}). Received: {parameter}={folder!r}. "
+                         "Choose a folder this user may write to.") from None
+    return check_writable(os.path.join(folder, "timeline.json"), parameter)
+
+
 def _gather(strategy, events):
     """Every worker's events, on every worker (one SUM collective of a table a worker fills its row of)."""
     from tfpar.callbacks.monitoring import num_workers
@@ -240,13 +259,13 @@ def _gather(strategy, events):
     count = 1 if coordinator_strategy() else num_workers(strategy)
     if count == 1:
         return [events]
-    index, local = _worker_index(strategy), len(strategy.extended.worker_devices)
+    index = _worker_index(strategy)
     lengths = np.zeros(count, np.float64)
     lengths[index] = len(events)
-    lengths = np.rint(_sum(strategy, lengths, local)).astype(int)
+    lengths = sum_over_workers(strategy, lengths)
     table = np.zeros((count, lengths.max(), 4), np.float64)
     table[index, :len(events)] = events
-    table = _sum(strategy, table, local)
+    table = sum_over_workers(strategy, table, whole=False)
     return [table[w, :n] for w, n in enumerate(lengths)]
 
 
@@ -255,15 +274,8 @@ def _worker_index(strategy):
     if hasattr(strategy, "rank"):
         return strategy.rank
     resolver = strategy.cluster_resolver
-    if resolver.task_type == "chief":
-        return 0
-    return resolver.task_id + (1 if "chief" in resolver.cluster_spec().as_dict() else 0)
-
-
-def _sum(strategy, array, local):
-    share = array / local  # each of the worker's replicas adds its share
-    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(share)), axis=None)
-    return summed.numpy()
+    return ClusterInfo(cluster=resolver.cluster_spec().as_dict(), task_type=resolver.task_type,
+                       task_index=resolver.task_id).worker_index
 
 
 def _trace(workers, tracks, labels):

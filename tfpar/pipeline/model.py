@@ -66,7 +66,7 @@ class PipelineModel:
             self.pipeline_timing = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
                                                name="pipeline_timing")
             # The last step's instructions, replica by replica in the schedule's order: (start, end).
-            self.pipeline_trace = tf.Variable(tf.zeros([len(grid) * len(self._order), 2], tf.float64),
+            self.pipeline_trace = tf.Variable(tf.zeros([len(self._trace_keys()), 2], tf.float64),
                                               trainable=False, name="pipeline_trace")
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
 
@@ -77,8 +77,11 @@ class PipelineModel:
 
     def pipeline_trace_labels(self):
         """Per row of ``pipeline_trace``: (its track, "F<microbatch>" or "B<microbatch>")."""
-        return [(r * len(self.stages) + i.stage, f"{'F' if i.kind == FORWARD else 'B'}{i.microbatch}")
-                for r in range(len(self.grid)) for i in self._order]
+        return [(r * len(self.stages) + i.stage, str(i)) for r, i in self._trace_keys()]
+
+    def _trace_keys(self):
+        """The rows of ``pipeline_trace``: (replica, instruction), replica by replica in the schedule's order."""
+        return [(r, i) for r in range(len(self.grid)) for i in self._order]
 
     def call(self, inputs, training=None):
         x = inputs
@@ -260,8 +263,7 @@ class PipelineModel:
         mean_busy = tf.add_n(busy) / (len(self.stages) * len(self.grid))
         span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
         self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))
-        rows = [(r, i) for r in range(len(self.grid)) for i in self._order]
-        self.pipeline_trace.assign(tf.stack([tf.stack([starts[key], ends[key]]) for key in rows]))
+        self.pipeline_trace.assign(tf.stack([tf.stack([starts[key], ends[key]]) for key in self._trace_keys()]))
 
 
 class _TfKerasPipelineModel(PipelineModel, keras.Model):
