@@ -31,6 +31,9 @@ try:
     history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2,
                         callbacks=[KillPs(), tfpar.callbacks.FaultTolerance(backup)])
 except ParameterServerLostError as error:
+    # The error in one write of its own: the traceback Python prints on the way out comes in
+    # pieces, between which TensorFlow's coordinator threads may still log to the same output.
+    print(f"{type(error).__name__}: {error}", flush=True)
     print(f"lost tasks: {error.tasks}; an UnavailableError: {isinstance(error, tf.errors.UnavailableError)}",
           flush=True)
     raise
