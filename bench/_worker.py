@@ -1,7 +1,7 @@
 """One process of a data-parallel benchmark job; prints ``BENCH {json}`` on worker 0.
 
 Modes:
-  tfpar     tfpar.DataParallel + tfpar.data.distribute, timed in fit
+  tfpar     tfpar.DataParallel + tfpar.data.distribute, timed in fit (--compression: its gradients' on the wire)
   bare      tf.distribute.MultiWorkerMirroredStrategy from TF_CONFIG, same
             communication options, the plain Keras input recipe, timed in fit
   allreduce all-reduce of a float32 tensor of --mib MiB with tfpar.DataParallel
@@ -23,6 +23,8 @@ parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--mib", type=int, default=64)
 parser.add_argument("--iters", type=int, default=5)
+parser.add_argument("--compression", choices=["none", "bf16", "fp16"], default="none")
+parser.add_argument("--bytes-per-pack", type=int, default=0)
 args = parser.parse_args()
 
 import tfpar  # noqa: E402  (sets TF_USE_LEGACY_KERAS before TensorFlow)
@@ -35,7 +37,8 @@ if args.mode == "bare":
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
             timeout_seconds=TIMEOUT))
 else:
-    strategy = tfpar.DataParallel(all_reduce="auto", timeout_seconds=TIMEOUT)
+    strategy = tfpar.DataParallel(all_reduce="auto", timeout_seconds=TIMEOUT, compression=args.compression,
+                                  bytes_per_pack=args.bytes_per_pack)
 
 
 from common import bus_bandwidth, make_data, make_model  # noqa: E402

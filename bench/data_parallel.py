@@ -7,6 +7,7 @@ bandwidth per size against the loopback TCP limit measured in the same run (tfpa
 
 Last line:
     RESULT data_parallel overhead=<x> mw_overhead=<y> busbw_ratio=<z> weak_scaling_cnn=<a> weak_scaling_mlp=<b>
+           weak_scaling_mlp_bf16=<c> bf16_gain=<c/b>
 
 - overhead: median step time of tfpar.DataParallel (+ tfpar.data input) ÷ bare
   tf.distribute.MirroredStrategy (+ the plain Keras input recipe), same model,
@@ -21,6 +22,9 @@ Last line:
   fixed, for a 66k-parameter CNN and a 2.6M-parameter MLP. Two processes on a
   2-core machine share the cores TensorFlow's thread pools would otherwise
   use alone, so this describes the machine more than tfpar.
+- weak_scaling_mlp_bf16: the MLP's 2 workers with DataParallel(compression="bf16"), against the
+  same 1-worker figure (one worker sends nothing); bf16_gain: its ratio to weak_scaling_mlp. The
+  2-worker MLP jobs alternate none, bf16, bf16, none (medians).
 """
 
 import json
@@ -137,17 +141,26 @@ def main():
         print(f"plot: {bandwidth_plot(os.path.join(opts.plot, 'busbw.png'), busbw, tcp)}", flush=True)
 
     scaling = {}
-    for model in ("cnn", "mlp"):
-        one = run_tfpar_job(1, ["tfpar", "--model", model, *common], env={"TFPAR_NUM_CPU_DEVICES": "1"})
-        two = (statistics.median(j["examples_per_second"] for j in mw["tfpar"]) if model == "cnn"
-               else run_tfpar_job(2, ["tfpar", "--model", model, *common])["examples_per_second"])
-        scaling[model] = two / (2 * one["examples_per_second"])
-        print(f"{model} ({one['params']:,} parameters): 1 worker {one['examples_per_second']:,.0f} ex/s, "
-              f"2 workers {two:,.0f} ex/s, weak scaling {scaling[model]:.2f}", flush=True)
+    mlp_jobs = {"none": [], "bf16": []}
+    for compression in (["none", "bf16"] if opts.quick else ["none", "bf16", "bf16", "none"]):
+        job = run_tfpar_job(2, ["tfpar", "--model", "mlp", "--compression", compression, *common])
+        mlp_jobs[compression].append(job["examples_per_second"])
+        print(f"mlp, 2 workers, compression={compression}: {job['examples_per_second']:,.0f} ex/s", flush=True)
+    for model, key, two in (("cnn", "cnn", statistics.median(j["examples_per_second"] for j in mw["tfpar"])),
+                            ("mlp", "mlp", statistics.median(mlp_jobs["none"])),
+                            ("mlp", "mlp_bf16", statistics.median(mlp_jobs["bf16"]))):
+        if model not in scaling.get("_one", {}):
+            one = run_tfpar_job(1, ["tfpar", "--model", model, *common], env={"TFPAR_NUM_CPU_DEVICES": "1"})
+            scaling.setdefault("_one", {})[model] = one
+        one = scaling["_one"][model]
+        scaling[key] = two / (2 * one["examples_per_second"])
+        print(f"{key} ({one['params']:,} parameters): 1 worker {one['examples_per_second']:,.0f} ex/s, "
+              f"2 workers {two:,.0f} ex/s, weak scaling {scaling[key]:.2f}", flush=True)
 
     print(f"RESULT data_parallel overhead={overhead:.3f} mw_overhead={mw_overhead:.3f} "
           f"busbw_ratio={busbw_ratio:.3f} weak_scaling_cnn={scaling['cnn']:.3f} "
-          f"weak_scaling_mlp={scaling['mlp']:.3f}")
+          f"weak_scaling_mlp={scaling['mlp']:.3f} weak_scaling_mlp_bf16={scaling['mlp_bf16']:.3f} "
+          f"bf16_gain={scaling['mlp_bf16'] / scaling['mlp']:.3f}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ tf_keras upgrade that moves one fails there, by name, instead of somewhere in a 
 Everything else in tfpar uses public APIs, or this module.
 """
 
+from tensorflow.python.distribute import collective_all_reduce_strategy as _collective_strategy
+from tensorflow.python.distribute import distribute_utils as _distribute_utils
 from tensorflow.python.distribute import input_util as _input_util
 from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
 from tensorflow.python.distribute import values as _values
@@ -15,9 +17,9 @@ from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
 
 __all__ = [
-    "CROSS_DEVICE_OPS_HOOKS", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
-    "ResourceVariable", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
-    "given_learning_rate", "keras3_data_adapter_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
+    "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
+    "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
+    "given_learning_rate", "keras3_data_adapter_class", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "unwrap_initial_value",
 ]
 
@@ -35,8 +37,21 @@ MIRRORED_EXTENDED_HOOKS = (
 keeps private)."""
 CROSS_DEVICE_OPS_HOOKS = ("_gather",)
 """CrossDeviceOps members HorovodStrategy overrides (gather has no public implementation hook)."""
+CollectiveAllReduceExtended = _collective_strategy.CollectiveAllReduceExtended
+"""Base of the multi-worker `DataParallel`'s extended, as MirroredExtended is of the one-host one: the
+gradient compression and accumulation hooks (`_batch_reduce_to`, `_update`) have no public API."""
 Mirrored = _values.Mirrored
 """A value identical on every replica (a MEAN of it is itself); only DistributedValues is public."""
+PerReplica = _values.PerReplica
+"""One value per local replica, as a strategy's reductions take them (no public constructor)."""
+
+
+def mirrored(components):
+    """The Mirrored value of a reduction's per-device results, built as TensorFlow's own cross-device
+    ops build theirs (one device: the tensor itself)."""
+    return _distribute_utils.regroup(tuple(components), wrap_class=Mirrored)
+
+
 ResourceVariable = _resource_variable_ops.ResourceVariable
 """A variable on one device that no strategy's variable creator intercepts (Horovod's accumulation
 buffers); tf.Variable inside a scope would become a mirrored variable."""
@@ -92,6 +107,17 @@ def keras3_data_adapter_class():
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
     return DataAdapter
+
+
+def keras3_tf_optimizer_class(keras_module):
+    """Keras 3's TensorFlow optimizer base, whose ``_all_reduce_sum_gradients`` tfpar marks so that a
+    strategy knows which reduction carries the gradients (Keras 3 passes no variables to it); None
+    for tf_keras or another backend."""
+    if not hasattr(keras_module, "config") or keras_module.config.backend() != "tensorflow":
+        return None
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return TFOptimizer if hasattr(TFOptimizer, "_all_reduce_sum_gradients") else None
 
 
 def replace_data_adapter(original, replacement):

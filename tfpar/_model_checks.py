@@ -13,10 +13,12 @@ import importlib.machinery
 import inspect
 import sys
 
-__all__ = ["METHODS", "install", "install_loaded", "register_after", "register_before"]
+__all__ = ["METHODS", "install", "install_loaded", "on_install", "register_after", "register_before"]
 
 METHODS = ("compile", "fit", "evaluate", "predict")
 _checks = {(method, when): [] for method in METHODS for when in ("before", "after")}
+_installers = []  # on_install's functions
+_installed = []  # the Keras modules install has seen
 
 
 def _register(method, when, check):
@@ -64,12 +66,26 @@ def _wrap(method, original):
     return checked
 
 
+def on_install(installer):
+    """``installer(module)`` runs for each Keras module (tf_keras, Keras 3) now if installed, else
+    when `install` sees it: for the other hooks tfpar needs in a Keras, whichever loads first."""
+    if installer not in _installers:
+        _installers.append(installer)
+        for module in _installed:
+            installer(module)
+
+
 def install(module):
-    """Wraps ``module.Model``'s checked methods (tf_keras or Keras 3) once per process."""
+    """Wraps ``module.Model``'s checked methods (tf_keras or Keras 3) once per process, and runs
+    the `on_install` functions on it."""
     for method in METHODS:
         original = getattr(module.Model, method)
         if not getattr(original, "_tfpar_checks", False):
             setattr(module.Model, method, _wrap(method, original))
+    if module not in _installed:
+        _installed.append(module)
+        for installer in _installers:
+            installer(module)
 
 
 class _InstallWhenKeras3Loads(importlib.abc.MetaPathFinder):

@@ -30,7 +30,7 @@ STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
 """The names `make_parallelism` (so ``tfpar demo`` and ``tfpar verify``) takes."""
 
 
-def make_parallelism(name, num_devices=None, replicas=1, microbatches=8):
+def make_parallelism(name, num_devices=None, replicas=1, microbatches=8, compression="none"):
     """The parallelism called ``name`` (one of `STRATEGIES`), for this process.
 
     Args:
@@ -41,8 +41,19 @@ def make_parallelism(name, num_devices=None, replicas=1, microbatches=8):
         num_devices: virtual CPU devices when there is no GPU, or the PS workers.
         replicas: "pipeline": data-parallel copies of the 2-stage pipeline.
         microbatches: "pipeline": microbatches per replica and step.
+        compression: "data_parallel" and "horovod": the gradients on the wire ("none", "bf16",
+            "fp16"); the others send none over a ring.
+
+    Raises:
+        ValueError: compression with "ps" or "pipeline".
     """
     from tfpar.devices import configure_devices
+
+    if compression != "none" and name in ("ps", "pipeline"):
+        raise ValueError(
+            f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
+            f"their gradients. Received: strategy {name!r} with compression={compression!r}. Use "
+            "--strategy data_parallel or horovod, or leave compression out.")
 
     if name == "ps":
         from tfpar.strategies.parameter_server import ParameterServer
@@ -51,7 +62,7 @@ def make_parallelism(name, num_devices=None, replicas=1, microbatches=8):
     if name == "horovod":
         from tfpar.strategies.horovod import HorovodStrategy
 
-        return HorovodStrategy()
+        return HorovodStrategy(compression=compression)
     if name == "pipeline":
         from tfpar.pipeline import Pipeline
 
@@ -60,7 +71,7 @@ def make_parallelism(name, num_devices=None, replicas=1, microbatches=8):
     from tfpar.strategies.data_parallel import DataParallel
 
     configure_devices(num_devices)
-    return DataParallel()
+    return DataParallel(compression=compression)
 
 
 def sum_over_workers(strategy, value, whole=True):

@@ -34,6 +34,8 @@ def _parser():
                       help="with --strategy pipeline: microbatches per replica and step")
     demo.add_argument("--precision", default="float32",
                       help="auto, mixed_float16, mixed_bfloat16 or float32 (default)")
+    demo.add_argument("--compression", default="none",
+                      help="data_parallel and horovod: the gradients on the wire, none (default), bf16 or fp16")
     demo.add_argument("--qat", action="store_true",
                       help="then quantization-aware fine-tuning and float vs int8 TFLite export")
     demo.add_argument("--epochs", type=_int, default=None, help="default 15 (or $TFPAR_EPOCHS)")
@@ -293,7 +295,8 @@ def _demo(args, command_line=None):
         argv = [sys.executable, "-m", "tfpar.cli", "demo", "--strategy", "horovod", "--epochs", str(args.epochs)]
         if args.batch_size:
             argv += ["--batch-size", str(args.batch_size)]
-        argv += ["--precision", args.precision, "--keras", str(args.keras)] + (["--qat"] if args.qat else [])
+        argv += ["--precision", args.precision, "--keras", str(args.keras), "--compression", args.compression]
+        argv += ["--qat"] if args.qat else []
         if args.quiet:
             argv.append("--quiet")
         if args.report:
@@ -306,7 +309,7 @@ def _demo(args, command_line=None):
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
              global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
              replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat,
-             keras_version=args.keras, report_dir=args.report)
+             keras_version=args.keras, report_dir=args.report, compression=args.compression)
     return 0
 
 

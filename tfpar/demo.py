@@ -97,7 +97,7 @@ def compiled_model(k=None, learning_rate=2e-3):
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
              learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8,
-             precision="float32", qat=False, keras_version=2, report_dir=None):
+             precision="float32", qat=False, keras_version=2, report_dir=None, compression="none"):
     """Trains the digits CNN and returns a `DemoResult`.
 
     Args:
@@ -120,6 +120,8 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
         keras_version: 2 (tf_keras, `tfpar.keras`) or 3 (Keras 3): the Keras the model is built in.
         report_dir: a folder for the run's `tfpar.callbacks.Timeline` and `tfpar.report` plots
             (made if missing, checked before training); their paths end the summary.
+        compression: "data_parallel" and "horovod": the gradients on the wire ("none", "bf16",
+            "fp16").
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the
@@ -144,7 +146,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
-    parallelism = make_parallelism(strategy, num_devices, replicas, microbatches)
+    parallelism = make_parallelism(strategy, num_devices, replicas, microbatches, compression)
     dist = parallelism.input_strategy
     k.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()

@@ -182,6 +182,9 @@ ROWS = {
                             ValueError, ["connect_timeout_seconds", "nan"]),
     "connect-timeout-bool": (lambda tmp: tfpar.strategies.ParameterServerConfig(connect_timeout_seconds=True),
                              TypeError, ["connect_timeout_seconds", "True"]),
+    "ps-gradient-accumulation": (lambda tmp: tfpar.strategies.ParameterServerConfig(gradient_accumulation_steps=4),
+                                 ValueError, ["cannot accumulate gradients", "gradient_accumulation_steps=4",
+                                              "DataParallel(gradient_accumulation_steps=4)"]),
     # Pipeline
     "pipeline-partial-last-batch": (lambda tmp: _pipeline_partial_batch(), ValueError,
                                     ["batch_size=32", "102 examples", "(6)"]),

@@ -30,6 +30,8 @@ def test_missing_horovod_says_how_to_install(monkeypatch):
     (dict(op="mean"), r"Unknown op 'mean'. Received: op='mean'"),
     (dict(compression="int8"), r"Unknown compression 'int8'"),
     (dict(backward_passes_per_step=0), r"backward_passes_per_step must be an int >= 1.*Received: backward_passes_per_step=0"),
+    (dict(op="adasum", compression="bf16"), r"compression='bf16' cannot be combined with op='adasum'.*"
+                                            r"Received: op='adasum', compression='bf16'"),
 ])
 def test_bad_options(kwargs, match):
     from tfpar.strategies.horovod import HorovodConfig

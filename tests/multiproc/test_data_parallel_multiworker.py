@@ -34,14 +34,16 @@ def test_launch_two_workers_train_to_identical_weights(tmp_path):
     assert losses[-1] < 0.7 * losses[0]
 
 
-@pytest.mark.parametrize("examples, options, keras_version",
-                         [(96, [], "2"), (90, ["ring", "4096"], "2"), (90, [], "3")],
-                         ids=["whole-steps", "padded-last-step-ring-4KiB-packs", "padded-last-step-keras3"])
+@pytest.mark.parametrize("examples, options, keras_version", [
+    (96, [], "2"), (90, ["all_reduce=ring", "bytes_per_pack=4096"], "2"), (90, [], "3"),
+    (96, ["gradient_accumulation_steps=2"], "3")],
+    ids=["whole-steps", "padded-last-step-ring-4KiB-packs", "padded-last-step-keras3", "accumulate-2-keras3"])
 def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options, keras_version):
     """2 workers, global batch 16 (8 per replica), against one device with the same batches:
     90 examples leave the last step 10 real examples and 6 padding rows; the second case also
     splits the ring all-reduce into packs of 4 KiB (the model's gradients are 9.6 KiB); the
-    third trains the same model in Keras 3."""
+    third trains the same model in Keras 3; the fourth accumulates 2 steps per update, so one
+    device takes batches of 32."""
     import importlib
 
     from tests.models import equivalence_data, equivalence_model, one_device_weights
@@ -53,14 +55,15 @@ def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options, 
         env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
     assert result.returncode == 0, result.output[-4000:]
     assert "8 per replica, 16 global" in result.output
-    if options:
+    if "all_reduce=ring" in options:
         assert "all_reduce='ring'" in result.output and "bytes_per_pack=4096" in result.output
     assert_started_from_worker_0(tmp_path)
     workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
     for a, b in zip(*workers):
         np.testing.assert_array_equal(a, b)
     k = importlib.import_module("keras") if keras_version == "3" else tfpar_keras
-    for a, b in zip(workers[0], one_device_weights(examples, k=k)):
+    accumulated = 2 if "gradient_accumulation_steps=2" in options else 1
+    for a, b in zip(workers[0], one_device_weights(examples, 16 * accumulated, k=k)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     # evaluate ignores the padding rows (weight 0): its loss is the mean of the steps' means over
     # their real examples (README); predict returns one row per example, in order. Both as the

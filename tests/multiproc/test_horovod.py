@@ -93,16 +93,19 @@ def test_sum_and_compression_change_the_numbers_as_they_should(tmp_path):
         np.testing.assert_allclose(a, b, atol=2e-2, rtol=0)
 
 
-def test_fp16_compression_rounds_one_step_to_float16_precision():
-    a, b = np.array([0.1, 0.2]), np.array([0.3, 0.7])  # not exact in float16
-    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_one_step.py"), "average", "fp16")
+@pytest.mark.parametrize("compression, rounding", [("fp16", 2.0 ** -10), ("bf16", 2.0 ** -8)])
+def test_compression_rounds_one_step_to_its_precision(compression, rounding):
+    """fp16 goes through Horovod's all-reduce, bf16 through one allgather of bf16 bits: either way
+    the step is the float32 one to within the format's rounding, and rounded."""
+    a, b = np.array([0.1, 0.2]), np.array([0.3, 0.7])  # exact in neither format
+    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_one_step.py"), "average", compression)
     assert result.returncode == 0, result.output[-4000:]
     kernels = [np.array(json.loads(k)) for _, k in re.findall(r"KERNEL (\d) (\[[^\]]*\])", result.output)]
     assert len(kernels) == 2 and np.array_equal(kernels[0], kernels[1])
     exact = -(a + b) / 2
     np.testing.assert_allclose(kernels[0], exact, atol=2e-3, rtol=0)
-    np.testing.assert_allclose(kernels[0], exact, rtol=2.0 ** -10)  # within float16 rounding
-    assert not np.allclose(kernels[0], exact, rtol=1e-6, atol=0)  # and rounded: it went as float16
+    np.testing.assert_allclose(kernels[0], exact, rtol=rounding)  # within the format's rounding
+    assert not np.allclose(kernels[0], exact, rtol=1e-6, atol=0)  # and rounded: it went in 16 bits
 
 
 def test_gradient_accumulation_trains_like_a_larger_batch(tmp_path):

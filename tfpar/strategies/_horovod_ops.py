@@ -1,10 +1,10 @@
-"""The two pieces of `HorovodStrategy` that do the work: Horovod all-reduces as a CrossDeviceOps,
-and local gradient accumulation (Horovod's ``backward_passes_per_step``)."""
+"""The piece of `HorovodStrategy` that does the work: Horovod all-reduces as a CrossDeviceOps
+(gradient accumulation, shared with `DataParallel`, is in `tfpar.strategies._gradients`)."""
 
 from tfpar import _compat
 from tfpar._keras import tf
 
-__all__ = ["XLA_OPS_BUILT", "GradientAccumulator", "HorovodAllReduce"]
+__all__ = ["XLA_OPS_BUILT", "HorovodAllReduce"]
 
 # tfpar install-horovod compiles Horovod's XLA ops only for TensorFlow
 # 2.6-2.18: later wheels lack the headers they need.
@@ -24,6 +24,7 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         self._hvd = hvd
         self._size = hvd.size()
         self._compression = hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
+        self._bf16 = config.compression == "bf16"
         self._op = config.op
 
     def _local(self, value):
@@ -40,8 +41,23 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
             return dict(op=hvd.Sum, prescale_factor=float(self._size))
         return dict(op=hvd.Average if reduce_op == tf.distribute.ReduceOp.MEAN else hvd.Sum)
 
+    def _allgather_bf16(self, tensors, args):
+        """The float tensors' all-reduce in bf16 on the wire: Horovod 0.28's all-reduce takes no
+        bf16, its allgather takes the bits (as int16). One allgather for all of them; each rank
+        sums the ranks' parts in float32."""
+        hvd = self._hvd
+        flat = tf.concat([tf.reshape(tf.cast(t, tf.bfloat16), [-1]) for t in tensors], axis=0)
+        gathered = hvd.allgather(tf.bitcast(flat, tf.int16), name="tfpar_bf16_gradients")
+        parts = tf.cast(tf.bitcast(tf.reshape(gathered, [self._size, -1]), tf.bfloat16), tf.float32)
+        total = tf.reduce_sum(parts, axis=0) * args.get("prescale_factor", 1.0)
+        if args["op"] == hvd.Average:
+            total = total / self._size
+        sizes = [t.shape.num_elements() for t in tensors]
+        return [tf.cast(tf.reshape(part, t.shape), t.dtype) for part, t in zip(tf.split(total, sizes), tensors)]
+
     def allreduce(self, reduce_op, tensors, gradients=False):
-        """All-reduces a list of local tensors (dense or IndexedSlices) across ranks."""
+        """All-reduces a list of local tensors (dense or IndexedSlices) across ranks; ``gradients``:
+        they are the optimizer's gradients (scaled for Sum and Adasum, and compressed)."""
         if not XLA_OPS_BUILT and _compat.in_xla_context():
             raise ValueError(
                 "HorovodStrategy cannot run in an XLA-compiled function: Horovod's XLA "
@@ -51,6 +67,7 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         if self._size == 1:
             return list(tensors)
         hvd, args = self._hvd, self._reduce_args(reduce_op, gradients)
+        compression = self._compression if gradients else hvd.Compression.none
         out = list(tensors)
         grouped = []
         for i, t in enumerate(tensors):
@@ -59,13 +76,16 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
             if isinstance(t, tf.IndexedSlices) or args["op"] == hvd.Adasum:
                 # hvd.grouped_allreduce fails for Adasum in 0.28.1 (it reads an
                 # unbound name on that path); one allreduce per tensor works.
-                out[i] = hvd.allreduce(t, compression=self._compression, **args)
+                out[i] = hvd.allreduce(t, compression=compression, **args)
             elif t.dtype.is_floating:
                 grouped.append(i)
             else:  # integers: no compression, no scaling
                 out[i] = hvd.allreduce(t, op=hvd.Average if args["op"] == hvd.Average else hvd.Sum)
+        if grouped and gradients and self._bf16:
+            reduced = self._allgather_bf16([tensors[i] for i in grouped], args)
+        elif grouped:
+            reduced = hvd.grouped_allreduce([tensors[i] for i in grouped], compression=compression, **args)
         if grouped:
-            reduced = hvd.grouped_allreduce([tensors[i] for i in grouped], compression=self._compression, **args)
             for i, r in zip(grouped, reduced):
                 out[i] = r
         return out
@@ -74,59 +94,10 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         return self.allreduce(reduce_op, [self._local(per_replica_value)])[0]
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
-        return self.allreduce(reduce_op, [self._local(v) for v, _ in value_destination_pairs], gradients=True)
+        return self.allreduce(reduce_op, [self._local(v) for v, _ in value_destination_pairs])
 
     def broadcast_implementation(self, tensor, destinations):
         return tensor
 
     def _gather(self, per_replica_value, destinations, axis, options=None):
         return self._hvd.allgather(self._local(per_replica_value))
-
-
-class GradientAccumulator:
-    """Local gradient accumulation over N steps, as Horovod's backward_passes_per_step.
-
-    Every step adds this rank's gradients to local buffers; every N-th step the
-    buffers' average is all-reduced, the optimizer applies it, and the buffers
-    are cleared. On the other steps the optimizer's variable updates are
-    skipped (its ``iterations`` still counts every step, as in Horovod).
-    """
-
-    def __init__(self, steps):
-        self.steps = steps
-        self._buffers = {}
-        self._counter = None
-        self.boundary = None  # the current step's "apply now" flag, while tracing it
-        self.targets = set()  # refs of the variables that flag governs
-
-    def _buffer(self, var, device):
-        key = var.ref()
-        if key not in self._buffers:
-            # ResourceVariable(...) bypasses the strategy's variable creator:
-            # these buffers are this rank's own, never mirrored or broadcast.
-            with tf.init_scope(), tf.device(device):
-                self._buffers[key] = _compat.ResourceVariable(
-                    tf.zeros(var.shape, var.dtype), trainable=False, name="tfpar_grad_accumulator")
-                if self._counter is None:
-                    self._counter = _compat.ResourceVariable(
-                        tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step")
-        return self._buffers[key]
-
-    def reduce(self, grads_and_vars, device, allreduce):
-        """Accumulates; returns the averaged, all-reduced gradients (zeros between boundaries)."""
-        buffers = [self._buffer(v, device) for _, v in grads_and_vars]
-        added = [b.assign_add(tf.convert_to_tensor(g)) for b, (g, _) in zip(buffers, grads_and_vars)]
-        with tf.control_dependencies(added):
-            step = self._counter.assign_add(1)
-        boundary = tf.equal(step % self.steps, 0)
-
-        def reduce_and_clear():
-            reduced = allreduce([b.read_value() / self.steps for b in buffers])
-            with tf.control_dependencies(reduced):
-                cleared = [b.assign(tf.zeros_like(b)) for b in buffers]
-            with tf.control_dependencies(cleared):
-                return [tf.identity(r) for r in reduced]
-
-        self.boundary = boundary
-        self.targets = {v.ref() for _, v in grads_and_vars}
-        return tf.cond(boundary, reduce_and_clear, lambda: [tf.zeros_like(b) for b in buffers])

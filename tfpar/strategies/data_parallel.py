@@ -16,6 +16,7 @@ from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, refuse_evaluator
 from tfpar.strategies._describe import batch_and_model_lines
+from tfpar.strategies._gradients import GradientReduction, check_compression
 from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
 __all__ = [
@@ -57,9 +58,17 @@ class DataParallelConfig:
     instead of hanging (None: wait forever)."""
     cluster: ClusterInfo = None
     """The cluster and this task (default: parsed from ``TF_CONFIG``)."""
+    compression: str = "none"
+    """The optimizer's gradients on the wire: "none" (float32), "bf16" or "fp16" (half the bytes;
+    cast before the all-reduce, back after it). Other reductions keep their precision."""
+    gradient_accumulation_steps: int = 1
+    """Sum each replica's gradients locally over this many steps, then all-reduce their average
+    and apply it once: N steps of global batch G train like one step of N·G, with one all-reduce."""
 
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, ALL_REDUCE)
+        check_compression(self.compression)
+        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
         if self.num_packs != 1 and self.all_reduce not in _PACKING:
@@ -164,6 +173,10 @@ class DataParallel(Parallelism):
     def _workers_text(self):
         return "1"
 
+    def _gradients_text(self):
+        cfg = self.config
+        return f", compression={cfg.compression}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+
     def describe(self, global_batch_size=None, model=None):
         """Returns a readable summary of the strategy.
 
@@ -184,7 +197,7 @@ class DataParallel(Parallelism):
             f"  workers:    {self._workers_text()}",
             f"  replicas:   {replicas} ({len(devices)} on this worker)",
             f"  devices:    {', '.join(devices)}",
-            f"  all-reduce: {self._all_reduce_text()}",
+            f"  all-reduce: {self._all_reduce_text()}{self._gradients_text()}",
         ]
         lines += batch_and_model_lines(replicas, global_batch_size, model)
         return "\n".join(lines)
@@ -206,7 +219,9 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
         _require_gpus(self.config)
         _compat.set_collective_key_base(self, next(self._key_bases))
         devices = self.config.devices or _default_devices()
-        super().__init__(devices=list(devices), cross_device_ops=self._cross_device_ops())
+        # MirroredStrategy's own __init__ would build a plain MirroredExtended.
+        tf.distribute.Strategy.__init__(self, _MirroredExtended(
+            self, self.config, devices=list(devices), cross_device_ops=self._cross_device_ops()))
 
     def _cross_device_ops(self):
         name, packs = self.config.all_reduce, self.config.num_packs
@@ -224,6 +239,22 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
         if self.config.all_reduce in _PACKING:
             text += f", num_packs={self.config.num_packs}"
         return f"{text} (all_reduce={self.config.all_reduce!r})"
+
+
+class _MirroredExtended(GradientReduction, _compat.MirroredExtended):
+    """MirroredStrategy's extended, with `DataParallelConfig`'s gradient compression and accumulation."""
+
+    def __init__(self, container_strategy, config, **kwargs):
+        self._init_gradients(config.compression, config.gradient_accumulation_steps)
+        super().__init__(container_strategy, **kwargs)
+
+
+class _CollectiveExtended(GradientReduction, _compat.CollectiveAllReduceExtended):
+    """MultiWorkerMirroredStrategy's extended, with the same."""
+
+    def __init__(self, container_strategy, config, **kwargs):
+        self._init_gradients(config.compression, config.gradient_accumulation_steps)
+        super().__init__(container_strategy, **kwargs)
 
 
 def _default_devices():
@@ -256,7 +287,9 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
             implementation=self._implementation(),
         )
         try:
-            super().__init__(cluster_resolver=resolver, communication_options=options)
+            # MultiWorkerMirroredStrategy's own __init__ would build a plain CollectiveAllReduceExtended.
+            tf.distribute.Strategy.__init__(self, _CollectiveExtended(
+                self, self.config, cluster_resolver=resolver, communication_options=options))
         except RuntimeError as e:
             if "program startup" not in str(e):
                 raise

@@ -32,14 +32,14 @@ from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
 from tfpar.strategies._auto import SLURM_MPI_MARKERS, started_by_horovod
 from tfpar.strategies._describe import batch_and_model_lines
-from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, GradientAccumulator, HorovodAllReduce
+from tfpar.strategies._gradients import COMPRESSIONS, GradientAccumulator, check_compression, gradient_variables
+from tfpar.strategies._gradients import marked_variables
+from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
 
 __all__ = ["HOROVOD_OPS", "COMPRESSIONS", "XLA_OPS_BUILT", "HorovodConfig", "HorovodStrategy", "import_horovod"]
 
 HOROVOD_OPS = ("average", "sum", "adasum")
 """Gradient reductions: Horovod's Average (the default), Sum and Adasum."""
-COMPRESSIONS = ("none", "fp16")
-"""Gradient compression on the wire."""
 
 INSTALL_HINT = (
     "Install it with `pip install 'tfpar[horovod]' && tfpar install-horovod` (it builds "
@@ -115,7 +115,10 @@ class HorovodConfig:
     """Keras prints progress bars and epoch lines on rank 0 only (the others log
     them at INFO level instead: ``tf_keras.utils.disable_interactive_logging``)."""
     compression: str = "none"
-    """Gradient compression: one of `COMPRESSIONS` ("fp16" halves the bytes sent)."""
+    """The gradients on the wire: one of `COMPRESSIONS`. "fp16" halves the bytes of Horovod's
+    all-reduce; "bf16", which Horovod's all-reduce does not take, is sent by one allgather of every
+    rank's bf16 gradients, summed in float32 on each rank: fewer bytes than a float32 ring for up to
+    3 ranks, the same at 4, more beyond (use "fp16" there)."""
     backward_passes_per_step: int = 1
     """Accumulate gradients over this many steps (averaged), then all-reduce and
     apply them once: N steps of global batch G train like one step of N·G."""
@@ -123,7 +126,7 @@ class HorovodConfig:
     def __post_init__(self):
         check_int("backward_passes_per_step", self.backward_passes_per_step, 1, " (1: no accumulation.)")
         check_choice("op", self.op, HOROVOD_OPS)
-        check_choice("compression", self.compression, COMPRESSIONS)
+        check_compression(self.compression, self.op)
 
 
 class _HorovodExtended(_compat.MirroredExtended):
@@ -148,20 +151,27 @@ class _HorovodExtended(_compat.MirroredExtended):
         return tf.nest.map_structure(
             lambda v: self._horovod_ops.reduce_implementation(reduce_op, v, destinations, options), value)
 
-    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-        # Keras' optimizers aggregate gradients here, with their variables as destinations;
-        # other sums (a replica context's all_reduce, a metric's) go to devices: never accumulated.
-        gradients = all(isinstance(d, tf.Variable) for _, d in value_destination_pairs)
-        if self._accumulator is None or reduce_op != tf.distribute.ReduceOp.SUM or not gradients:
-            return self._horovod_ops.batch_reduce_implementation(reduce_op, value_destination_pairs, options)
-        grads_and_vars = [(self._horovod_ops._local(g), v) for g, v in value_destination_pairs]
+    def _reduce_gradients(self, reduce_op, tensors, variables):
+        """The optimizer's gradients (local tensors): accumulated, compressed, all-reduced."""
+        ops = self._horovod_ops
+        if variables is None:
+            return ops.allreduce(reduce_op, tensors)
+        if self._accumulator is None:
+            return ops.allreduce(reduce_op, tensors, gradients=True)
         return self._accumulator.reduce(
-            grads_and_vars, self.worker_devices[0],
-            lambda tensors: self._horovod_ops.allreduce(reduce_op, tensors, gradients=True))
+            [tensors], variables, self.worker_devices,
+            lambda per_device: ops.allreduce(reduce_op, per_device[0], gradients=True))
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        # Keras' optimizers aggregate their gradients here (tf_keras; Keras 3 on a merge_call);
+        # other sums (a metric's, synchronized BatchNorm's) are never accumulated nor compressed.
+        variables = gradient_variables(reduce_op, value_destination_pairs)
+        local = [self._horovod_ops._local(v) for v, _ in value_destination_pairs]
+        return self._reduce_gradients(reduce_op, local, variables)
 
     def _update(self, var, fn, args, kwargs, group):
         accumulator = self._accumulator
-        if accumulator is None or accumulator.boundary is None or var.ref() not in accumulator.targets:
+        if accumulator is None or not accumulator.governs(var):
             return super()._update(var, fn, args, kwargs, group)
 
         def apply():
@@ -171,9 +181,11 @@ class _HorovodExtended(_compat.MirroredExtended):
         return tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))
 
     def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
-        # One replica per process: reduce right here, no merge_call needed.
+        # One replica per process: reduce right here, no merge_call needed (Keras 3's optimizer
+        # reduces its gradients this way).
         flat = tf.nest.flatten(value)
-        return tf.nest.pack_sequence_as(value, self._horovod_ops.allreduce(reduce_op, flat))
+        variables = marked_variables(flat) if reduce_op == tf.distribute.ReduceOp.SUM else None
+        return tf.nest.pack_sequence_as(value, self._reduce_gradients(reduce_op, flat, variables))
 
     # Variables start from rank 0's values, optimizer state included.
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):

@@ -68,8 +68,12 @@ class ParameterServerConfig:
     """How long to wait for every ps and worker to accept connections."""
     cluster: ClusterInfo = None
     """The cluster (default: ``TF_CONFIG``); this process is its chief."""
+    gradient_accumulation_steps: int = 1
+    """Only 1: see `refuse_accumulation`."""
 
     def __post_init__(self):
+        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
+        refuse_accumulation(self.gradient_accumulation_steps)
         partitioner = self.variable_partitioner
         if not (partitioner is None or partitioner == "auto"
                 or isinstance(partitioner, tf.distribute.experimental.partitioners.Partitioner)):
@@ -79,6 +83,20 @@ class ParameterServerConfig:
                 f"FixedShardsPartitioner, MaxSizePartitioner). Received: {partitioner!r}.")
         check_int("min_shard_bytes", self.min_shard_bytes, 1)
         check_number("connect_timeout_seconds", self.connect_timeout_seconds, above=0)
+
+
+def refuse_accumulation(steps):
+    """Gradient accumulation has no place under parameter servers: TensorFlow's coordinator runs
+    each step as a closure on whichever worker is free, with no state of its own kept between
+    closures, and every worker applies its gradients to the ps variables on its own."""
+    if steps != 1:
+        raise ValueError(
+            "ParameterServer cannot accumulate gradients: each step runs as a closure on whichever "
+            "worker is free, and TensorFlow keeps no worker state between closures to sum them in; "
+            "each worker applies its own gradients to the parameter servers, asynchronously. "
+            f"Received: gradient_accumulation_steps={steps}. Use a global batch {steps} times larger "
+            "(with steps_per_execution to keep the coordinator's cost per step low), or DataParallel("
+            f"gradient_accumulation_steps={steps}) for synchronous training.")
 
 
 def _accepts(address, timeout=1.0):

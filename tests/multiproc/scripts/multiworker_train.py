@@ -2,7 +2,8 @@
 writes worker_<i>.npz (weights) and scored_<i>.npz (evaluate's loss on the padded input, predict's
 output on every example).
 
-Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS EXAMPLES [ALL_REDUCE BYTES_PER_PACK]
+Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS EXAMPLES [OPTION=VALUE ...]
+(DataParallel's options, e.g. all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2)
 (the model in Keras 3 when $TFPAR_TEST_KERAS is "3")
 """
 
@@ -14,7 +15,7 @@ import numpy as np
 import tfpar
 
 out, global_batch, epochs, examples = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-options = {"all_reduce": sys.argv[5], "bytes_per_pack": int(sys.argv[6])} if len(sys.argv) > 6 else {}
+options = {key: int(value) if value.isdigit() else value for key, value in (a.split("=", 1) for a in sys.argv[5:])}
 strategy = tfpar.DataParallel(timeout_seconds=120, **options)
 
 import tensorflow as tf  # noqa: E402

@@ -1,0 +1,279 @@
+"""What tfpar's synchronous strategies do to the optimizer's gradients on their way to the
+all-reduce: compression (cast to bf16 or fp16 for the wire, back after it) and accumulation
+(N steps' gradients summed locally, all-reduced and applied once).
+
+Both apply to the optimizer's gradient reduction only, never to the strategy's other reductions
+(metrics, synchronized BatchNorm's moments, the loss scale's overflow vote), which need their
+full precision and every step. `gradient_variables` tells them apart: tf_keras reduces the
+gradients with their variables as destinations; Keras 3 reduces them as plain values, so
+tfpar marks its optimizers' gradient reduction (`mark_keras3_gradient_reduction`).
+"""
+
+import functools
+import logging
+import math
+import threading
+
+from tfpar import _compat
+from tfpar import _model_checks as model_checks
+from tfpar._keras import tf
+
+__all__ = ["COMPRESSIONS", "GradientAccumulator", "GradientReduction", "check_compression", "compress",
+           "decompress", "gradient_variables", "mark_keras3_gradient_reduction"]
+
+COMPRESSIONS = ("none", "bf16", "fp16")
+"""Gradient compression on the wire: "bf16" keeps float32's range with 8 bits of mantissa; "fp16"
+keeps 11 bits in a range up to 65504 (loss scaling keeps scaled gradients in it)."""
+_WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
+
+_log = logging.getLogger(__name__)
+
+# The optimizer's gradient reduction in progress (Keras 3): the variables whose gradients the next
+# batch reduction carries. Set by each replica's thread and read in the merge_call, which runs in
+# another thread, so it is process-wide, not thread-local.
+_marked = {"depth": 0, "variables": None}
+_lock = threading.Lock()
+
+
+def check_compression(value, op=None):
+    """Raises ValueError unless ``value`` is one of `COMPRESSIONS` (and, with Horovod's ``op``,
+    not Adasum, which combines gradients by their dot products: a cast would change its result)."""
+    from tfpar._checks import check_choice
+
+    check_choice("compression", value, COMPRESSIONS)
+    if op == "adasum" and value != "none":
+        raise ValueError(
+            f"compression={value!r} cannot be combined with op='adasum': Adasum weighs each rank's "
+            "gradient by dot products that a cast to 16 bits would change. Received: op='adasum', "
+            f"compression={value!r}. Use compression='none' with Adasum, or op='average'.")
+    return value
+
+
+def _cast(value, dtype):
+    # On the value's own device: the strategy's batch reduction packs its values together only
+    # when their devices match their destinations'.
+    with tf.device(value.device):
+        if isinstance(value, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.cast(value.values, dtype), value.indices, value.dense_shape)
+        return tf.cast(value, dtype)
+
+
+def compress(tensors, compression):
+    """``tensors`` (dense or IndexedSlices) cast for the wire; float32 only, others as they are."""
+    wire = _WIRE_DTYPES.get(compression)
+    if wire is None:
+        return list(tensors)
+    return [_cast(t, wire) if t.dtype == tf.float32 else t for t in tensors]
+
+
+def decompress(tensors, originals):
+    """``tensors`` back in their ``originals``' dtypes."""
+    return [t if t.dtype == o.dtype else _cast(t, o.dtype) for t, o in zip(tensors, originals)]
+
+
+def gradient_variables(reduce_op, value_destination_pairs):
+    """The variables whose gradients a batch reduction carries, or None if it is not the
+    optimizer's gradient reduction."""
+    if reduce_op != tf.distribute.ReduceOp.SUM or not value_destination_pairs:
+        return None
+    destinations = [d for _, d in value_destination_pairs]
+    if all(isinstance(d, tf.Variable) for d in destinations):  # tf_keras
+        return destinations
+    marked = _marked["variables"]
+    if _marked["depth"] and marked is not None and len(marked) == len(value_destination_pairs):
+        return list(marked)
+    return None
+
+
+def marked_variables(values):
+    """The variables of a Keras 3 gradient reduction of ``values`` in a replica context (where
+    HorovodStrategy reduces without a merge_call), or None."""
+    marked = _marked["variables"]
+    if _marked["depth"] and marked is not None and len(marked) == len(values):
+        return list(marked)
+    return None
+
+
+def mark_keras3_gradient_reduction(optimizer_class):
+    """Wraps Keras 3's TensorFlow optimizer's gradient all-reduce (once) so that the strategy sees
+    which reduction carries the gradients, and of which variables (Keras 3 gives no destinations)."""
+    original = optimizer_class._all_reduce_sum_gradients
+    if getattr(original, "_tfpar_marked", False):
+        return
+
+    @functools.wraps(original)
+    def all_reduce_sum_gradients(self, grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        with _lock:
+            _marked["depth"] += 1
+            _marked["variables"] = [v for g, v in grads_and_vars if g is not None]
+        try:
+            return original(self, grads_and_vars)
+        finally:
+            with _lock:
+                _marked["depth"] -= 1
+                if not _marked["depth"]:
+                    _marked["variables"] = None
+
+    all_reduce_sum_gradients._tfpar_marked = True
+    optimizer_class._all_reduce_sum_gradients = all_reduce_sum_gradients
+
+
+def _mark_keras3(keras_module):
+    optimizer_class = _compat.keras3_tf_optimizer_class(keras_module)
+    if optimizer_class is not None:
+        mark_keras3_gradient_reduction(optimizer_class)
+
+
+model_checks.on_install(_mark_keras3)  # once, at import: Keras 3 now if loaded, else when it is
+
+
+def _steps_per_epoch(arguments):
+    """The steps ``fit`` takes per epoch, where its arguments say (else None)."""
+    if arguments.get("steps_per_epoch"):
+        return int(arguments["steps_per_epoch"])
+    x = arguments.get("x")
+    if isinstance(x, tf.data.Dataset):
+        cardinality = int(x.cardinality())
+        return cardinality if cardinality > 0 else None
+    if hasattr(x, "shape") and len(getattr(x, "shape", ())) > 0 and x.shape[0] is not None:
+        return math.ceil(int(x.shape[0]) / (arguments.get("batch_size") or 32))
+    return None
+
+
+def warn_about_remainder(model, arguments):
+    """Before ``fit``: says what becomes of the steps of an epoch that do not fill an accumulation
+    window (the window does not restart at an epoch: they are carried into the next epoch's)."""
+    accumulator = getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
+    if not isinstance(accumulator, GradientAccumulator):
+        return
+    steps, window = _steps_per_epoch(arguments), accumulator.steps
+    if steps is None or steps % window == 0:
+        return
+    remainder = steps % window
+    multiples = " or ".join(str(m) for m in (steps - remainder, steps - remainder + window) if m > 0)
+    _log.warning(
+        "fit runs %d steps per epoch, not a multiple of the %d steps accumulated per update: the "
+        "last %d step(s) of each epoch are carried into the next epoch's first update, which mixes "
+        "two epochs, and after the last epoch they are left unapplied. Use steps_per_epoch=%s to "
+        "keep every update within an epoch.", steps, window, remainder, multiples)
+
+
+model_checks.register_before(warn_about_remainder, "fit")
+
+
+class GradientAccumulator:
+    """Local gradient accumulation over N steps, as Horovod's backward_passes_per_step.
+
+    Every step adds each replica's gradients to buffers on its device; every N-th step the
+    buffers' averages are all-reduced, the optimizer applies them, and the buffers are cleared.
+    On the other steps nothing is sent and the optimizer's variable updates are skipped (its
+    ``iterations`` still counts every step, as in Horovod and Keras 3's own accumulation).
+    """
+
+    def __init__(self, steps):
+        self.steps = steps
+        self._buffers = {}
+        self._counter = None
+        self.boundary = None  # the current step's "apply now" flag, while tracing it
+        self.targets = set()  # refs of the variables that flag governs
+
+    def _buffer(self, var, device):
+        key = (var.ref(), device)
+        if key not in self._buffers:
+            # ResourceVariable(...) bypasses the strategy's variable creator: these buffers are this
+            # replica's own, never mirrored or broadcast.
+            with tf.init_scope(), tf.device(device):
+                self._buffers[key] = _compat.ResourceVariable(
+                    tf.zeros(var.shape, var.dtype), trainable=False, name="tfpar_grad_accumulator")
+                if self._counter is None:
+                    self._counter = _compat.ResourceVariable(
+                        tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step")
+        return self._buffers[key]
+
+    def reduce(self, per_device_grads, variables, devices, allreduce):
+        """Accumulates ``per_device_grads`` (one list per device, in ``variables``' order).
+
+        ``allreduce(per_device_averages)`` reduces the averaged buffers (one list per device) and
+        returns the reduced tensors flat, device-major. Returns those tensors at a boundary, zeros
+        of the same structure on the other steps.
+        """
+        buffers = [[self._buffer(v, d) for v in variables] for d in devices]
+        added = []
+        for device, device_buffers, grads in zip(devices, buffers, per_device_grads):
+            with tf.device(device):
+                added += [b.assign_add(tf.convert_to_tensor(g)) for b, g in zip(device_buffers, grads)]
+        with tf.control_dependencies(added):
+            step = self._counter.assign_add(1)
+        boundary = tf.equal(step % self.steps, 0)
+        flat = [b for device_buffers in buffers for b in device_buffers]
+
+        def reduce_and_clear():
+            averages = []
+            for device, device_buffers in zip(devices, buffers):
+                with tf.device(device):
+                    averages.append([b.read_value() / self.steps for b in device_buffers])
+            reduced = allreduce(averages)
+            with tf.control_dependencies(reduced):
+                cleared = [b.assign(tf.zeros_like(b)) for b in flat]
+            with tf.control_dependencies(cleared):
+                return [tf.identity(r) for r in reduced]
+
+        self.boundary = boundary
+        self.targets = {v.ref() for v in variables}
+        return tf.cond(boundary, reduce_and_clear, lambda: [tf.zeros_like(b) for b in flat])
+
+    def governs(self, var):
+        """Whether the update of ``var`` is skipped between boundaries."""
+        return self.boundary is not None and var.ref() in self.targets
+
+
+class GradientReduction:
+    """Mixed into a MirroredExtended (one host or several workers): compresses and accumulates
+    the optimizer's gradients around the all-reduce the strategy would make anyway."""
+
+    def _init_gradients(self, compression, accumulation_steps):
+        self._compression = compression
+        self._accumulator = GradientAccumulator(accumulation_steps) if accumulation_steps > 1 else None
+
+    def _reduce_compressed(self, reduce_op, value_destination_pairs, options):
+        values = [v for v, _ in value_destination_pairs]
+        if self._compression == "none":
+            return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
+        per_replica = [self._container_strategy().experimental_local_results(v) for v in values]
+        wire = [_compat.PerReplica(tuple(compress(parts, self._compression))) for parts in per_replica]
+        reduced = super()._batch_reduce_to(
+            reduce_op, [(w, d) for w, (_, d) in zip(wire, value_destination_pairs)], options)
+        return [_compat.mirrored(tuple(decompress(self._container_strategy().experimental_local_results(r), parts)))
+                for r, parts in zip(reduced, per_replica)]
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        variables = gradient_variables(reduce_op, value_destination_pairs)
+        if variables is None:
+            return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
+        if self._accumulator is None:
+            return self._reduce_compressed(reduce_op, value_destination_pairs, options)
+        devices = self.worker_devices
+        per_device = list(zip(*[self._container_strategy().experimental_local_results(v) for v, _ in value_destination_pairs]))
+        destinations = [d for _, d in value_destination_pairs]
+
+        def allreduce(per_device_averages):
+            pairs = [(_compat.PerReplica(tuple(parts)), d)
+                     for parts, d in zip(zip(*per_device_averages), destinations)]
+            reduced = self._reduce_compressed(reduce_op, pairs, options)
+            return [self._container_strategy().experimental_local_results(r)[i] for i in range(len(devices)) for r in reduced]
+
+        flat = self._accumulator.reduce(per_device, variables, devices, allreduce)
+        count = len(variables)
+        return [_compat.mirrored(tuple(flat[i * count + j] for i in range(len(devices)))) for j in range(count)]
+
+    def _update(self, var, fn, args, kwargs, group):
+        accumulator = self._accumulator
+        if accumulator is None or not accumulator.governs(var):
+            return super()._update(var, fn, args, kwargs, group)
+
+        def apply():
+            super(GradientReduction, self)._update(var, fn, args, kwargs, group=True)
+            return tf.constant(True)
+
+        return tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))
