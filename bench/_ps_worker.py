@@ -16,6 +16,8 @@ parser.add_argument("--model", choices=["cnn", "mlp", "linear"], default="cnn")
 parser.add_argument("--global-batch", type=int, default=128)
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--epochs", type=int, default=5)
+parser.add_argument("--steps-per-execution", type=int, default=1)
+parser.add_argument("--num-ps", type=int, default=1)
 args = parser.parse_args()
 
 import tfpar  # noqa: E402
@@ -23,7 +25,7 @@ import tfpar  # noqa: E402
 if args.mode == "ps":
     from tfpar.strategies.parameter_server import ParameterServer
 
-    strategy = ParameterServer.local(num_workers=2, num_ps=1)
+    strategy = ParameterServer.local(num_workers=2, num_ps=args.num_ps)
 else:
     tfpar.configure_devices(2)
     strategy = tfpar.DataParallel()
@@ -36,7 +38,8 @@ x, y = make_data(args.model, args.global_batch * args.steps)
 with strategy.scope():
     keras.utils.set_random_seed(0)
     model = make_model(args.model)
-    model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+    model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy",
+                  steps_per_execution=args.steps_per_execution)
 train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.global_batch)
 history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0,
                     callbacks=[tfpar.callbacks.Throughput(args.global_batch)])

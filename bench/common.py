@@ -80,6 +80,18 @@ def make_model(kind):
     ])
 
 
+def mlp_model():
+    """The MLP, for ``tfpar tune --model common:mlp_model`` (bench/ on PYTHONPATH)."""
+    return make_model("mlp")
+
+
+def mlp_dataset(n=8192):
+    """Examples for the MLP, for ``tfpar tune --data common:mlp_dataset``."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(make_data("mlp", n))
+
+
 def make_data(kind, n, seed=0):
     rng = np.random.default_rng(seed)
     shape = (n, 16, 16, 1) if kind == "cnn" else (n, 784)

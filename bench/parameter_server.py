@@ -3,7 +3,7 @@
     python bench/parameter_server.py [--quick]
 
 Last line:
-    RESULT parameter_server steps_ratio=<x> model_ratio=<y>
+    RESULT parameter_server steps_ratio=<x> model_ratio=<y> model_ratio_spe8=<z> model_ratio_2ps=<w>
 
 - steps_ratio: steps/second of ParameterServer.local(2 workers, 1 ps) ÷ DataParallel on
   2 virtual CPU devices, same 66k-parameter CNN and global batch (each in its own process,
@@ -16,7 +16,12 @@ Last line:
 
 Also printed: the step time of a 7.9k-parameter linear model on the same cluster, i.e. what
 TensorFlow's coordinator costs per step whatever the model (scheduling a closure, a remote
-function call, reading back its result), which the floor leaves out.
+function call, reading back its result), which the floor leaves out; and the breakdown of the
+MLP's step against the levers:
+- model_ratio_spe8: with steps_per_execution=8 (one closure, one remote call, runs 8 steps: the
+  coordinator's cost is paid once per 8 steps; the variables still travel every step);
+- model_ratio_2ps: with 2 ps tasks (the MLP's large variables partitioned over both: two
+  connections move them in parallel), against the same one-connection floor.
 """
 
 import os
@@ -88,7 +93,16 @@ def main():
           f"= {floor * 1e3:.2f} ms; measured {comm_step * 1e3:.1f} ms/step", flush=True)
     print(f"coordinator cost per step (7.9k-parameter linear model): "
           f"{overhead['step_seconds'] * 1e3:.1f} ms", flush=True)
-    print(f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} model_ratio={comm_step / floor:.3f}")
+    mlp = common + ["--model", "mlp", "--global-batch", "8"]
+    spe8 = run("ps", mlp + ["--steps-per-execution", "8"])["step_seconds"]
+    two_ps = run("ps", mlp + ["--num-ps", "2"])["step_seconds"]
+    linear_spe8 = run("ps", common + ["--model", "linear", "--global-batch", "8", "--steps-per-execution", "8"])
+    print(f"coordinator cost per step with steps_per_execution=8: {linear_spe8['step_seconds'] * 1e3:.1f} ms", flush=True)
+    print(f"MLP breakdown, ms/step: measured {comm_step * 1e3:.1f} = coordinator {overhead['step_seconds'] * 1e3:.1f} "
+          f"+ the rest {(comm_step - overhead['step_seconds']) * 1e3:.1f} (floor {floor * 1e3:.2f}); "
+          f"steps_per_execution=8: {spe8 * 1e3:.1f}; 2 ps: {two_ps * 1e3:.1f}", flush=True)
+    print(f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} model_ratio={comm_step / floor:.3f} "
+          f"model_ratio_spe8={spe8 / floor:.3f} model_ratio_2ps={two_ps / floor:.3f}")
 
 if __name__ == "__main__":
     main()

@@ -112,12 +112,16 @@ def _parser():
     tune.add_argument("--model", default="tfpar.demo:build_model", help="module:function building the model")
     tune.add_argument("--data", default="tfpar.demo:digits_dataset",
                       help="module:function returning a tf.data.Dataset of (x, y) examples")
-    tune.add_argument("--space", default='{"per_replica_batch": [16, 32, 64], "steps_per_execution": [1, 4]}',
+    tune.add_argument("--space", default=None,
                       help="JSON {axis: [values]}; axes: per_replica_batch, steps_per_execution, num_packs, "
-                           "bytes_per_pack, microbatches")
+                           "bytes_per_pack, microbatches, backend (data_parallel, horovod), compression "
+                           "(none, bf16, fp16), horovod_autotune (false, true). Default: batch and "
+                           "steps_per_execution; with --workers N > 1, both backends too (tfpar.tune.workers_space)")
     tune.add_argument("--loss", default="sparse_categorical_crossentropy")
     tune.add_argument("--steps", type=_int, default=20, help="timed steps per trial")
     tune.add_argument("--devices", type=_int, default=2)
+    tune.add_argument("--workers", type=_int, default=1,
+                      help="run each trial as a job of N workers (or Horovod ranks) under tfpar launch")
     tune.add_argument("--json", help="also write the trials and the winner to this file")
     tune.add_argument("--trial-timeout", type=float, default=300.0,
                       help="seconds a trial may run before it is stopped and counted as failed (default 300)")
@@ -258,17 +262,22 @@ def _tune(args):
     import json
 
     from tfpar._files import check_folder_of, write_atomically
-    from tfpar.tune import tune
+    from tfpar.tune import tune, workers_space
 
     if args.json:
         check_folder_of("--json", args.json)  # before the trials, not after them
 
-    try:
-        space = json.loads(args.space)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--space must be JSON. Received: {args.space!r} ({error}).") from None
+    if args.space is None:
+        space = (workers_space() if args.workers > 1 else
+                 {"per_replica_batch": [16, 32, 64], "steps_per_execution": [1, 4]})
+    else:
+        try:
+            space = json.loads(args.space)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--space must be JSON. Received: {args.space!r} ({error}).") from None
     result = tune(args.model, args.data, space, loss=args.loss, steps=args.steps, devices=args.devices,
-                  timeout_seconds=args.trial_timeout, print_fn=lambda line: print(line, flush=True))
+                  timeout_seconds=args.trial_timeout, print_fn=lambda line: print(line, flush=True),
+                  workers=args.workers)
     print(result.table())
     if args.json:
         write_atomically(args.json, result.to_json())

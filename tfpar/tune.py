@@ -3,13 +3,17 @@
 Like Horovod's ``--autotune``, but over the knobs a Keras user sets: the
 per-replica batch size, ``steps_per_execution``, the all-reduce's packing
 (``num_packs`` on one host, with the "hierarchical" all-reduce that honours it;
-``bytes_per_pack`` across hosts) and, for a
+``bytes_per_pack`` across hosts), the gradients' compression, the backend
+(`DataParallel` or `HorovodStrategy`, with or without Horovod's own autotune) and, for a
 2-stage pipeline, the number of microbatches. Every combination of the search
 space runs in its own process (so that a trial that runs out of memory or is
-invalid fails alone): it builds the model from ``model_fn`` under the
-strategy, feeds ``data_fn``'s examples through `tfpar.data`, trains a warm-up
-epoch and a timed one of ``steps`` steps, and reports examples per second. The
-fastest successful trial wins; failed trials are listed with their error.
+invalid fails alone; with ``workers`` > 1, its own job under ``tfpar launch``): it builds the
+model from ``model_fn`` under the strategy, feeds ``data_fn``'s examples through `tfpar.data`,
+trains a warm-up epoch and a timed one of ``steps`` steps, and reports examples per second.
+An axis that does not apply to a trial's backend is left out of it (``bytes_per_pack`` under
+Horovod, ``horovod_autotune`` under DataParallel), and tfpar's defaults always run as one trial:
+the fastest successful trial wins, its speed-up over the defaults is reported, with the code
+that reproduces it; failed trials are listed with their error.
 
 Example:
     >>> result = tfpar.tune.tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset",  # doctest: +SKIP
@@ -30,7 +34,7 @@ import sys
 from tfpar._checks import check_int, check_number
 from tfpar._processes import LaunchError, ProcessGroups, forwarding_signals
 
-__all__ = ["AXES", "TuneResult", "check_space", "tune"]
+__all__ = ["AXES", "CHOICE_AXES", "DEFAULTS", "TuneResult", "check_space", "tune", "workers_space"]
 
 AXES = {
     "per_replica_batch": 1,
@@ -39,7 +43,26 @@ AXES = {
     "bytes_per_pack": 0,
     "microbatches": 1,
 }
-"""Axis name -> smallest valid value."""
+"""Integer axis name -> smallest valid value."""
+CHOICE_AXES = {
+    "backend": ("data_parallel", "horovod"),
+    "compression": ("none", "bf16", "fp16"),
+    "horovod_autotune": (False, True),
+}
+"""Axis name -> its values."""
+DEFAULTS = {"backend": "data_parallel", "compression": "none", "per_replica_batch": 32, "steps_per_execution": 1}
+"""What a trial leaves unset is tfpar's default; this trial always runs, as the reference."""
+_UNSET = {"bytes_per_pack": 0, "horovod_autotune": False}  # values that are the strategy's own default
+_ONLY = {"horovod_autotune": "horovod", "bytes_per_pack": "data_parallel", "num_packs": "data_parallel",
+         "microbatches": "data_parallel"}  # axis -> the one backend it applies to
+
+
+def workers_space():
+    """``tfpar tune --workers N``'s default space: both backends, compressed or not, packed or
+    not, with and without Horovod's autotune, over batch and steps_per_execution."""
+    return {"backend": list(CHOICE_AXES["backend"]), "compression": ["none", "bf16"],
+            "bytes_per_pack": [0, 4 * 2**20], "horovod_autotune": [False, True],
+            "per_replica_batch": [32, 64], "steps_per_execution": [1, 4]}
 
 
 def check_space(space):
@@ -47,23 +70,42 @@ def check_space(space):
 
     Raises:
         ValueError: not a dict, an unknown axis, an empty axis, or a value that is not
-            an int at least the axis' minimum.
+            an int at least the axis' minimum (or one of a choice axis' values).
     """
+    names = sorted([*AXES, *CHOICE_AXES])
     if not isinstance(space, dict) or not space:
         raise ValueError(f"The search space must be a non-empty dict {{axis: [values]}}. Received: {space!r}. "
-                         f"Axes: {sorted(AXES)}.")
+                         f"Axes: {names}.")
     checked = {}
     for axis, values in space.items():
-        if axis not in AXES:
-            raise ValueError(f"Unknown tune axis {axis!r}. Received: {sorted(space)}. Use some of {sorted(AXES)}.")
-        values = [values] if isinstance(values, int) else list(values)
+        if axis not in names:
+            raise ValueError(f"Unknown tune axis {axis!r}. Received: {sorted(space)}. Use some of {names}.")
+        values = [values] if isinstance(values, (int, str)) else list(values)
         if not values:
             raise ValueError(f"The tune axis {axis!r} is empty. Received: {axis}={values!r}. Give at least one value.")
         for value in values:
-            if isinstance(value, bool) or not isinstance(value, int) or value < AXES[axis]:
+            if axis in CHOICE_AXES:
+                if not any(value is choice or (value == choice and type(value) is type(choice))
+                           for choice in CHOICE_AXES[axis]):
+                    raise ValueError(f"Tune axis {axis!r} takes {list(CHOICE_AXES[axis])}. Received: {axis}={values!r}.")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < AXES[axis]:
                 raise ValueError(f"Tune axis {axis!r} takes ints >= {AXES[axis]}. Received: {axis}={values!r}.")
         checked[axis] = values
     return checked
+
+
+def _trial_configs(space):
+    """Every combination of ``space``, without the axes that do not apply to its backend (once
+    each); tfpar's defaults first, unless it is a space of pipelines."""
+    axes = sorted(space)
+    configs = [] if "microbatches" in space else [dict(DEFAULTS)]
+    for values in itertools.product(*(space[a] for a in axes)):
+        config = {**DEFAULTS, **dict(zip(axes, values))}
+        config = {a: v for a, v in config.items()
+                  if _ONLY.get(a, config["backend"]) == config["backend"] and not (a in _UNSET and v == _UNSET[a])}
+        if config not in configs:
+            configs.append(config)
+    return configs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +114,8 @@ class TuneResult:
 
     trials: tuple
     """Dicts: ``config``, ``status`` ("ok" or "failed"), ``examples_per_second`` or ``error``."""
+    workers: int = 1
+    """Workers (or Horovod ranks) each trial ran on."""
 
     @property
     def best(self):
@@ -79,21 +123,63 @@ class TuneResult:
         ok = [t for t in self.trials if t["status"] == "ok"]
         return max(ok, key=lambda t: t["examples_per_second"]) if ok else None
 
+    @property
+    def default(self):
+        """The trial of tfpar's defaults (`DEFAULTS`), or None (a space of pipeline trials)."""
+        return next((t for t in self.trials if t["config"] == DEFAULTS), None)
+
+    @property
+    def speedup(self):
+        """The fastest trial's examples/s ÷ the defaults' (None if either failed)."""
+        best, default = self.best, self.default
+        if best is None or default is None or default["status"] != "ok":
+            return None
+        return best["examples_per_second"] / default["examples_per_second"]
+
+    def reproduce(self):
+        """The command and code that train as the fastest trial did."""
+        best = self.best
+        if best is None:
+            return ""
+        config = {**DEFAULTS, **best["config"]}
+        horovod = config["backend"] == "horovod"
+        if config.get("microbatches"):
+            strategy = f"tfpar.pipeline.Pipeline(num_stages=2, num_microbatches={config['microbatches']})"
+        else:
+            options = [f"compression={config['compression']!r}"] if config["compression"] != "none" else []
+            options += [f"{k}={config[k]}" for k in ("num_packs", "bytes_per_pack") if config.get(k)]
+            options += ["all_reduce='hierarchical'"] if config.get("num_packs") else []
+            strategy = f"tfpar.{'strategies.HorovodStrategy' if horovod else 'DataParallel'}({', '.join(options)})"
+        env = "HOROVOD_AUTOTUNE=1 " if config.get("horovod_autotune") else ""
+        launch = (f"{env}tfpar launch{' --horovod' if horovod else ''} -n {self.workers} -- python train.py"
+                  if self.workers > 1 or horovod else "python train.py")
+        return "\n".join([
+            f"  {launch}",
+            f"  strategy = {strategy}",
+            f"  model.compile(..., steps_per_execution={config['steps_per_execution']})",
+            f"  train = tfpar.data.distribute(dataset, strategy, {config['per_replica_batch']} * "
+            "strategy.num_replicas_in_sync)"])
+
     def table(self):
         axes = sorted({axis for t in self.trials for axis in t["config"]})
         lines = ["  ".join(f"{a:>19}" for a in axes) + f"  {'examples/s':>12}  status"]
         for trial in self.trials:
-            cells = "  ".join(f"{trial['config'].get(a, ''):>19}" for a in axes)
+            cells = "  ".join(f"{str(trial['config'].get(a, '')):>19}" for a in axes)
             speed = f"{trial['examples_per_second']:>12,.0f}" if trial["status"] == "ok" else f"{'-':>12}"
             note = "ok" if trial["status"] == "ok" else "failed: " + _error_line(trial["error"])[:100]
             lines.append(f"{cells}  {speed}  {note}")
         best = self.best
         lines.append(f"fastest: {best['config']} at {best['examples_per_second']:,.0f} examples/s" if best
                      else "every trial failed")
+        if self.speedup is not None:
+            lines.append(f"speed-up over tfpar's defaults {DEFAULTS}: {self.speedup:.2f}x")
+        if best:
+            lines += ["reproduce it:", self.reproduce()]
         return "\n".join(lines)
 
     def to_json(self):
-        return json.dumps({"best": self.best, "trials": list(self.trials)}, indent=2)
+        return json.dumps({"best": self.best, "speedup": self.speedup, "workers": self.workers,
+                           "trials": list(self.trials)}, indent=2)
 
 
 def _error_line(text):
@@ -104,7 +190,7 @@ def _error_line(text):
 
 
 def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", optimizer="adam", steps=20,
-         devices=2, timeout_seconds=300, print_fn=None):
+         devices=2, timeout_seconds=300, print_fn=None, workers=1):
     """Runs one short timed trial per combination of ``space``; returns a `TuneResult`.
 
     Args:
@@ -114,7 +200,10 @@ def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", op
         space: ``{axis: [values]}`` over `AXES`; unset axes keep their defaults.
         loss, optimizer: passed to ``compile``.
         steps: timed steps per trial (after a warm-up epoch of as many).
-        devices: virtual CPU devices (ignored with GPUs).
+        devices: virtual CPU devices (ignored with GPUs, and with ``workers`` > 1: a worker or
+            rank is one replica).
+        workers: each trial runs as a job of this many workers (or Horovod ranks) on this host,
+            started by ``tfpar launch``.
         timeout_seconds: a trial running longer is stopped and fails (``--trial-timeout``).
         print_fn: called with each trial's line as it finishes (e.g. ``print``).
 
@@ -126,32 +215,49 @@ def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", op
     check_number("timeout_seconds", timeout_seconds, above=0, hint=" It bounds each trial, e.g. --trial-timeout 300.")
     check_int("steps", steps, 1)
     check_int("devices", devices, 1)
+    check_int("workers", workers, 1)
+    if workers > 1 and any(space.get(axis, [None]) != [None] for axis in ("num_packs", "microbatches")):
+        raise ValueError(
+            "num_packs and microbatches tune one host's devices (the hierarchical all-reduce, the pipeline); "
+            f"with workers={workers} each worker is one replica. Received: workers={workers} with "
+            f"{sorted(a for a in ('num_packs', 'microbatches') if a in space)}. Tune bytes_per_pack, "
+            "compression and backend across workers, or those axes with workers=1.")
     for name, ref in (("model_fn", model_fn), ("data_fn", data_fn)):
         if not isinstance(ref, str) or ref.count(":") != 1:
             raise ValueError(f"{name} must be 'module:function'. Received: {ref!r}.")
-    axes = sorted(space)
     trials = []
-    for values in itertools.product(*(space[a] for a in axes)):
-        config = dict(zip(axes, values))
+    for config in _trial_configs(space):
         spec = {"model_fn": model_fn, "data_fn": data_fn, "config": config, "loss": loss,
                 "optimizer": optimizer, "steps": steps, "devices": devices}
-        trial = _run_trial_process(spec, timeout_seconds)
+        trial = _run_trial_process(spec, timeout_seconds, workers)
         trials.append(trial)
         if print_fn:
             speed = f"{trial['examples_per_second']:,.0f} examples/s" if trial["status"] == "ok" else "failed"
             print_fn(f"trial {len(trials)}: {config} -> {speed}")
     trials.sort(key=lambda t: (t["status"] != "ok", -t.get("examples_per_second", 0)))
-    return TuneResult(tuple(trials))
+    return TuneResult(tuple(trials), workers)
 
 
-def _run_trial_process(spec, timeout_seconds):
-    """Runs one trial in a child process (its own process group, stopped with everything it
-    started when it times out, when tune is signalled, or, through the watchdog, when tune dies)."""
+def _trial_command(spec, workers):
+    trial = [sys.executable, "-m", "tfpar.tune", json.dumps(spec)]
+    horovod = spec["config"].get("backend") == "horovod"
+    if workers == 1 and not horovod:
+        return trial
+    return [sys.executable, "-m", "tfpar.cli", "launch", *(["--horovod"] if horovod else []), "-n", str(workers),
+            "--", *trial]
+
+
+def _run_trial_process(spec, timeout_seconds, workers=1):
+    """Runs one trial in a child process, or a job of ``workers`` under ``tfpar launch`` (its own
+    process group, stopped with everything it started when it times out, when tune is signalled,
+    or, through the watchdog, when tune dies)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if spec["config"].get("horovod_autotune"):
+        env["HOROVOD_AUTOTUNE"] = "1"
     groups = ProcessGroups(grace_seconds=5.0)
     try:
         with forwarding_signals(groups.send) as received:
-            proc = subprocess.Popen([sys.executable, "-m", "tfpar.tune", json.dumps(spec)], stdout=subprocess.PIPE,
+            proc = subprocess.Popen(_trial_command(spec, workers), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
                                     start_new_session=True)
             groups.add(proc.pid)
@@ -168,8 +274,8 @@ def _run_trial_process(spec, timeout_seconds):
     finally:
         groups.close()
     for line in stdout.splitlines():
-        if line.startswith("TRIAL "):
-            return {"config": spec["config"], "status": "ok", **json.loads(line[6:])}
+        if "TRIAL {" in line:  # alone, or after tfpar launch's "[worker 0] "
+            return {"config": spec["config"], "status": "ok", **json.loads(line.split("TRIAL ", 1)[1])}
     return {"config": spec["config"], "status": "failed",
             "error": (stderr or stdout)[-2000:] or f"exit status {proc.returncode}"}
 def _resolve(ref):
@@ -181,18 +287,22 @@ def _trial(spec):
     """Runs one trial in this process and prints ``TRIAL {json}``."""
     import tfpar
 
-    config = {**{a: None for a in AXES}, **spec["config"]}
-    tfpar.configure_devices(spec["devices"])
+    config = {**{a: None for a in AXES}, **DEFAULTS, **spec["config"]}
     per_replica = config["per_replica_batch"] or 32
-    if config["microbatches"]:
+    if config["backend"] == "horovod":
+        parallelism = tfpar.strategies.HorovodStrategy(compression=config["compression"])
+    elif config["microbatches"]:
         from tfpar.pipeline import Pipeline
 
+        tfpar.configure_devices(spec["devices"])
         parallelism = Pipeline(num_stages=2, num_microbatches=config["microbatches"])
     else:
         options = {k: config[k] for k in ("num_packs", "bytes_per_pack") if config[k] is not None}
         if "num_packs" in options:  # the one-host all-reduce that packs on any device
             options["all_reduce"] = "hierarchical"
-        parallelism = tfpar.DataParallel(**options)
+        if "TF_CONFIG" not in os.environ:  # several workers: one replica each, and created first
+            tfpar.configure_devices(spec["devices"])
+        parallelism = tfpar.DataParallel(compression=config["compression"], **options)
     model = parallelism.build(_resolve(spec["model_fn"]))
     with parallelism.scope():
         model.compile(spec["optimizer"], spec["loss"], steps_per_execution=config["steps_per_execution"] or 1)
@@ -200,8 +310,10 @@ def _trial(spec):
     train = tfpar.data.distribute(_resolve(spec["data_fn"])(), parallelism, global_batch, remainder="drop")
     throughput = tfpar.callbacks.Throughput(global_batch)
     history = model.fit(train.dataset, steps_per_epoch=spec["steps"], epochs=2, verbose=0, callbacks=[throughput])
-    print("TRIAL " + json.dumps({"examples_per_second": history.history["examples_per_second"][-1],
-                                 "global_batch": global_batch, "pipeline": bool(config["microbatches"])}), flush=True)
+    if parallelism.input_strategy.extended.should_checkpoint:  # one line per job: its chief's
+        print("TRIAL " + json.dumps({"examples_per_second": history.history["examples_per_second"][-1],
+                                     "global_batch": global_batch, "pipeline": bool(config["microbatches"])}),
+              flush=True)
 
 
 if __name__ == "__main__":

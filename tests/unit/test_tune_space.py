@@ -31,3 +31,53 @@ def test_the_best_trial_is_the_fastest_successful_one():
     ))
     assert result.best["config"] == {"per_replica_batch": 32}
     assert "failed: ValueError: no" in result.table() and "fastest: {'per_replica_batch': 32}" in result.table()
+
+
+def test_choice_axes_take_their_values_only():
+    assert check_space({"backend": ["horovod"], "compression": "bf16", "horovod_autotune": [False, True]}) == {
+        "backend": ["horovod"], "compression": ["bf16"], "horovod_autotune": [False, True]}
+    with pytest.raises(ValueError, match=r"Tune axis 'compression' takes \['none', 'bf16', 'fp16'\]. "
+                                         r"Received: compression=\['int8'\]"):
+        check_space({"compression": ["int8"]})
+    with pytest.raises(ValueError, match=r"'horovod_autotune' takes \[False, True\]. Received: horovod_autotune=\[1\]"):
+        check_space({"horovod_autotune": [1]})
+
+
+def test_each_trial_keeps_the_axes_of_its_backend_and_the_defaults_run_first():
+    from tfpar.tune import DEFAULTS, _trial_configs
+
+    configs = _trial_configs({"backend": ["data_parallel", "horovod"], "bytes_per_pack": [0, 4096],
+                              "horovod_autotune": [False, True]})
+    assert configs[0] == DEFAULTS
+    data_parallel = [c for c in configs if c["backend"] == "data_parallel"]
+    horovod = [c for c in configs if c["backend"] == "horovod"]
+    # bytes_per_pack=0 is DataParallel's default: that trial is the defaults' (run once)
+    assert sorted(c.get("bytes_per_pack", 0) for c in data_parallel) == [0, 4096]
+    assert all("horovod_autotune" not in c for c in data_parallel)
+    assert sorted(c.get("horovod_autotune", False) for c in horovod) == [False, True]
+    assert all("bytes_per_pack" not in c for c in horovod)
+
+
+def test_the_fastest_trial_comes_with_its_speedup_and_the_code_that_reproduces_it():
+    from tfpar.tune import DEFAULTS
+
+    fastest = {**DEFAULTS, "backend": "horovod", "compression": "bf16", "steps_per_execution": 4,
+               "horovod_autotune": True}
+    result = TuneResult((
+        {"config": dict(DEFAULTS), "status": "ok", "examples_per_second": 100.0},
+        {"config": fastest, "status": "ok", "examples_per_second": 180.0},
+    ), workers=2)
+    assert result.speedup == pytest.approx(1.8)
+    assert result.reproduce().splitlines() == [
+        "  HOROVOD_AUTOTUNE=1 tfpar launch --horovod -n 2 -- python train.py",
+        "  strategy = tfpar.strategies.HorovodStrategy(compression='bf16')",
+        "  model.compile(..., steps_per_execution=4)",
+        "  train = tfpar.data.distribute(dataset, strategy, 32 * strategy.num_replicas_in_sync)"]
+    assert "speed-up over tfpar's defaults" in result.table() and "1.80x" in result.table()
+
+
+def test_one_host_axes_are_refused_across_workers():
+    from tfpar.tune import tune
+
+    with pytest.raises(ValueError, match=r"Received: workers=2 with \['num_packs'\]"):
+        tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"num_packs": [1, 2]}, workers=2)

@@ -18,8 +18,8 @@ from tfpar import _compat
 from tfpar import _model_checks as model_checks
 from tfpar._keras import tf
 
-__all__ = ["COMPRESSIONS", "GradientAccumulator", "GradientReduction", "check_compression", "compress",
-           "decompress", "gradient_variables", "mark_keras3_gradient_reduction"]
+__all__ = ["COMPRESSIONS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction", "check_compression", "compress",
+           "decompress", "gradient_variables", "mark_keras3_gradient_reduction", "marked_variables"]
 
 COMPRESSIONS = ("none", "bf16", "fp16")
 """Gradient compression on the wire: "bf16" keeps float32's range with 8 bits of mantissa; "fp16"
@@ -79,15 +79,12 @@ def gradient_variables(reduce_op, value_destination_pairs):
     destinations = [d for _, d in value_destination_pairs]
     if all(isinstance(d, tf.Variable) for d in destinations):  # tf_keras
         return destinations
-    marked = _marked["variables"]
-    if _marked["depth"] and marked is not None and len(marked) == len(value_destination_pairs):
-        return list(marked)
-    return None
+    return marked_variables(value_destination_pairs)
 
 
 def marked_variables(values):
-    """The variables of a Keras 3 gradient reduction of ``values`` in a replica context (where
-    HorovodStrategy reduces without a merge_call), or None."""
+    """The variables of a Keras 3 gradient reduction of ``values`` (in its merge_call, or in a
+    replica context, where HorovodStrategy reduces without one), or None."""
     marked = _marked["variables"]
     if _marked["depth"] and marked is not None and len(marked) == len(values):
         return list(marked)
@@ -228,7 +225,23 @@ class GradientAccumulator:
         return self.boundary is not None and var.ref() in self.targets
 
 
-class GradientReduction:
+class AccumulatedUpdates:
+    """Mixed into a MirroredExtended with an ``_accumulator`` (a `GradientAccumulator` or None):
+    the optimizer's updates of the variables it governs run at its boundaries only."""
+
+    def _update(self, var, fn, args, kwargs, group):
+        accumulator = self._accumulator
+        if accumulator is None or not accumulator.governs(var):
+            return super()._update(var, fn, args, kwargs, group)
+
+        def apply():
+            super(AccumulatedUpdates, self)._update(var, fn, args, kwargs, group=True)
+            return tf.constant(True)
+
+        return tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))
+
+
+class GradientReduction(AccumulatedUpdates):
     """Mixed into a MirroredExtended (one host or several workers): compresses and accumulates
     the optimizer's gradients around the all-reduce the strategy would make anyway."""
 
@@ -236,15 +249,18 @@ class GradientReduction:
         self._compression = compression
         self._accumulator = GradientAccumulator(accumulation_steps) if accumulation_steps > 1 else None
 
+    def _parts(self, value):
+        """A distributed value's tensors, one per local device."""
+        return self._container_strategy().experimental_local_results(value)
+
     def _reduce_compressed(self, reduce_op, value_destination_pairs, options):
-        values = [v for v, _ in value_destination_pairs]
         if self._compression == "none":
             return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
-        per_replica = [self._container_strategy().experimental_local_results(v) for v in values]
+        per_replica = [self._parts(v) for v, _ in value_destination_pairs]
         wire = [_compat.PerReplica(tuple(compress(parts, self._compression))) for parts in per_replica]
         reduced = super()._batch_reduce_to(
             reduce_op, [(w, d) for w, (_, d) in zip(wire, value_destination_pairs)], options)
-        return [_compat.mirrored(tuple(decompress(self._container_strategy().experimental_local_results(r), parts)))
+        return [_compat.mirrored(tuple(decompress(self._parts(r), parts)))
                 for r, parts in zip(reduced, per_replica)]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
@@ -254,26 +270,15 @@ class GradientReduction:
         if self._accumulator is None:
             return self._reduce_compressed(reduce_op, value_destination_pairs, options)
         devices = self.worker_devices
-        per_device = list(zip(*[self._container_strategy().experimental_local_results(v) for v, _ in value_destination_pairs]))
+        per_device = list(zip(*[self._parts(v) for v, _ in value_destination_pairs]))
         destinations = [d for _, d in value_destination_pairs]
 
         def allreduce(per_device_averages):
             pairs = [(_compat.PerReplica(tuple(parts)), d)
                      for parts, d in zip(zip(*per_device_averages), destinations)]
             reduced = self._reduce_compressed(reduce_op, pairs, options)
-            return [self._container_strategy().experimental_local_results(r)[i] for i in range(len(devices)) for r in reduced]
+            return [self._parts(r)[i] for i in range(len(devices)) for r in reduced]
 
         flat = self._accumulator.reduce(per_device, variables, devices, allreduce)
         count = len(variables)
         return [_compat.mirrored(tuple(flat[i * count + j] for i in range(len(devices)))) for j in range(count)]
-
-    def _update(self, var, fn, args, kwargs, group):
-        accumulator = self._accumulator
-        if accumulator is None or not accumulator.governs(var):
-            return super()._update(var, fn, args, kwargs, group)
-
-        def apply():
-            super(GradientReduction, self)._update(var, fn, args, kwargs, group=True)
-            return tf.constant(True)
-
-        return tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))

@@ -32,8 +32,8 @@ from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
 from tfpar.strategies._auto import SLURM_MPI_MARKERS, started_by_horovod
 from tfpar.strategies._describe import batch_and_model_lines
-from tfpar.strategies._gradients import COMPRESSIONS, GradientAccumulator, check_compression, gradient_variables
-from tfpar.strategies._gradients import marked_variables
+from tfpar.strategies._gradients import (COMPRESSIONS, AccumulatedUpdates, GradientAccumulator, check_compression,
+                                         gradient_variables, marked_variables)
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
 
 __all__ = ["HOROVOD_OPS", "COMPRESSIONS", "XLA_OPS_BUILT", "HorovodConfig", "HorovodStrategy", "import_horovod"]
@@ -129,7 +129,7 @@ class HorovodConfig:
         check_compression(self.compression, self.op)
 
 
-class _HorovodExtended(_compat.MirroredExtended):
+class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
     """MirroredExtended over one local device, Horovod across processes."""
 
     def __init__(self, container_strategy, hvd, config, device):
@@ -168,17 +168,6 @@ class _HorovodExtended(_compat.MirroredExtended):
         variables = gradient_variables(reduce_op, value_destination_pairs)
         local = [self._horovod_ops._local(v) for v, _ in value_destination_pairs]
         return self._reduce_gradients(reduce_op, local, variables)
-
-    def _update(self, var, fn, args, kwargs, group):
-        accumulator = self._accumulator
-        if accumulator is None or not accumulator.governs(var):
-            return super()._update(var, fn, args, kwargs, group)
-
-        def apply():
-            super(_HorovodExtended, self)._update(var, fn, args, kwargs, group=True)
-            return tf.constant(True)
-
-        return tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))
 
     def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
         # One replica per process: reduce right here, no merge_call needed (Keras 3's optimizer
