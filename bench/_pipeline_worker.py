@@ -3,7 +3,8 @@
   baseline  one compute unit (1 intra-op, 1 inter-op thread): the plain model, a
             1-stage pipeline with 1 microbatch, and with 8 microbatches
   pipeline  two compute units (1 intra-op thread per op, 2 inter-op threads, 2
-            virtual CPU devices): the 2-stage 1F1B pipeline, with its measured bubble
+            virtual CPU devices): the 2-stage pipeline under each schedule (1F1B, GPipe,
+            interleaved with 2 chunks per stage, ZB-H1), with its measured bubble
 """
 
 import argparse
@@ -51,8 +52,10 @@ if args.mode == "baseline":
     variants = {"plain": build(), "1 stage x 1": Pipeline(num_stages=1, num_microbatches=1).stage(build()),
                 "1 stage x 8": Pipeline(num_stages=1, num_microbatches=MICROBATCHES).stage(build())}
 else:
-    variants = {"2 stages x 8": Pipeline(num_stages=STAGES, num_microbatches=MICROBATCHES, schedule="1f1b",
-                                         balance="time").stage(build())}
+    variants = {"2 stages x 8" + ("" if schedule == "1f1b" else f" {schedule}"):
+                Pipeline(num_stages=STAGES, num_microbatches=MICROBATCHES, schedule=schedule,
+                         balance="time").stage(build())
+                for schedule in ("1f1b", "gpipe", "interleaved", "zb-h1")}
     print(variants["2 stages x 8"].partition.describe(), flush=True)
 report = {}
 for name, model in variants.items():
@@ -63,6 +66,6 @@ for name, model in variants.items():
                         callbacks=callbacks)
     report[name] = statistics.median(history.history["step_time"][1:])  # the first epoch traces
     if args.mode == "pipeline":
-        report["bubble"] = statistics.median(history.history["bubble"][1:])
-        report["bubble_theory"] = history.history["bubble_theory"][-1]
+        report[f"bubble {name}"] = statistics.median(history.history["bubble"][1:])
+        report[f"bubble_theory {name}"] = history.history["bubble_theory"][-1]
 print("BENCH " + json.dumps(report), flush=True)

@@ -10,6 +10,7 @@ alternate A B B A and the medians are compared.
 
 Last line:
     RESULT pipeline efficiency=<x> bubble_ratio=<y> overhead_1stage=<z> microbatch_cost=<w>
+           zb_bubble_vs_1f1b=<a> zb_vs_1f1b=<b> interleaved_vs_1f1b=<c> gpipe_vs_1f1b=<d>
 
 - efficiency: step time of a 1-stage pipeline running the 8 microbatches one after
   another with gradient accumulation ÷ the 2-stage pipeline's, ÷ the ideal
@@ -19,6 +20,10 @@ Last line:
 - overhead_1stage: a 1-stage, 1-microbatch pipeline ÷ the plain Keras model;
 - microbatch_cost: the 1-stage pipeline with 8 microbatches ÷ the plain model (one full
   batch): what cutting the batch costs on one device.
+- zb_bubble_vs_1f1b: the measured bubble of ZB-H1 ÷ that of 1F1B (the same 2 x 8 pipeline);
+- <schedule>_vs_1f1b: 1F1B's step time ÷ the schedule's (above 1: faster than 1F1B); interleaved
+  runs 2 chunks per stage (4 chunks of the 9 layers). Each schedule's measured bubble against
+  its own theory is printed above the last line, with its efficiency against GPipe.
 """
 
 import os
@@ -40,18 +45,28 @@ def main():
         print(mode, jobs[mode][-1], flush=True)
     step = {name: statistics.median(job[name] for job in jobs[mode])
             for mode in jobs for name in jobs[mode][0] if not name.startswith("bubble")}
+    bubble = {name: statistics.median(job[f"bubble {name}"] for job in jobs["pipeline"])
+              for name in jobs["pipeline"][0] if name.startswith("2 stages")}
+    theory = {name: jobs["pipeline"][0][f"bubble_theory {name}"] for name in bubble}
     for name, seconds in step.items():
         print(f"{name:>13}: {seconds * 1e3:7.1f} ms/step", flush=True)
     stages, microbatches = 2, 8
     ideal = microbatches * stages / (microbatches + stages - 1)
     speedup = step["1 stage x 8"] / step["2 stages x 8"]
-    measured = statistics.median(job["bubble"] for job in jobs["pipeline"])
-    theory = jobs["pipeline"][0]["bubble_theory"]
-    print(f"speedup {speedup:.3f} (ideal {ideal:.3f}); bubble measured {measured:.3f}, theory {theory:.3f}",
-          flush=True)
-    print(f"RESULT pipeline efficiency={speedup / ideal:.3f} bubble_ratio={measured / theory:.3f} "
+    one_f = "2 stages x 8"
+    print(f"speedup {speedup:.3f} (ideal {ideal:.3f}); bubble measured {bubble[one_f]:.3f}, theory "
+          f"{theory[one_f]:.3f}", flush=True)
+    for name in bubble:
+        print(f"{name:>26}: bubble {bubble[name]:.3f} (theory {theory[name]:.3f}, ratio "
+              f"{bubble[name] / theory[name]:.2f}), step {step[name] * 1e3:.1f} ms, efficiency vs GPipe "
+              f"{step[one_f + ' gpipe'] / step[name]:.3f}, vs 1F1B {step[one_f] / step[name]:.3f}", flush=True)
+    print(f"RESULT pipeline efficiency={speedup / ideal:.3f} bubble_ratio={bubble[one_f] / theory[one_f]:.3f} "
           f"overhead_1stage={step['1 stage x 1'] / step['plain']:.3f} "
-          f"microbatch_cost={step['1 stage x 8'] / step['plain']:.3f}")
+          f"microbatch_cost={step['1 stage x 8'] / step['plain']:.3f} "
+          f"zb_bubble_vs_1f1b={bubble[one_f + ' zb-h1'] / bubble[one_f]:.3f} "
+          f"zb_vs_1f1b={step[one_f] / step[one_f + ' zb-h1']:.3f} "
+          f"interleaved_vs_1f1b={step[one_f] / step[one_f + ' interleaved']:.3f} "
+          f"gpipe_vs_1f1b={step[one_f] / step[one_f + ' gpipe']:.3f}")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@ per-replica batch size, ``steps_per_execution``, the all-reduce's packing
 (``num_packs`` on one host, with the "hierarchical" all-reduce that honours it;
 ``bytes_per_pack`` across hosts), the gradients' compression, the backend
 (`DataParallel` or `HorovodStrategy`, with or without Horovod's own autotune) and, for a
-2-stage pipeline, the number of microbatches. Every combination of the search
+2-stage pipeline, the number of microbatches, the schedule and its ``virtual_stages``. Every combination of the search
 space runs in its own process (so that a trial that runs out of memory or is
 invalid fails alone; with ``workers`` > 1, its own job under ``tfpar launch``): it builds the
 model from ``model_fn`` under the strategy, feeds ``data_fn``'s examples through `tfpar.data`,
 trains a warm-up epoch and a timed one of ``steps`` steps, and reports examples per second.
 An axis that does not apply to a trial's backend is left out of it (``bytes_per_pack`` under
-Horovod, ``horovod_autotune`` under DataParallel), and tfpar's defaults always run as one trial:
+Horovod, ``horovod_autotune`` under DataParallel), and tfpar's defaults run as one more trial
+(in a space of several, not of pipelines):
 the fastest successful trial wins, its speed-up over the defaults is reported, with the code
 that reproduces it; failed trials are listed with their error.
 
@@ -42,19 +43,22 @@ AXES = {
     "num_packs": 1,
     "bytes_per_pack": 0,
     "microbatches": 1,
+    "virtual_stages": 1,
 }
 """Integer axis name -> smallest valid value."""
 CHOICE_AXES = {
     "backend": ("data_parallel", "horovod"),
     "compression": ("none", "bf16", "fp16"),
     "horovod_autotune": (False, True),
+    "schedule": ("gpipe", "1f1b", "interleaved", "zb-h1"),
 }
 """Axis name -> its values."""
 DEFAULTS = {"backend": "data_parallel", "compression": "none", "per_replica_batch": 32, "steps_per_execution": 1}
 """What a trial leaves unset is tfpar's default; this trial always runs, as the reference."""
 _UNSET = {"bytes_per_pack": 0, "horovod_autotune": False}  # values that are the strategy's own default
 _ONLY = {"horovod_autotune": "horovod", "bytes_per_pack": "data_parallel", "num_packs": "data_parallel",
-         "microbatches": "data_parallel"}  # axis -> the one backend it applies to
+         "microbatches": "data_parallel", "schedule": "data_parallel",
+         "virtual_stages": "data_parallel"}  # axis -> the one backend it applies to (a pipeline's: none)
 
 
 def workers_space():
@@ -94,15 +98,26 @@ def check_space(space):
     return checked
 
 
+def _applies(axis, value, config):
+    """Whether ``axis`` means something in the trial ``config`` (and ``value`` is not its default)."""
+    if axis in _UNSET and value == _UNSET[axis]:
+        return False
+    if axis in ("schedule", "virtual_stages") and not config.get("microbatches"):
+        return False  # pipeline axes
+    if axis == "virtual_stages" and config.get("schedule") != "interleaved":
+        return False
+    return _ONLY.get(axis, config["backend"]) == config["backend"]
+
+
 def _trial_configs(space):
-    """Every combination of ``space``, without the axes that do not apply to its backend (once
-    each); tfpar's defaults first, unless it is a space of pipelines."""
+    """Every combination of ``space``, without the axes that do not apply to it (once each);
+    tfpar's defaults first when the space holds several and is not one of pipelines."""
     axes = sorted(space)
-    configs = [] if "microbatches" in space else [dict(DEFAULTS)]
+    several = len(list(itertools.product(*(space[a] for a in axes)))) > 1
+    configs = [dict(DEFAULTS)] if several and "microbatches" not in space else []
     for values in itertools.product(*(space[a] for a in axes)):
         config = {**DEFAULTS, **dict(zip(axes, values))}
-        config = {a: v for a, v in config.items()
-                  if _ONLY.get(a, config["backend"]) == config["backend"] and not (a in _UNSET and v == _UNSET[a])}
+        config = {a: v for a, v in config.items() if _applies(a, v, config)}
         if config not in configs:
             configs.append(config)
     return configs
@@ -144,7 +159,9 @@ class TuneResult:
         config = {**DEFAULTS, **best["config"]}
         horovod = config["backend"] == "horovod"
         if config.get("microbatches"):
-            strategy = f"tfpar.pipeline.Pipeline(num_stages=2, num_microbatches={config['microbatches']})"
+            schedule = f", schedule={config.get('schedule', '1f1b')!r}"
+            schedule += f", virtual_stages={config['virtual_stages']}" if config.get("virtual_stages") else ""
+            strategy = f"tfpar.pipeline.Pipeline(num_stages=2, num_microbatches={config['microbatches']}{schedule})"
         else:
             options = [f"compression={config['compression']!r}"] if config["compression"] != "none" else []
             options += [f"{k}={config[k]}" for k in ("num_packs", "bytes_per_pack") if config.get(k)]
@@ -295,7 +312,8 @@ def _trial(spec):
         from tfpar.pipeline import Pipeline
 
         tfpar.configure_devices(spec["devices"])
-        parallelism = Pipeline(num_stages=2, num_microbatches=config["microbatches"])
+        parallelism = Pipeline(num_stages=2, num_microbatches=config["microbatches"],
+                               schedule=config.get("schedule") or "1f1b", virtual_stages=config.get("virtual_stages"))
     else:
         options = {k: config[k] for k in ("num_packs", "bytes_per_pack") if config[k] is not None}
         if "num_packs" in options:  # the one-host all-reduce that packs on any device

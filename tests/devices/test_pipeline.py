@@ -32,9 +32,11 @@ def _plain(k):
     return _PLAIN[k]
 
 
-@pytest.mark.parametrize("schedule, recompute", [("gpipe", False), ("1f1b", False), ("gpipe", True),
-                                                 ("1f1b", True)])
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zb-h1"])
 def test_two_stage_pipeline_trains_exactly_like_the_plain_model(any_keras, schedule, recompute):
+    """Every schedule: "interleaved" cuts the model into 4 chunks, 2 per device; "zb-h1" takes
+    each chunk's input gradient and its weight gradients in two separate calls."""
     k = any_keras
     reference, history = _plain(k)
     staged = Pipeline(num_stages=2, num_microbatches=4, schedule=schedule,
@@ -45,10 +47,11 @@ def test_two_stage_pipeline_trains_exactly_like_the_plain_model(any_keras, sched
     np.testing.assert_allclose(staged_history.history["loss"], history.history["loss"], rtol=1e-5)
     x, y = equivalence_data()
     np.testing.assert_allclose(staged.evaluate(x, y, verbose=0), reference.evaluate(x, y, verbose=0), rtol=1e-5)
-    # Each stage's variables live on its own device.
+    # Each stage's variables live on its own device (chunk c on stage c mod 2).
+    assert len(staged.stages) == (4 if schedule == "interleaved" else 2)
     for index, stage in enumerate(staged.stages):
         devices = [v.device if hasattr(v, "device") else v.value.device for v in stage.variables]  # Keras 3: .value
-        assert all(d.endswith(f"device:CPU:{index}") for d in devices), devices
+        assert all(d.endswith(f"device:CPU:{index % 2}") for d in devices), devices
 
 
 def test_partition_auto_and_explicit_cuts_and_its_description():
@@ -151,7 +154,16 @@ def _skip_model():
     (lambda: keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)]), dict(num_stages=2, devices=("/cpu:0", "/cpu:1")),
      ValueError, r"num_stages=2 is more than the 1 layers"),
     (pipeline_model, dict(num_microbatches=0), ValueError, r"num_microbatches must be an int >= 1. Received: num_microbatches=0"),
-    (pipeline_model, dict(schedule="interleaved"), ValueError, r"Unknown pipeline schedule 'interleaved'"),
+    (pipeline_model, dict(schedule="zigzag"), ValueError, r"Unknown pipeline schedule 'zigzag'"),
+    (pipeline_model, dict(schedule="interleaved", virtual_stages=3), ValueError,
+     r"virtual_stages=3 cuts 'pipeline_model' into num_stages × virtual_stages = 6 chunks, and it has 4 valid cut "
+     r"point\(s\), so at most 5 chunks. Received: virtual_stages=3 with num_stages=2. Valid: virtual_stages in \[2\]"),
+    (pipeline_model, dict(schedule="interleaved", num_microbatches=3), ValueError,
+     r"'interleaved' schedule needs num_microbatches a multiple of the 2 stages. Received: num_microbatches=3"),
+    (pipeline_model, dict(schedule="zb-h1", num_microbatches=1), ValueError,
+     r"'zb-h1' schedule needs num_microbatches at least the 2 stages. Received: num_microbatches=1"),
+    (pipeline_model, dict(schedule="1f1b", virtual_stages=2), ValueError,
+     r"virtual_stages applies to schedule='interleaved'"),
     (pipeline_model, dict(cut_points=["nope"]), ValueError, r"Cut point 'nope' names no layer of 'pipeline_model'"),
     (_skip_model, dict(cut_points=["b"]), ValueError, r"Cannot cut 'model.*' after 'b': more than one tensor crosses .* \['a', 'c'\]"),
     (_Subclassed, dict(), ValueError, r"Cannot cut the subclassed model .* Write it as a Sequential or Functional model"),

@@ -12,7 +12,7 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 def test_three_stages_and_the_hybrid_train_exactly_like_the_plain_model():
     report = run_json_script(os.path.join(SCRIPTS, "pipeline_checks.py"), timeout=400)
-    assert len(report) == 7
+    assert len(report) == 10
     for name, run in report.items():
         if name == "plain":
             continue

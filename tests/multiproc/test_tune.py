@@ -36,10 +36,12 @@ def test_tune_over_pipeline_microbatches_survives_an_invalid_trial(tmp_path):
     from tfpar.tune import tune
 
     result = tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset",
-                  {"microbatches": [3, 4], "per_replica_batch": [8]}, steps=6, timeout_seconds=300)
+                  {"microbatches": [3, 4], "per_replica_batch": [8], "schedule": ["zb-h1"]}, steps=6,
+                  timeout_seconds=300)
     by_microbatches = {t["config"]["microbatches"]: t for t in result.trials}
     assert by_microbatches[3]["status"] == "failed" and "must divide the batch" in by_microbatches[3]["error"]
     assert by_microbatches[4]["status"] == "ok" and result.best is by_microbatches[4]
+    assert "schedule='zb-h1'" in result.reproduce()
 
 
 def test_tune_bad_space_is_a_clear_error():

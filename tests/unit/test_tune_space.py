@@ -81,3 +81,11 @@ def test_one_host_axes_are_refused_across_workers():
 
     with pytest.raises(ValueError, match=r"Received: workers=2 with \['num_packs'\]"):
         tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"num_packs": [1, 2]}, workers=2)
+
+
+def test_pipeline_axes_apply_to_pipeline_trials_only():
+    from tfpar.tune import _trial_configs
+
+    configs = _trial_configs({"microbatches": [4], "schedule": ["1f1b", "interleaved"], "virtual_stages": [2]})
+    assert [(c["schedule"], c.get("virtual_stages")) for c in configs] == [("1f1b", None), ("interleaved", 2)]
+    assert all("schedule" not in c for c in _trial_configs({"schedule": ["zb-h1"], "per_replica_batch": [8]}))

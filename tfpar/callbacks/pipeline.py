@@ -6,11 +6,12 @@ __all__ = ["PipelineBubble"]
 
 
 class PipelineBubble(keras.callbacks.Callback):
-    """Logs ``bubble`` (measured) and ``bubble_theory`` ((p-1)/(m+p-1)) at each epoch's end.
+    """Logs ``bubble`` (measured) and ``bubble_theory`` (the schedule's ``bubble_fraction``:
+    (p-1)/(m+p-1) for GPipe and 1F1B) at each epoch's end.
 
     The measured figure is 1 - (mean stage busy time ÷ step span), from the
-    timestamps a `PipelineModel` takes around every forward and backward of
-    every microbatch. Both go to the Keras logs (so to the progress bar,
+    timestamps a `PipelineModel` takes around every forward and backward (and weight
+    pass, under a zero-bubble schedule) of every microbatch. Both go to the Keras logs (so to the progress bar,
     History and TensorBoard callbacks) and, with ``log_dir``, to TensorBoard
     scalars ``pipeline/bubble`` and ``pipeline/bubble_theory``.
 

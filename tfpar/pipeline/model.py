@@ -16,7 +16,7 @@ microbatch, loss scaling, applying the summed gradients), which `_TfKerasPipelin
 import functools
 
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar.pipeline.schedule import FORWARD
+from tfpar.pipeline.schedule import BACKWARD, FORWARD
 
 __all__ = ["PipelineModel"]
 
@@ -54,13 +54,13 @@ class PipelineModel:
         self.recompute = recompute
         stages = []
         for k, sub in enumerate(partition.models):
-            with tf.device(grid[0][k]):  # the stage's variables live on its device
+            with tf.device(self._device(0, k)):  # the chunk's variables live on its stage's device
                 clone = self._keras.models.clone_model(sub)
                 clone.set_weights(sub.get_weights())
             stages.append(clone)
         self.stages = stages
         self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
-        self._timeline = schedule.simulate()
+        self._timeline = schedule.simulate(1.0, 1.0, 1.0)  # F, B and W each take a time: a strict order
         self._order = self._timeline.order()
         with tf.device("/cpu:0"):
             self.pipeline_timing = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
@@ -70,14 +70,20 @@ class PipelineModel:
                                               trainable=False, name="pipeline_trace")
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
 
+    def _device(self, replica, chunk):
+        """Where a chunk of the model runs: its stage's device (chunk mod p) in that replica."""
+        return self.grid[replica][chunk % self.schedule.num_stages]
+
     def pipeline_track_names(self):
         """The trace's tracks: one per stage of each replica (`tfpar.callbacks.Timeline`)."""
         return [f"stage {k}" + (f" (replica {r})" if len(self.grid) > 1 else "")
-                for r in range(len(self.grid)) for k in range(len(self.stages))]
+                for r in range(len(self.grid)) for k in range(self.schedule.num_stages)]
 
     def pipeline_trace_labels(self):
-        """Per row of ``pipeline_trace``: (its track, "F<microbatch>" or "B<microbatch>")."""
-        return [(r * len(self.stages) + i.stage, str(i)) for r, i in self._trace_keys()]
+        """Per row of ``pipeline_trace``: (its track, "F<microbatch>", "B<microbatch>" or "W<microbatch>",
+        with the chunk after a "c" under virtual stages)."""
+        p, chunks = self.schedule.num_stages, self.schedule.virtual_stages > 1
+        return [(r * p + i.stage % p, f"{i}c{i.stage}" if chunks else str(i)) for r, i in self._trace_keys()]
 
     def _trace_keys(self):
         """The rows of ``pipeline_trace``: (replica, instruction), replica by replica in the schedule's order."""
@@ -86,7 +92,7 @@ class PipelineModel:
     def call(self, inputs, training=None):
         x = inputs
         for k, stage in enumerate(self.stages):
-            with tf.device(self.grid[0][k]):
+            with tf.device(self._device(0, k)):
                 x = stage(x, training=training)
         return x
 
@@ -174,25 +180,28 @@ class PipelineModel:
 
         Each stage runs its instructions in the schedule's order (a control
         dependency on the previous one's results); a forward keeps its tape for the
-        backward, which passes the input gradient on to the previous stage and adds
-        the variables' gradients to the stage's running sum (so that no more than
-        one microbatch's gradients are held besides the sum).
+        backward, which passes the input gradient on to the previous chunk and adds
+        the variables' gradients to the chunk's running sum (so that no more than
+        one microbatch's gradients are held besides the sum). A zero-bubble schedule
+        splits that backward in two calls of the same (persistent) tape: B asks it for
+        the input gradient only, W later for the variables' gradients.
         """
-        p, m = len(self.stages), self.schedule.num_microbatches
+        chunks, m, p = len(self.stages), self.schedule.num_microbatches, self.schedule.num_stages
+        split = self.schedule.splits_backward
         scale = 1.0 / (m * len(self.grid))  # every microbatch has batch / (m × replicas) examples
-        saved, upstream, last_on = {}, {}, {}
+        saved, upstream, last_on, pending = {}, {}, {}, {}
         for instruction in self._order:
             k, i = instruction.stage, instruction.microbatch
-            j = replica * m + i
-            with tf.device(self.grid[replica][k]), tf.control_dependencies(last_on.get(k, [])):
+            j, device = replica * m + i, k % p
+            with tf.device(self._device(replica, k)), tf.control_dependencies(last_on.get(device, [])):
                 if instruction.kind == FORWARD:
                     inputs = xs[j] if k == 0 else tf.identity(saved[(k - 1, i)][1])
-                    with tf.GradientTape() as tape:
+                    with tf.GradientTape(persistent=split) as tape:
                         if k > 0:
                             tape.watch(inputs)
                         outputs = self._run_stage(k, inputs)
                         objective = [outputs]
-                        if k == p - 1:
+                        if k == chunks - 1:
                             # The loss (and its metric) includes every stage's regularization, as
                             # the plain model's does; the gradient here reaches only this stage's
                             # variables: the other stages get theirs from their own term below.
@@ -203,30 +212,47 @@ class PipelineModel:
                         elif self.stages[k].losses:
                             objective.append(self._scaled(tf.add_n(self.stages[k].losses) * scale))
                     saved[(k, i)] = (tape, outputs, inputs, objective)
-                    last_on[k] = [outputs]
-                else:
+                    last_on[device] = [outputs]
+                elif instruction.kind == BACKWARD and split:  # B: the input gradient only; W comes later
                     tape, outputs, inputs, objective = saved.pop((k, i))
-                    sources = self.stages[k].trainable_variables + ([inputs] if k > 0 else [])
-                    output_gradients = None if k == p - 1 else [upstream.pop((k + 1, i))] + \
-                        [tf.ones_like(term) for term in objective[1:]]
-                    result = tape.gradient(objective, sources, output_gradients=output_gradients)
+                    output_gradients = self._output_gradients(upstream, objective, k, i)
+                    pending[(k, i)] = (tape, objective, output_gradients)
                     if k > 0:
-                        upstream[(k, i)] = result.pop()
+                        upstream[(k, i)] = tape.gradient(objective, inputs, output_gradients=output_gradients)
+                    last_on[device] = [upstream[(k, i)]] if k > 0 else list(output_gradients or objective)
+                else:
+                    if instruction.kind == BACKWARD:
+                        tape, outputs, inputs, objective = saved.pop((k, i))
+                        sources = self.stages[k].trainable_variables + ([inputs] if k > 0 else [])
+                        result = tape.gradient(objective, sources,
+                                               output_gradients=self._output_gradients(upstream, objective, k, i))
+                        if k > 0:
+                            upstream[(k, i)] = result.pop()
+                    else:  # W
+                        tape, objective, output_gradients = pending.pop((k, i))
+                        result = tape.gradient(objective, self.stages[k].trainable_variables,
+                                               output_gradients=output_gradients)
                     previous = sums.get((replica, k))
                     sums[(replica, k)] = result if previous is None else [
                         a if g is None else g if a is None else a + g for a, g in zip(previous, result)]
                     # The stage's next instruction waits for this one's gradients, not for the
                     # running sum: the additions run beside the pipeline, off its critical path.
-                    last_on[k] = [upstream[(k, i)]] if k > 0 else [g for g in result if g is not None]
-            done[(replica, instruction)] = last_on[k]
-        for k in range(p):  # the gradients are complete only once every addition ran
-            last_on[k] = [g for g in sums[(replica, k)] if g is not None]
+                    grads = [g for g in result if g is not None]
+                    last_on[device] = [upstream[(k, i)]] if k > 0 and not split else grads
+            done[(replica, instruction)] = last_on[device]
+
+    def _output_gradients(self, upstream, objective, chunk, microbatch):
+        """What a chunk's backward starts from: the next chunk's input gradient (none for the last
+        chunk, whose objective is the loss), and 1 for its regularization terms."""
+        if chunk == len(self.stages) - 1:
+            return None
+        return [upstream.pop((chunk + 1, microbatch))] + [tf.ones_like(term) for term in objective[1:]]
 
     def _sum_over_replicas(self, sums):
         """(gradient, variable) pairs: each stage's sums added over the replicas on its device."""
         pairs = []
         for k, stage in enumerate(self.stages):
-            with tf.device(self.grid[0][k]):
+            with tf.device(self._device(0, k)):
                 for n, variable in enumerate(stage.trainable_variables):
                     parts = [sums[(r, k)][n] for r in range(len(self.grid)) if sums[(r, k)][n] is not None]
                     if parts:
@@ -251,16 +277,17 @@ class PipelineModel:
         busy, previous, starts = [], {}, {}
         for (replica, instruction) in sorted(done, key=lambda key: (key[0], spans[key[1]][0], key[1].stage)):
             candidates = [step_start]
-            if (replica, instruction.stage) in previous:
-                candidates.append(ends[previous[(replica, instruction.stage)]])
+            device = instruction.stage % self.schedule.num_stages
+            if (replica, device) in previous:
+                candidates.append(ends[previous[(replica, device)]])
             dependency = instruction.dependency(len(self.stages))
             if dependency is not None:
                 candidates.append(ends[(replica, dependency)])
             key = (replica, instruction)
             starts[key] = tf.reduce_max(tf.stack(candidates))
             busy.append(ends[key] - starts[key])
-            previous[(replica, instruction.stage)] = key
-        mean_busy = tf.add_n(busy) / (len(self.stages) * len(self.grid))
+            previous[(replica, device)] = key
+        mean_busy = tf.add_n(busy) / (self.schedule.num_stages * len(self.grid))
         span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
         self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))
         self.pipeline_trace.assign(tf.stack([tf.stack([starts[key], ends[key]]) for key in self._trace_keys()]))

@@ -14,7 +14,7 @@ from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import all_layers, check_keras_model, keras_of, tf
 from tfpar._parallelism import Parallelism, check_model_fn
 from tfpar.pipeline.model import PipelineModel
-from tfpar.pipeline.partition import partition_model
+from tfpar.pipeline.partition import partition_model, valid_cut_points
 from tfpar.pipeline.schedule import SCHEDULES, make_schedule
 
 __all__ = ["Pipeline", "PipelineConfig"]
@@ -31,7 +31,9 @@ class PipelineConfig:
     num_microbatches: int = 4
     """Microbatches per replica and step; must divide the per-replica batch."""
     schedule: str = "1f1b"
-    """"1f1b" (PipeDream-Flush: fewer activations held) or "gpipe"."""
+    """"1f1b" (PipeDream-Flush: fewer activations held), "gpipe", "interleaved" (each stage runs
+    ``virtual_stages`` chunks of the model: a smaller bubble) or "zb-h1" (zero bubble: the weight
+    gradients fill the drain)."""
     cut_points: object = "auto"
     """"auto", or the names of the layers after which a new stage begins."""
     balance: str = "params"
@@ -44,6 +46,9 @@ class PipelineConfig:
     """Recompute each stage's activations in the backward pass (tf.recompute_grad)."""
     devices: tuple = None
     """Device names, replica-major (default: the GPUs, else the logical CPU devices)."""
+    virtual_stages: int = None
+    """With "interleaved": chunks per stage (default 2); the model is cut into
+    num_stages × virtual_stages chunks, chunk c on stage c mod num_stages."""
 
     def __post_init__(self):
         check_int("num_stages", self.num_stages, 1)
@@ -54,6 +59,7 @@ class PipelineConfig:
 
             object.__setattr__(self, "devices", check_devices("devices", self.devices))
         check_choice("schedule", self.schedule, SCHEDULES, what="pipeline schedule")
+        make_schedule(self.schedule, self.num_stages, self.num_microbatches, self.virtual_stages)  # its checks
         if not isinstance(self.recompute, bool):
             raise TypeError(f"recompute must be True or False. Received: recompute={self.recompute!r}.")
         if self.num_microbatches < self.num_stages:
@@ -61,7 +67,11 @@ class PipelineConfig:
                 "num_microbatches=%d < num_stages=%d: the pipeline bubble (%.0f%% of the time) will "
                 "dominate; use at least as many microbatches as stages (4x is a good start).",
                 self.num_microbatches, self.num_stages,
-                100 * make_schedule(self.schedule, self.num_stages, self.num_microbatches).bubble_fraction)
+                100 * make_schedule("1f1b", self.num_stages, self.num_microbatches).bubble_fraction)
+
+
+_BUBBLE_THEORY = {"gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)", "interleaved": "(p-1)/(v·m+p-1)",
+                  "zb-h1": "(p-1)/(3m+p-1) with F = B = W"}
 
 
 class Pipeline(Parallelism):
@@ -87,7 +97,8 @@ class Pipeline(Parallelism):
 
     def __init__(self, config=None, **kwargs):
         self.config = config = config_from(PipelineConfig, config, kwargs)
-        self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches)
+        self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches,
+                                      config.virtual_stages)
 
     @property
     def num_replicas_in_sync(self):
@@ -155,13 +166,28 @@ class Pipeline(Parallelism):
         check_keras_model(model)
         c = self.config
         grid = self.devices()
-        partition = partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
+        partition = self._partition(model)
         if any(isinstance(layer, keras_of(model).layers.BatchNormalization) for layer in all_layers(model)):
             _log.warning("%s has BatchNormalization: in a pipeline its batch statistics come from "
                          "each microbatch (the batch / %d examples), as with a smaller batch, and "
                          "its moving averages are updated once per microbatch.", model.name,
                          c.num_microbatches * c.replicas)
         return PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute)
+
+    def _partition(self, model):
+        """The model cut into num_stages × virtual_stages chunks (the stages without virtual ones)."""
+        c, v = self.config, self.schedule.virtual_stages
+        if v == 1:
+            return partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
+        cuts = len(valid_cut_points(model)) if c.cut_points == "auto" else len(c.cut_points)
+        if c.num_stages * v > cuts + 1:
+            valid = [k for k in range(2, (cuts + 1) // c.num_stages + 1)]
+            raise ValueError(
+                f"virtual_stages={v} cuts {model.name!r} into num_stages × virtual_stages = {c.num_stages * v} "
+                f"chunks, and it has {cuts} valid cut point(s), so at most {cuts + 1} chunks. Received: "
+                f"virtual_stages={v} with num_stages={c.num_stages}. Valid: virtual_stages in {valid or 'none'}"
+                f"{'' if valid else ' (this model cannot be interleaved over ' + str(c.num_stages) + ' stages)'}.")
+        return partition_model(model, c.num_stages * v, c.cut_points, c.balance, c.layer_costs)
 
     def describe(self, global_batch_size=None, model=None):
         """A readable summary: schedule, devices, bubble and memory figures."""
@@ -170,9 +196,11 @@ class Pipeline(Parallelism):
             f"Pipeline ({s.name}: {c.num_stages} stages x {c.num_microbatches} microbatches"
             f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
             f"  devices:    {self.devices()}",
-            f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, (p-1)/(m+p-1))",
+            f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, {_BUBBLE_THEORY[s.name]})",
             "  activations held per stage: "
-            + ", ".join(str(s.peak_activations(k)) for k in range(c.num_stages)) + " microbatches",
+            + ", ".join(str(s.peak_activations(k)) for k in range(c.num_stages))
+            + (" microbatches" if s.virtual_stages == 1 else f" (chunk, microbatch) pairs, a chunk 1/{s.virtual_stages} "
+               "of a stage"),
         ]
         if global_batch_size is not None:
             lines.append(f"  batch:      {global_batch_size} global, "

@@ -31,6 +31,9 @@ configs = {f"3 stages {s}{' recompute' if r else ''}": dict(num_stages=3, schedu
            for s in ("gpipe", "1f1b") for r in (False, True)}
 configs["2 stages x 2 replicas 1f1b"] = dict(num_stages=2, replicas=2, schedule="1f1b")
 configs["2 stages x 2 replicas gpipe recompute"] = dict(num_stages=2, replicas=2, schedule="gpipe", recompute=True)
+configs["3 stages zb-h1"] = dict(num_stages=3, schedule="zb-h1")
+configs["2 stages x 2 replicas interleaved"] = dict(num_stages=2, replicas=2, schedule="interleaved")
+configs["2 stages x 2 replicas zb-h1 recompute"] = dict(num_stages=2, replicas=2, schedule="zb-h1", recompute=True)
 for name, config in configs.items():
     staged = Pipeline(num_microbatches=4, **config).stage(pipeline_model())
     loss = train(staged)
