@@ -176,23 +176,34 @@ def _pipeline(figure, tracks, counters):
         events = [(a, b, label) for a, b, label in tracks[0, name] if begin <= a <= end]
         axes.broken_barh([(0, last - first)], (row - 0.4, 0.8), color="#f2c4c4", zorder=0)  # idle
         for a, b, label in events:
-            color = "#4c72b0" if label.startswith("F") else "#dd8452"
+            color = {"F": "#4c72b0", "W": "#55a868"}.get(label[0], "#dd8452")
             axes.broken_barh([(a - first, b - a)], (row - 0.4, 0.8), color=color, edgecolor="white", zorder=1)
             if b - a > (last - first) / 60:
                 axes.text((a + b) / 2 - first, row, label, ha="center", va="center", color="white", fontsize=8)
             busy += b - a
-    microbatches = len({label[1:] for n in stages for a, b, label in tracks[0, n] if begin <= a <= end})
     p = len(stages)
-    theory = (p - 1) / (microbatches + p - 1) if microbatches else float("nan")
+    theory, formula, m = _bubble_theory({label for n in stages for a, b, label in tracks[0, n] if begin <= a <= end}, p)
     measured = 1 - busy / (p * (last - first))
     axes.set_yticks(range(p), stages)
     axes.invert_yaxis()
     axes.set_xlabel("seconds since the step's first instruction (median step)")
-    axes.set_title(f"Pipeline schedule of the median step: F forward (blue), B backward (orange)\n"
-                   f"bubble (shaded): measured {measured:.3f}, theory (p-1)/(m+p-1) = {theory:.3f} "
-                   f"for p={p} stages, m={microbatches} microbatches")
+    axes.set_title(f"Pipeline schedule of the median step: F forward (blue), B backward (orange), W weights (green)\n"
+                   f"bubble (shaded): measured {measured:.3f}, theory {formula} = {theory:.3f} "
+                   f"for p={p} stages, m={m} microbatches")
     figure.tight_layout()
     return True
+
+
+def _bubble_theory(labels, p):
+    """The schedule's theoretical bubble from its instructions' labels ("F3", "B3", "W3", or "F3c2"
+    under virtual stages): (theory, its formula, microbatches)."""
+    m = len({label[1:].split("c")[0] for label in labels})
+    if not m:
+        return float("nan"), "(p-1)/(m+p-1)", 0
+    if any(label.startswith("W") for label in labels):  # zero bubble: F = B = W
+        return (p - 1) / (3 * m + p - 1), "(p-1)/(3m+p-1)", m
+    v = max(1, len({label.split("c")[1] for label in labels if "c" in label}) // p)
+    return (p - 1) / (v * m + p - 1), "(p-1)/(m+p-1)" if v == 1 else f"(p-1)/({v}m+p-1)", m
 
 
 def _loss_scale(figure, tracks, counters):

@@ -47,6 +47,9 @@ def test_two_stage_pipeline_trains_exactly_like_the_plain_model(any_keras, sched
     np.testing.assert_allclose(staged_history.history["loss"], history.history["loss"], rtol=1e-5)
     x, y = equivalence_data()
     np.testing.assert_allclose(staged.evaluate(x, y, verbose=0), reference.evaluate(x, y, verbose=0), rtol=1e-5)
+    # ZB-H1 splits B from W layer by layer in every chunk (each a chain of layers), except under
+    # recompute, where one tape per chunk serves both.
+    assert [chain is not None for chain in staged._chains] == [schedule == "zb-h1" and not recompute] * len(staged.stages)
     # Each stage's variables live on its own device (chunk c on stage c mod 2).
     assert len(staged.stages) == (4 if schedule == "interleaved" else 2)
     for index, stage in enumerate(staged.stages):
@@ -171,6 +174,27 @@ def _skip_model():
 def test_bad_pipeline_input_gets_a_clear_error(make_model, kwargs, error, match):
     with pytest.raises(error, match=match):
         Pipeline(**kwargs).stage(make_model())
+
+
+def test_zero_bubble_on_a_chunk_with_branches_warns_and_still_trains_like_the_plain_model(caplog):
+    """The skip model's first chunk (a, b, c = a + b) is no chain: B and W split with one tape of
+    the chunk there (W recomputes its backward chain), which a warning says; the result is exact."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(32, 4)).astype("float32"), rng.normal(size=(32, 2)).astype("float32")
+    keras.utils.set_random_seed(5)
+    plain = _skip_model()
+    keras.utils.set_random_seed(5)
+    source = _skip_model()
+    with caplog.at_level(logging.WARNING, logger="tfpar.pipeline.model"):
+        staged = Pipeline(num_stages=2, num_microbatches=4, schedule="zb-h1", cut_points=["c"]).stage(source)
+    assert "zb-h1: chunk(s) [0] are not a chain of one-input layers" in caplog.text
+    assert staged._chains[0] is None and staged._chains[1] is not None
+    for model in (plain, staged):
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    assert max_weight_difference(staged.plain_model(), plain) < 1e-5
 
 
 def test_microbatches_that_do_not_divide_the_batch_are_refused_before_a_step():

@@ -122,3 +122,12 @@ def test_the_bandwidth_plot_draws_measured_all_reduces_against_a_measured_link(t
     limit = 16 * 2**20 / (time.perf_counter() - start)
     path = bandwidth_plot(str(tmp_path / "busbw.png"), busbw, limit)
     assert _png_size(path) == SIZE
+
+
+def test_the_pipeline_plot_takes_its_theory_from_the_schedule_it_shows():
+    from tfpar.report import _bubble_theory
+
+    assert _bubble_theory({"F0", "B0", "F1", "B1"}, 2) == (pytest.approx(1 / 3), "(p-1)/(m+p-1)", 2)
+    assert _bubble_theory({"F0", "B0", "W0", "F1", "B1", "W1"}, 2) == (pytest.approx(1 / 7), "(p-1)/(3m+p-1)", 2)
+    interleaved = {f"{kind}{i}c{c}" for kind in "FB" for i in range(2) for c in range(4)}
+    assert _bubble_theory(interleaved, 2) == (pytest.approx(1 / 5), "(p-1)/(2m+p-1)", 2)

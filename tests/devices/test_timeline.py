@@ -6,7 +6,7 @@ import pytest
 
 import tfpar
 from tests.conftest import trace_tracks as _tracks
-from tests.models import equivalence_data, verify_model
+from tests.models import equivalence_data, pipeline_model, verify_model
 from tfpar.callbacks import Timeline
 
 
@@ -53,24 +53,32 @@ def test_with_steps_per_execution_a_step_is_one_call_of_the_training_function(tm
         assert w["ts"] == s["ts"] and w["ts"] + w["dur"] <= c["ts"] + 1
 
 
-def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_path):
-    pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b")
-    model = pipeline.stage(verify_model())
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "zb-h1"])
+def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_path, schedule):
+    """Every schedule's instructions (with W under zero bubble, chunk numbers under interleaving)
+    appear on their stage's track in the schedule's order, each after the one it depends on."""
+    pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule=schedule)
+    model = pipeline.stage(pipeline_model())
     model.compile(tfpar.keras.optimizers.SGD(0.1), tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     steps = _fit(model, pipeline, tmp_path / "timeline.json", epochs=1)
     tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
     streams = model.schedule.streams()
+    label = (lambda i: f"{i}c{i.stage}") if schedule == "interleaved" else str
+    first_step = {}
     for stage, expected in enumerate(streams):
         events = tracks[0, f"stage {stage}"]
         assert len(events) == steps * len(expected)
         per_step = [events[i:i + len(expected)] for i in range(0, len(events), len(expected))]
         for run in per_step:
-            assert [e["name"] for e in run] == [str(i) for i in expected]
+            assert [e["name"] for e in run] == [label(i) for i in expected]
             assert all(a["ts"] + a["dur"] <= b["ts"] + 1 for a, b in zip(run, run[1:]))
-    # a forward of stage 1 starts after stage 0's forward of that microbatch ends
-    first = {e["name"]: e for e in tracks[0, "stage 0"][:len(streams[0])]}
-    second = {e["name"]: e for e in tracks[0, "stage 1"][:len(streams[1])]}
-    assert all(second[f"F{i}"]["ts"] >= first[f"F{i}"]["ts"] + first[f"F{i}"]["dur"] - 1 for i in range(4))
+        first_step.update(zip(expected, per_step[0]))
+    # an instruction starts after the one of another stage it depends on ends
+    for instruction, event in first_step.items():
+        dependency = instruction.dependency(model.schedule.num_chunks)
+        if dependency is not None:
+            before = first_step[dependency]
+            assert event["ts"] >= before["ts"] + before["dur"] - 1, (instruction, dependency)
 
 
 @pytest.mark.parametrize("path, message", [

@@ -14,9 +14,12 @@ microbatch, loss scaling, applying the summed gradients), which `_TfKerasPipelin
 """
 
 import functools
+import logging
 
 from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar.pipeline.schedule import BACKWARD, FORWARD
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["PipelineModel"]
 
@@ -59,6 +62,14 @@ class PipelineModel:
                 clone.set_weights(sub.get_weights())
             stages.append(clone)
         self.stages = stages
+        # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
+        self.__dict__["_chains"] = [self._chain(stage) if schedule.splits_backward and not recompute else None
+                                    for stage in stages]
+        unsplit = [k for k, chain in enumerate(self._chains) if chain is None]
+        if schedule.splits_backward and unsplit and not recompute:
+            _log.warning("%s: chunk(s) %s are not a chain of one-input layers, so their weight pass (W) "
+                         "recomputes the chunk's backward chain that B ran: correct, but W costs about B + W "
+                         "there.", schedule.name, unsplit)
         self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
         self._timeline = schedule.simulate(1.0, 1.0, 1.0)  # F, B and W each take a time: a strict order
         self._order = self._timeline.order()
@@ -105,6 +116,21 @@ class PipelineModel:
     def get_config(self):
         raise NotImplementedError("Save plain_model() instead: a PipelineModel is rebuilt with "
                                   "Pipeline.stage(model).")
+
+    def _chain(self, stage):
+        """The layers of a chunk in order if each takes the previous one's output only (else None)."""
+        layers = [layer for layer in stage.layers if not isinstance(layer, self._keras.layers.InputLayer)]
+        if len(stage.inputs) != 1 or len(stage.outputs) != 1:
+            return None
+        previous = stage.inputs[0]
+        for layer in layers:
+            try:
+                if layer.input is not previous:
+                    return None
+            except (AttributeError, ValueError):  # several inputs or calls
+                return None
+            previous = layer.output
+        return layers if previous is stage.outputs[0] else None
 
     def _run_stage(self, k, x):
         stage = self.stages[k]
@@ -183,8 +209,11 @@ class PipelineModel:
         backward, which passes the input gradient on to the previous chunk and adds
         the variables' gradients to the chunk's running sum (so that no more than
         one microbatch's gradients are held besides the sum). A zero-bubble schedule
-        splits that backward in two calls of the same (persistent) tape: B asks it for
-        the input gradient only, W later for the variables' gradients.
+        splits that backward in two: B takes the input gradient only, W later the
+        variables' gradients. In a chunk that is a chain of layers, each layer's forward
+        has its own tape, so B runs the input-gradient chain once and W each layer's
+        weight gradient from its saved output gradient (`_chain`); in any other chunk (or
+        with ``recompute``) both are calls of one persistent tape of the whole chunk.
         """
         chunks, m, p = len(self.stages), self.schedule.num_microbatches, self.schedule.num_stages
         split = self.schedule.splits_backward
@@ -194,7 +223,20 @@ class PipelineModel:
             k, i = instruction.stage, instruction.microbatch
             j, device = replica * m + i, k % p
             with tf.device(self._device(replica, k)), tf.control_dependencies(last_on.get(device, [])):
-                if instruction.kind == FORWARD:
+                if instruction.kind == FORWARD and self._chains[k] is not None:  # zero-bubble, layer by layer
+                    inputs = xs[j] if k == 0 else tf.identity(saved[(k - 1, i)][1])
+                    pieces, head = self._forward_layers(k, inputs, scale), None
+                    outputs = pieces[-1][3]
+                    if k == chunks - 1:
+                        with tf.GradientTape() as head_tape:
+                            head_tape.watch(outputs)
+                            loss = self._microbatch_loss(ys[j], outputs, weights[j])
+                            head = (head_tape, [self._scaled(loss * scale)])
+                        predictions[j] = outputs
+                        losses.append(loss)
+                    saved[(k, i)] = (pieces, outputs, inputs, head)
+                    last_on[device] = [outputs]
+                elif instruction.kind == FORWARD:
                     inputs = xs[j] if k == 0 else tf.identity(saved[(k - 1, i)][1])
                     with tf.GradientTape(persistent=split) as tape:
                         if k > 0:
@@ -213,6 +255,14 @@ class PipelineModel:
                             objective.append(self._scaled(tf.add_n(self.stages[k].losses) * scale))
                     saved[(k, i)] = (tape, outputs, inputs, objective)
                     last_on[device] = [outputs]
+                elif instruction.kind == BACKWARD and self._chains[k] is not None:  # B, layer by layer
+                    pieces, outputs, inputs, head = saved.pop((k, i))
+                    gradient = (head[0].gradient(head[1], outputs) if head is not None
+                                else upstream.pop((k + 1, i)))
+                    pending[(k, i)], gradient = self._backward_layers(pieces, gradient, needs_input=k > 0)
+                    if k > 0:
+                        upstream[(k, i)] = gradient
+                    last_on[device] = [gradient] if k > 0 else [pending[(k, i)][-1][1]]  # chunk 0: its last B
                 elif instruction.kind == BACKWARD and split:  # B: the input gradient only; W comes later
                     tape, outputs, inputs, objective = saved.pop((k, i))
                     output_gradients = self._output_gradients(upstream, objective, k, i)
@@ -228,6 +278,8 @@ class PipelineModel:
                                                output_gradients=self._output_gradients(upstream, objective, k, i))
                         if k > 0:
                             upstream[(k, i)] = result.pop()
+                    elif self._chains[k] is not None:  # W, layer by layer
+                        result = self._weight_gradients(k, pending.pop((k, i)))
                     else:  # W
                         tape, objective, output_gradients = pending.pop((k, i))
                         result = tape.gradient(objective, self.stages[k].trainable_variables,
@@ -240,6 +292,44 @@ class PipelineModel:
                     grads = [g for g in result if g is not None]
                     last_on[device] = [upstream[(k, i)]] if k > 0 and not split else grads
             done[(replica, instruction)] = last_on[device]
+
+    def _forward_layers(self, k, inputs, scale):
+        """A chain chunk's forward, one persistent tape per layer: [(layer, tape, input, output,
+        regularization terms)]."""
+        pieces, x = [], inputs
+        for layer in self._chains[k]:
+            with tf.GradientTape(persistent=True) as tape:
+                tape.watch(x)
+                y = layer(x, training=True)
+                terms = [self._scaled(tf.add_n(layer.losses) * scale)] if layer.losses else []
+            pieces.append((layer, tape, x, y, terms))
+            x = y
+        return pieces
+
+    @staticmethod
+    def _backward_layers(pieces, gradient, needs_input):
+        """B of a chain chunk: from the gradient of its output back to its input's, layer by layer
+        (input gradients only). Returns what W needs ((piece, its output gradient) pairs) and the
+        input's gradient (None when ``needs_input`` is False: the model's input)."""
+        pairs = []
+        for position in range(len(pieces) - 1, -1, -1):
+            layer, tape, x, y, terms = pieces[position]
+            pairs.append((pieces[position], gradient))
+            if position > 0 or needs_input:
+                gradient = tape.gradient(y, x, output_gradients=gradient)
+        return pairs, (gradient if needs_input else None)
+
+    def _weight_gradients(self, k, pairs):
+        """W of a chain chunk: each layer's variables' gradients from its own tape and output
+        gradient (and its regularization), in the order of the chunk's trainable variables."""
+        found = {}
+        for (layer, tape, x, y, terms), gradient in pairs:
+            variables = layer.trainable_variables
+            if variables:
+                result = tape.gradient([y] + terms, variables,
+                                       output_gradients=[gradient] + [tf.ones_like(t) for t in terms])
+                found.update((id(v), g) for v, g in zip(variables, result))
+        return [found.get(id(v)) for v in self.stages[k].trainable_variables]
 
     def _output_gradients(self, upstream, objective, chunk, microbatch):
         """What a chunk's backward starts from: the next chunk's input gradient (none for the last
