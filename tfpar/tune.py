@@ -54,7 +54,8 @@ CHOICE_AXES = {
 }
 """Axis name -> its values."""
 DEFAULTS = {"backend": "data_parallel", "compression": "none", "per_replica_batch": 32, "steps_per_execution": 1}
-"""What a trial leaves unset is tfpar's default; this trial always runs, as the reference."""
+"""What a trial leaves unset is tfpar's default; in a space of several trials (not pipelines) this
+one runs too, as the reference of the speed-up."""
 _UNSET = {"bytes_per_pack": 0, "horovod_autotune": False}  # values that are the strategy's own default
 _ONLY = {"horovod_autotune": "horovod", "bytes_per_pack": "data_parallel", "num_packs": "data_parallel",
          "microbatches": "data_parallel", "schedule": "data_parallel",
@@ -113,9 +114,9 @@ def _trial_configs(space):
     """Every combination of ``space``, without the axes that do not apply to it (once each);
     tfpar's defaults first when the space holds several and is not one of pipelines."""
     axes = sorted(space)
-    several = len(list(itertools.product(*(space[a] for a in axes)))) > 1
-    configs = [dict(DEFAULTS)] if several and "microbatches" not in space else []
-    for values in itertools.product(*(space[a] for a in axes)):
+    combinations = list(itertools.product(*(space[a] for a in axes)))
+    configs = [dict(DEFAULTS)] if len(combinations) > 1 and "microbatches" not in space else []
+    for values in combinations:
         config = {**DEFAULTS, **dict(zip(axes, values))}
         config = {a: v for a, v in config.items() if _applies(a, v, config)}
         if config not in configs:
@@ -305,7 +306,6 @@ def _trial(spec):
     import tfpar
 
     config = {**{a: None for a in AXES}, **DEFAULTS, **spec["config"]}
-    per_replica = config["per_replica_batch"] or 32
     if config["backend"] == "horovod":
         parallelism = tfpar.strategies.HorovodStrategy(compression=config["compression"])
     elif config["microbatches"]:
@@ -323,8 +323,8 @@ def _trial(spec):
         parallelism = tfpar.DataParallel(compression=config["compression"], **options)
     model = parallelism.build(_resolve(spec["model_fn"]))
     with parallelism.scope():
-        model.compile(spec["optimizer"], spec["loss"], steps_per_execution=config["steps_per_execution"] or 1)
-    global_batch = per_replica * parallelism.num_replicas_in_sync
+        model.compile(spec["optimizer"], spec["loss"], steps_per_execution=config["steps_per_execution"])
+    global_batch = config["per_replica_batch"] * parallelism.num_replicas_in_sync
     train = tfpar.data.distribute(_resolve(spec["data_fn"])(), parallelism, global_batch, remainder="drop")
     throughput = tfpar.callbacks.Throughput(global_batch)
     history = model.fit(train.dataset, steps_per_epoch=spec["steps"], epochs=2, verbose=0, callbacks=[throughput])

@@ -89,3 +89,13 @@ def test_pipeline_axes_apply_to_pipeline_trials_only():
     configs = _trial_configs({"microbatches": [4], "schedule": ["1f1b", "interleaved"], "virtual_stages": [2]})
     assert [(c["schedule"], c.get("virtual_stages")) for c in configs] == [("1f1b", None), ("interleaved", 2)]
     assert all("schedule" not in c for c in _trial_configs({"schedule": ["zb-h1"], "per_replica_batch": [8]}))
+
+
+def test_the_choice_axes_offer_what_the_strategies_and_the_pipeline_take():
+    """tfpar.tune keeps TensorFlow out of its import, so it lists these values itself."""
+    from tfpar.pipeline.schedule import SCHEDULES
+    from tfpar.strategies._gradients import COMPRESSIONS
+    from tfpar.tune import CHOICE_AXES
+
+    assert CHOICE_AXES["compression"] == COMPRESSIONS
+    assert set(CHOICE_AXES["schedule"]) == set(SCHEDULES)

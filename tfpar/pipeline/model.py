@@ -63,10 +63,10 @@ class PipelineModel:
             stages.append(clone)
         self.stages = stages
         # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
-        self.__dict__["_chains"] = [self._chain(stage) if schedule.splits_backward and not recompute else None
-                                    for stage in stages]
+        by_layer = schedule.splits_backward and not recompute
+        self.__dict__["_chains"] = [self._chain(stage) if by_layer else None for stage in stages]
         unsplit = [k for k, chain in enumerate(self._chains) if chain is None]
-        if schedule.splits_backward and unsplit and not recompute:
+        if by_layer and unsplit:
             _log.warning("%s: chunk(s) %s are not a chain of one-input layers, so their weight pass (W) "
                          "recomputes the chunk's backward chain that B ran: correct, but W costs about B + W "
                          "there.", schedule.name, unsplit)
@@ -290,7 +290,7 @@ class PipelineModel:
                     # The stage's next instruction waits for this one's gradients, not for the
                     # running sum: the additions run beside the pipeline, off its critical path.
                     grads = [g for g in result if g is not None]
-                    last_on[device] = [upstream[(k, i)]] if k > 0 and not split else grads
+                    last_on[device] = [upstream[(k, i)]] if instruction.kind == BACKWARD and k > 0 else grads
             done[(replica, instruction)] = last_on[device]
 
     def _forward_layers(self, k, inputs, scale):

@@ -97,6 +97,8 @@ class Schedule:
     """The instruction streams of a pipeline schedule; subclasses define `stage_instructions`."""
 
     name = None
+    bubble_formula = "(p-1)/(m+p-1)"
+    """`bubble_fraction` as a formula, for summaries."""
     splits_backward = False
     """Whether the backward pass is split into "backward" (input gradient) and "weight"."""
 
@@ -238,6 +240,7 @@ class Interleaved1F1B(Schedule):
     """
 
     name = "interleaved"
+    bubble_formula = "(p-1)/(v·m+p-1)"
 
     def __init__(self, num_stages, num_microbatches, virtual_stages=2):
         super().__init__(num_stages, num_microbatches, virtual_stages)
@@ -275,6 +278,7 @@ class ZeroBubbleH1(Schedule):
     """
 
     name = "zb-h1"
+    bubble_formula = "(p-1)/(3m+p-1) with F = B = W"
     splits_backward = True
 
     def __init__(self, num_stages, num_microbatches):

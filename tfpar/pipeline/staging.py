@@ -70,10 +70,6 @@ class PipelineConfig:
                 100 * make_schedule("1f1b", self.num_stages, self.num_microbatches).bubble_fraction)
 
 
-_BUBBLE_THEORY = {"gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)", "interleaved": "(p-1)/(v·m+p-1)",
-                  "zb-h1": "(p-1)/(3m+p-1) with F = B = W"}
-
-
 class Pipeline(Parallelism):
     """Pipeline parallelism for Keras models (tf_keras or Keras 3): ``stage(model)`` returns the staged model.
 
@@ -196,7 +192,7 @@ class Pipeline(Parallelism):
             f"Pipeline ({s.name}: {c.num_stages} stages x {c.num_microbatches} microbatches"
             f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
             f"  devices:    {self.devices()}",
-            f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, {_BUBBLE_THEORY[s.name]})",
+            f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, {s.bubble_formula})",
             "  activations held per stage: "
             + ", ".join(str(s.peak_activations(k)) for k in range(c.num_stages))
             + (" microbatches" if s.virtual_stages == 1 else f" (chunk, microbatch) pairs, a chunk 1/{s.virtual_stages} "

@@ -245,9 +245,13 @@ class GradientReduction(AccumulatedUpdates):
     """Mixed into a MirroredExtended (one host or several workers): compresses and accumulates
     the optimizer's gradients around the all-reduce the strategy would make anyway."""
 
-    def _init_gradients(self, compression, accumulation_steps):
-        self._compression = compression
-        self._accumulator = GradientAccumulator(accumulation_steps) if accumulation_steps > 1 else None
+    def __init__(self, container_strategy, config, **kwargs):
+        """``config``: the strategy's `DataParallelConfig` (its compression and accumulation);
+        ``kwargs``: the extended's own arguments."""
+        self._compression = config.compression
+        steps = config.gradient_accumulation_steps
+        self._accumulator = GradientAccumulator(steps) if steps > 1 else None
+        super().__init__(container_strategy, **kwargs)
 
     def _parts(self, value):
         """A distributed value's tensors, one per local device."""

@@ -244,17 +244,9 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
 class _MirroredExtended(GradientReduction, _compat.MirroredExtended):
     """MirroredStrategy's extended, with `DataParallelConfig`'s gradient compression and accumulation."""
 
-    def __init__(self, container_strategy, config, **kwargs):
-        self._init_gradients(config.compression, config.gradient_accumulation_steps)
-        super().__init__(container_strategy, **kwargs)
-
 
 class _CollectiveExtended(GradientReduction, _compat.CollectiveAllReduceExtended):
     """MultiWorkerMirroredStrategy's extended, with the same."""
-
-    def __init__(self, container_strategy, config, **kwargs):
-        self._init_gradients(config.compression, config.gradient_accumulation_steps)
-        super().__init__(container_strategy, **kwargs)
 
 
 def _default_devices():
