@@ -4,6 +4,7 @@
 
 Last line:
     RESULT parameter_server steps_ratio=<x> model_ratio=<y> model_ratio_spe8=<z> model_ratio_2ps=<w>
+           model_ratio_cpu=<v>
 
 - steps_ratio: steps/second of ParameterServer.local(2 workers, 1 ps) ÷ DataParallel on
   2 virtual CPU devices, same 66k-parameter CNN and global batch (each in its own process,
@@ -14,6 +15,11 @@ Last line:
   loopback TCP throughput measured in this run) plus one RPC round trip (a loopback TCP
   ping-pong measured here). A compute-bound model (the CNN) would only measure its compute.
 
+- model_ratio_cpu: the same step time ÷ the larger of that floor and the CPU floor: the CPU
+  seconds every process of the cluster (coordinator, workers, ps) spends per step, measured in
+  this run, over the cores this process may use. On a box with fewer cores than processes the
+  cluster is CPU-bound before it is bandwidth-bound; this says how close it runs to that.
+
 Also printed: the step time of a 7.9k-parameter linear model on the same cluster, i.e. what
 TensorFlow's coordinator costs per step whatever the model (scheduling a closure, a remote
 function call, reading back its result), which the floor leaves out; and the breakdown of the
@@ -21,7 +27,11 @@ MLP's step against the levers:
 - model_ratio_spe8: with steps_per_execution=8 (one closure, one remote call, runs 8 steps: the
   coordinator's cost is paid once per 8 steps; the variables still travel every step);
 - model_ratio_2ps: with 2 ps tasks (the MLP's large variables partitioned over both: two
-  connections move them in parallel), against the same one-connection floor.
+  connections move them in parallel), against the same one-connection floor;
+and a profile of 3 MLP epochs on every task (TensorFlow's profiler, through the profiler service
+of each server): per task, the CPU it spends per step and its ops' time per step (the optimizer's
+update ops, sends and receives, matrix products, the rest); per worker, its step function's wall
+time per call.
 """
 
 import os
@@ -81,7 +91,8 @@ def main():
         job = run(mode, common)
         jobs[mode].append(job)
         print(f"{mode}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
-    comm = [run("ps", common + ["--model", "mlp", "--global-batch", "8"]) for _ in order[:2]]
+    comm = [run("ps", common + ["--model", "mlp", "--global-batch", "8"] + ["--trace"] * (i == 0))
+            for i, _ in enumerate(order[:2])]
     overhead = run("ps", common + ["--model", "linear", "--global-batch", "8"])
     ps_step, dp_step, comm_step = median_step(jobs["ps"]), median_step(jobs["dp"]), median_step(comm)
     tcp = loopback_tcp_throughput()
@@ -101,8 +112,25 @@ def main():
     print(f"MLP breakdown, ms/step: measured {comm_step * 1e3:.1f} = coordinator {overhead['step_seconds'] * 1e3:.1f} "
           f"+ the rest {(comm_step - overhead['step_seconds']) * 1e3:.1f} (floor {floor * 1e3:.2f}); "
           f"steps_per_execution=8: {spe8 * 1e3:.1f}; 2 ps: {two_ps * 1e3:.1f}", flush=True)
+    cpu = statistics.median(sum(job["cpu_per_step"].values()) for job in comm)
+    cores = len(os.sched_getaffinity(0))
+    print_trace(comm[0])
+    print(f"MLP CPU per step, all processes: {cpu * 1e3:.1f} ms on {cores} cores: a CPU floor of "
+          f"{cpu / cores * 1e3:.1f} ms/step, against the bandwidth floor of {floor * 1e3:.2f} ms", flush=True)
     print(f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} model_ratio={comm_step / floor:.3f} "
-          f"model_ratio_spe8={spe8 / floor:.3f} model_ratio_2ps={two_ps / floor:.3f}")
+          f"model_ratio_spe8={spe8 / floor:.3f} model_ratio_2ps={two_ps / floor:.3f} "
+          f"model_ratio_cpu={comm_step / max(floor, cpu / cores):.3f}")
+
+
+def print_trace(job):
+    """The profile of the MLP per task (ms per step) and each process' CPU per step."""
+    print("MLP profile, thread-ms per step (ops on different threads add up):", flush=True)
+    for task, parts in sorted(job["trace_ms_per_step"].items()):
+        call = (f"; its step function: {parts.pop('step function ms per call'):.1f} ms wall per call, "
+                f"{parts.pop('steps run')} steps") if "steps run" in parts else ""
+        ops = ", ".join(f"{what} {ms:.1f}" for what, ms in sorted(parts.items(), key=lambda kv: -kv[1]))
+        print(f"  {task}: CPU {job['cpu_per_step'][task] * 1e3:.1f} ms/step; ops: {ops or 'none'}{call}",
+              flush=True)
 
 if __name__ == "__main__":
     main()
