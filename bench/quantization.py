@@ -1,44 +1,36 @@
-"""Quantization benchmark on the digits: float vs int8 TFLite after QAT.
+"""Quantization benchmark on the digits: float vs int8 TFLite after QAT, and the deployable chain.
 
     python bench/quantization.py [--quick]
 
-Trains the demo CNN in float32 under DataParallel (2 virtual CPU devices), fine-tunes
-it with quantization-aware training (tfpar.quantization.quantize), exports both as
-TFLite (float32, and fully int8 calibrated on 200 training images) and measures
-them in the TFLite interpreter on one thread, in this one run.
+Trains the demo CNN in float32 under DataParallel (2 virtual CPU devices), then, from that
+float model, (a) fine-tunes it with quantization-aware training (tfpar.quantization.quantize)
+and (b) runs the deployable chain (`tfpar.demo.compress_chain`: pruning to 75 %, 16 clusters
+per kernel keeping the zeros, cluster- and sparsity-preserving QAT). Each is exported as fully
+int8 TFLite (calibrated on 200 training images) and measured against the float TFLite file in
+the TFLite interpreter on one thread, in this one run.
 
 Last line:
-    RESULT quantization acc_drop=<x> size_ratio=<y> latency_ratio=<z>
+    RESULT quantization acc_drop=<x> size_ratio=<y> latency_ratio=<z> latency_ratio_builtin=<w>
+           deploy_size_ratio=<v> acc_drop_deploy=<u>
 
-- acc_drop: float TFLite accuracy - int8 TFLite accuracy on the validation digits (target <= 0.01);
-- size_ratio: float TFLite file size ÷ int8 (target >= 3.5);
-- latency_ratio: float ÷ int8 median latency of one image (batch 1) on this CPU (report).
+- acc_drop: float TFLite accuracy - QAT int8 TFLite accuracy on the validation digits (target <= 0.01);
+- size_ratio: float TFLite file size ÷ QAT int8 (target >= 3.5);
+- latency_ratio: float ÷ int8 median latency of one image (batch 1), with the interpreter's default
+  kernels (the XNNPACK delegate, for float and for int8) (target >= 1.5);
+- latency_ratio_builtin: the same with TFLite's built-in kernels only (no XNNPACK delegate);
+- deploy_size_ratio: the float file gzipped ÷ the chain's int8 file gzipped (target >= 8);
+- acc_drop_deploy: float TFLite accuracy - the chain's int8 TFLite accuracy (target <= 0.01).
 """
 
 import os
 import statistics
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tfpar  # noqa: E402
 from common import quick_options  # noqa: E402
-
-
-def latency(export, x, repeats):
-    """Median seconds of one batch-1 invocation."""
-    interpreter = export.interpreter(batch_size=1)
-    inp = interpreter.get_input_details()[0]
-    sample = export.model_input(interpreter, x[:1])
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        interpreter.set_tensor(inp["index"], sample)
-        interpreter.invoke()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main():
@@ -48,8 +40,9 @@ def main():
     tfpar.configure_devices(2)
     import tensorflow as tf
 
-    from tfpar.demo import build_model, load_digits
+    from tfpar.demo import build_model, compress_chain, load_digits
     from tfpar.quantization import export_tflite, quantize
+    from tfpar.quantization.deploy import latency_seconds
 
     keras = tfpar.keras
     keras.utils.set_random_seed(0)
@@ -65,21 +58,31 @@ def main():
         qat = quantize(model)
         qat.compile(keras.optimizers.Adam(5e-4), "sparse_categorical_crossentropy", metrics=["accuracy"])
     qat.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=qat_epochs, verbose=0)
+    compressed = compress_chain(model, strategy, train, epochs=qat_epochs)
     folder = tempfile.mkdtemp(prefix="tfpar-bench-")
     exports = {"float": export_tflite(model, os.path.join(folder, "float.tflite"), int8=False),
                "int8": export_tflite(qat, os.path.join(folder, "int8.tflite"), representative_data=x[:200])}
+    deploy = export_tflite(compressed, os.path.join(folder, "deploy.tflite"), representative_data=x[:200],
+                           compress=True, validation_data=(x_val, y_val), reference=model).report
     accuracy = {name: float((e.predict(x_val).argmax(-1) == y_val).mean()) for name, e in exports.items()}
-    latencies = {name: [] for name in exports}
-    for _ in range(3):  # alternate, so that a slow moment of the machine hits both
-        for name, export in exports.items():
-            latencies[name].append(latency(export, x_val, repeats))
-    seconds = {name: statistics.median(values) for name, values in latencies.items()}
+    seconds = {}
+    for kernels in ("default", "builtin"):
+        times = {name: [] for name in exports}
+        for _ in range(3):  # alternate, so that a slow moment of the machine hits both
+            for name, export in exports.items():
+                times[name].append(latency_seconds(export, x_val[:1], repeats, builtin_kernels=kernels == "builtin"))
+        seconds[kernels] = {name: statistics.median(values) for name, values in times.items()}
     for name, export in exports.items():
         print(f"{name:>5}: accuracy {accuracy[name]:.4f}, {export.size_bytes:,} bytes, "
-              f"{seconds[name] * 1e6:.1f} us per image", flush=True)
+              f"{seconds['default'][name] * 1e6:.1f} us per image ({seconds['builtin'][name] * 1e6:.1f} us with "
+              "TFLite's built-in kernels only)", flush=True)
+    print("deployable chain (pruned 75 %, 16 clusters, int8), against the float model:\n" + deploy.summary(),
+          flush=True)
     print(f"RESULT quantization acc_drop={accuracy['float'] - accuracy['int8']:.4f} "
           f"size_ratio={exports['float'].size_bytes / exports['int8'].size_bytes:.3f} "
-          f"latency_ratio={seconds['float'] / seconds['int8']:.3f}")
+          f"latency_ratio={seconds['default']['float'] / seconds['default']['int8']:.3f} "
+          f"latency_ratio_builtin={seconds['builtin']['float'] / seconds['builtin']['int8']:.3f} "
+          f"deploy_size_ratio={deploy.gzip_ratio:.3f} acc_drop_deploy={deploy.accuracy_drop:.4f}")
 
 
 if __name__ == "__main__":

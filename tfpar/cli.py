@@ -38,6 +38,9 @@ def _parser():
                       help="data_parallel and horovod: the gradients on the wire, none (default), bf16 or fp16")
     demo.add_argument("--qat", action="store_true",
                       help="then quantization-aware fine-tuning and float vs int8 TFLite export")
+    demo.add_argument("--compress", action="store_true",
+                      help="then pruning, clustering and cluster-preserving QAT, exported as int8 TFLite "
+                           "with its deployment report (size raw and gzipped, sparsity, accuracy, latency)")
     demo.add_argument("--epochs", type=_int, default=None, help="default 15 (or $TFPAR_EPOCHS)")
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")
@@ -306,6 +309,7 @@ def _demo(args, command_line=None):
             argv += ["--batch-size", str(args.batch_size)]
         argv += ["--precision", args.precision, "--keras", str(args.keras), "--compression", args.compression]
         argv += ["--qat"] if args.qat else []
+        argv += ["--compress"] if args.compress else []
         if args.quiet:
             argv.append("--quiet")
         if args.report:
@@ -318,7 +322,8 @@ def _demo(args, command_line=None):
     run_demo(strategy=args.strategy, num_devices=args.devices, epochs=args.epochs,
              global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
              replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat,
-             keras_version=args.keras, report_dir=args.report, compression=args.compression)
+             keras_version=args.keras, report_dir=args.report, compression=args.compression,
+             compress=args.compress)
     return 0
 
 

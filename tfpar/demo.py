@@ -14,11 +14,12 @@ from tfpar._parallelism import STRATEGIES, make_parallelism
 from tfpar._keras import keras, keras3, tf
 from tfpar.data import distribute
 
-__all__ = ["DemoResult", "STRATEGIES", "build_model", "compiled_model", "default_epochs", "digits_dataset",
-           "load_digits", "run_demo"]
+__all__ = ["DemoResult", "STRATEGIES", "build_model", "compiled_model", "compress_chain", "default_epochs",
+           "digits_dataset", "load_digits", "run_demo"]
 
 QAT_EPOCHS = 3
-"""Epochs of quantization-aware fine-tuning after the float training (``--qat``)."""
+"""Epochs of quantization-aware fine-tuning after the float training (``--qat``), and of each
+stage of ``--compress``'s chain."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,7 +98,8 @@ def compiled_model(k=None, learning_rate=2e-3):
 
 def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
              learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8,
-             precision="float32", qat=False, keras_version=2, report_dir=None, compression="none"):
+             precision="float32", qat=False, keras_version=2, report_dir=None, compression="none",
+             compress=False):
     """Trains the digits CNN and returns a `DemoResult`.
 
     Args:
@@ -122,6 +124,10 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
             (made if missing, checked before training); their paths end the summary.
         compression: "data_parallel" and "horovod": the gradients on the wire ("none", "bf16",
             "fp16").
+        compress: after training, the deployable chain (`compress_chain`: pruning, clustering
+            that keeps the zeros, cluster- and sparsity-preserving QAT), exported as int8 TFLite
+            with its deployment report against the float model (refused above 1 point of
+            accuracy lost).
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the
@@ -130,13 +136,15 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     check_choice("strategy", strategy, STRATEGIES, what="demo strategy")
     check_int("epochs", epochs, 1)
     check_choice("keras_version", keras_version, (2, 3))
-    if qat and strategy not in ("data_parallel", "horovod"):
-        raise ValueError(f"--qat runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
-    if keras_version == 3 and (strategy == "ps" or qat):
+    flags = " ".join(flag for flag, on in (("--qat", qat), ("--compress", compress)) if on)
+    if flags and strategy not in ("data_parallel", "horovod"):
+        raise ValueError(f"{flags} runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
+    if keras_version == 3 and (strategy == "ps" or flags):
         raise ValueError(
-            "--keras 3 runs with --strategy data_parallel, horovod or pipeline, without --qat: parameter "
-            "servers in fit and QAT need tf_keras (README, Keras 3 and tf_keras). Received: --keras 3 "
-            f"--strategy {strategy}{' --qat' if qat else ''}. Leave out --keras 3 for those.")
+            "--keras 3 runs with --strategy data_parallel, horovod or pipeline, without --qat or --compress: "
+            "parameter servers in fit and TFMOT's compression need tf_keras (README, Keras 3 and tf_keras). "
+            f"Received: --keras 3 --strategy {strategy}{' ' + flags if flags else ''}. Leave out --keras 3 "
+            "for those.")
     k = keras3() if keras_version == 3 else keras
     timeline = None
     if report_dir is not None:
@@ -202,9 +210,16 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
 
         notes += (f"timeline: {timeline.path} (open it in https://ui.perfetto.dev)",
                   *(f"plot:     {path}" for path in report(report_dir)))
-    if qat:
+    if qat or compress:
         precision_module.use("float32")  # QAT emulates int8 in float32
-        notes += _quantize_and_export(model, dist, train, val, x_train, (x_val, y_val), learning_rate,
+        with dist.scope():
+            float_model = build_model()  # rebuilt in float32 (the training may have been mixed)
+            float_model.set_weights(model.get_weights())
+    if qat:
+        notes += _quantize_and_export(float_model, dist, train, val, x_train, (x_val, y_val), learning_rate,
+                                      verbose, chief)
+    if compress:
+        notes += _compress_and_export(float_model, dist, train, x_train, (x_val, y_val), learning_rate,
                                       verbose, chief)
     result = DemoResult(
         strategy=description,
@@ -217,17 +232,14 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_ba
     return result
 
 
-def _quantize_and_export(model, dist, train, val, x_train, validation, learning_rate, verbose, chief):
-    """QAT fine-tuning of the trained ``model``, then float and int8 TFLite files compared."""
+def _quantize_and_export(float_model, dist, train, val, x_train, validation, learning_rate, verbose, chief):
+    """QAT fine-tuning of the trained ``float_model``, then float and int8 TFLite files compared."""
     import os
     import tempfile
 
     from tfpar.quantization import export_tflite, quantize
 
     with dist.scope():
-        float_weights = model.get_weights()
-        float_model = build_model()  # rebuilt in float32 (the training may have been mixed)
-        float_model.set_weights(float_weights)
         qat_model = quantize(float_model)
         qat_model.compile(optimizer=keras.optimizers.Adam(learning_rate / 4),
                           loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
@@ -249,3 +261,52 @@ def _quantize_and_export(model, dist, train, val, x_train, validation, learning_
                          f"({os.path.basename(export.path)})")
     ratio = exports["float32"].size_bytes / exports["int8 (QAT)"].size_bytes
     return (*lines, f"TFLite size ratio float/int8: {ratio:.2f}")
+
+
+def compress_chain(float_model, strategy, train, *, sparsity=0.75, clusters=16, epochs=QAT_EPOCHS,
+                   learning_rate=1e-3, verbose=0):
+    """TFMOT's collaborative optimization of a trained float model, under ``strategy``: pruning
+    to ``sparsity`` (reached after ``epochs - 1`` epochs), clustering into ``clusters`` values per
+    kernel that keeps the zeros, then QAT that keeps both; ``epochs`` epochs each, on ``train``
+    (a `tfpar.data.distribute` result). Returns the QAT model, ready for `export_tflite`."""
+    from tfpar.quantization import cluster, prune, quantize
+
+    def fit(model, callbacks=()):
+        with strategy.scope():
+            model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
+                          weighted_metrics=["accuracy"])
+        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, callbacks=list(callbacks),
+                  verbose=verbose)
+        return model
+
+    steps = train.steps_per_epoch
+    with strategy.scope():
+        pruned, callbacks = prune(float_model, sparsity, end_step=max(1, (epochs - 1) * steps),
+                                  frequency=max(1, steps // 4))
+    fit(pruned, callbacks)
+    with strategy.scope():
+        clustered = fit(cluster(pruned, clusters, preserve_sparsity=True))
+    with strategy.scope():
+        return fit(quantize(clustered, preserve=("clusters", "sparsity")))
+
+
+def _compress_and_export(float_model, dist, train, x_train, validation, learning_rate, verbose, chief):
+    """`compress_chain` on the trained ``float_model``, exported with its deployment report."""
+    import os
+    import tempfile
+
+    from tfpar.quantization import export_tflite
+    from tfpar.quantization.deploy import AccuracyDropError
+
+    compressed = compress_chain(float_model, dist, train, learning_rate=learning_rate / 2, verbose=verbose)
+    if not chief:
+        return ()
+    with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
+        try:
+            export = export_tflite(compressed, os.path.join(folder, "digits_compressed.tflite"),
+                                   representative_data=x_train[:200], compress=True, validation_data=validation,
+                                   reference=float_model, max_accuracy_drop=0.01)
+        except AccuracyDropError as refused:
+            return ("compressed (pruned 75 %, 16 clusters, int8): refused", *str(refused).splitlines())
+    return ("compressed (pruned 75 %, 16 clusters, int8), against the float model:",
+            *export.report.summary().splitlines())

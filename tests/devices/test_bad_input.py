@@ -17,7 +17,7 @@ import pytest
 
 import tfpar
 from tests.conftest import run_command, tfpar_command
-from tests.models import pipeline_model
+from tests.models import pipeline_model, qat_model
 
 tf = pytest.importorskip("tensorflow")
 PY = sys.executable
@@ -133,6 +133,19 @@ def _pipeline_partial_batch():
         assert int(model.optimizer.iterations) == 0  # refused before any step was applied
 
 
+def _with_prelu():
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.PReLU(name="prelu")(keras.layers.Dense(4, name="dense")(inputs)))
+
+
+def _under_mixed_precision(make):
+    tfpar.precision.use("mixed_bfloat16")
+    try:
+        return make()
+    finally:
+        tfpar.precision.use("float32")
+
+
 keras = tfpar.keras
 ROWS = {
     # Cluster specs
@@ -214,6 +227,36 @@ ROWS = {
     "build-with-a-model": (lambda tmp: tfpar.DataParallel().build(pipeline_model()), TypeError, ["model_fn"]),
     "tune-timeout-zero": (lambda tmp: tfpar.tune.tune("a:b", "c:d", {"per_replica_batch": [8]}, timeout_seconds=0),
                           ValueError, ["timeout_seconds", "0"]),
+    # Compression (tfpar.quantization)
+    "cluster-one-cluster": (lambda tmp: tfpar.quantization.cluster(qat_model(), clusters=1), ValueError,
+                            ["clusters=1", ">= 2"]),
+    "cluster-sparse-two-clusters": (lambda tmp: tfpar.quantization.cluster(qat_model(), 2, preserve_sparsity=True),
+                                    ValueError, ["clusters=2", ">= 3", "zero cluster"]),
+    "cluster-unclusterable-layer": (lambda tmp: tfpar.quantization.cluster(_with_prelu()), ValueError,
+                                    ["'prelu' (PReLU)", "exclude=['prelu']", "Received: exclude=[]"]),
+    "cluster-unknown-init": (lambda tmp: tfpar.quantization.cluster(qat_model(), init="random"), ValueError,
+                             ["init='random'", "kmeans++"]),
+    "cluster-mixed-precision": (lambda tmp: _under_mixed_precision(lambda: tfpar.quantization.cluster(qat_model())),
+                                ValueError, ["Clustering runs in float32", "'mixed_bfloat16'"]),
+    "cqat-on-unclustered": (lambda tmp: tfpar.quantization.quantize(qat_model(), preserve="clusters"), ValueError,
+                            ["not clustered", "preserve='clusters'", "tfpar.quantization.cluster(model"]),
+    "pqat-mixed-precision": (lambda tmp: _under_mixed_precision(
+        lambda: tfpar.quantization.quantize(qat_model(), preserve="sparsity")), ValueError,
+        ["Quantization-aware training runs in float32", "'mixed_bfloat16'"]),
+    "quantize-unknown-preserve": (lambda tmp: tfpar.quantization.quantize(qat_model(), preserve="zeros"), ValueError,
+                                  ["preserve='zeros'", "('clusters', 'sparsity')"]),
+    "quantize-unknown-ranges": (lambda tmp: tfpar.quantization.quantize(qat_model(), ranges="minmax"), ValueError,
+                                ["ranges='minmax'", "'exact'"]),
+    "export-compress-without-reference": (lambda tmp: tfpar.quantization.export_tflite(
+        qat_model(), str(tmp / "m.tflite"), int8=False, compress=True, validation_data=(np.zeros((2, 8, 8, 1)), [0, 1])),
+        ValueError, ["reference=None", "reference=float_model"]),
+    "export-validation-without-compress": (lambda tmp: tfpar.quantization.export_tflite(
+        qat_model(), str(tmp / "m.tflite"), int8=False, validation_data=(np.zeros((2, 8, 8, 1)), [0, 1])),
+        ValueError, ["validation_data", "compress=False", "compress=True"]),
+    "export-max-drop-above-one": (lambda tmp: tfpar.quantization.export_tflite(
+        qat_model(), str(tmp / "m.tflite"), int8=False, compress=True, reference=qat_model(),
+        validation_data=(np.zeros((2, 8, 8, 1)), [0, 1]), max_accuracy_drop=5), ValueError,
+        ["max_accuracy_drop=5", "[0, 1]"]),
     "tflite-path-in-missing-folder": (lambda tmp: tfpar.quantization.export_tflite(
         pipeline_model(), str(tmp / "no" / "m.tflite"), int8=False), ValueError, ["path", "m.tflite", "does not exist"]),
 }

@@ -72,13 +72,20 @@ def test_demo_with_mixed_bfloat16():
     assert float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1)) >= 0.95
 
 
-def test_demo_qat_exports_float_and_int8_tflite():
-    result = run_command(["tfpar", "demo", "--qat", "--epochs", "8"], timeout=400)
+def test_demo_qat_and_compress_export_int8_tflite_with_the_deployment_report():
+    result = run_command(["tfpar", "demo", "--qat", "--compress", "--epochs", "8"], timeout=400)
     assert result.returncode == 0, result.output[-3000:]
     accuracy = {name: float(value) for name, value in
                 re.findall(r"TFLite (float32|int8) .*?accuracy ([0-9.]+)", result.output)}
     assert accuracy["float32"] >= 0.95 and accuracy["int8"] >= accuracy["float32"] - 0.03, result.output[-2000:]
     assert float(re.search(r"TFLite size ratio float/int8: ([0-9.]+)", result.output).group(1)) >= 3.5
+    # --compress: pruned, clustered, int8; written only within 1 point of the float model.
+    assert "compressed (pruned 75 %, 16 clusters, int8), against the float model:" in result.output
+    smaller = float(re.search(r"gzipped: ([0-9.]+)x smaller gzipped", result.output).group(1))
+    drop = float(re.search(r"held-out examples: drop ([-+0-9.]+) \(max_accuracy_drop 0.01\)", result.output).group(1))
+    sparsity = float(re.search(r"sparsity: +([0-9.]+)% of the weights are zero", result.output).group(1))
+    assert smaller >= 8 and drop <= 0.01 and 74 <= sparsity <= 76, result.output[-2000:]
+    assert len(re.findall(r"int8\[.*\]: \d+ distinct values, 7[45]\.\d% zero", result.output)) == 4
 
 
 def test_demo_bad_precision_and_qat_flags():
@@ -86,10 +93,13 @@ def test_demo_bad_precision_and_qat_flags():
     assert result.returncode == 2 and "Unknown precision policy 'half'" in result.output
     result = run_command(tfpar_command("demo", "--qat", "--strategy", "ps"), timeout=120)
     assert result.returncode == 2 and "--qat runs with the data_parallel or horovod strategy" in result.output
-    for flags in (["--strategy", "ps"], ["--qat"]):
+    result = run_command(tfpar_command("demo", "--compress", "--strategy", "pipeline"), timeout=120)
+    assert result.returncode == 2 and "--compress runs with the data_parallel or horovod strategy" in result.output
+    for flags, received in ((["--strategy", "ps"], "--strategy ps"), (["--qat"], "--strategy data_parallel --qat"),
+                            (["--compress"], "--strategy data_parallel --compress")):
         result = run_command(tfpar_command("demo", "--keras", "3", *flags), timeout=120)
         assert result.returncode == 2, result.output
-        assert f"Received: --keras 3 {' '.join(flags) if flags[0] != '--qat' else '--strategy data_parallel --qat'}" in result.output
+        assert f"Received: --keras 3 {received}" in result.output
 
 
 def test_one_script_picks_data_parallel_without_horovod():

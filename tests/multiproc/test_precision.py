@@ -1,5 +1,6 @@
 """Precision and QAT across processes: one worker's overflow makes every worker skip the step;
-QAT under multi-worker DataParallel ends with the same weights and ranges on every worker."""
+QAT, and TFMOT's collaborative chain (pruning, PQAT, clustering, CQAT), under multi-worker
+DataParallel end with the same weights, ranges, masks and centroids on every worker."""
 
 import json
 import os
@@ -62,3 +63,20 @@ def test_qat_under_multi_worker_data_parallel_ends_identical_on_both_workers():
     for name in reports[0]["ranges"]:
         _assert_same_arrays(reports[0]["ranges"][name], reports[1]["ranges"][name])
     _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])
+
+
+def test_collaborative_compression_under_multi_worker_data_parallel_agrees_on_both_workers():
+    script = os.path.join(os.path.dirname(__file__), "scripts", "compress_multiworker.py")
+    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script), timeout=300,
+                         env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    reports = _reports(result.output)
+    assert [r["worker"] for r in reports] == [0, 1]
+    for part in ("masks", "centroids", "pqat", "cqat"):
+        first, second = reports[0][part], reports[1][part]
+        assert first and first.keys() == second.keys(), part
+        for name in first:
+            np.testing.assert_array_equal(np.asarray(first[name]), np.asarray(second[name]), err_msg=name)
+    masks = [np.asarray(m) for m in reports[0]["masks"].values()]
+    assert len(masks) == 3 and all(0.45 <= 1 - m.mean() <= 0.55 for m in masks)  # pruned to 50 %
+    assert sum("cluster_centroids" in name for name in reports[0]["centroids"]) == 3

@@ -35,6 +35,7 @@ EXPECT = {
     "keras_tuner.RandomSearch(": ["best: {'units':"],
     "TensorflowTrainer(train_loop": ["Ray reported: {", "'epoch': 2"],
     "quantization.quantize(": ["Epoch 2/2"],
+    "q.cluster(pruned": ["smaller gzipped", "distinct values", "of the weights are zero"],
     "tfpar verify --model tfpar.demo": ["PASSED: trains like one replica", "conv2d/kernel"],
     "tfpar doctor": ["horovod.tensorflow.keras: works", "ParameterServer (ParameterServerStrategy",
                      "bubble: measured"],

@@ -17,14 +17,15 @@ Example:
 import numpy as np
 
 from tfpar._checks import check_int
+from tfpar._keras import keras
 from tfpar.quantization.qat import _check_graph_model, _tfmot
 
 __all__ = ["prune", "sparsity", "strip_pruning"]
 
 
 def prune(model, target_sparsity, *, begin_step=0, end_step, frequency=10):
-    """Returns ``(pruned_model, callbacks)``: the model with pruning wrappers, and the
-    callbacks ``fit`` needs (TFMOT's ``UpdatePruningStep``).
+    """Returns ``(pruned_model, callbacks)``: a copy of the model with pruning wrappers (``model``
+    keeps its weights), and the callbacks ``fit`` needs (TFMOT's ``UpdatePruningStep``).
 
     The sparsity grows polynomially from 0 at ``begin_step`` to ``target_sparsity``
     at ``end_step`` (global steps), masks updated every ``frequency`` steps.
@@ -43,7 +44,11 @@ def prune(model, target_sparsity, *, begin_step=0, end_step, frequency=10):
         initial_sparsity=0.0, final_sparsity=float(target_sparsity), begin_step=begin_step,
         end_step=end_step, frequency=frequency)
     with model.distribute_strategy.scope():
-        pruned = tfmot.sparsity.keras.prune_low_magnitude(model, pruning_schedule=schedule)
+        # TFMOT's wrappers prune the variables of the layers they wrap: wrap fresh layers, so that
+        # ``model`` keeps its weights.
+        copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+        pruned = tfmot.sparsity.keras.prune_low_magnitude(copy, pruning_schedule=schedule)
     return pruned, [tfmot.sparsity.keras.UpdatePruningStep()]
 
 

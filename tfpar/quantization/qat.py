@@ -20,17 +20,22 @@ Example:
 """
 
 import dataclasses
+import os
+import tempfile
+import warnings
 
 import numpy as np
 
 from tfpar import _compat
+from tfpar._checks import check_choice, check_names, check_number
 from tfpar._files import check_folder_of, write_atomically
 from tfpar._keras import check_tf_keras_model, keras, tf
+from tfpar.quantization import _exact_ranges
 
 _WHY_TF_KERAS = ("tensorflow-model-optimization, which inserts the fake-quantization ops, "
                  "rewrites tf_keras models only")
 
-__all__ = ["TFLiteExport", "export_tflite", "quantize", "quantizer_ranges"]
+__all__ = ["PRESERVE", "RANGES", "TFLiteExport", "export_tflite", "quantize", "quantizer_ranges"]
 
 
 def _tfmot():
@@ -50,38 +55,59 @@ def _check_graph_model(model, what):
             "layers yourself with tfmot.quantization.keras.quantize_annotate_layer.")
 
 
-def quantize(model, exclude=()):
+PRESERVE = ("sparsity", "clusters")
+"""What `quantize` can keep of an earlier compression: the zeros of a pruned model (PQAT), the
+shared values of a clustered one (CQAT), or both (``("clusters", "sparsity")``)."""
+
+RANGES = ("mean", "exact")
+"""How `quantize`'s activation ranges combine replicas: "mean", TFMOT's moving averages of each
+replica's batch min and max, averaged over replicas; "exact", of the min and max over the whole
+global batch (a cross-replica MIN and MAX), so that QAT on N replicas equals QAT on one."""
+
+
+def quantize(model, exclude=(), *, preserve=None, ranges="mean"):
     """Returns the quantization-aware copy of ``model`` (its weights, fake-quant ops added).
 
     Call it where the model was built (inside ``strategy.scope()`` or not): the
     new variables are created under the model's own strategy either way.
 
     Args:
-        model: a built Sequential or Functional tf_keras model, float32.
+        model: a built Sequential or Functional tf_keras model, float32. A pruned or clustered
+            model may still wear its wrappers: they are stripped here.
         exclude: names of layers to leave in float.
+        preserve: None (plain QAT), "sparsity" (pruning-preserving QAT: the zeros of a pruned
+            model stay zero), "clusters" (cluster-preserving QAT: a clustered model keeps its
+            shared values), or ``("clusters", "sparsity")`` for a model pruned then clustered
+            with ``preserve_sparsity=True``.
+        ranges: one of `RANGES`.
 
     Returns:
         The QAT model (not compiled).
 
     Raises:
-        ValueError: a subclassed model, an excluded name that names no layer, or a
-            mixed precision policy (TFMOT's quantizers compute in float32: call
-            ``tfpar.precision.use("float32")`` first).
+        ValueError: a subclassed model, an excluded name that names no layer, a mixed
+            precision policy (TFMOT's quantizers compute in float32: call
+            ``tfpar.precision.use("float32")`` first), an unknown ``preserve`` or ``ranges``, or
+            ``preserve="clusters"`` on a model that is not clustered.
     """
     _check_graph_model(model, "quantize")
-    policy = keras.mixed_precision.global_policy().name
-    if policy != "float32":
-        raise ValueError(
-            f"Quantization-aware training runs in float32. Received: the global policy {policy!r}. "
-            "TFMOT's fake-quant ops need float32 (they emulate int8 in float), so mixed precision "
-            "adds nothing here: call tfpar.precision.use('float32') before building the model, and "
-            "train the float model with mixed precision before QAT if you like.")
-    names = {layer.name for layer in model.layers}
-    unknown = sorted(set(exclude) - names)
-    if unknown:
-        raise ValueError(f"exclude names no layer of {model.name!r}: {unknown}. Received: "
-                         f"exclude={list(exclude)}. Layers: {sorted(names)}.")
+    _check_float32("Quantization-aware training")
+    exclude = check_names("exclude", exclude)
+    preserved = _preserved(preserve)
+    check_choice("ranges", ranges, RANGES, what="range reduction")
+    model = _strip_wrappers(model)
+    _check_excluded_names(model, exclude)
     tfmot = _tfmot()
+    scheme = None
+    if "clusters" in preserved:
+        _check_clustered(model)
+        from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.cluster_preserve import (
+            default_8bit_cluster_preserve_quantize_scheme as cqat)
+
+        scheme = cqat.Default8BitClusterPreserveQuantizeScheme(preserve_sparsity="sparsity" in preserved)
+    elif "sparsity" in preserved:
+        _warn_unless_sparse(model)
+        scheme = tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
     annotate = tfmot.quantization.keras.quantize_annotate_layer
 
     def clone(layer):
@@ -92,7 +118,85 @@ def quantize(model, exclude=()):
     with model.distribute_strategy.scope():
         annotated = keras.models.clone_model(model, clone_function=clone)
         annotated.set_weights(model.get_weights())
-        return tfmot.quantization.keras.quantize_apply(annotated)
+        qat = tfmot.quantization.keras.quantize_apply(annotated, scheme) if scheme else \
+            tfmot.quantization.keras.quantize_apply(annotated)
+    if ranges == "exact":
+        _exact_ranges.enable(qat)
+    return qat
+
+
+def _check_float32(what):
+    policy = keras.mixed_precision.global_policy().name
+    if policy != "float32":
+        raise ValueError(
+            f"{what} runs in float32. Received: the global policy {policy!r}. "
+            "TFMOT's fake-quant and clustering ops need float32, so mixed precision "
+            "adds nothing here: call tfpar.precision.use('float32') before building the model, and "
+            "train the float model with mixed precision before compressing it if you like.")
+
+
+def _check_excluded_names(model, exclude):
+    names = {layer.name for layer in model.layers}
+    unknown = sorted(set(exclude) - names)
+    if unknown:
+        raise ValueError(f"exclude names no layer of {model.name!r}: {unknown}. Received: "
+                         f"exclude={list(exclude)}. Layers: {sorted(names)}.")
+
+
+def _preserved(preserve):
+    """``preserve`` as a set of `PRESERVE` names."""
+    if preserve is None:
+        return frozenset()
+    names = (preserve,) if isinstance(preserve, str) else preserve
+    if not isinstance(names, (tuple, list, set, frozenset)) or not names \
+            or not all(isinstance(name, str) and name in PRESERVE for name in names):
+        raise ValueError(f"Unknown preserve {preserve!r}. Received: preserve={preserve!r}. Use None, "
+                         "'sparsity', 'clusters' or ('clusters', 'sparsity').")
+    return frozenset(names)
+
+
+def _strip_wrappers(model):
+    """``model`` without TFMOT's pruning and clustering wrappers (itself when it has none)."""
+    tfmot = _tfmot()
+    from tensorflow_model_optimization.python.core.clustering.keras.cluster_wrapper import ClusterWeights
+    from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper import PruneLowMagnitude
+
+    with model.distribute_strategy.scope():
+        if any(isinstance(layer, PruneLowMagnitude) for layer in model.layers):
+            model = tfmot.sparsity.keras.strip_pruning(model)
+        if any(isinstance(layer, ClusterWeights) for layer in model.layers):
+            model = tfmot.clustering.keras.strip_clustering(model)
+    return model
+
+
+def _check_clustered(model):
+    from tfpar.quantization.clustering import clustered_kernels, unique_weights
+
+    if not clustered_kernels(model):
+        counts = ", ".join(f"{name!r} {count}" for name, count in unique_weights(model).items())
+        raise ValueError(
+            f"Cluster-preserving QAT keeps the shared weight values of a clustered model, and "
+            f"{model.name!r} is not clustered: no kernel holds 256 distinct values or fewer "
+            f"(distinct values per kernel: {counts}). Received: preserve='clusters'. Cluster it first: "
+            "tfpar.quantization.cluster(model, clusters=16), fine-tune, then quantize(clustered, "
+            "preserve='clusters'); or use preserve=None for plain QAT.")
+
+
+SPARSE_ENOUGH = 0.1
+"""`quantize(preserve="sparsity")` warns below this fraction of zeros in the prunable kernels."""
+
+
+def _warn_unless_sparse(model):
+    from tfpar.quantization.pruning import sparsity
+
+    zeros = sparsity(model)
+    if zeros < SPARSE_ENOUGH:
+        warnings.warn(
+            f"Pruning-preserving QAT keeps the zeros of a pruned model, and {model.name!r} has only "
+            f"{zeros:.1%} zeros in its kernels: there is little to preserve, and QAT with "
+            "preserve='sparsity' will train like plain QAT. Prune it first "
+            "(tfpar.quantization.prune(model, 0.5, end_step=...)), or quantize with preserve=None.",
+            stacklevel=3)
 
 
 def quantizer_ranges(model):
@@ -114,9 +218,18 @@ class TFLiteExport:
     size_bytes: int
     int8: bool
     """Whether weights, activations, input and output are int8."""
+    report: object = None
+    """With ``export_tflite(..., compress=True)``: its `tfpar.quantization.deploy.DeploymentReport`."""
 
-    def interpreter(self, batch_size=1):
-        interpreter = tf.lite.Interpreter(model_path=self.path, num_threads=1)
+    def interpreter(self, batch_size=1, builtin_kernels=False):
+        """A TFLite interpreter on one thread, its input resized to ``batch_size``, with the
+        default kernels (the XNNPACK delegate where it applies), or TFLite's built-in kernels
+        only (``builtin_kernels=True``)."""
+        resolver = tf.lite.experimental.OpResolverType
+        interpreter = tf.lite.Interpreter(
+            model_path=self.path, num_threads=1,
+            experimental_op_resolver_type=resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin_kernels
+            else resolver.AUTO)
         detail = interpreter.get_input_details()[0]
         interpreter.resize_tensor_input(detail["index"], [batch_size, *detail["shape"][1:]])
         interpreter.allocate_tensors()
@@ -150,22 +263,36 @@ class TFLiteExport:
         return np.concatenate(outputs)
 
 
-def export_tflite(model, path, representative_data=None, int8=True):
+def export_tflite(model, path, representative_data=None, int8=True, *, compress=False, validation_data=None,
+                  reference=None, max_accuracy_drop=None):
     """Writes ``model`` as a TFLite file and checks the interpreter runs it.
 
     Args:
-        model: a tf_keras model (a QAT model from `quantize`, or a float one).
+        model: a tf_keras model (a QAT model from `quantize`, or a float one; pruning and
+            clustering wrappers are stripped).
         path: the ``.tflite`` file to write.
         representative_data: input examples (an array, or a list of them) that
             calibrate the int8 ranges: some hundreds drawn from the training data.
         int8: full integer quantization (weights, activations, int8 input and
             output); False writes a float32 TFLite model.
+        compress: measure the file before writing it: a `DeploymentReport` (sizes raw and
+            gzipped, sparsity and distinct values per weight tensor, accuracy and latency in the
+            TFLite interpreter, each against ``reference``'s float TFLite file) in the result's
+            ``report``. Needs ``validation_data`` and ``reference``.
+        validation_data: ``(x, y)`` held-out examples with class labels (ints, or one-hot).
+        reference: the float tf_keras model this one was compressed from.
+        max_accuracy_drop: with ``compress``, refuse to write when the accuracy falls by more
+            than this (a fraction: 0.01 is one point) below ``reference``'s.
 
     Returns:
         A `TFLiteExport`.
 
     Raises:
-        ValueError: ``int8`` without ``representative_data``, or a ``path`` in no existing folder.
+        ValueError: ``int8`` without ``representative_data``, a ``path`` in no existing folder,
+            ``compress`` without ``validation_data`` or ``reference`` (or those without
+            ``compress``), a ``max_accuracy_drop`` outside [0, 1].
+        AccuracyDropError: (a ValueError) the drop exceeds ``max_accuracy_drop``; nothing was
+            written, the figures are in its ``report``.
     """
     check_tf_keras_model(model, "tfpar.quantization.export_tflite", "it exports the tf_keras models quantize() makes")
     check_folder_of("path", path)  # before the conversion, which takes seconds
@@ -175,6 +302,57 @@ def export_tflite(model, path, representative_data=None, int8=True):
             "the training set) on which the converter calibrates the ranges of the activations, "
             "input and output. Received: representative_data=None. Pass e.g. "
             "representative_data=x_train[:200], or int8=False for a float model.")
+    _check_compress_arguments(compress, validation_data, reference, max_accuracy_drop)
+    content = _convert(_strip_wrappers(model), representative_data, int8)
+    if not compress:
+        write_atomically(path, content)  # a reader never sees half a model
+        return _checked(TFLiteExport(path=path, size_bytes=len(content), int8=int8), model, representative_data)
+    from tfpar.quantization import deploy
+
+    with tempfile.TemporaryDirectory(prefix="tfpar-export-") as folder:  # measured before it is written
+        candidate = TFLiteExport(path=os.path.join(folder, "model.tflite"), size_bytes=len(content), int8=int8)
+        write_atomically(candidate.path, content)
+        float_file = TFLiteExport(path=os.path.join(folder, "float.tflite"), size_bytes=0, int8=False)
+        write_atomically(float_file.path, _convert(reference, None, False))
+        report = deploy.measure(_checked(candidate, model, representative_data), float_file, validation_data,
+                                max_accuracy_drop)
+    if max_accuracy_drop is not None and report.accuracy_drop > max_accuracy_drop:
+        raise deploy.AccuracyDropError(
+            f"Not written to {path}: in the TFLite interpreter the model's accuracy is {report.accuracy:.4f} "
+            f"against {report.reference_accuracy:.4f} for the float model on the {report.examples} held-out "
+            f"examples, a drop of {report.accuracy_drop:.4f}. Received: max_accuracy_drop={max_accuracy_drop!r}. "
+            "Fine-tune the compressed model longer, prune less or use more clusters, or leave the most "
+            "sensitive layers out (exclude=[...]); or raise max_accuracy_drop.\n" + report.summary(), report)
+    write_atomically(path, content)
+    return TFLiteExport(path=path, size_bytes=len(content), int8=int8, report=report)
+
+
+def _check_compress_arguments(compress, validation_data, reference, max_accuracy_drop):
+    if not isinstance(compress, bool):
+        raise TypeError(f"compress must be True or False. Received: compress={compress!r}.")
+    given = [name for name, value in (("validation_data", validation_data), ("reference", reference),
+                                      ("max_accuracy_drop", max_accuracy_drop)) if value is not None]
+    if not compress:
+        if given:
+            raise ValueError(f"{', '.join(given)} only count with compress=True (the deployment report). "
+                             f"Received: compress=False, {', '.join(given)} given. Pass compress=True.")
+        return
+    missing = [name for name in ("validation_data", "reference") if name not in given]
+    if missing:
+        raise ValueError(
+            f"compress=True measures the file against the float model on held-out data, and needs "
+            f"{' and '.join(missing)}. Received: {', '.join(f'{name}=None' for name in missing)}. Pass "
+            "validation_data=(x_val, y_val) and reference=float_model (the model before compression).")
+    if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2
+            and len(validation_data[0]) == len(validation_data[1]) and len(validation_data[0]) > 0):
+        raise ValueError("validation_data must be (x, y): held-out inputs and their labels, as many of each. "
+                         f"Received: validation_data of type {type(validation_data).__name__}.")
+    check_tf_keras_model(reference, "export_tflite's reference", "it is converted to a float TFLite file")
+    check_number("max_accuracy_drop", max_accuracy_drop, minimum=0, maximum=1, allow_none=True,
+                 hint=" A fraction: 0.01 allows one point of accuracy.")
+
+
+def _convert(model, representative_data, int8):
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
     if int8:
         samples = np.asarray(representative_data, np.float32)
@@ -188,10 +366,12 @@ def export_tflite(model, path, representative_data=None, int8=True):
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
-    content = converter.convert()
-    write_atomically(path, content)  # a reader never sees half a model
-    export = TFLiteExport(path=path, size_bytes=len(content), int8=int8)
+    return converter.convert()
+
+
+def _checked(export, model, representative_data):
+    """``export``, once the interpreter has run it (raises if it cannot)."""
     probe = np.zeros([1, *model.inputs[0].shape[1:]], np.float32) if representative_data is None \
         else np.asarray(representative_data[:1], np.float32)
-    export.predict(probe)  # raises if the interpreter cannot run it
+    export.predict(probe)
     return export

@@ -1,0 +1,55 @@
+"""TFMOT's collaborative chain under multi-worker DataParallel (run under `tfpar launch -n 2`):
+pruning, then pruning-preserving QAT, and clustering that keeps the zeros, then cluster-preserving
+QAT, both with exact ranges. Prints ``REPORT {json}`` with this worker's pruning masks, cluster
+centroids and indices, QAT ranges and weights, whole (compared element by element)."""
+
+import json
+
+import numpy as np
+
+import tfpar
+from tests.models import digits_subset, qat_model
+from tfpar.quantization import cluster, prune, quantize
+
+keras = tfpar.keras
+strategy = tfpar.DataParallel(timeout_seconds=120)
+x, y, _, _ = digits_subset(256)
+tf = __import__("tensorflow")
+train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64)
+
+
+def fit(model, epochs=1, callbacks=()):
+    with strategy.scope():
+        model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, callbacks=list(callbacks),
+              verbose=0)
+    return model
+
+
+def values(model, *markers):
+    """Name -> value (this worker's, as a list) of the variables whose name holds a marker."""
+    return {v.name: np.asarray(v.numpy()).tolist() for v in model.variables if any(m in v.name for m in markers)}
+
+
+with strategy.scope():
+    trained = qat_model()
+fit(trained, epochs=2)
+with strategy.scope():
+    pruned, callbacks = prune(trained, 0.5, end_step=4, frequency=2)
+fit(pruned, epochs=2, callbacks=callbacks)
+with strategy.scope():
+    pqat = quantize(pruned, preserve="sparsity", ranges="exact")
+fit(pqat)
+with strategy.scope():
+    clustered = cluster(pruned, clusters=4, preserve_sparsity=True)
+fit(clustered)
+with strategy.scope():
+    cqat = quantize(clustered, preserve=("clusters", "sparsity"), ranges="exact")
+fit(cqat)
+print("REPORT " + json.dumps({
+    "worker": tfpar.ClusterInfo.from_tf_config().worker_index,
+    "masks": values(pruned, "mask"),
+    "centroids": values(clustered, "cluster_centroids", "pulling_indices"),
+    "pqat": values(pqat, "_min", "_max", "kernel"),
+    "cqat": values(cqat, "_min", "_max", "kernel"),
+}), flush=True)
