@@ -65,10 +65,17 @@ def test_qat_under_multi_worker_data_parallel_ends_identical_on_both_workers():
     _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])
 
 
-def test_collaborative_compression_under_multi_worker_data_parallel_agrees_on_both_workers():
-    script = os.path.join(os.path.dirname(__file__), "scripts", "compress_multiworker.py")
-    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script), timeout=300,
-                         env={"PYTHONPATH": ROOT})
+COMPRESS = os.path.join(os.path.dirname(__file__), "scripts", "compress_multiworker.py")
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "horovod"])
+def test_collaborative_compression_across_processes_agrees_on_both_workers(strategy, request):
+    if strategy == "horovod":
+        request.getfixturevalue("horovod_installed")
+        command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, COMPRESS, "--horovod"]
+    else:
+        command = tfpar_command("launch", "-n", "2", "--", sys.executable, COMPRESS)
+    result = run_command(command, timeout=300, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     reports = _reports(result.output)
     assert [r["worker"] for r in reports] == [0, 1]

@@ -1,9 +1,11 @@
-"""TFMOT's collaborative chain under multi-worker DataParallel (run under `tfpar launch -n 2`):
+"""TFMOT's collaborative chain under multi-worker DataParallel (run under `tfpar launch -n 2`), or
+under HorovodStrategy with --horovod (`horovodrun -np 2`):
 pruning, then pruning-preserving QAT, and clustering that keeps the zeros, then cluster-preserving
 QAT, both with exact ranges. Prints ``REPORT {json}`` with this worker's pruning masks, cluster
 centroids and indices, QAT ranges and weights, whole (compared element by element)."""
 
 import json
+import sys
 
 import numpy as np
 
@@ -12,7 +14,16 @@ from tests.models import digits_subset, qat_model
 from tfpar.quantization import cluster, prune, quantize
 
 keras = tfpar.keras
-strategy = tfpar.DataParallel(timeout_seconds=120)
+if "--horovod" in sys.argv:
+    import horovod.tensorflow as hvd
+
+    from tfpar.strategies.horovod import HorovodStrategy
+
+    strategy = HorovodStrategy()
+    worker = hvd.rank()
+else:
+    strategy = tfpar.DataParallel(timeout_seconds=120)
+    worker = tfpar.ClusterInfo.from_tf_config().worker_index
 x, y, _, _ = digits_subset(256)
 tf = __import__("tensorflow")
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64)
@@ -47,7 +58,7 @@ with strategy.scope():
     cqat = quantize(clustered, preserve=("clusters", "sparsity"), ranges="exact")
 fit(cqat)
 print("REPORT " + json.dumps({
-    "worker": tfpar.ClusterInfo.from_tf_config().worker_index,
+    "worker": worker,
     "masks": values(pruned, "mask"),
     "centroids": values(clustered, "cluster_centroids", "pulling_indices"),
     "pqat": values(pqat, "_min", "_max", "kernel"),
