@@ -294,3 +294,18 @@ def verify_batchnorm_model():
 
 def verify_synchronized_batchnorm_model():
     return verify_model("synchronized_batchnorm")
+
+
+def process_strategy():
+    """The strategy of a test script run in several processes, and this process' worker index:
+    HorovodStrategy with --horovod on the command line (under horovodrun), else multi-worker
+    DataParallel (under tfpar launch)."""
+    import sys
+
+    if "--horovod" in sys.argv:
+        import horovod.tensorflow as hvd
+
+        from tfpar.strategies.horovod import HorovodStrategy
+
+        return HorovodStrategy(), hvd.rank()
+    return tfpar.DataParallel(timeout_seconds=120), tfpar.ClusterInfo.from_tf_config().worker_index

@@ -5,25 +5,15 @@ QAT, both with exact ranges. Prints ``REPORT {json}`` with this worker's pruning
 centroids and indices, QAT ranges and weights, whole (compared element by element)."""
 
 import json
-import sys
 
 import numpy as np
 
 import tfpar
-from tests.models import digits_subset, qat_model
+from tests.models import digits_subset, process_strategy, qat_model
 from tfpar.quantization import cluster, prune, quantize
 
 keras = tfpar.keras
-if "--horovod" in sys.argv:
-    import horovod.tensorflow as hvd
-
-    from tfpar.strategies.horovod import HorovodStrategy
-
-    strategy = HorovodStrategy()
-    worker = hvd.rank()
-else:
-    strategy = tfpar.DataParallel(timeout_seconds=120)
-    worker = tfpar.ClusterInfo.from_tf_config().worker_index
+strategy, worker = process_strategy()
 x, y, _, _ = digits_subset(256)
 tf = __import__("tensorflow")
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64)

@@ -4,20 +4,9 @@ replica only, under mixed_float16. Run under `tfpar launch -n 2` (DataParallel) 
 is "3". Prints ``REPORT {json}``."""
 
 import json
-import sys
 
-import tfpar
-from tests.models import keras_of_env, overflow_step
+from tests.models import keras_of_env, overflow_step, process_strategy
 
-if "--horovod" in sys.argv:
-    from tfpar.strategies.horovod import HorovodStrategy
-
-    strategy = HorovodStrategy()
-    import horovod.tensorflow as hvd
-
-    worker = hvd.rank()
-else:
-    strategy = tfpar.DataParallel(timeout_seconds=120)
-    worker = tfpar.ClusterInfo.from_tf_config().worker_index
+strategy, worker = process_strategy()
 report = overflow_step(strategy, global_batch=8, first_worker=worker == 0, k=keras_of_env())
 print("REPORT " + json.dumps({"worker": worker, **report}), flush=True)
