@@ -98,7 +98,7 @@ def quantize(model, exclude=(), *, preserve=None, ranges="mean"):
     model = _strip_wrappers(model)
     _check_excluded_names(model, exclude)
     tfmot = _tfmot()
-    scheme = None
+    scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
     if "clusters" in preserved:
         _check_clustered(model)
         from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.cluster_preserve import (
@@ -118,8 +118,7 @@ def quantize(model, exclude=(), *, preserve=None, ranges="mean"):
     with model.distribute_strategy.scope():
         annotated = keras.models.clone_model(model, clone_function=clone)
         annotated.set_weights(model.get_weights())
-        qat = tfmot.quantization.keras.quantize_apply(annotated, scheme) if scheme else \
-            tfmot.quantization.keras.quantize_apply(annotated)
+        qat = tfmot.quantization.keras.quantize_apply(annotated, scheme)
     if ranges == "exact":
         _exact_ranges.enable(qat)
     return qat
