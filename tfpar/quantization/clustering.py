@@ -64,10 +64,12 @@ def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="km
     tfmot = _tfmot()
     model = _strip_wrappers(model)
     _check_excluded_names(model, exclude)
-    registry = _clustering_registry()
+    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
+
     refused = [layer for layer in model.layers
                if layer.name not in exclude and not isinstance(layer, keras.layers.InputLayer)
-               and not registry.supports(layer) and not _is_clusterable_layer(layer)]
+               and not ClusteringRegistry.supports(layer)
+               and not isinstance(layer, tfmot.clustering.keras.ClusterableLayer)]
     if refused:
         names = [layer.name for layer in refused]
         raise ValueError(
@@ -119,12 +121,3 @@ def clustered_kernels(model, max_unique=256):
                 counts[layer.name] = unique
     return counts
 
-
-def _clustering_registry():
-    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
-
-    return ClusteringRegistry
-
-
-def _is_clusterable_layer(layer):
-    return isinstance(layer, _tfmot().clustering.keras.ClusterableLayer)

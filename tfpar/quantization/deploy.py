@@ -10,6 +10,7 @@ delegate for float and int8 kernels).
 
 import dataclasses
 import gzip
+import pathlib
 import statistics
 import time
 
@@ -103,7 +104,7 @@ def measure(export, reference_export, validation_data, max_accuracy_drop, latenc
     for _ in range(3):  # in turns, so that a slow moment of the machine falls on both
         for name, each in (("model", export), ("reference", reference_export)):
             latency[name].append(latency_seconds(each, x[:1], latency_repeats))
-    contents = {name: open(each.path, "rb").read() for name, each in
+    contents = {name: pathlib.Path(each.path).read_bytes() for name, each in
                 (("model", export), ("reference", reference_export))}
     weights = weight_tensors(contents["model"])
     values = sum(int(np.prod(w.shape)) for w in weights)
