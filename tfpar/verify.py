@@ -25,6 +25,7 @@ import numpy as np
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._parallelism import STRATEGIES, check_model_fn, make_parallelism
+from tfpar.quantization import _exact_ranges as exact_ranges
 
 __all__ = ["VariableDifference", "VerifyReport", "load_function", "verify"]
 
@@ -263,9 +264,10 @@ class _Comparison:
                          "statistics; feed whole batches (tfpar.data.distribute(..., remainder='drop'))")
             elif kind in _RANDOM_LAYERS:
                 cause = _random_layer_cause(layer, split, per)
-            elif kind.startswith("QuantizeWrapper") and self.replicas > 1:
+            elif kind.startswith("QuantizeWrapper") and self.replicas > 1 and not exact_ranges.enabled(layer):
                 cause = (f"QAT ranges taken per replica (layer {layer.name!r}): each replica's fake-quant "
-                         "min/max follow its own examples and are averaged over the replicas")
+                         "min/max follow its own examples and are averaged over the replicas; "
+                         "tfpar.quantization.quantize(model, ranges='exact') takes them over the global batch")
             if cause:
                 anywhere.append(cause)
                 for variable in layer.weights:

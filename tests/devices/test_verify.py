@@ -72,18 +72,23 @@ def test_metrics_that_count_padding_are_named():
     assert "metric 'accuracy'" in report.findings[0] and "weighted_metrics=" in report.findings[0]
 
 
-def test_qat_ranges_taken_per_replica_are_named():
+@pytest.mark.parametrize("ranges", ["mean", "exact"])
+def test_qat_ranges_taken_per_replica_are_named_and_exact_ranges_pass(ranges):
     from tfpar.quantization import quantize
 
     def model():
-        q = quantize(verify_model())
+        q = quantize(verify_model(), ranges=ranges)
         q.compile(tfpar.keras.optimizers.SGD(0.1),
                   tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return q
 
     report = verify(model, _whole_batches, steps=2)
+    if ranges == "exact":  # the global batch's min and max on every replica: trains like one
+        assert report.passed, report.summary()
+        return
     assert not report.passed
-    assert any("QAT ranges taken per replica" in c for c in _causes(report)), report.summary()
+    assert any("QAT ranges taken per replica" in c and "ranges='exact'" in c for c in _causes(report)), \
+        report.summary()
 
 
 def test_loss_scales_that_disagree_are_a_finding():

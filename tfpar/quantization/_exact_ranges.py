@@ -1,22 +1,25 @@
 """`quantize(ranges="exact")`: activation ranges from the min and max over the global batch.
 
-TFMOT's moving-average quantizers update each range variable with
-``assign_moving_average(var, batch_min_or_max, decay)``, which, under a strategy, averages the
-replicas' values: each replica saw only its part of the batch, so the range is not the one a
-single device would measure. Here the value is first replaced by its cross-replica MIN (for a
-``*_min`` variable) or MAX (``*_max``), gathered from every replica; the average of equal values
-is that value, so the ranges, and QAT's training, are those of one device on the global batch.
+TFMOT's activation quantizers update their range variables from each batch's min and max: the
+moving-average ones with ``assign_moving_average(var, value, decay)``, the all-values one (the
+model's input) with ``assign(var, min(var, value))``. Under a strategy the first averages the
+replicas' values and the second assigns a MEAN-aggregated variable: each replica saw only its part
+of the batch, so the range is not the one a single device would measure. Here the value is first
+replaced by its cross-replica MIN (for a ``*_min`` variable) or MAX (``*_max``), gathered from every
+replica; the average of equal values is that value, so the ranges, and QAT's training, are those
+of one device on the global batch. (Weight ranges, TFMOT's last-value quantizers, come from the
+mirrored weights: equal on every replica already, they are left alone.)
 
-TFMOT's quant_ops module reaches ``assign_moving_average`` through its ``tf`` name; it gets a
-view of TensorFlow whose ``__internal__.train.assign_moving_average`` does the above for the
-variables `enable` marked and is TensorFlow's own for every other one.
+TFMOT's quant_ops module reaches both functions through its ``tf`` and ``tf_compat`` names; it gets
+views of them that do the above for the variables `enable` marked and are TensorFlow's own for
+every other one.
 """
 
 import types
 
 from tfpar._keras import tf
 
-__all__ = ["enable"]
+__all__ = ["enable", "enabled"]
 
 _MARK = "_tfpar_cross_replica_extreme"
 
@@ -30,13 +33,30 @@ def enable(model):
             setattr(variable, _MARK, name[-3:])
 
 
-def _assign_moving_average(variable, value, decay, zero_debias=True, name=None):
+def enabled(layer):
+    """Whether ``layer``'s range variables were marked by `enable`."""
+    return any(getattr(variable, _MARK, None) for variable in layer.weights)
+
+
+def _global_extreme(variable, value):
+    """``value``'s MIN or MAX over the replicas for a marked ``variable``, else ``value``."""
     extreme = getattr(variable, _MARK, None)
     context = tf.distribute.get_replica_context()
-    if extreme is not None and context is not None and context.num_replicas_in_sync > 1:
-        gathered = context.all_gather(tf.expand_dims(value, 0), axis=0)
-        value = tf.reduce_min(gathered, axis=0) if extreme == "min" else tf.reduce_max(gathered, axis=0)
-    return tf.__internal__.train.assign_moving_average(variable, value, decay, zero_debias=zero_debias, name=name)
+    if extreme is None or context is None or context.num_replicas_in_sync == 1:
+        return value
+    gathered = context.all_gather(tf.expand_dims(value, 0), axis=0)
+    return tf.reduce_min(gathered, axis=0) if extreme == "min" else tf.reduce_max(gathered, axis=0)
+
+
+def _assign_moving_average(variable, value, decay, zero_debias=True, name=None):
+    return tf.__internal__.train.assign_moving_average(
+        variable, _global_extreme(variable, value), decay, zero_debias=zero_debias, name=name)
+
+
+def _assign(compat, ref, value, name=None):
+    if name is None or "AllValue" in name:  # the all-values quantizer's; "...Last": weight ranges
+        value = _global_extreme(ref, value)
+    return compat.assign(ref, value, name=name)
 
 
 class _View(types.ModuleType):
@@ -52,9 +72,12 @@ class _View(types.ModuleType):
 
 
 def _install():
+    import functools
+
     from tensorflow_model_optimization.python.core.quantization.keras import quant_ops
 
     if isinstance(quant_ops.tf, _View):
         return
     train = _View(tf.__internal__.train, assign_moving_average=_assign_moving_average)
     quant_ops.tf = _View(tf, __internal__=_View(tf.__internal__, train=train))
+    quant_ops.tf_compat = _View(quant_ops.tf_compat, assign=functools.partial(_assign, quant_ops.tf_compat))
