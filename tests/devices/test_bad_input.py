@@ -206,6 +206,8 @@ ROWS = {
                         ["Keras 3 model", "Quantization-aware training needs a tf_keras", "tfpar.keras"]),
     "prune-keras3": (lambda tmp: tfpar.quantization.prune(_keras3_model(), 0.5, end_step=10), TypeError,
                      ["Keras 3 model", "Pruning needs a tf_keras"]),
+    "cluster-keras3": (lambda tmp: tfpar.quantization.cluster(_keras3_model()), TypeError,
+                       ["Keras 3 model", "Clustering needs a tf_keras"]),
     # A mix of the two Kerases, and a policy set after the model was built
     "keras3-model-tf-keras-layer": (lambda tmp: _holding_the_other_kerass_layer(_k3(), keras), TypeError,
                                     ["Keras 3 model", "tf_keras layer at mixed.dense", "tf_keras.src.layers"]),

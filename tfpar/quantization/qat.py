@@ -32,8 +32,8 @@ from tfpar._files import check_folder_of, write_atomically
 from tfpar._keras import check_tf_keras_model, keras, tf
 from tfpar.quantization import _exact_ranges
 
-_WHY_TF_KERAS = ("tensorflow-model-optimization, which inserts the fake-quantization ops, "
-                 "rewrites tf_keras models only")
+_WHY_TF_KERAS = ("tensorflow-model-optimization, which wraps the layers in its pruning, clustering "
+                 "and fake-quantization wrappers, rewrites tf_keras models only")
 
 __all__ = ["PRESERVE", "RANGES", "TFLiteExport", "export_tflite", "quantize", "quantizer_ranges"]
 
@@ -45,7 +45,8 @@ def _tfmot():
 
 
 def _check_graph_model(model, what):
-    check_tf_keras_model(model, "Pruning" if what == "prune" else "Quantization-aware training", _WHY_TF_KERAS)
+    feature = {"prune": "Pruning", "cluster": "Clustering"}.get(what, "Quantization-aware training")
+    check_tf_keras_model(model, feature, _WHY_TF_KERAS)
     if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot {what} the subclassed model {model.name!r} ({type(model).__name__}): "
