@@ -196,14 +196,17 @@ def _pipeline(figure, tracks, counters):
 
 def _bubble_theory(labels, p):
     """The schedule's theoretical bubble from its instructions' labels ("F3", "B3", "W3", or "F3c2"
-    under virtual stages): (theory, its formula, microbatches)."""
+    under virtual stages): (theory, its formula, microbatches), as the schedule computes them."""
+    from tfpar.pipeline.schedule import make_schedule
+
     m = len({label[1:].split("c")[0] for label in labels})
     if not m:
         return float("nan"), "(p-1)/(m+p-1)", 0
-    if any(label.startswith("W") for label in labels):  # zero bubble: F = B = W
-        return (p - 1) / (3 * m + p - 1), "(p-1)/(3m+p-1)", m
     v = max(1, len({label.split("c")[1] for label in labels if "c" in label}) // p)
-    return (p - 1) / (v * m + p - 1), "(p-1)/(m+p-1)" if v == 1 else f"(p-1)/({v}m+p-1)", m
+    name = "zb-h1" if any(label.startswith("W") for label in labels) else "interleaved" if v > 1 else "1f1b"
+    schedule = make_schedule(name, p, m, virtual_stages=v)
+    formula = schedule.bubble_formula.split(" with ")[0].replace("v·m", f"{v}m")  # at F = B = W, as drawn
+    return schedule.bubble_fraction, formula, m
 
 
 def _loss_scale(figure, tracks, counters):
