@@ -64,7 +64,7 @@ def main():
                "int8": export_tflite(qat, os.path.join(folder, "int8.tflite"), representative_data=x[:200])}
     deploy = export_tflite(compressed, os.path.join(folder, "deploy.tflite"), representative_data=x[:200],
                            compress=True, validation_data=(x_val, y_val), reference=model).report
-    accuracy = {name: float((e.predict(x_val).argmax(-1) == y_val).mean()) for name, e in exports.items()}
+    accuracy = {name: export.accuracy(x_val, y_val) for name, export in exports.items()}
     seconds = {}
     for kernels in ("default", "builtin"):
         times = {name: [] for name in exports}

@@ -256,7 +256,7 @@ def _quantize_and_export(float_model, dist, train, val, x_train, validation, lea
                                         representative_data=x_train[:200]),
         }
         for name, export in exports.items():
-            accuracy = float((export.predict(x_val).argmax(-1) == y_val).mean())
+            accuracy = export.accuracy(x_val, y_val)
             lines.append(f"TFLite {name:<11} accuracy {accuracy:.4f}, {export.size_bytes:,} bytes "
                          f"({os.path.basename(export.path)})")
     ratio = exports["float32"].size_bytes / exports["int8 (QAT)"].size_bytes

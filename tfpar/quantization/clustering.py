@@ -112,12 +112,7 @@ def unique_weights(model):
 def clustered_kernels(model, max_unique=256):
     """The layers whose kernel holds at most ``max_unique`` distinct values among more weights
     than that: what clustering leaves (a stripped model). Layer name -> distinct values."""
-    counts = {}
-    for layer in model.layers:
-        kernel = getattr(layer, "kernel", None)
-        if kernel is not None and int(np.prod(kernel.shape)) > max_unique:
-            unique = int(np.unique(kernel.numpy()).size)
-            if unique <= max_unique:
-                counts[layer.name] = unique
-    return counts
-
+    sizes = {layer.name: int(np.prod(layer.kernel.shape)) for layer in model.layers
+             if getattr(layer, "kernel", None) is not None}
+    return {name: unique for name, unique in unique_weights(model).items()
+            if sizes[name] > max_unique and unique <= max_unique}

@@ -95,11 +95,7 @@ class DeploymentReport:
 def measure(export, reference_export, validation_data, max_accuracy_drop, latency_repeats=300):
     """The `DeploymentReport` of ``export`` (a `TFLiteExport`) against ``reference_export``."""
     x, y = validation_data
-    labels = np.asarray(y)
-    labels = labels.argmax(-1) if labels.ndim > 1 else labels.reshape(-1)
-    accuracy = {}
-    for name, each in (("model", export), ("reference", reference_export)):
-        accuracy[name] = float((each.predict(x).argmax(-1) == labels).mean())
+    accuracy = {"model": export.accuracy(x, y), "reference": reference_export.accuracy(x, y)}
     latency = {"model": [], "reference": []}
     for _ in range(3):  # in turns, so that a slow moment of the machine falls on both
         for name, each in (("model", export), ("reference", reference_export)):
@@ -114,7 +110,7 @@ def measure(export, reference_export, validation_data, max_accuracy_drop, latenc
         reference_gzip_bytes=len(gzip.compress(contents["reference"], 9)),
         sparsity=sum(w.sparsity * int(np.prod(w.shape)) for w in weights) / values if values else 0.0,
         weights=weights, accuracy=accuracy["model"], reference_accuracy=accuracy["reference"],
-        examples=len(labels), latency_seconds=statistics.median(latency["model"]),
+        examples=len(x), latency_seconds=statistics.median(latency["model"]),
         reference_latency_seconds=statistics.median(latency["reference"]), max_accuracy_drop=max_accuracy_drop)
 
 

@@ -246,6 +246,13 @@ class TFLiteExport:
             return np.clip(np.round(x / scale + zero), -128, 127).astype(np.int8)
         return x
 
+    def accuracy(self, x, y):
+        """The share of ``x`` whose highest output is its label in ``y`` (class ids, or one-hot),
+        in the TFLite interpreter."""
+        labels = np.asarray(y)
+        labels = labels.argmax(-1) if labels.ndim > 1 else labels.reshape(-1)
+        return float((self.predict(x).argmax(-1) == labels).mean())
+
     def predict(self, x, batch_size=64):
         """Runs ``x`` through the TFLite interpreter; returns float outputs (dequantized)."""
         outputs = []
