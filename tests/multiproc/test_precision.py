@@ -69,15 +69,16 @@ COMPRESS = os.path.join(os.path.dirname(__file__), "scripts", "compress_multiwor
 
 
 @pytest.mark.parametrize("strategy", ["data_parallel", "horovod"])
-def test_collaborative_compression_across_processes_agrees_on_both_workers(strategy, request):
+def test_collaborative_compression_across_processes_agrees_on_both_workers(strategy, request, tmp_path):
     if strategy == "horovod":
         request.getfixturevalue("horovod_installed")
-        command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, COMPRESS, "--horovod"]
+        command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, COMPRESS, str(tmp_path),
+                   "--horovod"]
     else:
-        command = tfpar_command("launch", "-n", "2", "--", sys.executable, COMPRESS)
+        command = tfpar_command("launch", "-n", "2", "--", sys.executable, COMPRESS, str(tmp_path))
     result = run_command(command, timeout=300, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
-    reports = _reports(result.output)
+    reports = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(2)]
     assert [r["worker"] for r in reports] == [0, 1]
     for part in ("masks", "centroids", "pqat", "cqat"):
         first, second = reports[0][part], reports[1][part]

@@ -1,10 +1,14 @@
 """TFMOT's collaborative chain under multi-worker DataParallel (run under `tfpar launch -n 2`), or
 under HorovodStrategy with --horovod (`horovodrun -np 2`):
 pruning, then pruning-preserving QAT, and clustering that keeps the zeros, then cluster-preserving
-QAT, both with exact ranges. Prints ``REPORT {json}`` with this worker's pruning masks, cluster
-centroids and indices, QAT ranges and weights, whole (compared element by element)."""
+QAT, both with exact ranges. Writes ``worker_<i>.json`` into the folder given as the first argument,
+with this worker's pruning masks, cluster centroids and indices, QAT ranges and weights, whole
+(compared element by element): a file, because horovodrun forwards each rank's output in chunks and
+a line this long can come back interleaved with the other rank's."""
 
 import json
+import os
+import sys
 
 import numpy as np
 
@@ -47,10 +51,11 @@ fit(clustered)
 with strategy.scope():
     cqat = quantize(clustered, preserve=("clusters", "sparsity"), ranges="exact")
 fit(cqat)
-print("REPORT " + json.dumps({
-    "worker": worker,
-    "masks": values(pruned, "mask"),
-    "centroids": values(clustered, "cluster_centroids", "pulling_indices"),
-    "pqat": values(pqat, "_min", "_max", "kernel"),
-    "cqat": values(cqat, "_min", "_max", "kernel"),
-}), flush=True)
+with open(os.path.join(sys.argv[1], f"worker_{worker}.json"), "w") as f:
+    json.dump({
+        "worker": worker,
+        "masks": values(pruned, "mask"),
+        "centroids": values(clustered, "cluster_centroids", "pulling_indices"),
+        "pqat": values(pqat, "_min", "_max", "kernel"),
+        "cqat": values(cqat, "_min", "_max", "kernel"),
+    }, f)
