@@ -129,7 +129,8 @@ def _parser():
     tune.add_argument("--trial-timeout", type=float, default=300.0,
                       help="seconds a trial may run before it is stopped and counted as failed (default 300)")
 
-    sub.add_parser("doctor", help="versions, devices and whether Horovod (and its Keras API) is usable")
+    sub.add_parser("doctor", help="versions, devices, the CPU's vector instructions and whether Horovod "
+                                  "(and its Keras API) is usable")
     from tfpar import install_horovod
 
     install = sub.add_parser("install-horovod", help=f"build Horovod {install_horovod.VERSION} against this "

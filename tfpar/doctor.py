@@ -1,11 +1,14 @@
-"""``tfpar doctor``: what this machine offers tfpar (versions, devices, Horovod)."""
+"""``tfpar doctor``: what this machine offers tfpar (versions, devices, the CPU's vector instructions, Horovod)."""
 
 import importlib.util
 import json
 import os
 import platform
 
-__all__ = ["horovod_keras_report", "horovod_report", "report"]
+__all__ = ["cpu_lines", "horovod_keras_report", "horovod_report", "report"]
+
+# The CPU's vector instructions that decide how fast tfpar's float32, bfloat16 and int8 paths run.
+_VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 # A Horovod Keras script in miniature, run as a user's shell would (no TF_USE_LEGACY_KERAS):
 # public API only, one rank.
@@ -88,6 +91,27 @@ def job_lines():
             for name, pid, address, port in listeners]
 
 
+def cpu_lines(flags=None):
+    """What the CPU computes natively, and what follows for int8 TFLite and for precision 'auto'.
+
+    Args:
+        flags: the CPU's feature flags (default: from /proc/cpuinfo).
+    """
+    from tfpar.precision.policy import _cpu_flags, choose
+
+    flags = _cpu_flags() if flags is None else set(flags)
+    present = [flag for flag in _VECTOR_FLAGS if flag in flags]
+    dot = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    if dot:
+        int8 = f"int8 dot products in hardware ({', '.join(dot)})"
+    else:
+        int8 = ("no int8 dot-product instructions (no avx512_vnni, avx_vnni or amx_int8): int8 TFLite may "
+                "run no faster than float here (bench/quantization.py measures both)")
+    policy, reason = choose(cpu_flags=flags)
+    return [f"cpu:         {', '.join(present) or 'none of ' + ', '.join(_VECTOR_FLAGS)}; {int8}",
+            f"precision:   'auto' picks {policy}: {reason}"]
+
+
 def report():
     """Returns the doctor's lines."""
     from tfpar._keras import keras, tf
@@ -99,6 +123,7 @@ def report():
         f"tf_keras:    {keras.__version__} (tf.keras is {tf.keras.__name__.split('.')[0]})",
         f"devices:     {len(gpus)} GPU(s), {len(tf.config.list_physical_devices('CPU'))} CPU(s), "
         f"{os.cpu_count()} cores",
+        *cpu_lines(),
     ]
     lines += job_lines()
     hv = horovod_report()

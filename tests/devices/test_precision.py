@@ -30,6 +30,22 @@ def test_auto_choice_and_its_reason(gpus, flags, expected):
     assert name == expected and reason
 
 
+@pytest.mark.parametrize("flags, vector, int8, policy", [
+    ({"sse4_2", "avx2", "fma"}, "avx2, fma", "no int8 dot-product instructions", "float32"),
+    ({"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"}, "avx2, fma, avx512f, avx512_vnni, avx512_bf16",
+     "int8 dot products in hardware (avx512_vnni)", "mixed_bfloat16"),
+    ({"avx2", "amx_bf16", "amx_int8"}, "avx2, amx_bf16, amx_int8", "int8 dot products in hardware (amx_int8)",
+     "mixed_bfloat16"),
+    (set(), "none of avx2, fma", "no int8 dot-product instructions", "float32"),
+])
+def test_doctor_says_what_the_cpu_computes_natively(flags, vector, int8, policy):
+    from tfpar.doctor import cpu_lines
+
+    cpu, precision = cpu_lines(flags)
+    assert cpu.startswith(f"cpu:         {vector}") and int8 in cpu
+    assert precision.startswith(f"precision:   'auto' picks {policy}: ")
+
+
 def test_use_sets_the_keras_policy_and_auto_follows_the_hardware(any_keras):
     assert tfpar.precision.use("auto") == choose()[0] == any_keras.mixed_precision.global_policy().name
     assert tfpar.precision.use("mixed_bfloat16") == "mixed_bfloat16"
