@@ -77,7 +77,7 @@ def main():
         print(f"{name:>5}: accuracy {accuracy[name]:.4f}, {export.size_bytes:,} bytes, "
               f"{seconds['default'][name] * 1e6:.1f} us per image ({seconds['builtin'][name] * 1e6:.1f} us with "
               "TFLite's built-in kernels only)", flush=True)
-    print(f"machine: {cpu_lines()[0]}", flush=True)  # int8 against float depends on the CPU's instructions
+    print(cpu_lines()[0], flush=True)  # int8 against float depends on the CPU's instructions
     print("deployable chain (pruned 75 %, 16 clusters, int8), against the float model:\n" + deploy.summary(),
           flush=True)
     print(f"RESULT quantization acc_drop={accuracy['float'] - accuracy['int8']:.4f} "
