@@ -1,4 +1,4 @@
-"""The one place tfpar reaches private TensorFlow and tf_keras APIs.
+"""The one place tfpar reaches private TensorFlow, tf_keras and tensorflow-model-optimization APIs.
 
 Each symbol says what tfpar needs it for and which public API is missing.
 ``tests/unit/test_compat.py`` touches every one on real objects, so a TensorFlow or
@@ -20,7 +20,8 @@ __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "given_learning_rate", "keras3_data_adapter_class", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
-    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "unwrap_initial_value",
+    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "tfmot_can_cluster", "tfmot_quant_ops",
+    "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
 
 # --- tf.distribute internals: HorovodStrategy is a MirroredStrategy whose reductions go through Horovod.
@@ -181,3 +182,31 @@ def random_generator_type(layer):
     (Keras 3, or not a random layer): its RandomGenerator has no public getter."""
     generator = getattr(layer, "_random_generator", None)
     return getattr(generator, "_rng_type", None)
+
+
+# --- tensorflow-model-optimization internals (imported when first asked: TFMOT loads slowly).
+def tfmot_wrapper_classes():
+    """``(PruneLowMagnitude, ClusterWeights)``: the layers TFMOT's pruning and clustering wrap a layer
+    in, to see whether a model still wears them (TFMOT exports only the functions that add and strip
+    them)."""
+    from tensorflow_model_optimization.python.core.clustering.keras.cluster_wrapper import ClusterWeights
+    from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper import PruneLowMagnitude
+
+    return PruneLowMagnitude, ClusterWeights
+
+
+def tfmot_can_cluster(layer):
+    """Whether TFMOT's registry knows how to cluster a built-in ``layer`` (``cluster_weights`` fails
+    deep inside otherwise; TFMOT has no public query)."""
+    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
+
+    return ClusteringRegistry.supports(layer)
+
+
+def tfmot_quant_ops():
+    """TFMOT's quant_ops module, whose ``tf.__internal__.train.assign_moving_average`` and
+    ``tf_compat.assign`` calls update the activation ranges: ``quantize(ranges="exact")`` gives it
+    views of both (TFMOT has no hook on how a range is updated)."""
+    from tensorflow_model_optimization.python.core.quantization.keras import quant_ops
+
+    return quant_ops

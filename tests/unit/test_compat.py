@@ -1,4 +1,4 @@
-"""`tfpar._compat`: every private TensorFlow and tf_keras symbol tfpar uses, touched on real objects.
+"""`tfpar._compat`: every private TensorFlow, tf_keras and TFMOT symbol tfpar uses, touched on real objects.
 
 A TensorFlow or tf_keras upgrade that moves one fails here, naming it. (It runs in the unit tier:
 it builds small objects on the 2 virtual CPU devices of this process, and runs nothing.)
@@ -161,3 +161,22 @@ def test_tf_keras_random_layers_say_how_they_draw():
     assert _compat.random_generator_type(stateless) == "stateless"
     assert _compat.random_generator_type(keras.layers.Dropout(0.3)) != "stateless"
     assert _compat.random_generator_type(keras.layers.Dense(2)) is None
+
+
+def test_tfmot_internals_tfpar_reaches():
+    import tensorflow_model_optimization as tfmot
+
+    pruning_wrapper, clustering_wrapper = _compat.tfmot_wrapper_classes()
+    dense = keras.layers.Dense(4, input_shape=(3,))
+    schedule = tfmot.sparsity.keras.ConstantSparsity(0.5, 0)
+    assert isinstance(tfmot.sparsity.keras.prune_low_magnitude(dense, pruning_schedule=schedule), pruning_wrapper)
+    assert isinstance(tfmot.clustering.keras.cluster_weights(
+        keras.layers.Dense(4, input_shape=(3,)), number_of_clusters=2,
+        cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.LINEAR), clustering_wrapper)
+    prelu = keras.layers.PReLU()
+    prelu.build((None, 3))  # a weight of its own that TFMOT has no clustering for
+    assert _compat.tfmot_can_cluster(keras.layers.Dense(4)) and not _compat.tfmot_can_cluster(prelu)
+    quant_ops = _compat.tfmot_quant_ops()  # the two calls exact ranges intercept, through these names
+    source = inspect.getsource(quant_ops)
+    assert "tf.__internal__.train.assign_moving_average(" in source and "tf_compat.assign(" in source
+    assert quant_ops.tf_compat.assign and quant_ops.tf.__internal__.train.assign_moving_average

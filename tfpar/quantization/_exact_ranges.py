@@ -15,8 +15,10 @@ views of them that do the above for the variables `enable` marked and are Tensor
 every other one.
 """
 
+import functools
 import types
 
+from tfpar import _compat
 from tfpar._keras import tf
 
 __all__ = ["enable", "enabled"]
@@ -72,10 +74,7 @@ class _View(types.ModuleType):
 
 
 def _install():
-    import functools
-
-    from tensorflow_model_optimization.python.core.quantization.keras import quant_ops
-
+    quant_ops = _compat.tfmot_quant_ops()
     if isinstance(quant_ops.tf, _View):
         return
     train = _View(tf.__internal__.train, assign_moving_average=_assign_moving_average)

@@ -22,6 +22,7 @@ Example:
 
 import numpy as np
 
+from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names
 from tfpar._keras import keras
 from tfpar.quantization.qat import _check_excluded_names, _check_float32, _check_graph_model, _strip_wrappers, _tfmot
@@ -64,11 +65,9 @@ def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="km
     tfmot = _tfmot()
     model = _strip_wrappers(model)
     _check_excluded_names(model, exclude)
-    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
-
     refused = [layer for layer in model.layers
                if layer.name not in exclude and not isinstance(layer, keras.layers.InputLayer)
-               and not ClusteringRegistry.supports(layer)
+               and not _compat.tfmot_can_cluster(layer)
                and not isinstance(layer, tfmot.clustering.keras.ClusterableLayer)]
     if refused:
         names = [layer.name for layer in refused]

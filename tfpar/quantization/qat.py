@@ -102,10 +102,8 @@ def quantize(model, exclude=(), *, preserve=None, ranges="mean"):
     scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
     if "clusters" in preserved:
         _check_clustered(model)
-        from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.cluster_preserve import (
-            default_8bit_cluster_preserve_quantize_scheme as cqat)
-
-        scheme = cqat.Default8BitClusterPreserveQuantizeScheme(preserve_sparsity="sparsity" in preserved)
+        scheme = tfmot.experimental.combine.Default8BitClusterPreserveQuantizeScheme(
+            preserve_sparsity="sparsity" in preserved)
     elif "sparsity" in preserved:
         _warn_unless_sparse(model)
         scheme = tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
@@ -158,9 +156,7 @@ def _preserved(preserve):
 def _strip_wrappers(model):
     """``model`` without TFMOT's pruning and clustering wrappers (itself when it has none)."""
     tfmot = _tfmot()
-    from tensorflow_model_optimization.python.core.clustering.keras.cluster_wrapper import ClusterWeights
-    from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper import PruneLowMagnitude
-
+    PruneLowMagnitude, ClusterWeights = _compat.tfmot_wrapper_classes()
     with model.distribute_strategy.scope():
         if any(isinstance(layer, PruneLowMagnitude) for layer in model.layers):
             model = tfmot.sparsity.keras.strip_pruning(model)
