@@ -25,7 +25,8 @@ import numpy as np
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names
 from tfpar._keras import keras
-from tfpar.quantization.qat import _check_excluded_names, _check_float32, _check_graph_model, _strip_wrappers, _tfmot
+from tfpar.quantization.qat import (_check_excluded_names, _check_float32, _check_graph_model, _fresh_copy,
+                                   _strip_wrappers, _tfmot)
 
 __all__ = ["CENTROID_INITS", "cluster", "clustered_kernels", "strip_clustering", "unique_weights"]
 
@@ -86,11 +87,7 @@ def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="km
         return tfmot.clustering.keras.cluster_weights(layer, **settings)
 
     with model.distribute_strategy.scope():
-        # TFMOT's wrapper replaces the kernel of the layer it wraps: wrap fresh layers, so that
-        # ``model`` itself stays as it was.
-        copy = keras.models.clone_model(model)
-        copy.set_weights(model.get_weights())
-        return keras.models.clone_model(copy, clone_function=wrap)
+        return keras.models.clone_model(_fresh_copy(model), clone_function=wrap)
 
 
 def strip_clustering(model):

@@ -17,8 +17,7 @@ Example:
 import numpy as np
 
 from tfpar._checks import check_int
-from tfpar._keras import keras
-from tfpar.quantization.qat import _check_graph_model, _tfmot
+from tfpar.quantization.qat import _check_graph_model, _fresh_copy, _tfmot
 
 __all__ = ["prune", "sparsity", "strip_pruning"]
 
@@ -44,11 +43,7 @@ def prune(model, target_sparsity, *, begin_step=0, end_step, frequency=10):
         initial_sparsity=0.0, final_sparsity=float(target_sparsity), begin_step=begin_step,
         end_step=end_step, frequency=frequency)
     with model.distribute_strategy.scope():
-        # TFMOT's wrappers prune the variables of the layers they wrap: wrap fresh layers, so that
-        # ``model`` keeps its weights.
-        copy = keras.models.clone_model(model)
-        copy.set_weights(model.get_weights())
-        pruned = tfmot.sparsity.keras.prune_low_magnitude(copy, pruning_schedule=schedule)
+        pruned = tfmot.sparsity.keras.prune_low_magnitude(_fresh_copy(model), pruning_schedule=schedule)
     return pruned, [tfmot.sparsity.keras.UpdatePruningStep()]
 
 

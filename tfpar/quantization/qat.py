@@ -165,6 +165,16 @@ def _strip_wrappers(model):
     return model
 
 
+def _fresh_copy(model):
+    """``model`` copied, weights included, into layers and variables of its own (under its
+    strategy): TFMOT's pruning and clustering wrappers change the variables of the layers they
+    wrap, and the model given must keep its own."""
+    with model.distribute_strategy.scope():
+        copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+    return copy
+
+
 def _check_clustered(model):
     from tfpar.quantization.clustering import clustered_kernels, unique_weights
 
