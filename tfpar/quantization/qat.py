@@ -325,8 +325,9 @@ def export_tflite(model, path, representative_data=None, int8=True, *, compress=
     with tempfile.TemporaryDirectory(prefix="tfpar-export-") as folder:  # measured before it is written
         candidate = TFLiteExport(path=os.path.join(folder, "model.tflite"), size_bytes=len(content), int8=int8)
         write_atomically(candidate.path, content)
-        float_file = TFLiteExport(path=os.path.join(folder, "float.tflite"), size_bytes=0, int8=False)
-        write_atomically(float_file.path, _convert(reference, None, False))
+        float_content = _convert(reference, None, False)
+        float_file = TFLiteExport(path=os.path.join(folder, "float.tflite"), size_bytes=len(float_content), int8=False)
+        write_atomically(float_file.path, float_content)
         report = deploy.measure(_checked(candidate, model, representative_data), float_file, validation_data,
                                 max_accuracy_drop)
     if max_accuracy_drop is not None and report.accuracy_drop > max_accuracy_drop:
