@@ -23,7 +23,6 @@ Last line:
 """
 
 import os
-import statistics
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +42,7 @@ def main():
     from tfpar.demo import build_model, compress_chain, load_digits
     from tfpar.doctor import cpu_lines
     from tfpar.quantization import export_tflite, quantize
-    from tfpar.quantization.deploy import latency_seconds
+    from tfpar.quantization.deploy import latencies_in_turns
 
     keras = tfpar.keras
     keras.utils.set_random_seed(0)
@@ -66,13 +65,8 @@ def main():
     deploy = export_tflite(compressed, os.path.join(folder, "deploy.tflite"), representative_data=x[:200],
                            compress=True, validation_data=(x_val, y_val), reference=model).report
     accuracy = {name: export.accuracy(x_val, y_val) for name, export in exports.items()}
-    seconds = {}
-    for kernels in ("default", "builtin"):
-        times = {name: [] for name in exports}
-        for _ in range(3):  # alternate, so that a slow moment of the machine hits both
-            for name, export in exports.items():
-                times[name].append(latency_seconds(export, x_val[:1], repeats, builtin_kernels=kernels == "builtin"))
-        seconds[kernels] = {name: statistics.median(values) for name, values in times.items()}
+    seconds = {kernels: latencies_in_turns(exports, x_val[:1], repeats, builtin_kernels=kernels == "builtin")
+               for kernels in ("default", "builtin")}
     for name, export in exports.items():
         print(f"{name:>5}: accuracy {accuracy[name]:.4f}, {export.size_bytes:,} bytes, "
               f"{seconds['default'][name] * 1e6:.1f} us per image ({seconds['builtin'][name] * 1e6:.1f} us with "

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-__all__ = ["AccuracyDropError", "DeploymentReport", "WeightTensor", "latency_seconds", "measure", "weight_tensors"]
+__all__ = ["AccuracyDropError", "DeploymentReport", "WeightTensor", "latencies_in_turns", "latency_seconds", "measure",
+           "weight_tensors"]
 
 
 class AccuracyDropError(ValueError):
@@ -96,10 +97,7 @@ def measure(export, reference_export, validation_data, max_accuracy_drop, latenc
     """The `DeploymentReport` of ``export`` (a `TFLiteExport`) against ``reference_export``."""
     x, y = validation_data
     accuracy = {"model": export.accuracy(x, y), "reference": reference_export.accuracy(x, y)}
-    latency = {"model": [], "reference": []}
-    for _ in range(3):  # in turns, so that a slow moment of the machine falls on both
-        for name, each in (("model", export), ("reference", reference_export)):
-            latency[name].append(latency_seconds(each, x[:1], latency_repeats))
+    latency = latencies_in_turns({"model": export, "reference": reference_export}, x[:1], latency_repeats)
     contents = {name: pathlib.Path(each.path).read_bytes() for name, each in
                 (("model", export), ("reference", reference_export))}
     weights = weight_tensors(contents["model"])
@@ -110,8 +108,8 @@ def measure(export, reference_export, validation_data, max_accuracy_drop, latenc
         reference_gzip_bytes=len(gzip.compress(contents["reference"], 9)),
         sparsity=sum(w.sparsity * int(np.prod(w.shape)) for w in weights) / values if values else 0.0,
         weights=weights, accuracy=accuracy["model"], reference_accuracy=accuracy["reference"],
-        examples=len(x), latency_seconds=statistics.median(latency["model"]),
-        reference_latency_seconds=statistics.median(latency["reference"]), max_accuracy_drop=max_accuracy_drop)
+        examples=len(x), latency_seconds=latency["model"], reference_latency_seconds=latency["reference"],
+        max_accuracy_drop=max_accuracy_drop)
 
 
 def weight_tensors(content):
@@ -141,6 +139,16 @@ def weight_tensors(content):
                                       dtype=names[tensor.type].lower(), sparsity=float(np.mean(values == zero)),
                                       unique=int(np.unique(values).size)))
     return tuple(found)
+
+
+def latencies_in_turns(exports, sample, repeats, builtin_kernels=False, rounds=3):
+    """{name: median `latency_seconds`} of each `TFLiteExport` in ``exports`` ({name: export}),
+    measured in turns over ``rounds`` rounds, so that a slow moment of the machine falls on all."""
+    times = {name: [] for name in exports}
+    for _ in range(rounds):
+        for name, export in exports.items():
+            times[name].append(latency_seconds(export, sample, repeats, builtin_kernels))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def latency_seconds(export, sample, repeats, builtin_kernels=False):
