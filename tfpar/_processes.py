@@ -45,7 +45,17 @@ def signal_group(pgid, sig):
 
 
 def group_alive(pgid):
-    return signal_group(pgid, 0)
+    """Whether a process of the group still runs. One that has exited and waits for its parent to
+    read its status (a zombie) has let go of everything and counts as gone: the launcher reads the
+    exit codes of its own children only after they are all stopped."""
+    if not signal_group(pgid, 0):
+        return False
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = stat_fields(name)
+            if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
 
 
 def stat_fields(pid):

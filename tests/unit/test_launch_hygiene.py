@@ -181,3 +181,56 @@ def test_a_trial_past_its_timeout_is_stopped_and_counted_as_failed(tmp_path):
     assert result.returncode == 1, result.output
     assert "timed out after 15.0 s" in result.output
     assert len(_pids(tmp_path)) == 1 and _orphans_after(tmp_path) == []
+
+
+def _signalled_launch(tmp_path, sig, grace, task_code):
+    """``tfpar launch -n 2 --grace GRACE`` of ``task_code``; ``sig`` to the launcher once both tasks
+    run. Returns (seconds from the signal to the launcher's exit, its exit code, output, task pids)."""
+    code = f"import os, signal, time\nopen(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close()\n{task_code}"
+    proc = _start_launcher(["-n", "2", "--grace", str(grace), "--", PY, "-c", code])
+    try:
+        _wait_for(lambda: len(_pids(tmp_path)) == 2, 60, "both tasks")
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=grace + 30)
+        return time.monotonic() - sent, proc.returncode, output.decode(), _pids(tmp_path)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_the_launcher_leaves_as_soon_as_its_tasks_have_exited(tmp_path, sig):
+    """The grace period is a maximum: tasks that exit at once on the signal let the launcher go at
+    once, with the exit code and message as before (here well inside a 30 s grace)."""
+    waited, code, output, pids = _signalled_launch(tmp_path, sig, 30, "time.sleep(120)")
+    assert code == 128 + sig, output
+    assert f"tfpar launch: {sig.name} received and passed on; every task has 30 s to exit" in output
+    assert waited < 10, f"the launcher waited {waited:.1f} s for tasks that had exited"
+    assert not any(_running(p) for p in pids)
+
+
+def test_a_task_that_ignores_sigterm_is_still_killed_after_the_grace(tmp_path):
+    waited, code, output, pids = _signalled_launch(
+        tmp_path, signal.SIGHUP, 2, "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)")
+    assert code == 128 + signal.SIGHUP, output
+    assert waited >= 2  # the whole grace, then SIGKILL
+    assert _orphans_after(tmp_path, timeout=5) == []
+
+
+def test_when_a_task_dies_the_others_are_stopped_without_waiting_out_the_grace(tmp_path):
+    """Worker 1 of 3 SIGKILLs itself 2 s after it starts; the others exit on SIGTERM: the launcher
+    ends with them, not after --grace 30."""
+    code = ("import json, os, signal, time\n"
+            f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w').close()\n"
+            "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+            "    time.sleep(2); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "time.sleep(120)\n")
+    started = time.monotonic()
+    result = run_command(tfpar_command("launch", "-n", "3", "--grace", "30", "--", PY, "-c", code), timeout=90)
+    took = time.monotonic() - started
+    assert result.returncode == 128 + signal.SIGKILL, result.output
+    assert "tfpar launch: error: worker 1 was killed by SIGKILL" in result.output
+    assert took < 2 + 10, f"the launcher took {took:.1f} s"
+    assert _orphans_after(tmp_path, timeout=5) == []
