@@ -19,9 +19,9 @@ from tf_keras.src.utils import io_utils as _io_utils
 __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
-    "given_learning_rate", "keras3_data_adapter_class", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
+    "given_learning_rate", "keras3_data_adapter_class", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "tfmot_can_cluster", "tfmot_quant_ops",
-    "tfmot_wrapper_classes", "unwrap_initial_value",
+    "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
 
 # --- tf.distribute internals: HorovodStrategy is a MirroredStrategy whose reductions go through Horovod.
@@ -100,6 +100,25 @@ print_msg = _io_utils.print_msg
 it off on ranks other than 0); tf_keras keeps it private."""
 DatasetCreatorAdapter = _data_adapter.DatasetCreatorAdapter
 """The adapter fit uses for a DatasetCreator; tfpar subclasses it to explain missing steps."""
+
+
+def tf_keras_resume_point(model, steps_per_epoch, initial_epoch):
+    """``(epoch, step)`` tf_keras' ``fit`` continues at after its BackupAndRestore restored (its
+    ``on_train_begin`` ran): ``fit`` reads them from the model's private training state, and
+    no public API tells a callback where the run resumes."""
+    state = getattr(model, "_training_state", None)
+    if state is None:
+        return initial_epoch, 0
+    from tf_keras.src.utils.mode_keys import ModeKeys
+
+    epoch, step = state.maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch, ModeKeys.TRAIN)
+    return int(epoch), int(step)
+
+
+def keras3_start_at_epoch(model, epoch):
+    """Makes Keras 3's ``fit`` start at ``epoch`` (0-based): its own BackupAndRestore sets this
+    private attribute, which ``fit`` reads after ``on_train_begin``; there is no public one."""
+    model._initial_epoch = epoch
 
 
 def keras3_data_adapter_class():

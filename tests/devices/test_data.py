@@ -171,3 +171,23 @@ def test_bad_input(source, kwargs, error, match):
 def test_non_int_batch():
     with pytest.raises(TypeError, match=r"global_batch_size must be an int. Received: global_batch_size=4.0 \(float\)"):
         tfpar.data.distribute(_ids(10), tfpar.DataParallel(), 4.0)
+
+
+def test_each_epoch_has_its_own_order_built_alike_in_any_process():
+    """Epoch e's order depends on the seed, the worker and e alone (not on a global seed, nor on the
+    epochs read before it), so a resumed run builds the epoch it continues exactly; each epoch is a
+    permutation of the shard, and epochs differ."""
+    from tfpar.data.sharding import InputConfig, worker_dataset
+
+    source = tf.data.Dataset.range(40).map(lambda i: (i, i))
+    config = InputConfig(global_batch_size=8, shuffle_buffer=40, seed=5)
+
+    def order(epoch, worker=0):
+        dataset, _ = worker_dataset(source, config, num_workers=2, worker_index=worker, num_replicas=2, epoch=epoch)
+        return [int(v) for batch in dataset.as_numpy_iterator() for v in batch[0]]
+
+    first = [order(e) for e in range(3)]
+    tf.random.set_seed(123)  # a script's global seed changes nothing
+    assert [order(e) for e in (2, 0, 1)] == [first[2], first[0], first[1]]
+    assert all(sorted(o) == list(range(0, 40, 2)) for o in first)  # worker 0's shard, each once
+    assert len({tuple(o) for o in first}) == 3 and order(0, worker=1) != order(0)

@@ -1,6 +1,10 @@
 """The shared scenarios, written once, under tf_keras and under Keras 3 (`any_keras`), on 2 virtual
 CPU devices; and KerasTuner (Keras 3) searching under tfpar's strategies with tfpar's callbacks."""
 
+import collections
+import re
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -78,6 +82,95 @@ def test_fault_tolerance_resumes_under_each_keras(any_keras, tmp_path):
     again = FaultTolerance(str(tmp_path / "backup"))
     _, _, history = _train(k, tfpar.DataParallel(), epochs=4, callbacks=[again])
     assert again.resumed_at_epoch == 2 and len(history.history["loss"]) == 2  # epochs 3 and 4
+
+
+def _recorded_fit(k, backup, trained, crash_at=None):
+    """fit, 3 epochs, on 80 numbered examples (global batch 8: 10 steps an epoch), shuffled with a seed,
+    under FaultTolerance(save_freq=5); its replicas put every id they train on in ``trained[(epoch,
+    step)]``; a RuntimeError at ``crash_at`` (epoch, step). Returns the FaultTolerance."""
+    where = {}
+
+    class Record(k.layers.Layer):
+        def call(self, x, training=None):
+            if training:
+                tf.py_function(lambda ids: trained[where["at"]].extend(int(i) for i in ids.numpy()), [x[:, 0]], [])
+            return x[:, 1:]
+
+    class Where(k.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            where["epoch"] = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            where["at"] = (where["epoch"], batch)
+            if where["at"] == crash_at:
+                raise RuntimeError("the process dies here")
+
+    x = np.concatenate([np.arange(1, 81, dtype="float32")[:, None], _data(80)[0]], 1)
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = k.Sequential([k.layers.Input((7,)), Record(), k.layers.Dense(1)])
+        model.compile(k.optimizers.SGD(0.01), "mse")
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, x[:, 1])), strategy, 8, shuffle_buffer=80,
+                                  seed=3)
+    backup = FaultTolerance(str(backup), save_freq=5)
+    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0, callbacks=[backup, Where()])
+    return backup
+
+
+def test_a_mid_epoch_resume_trains_every_example_once_under_each_keras(any_keras, tmp_path):
+    k = any_keras
+    first, resumed = collections.defaultdict(list), collections.defaultdict(list)
+    with pytest.raises(RuntimeError, match="the process dies here"):
+        _recorded_fit(k, tmp_path / "b", first, crash_at=(1, 7))  # step 8 of epoch 2: the backup is after step 5
+    backup = _recorded_fit(k, tmp_path / "b", resumed)
+    assert (backup.resumed_at_epoch, backup.resumed_at_step) == (1, 5)
+    per_epoch = collections.defaultdict(collections.Counter)
+    for (epoch, step), ids in first.items():
+        if (epoch, step) < (1, 5):  # what the backup kept; steps 6 and 7 were rolled back
+            per_epoch[epoch].update(ids)
+    for (epoch, _), ids in resumed.items():
+        per_epoch[epoch].update(ids)
+    assert {e: sorted(c.items()) for e, c in per_epoch.items()} == {e: [(i, 1) for i in range(1, 81)] for e in range(3)}
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+@pytest.mark.parametrize("source, save_freq, message", [
+    ("plain", 3, r"FaultTolerance\(save_freq=3\) backs up in the middle of epochs, and fit's input is not a "
+                 r"tfpar.data.distribute input \(Received: x of type \w+\)\. .* some examples of that epoch train twice"),
+    ("unseeded", 3, r"fit's input is a tfpar.data.distribute input shuffled without a seed, whose order a new process "
+                    r"cannot build again.*tfpar.data.distribute\(..., seed=N\)"),
+    ("seeded", 3, None),
+    ("plain", "epoch", None),
+])
+def test_a_step_backup_of_an_input_that_cannot_resume_exactly_warns_before_the_first_step(
+        any_keras, tmp_path, source, save_freq, message):
+    k, strategy = any_keras, tfpar.DataParallel()
+    x, y = _data(32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    if source == "plain":
+        data, steps = strategy.experimental_distribute_dataset(dataset.batch(16).repeat()), 2
+    else:
+        train = tfpar.data.distribute(dataset, strategy, 16, shuffle_buffer=32, seed=None if source == "unseeded" else 1)
+        data, steps = train.dataset, train.steps_per_epoch
+    with strategy.scope():
+        model = _mlp(k)
+        model.compile(k.optimizers.SGD(0.1), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before_first_step = []
+
+    class FirstStep(k.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            before_first_step.append(len([w for w in caught if "FaultTolerance(save_freq" in str(w.message)]))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0,
+                  callbacks=[FaultTolerance(str(tmp_path / "b"), save_freq=save_freq), FirstStep()])
+    ours = [str(w.message) for w in caught if "FaultTolerance(save_freq" in str(w.message)]
+    if message is None:
+        assert ours == []
+    else:
+        assert len(ours) == 1 and re.search(message, ours[0]), ours
+        assert before_first_step[0] == 1  # at once: before any step trained
 
 
 def _tuner_model(hp):

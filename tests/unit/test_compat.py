@@ -6,6 +6,7 @@ it builds small objects on the 2 virtual CPU devices of this process, and runs n
 
 import inspect
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -180,3 +181,22 @@ def test_tfmot_internals_tfpar_reaches():
     source = inspect.getsource(quant_ops)
     assert "tf.__internal__.train.assign_moving_average(" in source and "tf_compat.assign(" in source
     assert quant_ops.tf_compat.assign and quant_ops.tf.__internal__.train.assign_moving_average
+
+
+def test_where_each_keras_resumes_a_backup(tmp_path):
+    import keras as keras3
+
+    model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    assert _compat.tf_keras_resume_point(model, 10, 3) == (3, 0)  # no backup restored: fit's own start
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "b"), save_freq=5)
+    backup.set_model(model)
+    backup.on_train_begin()
+    model._training_state._ckpt_saved_epoch.assign(1)  # what a backup after step 5 of epoch 2 holds
+    model._training_state._ckpt_saved_batch.assign(4)
+    assert _compat.tf_keras_resume_point(model, 10, 0) == (1, 5)
+    model3 = keras3.Sequential([keras3.layers.Input((2,)), keras3.layers.Dense(1)])
+    _compat.keras3_start_at_epoch(model3, 2)
+    model3.compile("sgd", "mse")
+    history = model3.fit(np.zeros((4, 2)), np.zeros(4), epochs=4, verbose=0)
+    assert history.epoch == [2, 3]  # Keras 3's fit read it

@@ -1,13 +1,18 @@
 """`FaultTolerance`: back up at every epoch and resume after a relaunch, safely with many workers."""
 
+import json
 import os
 import uuid
+import warnings
 
+from tfpar import _compat
+from tfpar import _model_checks as model_checks
 from tfpar._checks import check_number
 from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar._parallelism import sum_over_workers
 from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import chief_print
+from tfpar.data.resume import position_of
 
 __all__ = ["FaultTolerance"]
 
@@ -79,6 +84,9 @@ class FaultTolerance(keras.callbacks.Callback):
         self._backup = None  # Keras' BackupAndRestore for the model's Keras, made at set_model
         self.resumed_at_epoch = None
         """The epoch (0-based) this run resumed at, or None for a fresh start."""
+        self.resumed_at_step = None
+        """The step (0-based) of that epoch it resumed at, or None for a fresh start."""
+        self._fit = (None, 0)  # fit's input and initial_epoch, given before fit starts
 
     def set_model(self, model):
         super().set_model(model)
@@ -97,29 +105,82 @@ class FaultTolerance(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         _refuse_several_chiefs(_strategy_of(self.model), self.backup_dir)
-        self.resumed_at_epoch = None
-        self._first_epoch = True
         self._backup.on_train_begin(logs)
+        x, initial_epoch = self._fit
+        steps = self.params.get("steps")
+        if is_keras3(self.model):
+            epoch, step = self._backup.resume_point(initial_epoch, steps)
+        else:
+            epoch, step = _compat.tf_keras_resume_point(self.model, steps, initial_epoch)
+        self.resumed_at_epoch = epoch if (epoch, step) != (initial_epoch, 0) else None
+        self.resumed_at_step = step if self.resumed_at_epoch is not None else None
+        self._epoch, self._skipped = None, (epoch, step) if step else None
+        self._ended_epoch = False
+        position = position_of(x)
+        if position is not None:
+            position.start_at(epoch, step, steps)
+        if self.save_freq != "epoch" and (position is None or not position.exact):
+            _warn_inexact(self.save_freq, x, position)
+        if self.resumed_at_epoch is not None:
+            where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
+            chief_print(self.model, f"tfpar: resumed from the backup in {self.backup_dir} at {where}")
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self._first_epoch:
-            self._first_epoch = False
-            if epoch > 0:
-                self.resumed_at_epoch = epoch
-                chief_print(self.model, f"tfpar: resumed from the backup in {self.backup_dir} at epoch {epoch + 1}")
+        self._epoch = epoch
         self._backup.on_epoch_begin(epoch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._ended_epoch:  # the resumed epoch's last step was ours to end, not a request to stop
+            self.model.stop_training, self._ended_epoch = False, False
         self._backup.on_epoch_end(epoch, logs)
 
+    def _step(self, batch):
+        """The step of the epoch ``batch`` is: Keras 3 numbers a resumed epoch's steps from 0."""
+        if self._skipped is not None and self._skipped[0] == self._epoch and is_keras3(self.model):
+            return batch + self._skipped[1]
+        return batch
+
     def on_train_batch_begin(self, batch, logs=None):
-        self._backup.on_train_batch_begin(batch, logs)
+        self._backup.on_train_batch_begin(self._step(batch), logs)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._backup.on_train_batch_end(batch, logs)
+        step = self._step(batch)
+        self._backup.on_train_batch_end(step, logs)
+        if step != batch and step + 1 >= self.params["steps"]:
+            # Keras 3 runs every epoch from its step 0: the resumed one ends where its steps do.
+            self.model.stop_training, self._ended_epoch = True, True
+            self._skipped = None
 
     def on_train_end(self, logs=None):
         self._backup.on_train_end(logs)
+
+
+def _warn_inexact(save_freq, x, position):
+    what = ("a tfpar.data.distribute input shuffled without a seed, whose order a new process cannot "
+            "build again" if position is not None else
+            f"not a tfpar.data.distribute input (Received: x of type {type(x).__name__})")
+    warnings.warn(
+        f"FaultTolerance(save_freq={save_freq}) backs up in the middle of epochs, and fit's input is {what}. "
+        "After a resume there, Keras continues at the saved step while the input starts that epoch's order "
+        "again, so some examples of that epoch train twice and others never. Feed fit "
+        "tfpar.data.distribute(..., seed=N) (its resume continues at the saved example), or back up at "
+        'epoch ends (save_freq="epoch").', stacklevel=2)
+
+
+def _give_the_input(model, arguments):
+    """Before ``fit``: each FaultTolerance learns fit's input and initial_epoch; under Keras 3 it
+    goes first, so that its end of a resumed epoch is undone before other callbacks ask to stop."""
+    callbacks = arguments.get("callbacks")
+    if not isinstance(callbacks, (list, tuple)):
+        return
+    ours = [c for c in callbacks if isinstance(c, FaultTolerance)]
+    for callback in ours:
+        callback._fit = (arguments.get("x"), arguments.get("initial_epoch") or 0)
+    if ours and is_keras3(model):
+        arguments["callbacks"] = [*ours, *(c for c in callbacks if not isinstance(c, FaultTolerance))]
+
+
+model_checks.register_before(_give_the_input, "fit")  # once, at import
 
 
 def _tell_the_launcher():
@@ -142,16 +203,47 @@ def _strategy_of(model):
 
 def _keras3_backup(backup_dir, **kwargs):
     """Keras 3's BackupAndRestore, written by the chief only (Keras 3 lets every worker write the
-    one path), kept in two copies so that a crash while saving leaves the previous one."""
+    one path), kept in two copies so that a crash while saving leaves the previous one, and with
+    the step its run continues at (Keras 3 records the epoch only, and restarts it)."""
     base = keras3().callbacks.BackupAndRestore
 
     class Keras3Backup(base):
+        _next = (0, 0)
+
         def _chief(self):
             return _strategy_of(self.model).extended.should_checkpoint
 
+        def on_epoch_begin(self, epoch, logs=None):
+            self._current_epoch = epoch  # Keras 3 counts from 0 again after a resume
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._next = (epoch + 1, 0)
+            super().on_epoch_end(epoch, logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            steps = self.params.get("steps")
+            self._next = (self._current_epoch + 1, 0) if steps and batch + 1 >= steps else (self._current_epoch, batch + 1)
+            super().on_train_batch_end(batch, logs)
+
         def _save_model(self):
-            if self._chief():
-                super()._save_model()
+            if not self._chief():
+                return
+            super()._save_model()
+            with open(self._training_metadata_path, encoding="utf-8") as f:
+                metadata = json.load(f)
+            metadata["tfpar_next"] = list(self._next)
+            with open(self._training_metadata_path, "w", encoding="utf-8") as f:
+                json.dump(metadata, f)
+
+        def resume_point(self, initial_epoch, steps):
+            """``(epoch, step)`` the restored run continues at (``initial_epoch, 0`` without a backup)."""
+            if not os.path.exists(self._training_metadata_path):
+                return initial_epoch, 0
+            with open(self._training_metadata_path, encoding="utf-8") as f:
+                metadata = json.load(f)
+            epoch, step = metadata.get("tfpar_next", (metadata["epoch"], 0))
+            _compat.keras3_start_at_epoch(self.model, epoch)
+            return epoch, step
 
         def on_train_end(self, logs=None):
             if self._chief():

@@ -11,11 +11,13 @@ through the same code and reports how often each example was seen.)
 """
 
 import dataclasses
+import random
 
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import tf
 from tfpar.data.batching import per_replica_batch_size
 from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
+from tfpar.data.resume import InputPosition, register
 from tfpar.data.source import measure, open_source, read_files
 
 __all__ = ["DistributedInput", "InputConfig", "distribute", "worker_dataset"]
@@ -120,11 +122,11 @@ def _weigh_padded_steps(plan):
     return fn
 
 
-def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, sizes=None):
+def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, sizes=None, epoch=0):
     """Builds one worker's dataset for one epoch: its shard, batched per replica.
 
-    `distribute` calls this on every worker; `check_coverage` calls it for
-    every worker index in one process.
+    `check_coverage` calls this for every worker index in one process; `distribute` builds the
+    same epochs, one after the other, on every worker.
 
     Args:
         source: a tf.data.Dataset, a function returning one, or file names.
@@ -133,12 +135,24 @@ def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, s
         worker_index: this worker's index.
         num_replicas: replicas across all workers.
         sizes: the input's sizes if already measured (internal).
+        epoch: which epoch (0-based): with a shuffle, each epoch's order is its own, and the
+            same in every process for a given ``seed``.
 
     Returns:
         ``(dataset, plan)``: a tf.data.Dataset of per-replica batches that
         yields ``plan.steps * plan.replicas_per_worker`` batches (every
         worker the same), and the `ShardPlan`.
     """
+    epoch_dataset, plan, _ = _worker_epochs(source, config, num_workers=num_workers, worker_index=worker_index,
+                                            num_replicas=num_replicas, sizes=sizes)
+    dataset = tf.data.Dataset.from_tensors(tf.constant(epoch, tf.int64)).flat_map(epoch_dataset)
+    return _unsharded(dataset), plan
+
+
+def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, sizes):
+    """``(epoch -> that epoch's dataset, plan, exact)``: one worker's input, epoch by epoch (the
+    function runs inside a tf.data function, with the epoch a tensor). ``exact``: every epoch's
+    order can be built again in another process (no unseeded shuffle)."""
     per_replica = per_replica_batch_size(config.global_batch_size, num_replicas)
     sizes = sizes or measure(source, config)
     dataset, files = open_source(source)
@@ -157,13 +171,51 @@ def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, s
         dataset = read_files(plan.files or files, config.reader)
     if plan.policy == "data":
         dataset = dataset.shard(num_workers, worker_index)
-    if config.shuffle_buffer:
-        seed = None if config.seed is None else config.seed + worker_index
-        dataset = dataset.shuffle(config.shuffle_buffer, seed=seed)
-    dataset = _batch(dataset, plan)
+    exact = not config.shuffle_buffer or config.seed is not None
+    # The worker's seed, made once: unseeded, this process' own random one (epochs still differ).
+    seed = (config.seed + worker_index if config.seed is not None else random.SystemRandom().randrange(_MAX_SEED))
+    seed %= _MAX_SEED
+
+    def epoch_dataset(epoch):
+        shard = dataset
+        if config.shuffle_buffer and epoch is None:  # parameter servers: each worker its own order, each pass
+            shard = shard.shuffle(config.shuffle_buffer, seed=None if config.seed is None else seed)
+        elif config.shuffle_buffer:
+            # This function's own graph seed: the order depends on the seed, the worker and the
+            # epoch alone, not on a global seed the script may or may not set.
+            tf.random.set_seed(_GRAPH_SEED)
+            shard = shard.shuffle(config.shuffle_buffer, seed=seed * _EPOCH_STRIDE + epoch,
+                                  reshuffle_each_iteration=False)
+        return _batch(shard, plan)
+
+    return epoch_dataset, plan, exact
+
+
+_GRAPH_SEED = 1_000_033
+_EPOCH_STRIDE = 1_000_003  # epochs of one worker get distinct seeds (taken modulo 2**31 - 1)
+_MAX_SEED = 2**31 - 1
+_NO_END = 2**62
+
+
+def _epochs(epoch_dataset, first=0, skip=0):
+    """Epochs ``first``, ``first + 1``, ... one after the other, the first ``skip`` batches left out."""
+    return tf.data.Dataset.range(first, _NO_END).flat_map(epoch_dataset).skip(skip)
+
+
+def _from_position(epoch_dataset, position):
+    """`_epochs` from where ``position`` stands when an iterator starts (`tfpar.data.resume`)."""
+
+    def start(_):
+        first, skip = tf.py_function(position.start, [], (tf.int64, tf.int64))
+        return _epochs(epoch_dataset, tf.ensure_shape(first, []), tf.ensure_shape(skip, []))
+
+    return tf.data.Dataset.range(1).flat_map(start)
+
+
+def _unsharded(dataset):
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return dataset.with_options(options), plan
+    return dataset.with_options(options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,10 +277,11 @@ def distribute(source, strategy, global_batch_size, **options):
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return _for_parameter_servers(source, config, replicas)
     sizes = measure(source, config, strategy)  # files: counted once per job, shared
-    plans = []
+    plans, exact = [], []
+    position = InputPosition(steps=None, replicas_per_worker=1, exact=True)
 
     def dataset_fn(context):
-        dataset, plan = worker_dataset(
+        epoch_dataset, plan, is_exact = _worker_epochs(
             source,
             config,
             num_workers=context.num_input_pipelines,
@@ -237,9 +290,13 @@ def distribute(source, strategy, global_batch_size, **options):
             sizes=sizes,
         )
         plans.append(plan)
-        return dataset.repeat().prefetch(tf.data.AUTOTUNE)
+        exact.append(is_exact)
+        return _unsharded(_from_position(epoch_dataset, position)).prefetch(tf.data.AUTOTUNE)
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
+    position.steps, position.replicas_per_worker, position.exact = (
+        plans[0].steps, plans[0].replicas_per_worker, all(exact))
+    register(distributed, position)
     return DistributedInput(distributed, plans[0].steps, plans[0])
 
 
@@ -263,9 +320,9 @@ def _for_parameter_servers(source, config, replicas):
     sizes = measure(source, config)
 
     def dataset_fn(context):
-        dataset, _ = worker_dataset(source, config, num_workers=1, worker_index=0,
-                                    num_replicas=context.num_replicas_in_sync, sizes=sizes)
-        return dataset.repeat().prefetch(tf.data.AUTOTUNE)
+        epoch_dataset, _, _ = _worker_epochs(source, config, num_workers=1, worker_index=0,
+                                             num_replicas=context.num_replicas_in_sync, sizes=sizes)
+        return _unsharded(epoch_dataset(None)).repeat().prefetch(tf.data.AUTOTUNE)
 
     plan = plan_shard(num_workers=1, worker_index=0, replicas_per_worker=replicas,
                       per_replica_batch=config.global_batch_size // replicas, policy="off",

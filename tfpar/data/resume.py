@@ -1,0 +1,71 @@
+"""Where a `distribute` input starts: the example a fit, or a resume in the middle of an epoch, continues at.
+
+Each worker's input is a stream of epochs, epoch ``e`` shuffled by a seed made of the
+`InputConfig` seed, the worker and ``e`` alone, so that any epoch's order can be built again in
+another process. Before each ``fit`` the stream is set to start at ``initial_epoch``; a
+`tfpar.callbacks.FaultTolerance` that resumes sets it to the epoch and step its backup stands
+at. The stream reads that position when ``fit`` creates its iterator, and skips only the
+resumed epoch's first steps: the following epochs line up with Keras' epochs again.
+"""
+
+import threading
+import weakref
+
+import numpy as np
+
+from tfpar import _model_checks as model_checks
+
+__all__ = ["InputPosition", "position_of"]
+
+_positions = {}  # id(the DistributedDataset fit is given) -> its InputPosition
+_lock = threading.Lock()
+
+
+class InputPosition:
+    """The global step a `distribute` input's next iterator starts at, on this worker."""
+
+    def __init__(self, *, steps, replicas_per_worker, exact):
+        self.steps = steps
+        """Global steps in one epoch of the input (None: an infinite input)."""
+        self.replicas_per_worker = replicas_per_worker
+        """Per-replica batches this worker's pipeline yields per global step."""
+        self.exact = exact
+        """Whether each epoch's order can be built again in a new process (no unseeded shuffle)."""
+        self.offset = 0
+        """Global steps of the stream before the next iterator's first batch."""
+
+    def start_at(self, epoch, step=0, steps_per_epoch=None):
+        """Starts the next iterator at ``step`` of ``epoch``, with ``fit``'s ``steps_per_epoch``
+        (default: the input's own)."""
+        per_epoch = steps_per_epoch or self.steps or 0
+        with _lock:
+            self.offset = int(epoch) * per_epoch + int(step)
+
+    def start(self):
+        """``(first epoch of the stream, per-replica batches to skip in it)`` (read by the stream)."""
+        with _lock:
+            offset = self.offset
+        epoch, step = divmod(offset, self.steps) if self.steps else (0, offset)
+        return np.int64(epoch), np.int64(step * self.replicas_per_worker)
+
+
+def register(dataset, position):
+    """Ties ``position`` to ``dataset`` (what ``fit`` gets) for as long as ``dataset`` lives."""
+    key = id(dataset)
+    _positions[key] = position
+    weakref.finalize(dataset, _positions.pop, key, None)
+
+
+def position_of(x):
+    """The `InputPosition` of ``fit``'s ``x`` if `distribute` made it, else None."""
+    return _positions.get(id(x)) if x is not None else None
+
+
+def _start_where_fit_starts(model, arguments):
+    """Before ``fit``: the input starts at ``initial_epoch`` (FaultTolerance may move it on)."""
+    position = position_of(arguments.get("x"))
+    if position is not None:
+        position.start_at(arguments.get("initial_epoch") or 0, 0, arguments.get("steps_per_epoch"))
+
+
+model_checks.register_before(_start_where_fit_starts, "fit")  # once, at import
