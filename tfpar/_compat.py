@@ -20,7 +20,7 @@ __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "given_learning_rate", "keras3_data_adapter_class", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
-    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "tfmot_can_cluster", "tfmot_quant_ops",
+    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
 
@@ -100,6 +100,16 @@ print_msg = _io_utils.print_msg
 it off on ranks other than 0); tf_keras keeps it private."""
 DatasetCreatorAdapter = _data_adapter.DatasetCreatorAdapter
 """The adapter fit uses for a DatasetCreator; tfpar subclasses it to explain missing steps."""
+
+
+def stop_removing_functions():
+    """From now on a garbage-collected tf.function stays in the eager context. A context connected to
+    a cluster removes each one from every remote task too, and logs four error lines per task when
+    that fails; once the job's servers are gone (at exit, after `ParameterServer.shutdown`) it can
+    only fail. TensorFlow has no public switch; the private method is replaced on this context only."""
+    from tensorflow.python.eager import context
+
+    context.context().remove_function = lambda name: None
 
 
 def tf_keras_resume_point(model, steps_per_epoch, initial_epoch):

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 
 __all__ = ["LIBRARY_NAME", "active", "build_error", "child_env", "job_listeners", "library", "listening",
-           "open_ports_warning", "warning_unless_active"]
+           "open_ports_warning", "start_again_with_library", "warning_unless_active"]
 
 LIBRARY_NAME = "libtfpar_loopback.so"
 
@@ -119,6 +119,59 @@ def child_env(env):
         return env
     others = [p for p in env.get("LD_PRELOAD", "").split() if p and os.path.basename(p) != LIBRARY_NAME]
     return {**env, "LD_PRELOAD": " ".join([path, *others])}
+
+
+RESTARTED_VARIABLE = "TFPAR_LOOPBACK_REEXEC"
+"""Set in a process `start_again_with_library` started again: it is not started a second time."""
+
+
+def start_again_with_library(argv=None, say=None):
+    """Replaces this process by the same command run with the library (``os.execve``), so that the
+    servers it will start in itself listen on loopback: a library cannot be preloaded into a
+    process that already runs. Call it before this process starts a server or a child.
+
+    Args:
+        argv: the command to run (default: this process' own Python command line, ``sys.orig_argv``).
+        say: a line to print on stderr first (what is started again, and why).
+
+    Returns:
+        Only when it cannot: why not (no compiler, an interactive session, children of this process
+        that a restart would leave behind, or the library not loaded after a restart).
+    """
+    import sys
+
+    if library() is None:
+        return build_error()
+    if os.environ.get(RESTARTED_VARIABLE):
+        return "this process was already started again with the library, and the library is not loaded in it"
+    if argv is None:
+        if hasattr(sys, "ps1") or sys.flags.interactive or "ipykernel" in sys.modules or sys.argv[0] in ("", "-"):
+            return "an interactive session (a notebook, the Python prompt, a script read from stdin) cannot be started again"
+        children = _children()
+        if children:
+            return (f"this process already runs {len(children)} process(es) of its own (pid {', '.join(map(str, children[:5]))}), "
+                    "which starting it again would leave behind")
+        argv = list(sys.orig_argv)
+    if say:
+        print(say, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, {**child_env(dict(os.environ)), RESTARTED_VARIABLE: "1"})
+
+
+def _children():
+    """The pids of this process' children that still run."""
+    me = str(os.getpid())
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            found.append(int(pid))
+    return found
 
 
 def active():

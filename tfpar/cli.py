@@ -358,10 +358,8 @@ def _keep_servers_on_loopback(command_line):
     starts (the chief of a local parameter-server cluster) listen on loopback only."""
     from tfpar import _loopback
 
-    if not _loopback.active() and _loopback.library() and "TFPAR_LOOPBACK_REEXEC" not in os.environ:
-        env = {**_loopback.child_env(dict(os.environ)), "TFPAR_LOOPBACK_REEXEC": "1"}
-        sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable, "-m", "tfpar.cli", *command_line], env)
+    if not _loopback.active():
+        _loopback.start_again_with_library([sys.executable, "-m", "tfpar.cli", *command_line])
 
 
 def main(argv=None):

@@ -5,9 +5,14 @@ anything to a non-loopback address.
 """
 
 import json
+import os
+import re
+import signal
+import subprocess
 import sys
+import time
 
-from tests.conftest import run_command, tfpar_command
+from tests.conftest import ROOT, run_command, tfpar_command
 
 # A chief that serves its own task, as a parameter-server chief does, and reports what listens
 # on the job's ports once every task is up.
@@ -46,25 +51,105 @@ def test_a_local_parameter_server_job_listens_on_loopback_only():
     assert "listens on all interfaces" not in result.output
 
 
-def test_a_parameter_server_chief_outside_tfpar_names_its_open_port():
-    """`ParameterServer.local()` in a plain `python` process: its servers (children) listen on
-    loopback; the chief's own server, in that process, cannot, and one warning says so."""
-    script = ("import json, tfpar\n"
-              "from tfpar.strategies.parameter_server import ParameterServer\n"
-              "from tfpar._loopback import listening\n"
-              "s = ParameterServer.local(num_workers=1, num_ps=1)\n"
-              "c = s.config.cluster.cluster\n"
-              "ports = {int(a.rsplit(':', 1)[1]): r for r in c for a in c[r]}\n"
-              "print('REPORT ' + json.dumps(sorted({(a, ports[p]) for a, p in listening() if p in ports})))\n"
-              "s.shutdown()\n")
-    result = run_command([sys.executable, "-c", script], timeout=180, env={"LD_PRELOAD": None})
-    assert result.returncode == 0, result.output[-3000:]
-    (line,) = [l for l in result.output.splitlines() if l.startswith("REPORT ")]
+def _readme_block(fragment):
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"^```python\n(.*?)^```$", f.read(), re.S | re.M)
+    (block,) = [b for b in blocks if fragment in b]
+    return block
+
+
+def _listening_tree(pid):
+    """(address, port) of every TCP socket that ``pid`` or a descendant listens on (psutil, from /proc)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for proc in procs:
+        try:
+            found |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+
+
+def test_the_readmes_parameter_server_block_run_as_a_plain_script_keeps_every_server_on_loopback(tmp_path):
+    """The README's ParameterServer.local() block as a user runs it (`python train.py`, no tfpar
+    launch, no LD_PRELOAD): every socket its process tree listens on while it trains is on
+    loopback, the chief's included (local() starts the script again with the library), and the
+    job's end prints none of TensorFlow's remote-function cleanup errors."""
+    script = tmp_path / "train.py"
+    script.write_text(_readme_block("ParameterServer.local("))
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH", "TF_USE_LEGACY_KERAS")}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    seen, deadline = set(), time.monotonic() + 300
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen |= _listening_tree(proc.pid)
+            time.sleep(0.1)
+        output = proc.communicate(timeout=max(1, deadline - time.monotonic()))[0].decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert "Epoch 2/2" in output
+    assert output.count("ParameterServer.local() starts this script again with tfpar's loopback library") == 1
+    assert len({port for _, port in seen}) >= 4, seen  # the chief, the ps and the two workers at least
+    assert {address for address, _ in seen} <= LOOPBACK, seen
+    assert "listens on all interfaces" not in output
+    assert output.count("Failed to remove function remotely") == 0, output[-3000:]
+
+
+def _piped(script, timeout=180):
+    """``python -`` reading ``script`` from stdin: a session tfpar cannot start again."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    done = subprocess.run([sys.executable, "-"], input=script.encode(), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=timeout)
+    return done.returncode, done.stdout.decode(errors="replace")
+
+
+def test_a_parameter_server_chief_that_cannot_be_started_again_is_refused_before_any_server_starts():
+    code, output = _piped("import os, tfpar\n"
+                          "from tfpar.strategies.parameter_server import ParameterServer\n"
+                          "try:\n"
+                          "    ParameterServer.local(num_workers=1, num_ps=1)\n"
+                          "except ValueError as e:\n"
+                          "    me = str(os.getpid())\n"
+                          "    kids = [p for p in os.listdir('/proc') if p.isdigit() and\n"
+                          "            open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == me]\n"
+                          "    print('REFUSED', len(kids), e)\n")
+    assert code == 0, output[-3000:]
+    (line,) = [l for l in output.splitlines() if l.startswith("REFUSED ")]
+    assert line.startswith("REFUSED 0 ParameterServer.local() keeps every server on 127.0.0.1"), line
+    assert "an interactive session" in line and "Received: listen_on_all_interfaces=False" in line
+    assert "`tfpar launch -n 1 -- python train.py`" in line and "listen_on_all_interfaces=True" in line
+
+
+def test_a_parameter_server_chief_that_opts_in_names_its_open_port():
+    """With listen_on_all_interfaces=True the servers (children) still listen on loopback; the
+    chief's own server, in that process, cannot, and one warning says so."""
+    code, output = _piped("import json, tfpar\n"
+                          "from tfpar.strategies.parameter_server import ParameterServer\n"
+                          "from tfpar._loopback import listening\n"
+                          "s = ParameterServer.local(num_workers=1, num_ps=1, listen_on_all_interfaces=True)\n"
+                          "c = s.config.cluster.cluster\n"
+                          "ports = {int(a.rsplit(':', 1)[1]): r for r in c for a in c[r]}\n"
+                          "print('REPORT ' + json.dumps(sorted({(a, ports[p]) for a, p in listening() if p in ports})))\n"
+                          "s.shutdown()\n")
+    assert code == 0, output[-3000:]
+    (line,) = [l for l in output.splitlines() if l.startswith("REPORT ")]
     found = json.loads(line[len("REPORT "):])
     assert {a for a, r in found if r in ("ps", "worker")} == {"127.0.0.1"}
     chief_addresses = {a for a, r in found if r == "chief"}
     assert chief_addresses and chief_addresses <= {"0.0.0.0", "::"}
-    warnings = [l for l in result.output.splitlines() if "listens on all interfaces" in l]
+    warnings = [l for l in output.splitlines() if "listens on all interfaces" in l]
     assert len(warnings) == 1 and "this process (the chief)" in warnings[0]
     assert "tfpar launch -n 1 -- python" in warnings[0]
 

@@ -200,3 +200,12 @@ def test_where_each_keras_resumes_a_backup(tmp_path):
     model3.compile("sgd", "mse")
     history = model3.fit(np.zeros((4, 2)), np.zeros(4), epochs=4, verbose=0)
     assert history.epoch == [2, 3]  # Keras 3's fit read it
+
+
+def test_the_remote_function_removal_tfpar_stops_at_exit():
+    from tensorflow.python.eager import context
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+
+    assert callable(context.context().remove_function)  # what _compat.stop_removing_functions replaces
+    assert "self._bound_context.remove_function(self.name)" in inspect.getsource(atomic_function.AtomicFunction)
+    assert callable(_compat.stop_removing_functions)

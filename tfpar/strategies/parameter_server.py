@@ -11,6 +11,7 @@ starts its own ps and worker servers on 127.0.0.1 and stops them on
 ``shutdown()`` or at exit.
 """
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -18,13 +19,16 @@ import re
 import socket
 import time
 
+from tfpar import _compat
+from tfpar import _loopback as loopback
 from tfpar._checks import check_int, check_number, config_from
 from tfpar import _model_checks as model_checks
 from tfpar._keras import all_layers, keras_of, tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster, refuse_evaluator
 from tfpar.strategies._describe import batch_and_model_lines
-from tfpar.strategies._local_servers import start_server, stop_servers, warn_if_the_chief_listens_on_all_interfaces
+from tfpar.strategies._local_servers import (RESTART_NOTICE, refuse_open_ports, start_server, stop_servers,
+                                             warn_if_the_chief_listens_on_all_interfaces)
 
 __all__ = [
     "ClusterUnreachableError",
@@ -194,19 +198,39 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         super().__init__(resolver, variable_partitioner=_partitioner(config, len(spec["ps"])))
         self._resolver = resolver
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self)
+        atexit.register(_compat.stop_removing_functions)  # the servers go first: no remote removal can work
 
     @classmethod
-    def local(cls, num_workers=2, num_ps=1, **kwargs):
+    def local(cls, num_workers=2, num_ps=1, listen_on_all_interfaces=False, **kwargs):
         """Starts ps and worker servers as child processes on 127.0.0.1 and returns the strategy.
+
+        Every server listens on 127.0.0.1 only, this process' own (the chief's) included: TensorFlow
+        starts that one inside this process and binds it to every interface, so in a plain ``python``
+        script `local()` first starts the script again with tfpar's loopback library (one line on
+        stderr says so; what the script did before `local()` runs again). Under ``tfpar launch`` or
+        ``tfpar demo`` the library is already there and nothing restarts.
 
         The servers are stopped by `shutdown()`, on leaving a ``with`` block, or at exit.
 
+        Args:
+            num_workers: worker servers to start.
+            num_ps: ps servers to start.
+            listen_on_all_interfaces: where the script cannot be started again (a notebook, no C
+                compiler), True accepts servers open to the network, without authentication.
+            **kwargs: the fields of `ParameterServerConfig`.
+
         Raises:
-            ValueError: ``num_workers`` or ``num_ps`` below 1.
+            ValueError: ``num_workers`` or ``num_ps`` below 1; or servers that would listen on every
+                interface, without ``listen_on_all_interfaces=True``.
         """
         for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
             check_int(name, value, 1, " A parameter-server cluster has at least one ps and one worker.")
+        if not isinstance(listen_on_all_interfaces, bool):
+            raise TypeError("listen_on_all_interfaces must be True or False. Received: "
+                            f"listen_on_all_interfaces={listen_on_all_interfaces!r}.")
         ParameterServerConfig(**kwargs)  # every option checked before a server starts
+        if not loopback.active() and not listen_on_all_interfaces:
+            refuse_open_ports(loopback.start_again_with_library(say=RESTART_NOTICE))
         cluster = local_cluster({"chief": 1, "worker": num_workers, "ps": num_ps})
         servers = []
         try:
@@ -229,7 +253,9 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         The strategy cannot run anything afterwards. Without it the servers
         stop by themselves when this process exits.
         """
-        stop_servers(self._servers)
+        if self._servers:
+            stop_servers(self._servers)
+            _compat.stop_removing_functions()
         self._servers = {}
 
     def restart_local_server(self, name, **popen_kwargs):
