@@ -143,16 +143,15 @@ def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, s
         yields ``plan.steps * plan.replicas_per_worker`` batches (every
         worker the same), and the `ShardPlan`.
     """
-    epoch_dataset, plan, _ = _worker_epochs(source, config, num_workers=num_workers, worker_index=worker_index,
-                                            num_replicas=num_replicas, sizes=sizes)
+    epoch_dataset, plan = _worker_epochs(source, config, num_workers=num_workers, worker_index=worker_index,
+                                         num_replicas=num_replicas, sizes=sizes)
     dataset = tf.data.Dataset.from_tensors(tf.constant(epoch, tf.int64)).flat_map(epoch_dataset)
     return _unsharded(dataset), plan
 
 
 def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, sizes):
-    """``(epoch -> that epoch's dataset, plan, exact)``: one worker's input, epoch by epoch (the
-    function runs inside a tf.data function, with the epoch a tensor). ``exact``: every epoch's
-    order can be built again in another process (no unseeded shuffle)."""
+    """``(epoch -> that epoch's dataset, plan)``: one worker's input, epoch by epoch (the function
+    runs inside a tf.data function, with the epoch a tensor; None: the parameter servers' input)."""
     per_replica = per_replica_batch_size(config.global_batch_size, num_replicas)
     sizes = sizes or measure(source, config)
     dataset, files = open_source(source)
@@ -171,7 +170,6 @@ def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, s
         dataset = read_files(plan.files or files, config.reader)
     if plan.policy == "data":
         dataset = dataset.shard(num_workers, worker_index)
-    exact = not config.shuffle_buffer or config.seed is not None
     # The worker's seed, made once: unseeded, this process' own random one (epochs still differ).
     seed = (config.seed + worker_index if config.seed is not None else random.SystemRandom().randrange(_MAX_SEED))
     seed %= _MAX_SEED
@@ -188,7 +186,7 @@ def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, s
                                   reshuffle_each_iteration=False)
         return _batch(shard, plan)
 
-    return epoch_dataset, plan, exact
+    return epoch_dataset, plan
 
 
 _GRAPH_SEED = 1_000_033
@@ -209,7 +207,10 @@ def _from_position(epoch_dataset, position):
         first, skip = tf.py_function(position.start, [], (tf.int64, tf.int64))
         return _epochs(epoch_dataset, tf.ensure_shape(first, []), tf.ensure_shape(skip, []))
 
-    return tf.data.Dataset.range(1).flat_map(start)
+    # Endless, and said so: with an unknown cardinality a multi-worker iterator would agree with the
+    # other workers at every step that each still has data (a collective per step, waiting on the slowest).
+    endless = tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
+    return tf.data.Dataset.range(1).flat_map(start).apply(endless)
 
 
 def _unsharded(dataset):
@@ -277,11 +278,13 @@ def distribute(source, strategy, global_batch_size, **options):
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return _for_parameter_servers(source, config, replicas)
     sizes = measure(source, config, strategy)  # files: counted once per job, shared
-    plans, exact = [], []
-    position = InputPosition(steps=None, replicas_per_worker=1, exact=True)
+    plans = []
+    # Unseeded, a shuffle's order cannot be built again in another process: no exact resume.
+    exact = not config.shuffle_buffer or config.seed is not None
+    position = InputPosition(steps=None, replicas_per_worker=1, exact=exact)
 
     def dataset_fn(context):
-        epoch_dataset, plan, is_exact = _worker_epochs(
+        epoch_dataset, plan = _worker_epochs(
             source,
             config,
             num_workers=context.num_input_pipelines,
@@ -290,12 +293,10 @@ def distribute(source, strategy, global_batch_size, **options):
             sizes=sizes,
         )
         plans.append(plan)
-        exact.append(is_exact)
         return _unsharded(_from_position(epoch_dataset, position)).prefetch(tf.data.AUTOTUNE)
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
-    position.steps, position.replicas_per_worker, position.exact = (
-        plans[0].steps, plans[0].replicas_per_worker, all(exact))
+    position.steps, position.replicas_per_worker = plans[0].steps, plans[0].replicas_per_worker
     register(distributed, position)
     return DistributedInput(distributed, plans[0].steps, plans[0])
 
@@ -320,7 +321,7 @@ def _for_parameter_servers(source, config, replicas):
     sizes = measure(source, config)
 
     def dataset_fn(context):
-        epoch_dataset, _, _ = _worker_epochs(source, config, num_workers=1, worker_index=0,
+        epoch_dataset, _ = _worker_epochs(source, config, num_workers=1, worker_index=0,
                                              num_replicas=context.num_replicas_in_sync, sizes=sizes)
         return _unsharded(epoch_dataset(None)).repeat().prefetch(tf.data.AUTOTUNE)
 
