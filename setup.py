@@ -17,7 +17,7 @@ setup(
         "tensorflow-model-optimization>=0.8.1,<0.9",  # tfpar.quantization: QAT and pruning
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout", "psutil", "hypothesis>=6", "keras-tuner>=1.4", "pyyaml", "ray[train]>=2.50",
+        "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.5", "psutil", "hypothesis>=6", "keras-tuner>=1.4", "pyyaml", "ray[train]>=2.50",
                 "matplotlib>=3.8"],
         "report": ["matplotlib>=3.8"],  # tfpar report, tfpar demo --report
         "ray": ["ray[train]>=2.50"],  # tfpar.integrations.ray, inside Ray Train's TensorflowTrainer

@@ -170,9 +170,13 @@ def test_doctor_lists_what_a_running_local_job_listens_on():
         assert serving == 2
         result = run_command(tfpar_command("doctor"), timeout=120)
         assert result.returncode == 0, result.output
+        import psutil
+
+        ours = {p.pid for p in psutil.Process(job.pid).children(recursive=True)}  # other tests' jobs may run too
         lines = [l for l in result.output.splitlines() if l.startswith("jobs:")]
         for task in ("ps 0", "worker 0"):
-            (line,) = [l for l in lines if l.startswith(f"jobs:        {task} (pid ")]
+            (line,) = [l for l in lines if l.startswith(f"jobs:        {task} (pid ")
+                       and int(re.search(r"\(pid (\d+)", l).group(1)) in ours]
             assert "listens on 127.0.0.1:" in line and line.endswith("(loopback only)"), line
     finally:
         os.killpg(job.pid, signal.SIGTERM)
