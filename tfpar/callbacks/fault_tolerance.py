@@ -109,7 +109,8 @@ class FaultTolerance(keras.callbacks.Callback):
         x, initial_epoch = self._fit
         steps = self.params.get("steps")
         if is_keras3(self.model):
-            epoch, step = self._backup.resume_point(initial_epoch, steps)
+            epoch, step = self._backup.resume_point(initial_epoch)
+            _compat.keras3_start_at_epoch(self.model, epoch)  # Keras 3's fit reads it after on_train_begin
         else:
             epoch, step = _compat.tf_keras_resume_point(self.model, steps, initial_epoch)
         self.resumed_at_epoch = epoch if (epoch, step) != (initial_epoch, 0) else None
@@ -235,14 +236,13 @@ def _keras3_backup(backup_dir, **kwargs):
             with open(self._training_metadata_path, "w", encoding="utf-8") as f:
                 json.dump(metadata, f)
 
-        def resume_point(self, initial_epoch, steps):
+        def resume_point(self, initial_epoch):
             """``(epoch, step)`` the restored run continues at (``initial_epoch, 0`` without a backup)."""
             if not os.path.exists(self._training_metadata_path):
                 return initial_epoch, 0
             with open(self._training_metadata_path, encoding="utf-8") as f:
                 metadata = json.load(f)
             epoch, step = metadata.get("tfpar_next", (metadata["epoch"], 0))
-            _compat.keras3_start_at_epoch(self.model, epoch)
             return epoch, step
 
         def on_train_end(self, logs=None):
