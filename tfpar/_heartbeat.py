@@ -118,12 +118,28 @@ class Watch:
 
 
 def dump_stacks(pid):
-    """Asks ``pid`` for its stacks (a stopped process is let run again to write them)."""
+    """Asks ``pid`` for its stacks (a stopped process is let run again to write them).
+
+    The signal goes to the main thread (``tgkill``), not to the process: a process-directed signal
+    reaches any thread, and faulthandler then walks the main thread's frames while it runs on (a
+    task let run again after SIGSTOP left them under the dump and crashed, once, with SIGSEGV)."""
     for sig in (STACK_SIGNAL, signal.SIGCONT):
         try:
-            os.kill(pid, sig)
+            _to_main_thread(pid, sig) if sig == STACK_SIGNAL else os.kill(pid, sig)
         except ProcessLookupError:
             return
+
+
+def _to_main_thread(pid, sig):
+    """Signals the main thread of ``pid`` (its thread id is the pid); ``os.kill`` without glibc's tgkill."""
+    import ctypes
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        os.kill(pid, sig)
+    elif tgkill(pid, pid, int(sig)) != 0:
+        error = ctypes.get_errno()
+        raise ProcessLookupError(error, os.strerror(error)) if error == 3 else OSError(error, os.strerror(error))
 
 
 def hang_error(hang, say, task=None):

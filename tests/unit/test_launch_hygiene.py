@@ -234,3 +234,32 @@ def test_when_a_task_dies_the_others_are_stopped_without_waiting_out_the_grace(t
     assert "tfpar launch: error: worker 1 was killed by SIGKILL" in result.output
     assert took < 2 + 10, f"the launcher took {took:.1f} s"
     assert _orphans_after(tmp_path, timeout=5) == []
+
+
+def test_a_stopped_tasks_stacks_are_dumped_by_its_main_thread_where_it_stopped():
+    """The launcher's stack request reaches the main thread (tgkill), which faulthandler then dumps
+    where it stopped, with the process's other threads; a process-directed signal could run the dump
+    on another thread while the main thread ran on (it crashed a frozen Horovod rank once)."""
+    from tfpar._heartbeat import STACK_SIGNAL, dump_stacks
+
+    code = ("import faulthandler, os, signal, threading, time\n"
+            f"faulthandler.register({int(STACK_SIGNAL)}, all_threads=True)\n"
+            "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+            "os.kill(os.getpid(), signal.SIGSTOP)\n"
+            "print('resumed', flush=True)\n")
+    task = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while open(f"/proc/{task.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the task never stopped itself"
+            time.sleep(0.05)
+        dump_stacks(task.pid)
+        out, err = task.communicate(timeout=20)
+    finally:
+        task.kill()
+        task.wait(timeout=20)
+    assert out == "resumed\n"
+    current = err.split("Current thread", 1)[1]
+    assert 'File "<string>", line 4 in <module>' in current.splitlines()[1], err
+    assert err.count("Thread 0x") == 1 and "threading.py" in err.split("Current thread", 1)[0], err
+    dump_stacks(task.pid)  # gone: nothing to ask, and no error
