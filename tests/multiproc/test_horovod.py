@@ -23,16 +23,35 @@ def _horovodrun(np_, *args, timeout=300, env=None):
                         sys.executable, *args], timeout=timeout, env={**ENV, **(env or {})})
 
 
-def _train(tmp_path, *options, global_batch=16, epochs=2, examples=96, keras_version="2"):
-    out = tmp_path / "_".join(options or ("average",))
-    out.mkdir()
-    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), str(global_batch),
-                         str(epochs), *options, env={"EXAMPLES": str(examples), "TFPAR_TEST_KERAS": keras_version})
+# Every training case of this file's gloo tests, in one horovodrun (one TensorFlow and Horovod
+# start for all): NAME: (GLOBAL_BATCH, EPOCHS, EXAMPLES, OP, COMPRESSION, BACKWARD_PASSES, KERAS).
+CASES = {
+    "average": (16, 2, 96, "average", "none", 1, 2),
+    "padded": (16, 2, 90, "average", "none", 1, 2),
+    "sum": (16, 2, 96, "sum", "none", 1, 2),
+    "fp16": (16, 2, 96, "average", "fp16", 1, 2),
+    "accumulate-keras2": (8, 2, 96, "average", "none", 2, 2),
+    "accumulate-keras3": (8, 2, 96, "average", "none", 2, 3),
+}
+
+
+def _case_arguments(cases):
+    return [":".join(map(str, (name, *cases[name]))) for name in cases]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{case: (each rank's weights, each rank's history, rank 1's strategy description)}."""
+    out = tmp_path_factory.mktemp("horovod_train")
+    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), *_case_arguments(CASES))
     assert result.returncode == 0, result.output[-4000:]
-    assert_started_from_worker_0(out)  # the broadcast of rank 0's initial values
-    weights = [load_arrays(out / f"rank_{r}.npz") for r in range(2)]
-    logs = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
-    return weights, logs, result.output
+    runs = {}
+    for name in CASES:
+        assert_started_from_worker_0(out / name)  # the broadcast of rank 0's initial values
+        runs[name] = ([load_arrays(out / name / f"rank_{r}.npz") for r in range(2)],
+                      [json.loads((out / name / f"rank_{r}.json").read_text()) for r in range(2)],
+                      (out / name / "describe_1.txt").read_text())
+    return runs
 
 
 def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96):
@@ -53,10 +72,10 @@ def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96):
     return model.get_weights()
 
 
-def test_two_ranks_end_identical_and_equal_to_data_parallel(tmp_path):
+def test_two_ranks_end_identical_and_equal_to_data_parallel(trained):
     import tfpar
 
-    (rank0, rank1), logs, output = _train(tmp_path)
+    (rank0, rank1), logs, output = trained["average"]
     for a, b in zip(rank0, rank1):
         np.testing.assert_array_equal(a, b)
     reference = _reference(strategy=tfpar.DataParallel())
@@ -68,24 +87,24 @@ def test_two_ranks_end_identical_and_equal_to_data_parallel(tmp_path):
     assert "workers:    2 (this is rank 1" in output and "8 per replica, 16 global" in output
 
 
-def test_a_padded_last_step_trains_like_one_device_fed_a_short_last_batch(tmp_path):
+def test_a_padded_last_step_trains_like_one_device_fed_a_short_last_batch(trained):
     """90 examples, global batch 16: the sixth step holds 10 real examples (5 per rank) and 6
     padding rows; one device gets the same examples with a last batch of 10."""
-    (rank0, rank1), _, _ = _train(tmp_path, examples=90)
+    (rank0, rank1), _, _ = trained["padded"]
     for a, b in zip(rank0, rank1):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(rank0, _reference(examples=90)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
-def test_sum_and_compression_change_the_numbers_as_they_should(tmp_path):
-    (average, _), _, _ = _train(tmp_path)
+def test_sum_and_compression_change_the_numbers_as_they_should(trained):
+    (average, _), _, _ = trained["average"]
     # Sum of the two ranks' mean gradients = twice the global mean: plain SGD at twice the rate.
-    (summed, _), _, _ = _train(tmp_path, "sum")
+    (summed, _), _, _ = trained["sum"]
     for a, b in zip(summed, _reference(lr=0.2)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     # fp16 on the wire: close to the float32 run, but rounded.
-    (fp16, _), _, _ = _train(tmp_path, "average", "fp16")
+    (fp16, _), _, _ = trained["fp16"]
     assert any(not np.array_equal(a, b) for a, b in zip(fp16, average))
     # After 2 epochs 1.4e-2 apart at most (measured): gradients below float16's normal range
     # (6e-5) lose most of their digits, and momentum carries that on. One step: the next test.
@@ -93,30 +112,47 @@ def test_sum_and_compression_change_the_numbers_as_they_should(tmp_path):
         np.testing.assert_allclose(a, b, atol=2e-2, rtol=0)
 
 
+def _kernels(output):
+    """{case: {rank: kernel}} from horovod_one_step.py's lines."""
+    kernels = {}
+    for case, rank, kernel in re.findall(r"KERNEL (\S+) (\d) (\[[^\]]*\])", output):
+        kernels.setdefault(case, {})[rank] = np.array(json.loads(kernel))
+    return kernels
+
+
+@pytest.fixture(scope="module")
+def one_step():
+    """{"op:compression": {rank: kernel}}: every gloo case of one step, in one horovodrun."""
+    cases = ["average:none", "sum:none", "average:fp16", "average:bf16"]
+    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_one_step.py"), *cases)
+    assert result.returncode == 0, result.output[-4000:]
+    kernels = _kernels(result.output)
+    assert sorted(kernels) == sorted(cases) and all(sorted(k) == ["0", "1"] for k in kernels.values()), kernels
+    return kernels
+
+
 @pytest.mark.parametrize("compression, rounding", [("fp16", 2.0 ** -10), ("bf16", 2.0 ** -8)])
-def test_compression_rounds_one_step_to_its_precision(compression, rounding):
+def test_compression_rounds_one_step_to_its_precision(one_step, compression, rounding):
     """fp16 goes through Horovod's all-reduce, bf16 through one allgather of bf16 bits: either way
     the step is the float32 one to within the format's rounding, and rounded."""
     a, b = np.array([0.1, 0.2]), np.array([0.3, 0.7])  # exact in neither format
-    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_one_step.py"), "average", compression)
-    assert result.returncode == 0, result.output[-4000:]
-    kernels = [np.array(json.loads(k)) for _, k in re.findall(r"KERNEL (\d) (\[[^\]]*\])", result.output)]
-    assert len(kernels) == 2 and np.array_equal(kernels[0], kernels[1])
+    kernels = one_step[f"average:{compression}"]
+    assert np.array_equal(kernels["0"], kernels["1"])
     exact = -(a + b) / 2
-    np.testing.assert_allclose(kernels[0], exact, atol=2e-3, rtol=0)
-    np.testing.assert_allclose(kernels[0], exact, rtol=rounding)  # within the format's rounding
-    assert not np.allclose(kernels[0], exact, rtol=1e-6, atol=0)  # and rounded: it went in 16 bits
+    np.testing.assert_allclose(kernels["0"], exact, atol=2e-3, rtol=0)
+    np.testing.assert_allclose(kernels["0"], exact, rtol=rounding)  # within the format's rounding
+    assert not np.allclose(kernels["0"], exact, rtol=1e-6, atol=0)  # and rounded: it went in 16 bits
 
 
 @pytest.mark.parametrize("keras_version", ["2", "3"])
-def test_gradient_accumulation_trains_like_a_larger_batch(tmp_path, keras_version):
+def test_gradient_accumulation_trains_like_a_larger_batch(trained, keras_version):
     """2 ranks x 4 examples x 2 backward passes = one plain step of 16 examples, in either Keras
     (Keras 3 reduces its gradients in a replica context, tf_keras in a merge_call)."""
     import importlib
 
     from tests.models import one_device_weights
 
-    (rank0, rank1), _, output = _train(tmp_path, "average", "none", "2", global_batch=8, keras_version=keras_version)
+    (rank0, rank1), _, output = trained[f"accumulate-keras{keras_version}"]
     assert "backward_passes_per_step=2" in output
     for a, b in zip(rank0, rank1):
         np.testing.assert_array_equal(a, b)
@@ -126,23 +162,22 @@ def test_gradient_accumulation_trains_like_a_larger_batch(tmp_path, keras_versio
 
 
 def test_adasum_is_refused_clearly_on_gloo(tmp_path):
-    out = tmp_path / "adasum"
-    out.mkdir()
-    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), "16", "1", "adasum")
+    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path),
+                         *_case_arguments({"adasum": (16, 1, 96, "adasum", "none", 1, 2)}))
     assert result.returncode != 0
     assert "Adasum needs Horovod's MPI controller" in result.output and "Received: op='adasum'" in result.output
 
 
-def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path):
+def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path, trained):
     import horovod.tensorflow as hvd
 
     if not hvd.mpi_built():
         pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
-    (average, _), _, _ = _train(tmp_path)
+    (average, _), _, _ = trained["average"]
     out = tmp_path / "adasum"
-    out.mkdir()
     result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi", sys.executable,
-                          os.path.join(SCRIPTS, "horovod_train.py"), str(out), "16", "2", "adasum"],
+                          os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path),
+                          *_case_arguments({"adasum": (16, 2, 96, "adasum", "none", 1, 2)})],
                          timeout=300, env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1",
                                            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     assert result.returncode == 0, result.output[-4000:]
@@ -161,29 +196,25 @@ def _adasum(a, b):
 
 
 @pytest.mark.parametrize("op", ["average", "sum", "adasum"])
-def test_one_step_applies_the_reduction_rule_to_known_gradients(op):
+def test_one_step_applies_the_reduction_rule_to_known_gradients(op, request):
     import horovod.tensorflow as hvd
 
     a, b = np.array([1.0, 0.0]), np.array([1.0, 1.0])  # rank 0's gradient, rank 1's
     expected = {"average": (a + b) / 2, "sum": a + b, "adasum": _adasum(a, b)}[op]
-    command = ["horovodrun", "-np", "2", "-H", "localhost:2"]
-    env = dict(ENV)
     if op == "adasum":  # Horovod runs Adasum over MPI only
         if not hvd.mpi_built():
             pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
-        command.append("--mpi")
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi", sys.executable,
+                              os.path.join(SCRIPTS, "horovod_one_step.py"), "adasum:none"], timeout=300,
+                             env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+        assert result.returncode == 0, result.output[-4000:]
+        kernels = _kernels(result.output)["adasum:none"]
+        assert not np.allclose(expected, (a + b) / 2) and not np.allclose(expected, a + b)
     else:
-        command.append("--gloo")
-    result = run_command([*command, sys.executable, os.path.join(SCRIPTS, "horovod_one_step.py"), op],
-                         timeout=300, env=env)
-    assert result.returncode == 0, result.output[-4000:]
-    kernels = dict(re.findall(r"KERNEL (\d) (\[[^\]]*\])", result.output))
+        kernels = request.getfixturevalue("one_step")[f"{op}:none"]
     assert sorted(kernels) == ["0", "1"]
     for kernel in kernels.values():  # SGD at rate 1 from zero: the kernel is minus the update
-        np.testing.assert_allclose(json.loads(kernel), -expected, rtol=1e-6)
-    if op == "adasum":
-        assert not np.allclose(expected, (a + b) / 2) and not np.allclose(expected, a + b)
+        np.testing.assert_allclose(kernel, -expected, rtol=1e-6)
 
 
 def test_adasum_needs_a_power_of_two_ranks(tmp_path):

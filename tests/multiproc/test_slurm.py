@@ -69,19 +69,21 @@ def test_auto_under_srun_picks_a_worker_or_a_rank_per_task(slurm, mpi, picked, h
 
 def test_horovod_strategy_under_srun_mpi_pmix_trains_like_one_device(slurm, tmp_path, horovod_installed):
     """SLURM's PMIx server, not horovodrun, makes the two tasks one MPI (Horovod) job."""
-    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path), "16", "2"], 2,
-                        mpi="pmix", env=_job_env())
+    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path),
+                         "average:16:2:96:average:none:1:2"], 2, mpi="pmix", env=_job_env())
     assert result.returncode == 0, result.output[-4000:]
-    assert "workers:    2 (this is rank 1" in result.output, result.output[-3000:]
-    assert_started_from_worker_0(tmp_path)
-    rank0, rank1 = (load_arrays(tmp_path / f"rank_{r}.npz") for r in range(2))
+    out = tmp_path / "average"
+    assert "workers:    2 (this is rank 1" in (out / "describe_1.txt").read_text()
+    assert_started_from_worker_0(out)
+    rank0, rank1 = (load_arrays(out / f"rank_{r}.npz") for r in range(2))
     for a, b, reference in zip(rank0, rank1, one_device_weights(96, 16, 2, 0.1)):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_allclose(a, reference, atol=1e-5, rtol=0)
 
 
 def test_horovod_strategy_under_srun_without_mpi_is_refused_clearly(slurm, horovod_installed):
-    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), "/nonexistent", "16", "1"], 2,
+    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), "/nonexistent",
+                         "average:16:1:96:average:none:1:2"], 2,
                         env=_job_env(), timeout=200)
     assert result.returncode != 0
     assert "ValueError: HorovodStrategy under srun needs SLURM's MPI plugin" in result.output, result.output[-3000:]

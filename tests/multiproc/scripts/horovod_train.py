@@ -1,10 +1,14 @@
-"""Trains the equivalence model under HorovodStrategy; writes rank_<r>.npz.
+"""Trains the equivalence model under HorovodStrategy, once per case, in one job of ranks.
 
-Usage: horovod_train.py OUT_DIR GLOBAL_BATCH EPOCHS [op] [compression] [backward_passes_per_step]
-$EXAMPLES: how many examples of the equivalence data (default 96); the model in Keras 3 when
-$TFPAR_TEST_KERAS is "3".
+Usage: horovod_train.py OUT_DIR CASE [CASE ...], a CASE being
+``NAME:GLOBAL_BATCH:EPOCHS:EXAMPLES:OP:COMPRESSION:BACKWARD_PASSES:KERAS`` (KERAS 2: tf_keras, 3:
+Keras 3). Each case trains its own strategy and model in turn, in the same processes (one
+TensorFlow and one Horovod start for them all), and writes to OUT_DIR/NAME: start_<r>.npz and
+local_start_<r>.npz (the weights after creation, and those the rank drew alone), rank_<r>.npz (the
+trained weights), rank_<r>.json (the history), describe_<r>.txt (the strategy's description).
 """
 
+import importlib
 import json
 import os
 import sys
@@ -14,42 +18,44 @@ import numpy as np
 import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
 
-out, global_batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-op = sys.argv[4] if len(sys.argv) > 4 else "average"
-compression = sys.argv[5] if len(sys.argv) > 5 else "none"
-passes = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-strategy = HorovodStrategy(op=op, compression=compression, backward_passes_per_step=passes)
+out = sys.argv[1]
+cases = [case.split(":") for case in sys.argv[2:]]
+strategies = [HorovodStrategy(op=op, compression=compression, backward_passes_per_step=int(passes))
+              for _, _, _, _, op, compression, passes, _ in cases]  # each refuses bad options before any training
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, keras_of_env  # noqa: E402
+from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
 
-k = keras_of_env()
+for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version) in zip(strategies, cases):
+    k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    global_batch = int(global_batch)
+    x, y = equivalence_data(int(examples))
+    rank = strategy.rank
+    seed = 1 if rank == 0 else 100 + rank  # only the broadcast can make the ranks start alike
+    local_start = equivalence_model(seed, k).get_weights()  # what this rank would start from alone
+    with strategy.scope():
+        model = equivalence_model(seed, k)
+        compile_for_equivalence(model, k)
+        model.compile(model.optimizer, model.loss, weighted_metrics=["accuracy"])
+    np.savez(os.path.join(folder, f"start_{rank}.npz"), *model.get_weights())
+    np.savez(os.path.join(folder, f"local_start_{rank}.npz"), *local_start)
+    with open(os.path.join(folder, f"describe_{rank}.txt"), "w") as f:
+        f.write(strategy.describe(global_batch_size=global_batch, model=model))
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
 
-x, y = equivalence_data(int(os.environ.get("EXAMPLES", 96)))
-rank = strategy.rank
-seed = 1 if rank == 0 else 100 + rank  # only the broadcast can make the ranks start alike
-local_start = equivalence_model(seed, k).get_weights()  # what this rank would start from alone
-with strategy.scope():
-    model = equivalence_model(seed, k)
-    compile_for_equivalence(model, k)
-    model.compile(model.optimizer, model.loss, weighted_metrics=["accuracy"])
-np.savez(os.path.join(out, f"start_{rank}.npz"), *model.get_weights())
-np.savez(os.path.join(out, f"local_start_{rank}.npz"), *local_start)
-print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
-train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+    class RankNumber(k.callbacks.Callback):
+        """A per-rank number (rank + 1) for MetricAverage to average over the ranks."""
 
+        def on_epoch_end(self, epoch, logs=None):
+            logs["rank_number"] = float(rank + 1)
 
-class RankNumber(k.callbacks.Callback):
-    """A per-rank number (rank + 1) for MetricAverage to average over the ranks."""
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs["rank_number"] = float(rank + 1)
-
-
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2, callbacks=[
-    RankNumber(), tfpar.callbacks.Throughput(global_batch), tfpar.callbacks.MetricAverage(),
-    tfpar.callbacks.NaNGuard()])
-np.savez(os.path.join(out, f"rank_{rank}.npz"), *model.get_weights())
-with open(os.path.join(out, f"rank_{rank}.json"), "w") as f:
-    json.dump({k: [float(v) for v in vals] for k, vals in history.history.items()}, f)
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=int(epochs), verbose=2,
+                        callbacks=[RankNumber(), tfpar.callbacks.Throughput(global_batch),
+                                   tfpar.callbacks.MetricAverage(), tfpar.callbacks.NaNGuard()])
+    np.savez(os.path.join(folder, f"rank_{rank}.npz"), *model.get_weights())
+    with open(os.path.join(folder, f"rank_{rank}.json"), "w") as f:
+        json.dump({key: [float(v) for v in values] for key, values in history.history.items()}, f)
+    print(f"CASE DONE {name} rank {rank}", flush=True)
