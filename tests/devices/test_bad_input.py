@@ -309,3 +309,30 @@ def test_bad_command_line_is_refused_at_once(args, names):
     assert line, result.output
     for name in names:
         assert name in line[-1], f"{name!r} not in: {line[-1]}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["demo", "--batch-size", "65"], "global_batch_size=65 with 2 replicas"),
+    (["demo", "--strategy", "magic"], "Unknown demo strategy 'magic'"),
+    (["demo", "--precision", "half"], "Unknown precision policy 'half'"),
+    (["demo", "--qat", "--strategy", "ps"], "--qat runs with the data_parallel or horovod strategy"),
+    (["demo", "--compress", "--strategy", "pipeline"], "--compress runs with the data_parallel or horovod strategy"),
+    (["demo", "--keras", "3", "--strategy", "ps"], "Received: --keras 3 --strategy ps"),
+    (["demo", "--keras", "3", "--qat"], "Received: --keras 3 --strategy data_parallel --qat"),
+    (["demo", "--keras", "3", "--compress"], "Received: --keras 3 --strategy data_parallel --compress"),
+    (["verify", "--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dataset", "--steps", "0"],
+     "steps must be an int >= 1. Received: steps=0"),
+    (["verify", "--model", "tfpar.demo", "--data", "tfpar.demo:digits_dataset"],
+     "--model takes module:function. Received: --model='tfpar.demo'"),
+    (["tune", "--space", '{"per_replica_batch": []}'], "The tune axis 'per_replica_batch' is empty"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_flags_of_the_training_commands_are_refused_before_any_training(args, message, capsys):
+    """The commands that train (their TensorFlow start shared with this process, so called as the
+    entry point calls them: ``sys.exit(tfpar.cli.main())``): exit code 2, one error line, no
+    traceback, no step trained."""
+    from tfpar import cli
+
+    assert cli.main(args) == 2
+    out, err = capsys.readouterr()
+    assert f"tfpar {args[0]}: error: " in err and message in err, err
+    assert "Traceback" not in out + err and "Epoch 1" not in out + err

@@ -33,14 +33,6 @@ def test_demo_flags_pick_devices_and_epochs(keras_version, named):
     assert " - lr: " in result.output and " - examples_per_second: " in result.output
 
 
-def test_demo_bad_flags():
-    result = run_command(tfpar_command("demo", "--batch-size", "65"), timeout=120)
-    assert result.returncode == 2
-    assert "global_batch_size=65 with 2 replicas" in result.output
-    result = run_command(tfpar_command("demo", "--strategy", "magic"), timeout=120)
-    assert result.returncode == 2 and "Unknown demo strategy 'magic'" in result.output
-
-
 def test_data_parallel_example_on_one_host(tmp_path):
     result = run_command([sys.executable, "examples/train_data_parallel.py", "--epochs", "2",
                           "--out", str(tmp_path)], timeout=300)
@@ -86,20 +78,6 @@ def test_demo_qat_and_compress_export_int8_tflite_with_the_deployment_report():
     sparsity = float(re.search(r"sparsity: +([0-9.]+)% of the weights are zero", result.output).group(1))
     assert smaller >= 8 and drop <= 0.01 and 74 <= sparsity <= 76, result.output[-2000:]
     assert len(re.findall(r"int8\[.*\]: \d+ distinct values, 7[45]\.\d% zero", result.output)) == 4
-
-
-def test_demo_bad_precision_and_qat_flags():
-    result = run_command(tfpar_command("demo", "--precision", "half"), timeout=120)
-    assert result.returncode == 2 and "Unknown precision policy 'half'" in result.output
-    result = run_command(tfpar_command("demo", "--qat", "--strategy", "ps"), timeout=120)
-    assert result.returncode == 2 and "--qat runs with the data_parallel or horovod strategy" in result.output
-    result = run_command(tfpar_command("demo", "--compress", "--strategy", "pipeline"), timeout=120)
-    assert result.returncode == 2 and "--compress runs with the data_parallel or horovod strategy" in result.output
-    for flags, received in ((["--strategy", "ps"], "--strategy ps"), (["--qat"], "--strategy data_parallel --qat"),
-                            (["--compress"], "--strategy data_parallel --compress")):
-        result = run_command(tfpar_command("demo", "--keras", "3", *flags), timeout=120)
-        assert result.returncode == 2, result.output
-        assert f"Received: --keras 3 {received}" in result.output
 
 
 def test_one_script_picks_data_parallel_without_horovod():

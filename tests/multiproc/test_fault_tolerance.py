@@ -27,10 +27,17 @@ def _losses(output):
     return json.loads(output.split("DONE ", 1)[1].splitlines()[0])["loss"]
 
 
-def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tmp_path):
-    reference = _launch(tmp_path / "reference")
-    assert reference.returncode == 0, reference.output[-4000:]
-    assert _epochs(reference.output) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The undisturbed job, watched (the tests below compare their resumed runs with it)."""
+    result = run_command(tfpar_command("launch", "-n", "2", "--heartbeat-timeout", "60", "--", sys.executable, SCRIPT,
+                                       str(tmp_path_factory.mktemp("reference"))), timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert _epochs(result.output) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    return result
+
+
+def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tmp_path, reference):
 
     first = _launch(tmp_path / "backup", "--kill")
     assert first.returncode == 128 + 9, first.output[-3000:]  # worker 1's SIGKILL, as a shell reports it
@@ -65,14 +72,11 @@ def _epochs_completed(output):
     return [int(line.split("EPOCH_COMPLETE ")[1].split()[0]) for line in output.splitlines() if "EPOCH_COMPLETE " in line]
 
 
-def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(tmp_path):
+def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(tmp_path, reference):
     """Worker 1 dies at step 4 of epoch 2, then (after the restart) worker 0 at step 2 of epoch 4:
     the launcher restarts the whole job twice on fresh ports; each run resumes after the last
     completed epoch, so no epoch completes twice, and the job ends like an undisturbed run."""
-    # The undisturbed run, watched: at the end the launcher reports each task's mean step time.
-    reference = run_command(tfpar_command("launch", "-n", "2", "--heartbeat-timeout", "60", "--", sys.executable,
-                                          SCRIPT, str(tmp_path / "reference")), timeout=300, env={"PYTHONPATH": ROOT})
-    assert reference.returncode == 0, reference.output[-4000:]
+    # The undisturbed run was watched: at the end the launcher reports each task's mean step time.
     steps = re.search(r"tfpar launch: mean step time per task \(÷ the median\): worker 0 ([0-9.]+) ms \(([0-9.]+)x\), "
                       r"worker 1 ([0-9.]+) ms \(([0-9.]+)x\)", reference.output)
     assert steps and float(steps.group(1)) > 0 and float(steps.group(3)) > 0, reference.output[-2000:]

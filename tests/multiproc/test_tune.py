@@ -44,11 +44,6 @@ def test_tune_over_pipeline_microbatches_survives_an_invalid_trial(tmp_path):
     assert "schedule='zb-h1'" in result.reproduce()
 
 
-def test_tune_bad_space_is_a_clear_error():
-    result = run_command(tfpar_command("tune", "--space", '{"per_replica_batch": []}'), timeout=120)
-    assert result.returncode == 2 and "The tune axis 'per_replica_batch' is empty" in result.output
-
-
 def test_tune_across_workers_tries_both_backends_and_says_how_to_reproduce_the_fastest(tmp_path, horovod_installed):
     """--workers 2: each trial is a 2-worker job (tfpar launch, or launch --horovod), tfpar's
     defaults among them; the report gives the speed-up over the defaults and the code."""

@@ -45,12 +45,3 @@ def test_a_model_that_differs_exits_1_naming_the_cause():
     assert result.returncode == 1, result.output[-4000:]
     assert "[1] BatchNormalization statistics taken per replica (layer 'batch_normalization')" in result.output
     assert "FAILED: differs from one replica" in result.output
-
-
-@pytest.mark.parametrize("option, message", [
-    (["--steps", "0"], "steps must be an int >= 1. Received: steps=0"),
-    (["--model", "tfpar.demo"], "--model takes module:function. Received: --model='tfpar.demo'"),
-])
-def test_bad_options_are_refused_at_once(option, message):
-    result = run_command([*VERIFY, *option], timeout=120)
-    assert result.returncode == 2 and f"tfpar verify: error: {message}" in result.output, result.output[-2000:]
