@@ -74,6 +74,14 @@ def horovod_installed():
         pytest.skip(message)
 
 
+@pytest.fixture(scope="session")
+def doctor():
+    """``tfpar doctor`` as a user types it, run once for the tests that read its report."""
+    result = run_command(["tfpar", "doctor"], timeout=240)
+    assert result.returncode == 0, result.output[-2000:]
+    return result
+
+
 @pytest.fixture(params=["tf_keras", "keras3"])
 def any_keras(request):
     """The Keras module a shared scenario runs under: tf_keras (tfpar.keras), then Keras 3."""

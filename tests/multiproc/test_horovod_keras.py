@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_command, tfpar_command
+from tests.conftest import ROOT, run_command
 from tests.models import load_arrays
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -127,7 +127,5 @@ def test_installed_horovod_keras_refuses_keras3_in_one_line():
 
 
 @pytest.mark.usefixtures("horovod_installed")
-def test_doctor_says_horovod_keras_works():
-    result = run_command(tfpar_command("doctor"), timeout=240)
-    assert result.returncode == 0, result.output[-2000:]
-    assert "horovod.tensorflow.keras: works, unchanged scripts run on tf_keras" in result.output
+def test_doctor_says_horovod_keras_works(doctor):
+    assert "horovod.tensorflow.keras: works, unchanged scripts run on tf_keras" in doctor.output, doctor.output[-2000:]
