@@ -11,8 +11,6 @@ import tfpar
 from tests.models import compile_for_equivalence, equivalence_data, pipeline_model
 from tfpar.pipeline import Pipeline, PipelineModel
 
-# One test process (pytest-xdist) for this file: its tests share a module-scoped fixture.
-pytestmark = pytest.mark.xdist_group(__name__)
 
 tf = pytest.importorskip("tensorflow")
 

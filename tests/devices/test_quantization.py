@@ -14,8 +14,6 @@ from tfpar.quantization import (cluster, export_tflite, prune, quantize, quantiz
                                 strip_pruning, unique_weights)
 from tfpar.quantization.deploy import AccuracyDropError
 
-# One test process (pytest-xdist) for this file: its tests share a module-scoped fixture.
-pytestmark = pytest.mark.xdist_group(__name__)
 
 keras = tfpar.keras
 

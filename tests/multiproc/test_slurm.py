@@ -15,8 +15,6 @@ from tests.models import (assert_started_from_worker_0, assert_trained_together_
                           one_device_weights)
 from tests.slurm_cluster import SlurmCluster, ensure_slurm
 
-# One test process (pytest-xdist) for this file: its tests share a module-scoped fixture.
-pytestmark = pytest.mark.xdist_group(__name__)
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
