@@ -79,7 +79,7 @@ LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
 
 def test_the_readmes_parameter_server_block_run_as_a_plain_script_keeps_every_server_on_loopback(tmp_path):
-    """The README's ParameterServer.local() block as a user runs it (`python train.py`, no tfpar
+    """The README's ParameterServer.local() block as a user runs it (test_readme.py leaves it to this test) (`python train.py`, no tfpar
     launch, no LD_PRELOAD): every socket its process tree listens on while it trains is on
     loopback, the chief's included (local() starts the script again with the library), and the
     job's end prints none of TensorFlow's remote-function cleanup errors."""
@@ -99,7 +99,8 @@ def test_the_readmes_parameter_server_block_run_as_a_plain_script_keeps_every_se
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, output[-3000:]
-    assert "Epoch 2/2" in output
+    assert "Epoch 2/2" in output and "Traceback" not in output
+    assert "'ps': ['127.0.0.1:" in output  # the cluster it printed
     assert output.count("ParameterServer.local() starts this script again with tfpar's loopback library") == 1
     assert len({port for _, port in seen}) >= 4, seen  # the chief, the ps and the two workers at least
     assert {address for address, _ in seen} <= LOOPBACK, seen
