@@ -32,10 +32,9 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """How the tests share the cores under ``pytest -n 2 --dist loadgroup`` (not the default, see
-    pytest.ini): the
-    multi-process tier in one test process, one test at a time, as each of its jobs takes both
-    cores for its own processes; the in-process tiers beside it, a file at a time (a file's
-    module fixtures are made once)."""
+    pytest.ini): the multi-process tier in one test process, one test at a time, as each of its
+    jobs takes both cores for its own processes; the in-process tiers beside it, a file at a time
+    (a file's module fixtures are made once)."""
     for item in items:
         tier = os.path.relpath(str(item.path), ROOT).split(os.sep)[1]
         item.add_marker(pytest.mark.xdist_group("multiproc" if tier == "multiproc" else item.module.__name__))
