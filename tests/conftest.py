@@ -30,6 +30,7 @@ def pytest_configure(config):
     tfpar.configure_devices(NUM_DEVICES)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """How the tests share the cores under ``pytest -n 2 --dist loadgroup`` (not the default, see
     pytest.ini): the multi-process tier in one test process, one test at a time, as each of its
