@@ -123,11 +123,11 @@ def dump_stacks(pid):
     The signal goes to the main thread (``tgkill``), not to the process: a process-directed signal
     reaches any thread, and faulthandler then walks the main thread's frames while it runs on (a
     task let run again after SIGSTOP left them under the dump and crashed, once, with SIGSEGV)."""
-    for sig in (STACK_SIGNAL, signal.SIGCONT):
-        try:
-            _to_main_thread(pid, sig) if sig == STACK_SIGNAL else os.kill(pid, sig)
-        except ProcessLookupError:
-            return
+    try:
+        _to_main_thread(pid, STACK_SIGNAL)
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return
 
 
 def _to_main_thread(pid, sig):
@@ -139,7 +139,7 @@ def _to_main_thread(pid, sig):
         os.kill(pid, sig)
     elif tgkill(pid, pid, int(sig)) != 0:
         error = ctypes.get_errno()
-        raise ProcessLookupError(error, os.strerror(error)) if error == 3 else OSError(error, os.strerror(error))
+        raise OSError(error, os.strerror(error))  # ESRCH makes it a ProcessLookupError
 
 
 def hang_error(hang, say, task=None):
