@@ -85,13 +85,22 @@ def test_saved_plain_model_loads_and_predicts_like_the_pipeline(tmp_path):
 
 def test_bubble_callback_logs_measured_and_theoretical_bubble(tmp_path, any_keras):
     staged = Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b").stage(pipeline_model(k=any_keras))
+    steps = []  # the last epoch's steps' pipeline_trace: a (start, end) row per instruction
+    traces = any_keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: steps.clear(),
+                                                on_train_batch_end=lambda b, logs: steps.append(
+                                                    staged.pipeline_trace.numpy()))
     history = _train(staged, epochs=2, k=any_keras,
-                     callbacks=[tfpar.callbacks.PipelineBubble(log_dir=str(tmp_path))])
+                     callbacks=[tfpar.callbacks.PipelineBubble(log_dir=str(tmp_path)), traces])
     assert history.history["bubble_theory"] == [pytest.approx(1 / 5)] * 2
-    # Measured from timestamps around every microbatch: the first epoch includes tracing; the
-    # second lands near the theory (0.13-0.18 here for 0.2).
-    assert all(0.0 <= b < 1.0 for b in history.history["bubble"])
-    assert abs(history.history["bubble"][-1] - 1 / 5) <= 0.15, history.history["bubble"]
+    # The measured bubble is the last epoch's instruction timestamps: 1 - the stages' mean busy
+    # time over the steps' span (first start to last end). How near it lands to the theory depends
+    # on the machine's load; bench/pipeline.py measures that ratio.
+    assert len(steps) == -(-len(equivalence_data()[0]) // 32)
+    assert all(trace.shape == (2 * 2 * 4, 2) and (trace[:, 1] >= trace[:, 0]).all() for trace in steps)
+    busy = sum((trace[:, 1] - trace[:, 0]).sum() / 2 for trace in steps)
+    span = sum(trace[:, 1].max() - trace[:, 0].min() for trace in steps)
+    assert 0.0 < history.history["bubble"][-1] < 1.0
+    assert history.history["bubble"][-1] == pytest.approx(1 - busy / span, rel=1e-6)
     assert list(tmp_path.rglob("events.out.tfevents*"))
     with pytest.raises(TypeError, match="PipelineBubble needs a model from Pipeline.stage"):
         _train(pipeline_model(), epochs=1, callbacks=[tfpar.callbacks.PipelineBubble()])
