@@ -34,29 +34,49 @@ def test_launch_two_workers_train_to_identical_weights(tmp_path):
     assert losses[-1] < 0.7 * losses[0]
 
 
-@pytest.mark.parametrize("examples, options, keras_version", [
-    (96, [], "2"), (90, ["all_reduce=ring", "bytes_per_pack=4096"], "2"), (90, [], "3"),
-    (96, ["gradient_accumulation_steps=2"], "3")],
-    ids=["whole-steps", "padded-last-step-ring-4KiB-packs", "padded-last-step-keras3", "accumulate-2-keras3"])
-def test_two_workers_train_exactly_like_one_device(tmp_path, examples, options, keras_version):
+# Jobs of multiworker_train.py: (DataParallel's options, its cases NAME:EXAMPLES:KERAS). The cases of
+# a job share its processes and strategy, one TensorFlow start for them all.
+EQUIVALENCE_JOBS = {
+    "default": ([], ["whole-steps:96:2", "padded-last-step-keras3:90:3"]),
+    "ring-4KiB-packs-accumulate-2": (["all_reduce=ring", "bytes_per_pack=4096", "gradient_accumulation_steps=2"],
+                                     ["ring-accumulate-keras3:96:3"]),
+}
+
+
+@pytest.fixture(scope="module")
+def equivalence_jobs(tmp_path_factory):
+    """Each job of EQUIVALENCE_JOBS run once: {job: (its output, its folder)}."""
+    runs = {}
+    for job, (options, cases) in EQUIVALENCE_JOBS.items():
+        folder = tmp_path_factory.mktemp(job)
+        result = run_command(tfpar_command(
+            "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "multiworker_train.py"),
+            str(folder), "16", "2", ",".join(cases), *options), timeout=300, env={"PYTHONPATH": ROOT})
+        assert result.returncode == 0, result.output[-4000:]
+        runs[job] = result.output, folder
+    return runs
+
+
+@pytest.mark.parametrize("job, case", [pytest.param(job, case, id=case.split(":")[0])
+                                       for job, (_, cases) in EQUIVALENCE_JOBS.items() for case in cases])
+def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     """2 workers, global batch 16 (8 per replica), against one device with the same batches:
-    90 examples leave the last step 10 real examples and 6 padding rows; the second case also
-    splits the ring all-reduce into packs of 4 KiB (the model's gradients are 9.6 KiB); the
-    third trains the same model in Keras 3; the fourth accumulates 2 steps per update, so one
-    device takes batches of 32."""
+    90 examples leave the last step 10 real examples and 6 padding rows, trained in Keras 3 beside
+    a tf_keras model in the same processes; the second job splits the ring all-reduce into packs of
+    4 KiB (the model's gradients are 9.6 KiB) and accumulates 2 steps per update, so one device
+    takes batches of 32."""
     import importlib
 
     from tests.models import equivalence_data, equivalence_model, one_device_weights
     from tfpar import keras as tfpar_keras
 
-    result = run_command(tfpar_command(
-        "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "multiworker_train.py"),
-        str(tmp_path), "16", "2", str(examples), *options), timeout=300,
-        env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
-    assert result.returncode == 0, result.output[-4000:]
-    assert "8 per replica, 16 global" in result.output
+    output, folder = equivalence_jobs[job]
+    options = EQUIVALENCE_JOBS[job][0]
+    name, examples, keras_version = case.split(":")
+    examples, tmp_path = int(examples), folder / name
+    assert "8 per replica, 16 global" in output
     if "all_reduce=ring" in options:
-        assert "all_reduce='ring'" in result.output and "bytes_per_pack=4096" in result.output
+        assert "all_reduce='ring'" in output and "bytes_per_pack=4096" in output
     assert_started_from_worker_0(tmp_path)
     workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
     for a, b in zip(*workers):

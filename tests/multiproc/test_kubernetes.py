@@ -45,7 +45,7 @@ def _output(pod):
 def test_a_chief_and_a_worker_train_under_data_parallel_like_one_device(tmp_path):
     """TFJob Chief 1 + Worker 1: the chief is worker 0 of the collective, the worker is worker 1."""
     pods = _pods({"chief": 1, "worker": 1}, [sys.executable, os.path.join(SCRIPTS, "multiworker_train.py"),
-                                              str(tmp_path), "16", "2", "90"])
+                                              str(tmp_path), "16", "2", "padded:90:2"])
     try:
         codes = {name: pod.wait(timeout=300) for name, pod in pods.items()}
         outputs = {name: _output(pod) for name, pod in pods.items()}
@@ -55,7 +55,7 @@ def test_a_chief_and_a_worker_train_under_data_parallel_like_one_device(tmp_path
         assert code == 0, outputs[name][-4000:]
     assert "2 (this is chief 0, chief)" in outputs["chief 0"]
     assert "2 (this is worker 0, not chief)" in outputs["worker 0"]
-    assert_trained_together_like_one_device(tmp_path, 90)
+    assert_trained_together_like_one_device(tmp_path / "padded", 90)
 
 
 def test_one_script_in_every_pod_of_a_parameter_server_tfjob():

@@ -50,11 +50,12 @@ def _job_env():
 def test_launch_slurm_trains_the_tasks_together_like_one_device(slurm, tmp_path):
     """2 srun tasks, each `tfpar launch --slurm`: one multi-worker job, equal to one device."""
     script = os.path.join(SCRIPTS, "multiworker_train.py")
-    result = slurm.srun(tfpar_command("launch", "--slurm", "--", sys.executable, script, str(tmp_path), "16", "2", "90"),
+    result = slurm.srun(tfpar_command("launch", "--slurm", "--", sys.executable, script, str(tmp_path), "16", "2",
+                                      "padded:90:2"),
                         2, env=_job_env())
     assert result.returncode == 0, result.output[-4000:]
     assert "2 (this is worker 0, chief)" in result.output and "2 (this is worker 1, not chief)" in result.output
-    assert_trained_together_like_one_device(tmp_path, 90)
+    assert_trained_together_like_one_device(tmp_path / "padded", 90)
 
 
 @pytest.mark.parametrize("mpi, picked", [("none", "MultiWorkerDataParallel"), ("pmix", "HorovodStrategy")])
