@@ -25,7 +25,32 @@ def _assert_same_arrays(first, second):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _check_consistent_skip(reports, keras_version):
+OVERFLOW_JOBS = {"data_parallel": tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, "2", "3"),
+                 "horovod": ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
+                             "--horovod", "2", "3"]}
+
+
+@pytest.fixture(scope="module")
+def overflow_job():
+    """The overflow check on 2 workers (tfpar launch) or on 2 Horovod ranks (horovodrun), the job
+    running it under tf_keras and then Keras 3: each job once, its output."""
+    outputs = {}
+
+    def run(launcher):
+        if launcher not in outputs:
+            outputs[launcher] = run_command(OVERFLOW_JOBS[launcher], timeout=300, env={"PYTHONPATH": ROOT})
+        return outputs[launcher]
+    return run
+
+
+@pytest.mark.parametrize("keras_version", ["2", "3"], ids=["tf_keras", "keras3"])
+@pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
+def test_an_overflow_on_one_worker_skips_the_step_everywhere(overflow_job, launcher, keras_version, request):
+    if launcher == "horovod":
+        request.getfixturevalue("horovod_installed")
+    result = overflow_job(launcher)
+    assert result.returncode == 0, result.output[-4000:]
+    reports = [r for r in _reports(result.output) if r["keras"] == keras_version]
     assert [r["worker"] for r in reports] == [0, 1]
     for report in reports:
         optimizer = "LossScaleOptimizer" if keras_version == "3" else "LossScaleOptimizerV3"
@@ -33,23 +58,6 @@ def _check_consistent_skip(reports, keras_version):
         assert report["skipped"] and report["updated"]
         assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]
     _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])  # identical weights on both workers
-
-
-@pytest.mark.parametrize("keras_version", ["2", "3"], ids=["tf_keras", "keras3"])
-def test_multi_worker_overflow_on_one_worker_skips_everywhere(keras_version):
-    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT), timeout=300,
-                         env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
-    assert result.returncode == 0, result.output[-4000:]
-    _check_consistent_skip(_reports(result.output), keras_version)
-
-
-@pytest.mark.usefixtures("horovod_installed")
-@pytest.mark.parametrize("keras_version", ["2", "3"], ids=["tf_keras", "keras3"])
-def test_horovod_overflow_on_one_rank_skips_everywhere(keras_version):
-    result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
-                          "--horovod"], timeout=300, env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
-    assert result.returncode == 0, result.output[-4000:]
-    _check_consistent_skip(_reports(result.output), keras_version)
 
 
 def test_qat_under_multi_worker_data_parallel_ends_identical_on_both_workers():

@@ -1,12 +1,18 @@
 """One worker of the loss-scale consistency check: an inf gradient on the first worker's
 replica only, under mixed_float16. Run under `tfpar launch -n 2` (DataParallel) or
-`horovodrun -np 2` with --horovod (HorovodStrategy); the model in Keras 3 when $TFPAR_TEST_KERAS
-is "3". Prints ``REPORT {json}``."""
+`horovodrun -np 2` with --horovod (HorovodStrategy). The check runs once per Keras named on the
+command line (2: tf_keras, 3: Keras 3), in turn, under one strategy. Prints
+``REPORT {json}`` per Keras."""
 
+import importlib
 import json
+import sys
 
-from tests.models import keras_of_env, overflow_step, process_strategy
+import tfpar
+from tests.models import overflow_step, process_strategy
 
 strategy, worker = process_strategy()
-report = overflow_step(strategy, global_batch=8, first_worker=worker == 0, k=keras_of_env())
-print("REPORT " + json.dumps({"worker": worker, **report}), flush=True)
+for keras_version in [a for a in sys.argv[1:] if a in ("2", "3")]:
+    k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
+    report = overflow_step(strategy, global_batch=8, first_worker=worker == 0, k=k)
+    print("REPORT " + json.dumps({"worker": worker, "keras": keras_version, **report}), flush=True)
