@@ -15,6 +15,9 @@ on TensorFlow 2.21. This command:
    - ``horovod.tensorflow.keras`` runs on tf_keras instead of Keras 3 (see
      `tfpar._horovod_keras`), and ``horovod.tensorflow`` loads ``SyncBatchNormalization``
      on first use so that importing it leaves ``tf.keras`` unresolved;
+   - ``horovodrun`` takes what the build has (Gloo, MPI, NCCL) from the note the install
+     writes (`tfpar._horovod_build`) instead of a new process that imports TensorFlow at
+     every start (about 8 s of CPU);
 3. builds a wheel with Gloo, MPI where ``mpicxx`` is found (Adasum runs only over MPI)
    and NCCL where CUDA is found, with ``CMAKE_POLICY_VERSION_MINIMUM=3.5``: Horovod's
    bundled Gloo and flatbuffers declare CMake minimums below 3.5, which CMake 4 refuses
@@ -49,7 +52,8 @@ __all__ = ["InstallError", "PATCH_ID", "SDIST_SHA256", "VERSION", "cache_lock", 
 VERSION = "0.28.1"
 # The sha256 of horovod-0.28.1.tar.gz as PyPI serves it.
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
-KERAS_MODULE = "horovod/_tfpar_keras.py"  # tfpar/_horovod_keras.py, copied in
+# tfpar's modules copied into the Horovod package: {path in the sdist: the module in tfpar/}
+ADDED_MODULES = {"horovod/_tfpar_keras.py": "_horovod_keras.py", "horovod/_tfpar_build.py": "_horovod_build.py"}
 _SYNC_BN_LAZY = '''\
 def __getattr__(name):  # tfpar: imported on first use, so that tf.keras stays unresolved
     if name == "SyncBatchNormalization":
@@ -73,6 +77,13 @@ PATCHES = (
      "from tensorflow import keras\n", "from horovod._tfpar_keras import keras  # tfpar: tf_keras\n"),
     ("horovod/tensorflow/keras/callbacks.py",
      "    from keras import backend as K\n", "    K = keras.backend  # tfpar: not Keras 3's\n"),
+    ("horovod/common/util.py",
+     "    # 'fork' is required because horovodrun is a frozen executable\n",
+     "    from horovod._tfpar_build import ASK, recorded  # tfpar: the install's answers, no new process\n"
+     "    answer = recorded(ext_base_name, fn_desc)\n"
+     "    if answer is not ASK:\n"
+     "        return answer\n"
+     "    # 'fork' is required because horovodrun is a frozen executable\n"),
 )
 BUILD_ENV = {
     "HOROVOD_WITH_TENSORFLOW": "1",
@@ -85,13 +96,13 @@ APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
 MPI_MODES = ("auto", "yes", "no")
 
 
-def _keras_module_source():
-    with open(os.path.join(os.path.dirname(__file__), "_horovod_keras.py"), encoding="utf-8") as f:
+def _added_source(module):
+    with open(os.path.join(os.path.dirname(__file__), module), encoding="utf-8") as f:
         return f.read()
 
 
 def _patch_id():
-    digest = hashlib.sha256(repr(PATCHES).encode() + _keras_module_source().encode())
+    digest = hashlib.sha256(repr(PATCHES).encode() + "".join(map(_added_source, ADDED_MODULES.values())).encode())
     return digest.hexdigest()[:12]
 
 
@@ -172,9 +183,11 @@ def apply_patches(source_dir):
                 f"This command knows Horovod {VERSION}; check the file by hand before building another.")
         with open(full, "w", encoding="utf-8") as f:
             f.write(text.replace(old, new))
-    with open(os.path.join(source_dir, KERAS_MODULE), "w", encoding="utf-8") as f:
-        f.write(_keras_module_source())
-    _say(f"patched {len({p for p, _, _ in PATCHES})} files and added {KERAS_MODULE} (patch set {PATCH_ID})")
+    for path, module in ADDED_MODULES.items():
+        with open(os.path.join(source_dir, path), "w", encoding="utf-8") as f:
+            f.write(_added_source(module))
+    _say(f"patched {len({p for p, _, _ in PATCHES})} files and added {', '.join(ADDED_MODULES)} "
+         f"(patch set {PATCH_ID})")
 
 
 def fetch_sdist(workdir, sdist=None):
@@ -215,13 +228,12 @@ def _build_from_sdist(sdist):
 
 
 def write_build_note(tf_version):
-    """Records what this build was made against, for `tfpar doctor` and `installed_ok`."""
-    code = ("import importlib.util, json, os, sys; "
-            "d = importlib.util.find_spec('horovod').submodule_search_locations[0]; "
-            "json.dump(json.loads(sys.argv[1]), open(os.path.join(d, '_tfpar_build.json'), 'w'))")
+    """Records what this build was made against, for `tfpar doctor` and `installed_ok`, and what
+    each extension was built with, for horovodrun (`tfpar._horovod_build`)."""
     note = json.dumps({"tensorflow": tf_version, "xla_ops_guarded": True, "keras": "tf_keras",
                        "patches": PATCH_ID, "builder": "tfpar install-horovod"})
-    subprocess.run([sys.executable, "-c", code, note], check=True)
+    subprocess.run([sys.executable, "-c", "import json, sys, horovod._tfpar_build as b; b.write(json.loads(sys.argv[1]))",
+                    note], check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
 def ensure_on_path(script="horovodrun"):

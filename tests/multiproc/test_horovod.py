@@ -251,6 +251,25 @@ def test_doctor_reports_horovod(doctor):
     assert re.search(r"horovod:\s+0\.28\.1, controllers: Gloo", doctor.output), doctor.output
 
 
+def test_horovodrun_starts_its_ranks_without_a_process_that_imports_tensorflow(doctor):
+    """Horovod's runner asks a new process that imports TensorFlow which controllers are built
+    (about 8 s of CPU before the ranks start, each time); tfpar's build answers from the note its
+    install wrote. Every Python process of the job logs its imports (PYTHONPROFILEIMPORTTIME)."""
+    imports_tensorflow = re.compile(r"^(\[\d\]<stderr>:)?import time:.*\| tensorflow$", re.MULTILINE)
+    code = "import os; print('rank', os.environ['HOROVOD_RANK'], 'started')"
+    started = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", code],
+                          timeout=120, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert started.returncode == 0, started.output[-3000:]
+    assert sorted(re.findall(r"rank (\d) started", started.output)) == ["0", "1"]
+    assert "| horovod.runner.launch" in started.output  # the runner's imports are logged
+    assert not imports_tensorflow.findall(started.output)
+    check = run_command(["horovodrun", "--check-build"], timeout=60, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert check.returncode == 0 and not imports_tensorflow.findall(check.output), check.output[-3000:]
+    mpi = "MPI" in re.search(r"controllers: (.*)", doctor.output).group(1)
+    for mark, name in (("X", "TensorFlow"), (" ", "PyTorch"), (" ", "MXNet"), ("X", "Gloo"), ("X" if mpi else " ", "MPI")):
+        assert f"[{mark}] {name}\n" in check.output, check.output
+
+
 def test_demo_on_horovod_reaches_the_accuracy_target():
     result = run_command(["tfpar", "demo", "--strategy", "horovod"], timeout=400)  # as in the README
     assert result.returncode == 0, result.output[-3000:]

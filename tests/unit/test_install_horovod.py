@@ -183,5 +183,6 @@ def test_patches_apply_to_a_tree_shaped_like_the_sdist(tmp_path):
     for path, old, new in ih.PATCHES:
         text = (tmp_path / path).read_text()
         assert new in text and text.count(old) == 0 or old in new
-    with open(os.path.join(os.path.dirname(ih.__file__), "_horovod_keras.py")) as f:
-        assert (tmp_path / ih.KERAS_MODULE).read_text() == f.read()
+    for path, module in ih.ADDED_MODULES.items():
+        with open(os.path.join(os.path.dirname(ih.__file__), module)) as f:
+            assert (tmp_path / path).read_text() == f.read()
