@@ -41,7 +41,7 @@ def _parser():
     demo.add_argument("--compress", action="store_true",
                       help="then pruning, clustering and cluster-preserving QAT, exported as int8 TFLite "
                            "with its deployment report (size raw and gzipped, sparsity, accuracy, latency)")
-    demo.add_argument("--epochs", type=_int, default=None, help="default 15 (or $TFPAR_EPOCHS)")
+    demo.add_argument("--epochs", type=_int, default=None, help="default 8 (or $TFPAR_EPOCHS)")
     demo.add_argument("--batch-size", type=_int, default=None,
                       help="global batch size (default: 32 per replica)")
     demo.add_argument("--keras", type=_int, default=2, choices=(2, 3),
@@ -301,7 +301,7 @@ def _demo(args, command_line=None):
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.epochs is None:
-        args.epochs = default_epochs(15)
+        args.epochs = default_epochs(8)
     if args.strategy == "horovod" and "HOROVOD_RANK" not in os.environ:
         # Start the ranks (one per --devices, default 2) and run this same demo in each.
         args.workers, args.hosts, args.cluster = args.devices or 2, None, None

@@ -96,7 +96,7 @@ def compiled_model(k=None, learning_rate=2e-3):
     return model
 
 
-def run_demo(*, strategy="data_parallel", num_devices=None, epochs=15, global_batch_size=None,
+def run_demo(*, strategy="data_parallel", num_devices=None, epochs=8, global_batch_size=None,
              learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8,
              precision="float32", qat=False, keras_version=2, report_dir=None, compression="none",
              compress=False):
