@@ -106,9 +106,10 @@ def test_launch_roles_start_servers_and_stop_them_after_the_chief():
 
 
 def test_parameter_server_example_with_its_own_local_cluster():
-    result = run_command([sys.executable, "examples/train_parameter_server.py", "--epochs", "3"], timeout=300)
+    # As a user runs it: its 5 epochs (asynchronous steps: after 3, 0.64 to 0.94 by the machine's load).
+    result = run_command([sys.executable, "examples/train_parameter_server.py"], timeout=300)
     assert result.returncode == 0, result.output[-4000:]
-    accuracy = float(result.output.split("validation accuracy after 3 epochs: ")[1].split()[0])
+    accuracy = float(result.output.split("validation accuracy after 5 epochs: ")[1].split()[0])
     assert accuracy > 0.9
 
 
