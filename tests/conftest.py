@@ -32,13 +32,12 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """How the tests share the cores under ``pytest -n 2 --dist loadgroup`` (not the default, see
-    pytest.ini): the multi-process tier in one test process, one test at a time, as each of its
-    jobs takes both cores for its own processes; the in-process tiers beside it, a file at a time
-    (a file's module fixtures are made once)."""
+    """How the two test processes of ``-n 2 --dist loadgroup`` (pytest.ini) share the tests: a file
+    at a time (its module fixtures are made once), unless a test names its group itself (the
+    README's Ray block joins test_ray.py's: one local Ray cluster at a time)."""
     for item in items:
-        tier = os.path.relpath(str(item.path), ROOT).split(os.sep)[1]
-        item.add_marker(pytest.mark.xdist_group("multiproc" if tier == "multiproc" else item.module.__name__))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 class Finished:
