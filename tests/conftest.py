@@ -30,14 +30,21 @@ def pytest_configure(config):
     tfpar.configure_devices(NUM_DEVICES)
 
 
+TIERS = ("multiproc", "devices", "unit")  # the slowest first: the fast ones fill the end
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """How the two test processes of ``-n 2 --dist loadgroup`` (pytest.ini) share the tests: a file
-    at a time (its module fixtures are made once), unless a test names its group itself (the
-    README's Ray block joins test_ray.py's: one local Ray cluster at a time)."""
+    """How the two test processes of ``-n 2 --dist loadgroup`` (pytest.ini) share the tests: one at
+    a time, but the tests of a file that share a module fixture together (it is made once), and a
+    test that names its group joins it (group "ray": test_ray.py and the README's Ray block, one
+    local Ray cluster at a time). The multi-process tier goes first, so that the last tests are short ones."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            shared = any(definition.scope == "module" for definitions in item._fixtureinfo.name2fixturedefs.values()
+                         for definition in definitions)
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if shared else item.nodeid))
+    items.sort(key=lambda item: TIERS.index(os.path.relpath(str(item.path), ROOT).split(os.sep)[1]))
 
 
 class Finished:

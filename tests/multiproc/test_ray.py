@@ -18,6 +18,7 @@ if importlib.util.find_spec("ray") is None:
     if os.environ.get("CI"):
         raise ImportError("Ray is not installed, but [dev] installs it: the install is broken")
     pytest.skip("Ray is not installed (pip install 'tfpar[ray]')", allow_module_level=True)
+pytestmark = pytest.mark.xdist_group("ray")  # with the README's Ray block: one local Ray cluster at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ray_train.py")
 # Ray takes this machine's outward address for its nodes and for TF_CONFIG unless told it runs on
 # one machine: then every Ray and TensorFlow address is 127.0.0.1.

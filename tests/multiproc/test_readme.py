@@ -86,7 +86,7 @@ def test_install_and_demo_on_a_new_environment(tmp_path):
 
 @pytest.mark.parametrize("language, text, line", [
     pytest.param(*block, id=f"{block[0]}-line{block[2]}",
-                 marks=[pytest.mark.xdist_group("tests.multiproc.test_ray")] if "import ray" in block[1] else [])
+                 marks=[pytest.mark.xdist_group("ray")] if "import ray" in block[1] else [])
     for block in RUNNABLE])
 def test_readme_block_runs_as_written(language, text, line, tmp_path, request):
     if "horovod" in text.lower():
