@@ -47,6 +47,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: TIERS.index(os.path.relpath(str(item.path), ROOT).split(os.sep)[1]))
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Each tier's time (the sum of its tests' set-up, call and tear-down, in every test process)."""
+    totals = dict.fromkeys(TIERS, 0.0)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            tier = getattr(report, "nodeid", "").split("/")[1:2]
+            if getattr(report, "when", None) and tier and tier[0] in totals:
+                totals[tier[0]] += report.duration
+    terminalreporter.write_line("tier times (sums of test durations): " +
+                                ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in totals.items()))
+
+
 class Finished:
     """A finished command: returncode and combined output."""
 
