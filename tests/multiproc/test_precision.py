@@ -60,33 +60,45 @@ def test_an_overflow_on_one_worker_skips_the_step_everywhere(overflow_job, launc
     _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])  # identical weights on both workers
 
 
-def test_qat_under_multi_worker_data_parallel_ends_identical_on_both_workers():
-    script = os.path.join(os.path.dirname(__file__), "scripts", "qat_multiworker.py")
-    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script), timeout=300,
-                         env={"PYTHONPATH": ROOT})
-    assert result.returncode == 0, result.output[-4000:]
-    reports = _reports(result.output)
-    assert [r["worker"] for r in reports] == [0, 1]
-    assert reports[0]["ranges"] and reports[0]["ranges"].keys() == reports[1]["ranges"].keys()
-    for name in reports[0]["ranges"]:
-        _assert_same_arrays(reports[0]["ranges"][name], reports[1]["ranges"][name])
-    _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])
-
-
 COMPRESS = os.path.join(os.path.dirname(__file__), "scripts", "compress_multiworker.py")
 
 
-@pytest.mark.parametrize("strategy", ["data_parallel", "horovod"])
-def test_collaborative_compression_across_processes_agrees_on_both_workers(strategy, request, tmp_path):
-    if strategy == "horovod":
-        request.getfixturevalue("horovod_installed")
-        command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, COMPRESS, str(tmp_path),
-                   "--horovod"]
-    else:
-        command = tfpar_command("launch", "-n", "2", "--", sys.executable, COMPRESS, str(tmp_path))
-    result = run_command(command, timeout=300, env={"PYTHONPATH": ROOT})
-    assert result.returncode == 0, result.output[-4000:]
-    reports = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(2)]
+@pytest.fixture(scope="module")
+def compress_job(tmp_path_factory):
+    """QAT and the collaborative chain on 2 workers (tfpar launch) or 2 Horovod ranks (horovodrun),
+    each job once: {launcher: [worker 0's report, worker 1's]}."""
+    reports = {}
+
+    def run(launcher, request):
+        if launcher == "horovod":
+            request.getfixturevalue("horovod_installed")
+        if launcher not in reports:
+            out = tmp_path_factory.mktemp(f"compress_{launcher}")
+            if launcher == "horovod":
+                command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, COMPRESS,
+                           str(out), "--horovod"]
+            else:
+                command = tfpar_command("launch", "-n", "2", "--", sys.executable, COMPRESS, str(out))
+            result = run_command(command, timeout=300, env={"PYTHONPATH": ROOT})
+            assert result.returncode == 0, result.output[-4000:]
+            reports[launcher] = [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]
+        return reports[launcher]
+    return run
+
+
+@pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
+def test_qat_across_processes_ends_identical_on_both_workers(compress_job, launcher, request):
+    reports = compress_job(launcher, request)
+    assert [r["worker"] for r in reports] == [0, 1]
+    assert reports[0]["qat_ranges"] and reports[0]["qat_ranges"].keys() == reports[1]["qat_ranges"].keys()
+    for name in reports[0]["qat_ranges"]:
+        _assert_same_arrays(reports[0]["qat_ranges"][name], reports[1]["qat_ranges"][name])
+    _assert_same_arrays(reports[0]["qat_weights"], reports[1]["qat_weights"])
+
+
+@pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
+def test_collaborative_compression_across_processes_agrees_on_both_workers(compress_job, launcher, request):
+    reports = compress_job(launcher, request)
     assert [r["worker"] for r in reports] == [0, 1]
     for part in ("masks", "centroids", "pqat", "cqat"):
         first, second = reports[0][part], reports[1][part]

@@ -1,8 +1,8 @@
-"""TFMOT's collaborative chain under multi-worker DataParallel (run under `tfpar launch -n 2`), or
-under HorovodStrategy with --horovod (`horovodrun -np 2`):
-pruning, then pruning-preserving QAT, and clustering that keeps the zeros, then cluster-preserving
-QAT, both with exact ranges. Writes ``worker_<i>.json`` into the folder given as the first argument,
-with this worker's pruning masks, cluster centroids and indices, QAT ranges and weights, whole
+"""Plain QAT and TFMOT's collaborative chain under multi-worker DataParallel (run under
+`tfpar launch -n 2`), or under HorovodStrategy with --horovod (`horovodrun -np 2`): QAT of the
+trained model (TFMOT's default 8-bit); pruning, then pruning-preserving QAT, and clustering that
+keeps the zeros, then cluster-preserving QAT, both with exact ranges. Writes ``worker_<i>.json`` into the folder given as the first argument,
+with this worker's QAT ranges and weights, pruning masks, cluster centroids and indices, whole
 (compared element by element): a file, because horovodrun forwards each rank's output in chunks and
 a line this long can come back interleaved with the other rank's."""
 
@@ -14,7 +14,7 @@ import numpy as np
 
 import tfpar
 from tests.models import digits_subset, process_strategy, qat_model
-from tfpar.quantization import cluster, prune, quantize
+from tfpar.quantization import cluster, prune, quantize, quantizer_ranges
 
 keras = tfpar.keras
 strategy, worker = process_strategy()
@@ -40,6 +40,9 @@ with strategy.scope():
     trained = qat_model()
 fit(trained, epochs=2)
 with strategy.scope():
+    qat = quantize(trained)
+fit(qat, epochs=2)
+with strategy.scope():
     pruned, callbacks = prune(trained, 0.5, end_step=4, frequency=2)
 fit(pruned, epochs=2, callbacks=callbacks)
 with strategy.scope():
@@ -54,6 +57,8 @@ fit(cqat)
 with open(os.path.join(sys.argv[1], f"worker_{worker}.json"), "w") as f:
     json.dump({
         "worker": worker,
+        "qat_ranges": {name: [np.asarray(v).tolist() for v in vs] for name, vs in quantizer_ranges(qat).items()},
+        "qat_weights": [w.tolist() for w in qat.get_weights()],
         "masks": values(pruned, "mask"),
         "centroids": values(clustered, "cluster_centroids", "pulling_indices"),
         "pqat": values(pqat, "_min", "_max", "kernel"),
