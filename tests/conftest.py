@@ -7,6 +7,7 @@ the tests with bounded timeouts).
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,10 +104,27 @@ def horovod_installed():
         pytest.skip(message)
 
 
+# A user's shell: none of what this process set for itself (tfpar's import sets TF_USE_LEGACY_KERAS).
+USER_SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None}
+
+
+def readme_command(command):
+    """The argv of ``command``, a whole line of one of the README's bash blocks (its comment left
+    out): a test that runs a README command with more checks than tests/multiproc/test_readme.py
+    (which then leaves that line out: LINES_RUN_ELSEWHERE) takes it from here, so the two stay one text."""
+    import shlex
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"^```bash\n(.*?)^```$", f.read(), re.S | re.M)
+    lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
+    assert lines.count(command) == 1, f"the README's bash blocks have {command!r} {lines.count(command)} time(s), not once"
+    return shlex.split(command)
+
+
 @pytest.fixture(scope="session")
 def doctor():
-    """``tfpar doctor`` as a user types it, run once for the tests that read its report."""
-    result = run_command(["tfpar", "doctor"], timeout=240)
+    """``tfpar doctor`` as the README writes it and a user's shell runs it, once for the tests that read its report."""
+    result = run_command(readme_command("tfpar doctor"), timeout=240, env=USER_SHELL)
     assert result.returncode == 0, result.output[-2000:]
     return result
 

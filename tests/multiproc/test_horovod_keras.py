@@ -12,11 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_command
+from tests.conftest import ROOT, USER_SHELL, run_command
 from tests.models import load_arrays
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
-USER_SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None}  # as a user starts it: nothing set
 RANKS = 2
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_command
+from tests.conftest import ROOT, USER_SHELL, run_command
 
 BLOCK = re.compile(r"^```(bash|python)\n(.*?)^```$", re.S | re.M)
-SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None, "TFPAR_EPOCHS": "1"}
+SHELL = {**USER_SHELL, "TFPAR_EPOCHS": "1"}
 INSTALL_AND_DEMO = "pip install . && tfpar demo"
 INSTALL_AND_TEST = 'pip install -e ".[dev,horovod]" && tfpar install-horovod && python -m pytest'
 # What a block must print besides exiting 0, keyed by a fragment of the block.
@@ -36,8 +36,7 @@ EXPECT = {
     "quantization.quantize(": ["Epoch 2/2"],
     "q.cluster(pruned": ["smaller gzipped", "distinct values", "of the weights are zero"],
     "tfpar verify --model tfpar.demo": ["PASSED: trains like one replica", "conv2d/kernel"],
-    "tfpar doctor": ["horovod.tensorflow.keras: works", "ParameterServer (ParameterServerStrategy",
-                     "bubble: measured"],
+    "tfpar demo --strategy pipeline": ["Pipeline (1f1b: 2 stages x 8 microbatches)", "bubble: measured"],
 }
 
 
@@ -49,9 +48,26 @@ def _readme_blocks():
 
 # Blocks another test runs as written, in the user's shape and with more checks: run once, there.
 RUN_ELSEWHERE = {"ParameterServer.local(": "tests/multiproc/test_loopback.py (a plain script, its sockets watched)"}
+# Lines of bash blocks that another test runs as written (tests.conftest.readme_command), from a
+# user's shell, with more checks (the demos to their accuracy targets at their default epochs):
+# the block runs without them.
+LINES_RUN_ELSEWHERE = {"tfpar doctor": "tests/conftest.py",
+                       "tfpar demo --strategy horovod": "tests/multiproc/test_horovod.py",
+                       "tfpar demo --strategy ps": "tests/multiproc/test_parameter_server.py"}
+
+
+def _without_lines_run_elsewhere(language, text):
+    if language != "bash":
+        return text
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if line.split("#", 1)[0].strip() not in LINES_RUN_ELSEWHERE)
+
+
 BLOCKS = _readme_blocks()
-RUNNABLE = [b for b in BLOCKS if b[1].strip() not in (INSTALL_AND_DEMO, INSTALL_AND_TEST)
-            and not any(fragment in b[1] for fragment in RUN_ELSEWHERE)]
+RUNNABLE = [(language, _without_lines_run_elsewhere(language, text), line) for language, text, line in BLOCKS
+            if text.strip() not in (INSTALL_AND_DEMO, INSTALL_AND_TEST)
+            and not any(fragment in text for fragment in RUN_ELSEWHERE)]
+RUNNABLE = [block for block in RUNNABLE if block[1].strip()]
 
 
 def test_the_setup_is_the_two_documented_commands():
@@ -63,7 +79,8 @@ def test_the_setup_is_the_two_documented_commands():
 
 
 def test_install_and_demo_on_a_new_environment(tmp_path):
-    """``pip install . && tfpar demo`` in a new virtual environment, from a copy of the checkout.
+    """``pip install . && tfpar demo`` in a new virtual environment, from a copy of the checkout,
+    the demo as a new user gets it: its default epochs, to its accuracy target.
     The environment running the tests lends its packages through a .pth file (whether it is a
     venv or not), so only tfpar itself is installed."""
     import sysconfig
@@ -77,11 +94,16 @@ def test_install_and_demo_on_a_new_environment(tmp_path):
                           check=True, timeout=60, capture_output=True, text=True).stdout.strip()
     outer = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
     (Path(site) / "_tfpar_test_outer.pth").write_text("\n".join(outer) + "\n")
-    env = {**SHELL, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
+    env = {**USER_SHELL, "TFPAR_EPOCHS": None, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "VIRTUAL_ENV": str(venv)}
     result = run_command(["bash", "-e", "-c", INSTALL_AND_DEMO], timeout=600, env=env, cwd=str(source))
     assert result.returncode == 0, result.output[-4000:]
     assert (venv / "bin" / "tfpar").exists()
-    assert re.search(r"validation accuracy: 0\.\d+", result.output) and "epochs:              1" in result.output
+    assert "MirroredDataParallel (MirroredStrategy)" in result.output and "replicas:   2" in result.output
+    assert "epochs:              8" in result.output
+    accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
+    assert accuracy >= 0.95, result.output[-3000:]
+    assert float(re.search(r"examples/second:\s+([0-9,]+)", result.output).group(1).replace(",", "")) > 0
 
 
 @pytest.mark.parametrize("language, text, line", [
@@ -109,6 +131,12 @@ def test_each_block_run_elsewhere_is_one_block():
     """A fragment of RUN_ELSEWHERE leaves out the one block it names, never another."""
     for fragment in RUN_ELSEWHERE:
         assert sum(fragment in text for _, text, _ in BLOCKS) == 1, fragment
+
+
+def test_each_line_run_elsewhere_is_run_there_as_the_readme_writes_it():
+    for command, path in LINES_RUN_ELSEWHERE.items():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            assert f"readme_command({command!r})".replace("'", '"') in f.read(), (command, path)
 
 
 def test_every_runnable_block_is_checked_for_its_output():
