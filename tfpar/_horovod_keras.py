@@ -21,7 +21,10 @@ use, so that ``import horovod.tensorflow`` no longer resolves ``tf.keras`` early
 It imports nothing of tfpar: it becomes part of Horovod.
 """
 
+import importlib
+import importlib.util
 import os
+import sys
 
 import tensorflow as tf
 
@@ -38,14 +41,30 @@ def _select():
             "horovod.tensorflow.keras runs on tf_keras (the Keras 2 API), which is not installed: "
             f"pip install 'tf_keras~={tf.__version__.rsplit('.', 1)[0]}.0' and {_SET}.") from None
     loader = tf.keras  # TensorFlow's lazy loader; reading its own __dict__ resolves nothing
-    if vars(loader).get("_tfll_initialized") is False:
+    imported = [module for name, module in sys.modules.items() if name.split(".")[:2] == ["tensorflow", "keras"]]
+    if vars(loader).get("_tfll_initialized") is False and not imported:
         os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    if loader.Model.__module__.split(".")[0] != "tf_keras":
+    legacy = os.path.dirname(importlib.util.find_spec("tf_keras").origin)
+    if loader.Model.__module__.split(".")[0] != "tf_keras" or not all(
+            (getattr(module, "__file__", None) or legacy).startswith(legacy + os.sep) for module in imported):
         raise ImportError(
             "horovod.tensorflow.keras runs on tf_keras (the Keras 2 API), but tf.keras is already "
             f"Keras 3 in this process: {_SET} (or import horovod.tensorflow.keras before the first "
-            "use of tf.keras).")
+            "use of tf.keras and of `from tensorflow.keras import ...`).")
+    _route_imports_to(importlib.import_module("tf_keras.api._v2.keras"))
     return loader
+
+
+def _route_imports_to(api):
+    """Makes the import statement reach ``api`` too: ``from tensorflow.keras import applications``
+    looks in ``sys.modules``, then in ``tensorflow.__path__``, which TensorFlow pointed at the Keras
+    it picked when it was imported (Keras 3, the variable unset then), and not through ``tf.keras``."""
+    sys.modules.setdefault("tensorflow.keras", api)
+    spec = importlib.util.find_spec("keras")
+    keras3 = os.path.dirname(spec.origin) + os.sep if spec and spec.origin else None
+    first = os.path.dirname(os.path.dirname(api.__file__))  # .../tf_keras/api/_v2, holding keras/
+    tf.__path__[:] = [first] + [path for path in tf.__path__
+                                if path != first and not (keras3 and (path + os.sep).startswith(keras3))]
 
 
 keras = _select()
