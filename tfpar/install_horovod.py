@@ -8,8 +8,8 @@ on TensorFlow 2.21. This command:
 
 1. downloads the sdist with pip (or takes ``--sdist FILE``) and checks its sha256
    against the one pinned here before anything is extracted;
-2. applies tfpar's patches, each checked to match exactly once (another Horovod fails
-   loudly instead of building something half-patched):
+2. applies tfpar's patches (`tfpar._horovod_patches`), each checked to match exactly
+   (another Horovod fails loudly instead of building something half-patched):
    - ``xla_mpi_ops.cc`` is compiled for TensorFlow 2.6 to 2.18 only: later wheels lack
      the XLA headers it includes (so ``jit_compile=True`` cannot reach Horovod's ops);
    - ``horovod.tensorflow.keras`` runs on tf_keras instead of Keras 3 (see
@@ -18,6 +18,8 @@ on TensorFlow 2.21. This command:
    - ``horovodrun`` takes what the build has (Gloo, MPI, NCCL) from the note the install
      writes (`tfpar._horovod_build`) instead of a new process that imports TensorFlow at
      every start (about 8 s of CPU);
+   - ``horovod.tensorflow`` takes Keras 3 variables (its ``.ref()`` calls) and
+     ``SyncBatchNormalization`` runs on Keras 3 too (no ``fused``, Keras 3's ``_moments``);
 3. builds a wheel with Gloo, MPI where ``mpicxx`` is found (Adasum runs only over MPI)
    and NCCL where CUDA is found, with ``CMAKE_POLICY_VERSION_MINIMUM=3.5``: Horovod's
    bundled Gloo and flatbuffers declare CMake minimums below 3.5, which CMake 4 refuses
@@ -33,7 +35,6 @@ with Gloo only.
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -43,6 +44,8 @@ import tarfile
 import tempfile
 
 from tfpar._checks import check_choice, check_number
+from tfpar._horovod_patches import ADDED_MODULES, PATCHES, REF_PATCHES, patch_id
+from tfpar._horovod_patches import apply_patches as _apply_patches
 from tfpar._install_cache import InstallError, cache_lock, cached_wheel, check_sha256, wheel_for
 from tfpar._install_cache import say as _say
 
@@ -52,39 +55,6 @@ __all__ = ["InstallError", "PATCH_ID", "SDIST_SHA256", "VERSION", "cache_lock", 
 VERSION = "0.28.1"
 # The sha256 of horovod-0.28.1.tar.gz as PyPI serves it.
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
-# tfpar's modules copied into the Horovod package: {path in the sdist: the module in tfpar/}
-ADDED_MODULES = {"horovod/_tfpar_keras.py": "_horovod_keras.py", "horovod/_tfpar_build.py": "_horovod_build.py"}
-_SYNC_BN_LAZY = '''\
-def __getattr__(name):  # tfpar: imported on first use, so that tf.keras stays unresolved
-    if name == "SyncBatchNormalization":
-        from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
-        return SyncBatchNormalization
-    raise AttributeError(f"module 'horovod.tensorflow' has no attribute {name!r}")
-'''
-# (file, text found exactly once, replacement)
-PATCHES = (
-    ("horovod/tensorflow/xla_mpi_ops.cc",
-     "#if TENSORFLOW_VERSION >= 2006000000\n",
-     "// tfpar: TensorFlow >= 2.19 wheels lack the XLA headers this part needs.\n"
-     "#if TENSORFLOW_VERSION >= 2006000000 && TENSORFLOW_VERSION < 2019000000\n"),
-    ("horovod/tensorflow/__init__.py",
-     "from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization\n", _SYNC_BN_LAZY),
-    ("horovod/tensorflow/keras/__init__.py",
-     "from tensorflow import keras\n", "from horovod._tfpar_keras import keras  # tfpar: tf_keras\n"),
-    ("horovod/tensorflow/keras/__init__.py",
-     "    from keras import backend as K\n", "    K = keras.backend  # tfpar: not Keras 3's\n"),
-    ("horovod/tensorflow/keras/callbacks.py",
-     "from tensorflow import keras\n", "from horovod._tfpar_keras import keras  # tfpar: tf_keras\n"),
-    ("horovod/tensorflow/keras/callbacks.py",
-     "    from keras import backend as K\n", "    K = keras.backend  # tfpar: not Keras 3's\n"),
-    ("horovod/common/util.py",
-     "    # 'fork' is required because horovodrun is a frozen executable\n",
-     "    from horovod._tfpar_build import ASK, recorded  # tfpar: the install's answers, no new process\n"
-     "    answer = recorded(ext_base_name, fn_desc)\n"
-     "    if answer is not ASK:\n"
-     "        return answer\n"
-     "    # 'fork' is required because horovodrun is a frozen executable\n"),
-)
 BUILD_ENV = {
     "HOROVOD_WITH_TENSORFLOW": "1",
     "HOROVOD_WITH_GLOO": "1",
@@ -96,17 +66,7 @@ APT_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
 MPI_MODES = ("auto", "yes", "no")
 
 
-def _added_source(module):
-    with open(os.path.join(os.path.dirname(__file__), module), encoding="utf-8") as f:
-        return f.read()
-
-
-def _patch_id():
-    digest = hashlib.sha256(repr(PATCHES).encode() + "".join(map(_added_source, ADDED_MODULES.values())).encode())
-    return digest.hexdigest()[:12]
-
-
-PATCH_ID = _patch_id()  # names the cache entry and the build note: new patches, new build
+PATCH_ID = patch_id()  # names the cache entry and the build note: new patches, new build
 
 
 def _run(cmd, **kwargs):
@@ -172,22 +132,9 @@ def installed_ok(mpi_expected):
 
 
 def apply_patches(source_dir):
-    """Applies `PATCHES` and adds the Keras module; raises InstallError unless each matches exactly once."""
-    for path, old, new in PATCHES:
-        full = os.path.join(source_dir, path)
-        with open(full, encoding="utf-8") as f:
-            text = f.read()
-        if text.count(old) != 1:
-            raise InstallError(
-                f"expected {old.strip()!r} exactly once in {path}, found it {text.count(old)} time(s). "
-                f"This command knows Horovod {VERSION}; check the file by hand before building another.")
-        with open(full, "w", encoding="utf-8") as f:
-            f.write(text.replace(old, new))
-    for path, module in ADDED_MODULES.items():
-        with open(os.path.join(source_dir, path), "w", encoding="utf-8") as f:
-            f.write(_added_source(module))
-    _say(f"patched {len({p for p, _, _ in PATCHES})} files and added {', '.join(ADDED_MODULES)} "
-         f"(patch set {PATCH_ID})")
+    """Applies tfpar's changes (`tfpar._horovod_patches`); raises InstallError unless each matches exactly."""
+    patched = _apply_patches(source_dir, VERSION)
+    _say(f"patched {len(patched)} files and added {', '.join(ADDED_MODULES)} (patch set {PATCH_ID})")
 
 
 def fetch_sdist(workdir, sdist=None):
