@@ -27,7 +27,7 @@ _KERAS_PROBE_TIMEOUT_SECONDS = 180
 
 
 def horovod_report():
-    """Returns a dict: installed, version, controllers, built_against, error."""
+    """Returns a dict: installed, version, controllers, built_against, patches, error."""
     spec = importlib.util.find_spec("horovod")
     if spec is None:
         return {"installed": False, "error": "not installed"}
@@ -37,10 +37,10 @@ def horovod_report():
     except Exception as e:  # an ABI mismatch shows up as any import error
         return {"installed": True, "importable": False, "error": f"{type(e).__name__}: {e}"}
     note_path = os.path.join(spec.submodule_search_locations[0], "_tfpar_build.json")
-    built = None
+    note = {}
     if os.path.exists(note_path):
         with open(note_path, encoding="utf-8") as f:
-            built = json.load(f).get("tensorflow")
+            note = json.load(f)
     controllers = [name for name, ok in (("Gloo", hvd.gloo_built()), ("MPI", hvd.mpi_built())) if ok]
     return {
         "installed": True,
@@ -48,7 +48,8 @@ def horovod_report():
         "version": horovod.__version__,
         "controllers": controllers,
         "nccl": bool(hvd.nccl_built()),
-        "built_against": built,
+        "built_against": note.get("tensorflow"),
+        "patches": note.get("patches"),
     }
 
 
@@ -143,4 +144,18 @@ def report():
         else:
             lines.append(f"horovod.tensorflow.keras: fails ({keras_api['error']}). Horovod's Keras API "
                          "runs on tf_keras in the build `tfpar install-horovod --force` makes.")
+        lines.append(horovod_core_line(hv["patches"]))
     return lines
+
+
+def horovod_core_line(patches):
+    """Which Keras ``horovod.tensorflow`` scripts get here, and why: theirs, through tf.keras."""
+    from tfpar.install_horovod import PATCH_ID
+
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True")  # TensorFlow's own test
+    keras = "tf_keras (TF_USE_LEGACY_KERAS is set)" if legacy else "Keras 3 (TF_USE_LEGACY_KERAS is not set)"
+    if patches != PATCH_ID:
+        return (f"horovod.tensorflow: tf.keras is {keras}; this build predates tfpar's Keras 3 patches "
+                "(Keras 3 variables fail in its tapes): rebuild with `tfpar install-horovod --force`")
+    return (f"horovod.tensorflow: takes the script's own Keras; tf.keras is {keras}. Keras 3 variables, "
+            "tapes and SyncBatchNormalization work on either")

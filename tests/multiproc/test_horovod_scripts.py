@@ -1,0 +1,70 @@
+"""Horovod's core API (``horovod.tensorflow``) on the Horovod tfpar builds, with Keras 3 models.
+
+Scripts in the shape of Horovod's tensorflow2_synthetic_benchmark.py and of the cases of its
+test_tensorflow.py that fail upstream on Keras 3 (horovod/horovod#4290), run as a user starts them:
+``horovodrun -np 2 -H localhost:2 --gloo python SCRIPT``, nothing of tfpar imported. Real processes,
+bounded in time.
+"""
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_command
+from tests.models import load_arrays
+
+pytestmark = pytest.mark.usefixtures("horovod_installed")
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+KERAS = {"keras3": {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None},  # as a user starts it: nothing set
+         "tf_keras": {"TF_USE_LEGACY_KERAS": "1", "PYTHONPATH": None}}
+EXPECTED = {"keras3": "keras", "tf_keras": "tf_keras"}  # the top package of the model's class
+
+
+def _horovodrun(env, *args, timeout=300):
+    return run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, *args],
+                       timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("keras", KERAS)
+def test_the_synthetic_benchmark_shape_trains_on_either_keras(keras, tmp_path):
+    """DistributedGradientTape and broadcast_variables on a tensorflow.keras.applications model:
+    the ranks draw their own weights, the broadcast after the first step makes them rank 0's, and
+    the averaged gradients keep them identical."""
+    result = _horovodrun(KERAS[keras], os.path.join(SCRIPTS, "hvd_tf2_synthetic.py"), "--out", str(tmp_path))
+    assert result.returncode == 0, result.output[-4000:]
+    rate = re.search(r"Total img/sec on 2 CPU\(s\): ([0-9.]+)", result.output)
+    assert rate and float(rate.group(1)) > 0, result.output[-3000:]
+    assert [json.loads((tmp_path / f"rank_{r}.json").read_text())["keras"] for r in range(2)] == [EXPECTED[keras]] * 2
+    initial = [load_arrays(tmp_path / f"initial_{r}.npz") for r in range(2)]
+    assert any(not np.array_equal(a, b) for a, b in zip(*initial))
+    ranks = [load_arrays(tmp_path / f"rank_{r}.npz") for r in range(2)]
+    assert len(ranks[0]) > 100  # MobileNetV2's trainable weights
+    for a, b in zip(*ranks):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_doctor_says_which_keras_horovod_tensorflow_scripts_get(doctor):
+    assert ("horovod.tensorflow: takes the script's own Keras; tf.keras is Keras 3 (TF_USE_LEGACY_KERAS is not "
+            "set). Keras 3 variables, tapes and SyncBatchNormalization work on either") in doctor.output, doctor.output
+
+
+def test_horovods_failing_keras3_cases_pass():
+    result = _horovodrun(KERAS["keras3"], os.path.join(SCRIPTS, "hvd_keras3_cases.py"))
+    assert result.returncode == 0, result.output[-4000:]
+    cases = [re.search(r"CASE (\S+) (\d) (\{.*\})", line) for line in result.output.splitlines()]
+    cases = [(m.group(1), int(m.group(2)), json.loads(m.group(3))) for m in cases if m]
+    syncbn = [values for name, _, values in cases if name == "syncbn"]
+    assert len(syncbn) == 4 and {v["keras"] for v in syncbn} == {"keras"}
+    for values in syncbn:  # 2 ranks x 2 shapes: equal to BatchNormalization on the whole batch
+        assert max(values["output"], values["moving_mean"], values["moving_variance"]) < 1e-5, values
+    tapes = [values for name, _, values in cases if name == "partial-tape"]
+    assert len(tapes) == 2 and {v["keras"] for v in tapes} == {"keras"}
+    for values in tapes:
+        assert values["local_differs"]  # the local layer's gradients differ between the ranks
+        assert sorted(is_local for is_local, _ in values["errors"].values()) == [False, False, True, True]
+        assert max(error for _, error in values["errors"].values()) < 1e-5, values
