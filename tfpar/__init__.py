@@ -15,6 +15,9 @@ Example:
 import os
 import sys
 
+# What the environment said before the line below: the Keras a script that does not import tfpar
+# gets here (`tfpar doctor` reports it).
+_SHELL_TF_USE_LEGACY_KERAS = os.environ.get("TF_USE_LEGACY_KERAS")
 if "tensorflow" not in sys.modules:  # the Keras choice of tfpar._keras, made before any import
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 

@@ -18,7 +18,8 @@ import re
 from tfpar._install_cache import InstallError
 
 # tfpar's modules copied into the Horovod package: {path in the sdist: the module in tfpar/}
-ADDED_MODULES = {"horovod/_tfpar_keras.py": "_horovod_keras.py", "horovod/_tfpar_build.py": "_horovod_build.py"}
+ADDED_MODULES = {"horovod/_tfpar_keras.py": "_horovod_keras.py", "horovod/_tfpar_build.py": "_horovod_build.py",
+                 "horovod/_tfpar_keras3.py": "_horovod_keras3.py"}
 _SYNC_BN_LAZY = '''\
 def __getattr__(name):  # tfpar: imported on first use, so that tf.keras stays unresolved
     if name == "SyncBatchNormalization":
@@ -71,6 +72,15 @@ PATCHES = (
     ("horovod/tensorflow/__init__.py", "import tensorflow as tf\n", _IMPORT_REF),
     ("horovod/tensorflow/gradient_aggregation.py", "import tensorflow as tf\n", _IMPORT_REF),
     ("horovod/tensorflow/gradient_aggregation_eager.py", "import tensorflow as tf\n", _IMPORT_REF),
+    # horovod.tensorflow.DistributedOptimizer takes a Keras 3 optimizer
+    ("horovod/tensorflow/__init__.py",
+     "        import horovod.tensorflow.keras as hvd_k\n        return hvd_k.DistributedOptimizer(\n",
+     "        from horovod._tfpar_keras3 import distributed_optimizer, is_keras3_optimizer  # tfpar: Keras 3\n"
+     "        if is_keras3_optimizer(optimizer):\n"
+     "            return distributed_optimizer(optimizer, _make_allreduce_grads_fn(\n"
+     "                name or 'Distributed' + type(optimizer).__name__, device_dense, device_sparse, compression,\n"
+     "                sparse_as_dense, op, gradient_predivide_factor, groups, process_set), backward_passes_per_step)\n"
+     "        import horovod.tensorflow.keras as hvd_k\n        return hvd_k.DistributedOptimizer(\n"),
     # SyncBatchNormalization on Keras 3 too
     ("horovod/tensorflow/sync_batch_norm.py",
      "class SyncBatchNormalization(tf.keras.layers.BatchNormalization):\n", _SYNC_BN_KERAS),
@@ -83,6 +93,12 @@ PATCHES = (
     ("horovod/tensorflow/sync_batch_norm.py",
      "      inputs, reduction_axes, keep_dims=keep_dims, **kwargs)\n",
      "      inputs, *args, **kwargs)\n"),
+    ("horovod/tensorflow/sync_batch_norm.py",
+     "  def call(self, *args, **kwargs):\n    outputs = super(SyncBatchNormalization, self).call(*args, **kwargs)\n",
+     "  # tfpar: named arguments: Keras 3 builds a layer from its call's first one, and passes `training`\n"
+     "  # only to a call that names it.\n"
+     "  def call(self, inputs, training=None, **kwargs):\n"
+     "    outputs = super(SyncBatchNormalization, self).call(inputs, training=training, **kwargs)\n"),
 )
 _REF_CALL = re.compile(r"\b(\w+)\.ref\(\)")
 # (file, how many `<name>.ref()` it has): each becomes _tfpar_ref(<name>)

@@ -149,13 +149,16 @@ def report():
 
 
 def horovod_core_line(patches):
-    """Which Keras ``horovod.tensorflow`` scripts get here, and why: theirs, through tf.keras."""
+    """Which Keras ``horovod.tensorflow`` scripts get here, and why: theirs, through ``tf.keras``,
+    which TensorFlow makes tf_keras only when TF_USE_LEGACY_KERAS is set before it is imported."""
+    import tfpar
     from tfpar.install_horovod import PATCH_ID
 
-    legacy = os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True")  # TensorFlow's own test
-    keras = "tf_keras (TF_USE_LEGACY_KERAS is set)" if legacy else "Keras 3 (TF_USE_LEGACY_KERAS is not set)"
+    legacy = tfpar._SHELL_TF_USE_LEGACY_KERAS in ("1", "true", "True")  # TensorFlow's own test
+    keras = ("tf_keras (TF_USE_LEGACY_KERAS is set)" if legacy else
+             "Keras 3 (TF_USE_LEGACY_KERAS is not set)")
     if patches != PATCH_ID:
         return (f"horovod.tensorflow: tf.keras is {keras}; this build predates tfpar's Keras 3 patches "
                 "(Keras 3 variables fail in its tapes): rebuild with `tfpar install-horovod --force`")
     return (f"horovod.tensorflow: takes the script's own Keras; tf.keras is {keras}. Keras 3 variables, "
-            "tapes and SyncBatchNormalization work on either")
+            "optimizers (DistributedOptimizer), tapes and SyncBatchNormalization work as tf_keras ones do")

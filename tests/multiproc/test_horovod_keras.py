@@ -88,6 +88,7 @@ def test_synthetic_benchmark_shaped_keras_script_runs_unchanged(tmp_path, option
     result = _horovodrun(os.path.join(SCRIPTS, "hvd_keras_synthetic.py"), "--out", str(tmp_path), *options)
     assert result.returncode == 0, result.output[-4000:]
     assert "Total img/sec on 2 CPU(s)" in result.output
+    assert "Keras of the model: tf_keras, of applications: tf_keras" in result.output  # the import statement too
     final = [load_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
     for a, b in zip(*final):
         np.testing.assert_array_equal(a, b)

@@ -1,6 +1,8 @@
 """A Horovod Keras script as users write them (the shape of Horovod's
-tensorflow2_keras_synthetic_benchmark.py), with a small model instead of ResNet50. Nothing of
-tfpar is imported: it must run unchanged under
+tensorflow2_keras_synthetic_benchmark.py: ``from tensorflow.keras import applications`` after
+``import horovod.tensorflow.keras``), with a small CNN instead of ResNet50 (tracing an
+application model costs a minute here; test_horovod_scripts.py runs one). Nothing of tfpar is
+imported: it must run unchanged under
 `horovodrun -np 2 -H localhost:2 --gloo python hvd_keras_synthetic.py [options]`.
 
 ``--out DIR`` makes each rank save its weights there, for the test.
@@ -14,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import horovod.tensorflow.keras as hvd
+from tensorflow.keras import applications
 
 parser = argparse.ArgumentParser(description="TensorFlow Synthetic Benchmark",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -37,7 +40,7 @@ if hvd.rank() == 0:
     print("Batch size: %d" % args.batch_size)
     print("Number of %ss: %d" % (device, hvd.size()))
 
-# Set up a small model (the original uses tf.keras.applications.ResNet50).
+# Set up a small model (the original: getattr(applications, args.model)(weights=None)).
 tf.random.set_seed(hvd.rank())
 model = tf.keras.Sequential([
     tf.keras.layers.Conv2D(8, 3, activation="relu", input_shape=(32, 32, 3)),
@@ -45,6 +48,9 @@ model = tf.keras.Sequential([
     tf.keras.layers.Dense(100),
 ])
 opt = tf.optimizers.SGD(0.01)
+if hvd.rank() == 0:
+    print("Keras of the model: %s, of applications: %s" % (type(model).__module__.split(".")[0],
+                                                            applications.__name__.split(".")[0]))
 
 # Synthetic dataset
 data = tf.random.uniform([args.batch_size, 32, 32, 3], seed=1)
