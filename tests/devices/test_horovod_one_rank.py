@@ -81,3 +81,32 @@ def test_describe_counts_a_keras3_model():
 
     model = keras3.Sequential([keras3.layers.Input((2,)), keras3.layers.Dense(1)], name="k3")
     assert "model:      k3, 3 parameters" in HorovodStrategy().describe(model=model)
+
+
+def test_horovods_distributed_optimizer_for_keras3_wraps_the_optimizer_it_is_given():
+    """tfpar/_horovod_keras3.py, which the installer adds to Horovod, in this process: a Keras 3
+    optimizer is recognized (a tf_keras one is not), the copy keeps its class name and config, its
+    apply hands every gradient to the all-reduce with the tf.Variable each Keras 3 variable holds,
+    and an unsupported backward_passes_per_step is refused naming the fix."""
+    import keras as keras3
+
+    from tfpar._horovod_keras3 import distributed_optimizer, is_keras3_optimizer
+
+    assert is_keras3_optimizer(keras3.optimizers.SGD(0.1)) and not is_keras3_optimizer(keras.optimizers.SGD(0.1))
+    seen = []
+
+    def doubled(grads, variables):  # an all-reduce summing two ranks with equal gradients
+        seen.append(variables)
+        return [2 * g for g in grads]
+
+    optimizer = distributed_optimizer(keras3.optimizers.SGD(0.1, momentum=0.5), doubled)
+    assert type(optimizer).__name__ == "SGD" and isinstance(optimizer, keras3.optimizers.SGD)
+    assert optimizer.get_config()["momentum"] == 0.5
+    variable = keras3.Variable([1.0, 2.0])
+    optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+    np.testing.assert_allclose(variable.numpy(), [0.8, 1.8])  # 0.1 x the doubled gradient
+    assert len(seen) == 1 and isinstance(seen[0][0], tf.Variable)
+    with pytest.raises(ValueError, match=r"backward_passes_per_step=1 with a Keras 3 optimizer. Received: "
+                                         r"backward_passes_per_step=2. Accumulate with Keras 3's own "
+                                         r"gradient_accumulation_steps"):
+        distributed_optimizer(keras3.optimizers.SGD(0.1), doubled, backward_passes_per_step=2)
