@@ -36,28 +36,65 @@ TIERS = ("multiproc", "devices", "unit")  # the slowest first: the fast ones fil
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """How the two test processes of ``-n 2 --dist loadgroup`` (pytest.ini) share the tests: one at
-    a time, but the tests of a file that share a module fixture together (it is made once), and a
-    test that names its group joins it (group "ray": test_ray.py and the README's Ray block, one
-    local Ray cluster at a time). The multi-process tier goes first, so that the last tests are short ones."""
+    """How the test processes of ``--dist loadgroup`` (pytest.ini) share the tests: one at a time,
+    but the tests that share a session fixture of this conftest together (``doctor``: it is made
+    once, not once per test process), then those of a file that share a module fixture, and a test
+    that names its group joins it (group "ray": test_ray.py and the README's Ray block, one local
+    Ray cluster at a time). The multi-process tier goes first, so that the last tests are short ones."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            shared = any(definition.scope == "module" for definitions in item._fixtureinfo.name2fixturedefs.values()
-                         for definition in definitions)
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if shared else item.nodeid))
+            definitions = [d for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds]
+            session = [d.argname for d in definitions if d.scope == "session" and d.func.__module__ == __name__]
+            module = any(d.scope == "module" for d in definitions)
+            group = session[0] if session else item.module.__name__ if module else item.nodeid
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: TIERS.index(os.path.relpath(str(item.path), ROOT).split(os.sep)[1]))
 
 
+def _cpu_seconds():
+    """CPU time of this process and of every child it has waited for (theirs include their own
+    waited-for children: a launcher's workers count toward the test that ran the launcher)."""
+    import resource
+
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report carries the CPU seconds it took, its processes' included: two cores are
+    shared by everything that runs, so CPU, not wall time, is what a test costs the run."""
+    outcome = yield
+    now = _cpu_seconds()
+    outcome.get_result().user_properties.append(("cpu", now - getattr(item, "_tfpar_cpu_mark", now)))
+    item._tfpar_cpu_mark = now
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._tfpar_cpu_mark = _cpu_seconds()
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Each tier's time (the sum of its tests' set-up, call and tear-down, in every test process)."""
-    totals = dict.fromkeys(TIERS, 0.0)
+    """Each tier's time and CPU (sums of its tests' set-up, call and tear-down, in every test
+    process), and the tests that took the most CPU."""
+    times, cpus, by_test = dict.fromkeys(TIERS, 0.0), dict.fromkeys(TIERS, 0.0), {}
     for reports in terminalreporter.stats.values():
         for report in reports:
             tier = getattr(report, "nodeid", "").split("/")[1:2]
-            if getattr(report, "when", None) and tier and tier[0] in totals:
-                totals[tier[0]] += report.duration
+            if getattr(report, "when", None) and tier and tier[0] in times:
+                cpu = dict(report.user_properties).get("cpu", 0.0)
+                times[tier[0]] += report.duration
+                cpus[tier[0]] += cpu
+                nodeid = report.nodeid.split("@", 1)[0]  # under --dist loadgroup: "nodeid@group"
+                by_test[nodeid] = by_test.get(nodeid, 0.0) + cpu
     terminalreporter.write_line("tier times (sums of test durations): " +
-                                ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in totals.items()))
+                                ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in times.items()))
+    terminalreporter.write_line("tier CPU (the tests' processes included): " +
+                                ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in cpus.items()))
+    terminalreporter.write_line("the tests that took the most CPU:")
+    for nodeid, cpu in sorted(by_test.items(), key=lambda kv: -kv[1])[:30]:
+        terminalreporter.write_line(f"{cpu:8.1f} s  {nodeid}")
 
 
 class Finished:

@@ -96,22 +96,15 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
     np.testing.assert_allclose(_losses(result.output), _losses(reference.output)[3:], rtol=1e-4)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--max-restarts", "1", "--no-backup"], "restart 1 of 1"),
-    (["--max-restarts", "1", "--no-backup", "--kill-at", "1:1:1:0"], "giving up after 1 restart(s)"),
-])
-def test_restarts_without_a_backup_warn_and_the_last_failure_ends_the_job(tmp_path, flags, message):
-    max_restarts, script_flags = flags[:2], flags[2:]
+def test_a_restart_without_a_backup_warns_and_trains_from_the_first_epoch(tmp_path):
+    """A Keras fit with no FaultTolerance, worker 1 killed in epoch 1: the restart warns that training
+    starts over, and it does. (Giving up after the last restart: tests/unit/test_launch.py.)"""
     result = run_command(tfpar_command(
-        "launch", "-n", "2", *max_restarts, "--", sys.executable, SCRIPT, str(tmp_path / "b"), "--kill-at", "0:1:1:2",
-        *script_flags), timeout=400, env={"PYTHONPATH": ROOT})
-    assert message in result.output, result.output[-3000:]
+        "launch", "-n", "2", "--max-restarts", "1", "--", sys.executable, SCRIPT, str(tmp_path / "b"), "--kill-at",
+        "0:1:1:2", "--no-backup"), timeout=400, env={"PYTHONPATH": ROOT})
+    assert "restart 1 of 1" in result.output, result.output[-3000:]
     assert "warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts over" in result.output
-    if "giving up" in message:
-        assert result.returncode == 128 + 9, result.output[-3000:]
-        assert "the last failure: worker 1 was killed by SIGKILL" in result.output
-    else:
-        assert result.returncode == 0 and _epochs_completed(result.output)[-5:] == [1, 2, 3, 4, 5]
+    assert result.returncode == 0 and _epochs_completed(result.output)[-5:] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("strategy", ["data_parallel", "horovod"])

@@ -50,6 +50,19 @@ def test_failed_worker_stops_the_others_and_is_named(tmp_path):
         os.kill(survivor, 0)
 
 
+def test_the_last_restart_failing_gives_up_with_its_code_and_names_it():
+    """--max-restarts 1, worker 1 SIGKILLed in both runs: one restart, warned that no
+    FaultTolerance backup was made, then the job ends with the last failure's code, named."""
+    result = run_command(tfpar_command("launch", "-n", "2", "--max-restarts", "1", "--grace", "5", "--", *_script(
+        "if task['index'] == 1:\n"
+        "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(600)\n")), timeout=60)
+    assert result.returncode == 128 + 9, result.output  # SIGKILL, as a shell reports it
+    assert "tfpar launch: restart 1 of 1 at " in result.output and "worker 1 was killed by SIGKILL" in result.output
+    assert "warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts over" in result.output
+    assert "giving up after 1 restart(s); the last failure: worker 1 was killed by SIGKILL" in result.output
+
+
 @pytest.mark.parametrize("grace", [1.0, 4.0])
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path, grace):
     """Worker 1 ignores SIGTERM: from worker 0's failure the launcher waits the grace period,
