@@ -51,6 +51,23 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: TIERS.index(os.path.relpath(str(item.path), ROOT).split(os.sep)[1]))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef, request):
+    """A shared fixture made for a test outside its group would be made again in another test
+    process: a test that takes one through ``request.getfixturevalue`` is invisible to the grouping
+    above, so it must name the fixture as an argument."""
+    if fixturedef.scope not in ("module", "session") or not fixturedef.func.__module__.startswith("tests."):
+        return
+    if fixturedef.scope == "session" and fixturedef.func.__module__ != __name__:
+        return
+    item = getattr(request, "_pyfuncitem", None)
+    marker = item.get_closest_marker("xdist_group") if item is not None else None
+    wanted = fixturedef.argname if fixturedef.scope == "session" else item.module.__name__ if item else None
+    if marker is not None and marker.args and marker.args[0] != wanted:
+        pytest.fail(f"{item.nodeid} takes the {fixturedef.scope} fixture {fixturedef.argname!r} outside its group "
+                    f"{wanted!r} (through request.getfixturevalue?): name it as an argument of the test")
+
+
 def _cpu_seconds():
     """CPU time of this process and of every child it has waited for (theirs include their own
     waited-for children: a launcher's workers count toward the test that ran the launcher)."""

@@ -195,26 +195,32 @@ def _adasum(a, b):
     return (1 - dot / (2 * np.dot(a, a))) * a + (1 - dot / (2 * np.dot(b, b))) * b
 
 
-@pytest.mark.parametrize("op", ["average", "sum", "adasum"])
-def test_one_step_applies_the_reduction_rule_to_known_gradients(op, request):
-    import horovod.tensorflow as hvd
+A, B = np.array([1.0, 0.0]), np.array([1.0, 1.0])  # rank 0's gradient, rank 1's, in the one-step tests
 
-    a, b = np.array([1.0, 0.0]), np.array([1.0, 1.0])  # rank 0's gradient, rank 1's
-    expected = {"average": (a + b) / 2, "sum": a + b, "adasum": _adasum(a, b)}[op]
-    if op == "adasum":  # Horovod runs Adasum over MPI only
-        if not hvd.mpi_built():
-            pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
-        result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi", sys.executable,
-                              os.path.join(SCRIPTS, "horovod_one_step.py"), "adasum:none"], timeout=300,
-                             env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-        assert result.returncode == 0, result.output[-4000:]
-        kernels = _kernels(result.output)["adasum:none"]
-        assert not np.allclose(expected, (a + b) / 2) and not np.allclose(expected, a + b)
-    else:
-        kernels = request.getfixturevalue("one_step")[f"{op}:none"]
+
+def _assert_one_sgd_step(kernels, expected):
     assert sorted(kernels) == ["0", "1"]
     for kernel in kernels.values():  # SGD at rate 1 from zero: the kernel is minus the update
         np.testing.assert_allclose(kernel, -expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op, expected", [("average", (A + B) / 2), ("sum", A + B)], ids=["average", "sum"])
+def test_one_step_applies_the_reduction_rule_to_known_gradients(one_step, op, expected):
+    _assert_one_sgd_step(one_step[f"{op}:none"], expected)
+
+
+def test_one_step_of_adasum_over_mpi_applies_its_combination_rule():
+    import horovod.tensorflow as hvd
+
+    if not hvd.mpi_built():  # Horovod runs Adasum over MPI only
+        pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
+    expected = _adasum(A, B)
+    assert not np.allclose(expected, (A + B) / 2) and not np.allclose(expected, A + B)
+    result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi", sys.executable,
+                          os.path.join(SCRIPTS, "horovod_one_step.py"), "adasum:none"], timeout=300,
+                         env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    assert result.returncode == 0, result.output[-4000:]
+    _assert_one_sgd_step(_kernels(result.output)["adasum:none"], expected)
 
 
 def test_adasum_needs_a_power_of_two_ranks(tmp_path):
