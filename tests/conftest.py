@@ -43,12 +43,21 @@ def pytest_collection_modifyitems(config, items):
     Ray cluster at a time). The multi-process tier goes first, so that the last tests are short ones."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            definitions = [d for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds]
-            session = [d.argname for d in definitions if d.scope == "session" and d.func.__module__ == __name__]
-            module = any(d.scope == "module" for d in definitions)
-            group = session[0] if session else item.module.__name__ if module else item.nodeid
-            item.add_marker(pytest.mark.xdist_group(group))
+            groups = {_sharing_group(d, item) for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds}
+            groups.discard(None)
+            session = groups - {item.module.__name__}  # a session fixture's group first
+            item.add_marker(pytest.mark.xdist_group(min(session or groups or {item.nodeid})))
     items.sort(key=lambda item: TIERS.index(os.path.relpath(str(item.path), ROOT).split(os.sep)[1]))
+
+
+def _sharing_group(fixturedef, item):
+    """The group of the tests that share ``fixturedef`` (made once in a test process), or None: a
+    session fixture of this conftest groups by its name, a module fixture of the tests by module."""
+    if fixturedef.scope == "session" and fixturedef.func.__module__ == __name__:
+        return fixturedef.argname
+    if fixturedef.scope == "module" and fixturedef.func.__module__.startswith("tests."):
+        return item.module.__name__
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -56,13 +65,9 @@ def pytest_fixture_setup(fixturedef, request):
     """A shared fixture made for a test outside its group would be made again in another test
     process: a test that takes one through ``request.getfixturevalue`` is invisible to the grouping
     above, so it must name the fixture as an argument."""
-    if fixturedef.scope not in ("module", "session") or not fixturedef.func.__module__.startswith("tests."):
-        return
-    if fixturedef.scope == "session" and fixturedef.func.__module__ != __name__:
-        return
     item = getattr(request, "_pyfuncitem", None)
-    marker = item.get_closest_marker("xdist_group") if item is not None else None
-    wanted = fixturedef.argname if fixturedef.scope == "session" else item.module.__name__ if item else None
+    wanted = _sharing_group(fixturedef, item) if item is not None else None
+    marker = item.get_closest_marker("xdist_group") if wanted else None
     if marker is not None and marker.args and marker.args[0] != wanted:
         pytest.fail(f"{item.nodeid} takes the {fixturedef.scope} fixture {fixturedef.argname!r} outside its group "
                     f"{wanted!r} (through request.getfixturevalue?): name it as an argument of the test")
