@@ -178,7 +178,7 @@ def _launch(args):
 
 def _timeline_folder(folder, horovod):
     """--timeline DIR: made if missing and checked writable now; the tasks inherit $TFPAR_TIMELINE."""
-    from tfpar.callbacks.timeline import TIMELINE_VARIABLE, timeline_in
+    from tfpar._timeline_files import TIMELINE_VARIABLE, timeline_in
 
     folder = os.path.dirname(timeline_in(folder, "--timeline"))
     os.environ[TIMELINE_VARIABLE] = folder
@@ -231,7 +231,7 @@ def _launch_horovod(args, cmd):
         return _run_horovod_watched(argv, grace, args.heartbeat_timeout)
     finally:
         if getattr(args, "timeline", None):
-            from tfpar.callbacks.timeline import TIMELINE_VARIABLE, merge_horovod_timeline
+            from tfpar._timeline_files import TIMELINE_VARIABLE, merge_horovod_timeline
 
             merge_horovod_timeline(os.environ[TIMELINE_VARIABLE])
 

@@ -63,6 +63,21 @@ def test_the_last_restart_failing_gives_up_with_its_code_and_names_it():
     assert "giving up after 1 restart(s); the last failure: worker 1 was killed by SIGKILL" in result.output
 
 
+@pytest.mark.parametrize("launcher", [["-n", "1"], ["--horovod", "-n", "2"]], ids=["local", "horovod"])
+def test_launch_with_a_timeline_leaves_tensorflow_out_of_the_launcher(tmp_path, launcher, request):
+    """``tfpar launch --timeline DIR`` checks the folder before the tasks start and (under --horovod)
+    merges Horovod's timeline after them, all in the launcher, which never imports TensorFlow."""
+    if "--horovod" in launcher:
+        request.getfixturevalue("horovod_installed")
+    folder = tmp_path / "run"
+    code = ("import sys; from tfpar.cli import main; "
+            f"status = main(['launch', '--timeline', {str(folder)!r}, *{launcher!r}, '--', sys.executable, '-c', "
+            "'print(1)']); print('STATUS', status, 'TENSORFLOW', 'tensorflow' in sys.modules)")
+    result = run_command([PY, "-c", code], timeout=120)
+    assert "STATUS 0 TENSORFLOW False" in result.output, result.output[-3000:]
+    assert folder.is_dir()
+
+
 @pytest.mark.parametrize("grace", [1.0, 4.0])
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path, grace):
     """Worker 1 ignores SIGTERM: from worker 0's failure the launcher waits the grace period,
