@@ -81,21 +81,9 @@ def test_the_pure_modules_load_no_tensorflow():
     import sys
 
     code = ("import sys, tfpar.data.plan, tfpar.data.batching, tfpar.pipeline.schedule, tfpar.cli, tfpar._heartbeat, "
-            "tfpar.strategies.pipeline.schedule; "
+            "tfpar._timeline_files; "
             "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras')); "
             "print('LOADED', loaded)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout, done.stdout
-
-
-def test_the_pipelines_former_names_are_the_same_objects():
-    import tfpar.pipeline
-    import tfpar.pipeline.schedule
-    import tfpar.strategies.pipeline
-    import tfpar.strategies.pipeline.schedule as old_schedule
-
-    assert old_schedule is tfpar.pipeline.schedule
-    for name in ("Pipeline", "PipelineConfig", "PipelineModel"):
-        assert getattr(tfpar.strategies.pipeline, name) is getattr(tfpar.pipeline, name)
-    assert tfpar.strategies.Pipeline is tfpar.pipeline.Pipeline is tfpar.pipeline.staging.Pipeline

@@ -20,7 +20,4 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "MultiWorkerDataParallel": "tfpar.strategies.data_parallel",
     "ParameterServer": "tfpar.strategies.parameter_server",
     "ParameterServerConfig": "tfpar.strategies.parameter_server",
-    # The pipeline's former names: it lives in tfpar.pipeline (it is not a strategy).
-    "Pipeline": "tfpar.pipeline.staging",
-    "PipelineConfig": "tfpar.pipeline.staging",
 })
