@@ -25,8 +25,8 @@ import numpy as np
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names
 from tfpar._keras import keras
-from tfpar.quantization.qat import (_check_excluded_names, _check_float32, _check_graph_model, _fresh_copy,
-                                   _strip_wrappers, _tfmot)
+from tfpar.quantization._tfmot import (check_excluded_names, check_float32, check_graph_model, fresh_copy,
+                                      load_tfmot, strip_wrappers)
 
 __all__ = ["CENTROID_INITS", "cluster", "clustered_kernels", "strip_clustering", "unique_weights"]
 
@@ -57,15 +57,15 @@ def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="km
             ``exclude`` that skips it), an excluded name that names no layer, a subclassed
             model, or a mixed precision policy.
     """
-    _check_graph_model(model, "cluster")
-    _check_float32("Clustering")
+    check_graph_model(model, "cluster")
+    check_float32("Clustering")
     check_int("clusters", clusters, 3 if preserve_sparsity else 2,
               " With preserve_sparsity=True one of them is the zero cluster." if preserve_sparsity else "")
     check_choice("init", init, CENTROID_INITS, what="centroid initialization")
     exclude = check_names("exclude", exclude)
-    tfmot = _tfmot()
-    model = _strip_wrappers(model)
-    _check_excluded_names(model, exclude)
+    tfmot = load_tfmot()
+    model = strip_wrappers(model)
+    check_excluded_names(model, exclude)
     refused = [layer for layer in model.layers
                if layer.name not in exclude and not isinstance(layer, keras.layers.InputLayer)
                and not _compat.tfmot_can_cluster(layer)
@@ -87,12 +87,12 @@ def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="km
         return tfmot.clustering.keras.cluster_weights(layer, **settings)
 
     with model.distribute_strategy.scope():
-        return keras.models.clone_model(_fresh_copy(model), clone_function=wrap)
+        return keras.models.clone_model(fresh_copy(model), clone_function=wrap)
 
 
 def strip_clustering(model):
     """The model without clustering wrappers (the clustered weights kept), for QAT and export."""
-    return _tfmot().clustering.keras.strip_clustering(model)
+    return load_tfmot().clustering.keras.strip_clustering(model)
 
 
 def unique_weights(model):

@@ -17,7 +17,7 @@ Example:
 import numpy as np
 
 from tfpar._checks import check_int
-from tfpar.quantization.qat import _check_graph_model, _fresh_copy, _tfmot
+from tfpar.quantization._tfmot import check_graph_model, fresh_copy, load_tfmot
 
 __all__ = ["prune", "sparsity", "strip_pruning"]
 
@@ -32,18 +32,18 @@ def prune(model, target_sparsity, *, begin_step=0, end_step, frequency=10):
     Raises:
         ValueError: a sparsity outside [0, 1), bad steps, or a subclassed model.
     """
-    _check_graph_model(model, "prune")
+    check_graph_model(model, "prune")
     if not isinstance(target_sparsity, (int, float)) or not 0 <= target_sparsity < 1:
         raise ValueError(f"target_sparsity must be in [0, 1). Received: target_sparsity={target_sparsity!r}.")
     check_int("begin_step", begin_step, 0)
     check_int("end_step", end_step, begin_step + 1, f" It must come after begin_step={begin_step}.")
     check_int("frequency", frequency, 1)
-    tfmot = _tfmot()
+    tfmot = load_tfmot()
     schedule = tfmot.sparsity.keras.PolynomialDecay(
         initial_sparsity=0.0, final_sparsity=float(target_sparsity), begin_step=begin_step,
         end_step=end_step, frequency=frequency)
     with model.distribute_strategy.scope():
-        pruned = tfmot.sparsity.keras.prune_low_magnitude(_fresh_copy(model), pruning_schedule=schedule)
+        pruned = tfmot.sparsity.keras.prune_low_magnitude(fresh_copy(model), pruning_schedule=schedule)
     return pruned, [tfmot.sparsity.keras.UpdatePruningStep()]
 
 
@@ -58,4 +58,4 @@ def sparsity(model):
 
 def strip_pruning(model):
     """The model without pruning wrappers (the pruned weights kept), for saving and export."""
-    return _tfmot().sparsity.keras.strip_pruning(model)
+    return load_tfmot().sparsity.keras.strip_pruning(model)

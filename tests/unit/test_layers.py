@@ -1,0 +1,113 @@
+"""The import layers of ARCHITECTURE.md, read from the code: every import of every tfpar module,
+lazy ones (inside a function) included, ``from package import module`` read as an import of the
+module (as import-linter reads it)."""
+
+import ast
+import os
+
+from tests.conftest import ROOT
+
+PURE = frozenset({"tfpar._checks", "tfpar._files", "tfpar._timeline_files", "tfpar._heartbeat", "tfpar._processes",
+                  "tfpar._loopback", "tfpar._lazy", "tfpar.pipeline.schedule", "tfpar.data.plan",
+                  "tfpar.data.batching"})
+"""Layer 1: planning and protocol, no TensorFlow (tests/unit/test_public_names.py loads them)."""
+
+KNOWN_CYCLE = frozenset({
+    "tfpar._keras", "tfpar._model_checks", "tfpar._parallelism", "tfpar.callbacks._hooks",
+    "tfpar.callbacks.heartbeat", "tfpar.callbacks.monitoring", "tfpar.callbacks.timeline", "tfpar.devices",
+    "tfpar.precision", "tfpar.precision.policy", "tfpar.strategies._auto", "tfpar.strategies._describe",
+    "tfpar.strategies._gradients", "tfpar.strategies._horovod_ops", "tfpar.strategies.data_parallel",
+    "tfpar.strategies.horovod", "tfpar.strategies.parameter_server"})
+"""The one cycle left (ARCHITECTURE.md, "Where the code stands"): issue 26 removes it, so this set
+may only shrink; no other cycle may appear."""
+
+
+def _modules():
+    """{module name: path} of every module of the tfpar package."""
+    modules = {}
+    for folder, _, files in os.walk(os.path.join(ROOT, "tfpar")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path[:-3], ROOT).replace(os.sep, ".")
+                modules[module.removesuffix(".__init__")] = path
+    return modules
+
+
+def _imports():
+    """{module: the tfpar modules it imports}, lazy imports included."""
+    modules = _modules()
+
+    def known(name):  # the module ``name`` names, or the package that holds the name
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                submodules = [f"{base}.{alias.name}" for alias in node.names]
+                names.update(submodules if all(s in modules for s in submodules) else [base])
+        graph[module] = {known(n) for n in names if n.split(".")[0] == "tfpar"} - {module, ""}
+    return graph
+
+
+def _cycles(graph):
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module):
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component, member = set(), None
+            while member != module:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_walk_sees_lazy_imports_and_reads_submodule_imports_as_modules():
+    graph = _imports()
+    assert "tfpar._timeline_files" in graph["tfpar.cli"]  # imported inside a function
+    assert "tfpar.quantization.deploy" in graph["tfpar.quantization.export"]  # from tfpar.quantization import deploy
+    assert "tfpar.quantization" not in graph["tfpar.quantization.export"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+
+
+def test_the_pure_modules_import_only_pure_modules():
+    graph = _imports()
+    assert PURE <= graph.keys()
+    upward = {module: sorted(graph[module] - PURE) for module in PURE if graph[module] - PURE}
+    assert upward == {}, f"layer-1 modules import from higher layers: {upward}"
+
+
+def test_no_import_cycle_but_the_one_issue_26_removes():
+    cycles = _cycles(_imports())
+    new = [sorted(cycle) for cycle in cycles if not cycle <= KNOWN_CYCLE]
+    assert new == [], f"new import cycles: {new} (ARCHITECTURE.md: layers point down)"
