@@ -12,6 +12,7 @@ __all__ = ["TIMELINE_VARIABLE", "check_writable", "merge_horovod_timeline", "tim
 TIMELINE_VARIABLE = "TFPAR_TIMELINE"
 """A folder: ``tfpar launch --timeline DIR`` sets it, and every ``fit`` then writes DIR/timeline.json."""
 
+
 def check_writable(path, parameter):
     """``path`` as given, once its folder is known to exist and take a new file; else ValueError."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
