@@ -35,3 +35,20 @@ __getattr__, __dir__, __all__ = _exports(__name__, {
     **dict.fromkeys(("callbacks", "cluster", "data", "devices", "integrations", "launch", "pipeline", "precision",
                      "quantization", "strategies", "tune")),  # submodules
 })
+
+from tfpar._task_env import HEARTBEAT_VARIABLE as _HEARTBEAT, TIMELINE_VARIABLE as _TIMELINE
+
+if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):  # a task of `tfpar launch` with those options
+
+    def _launched(method):
+        def add(model, arguments):
+            from tfpar.callbacks._launched import add_launch_callbacks
+
+            add_launch_callbacks(model, arguments, method)
+
+        return add
+
+    from tfpar import _owned
+
+    for _method in ("fit", "evaluate", "predict"):
+        _owned.add_process_check(_method, "before", _launched(_method))

@@ -6,6 +6,8 @@ tf_keras upgrade that moves one fails there, by name, instead of somewhere in a 
 Everything else in tfpar uses public APIs, or this module.
 """
 
+import sys
+
 from tensorflow.python.distribute import collective_all_reduce_strategy as _collective_strategy
 from tensorflow.python.distribute import distribute_utils as _distribute_utils
 from tensorflow.python.distribute import input_util as _input_util
@@ -19,9 +21,9 @@ from tf_keras.src.utils import io_utils as _io_utils
 __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
-    "given_learning_rate", "keras3_data_adapter_class", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
+    "fit_arguments", "given_learning_rate", "keras3_data_adapter_class", "keras3_trainer_class", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
-    "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
+    "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
 
 # --- tf.distribute internals: HorovodStrategy is a MirroredStrategy whose reductions go through Horovod.
@@ -148,6 +150,56 @@ def keras3_tf_optimizer_class(keras_module):
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
     return TFOptimizer if hasattr(TFOptimizer, "_all_reduce_sum_gradients") else None
+
+
+def tf_keras_model_class():
+    """tf_keras' ``Model`` as defined (``tf_keras.Model`` is the same class): its ``__init__`` runs for
+    every tf_keras model and sets the strategy the model belongs to. Keras has no hook where a model
+    is created; `tfpar._owned` wraps this constructor while a tfpar strategy's scope is entered."""
+    from tf_keras.src.engine.training import Model
+
+    return Model if "__init__" in Model.__dict__ else None
+
+
+def keras3_trainer_class():
+    """Keras 3's TensorFlow trainer, whose ``__init__`` every Keras 3 model runs (functional,
+    sequential and subclassed alike) and which keeps the strategy the model was created under
+    (``keras.Model`` defines no constructor of its own that all of them run). None if Keras 3 runs
+    on another backend."""
+    import keras
+
+    if keras.config.backend() != "tensorflow":
+        return None
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return TensorFlowTrainer if "__init__" in TensorFlowTrainer.__dict__ else None
+
+
+def _keras_fit_codes():
+    import inspect
+
+    import tf_keras
+
+    codes = [inspect.unwrap(tf_keras.Model.fit).__code__]
+    if "keras" in sys.modules:
+        trainer = keras3_trainer_class()
+        if trainer is not None:
+            codes.append(inspect.unwrap(trainer.fit).__code__)
+    return codes
+
+
+def fit_arguments(model, names=("x", "initial_epoch")):
+    """``{name: value}`` of the ``fit`` of ``model`` running in this thread (``None`` outside one), read
+    from Keras' own ``fit`` frame: a callback learns when ``fit`` calls it, but not what ``fit`` was
+    given, and Keras keeps the input nowhere else (neither Keras changes ``x`` or ``initial_epoch``
+    before ``on_train_begin``, except ``x`` under ``validation_split``, which takes arrays only)."""
+    codes = _keras_fit_codes()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes and frame.f_locals.get("self") is model:
+            return {name: frame.f_locals.get(name) for name in names}
+        frame = frame.f_back
+    return None
 
 
 def replace_data_adapter(original, replacement):

@@ -14,12 +14,11 @@ import statistics
 import time
 
 from tfpar._processes import LaunchError, stat_fields
+from tfpar._task_env import HEARTBEAT_VARIABLE
 
 __all__ = ["HEARTBEAT_VARIABLE", "STACK_SIGNAL", "Beat", "Hang", "Watch", "dump_stacks", "hang_error", "heartbeat_path",
            "process_state", "read_heartbeat"]
 
-HEARTBEAT_VARIABLE = "TFPAR_HEARTBEAT_FILE"
-"""The file a task's heartbeat goes to; set by ``tfpar launch --heartbeat-timeout``."""
 STACK_SIGNAL = signal.SIGUSR1
 """On this signal a task with a heartbeat writes every thread's stack to its stderr."""
 

@@ -129,7 +129,7 @@ def _other_keras_layers(model, family):
 
 
 def check_one_keras(model, arguments):
-    """At ``compile``: refuses a model that holds layers, or is given an optimizer, of the other
+    """At ``compile`` of a model tfpar owns: refuses a model that holds layers, or is given an optimizer, of the other
     Keras (Keras 3 would leave a tf_keras layer untrained; tf_keras fails inside Keras)."""
     family = _family(model)
     if family is None:
@@ -156,7 +156,8 @@ def _serves_both(callback):
 
 
 def check_callbacks_keras(model, arguments):
-    """At ``fit``/``evaluate``/``predict``: refuses callbacks of the other Keras (tfpar's serve both)."""
+    """At ``fit``/``evaluate``/``predict`` of a model tfpar owns: refuses callbacks of the other Keras
+    (tfpar's serve both)."""
     family = _family(model)
     callbacks = (arguments or {}).get("callbacks")
     if family is None or not isinstance(callbacks, (list, tuple)):
@@ -172,7 +173,3 @@ def check_callbacks_keras(model, arguments):
                 f"Callback); tfpar's callbacks serve both. Received: callbacks[{i}]="
                 f"{type(callback).__module__}.{type(callback).__qualname__}.")
 
-
-from tfpar import _model_checks  # noqa: E402 (it reads this module's names when it installs)
-
-_model_checks.install_loaded()

@@ -21,58 +21,11 @@ Example:
     >>> train = tfpar.data.distribute(make_dataset, parallelism, 64)  # doctest: +SKIP
 """
 
-from tfpar import _model_checks as model_checks
+import contextlib
 
-__all__ = ["STRATEGIES", "Parallelism", "check_compiled_in_its_scope", "check_model_fn", "make_parallelism",
-           "sum_over_workers"]
+from tfpar import _owned
 
-STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
-"""The names `make_parallelism` (so ``tfpar demo`` and ``tfpar verify``) takes."""
-
-
-def make_parallelism(name, num_devices=None, replicas=1, microbatches=8, compression="none"):
-    """The parallelism called ``name`` (one of `STRATEGIES`), for this process.
-
-    Args:
-        name: "data_parallel" (this host's devices, or TF_CONFIG's workers), "horovod" (one
-            replica per rank, started by horovodrun or ``tfpar launch --horovod``), "ps" (a local
-            cluster of ``num_devices`` workers, default 2, and one ps, as child processes) or
-            "pipeline" (2 stages x ``replicas`` on their own devices).
-        num_devices: virtual CPU devices when there is no GPU, or the PS workers.
-        replicas: "pipeline": data-parallel copies of the 2-stage pipeline.
-        microbatches: "pipeline": microbatches per replica and step.
-        compression: "data_parallel" and "horovod": the gradients on the wire ("none", "bf16",
-            "fp16"); the others send none over a ring.
-
-    Raises:
-        ValueError: compression with "ps" or "pipeline".
-    """
-    from tfpar.devices import configure_devices
-
-    if compression != "none" and name in ("ps", "pipeline"):
-        raise ValueError(
-            f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
-            f"their gradients. Received: strategy {name!r} with compression={compression!r}. Use "
-            "--strategy data_parallel or horovod, or leave compression out.")
-
-    if name == "ps":
-        from tfpar.strategies.parameter_server import ParameterServer
-
-        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1)
-    if name == "horovod":
-        from tfpar.strategies.horovod import HorovodStrategy
-
-        return HorovodStrategy(compression=compression)
-    if name == "pipeline":
-        from tfpar.pipeline import Pipeline
-
-        configure_devices(num_devices or 2 * replicas)
-        return Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas, balance="time")
-    from tfpar.strategies.data_parallel import DataParallel
-
-    configure_devices(num_devices)
-    return DataParallel(compression=compression)
-
+__all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn", "owned_model_checks", "sum_over_workers"]
 
 def sum_over_workers(strategy, value, whole=True):
     """Each worker's ``value`` (a number or an array, float64) summed over the workers, in one
@@ -102,7 +55,25 @@ def check_compiled_in_its_scope(model, arguments=None):
             "optimizer's variables must be created there too.")
 
 
-model_checks.register_before(check_compiled_in_its_scope)  # once, at import
+
+def owned_model_checks():
+    """``(method, when, check)`` of every model tfpar owns (`tfpar._owned`): one Keras in the model,
+    its optimizer and callbacks; compiled under the scope it was built under; Keras 3's loss scale
+    agreed over the replicas; a `tfpar.data.distribute` input started at ``initial_epoch``."""
+    from tfpar._keras import check_callbacks_keras, check_one_keras
+    from tfpar.data.resume import start_where_fit_starts
+    from tfpar.precision.policy import agree_on_overflow
+
+    return (("compile", "before", check_one_keras), ("compile", "before", check_compiled_in_its_scope),
+            ("compile", "after", agree_on_overflow),
+            *((method, "before", check_callbacks_keras) for method in ("fit", "evaluate", "predict")),
+            ("fit", "before", start_where_fit_starts))
+
+
+@contextlib.contextmanager
+def _owning(scope):
+    with _owned.discovering(), scope as strategy:
+        yield strategy
 
 
 def check_model_fn(model_fn):
@@ -115,7 +86,18 @@ def check_model_fn(model_fn):
 
 
 class Parallelism:
-    """The shared part of tfpar's strategies: ``build`` under ``scope()``, fed as themselves."""
+    """The shared part of tfpar's strategies: ``build`` under ``scope()``, fed as themselves, and
+    the checks of the models built under them (`tfpar._owned`)."""
+
+    def scope(self):
+        """The strategy's scope (``tf.distribute.Strategy.scope``): the Keras models created under it
+        are this strategy's, and run `model_checks` at compile, fit, evaluate and predict."""
+        return _owning(super().scope())
+
+    def model_checks(self):
+        """``(method, when, check)`` for the models built under this strategy (`tfpar._owned`):
+        `owned_model_checks`; a strategy adds its own."""
+        return owned_model_checks()
 
     def build(self, model_fn):
         """Calls ``model_fn()`` under ``self.scope()`` and returns its model.
@@ -125,7 +107,10 @@ class Parallelism:
         """
         check_model_fn(model_fn)
         with self.scope():
-            return model_fn()
+            model = model_fn()
+        if hasattr(model, "compile") and hasattr(model, "fit"):  # owned even if Keras 3 loaded only now
+            _owned.own(model, self.model_checks())
+        return model
 
     @property
     def input_strategy(self):

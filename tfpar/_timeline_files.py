@@ -6,11 +6,9 @@ import json
 import os
 
 from tfpar._files import write_atomically
+from tfpar._task_env import TIMELINE_VARIABLE
 
 __all__ = ["TIMELINE_VARIABLE", "check_writable", "merge_horovod_timeline", "timeline_in"]
-
-TIMELINE_VARIABLE = "TFPAR_TIMELINE"
-"""A folder: ``tfpar launch --timeline DIR`` sets it, and every ``fit`` then writes DIR/timeline.json."""
 
 
 def check_writable(path, parameter):

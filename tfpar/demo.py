@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from tfpar._checks import check_choice, check_int, default_epochs
-from tfpar._parallelism import STRATEGIES, make_parallelism
+from tfpar._factory import STRATEGIES, make_parallelism
 from tfpar._keras import keras, keras3, tf
 from tfpar.data import distribute
 

@@ -24,6 +24,7 @@ from tfpar._checks import check_choice, check_int, check_number
 from tfpar._processes import (DEFAULT_GRACE_SECONDS, LaunchError, ProcessGroups, check_command,
                               forwarding_signals, run_command)
 from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, hang_error
+from tfpar._task_env import FAULT_TOLERANCE_MARK, RESTART_VARIABLE, STATE_VARIABLE
 from tfpar.cluster import ROLES, ClusterInfo, is_loopback_cluster, local_cluster, validate_cluster
 
 __all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "RESTART_VARIABLE", "SERVER_COMMAND", "STATE_VARIABLE", "Task",
@@ -271,14 +272,6 @@ def _supervise(job, command, cluster, tasks, env, received, reported, grace_seco
             time.sleep(poll_seconds)
     finally:
         job.close()  # whatever the way out: no task, and nothing a task started, is left
-
-
-RESTART_VARIABLE = "TFPAR_RESTART_COUNT"
-"""Set in every task: how many times `launch` has restarted the job (0 on the first run)."""
-STATE_VARIABLE = "TFPAR_LAUNCH_DIR"
-"""Set in every task: a folder the job's tfpar callbacks tell the launcher things through."""
-FAULT_TOLERANCE_MARK = "fault_tolerance"
-"""The file `tfpar.callbacks.FaultTolerance` writes in `STATE_VARIABLE`'s folder: training resumes."""
 
 
 def _check_heartbeats(job, watch):

@@ -24,7 +24,8 @@ import numpy as np
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
-from tfpar._parallelism import STRATEGIES, check_model_fn, make_parallelism
+from tfpar._factory import STRATEGIES, make_parallelism
+from tfpar._parallelism import check_model_fn
 from tfpar.quantization import _exact_ranges as exact_ranges
 
 __all__ = ["VariableDifference", "VerifyReport", "load_function", "verify"]
@@ -115,7 +116,7 @@ def verify(model_fn, data_fn, *, strategy="data_parallel", replicas=None, steps=
             strategy's scope, each time after ``keras.utils.set_random_seed(seed)``).
         data_fn: returns the training examples: ``(x, y)`` or ``(x, y, sample_weight)`` arrays,
             or an unbatched ``tf.data.Dataset``; the first ``steps`` global batches are used, in order.
-        strategy: one of `tfpar._parallelism.STRATEGIES`.
+        strategy: one of `tfpar._factory.STRATEGIES`.
         replicas: "data_parallel": this process's devices (default 2; 1 per worker under
             ``tfpar launch``); "ps": workers (default 1: more train asynchronously, which
             verify names as the cause); "pipeline": copies of the 2-stage

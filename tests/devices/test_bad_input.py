@@ -82,7 +82,8 @@ def _keras3_model():
 
 
 def _holding_the_other_kerass_layer(model_keras, layer_keras):
-    """A subclassed model of ``model_keras`` with a Dense of ``layer_keras``, compiled."""
+    """A subclassed model of ``model_keras`` with a Dense of ``layer_keras``, built and compiled under a
+    tfpar strategy (a model tfpar does not own is Keras' business)."""
     class Mixed(model_keras.Model):
         def __init__(self):
             super().__init__(name="mixed")
@@ -91,12 +92,15 @@ def _holding_the_other_kerass_layer(model_keras, layer_keras):
         def call(self, x):
             return self.dense(x)
 
-    Mixed().compile("sgd", "mse")
+    with tfpar.DataParallel().scope():
+        Mixed().compile("sgd", "mse")
 
 
 def _fit_with_the_other_kerass_callback(model_keras, callback_keras):
-    model = model_keras.Sequential([model_keras.layers.Input((4,)), model_keras.layers.Dense(2)], name="plain")
-    model.compile("sgd", "mse")
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model = model_keras.Sequential([model_keras.layers.Input((4,)), model_keras.layers.Dense(2)], name="plain")
+        model.compile("sgd", "mse")
     x = np.zeros((8, 4), "float32")
     model.fit(x, x[:, :2], epochs=1, verbose=0, callbacks=[tfpar.callbacks.NaNGuard(),
                                                            callback_keras.callbacks.EarlyStopping(monitor="loss")])
@@ -217,8 +221,8 @@ ROWS = {
                                        ["callbacks[1]", "tf_keras callback", "keras.callbacks.EarlyStopping"]),
     "tf-keras-model-keras3-callback": (lambda tmp: _fit_with_the_other_kerass_callback(keras, _k3()), TypeError,
                                        ["callbacks[1]", "Keras 3 callback", "tf_keras.callbacks.EarlyStopping"]),
-    "keras3-model-tf-keras-optimizer": (lambda tmp: _k3().Sequential([_k3().layers.Dense(2)]).compile(
-        keras.optimizers.SGD(), "mse"), TypeError, ["optimizer", "tf_keras.src.optimizers", "keras.optimizers.SGD"]),
+    "keras3-model-tf-keras-optimizer": (lambda tmp: tfpar.DataParallel().build(lambda: _k3().Sequential(
+        [_k3().layers.Dense(2)])).compile(keras.optimizers.SGD(), "mse"), TypeError, ["optimizer", "tf_keras.src.optimizers", "keras.optimizers.SGD"]),
     "precision-after-keras3-model": (lambda tmp: _compiled_after_use(_k3()), ValueError,
                                      ["'early'", "built under the dtype policy 'float32'", "'mixed_bfloat16'"]),
     "precision-after-tf-keras-model": (lambda tmp: _compiled_after_use(keras), ValueError,

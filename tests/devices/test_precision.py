@@ -121,25 +121,29 @@ def test_pipeline_under_mixed_float16_scales_the_loss_and_matches_the_plain_mode
         np.testing.assert_allclose(a, b, atol=2e-3)  # float16 sums in another order
 
 
-def test_the_compile_check_is_registered_once_whatever_the_order_of_calls():
-    from tfpar import _model_checks
+def test_the_compile_check_acts_while_a_policy_of_use_is_set_and_never_on_a_policy_keras_set():
+    import keras as keras3
 
     keras = tfpar.keras
-    wrapped = keras.Model.compile
-    assert getattr(wrapped, "_tfpar_checks", False)
-    _model_checks.install_loaded()  # what importing again would do: nothing more
-    assert keras.Model.compile is wrapped
-    for name in ("float32", "mixed_bfloat16", "float32"):  # use() installs and removes nothing
+    originals = {k: k.Model.__dict__.get("compile") for k in (keras, keras3)}
+    for name in ("mixed_bfloat16", "mixed_bfloat16", "float32"):  # use() twice wraps once; float32 unwraps
         tfpar.precision.use(name)
-        assert keras.Model.compile is wrapped
-    # The policy set straight through Keras is checked too: the check reads the policy at compile.
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        for k, original in originals.items():
+            assert (k.Model.__dict__.get("compile") is original) == (name == "float32")
+    assert all(k.Model.__dict__.get("compile") is original for k, original in originals.items())
+    tfpar.precision.use("mixed_bfloat16")
     try:
         model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(2)])
         with pytest.warns(PrecisionWarning, match="computed in bfloat16"):
             model.compile("sgd", "mse")
     finally:
-        keras.mixed_precision.set_global_policy("float32")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", PrecisionWarning)
-        keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(2)]).compile("sgd", "mse")  # float32: silent
+        tfpar.precision.use("float32")
+    # The policy set through Keras itself is Keras' business: no check, no warning, Keras' compile.
+    for k in (keras, keras3):
+        k.mixed_precision.set_global_policy("mixed_bfloat16")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", PrecisionWarning)
+                k.Sequential([k.layers.Input((3,)), k.layers.Dense(2)]).compile("sgd", "mse")
+        finally:
+            k.mixed_precision.set_global_policy("float32")

@@ -209,3 +209,46 @@ def test_the_remote_function_removal_tfpar_stops_at_exit():
     assert callable(context.context().remove_function)  # what _compat.stop_removing_functions replaces
     assert "self._bound_context.remove_function(self.name)" in inspect.getsource(atomic_function.AtomicFunction)
     assert callable(_compat.stop_removing_functions)
+
+
+def test_every_model_of_each_keras_runs_the_constructor_tfpar_wraps_under_a_scope():
+    import keras as keras3
+
+    for k, cls in ((keras, _compat.tf_keras_model_class()), (keras3, _compat.keras3_trainer_class())):
+        seen, original = [], cls.__dict__["__init__"]
+
+        def init(self, *args, _original=original, **kwargs):
+            _original(self, *args, **kwargs)
+            seen.append(type(self).__name__)
+
+        class Sub(k.Model):
+            def call(self, x):
+                return x
+
+        cls.__init__ = init
+        try:
+            inputs = k.Input((2,))
+            k.Model(inputs, k.layers.Dense(1)(inputs))
+            k.Sequential([k.Input((2,)), k.layers.Dense(1)])
+            Sub()
+        finally:
+            cls.__init__ = original
+        assert {"Functional", "Sequential", "Sub"} <= set(seen), (k.__name__, seen)
+
+
+@pytest.mark.parametrize("kind", ["tf_keras", "keras"])
+def test_fit_arguments_are_read_from_keras_fit_while_it_runs(kind):
+    import keras as keras3
+
+    k = keras if kind == "tf_keras" else keras3
+    model = k.Sequential([k.Input((2,)), k.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, read = np.zeros((4, 2), "float32"), []
+
+    class Read(k.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            read.append(_compat.fit_arguments(self.model))
+
+    model.fit(x, np.zeros(4), epochs=3, initial_epoch=2, verbose=0, callbacks=[Read()])
+    assert read[0]["x"] is x and read[0]["initial_epoch"] == 2
+    assert _compat.fit_arguments(model) is None  # outside fit

@@ -7,20 +7,33 @@ import os
 
 from tests.conftest import ROOT
 
-PURE = frozenset({"tfpar._checks", "tfpar._files", "tfpar._timeline_files", "tfpar._heartbeat", "tfpar._processes",
-                  "tfpar._loopback", "tfpar._lazy", "tfpar.pipeline.schedule", "tfpar.data.plan",
+PURE = frozenset({"tfpar._checks", "tfpar._files", "tfpar._timeline_files", "tfpar._heartbeat", "tfpar._task_env",
+                  "tfpar._processes", "tfpar._loopback", "tfpar._lazy", "tfpar.pipeline.schedule", "tfpar.data.plan",
                   "tfpar.data.batching"})
 """Layer 1: planning and protocol, no TensorFlow (tests/unit/test_public_names.py loads them)."""
 
-KNOWN_CYCLE = frozenset({
-    "tfpar._keras", "tfpar._model_checks", "tfpar._parallelism", "tfpar.callbacks._hooks",
-    "tfpar.callbacks.heartbeat", "tfpar.callbacks.monitoring", "tfpar.callbacks.timeline", "tfpar.devices",
-    "tfpar.precision", "tfpar.precision.policy", "tfpar.strategies._auto", "tfpar.strategies._describe",
-    "tfpar.strategies._gradients", "tfpar.strategies._horovod_ops", "tfpar.strategies.data_parallel",
-    "tfpar.strategies.horovod", "tfpar.strategies.parameter_server"})
-"""The one cycle left (ARCHITECTURE.md, "Where the code stands"): issue 26 removes it, so this set
-may only shrink; no other cycle may appear."""
+LAYERS = {
+    2: ("tfpar._keras", "tfpar._compat", "tfpar._owned"),
+    3: ("tfpar.devices", "tfpar.precision", "tfpar.cluster", "tfpar._server", "tfpar._horovod_keras",
+        "tfpar._horovod_keras3"),
+    4: ("tfpar._parallelism", "tfpar.strategies", "tfpar.pipeline", "tfpar.data", "tfpar.quantization"),
+    5: ("tfpar.callbacks", "tfpar._factory", "tfpar.integrations"),
+    6: ("tfpar", "tfpar.__main__", "tfpar.launch", "tfpar.cli", "tfpar.demo", "tfpar.verify", "tfpar.tune",
+        "tfpar.report", "tfpar.doctor", "tfpar.install_horovod", "tfpar._install_cache", "tfpar._horovod_build",
+        "tfpar._horovod_patches"),
+}
+"""Layers 2 to 6 of ARCHITECTURE.md: the modules (and packages, with their modules) of each."""
 
+
+def layer_of(module):
+    """The layer of ``module`` (1 to 6), or None if ARCHITECTURE.md gives it none."""
+    if module in PURE:
+        return 1
+    for layer in sorted(LAYERS, reverse=True):  # "tfpar" (6) is the package only, not its modules
+        for name in LAYERS[layer]:
+            if module == name or (name != "tfpar" and module.startswith(name + ".")):
+                return layer
+    return None
 
 def _modules():
     """{module name: path} of every module of the tfpar package."""
@@ -107,7 +120,14 @@ def test_the_pure_modules_import_only_pure_modules():
     assert upward == {}, f"layer-1 modules import from higher layers: {upward}"
 
 
-def test_no_import_cycle_but_the_one_issue_26_removes():
+def test_every_module_has_a_layer_and_imports_only_its_own_layer_or_lower():
+    graph = _imports()
+    assert [m for m in sorted(graph) if layer_of(m) is None] == [], "give each module a layer in ARCHITECTURE.md"
+    upward = [f"{m} ({layer_of(m)}) -> {t} ({layer_of(t)})" for m in sorted(graph) for t in sorted(graph[m])
+              if layer_of(t) > layer_of(m)]
+    assert upward == [], f"imports from a higher layer: {upward}"
+
+
+def test_no_import_cycle():
     cycles = _cycles(_imports())
-    new = [sorted(cycle) for cycle in cycles if not cycle <= KNOWN_CYCLE]
-    assert new == [], f"new import cycles: {new} (ARCHITECTURE.md: layers point down)"
+    assert [sorted(cycle) for cycle in cycles] == [], "import cycles (ARCHITECTURE.md: layers point down)"

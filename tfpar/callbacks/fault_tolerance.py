@@ -6,9 +6,9 @@ import uuid
 import warnings
 
 from tfpar import _compat
-from tfpar import _model_checks as model_checks
 from tfpar._checks import check_number
 from tfpar._keras import is_keras3, keras, keras3, tf
+from tfpar._task_env import FAULT_TOLERANCE_MARK, STATE_VARIABLE
 from tfpar._parallelism import sum_over_workers
 from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import chief_print
@@ -43,6 +43,21 @@ def _refuse_several_chiefs(strategy, backup_dir):
             f"FaultTolerance needs exactly one chief to write {backup_dir}, and {chiefs} workers of "
             f"this job believe they are it. Received: a cluster whose tasks do not agree on their "
             "roles. Give each task its own TF_CONFIG \"task\" (type and index); tfpar launch does.")
+
+
+class _EndOfResumedEpoch:
+    """``model.stop_training`` while Keras 3 ends a resumed epoch for FaultTolerance: true, so that
+    Keras leaves the epoch, and not ``True``, so that FaultTolerance can tell it from another
+    callback's request to stop, whichever of them runs first."""
+
+    def __bool__(self):
+        return True
+
+    def __repr__(self):
+        return "True (FaultTolerance: the end of a resumed epoch)"
+
+
+_END_OF_RESUMED_EPOCH = _EndOfResumedEpoch()
 
 
 class FaultTolerance(keras.callbacks.Callback):
@@ -86,7 +101,6 @@ class FaultTolerance(keras.callbacks.Callback):
         """The epoch (0-based) this run resumed at, or None for a fresh start."""
         self.resumed_at_step = None
         """The step (0-based) of that epoch it resumed at, or None for a fresh start."""
-        self._fit = (None, 0)  # fit's input and initial_epoch, given before fit starts
 
     def set_model(self, model):
         super().set_model(model)
@@ -106,7 +120,8 @@ class FaultTolerance(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         _refuse_several_chiefs(_strategy_of(self.model), self.backup_dir)
         self._backup.on_train_begin(logs)
-        x, initial_epoch = self._fit
+        given = _compat.fit_arguments(self.model) or {}
+        x, initial_epoch = given.get("x"), given.get("initial_epoch") or 0
         steps = self.params.get("steps")
         if is_keras3(self.model):
             epoch, step = self._backup.resume_point(initial_epoch)
@@ -116,7 +131,6 @@ class FaultTolerance(keras.callbacks.Callback):
         self.resumed_at_epoch = epoch if (epoch, step) != (initial_epoch, 0) else None
         self.resumed_at_step = step if self.resumed_at_epoch is not None else None
         self._epoch, self._skipped = None, (epoch, step) if step else None
-        self._ended_epoch = False
         position = position_of(x)
         if position is not None:
             position.start_at(epoch, step, steps)
@@ -131,8 +145,8 @@ class FaultTolerance(keras.callbacks.Callback):
         self._backup.on_epoch_begin(epoch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._ended_epoch:  # the resumed epoch's last step was ours to end, not a request to stop
-            self.model.stop_training, self._ended_epoch = False, False
+        if self.model.stop_training is _END_OF_RESUMED_EPOCH:  # ours to end, and no other callback asked to stop
+            self.model.stop_training = False
         self._backup.on_epoch_end(epoch, logs)
 
     def _step(self, batch):
@@ -149,7 +163,7 @@ class FaultTolerance(keras.callbacks.Callback):
         self._backup.on_train_batch_end(step, logs)
         if step != batch and step + 1 >= self.params["steps"]:
             # Keras 3 runs every epoch from its step 0: the resumed one ends where its steps do.
-            self.model.stop_training, self._ended_epoch = True, True
+            self.model.stop_training = _END_OF_RESUMED_EPOCH
             self._skipped = None
 
     def on_train_end(self, logs=None):
@@ -168,26 +182,8 @@ def _warn_inexact(save_freq, x, position):
         'epoch ends (save_freq="epoch").', stacklevel=2)
 
 
-def _give_the_input(model, arguments):
-    """Before ``fit``: each FaultTolerance learns fit's input and initial_epoch; under Keras 3 it
-    goes first, so that its end of a resumed epoch is undone before other callbacks ask to stop."""
-    callbacks = arguments.get("callbacks")
-    if not isinstance(callbacks, (list, tuple)):
-        return
-    ours = [c for c in callbacks if isinstance(c, FaultTolerance)]
-    for callback in ours:
-        callback._fit = (arguments.get("x"), arguments.get("initial_epoch") or 0)
-    if ours and is_keras3(model):
-        arguments["callbacks"] = [*ours, *(c for c in callbacks if not isinstance(c, FaultTolerance))]
-
-
-model_checks.register_before(_give_the_input, "fit")  # once, at import
-
-
 def _tell_the_launcher():
     """Under ``tfpar launch --max-restarts``: marks that this job backs up, so a restart resumes."""
-    from tfpar.launch import FAULT_TOLERANCE_MARK, STATE_VARIABLE
-
     folder = os.environ.get(STATE_VARIABLE)
     if folder and os.path.isdir(folder):
         with open(os.path.join(folder, FAULT_TOLERANCE_MARK), "a"):

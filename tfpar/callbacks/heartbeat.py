@@ -1,7 +1,8 @@
 """`Heartbeat`: tells ``tfpar launch --heartbeat-timeout`` that a task makes progress.
 
 The launcher gives each task a file (``TFPAR_HEARTBEAT_FILE``); tfpar adds this callback to every
-``fit``, ``evaluate`` and ``predict`` of such a task (no change to the script), and it writes the
+``fit``, ``evaluate`` and ``predict`` of a model tfpar owns in such a task (no change to the
+script; `tfpar.callbacks._launched`), and it writes the
 task's step count, its summed step time and the time of its last step there, at most every
 ``interval`` seconds, atomically. A task that stops stepping for longer than the timeout is
 named by the launcher, which dumps its stacks (``faulthandler``, registered here on SIGUSR1)

@@ -82,9 +82,9 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self.path = check_writable(path, "path")
         self._stamps = None
 
-    # --- in the training function (installed by the fit check below) ---
+    # --- in the training function (installed when fit begins) ---
     def install(self, model):
-        """Puts the in-step timestamps into ``model``'s training function (rebuilt at this fit)."""
+        """Puts the in-step timestamps into ``model``'s training function, which it rebuilds."""
         if self._stamps is None:
             with tf.device("/cpu:0"):
                 self._stamps = _compat.ResourceVariable(_empty(), trainable=False, name="tfpar_timeline")
@@ -113,6 +113,8 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             with tf.control_dependencies([stamps.scatter_max(tf.IndexedSlices(row, index))]):
                 return tf.nest.map_structure(tf.identity, logs)
 
+        timed_train_step.timeline = self
+
         def timed_apply_gradients(grads_and_vars, *args, **kwargs):
             grads_and_vars = list(grads_and_vars)
             if hasattr(traced, "grads") and self.exchange:  # inside a training step
@@ -120,8 +122,8 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             return apply_gradients(grads_and_vars, *args, **kwargs)
 
         model.train_step, optimizer.apply_gradients = timed_train_step, timed_apply_gradients
-        model.train_function = None  # rebuilt with the stamps at this fit
         self._installed = (model, optimizer)
+        model.make_train_function(force=True)  # fit made it before on_train_begin; it calls the new one
 
     def _uninstall(self):
         model, optimizer = self._installed
@@ -131,6 +133,10 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     # --- on the host ---
     def on_train_begin(self, logs=None):
+        timed = getattr(self.model.__dict__.get("train_step"), "timeline", None)
+        if timed is None and not isinstance(self.model.distribute_strategy,
+                                            tf.distribute.experimental.ParameterServerStrategy):
+            self.install(self.model)  # the first Timeline of this fit; none under a coordinator
         self._events, self._step_begin = [], None
         self._unmatched = []  # host steps whose in-step times are not read yet
         self._labels = list(_TRACKS)  # an event's name: an index into these (the same on every worker)
@@ -199,6 +205,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if getattr(self, "_installed", None):
             self._uninstall()
+            self._installed = None
         strategy = self.model.distribute_strategy
         workers = _gather(strategy, np.array(self._events, np.float64).reshape(-1, 4))
         if strategy.extended.should_checkpoint:
@@ -263,17 +270,3 @@ def _trace(workers, tracks, labels):
                            "ts": round(begin * 1e6, 1), "dur": round(max(0.0, end - begin) * 1e6, 1)})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "tfpar.callbacks.Timeline", "clock": "wall clock, microseconds since the epoch"}}
-
-
-def add_timeline(model, arguments):
-    """Before ``fit``: under ``tfpar launch --timeline DIR`` adds a `Timeline`; and puts the in-step
-    timestamps of every Timeline of this call into the model's training function."""
-    callbacks = arguments.get("callbacks")
-    if not (callbacks is None or isinstance(callbacks, (list, tuple))):
-        return
-    timelines = [c for c in callbacks or () if isinstance(c, Timeline)]
-    if not timelines and os.environ.get(TIMELINE_VARIABLE):
-        timelines = [Timeline()]
-        arguments["callbacks"] = [*(callbacks or ()), *timelines]
-    if timelines and not isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy):
-        timelines[0].install(model)

@@ -5,7 +5,8 @@ Each worker's input is a stream of epochs, epoch ``e`` shuffled by a seed made o
 another process. Before each ``fit`` the stream is set to start at ``initial_epoch``; a
 `tfpar.callbacks.FaultTolerance` that resumes sets it to the epoch and step its backup stands
 at. The stream reads that position when ``fit`` creates its iterator, and skips only the
-resumed epoch's first steps: the following epochs line up with Keras' epochs again.
+resumed epoch's first steps: the following epochs line up with Keras' epochs again. (The ``fit``
+of a model tfpar does not own starts the input where a FaultTolerance last set it, or at epoch 0.)
 """
 
 import threading
@@ -13,9 +14,7 @@ import weakref
 
 import numpy as np
 
-from tfpar import _model_checks as model_checks
-
-__all__ = ["InputPosition", "position_of"]
+__all__ = ["InputPosition", "position_of", "start_where_fit_starts"]
 
 _positions = {}  # id(the DistributedDataset fit is given) -> its InputPosition
 _lock = threading.Lock()
@@ -61,11 +60,10 @@ def position_of(x):
     return _positions.get(id(x)) if x is not None else None
 
 
-def _start_where_fit_starts(model, arguments):
-    """Before ``fit``: the input starts at ``initial_epoch`` (FaultTolerance may move it on)."""
+def start_where_fit_starts(model, arguments):
+    """Before ``fit`` of a model tfpar owns: the input starts at ``initial_epoch`` (FaultTolerance may
+    move it on)."""
     position = position_of(arguments.get("x"))
     if position is not None:
         position.start_at(arguments.get("initial_epoch") or 0, 0, arguments.get("steps_per_epoch"))
 
-
-model_checks.register_before(_start_where_fit_starts, "fit")  # once, at import

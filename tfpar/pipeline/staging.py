@@ -10,6 +10,7 @@ devices (R × stages devices).
 import dataclasses
 import logging
 
+from tfpar import _owned
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import all_layers, check_keras_model, keras_of, tf
 from tfpar._parallelism import Parallelism, check_model_fn
@@ -168,7 +169,8 @@ class Pipeline(Parallelism):
                          "each microbatch (the batch / %d examples), as with a smaller batch, and "
                          "its moving averages are updated once per microbatch.", model.name,
                          c.num_microbatches * c.replicas)
-        return PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute)
+        staged = PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute)
+        return _owned.own(staged, self.model_checks())
 
     def _partition(self, model):
         """The model cut into num_stages × virtual_stages chunks (the stages without virtual ones)."""

@@ -9,13 +9,13 @@ finiteness check runs on the gradients after they were reduced across replicas
 ``apply_gradients``), so one replica's overflow makes every replica skip the step
 and change the loss scale the same way.
 
-While a mixed policy is set, ``Model.compile`` runs `check_output_precision`: an
-output computed in 16 bits (a final softmax without ``dtype="float32"``) warns
-with the fix, or raises with ``strict=True``. The check is a registration made
-once, when this module is first imported, in `tfpar._model_checks` (neither Keras
-has a public hook at compile): after the original ``Model.compile``, only under a mixed
-policy, the check runs. Nothing is installed or removed by `use`, so the order of calls
-does not matter.
+While a mixed policy set by `use` is in force, ``Model.compile`` of either Keras refuses a
+model built before it (its layers keep the policy they were built under), and runs
+`check_output_precision` after compiling: an output computed in 16 bits (a final softmax
+without ``dtype="float32"``) warns with the fix, or raises with ``strict=True``. Neither Keras
+has a hook at compile, so `use` wraps both Kerases' ``Model.compile`` while its mixed policy
+is set, and ``use("float32")`` puts Keras' own back (ARCHITECTURE.md, "Where tfpar touches
+Keras"). A policy set through Keras itself is Keras' business: tfpar checks nothing then.
 
 Example:
     >>> tfpar.precision.use("auto")  # doctest: +SKIP
@@ -26,9 +26,10 @@ import logging
 import warnings
 
 from tfpar import _compat
-from tfpar import _model_checks as model_checks
+import functools
+
 from tfpar._checks import check_choice
-from tfpar._keras import is_keras3, keras, keras3, tf
+from tfpar._keras import is_keras3, keras, keras3, keras_of, tf
 
 __all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current", "loss_scale_of", "use"]
 
@@ -37,6 +38,7 @@ POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 
 _log = logging.getLogger("tfpar.precision")
 _state = {"strict": False}  # use(..., strict=): what the compile check does with a 16-bit output
+_wrapped = {}  # Keras Model class -> its own compile, while use()'s mixed policy is set
 
 
 class PrecisionWarning(UserWarning):
@@ -109,7 +111,34 @@ def use(policy="auto", *, strict=False):
     keras.mixed_precision.set_global_policy(policy)
     keras3().mixed_precision.set_global_policy(policy)
     _state["strict"] = strict
+    _check_compiles(policy != "float32")
     return policy
+
+
+def _check_compiles(on):
+    """Wraps both Kerases' ``Model.compile`` with the policy checks (``on``), or puts Keras' own back."""
+    for model_class in (keras.Model, keras3().Model):
+        if on and model_class not in _wrapped:
+            _wrapped[model_class] = model_class.__dict__.get("compile")
+            model_class.compile = _checked_compile(getattr(model_class, "compile"))
+        elif not on and model_class in _wrapped:
+            original = _wrapped.pop(model_class)
+            if original is None:
+                del model_class.compile
+            else:
+                model_class.compile = original
+
+
+def _checked_compile(compile_method):
+    @functools.wraps(compile_method)
+    def compile(self, *args, **kwargs):
+        _check_built_under_the_policy(self)
+        result = compile_method(self, *args, **kwargs)
+        if _global_policy(self) != "float32":
+            check_output_precision(self, strict=_state["strict"])
+        return result
+
+    return compile
 
 
 def loss_scale_of(optimizer):
@@ -142,26 +171,32 @@ def check_output_precision(model, strict=False):
                 f"Dense) so that only the inner layers run in 16 bits.")
     for message in problems:
         if strict:
-            raise ValueError(message + f" Received: policy {current()!r} with strict=True.")
+            raise ValueError(message + f" Received: policy {_global_policy(model)!r} with strict=True.")
         warnings.warn(message, PrecisionWarning, stacklevel=3)
     return problems
 
 
-def _check_built_under_the_policy(model, arguments=None):
+def _global_policy(model):
+    """The global dtype policy of ``model``'s Keras."""
+    return keras_of(model).mixed_precision.global_policy().name
+
+
+def _check_built_under_the_policy(model):
     """A model built before `use` keeps the policy it was built under: refuse to compile it then."""
     built_under = getattr(getattr(model, "dtype_policy", None), "name", None)
-    if built_under is not None and built_under != current():
+    policy = _global_policy(model)
+    if built_under is not None and built_under != policy:
         raise ValueError(
             f"Model {model.name!r} was built under the dtype policy {built_under!r} and is compiled "
-            f"under {current()!r}: its layers keep the policy they were built under, so it would "
-            f"train in {built_under}, not in {current()}. Build the model after "
-            f"tfpar.precision.use({current()!r}) (or call use({built_under!r}) before compiling it). "
+            f"under {policy!r}: its layers keep the policy they were built under, so it would "
+            f"train in {built_under}, not in {policy}. Build the model after "
+            f"tfpar.precision.use({policy!r}) (or call use({built_under!r}) before compiling it). "
             f"Received: model {model.name!r} ({type(model).__module__.split('.')[0]}), "
             f"built under {built_under!r}.")
 
 
-def _agree_on_overflow(model):
-    """Keras 3's LossScaleOptimizer decides to skip a step from each replica's own gradients
+def agree_on_overflow(model, arguments=None):
+    """After ``compile`` of a model of a tfpar strategy: Keras 3's LossScaleOptimizer decides to skip a step from each replica's own gradients
     before they are reduced (TensorFlow's multi-worker strategy and Horovod reduce them in the
     step it applies, MirroredStrategy takes the first replica's decision): one replica's
     overflow would make the replicas part ways, and the next collective hang or apply an inf.
@@ -181,12 +216,3 @@ def _agree_on_overflow(model):
 
     optimizer.check_finite = check_finite
 
-
-def _check_after_compile(model, arguments=None):
-    if current() != "float32":
-        check_output_precision(model, strict=_state["strict"])
-    _agree_on_overflow(model)
-
-
-model_checks.register_before(_check_built_under_the_policy)  # once, at import (see the module docstring)
-model_checks.register_after(_check_after_compile)

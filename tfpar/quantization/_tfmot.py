@@ -1,11 +1,11 @@
 """What tfpar's pruning, clustering, QAT and export share about tensorflow-model-optimization
 (TFMOT): its import, the models it can rewrite, and copies and strips of its wrappers."""
 
-from tfpar import _compat
+from tfpar import _compat, _owned
 from tfpar._keras import check_tf_keras_model, keras
 
 __all__ = ["WHY_TF_KERAS", "check_excluded_names", "check_float32", "check_graph_model", "fresh_copy",
-           "load_tfmot", "strip_wrappers"]
+           "load_tfmot", "owned", "strip_wrappers"]
 
 WHY_TF_KERAS = ("tensorflow-model-optimization, which wraps the layers in its pruning, clustering "
                 "and fake-quantization wrappers, rewrites tf_keras models only")
@@ -68,3 +68,11 @@ def fresh_copy(model):
         copy = keras.models.clone_model(model)
         copy.set_weights(model.get_weights())
     return copy
+
+
+def owned(model):
+    """``model``, made by a quantization entry point, as a model tfpar owns (`tfpar._owned`): it
+    runs `tfpar._parallelism.owned_model_checks` (with those of the strategy it was made under)."""
+    from tfpar._parallelism import owned_model_checks
+
+    return _owned.own(model, owned_model_checks())

@@ -26,7 +26,7 @@ from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names
 from tfpar._keras import keras
 from tfpar.quantization._tfmot import (check_excluded_names, check_float32, check_graph_model, fresh_copy,
-                                      load_tfmot, strip_wrappers)
+                                      load_tfmot, owned, strip_wrappers)
 
 __all__ = ["CENTROID_INITS", "cluster", "clustered_kernels", "strip_clustering", "unique_weights"]
 
@@ -87,7 +87,7 @@ def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="km
         return tfmot.clustering.keras.cluster_weights(layer, **settings)
 
     with model.distribute_strategy.scope():
-        return keras.models.clone_model(fresh_copy(model), clone_function=wrap)
+        return owned(keras.models.clone_model(fresh_copy(model), clone_function=wrap))
 
 
 def strip_clustering(model):

@@ -17,7 +17,7 @@ Example:
 import numpy as np
 
 from tfpar._checks import check_int
-from tfpar.quantization._tfmot import check_graph_model, fresh_copy, load_tfmot
+from tfpar.quantization._tfmot import check_graph_model, fresh_copy, load_tfmot, owned
 
 __all__ = ["prune", "sparsity", "strip_pruning"]
 
@@ -44,7 +44,7 @@ def prune(model, target_sparsity, *, begin_step=0, end_step, frequency=10):
         end_step=end_step, frequency=frequency)
     with model.distribute_strategy.scope():
         pruned = tfmot.sparsity.keras.prune_low_magnitude(fresh_copy(model), pruning_schedule=schedule)
-    return pruned, [tfmot.sparsity.keras.UpdatePruningStep()]
+    return owned(pruned), [tfmot.sparsity.keras.UpdatePruningStep()]
 
 
 def sparsity(model):

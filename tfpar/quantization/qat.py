@@ -23,7 +23,7 @@ from tfpar._checks import check_choice, check_names
 from tfpar._keras import keras
 from tfpar.quantization import _exact_ranges
 from tfpar.quantization._tfmot import (check_excluded_names, check_float32, check_graph_model, load_tfmot,
-                                      strip_wrappers)
+                                      owned, strip_wrappers)
 from tfpar.quantization.clustering import clustered_kernels, unique_weights
 from tfpar.quantization.pruning import sparsity
 
@@ -94,7 +94,7 @@ def quantize(model, exclude=(), *, preserve=None, ranges="mean"):
         qat = tfmot.quantization.keras.quantize_apply(annotated, scheme)
     if ranges == "exact":
         _exact_ranges.enable(qat)
-    return qat
+    return owned(qat)
 
 
 def _preserved(preserve):

@@ -9,39 +9,14 @@
 | ``tfpar launch`` (TF_CONFIG, N workers)              | `DataParallel`: MultiWorkerMirrored     |
 | plain ``python``                                     | `DataParallel`: Mirrored, local devices |
 
-SLURM is recognized before the MPI launchers' variables: srun's PMI plugins set ``PMI_RANK``
-and ``PMIX_RANK`` for its tasks, so under srun they mean "srun was asked for MPI" (Horovod),
-not "mpirun started this".
+How it was started is read by `tfpar.strategies._started_by.choose`.
 """
 
 import os
 
+from tfpar.strategies._started_by import SLURM_MPI_MARKERS, choose, started_by_horovod
+
 __all__ = ["SLURM_MPI_MARKERS", "auto", "choose", "started_by_horovod"]
-
-# horovodrun sets HOROVOD_RANK for Gloo jobs; under --mpi, Open MPI's and MPICH's
-# launchers set their own rank variables.
-_HOROVOD_MARKERS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-SLURM_MPI_MARKERS = ("PMIX_RANK", "PMI_RANK")  # srun --mpi=pmix / --mpi=pmi2
-
-
-def started_by_horovod(environ=None):
-    """Whether this process was started as a rank of a Horovod job (see `choose`)."""
-    return choose(environ) == "horovod"
-
-
-def choose(environ=None):
-    """What `auto` picks here: ``"horovod"``, ``"slurm"`` (DataParallel over the SLURM tasks),
-    or ``"data_parallel"`` (TF_CONFIG's cluster, or this host)."""
-    from tfpar.cluster import started_by_srun
-
-    env = os.environ if environ is None else environ
-    if "HOROVOD_RANK" in env:
-        return "horovod"
-    if started_by_srun(env):
-        if any(name in env for name in SLURM_MPI_MARKERS):
-            return "horovod"
-        return "data_parallel" if env.get("TF_CONFIG", "").strip() else "slurm"
-    return "horovod" if any(name in env for name in _HOROVOD_MARKERS) else "data_parallel"
 
 
 def auto(**options):

@@ -6,7 +6,8 @@ Both apply to the optimizer's gradient reduction only, never to the strategy's o
 (metrics, synchronized BatchNorm's moments, the loss scale's overflow vote), which need their
 full precision and every step. `gradient_variables` tells them apart: tf_keras reduces the
 gradients with their variables as destinations; Keras 3 reduces them as plain values, so
-tfpar marks its optimizers' gradient reduction (`mark_keras3_gradient_reduction`).
+tfpar marks the gradient reduction of the optimizer a Keras 3 model of a tfpar strategy is
+compiled with (`mark_keras3_gradient_reduction`, on that optimizer instance).
 """
 
 import functools
@@ -15,10 +16,10 @@ import math
 import threading
 
 from tfpar import _compat
-from tfpar import _model_checks as model_checks
-from tfpar._keras import tf
+from tfpar._keras import is_keras3, keras_of, tf
 
-__all__ = ["COMPRESSIONS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction", "check_compression", "compress",
+__all__ = ["COMPRESSIONS", "GRADIENT_CHECKS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction",
+           "check_compression", "compress",
            "decompress", "gradient_variables", "mark_keras3_gradient_reduction", "marked_variables"]
 
 COMPRESSIONS = ("none", "bf16", "fp16")
@@ -91,38 +92,38 @@ def marked_variables(values):
     return None
 
 
-def mark_keras3_gradient_reduction(optimizer_class):
-    """Wraps Keras 3's TensorFlow optimizer's gradient all-reduce (once) so that the strategy sees
-    which reduction carries the gradients, and of which variables (Keras 3 gives no destinations)."""
-    original = optimizer_class._all_reduce_sum_gradients
-    if getattr(original, "_tfpar_marked", False):
-        return
+def _marking(all_reduce_sum_gradients):
+    """``all_reduce_sum_gradients`` (a Keras 3 optimizer's, bound), marking which variables' gradients
+    it reduces while it runs, for the strategy's batch reduction to read (Keras 3 gives no destinations)."""
 
-    @functools.wraps(original)
-    def all_reduce_sum_gradients(self, grads_and_vars):
+    @functools.wraps(all_reduce_sum_gradients)
+    def marked(grads_and_vars):
         grads_and_vars = list(grads_and_vars)
         with _lock:
             _marked["depth"] += 1
             _marked["variables"] = [v for g, v in grads_and_vars if g is not None]
         try:
-            return original(self, grads_and_vars)
+            return all_reduce_sum_gradients(grads_and_vars)
         finally:
             with _lock:
                 _marked["depth"] -= 1
                 if not _marked["depth"]:
                     _marked["variables"] = None
 
-    all_reduce_sum_gradients._tfpar_marked = True
-    optimizer_class._all_reduce_sum_gradients = all_reduce_sum_gradients
+    marked._tfpar_marked = True
+    return marked
 
 
-def _mark_keras3(keras_module):
-    optimizer_class = _compat.keras3_tf_optimizer_class(keras_module)
-    if optimizer_class is not None:
-        mark_keras3_gradient_reduction(optimizer_class)
-
-
-model_checks.on_install(_mark_keras3)  # once, at import: Keras 3 now if loaded, else when it is
+def mark_keras3_gradient_reduction(model, arguments=None):
+    """After ``compile`` of a Keras 3 model of a tfpar strategy: its optimizer (and the one a
+    LossScaleOptimizer wraps) marks its gradient all-reduce, on that optimizer instance only."""
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_class = _compat.keras3_tf_optimizer_class(keras_of(model)) if is_keras3(model) else None
+    if optimizer_class is None:
+        return
+    for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if isinstance(each, optimizer_class) and not getattr(each._all_reduce_sum_gradients, "_tfpar_marked", False):
+            object.__setattr__(each, "_all_reduce_sum_gradients", _marking(each._all_reduce_sum_gradients))
 
 
 def _steps_per_epoch(arguments):
@@ -156,7 +157,9 @@ def warn_about_remainder(model, arguments):
         "keep every update within an epoch.", steps, window, remainder, multiples)
 
 
-model_checks.register_before(warn_about_remainder, "fit")
+
+GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("fit", "before", warn_about_remainder))
+"""The model checks of a strategy whose replicas compress or accumulate their gradients."""
 
 
 class GradientAccumulator:

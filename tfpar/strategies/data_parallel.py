@@ -16,7 +16,7 @@ from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, refuse_evaluator
 from tfpar.strategies._describe import batch_and_model_lines
-from tfpar.strategies._gradients import GradientReduction, check_compression
+from tfpar.strategies._gradients import GRADIENT_CHECKS, GradientReduction, check_compression
 from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
 __all__ = [
@@ -176,6 +176,10 @@ class DataParallel(Parallelism):
     def _gradients_text(self):
         cfg = self.config
         return f", compression={cfg.compression}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+
+    def model_checks(self):
+        """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
+        return (*super().model_checks(), *GRADIENT_CHECKS)
 
     def describe(self, global_batch_size=None, model=None):
         """Returns a readable summary of the strategy.

@@ -30,9 +30,10 @@ from tfpar import _loopback as loopback
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
-from tfpar.strategies._auto import SLURM_MPI_MARKERS, started_by_horovod
+from tfpar.strategies._started_by import SLURM_MPI_MARKERS, started_by_horovod
 from tfpar.strategies._describe import batch_and_model_lines
-from tfpar.strategies._gradients import (COMPRESSIONS, AccumulatedUpdates, GradientAccumulator, check_compression,
+from tfpar.strategies._gradients import (COMPRESSIONS, GRADIENT_CHECKS, AccumulatedUpdates, GradientAccumulator,
+                                         check_compression,
                                          gradient_variables, marked_variables)
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
 
@@ -298,6 +299,10 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
     def size(self):
         """Number of Horovod ranks (= replicas)."""
         return self.hvd.size()
+
+    def model_checks(self):
+        """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
+        return (*super().model_checks(), *GRADIENT_CHECKS)
 
     def describe(self, global_batch_size=None, model=None):
         """Returns a readable summary (as `DataParallel.describe`)."""

@@ -22,7 +22,6 @@ import time
 from tfpar import _compat
 from tfpar import _loopback as loopback
 from tfpar._checks import check_int, check_number, config_from
-from tfpar import _model_checks as model_checks
 from tfpar._keras import all_layers, keras_of, tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster, refuse_evaluator
@@ -301,6 +300,10 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         """
         return self._translating_ps_loss(super().scope())
 
+    def model_checks(self):
+        """`Parallelism.model_checks`, and no synchronized BatchNormalization."""
+        return (*super().model_checks(), ("compile", "before", refuse_synchronized_batchnorm))
+
     @property
     def cluster_resolver(self):
         """The cluster's `tf.distribute.cluster_resolver.ClusterResolver` (TensorFlow's own
@@ -404,5 +407,3 @@ def refuse_synchronized_batchnorm(model, arguments=None):
                 f"{type(model.distribute_strategy).__name__}. Use synchronized=False (statistics per worker "
                 "batch), or DataParallel / HorovodStrategy, whose replicas step together.")
 
-
-model_checks.register_before(refuse_synchronized_batchnorm)  # once, at import

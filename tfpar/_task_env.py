@@ -1,0 +1,16 @@
+"""What ``tfpar launch`` tells the tasks it starts, through their environment (no imports: ``import
+tfpar`` reads it)."""
+
+__all__ = ["FAULT_TOLERANCE_MARK", "HEARTBEAT_VARIABLE", "RESTART_VARIABLE", "STATE_VARIABLE", "TIMELINE_VARIABLE"]
+
+RESTART_VARIABLE = "TFPAR_RESTART_COUNT"
+"""Set in every task: how many times `launch` has restarted the job (0 on the first run)."""
+STATE_VARIABLE = "TFPAR_LAUNCH_DIR"
+"""Set in every task: a folder the job's tfpar callbacks tell the launcher things through."""
+FAULT_TOLERANCE_MARK = "fault_tolerance"
+"""The file `tfpar.callbacks.FaultTolerance` writes in `STATE_VARIABLE`'s folder: training resumes."""
+HEARTBEAT_VARIABLE = "TFPAR_HEARTBEAT_FILE"
+"""The file a task's heartbeat goes to; set by ``tfpar launch --heartbeat-timeout``."""
+TIMELINE_VARIABLE = "TFPAR_TIMELINE"
+"""A folder: ``tfpar launch --timeline DIR`` sets it, and every ``fit`` of a model tfpar owns then writes
+DIR/timeline.json."""
