@@ -8,6 +8,7 @@ Everything else in tfpar uses public APIs, or this module.
 
 import sys
 
+import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy as _collective_strategy
 from tensorflow.python.distribute import distribute_utils as _distribute_utils
 from tensorflow.python.distribute import input_util as _input_util
@@ -21,7 +22,9 @@ from tf_keras.src.utils import io_utils as _io_utils
 __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
-    "fit_arguments", "given_learning_rate", "keras3_data_adapter_class", "keras3_trainer_class", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
+    "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
+    "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
+    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
@@ -200,6 +203,46 @@ def fit_arguments(model, names=("x", "initial_epoch")):
             return {name: frame.f_locals.get(name) for name in names}
         frame = frame.f_back
     return None
+
+
+def flatten_layers(model):
+    """``model`` and every layer in it, nested ones included (either Keras): Keras' own walk of its
+    tracked layers (``_flatten_layers``); the public ``layers`` lists one level only."""
+    return model._flatten_layers(include_self=True, recursive=True)
+
+
+def keras3_compute_loss(model, y, y_pred, sample_weight):
+    """A training step's loss of a Keras 3 model as its own ``train_step`` computes it: the compiled
+    loss plus ``model.losses`` (``Model._compute_loss``; the public ``compute_loss`` is the
+    override point of subclasses and takes ``x``)."""
+    return model._compute_loss(x=None, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+
+
+def keras3_loss_tracker(model):
+    """The metric a Keras 3 model's ``train_step`` records the step's loss in (``Model._loss_tracker``,
+    which ``fit`` reports as "loss"; no public name)."""
+    return model._loss_tracker
+
+
+def take_logs_as_they_are(callback):
+    """Lets tf_keras hand ``callback`` its logs as they are, tensors and all, with no copy to numpy at
+    every step (``Callback._supports_tf_logs``, read by tf_keras' CallbackList; no public switch;
+    Keras 3 hands every callback its logs as they are). For a callback that reads at most the loss,
+    once a step, or no logs. Returns it."""
+    callback._supports_tf_logs = True
+    return callback
+
+
+assign_moving_average = tf.__internal__.train.assign_moving_average
+"""The moving-average update tensorflow-model-optimization's quantizers call, which tfpar's exact
+ranges replace to average over the replicas first (`tfpar.quantization._exact_ranges`); only under
+``tf.__internal__``."""
+
+
+def ray_resources_per_worker(scaling_config):
+    """What Ray places per worker of ``scaling_config``, its defaults included (a private property of
+    ``ScalingConfig``), or None where Ray no longer has it."""
+    return getattr(scaling_config, "_resources_per_worker_not_none", None)
 
 
 def replace_data_adapter(original, replacement):

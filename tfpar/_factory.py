@@ -1,54 +1,121 @@
-"""`make_parallelism`: a tfpar parallelism by name, for ``tfpar demo`` and ``tfpar verify``.
+"""`ParallelismSpec`: a tfpar parallelism as data. It builds the parallelism in this process and
+prints the Python that builds it; ``tfpar demo``, ``tfpar verify`` and ``tfpar tune`` (its trials
+and the code it prints for the winner) all make theirs through it.
 
 It knows every strategy, so it sits above them (ARCHITECTURE.md, layer 5); the strategies'
 shared base (`tfpar._parallelism`) knows none of them.
 """
 
-__all__ = ["STRATEGIES", "make_parallelism"]
+import dataclasses
+
+from tfpar._checks import check_choice, check_int
+from tfpar.pipeline.schedule import SCHEDULES
+
+__all__ = ["STRATEGIES", "ParallelismSpec"]
 
 STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
-"""The names `make_parallelism` (so ``tfpar demo`` and ``tfpar verify``) takes."""
+"""The parallelisms by name (``tfpar demo --strategy``, ``tfpar verify --strategy``)."""
 
 
-def make_parallelism(name, num_devices=None, replicas=1, microbatches=8, compression="none"):
-    """The parallelism called ``name`` (one of `STRATEGIES`), for this process.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelismSpec:
+    """Which parallelism, with which options (validated when made).
 
-    Args:
-        name: "data_parallel" (this host's devices, or TF_CONFIG's workers), "horovod" (one
-            replica per rank, started by horovodrun or ``tfpar launch --horovod``), "ps" (a local
-            cluster of ``num_devices`` workers, default 2, and one ps, as child processes) or
-            "pipeline" (2 stages x ``replicas`` on their own devices).
-        num_devices: virtual CPU devices when there is no GPU, or the PS workers.
-        replicas: "pipeline": data-parallel copies of the 2-stage pipeline.
-        microbatches: "pipeline": microbatches per replica and step.
-        compression: "data_parallel" and "horovod": the gradients on the wire ("none", "bf16",
-            "fp16"); the others send none over a ring.
-
-    Raises:
-        ValueError: compression with "ps" or "pipeline".
+    ``devices`` is what ``tfpar.configure_devices`` gets before the parallelism is built: virtual
+    CPU devices when there is no GPU (None: the default split, 2 or ``$TFPAR_NUM_CPU_DEVICES``),
+    or, for "ps", the local workers (default 2). With ``split_devices=False`` the devices are left
+    as they are (a worker of a multi-worker job, one replica each).
     """
-    from tfpar.devices import configure_devices
 
-    if compression != "none" and name in ("ps", "pipeline"):
-        raise ValueError(
-            f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
-            f"their gradients. Received: strategy {name!r} with compression={compression!r}. Use "
-            "--strategy data_parallel or horovod, or leave compression out.")
+    kind: str = "data_parallel"
+    """One of `STRATEGIES`."""
+    devices: int = None
+    split_devices: bool = True
+    compression: str = "none"
+    """"data_parallel" and "horovod": the gradients on the wire ("none", "bf16", "fp16")."""
+    num_packs: int = None
+    """"data_parallel" on one host: gradients packed into this many packs (hierarchical copy)."""
+    bytes_per_pack: int = None
+    """"data_parallel" across workers: the collectives' pack size."""
+    replicas: int = 1
+    """"pipeline": data-parallel copies of the 2-stage pipeline."""
+    microbatches: int = 8
+    """"pipeline": microbatches per replica and step."""
+    schedule: str = "1f1b"
+    """"pipeline": one of `tfpar.pipeline.schedule.SCHEDULES`."""
+    virtual_stages: int = None
+    """"pipeline": chunks per stage, for a schedule that takes them."""
+    balance: str = "params"
+    """"pipeline": how its 2 stages are balanced ("params" or "time")."""
 
-    if name == "ps":
-        from tfpar.strategies.parameter_server import ParameterServer
+    def __post_init__(self):
+        check_choice("strategy", self.kind, STRATEGIES)
+        if self.compression != "none" and self.kind in ("ps", "pipeline"):
+            raise ValueError(
+                f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
+                f"their gradients. Received: strategy {self.kind!r} with compression={self.compression!r}. Use "
+                "--strategy data_parallel or horovod, or leave compression out.")
+        check_int("replicas", self.replicas, 1)
+        check_int("microbatches", self.microbatches, 1)
+        check_choice("schedule", self.schedule, sorted(SCHEDULES), what="pipeline schedule")
 
-        return ParameterServer.local(num_workers=num_devices or 2, num_ps=1)
-    if name == "horovod":
-        from tfpar.strategies.horovod import HorovodStrategy
+    def _data_parallel_options(self):
+        options = {"compression": self.compression} if self.compression != "none" else {}
+        options.update({k: getattr(self, k) for k in ("num_packs", "bytes_per_pack") if getattr(self, k)})
+        if self.num_packs:  # the one-host all-reduce that packs on any device
+            options["all_reduce"] = "hierarchical"
+        return options
 
-        return HorovodStrategy(compression=compression)
-    if name == "pipeline":
-        from tfpar.pipeline import Pipeline
+    def _pipeline_options(self):
+        options = {"num_stages": 2, "num_microbatches": self.microbatches}
+        options.update({"replicas": self.replicas} if self.replicas > 1 else {})
+        options.update({"schedule": self.schedule} if self.schedule != "1f1b" else {})
+        options.update({"virtual_stages": self.virtual_stages} if self.virtual_stages else {})
+        options.update({"balance": self.balance} if self.balance != "params" else {})
+        return options
 
-        configure_devices(num_devices or 2 * replicas)
-        return Pipeline(num_stages=2, num_microbatches=microbatches, replicas=replicas, balance="time")
-    from tfpar.strategies.data_parallel import DataParallel
+    def build(self):
+        """The parallelism, made in this process (after splitting the devices, where it applies)."""
+        from tfpar.devices import configure_devices
 
-    configure_devices(num_devices)
-    return DataParallel(compression=compression)
+        if self.kind == "ps":
+            from tfpar.strategies.parameter_server import ParameterServer
+
+            return ParameterServer.local(num_workers=self.devices or 2, num_ps=1)
+        if self.kind == "horovod":
+            from tfpar.strategies.horovod import HorovodStrategy
+
+            return HorovodStrategy(**self._data_parallel_options())
+        if self.kind == "pipeline":
+            from tfpar.pipeline import Pipeline
+
+            if self.split_devices:
+                configure_devices(self.devices or 2 * self.replicas)
+            return Pipeline(**self._pipeline_options())
+        from tfpar.strategies.data_parallel import DataParallel
+
+        if self.split_devices:
+            configure_devices(self.devices)
+        return DataParallel(**self._data_parallel_options())
+
+    def code(self):
+        """The Python expression that makes this parallelism (in a script that imported tfpar)."""
+        def call(name, options):
+            return f"{name}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
+
+        if self.kind == "ps":
+            return call("tfpar.strategies.ParameterServer.local", {"num_workers": self.devices or 2, "num_ps": 1})
+        if self.kind == "horovod":
+            return call("tfpar.strategies.HorovodStrategy", self._data_parallel_options())
+        if self.kind == "pipeline":
+            return call("tfpar.pipeline.Pipeline", self._pipeline_options())
+        return call("tfpar.DataParallel", self._data_parallel_options())
+
+    def demo_flags(self):
+        """The ``tfpar demo`` options that ask for this parallelism."""
+        flags = ["--strategy", self.kind]
+        flags += ["--devices", str(self.devices)] if self.devices else []
+        flags += ["--compression", self.compression] if self.compression != "none" else []
+        if self.kind == "pipeline":
+            flags += ["--replicas", str(self.replicas), "--microbatches", str(self.microbatches)]
+        return flags

@@ -17,6 +17,8 @@ earlier with Keras 3. Every other module takes ``tf`` and ``keras`` from here.
 import tensorflow as tf
 import tf_keras as keras
 
+from tfpar import _compat
+
 __all__ = ["keras", "tf", "all_layers", "check_callbacks_keras", "check_keras_model", "check_one_keras",
            "check_tf_keras_model", "is_keras3", "keras3", "keras_of"]
 
@@ -121,7 +123,7 @@ def _other_keras_layers(model, family):
         elif hasattr(value, "trainable_weights") and _family(value) not in (None, family):
             found.append((path, value))
 
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in _compat.flatten_layers(model):
         # The attributes a user sets first (Keras' own tracking holds the same layers again).
         for name, value in sorted(vars(layer).items(), key=lambda item: item[0].startswith("_")):
             visit(f"{layer.name}.{name}", value, 0)

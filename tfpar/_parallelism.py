@@ -24,6 +24,7 @@ Example:
 import contextlib
 
 from tfpar import _owned
+from tfpar._topology import derived_topology
 
 __all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn", "owned_model_checks", "sum_over_workers"]
 
@@ -93,6 +94,12 @@ class Parallelism:
         """The strategy's scope (``tf.distribute.Strategy.scope``): the Keras models created under it
         are this strategy's, and run `model_checks` at compile, fit, evaluate and predict."""
         return _owning(super().scope())
+
+    @property
+    def topology(self):
+        """Where this process stands in the job (`tfpar._topology.Topology`): workers, this one's
+        index, replicas per worker, and whether a coordinator drives them."""
+        return derived_topology(self)
 
     def model_checks(self):
         """``(method, when, check)`` for the models built under this strategy (`tfpar._owned`):

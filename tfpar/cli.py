@@ -4,8 +4,7 @@ import argparse
 import os
 import sys
 
-from tfpar._checks import check_number
-from tfpar.launch import DEFAULT_GRACE_SECONDS, LaunchError, Task, launch, load_cluster_file, run_command
+from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError
 
 __all__ = ["main"]
 
@@ -22,6 +21,7 @@ def _parser():
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
+    demo.set_defaults(func=_demo)
     demo.add_argument("--strategy", default="data_parallel",
                       help="data_parallel (default), horovod (starts the ranks with horovodrun), "
                            "ps (a local parameter-server cluster) or pipeline (2 stages)")
@@ -56,6 +56,7 @@ def _parser():
         description="K steps on one replica and K steps under --strategy, from the same weights and "
                     "batches; prints each variable's largest difference and its likely cause, and exits 1 "
                     "above --tolerance. Several workers: tfpar launch -n 2 -- python -m tfpar verify ...")
+    verify.set_defaults(func=_verify)
     verify.add_argument("--model", required=True,
                         help="module:function that builds and compiles the model (looked up from this folder)")
     verify.add_argument("--data", required=True,
@@ -72,6 +73,7 @@ def _parser():
     verify.add_argument("--seed", type=_int, default=0, help="Keras seed before each build (default 0)")
 
     plots = sub.add_parser("report", help="PNG plots of a run from its timeline (tfpar launch --timeline DIR)")
+    plots.set_defaults(func=_report)
     plots.add_argument("run_dir", help="the run's folder (its timeline.json)")
     plots.add_argument("--out", default=None, help="where the PNG files go (default: the run's folder)")
 
@@ -81,6 +83,7 @@ def _parser():
         description="Local: tfpar launch -n 2 -- python train.py. Several hosts: on host K run "
                     "tfpar launch --hosts a:2222,b:2222 --task-index K -- python train.py.",
     )
+    run.set_defaults(func=_launch)
     run.add_argument("-n", "--workers", type=_int, default=None,
                      help="number of local workers on 127.0.0.1")
     run.add_argument("--ps", type=_int, default=0,
@@ -112,6 +115,7 @@ def _parser():
     tune = sub.add_parser("tune", help="time short trials over a search space; report the fastest",
                           description="tfpar tune --space '{\"per_replica_batch\": [16, 64], "
                                       "\"steps_per_execution\": [1, 4]}' (default: the demo's model and data)")
+    tune.set_defaults(func=_tune)
     tune.add_argument("--model", default="tfpar.demo:build_model", help="module:function building the model")
     tune.add_argument("--data", default="tfpar.demo:digits_dataset",
                       help="module:function returning a tf.data.Dataset of (x, y) examples")
@@ -130,7 +134,7 @@ def _parser():
                       help="seconds a trial may run before it is stopped and counted as failed (default 300)")
 
     sub.add_parser("doctor", help="versions, devices, the CPU's vector instructions and whether Horovod "
-                                  "(and its Keras API) is usable")
+                                  "(and its Keras API) is usable").set_defaults(func=_doctor)
     from tfpar import install_horovod
 
     install = sub.add_parser("install-horovod", help=f"build Horovod {install_horovod.VERSION} against this "
@@ -138,42 +142,17 @@ def _parser():
                              description=install_horovod.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     install_horovod.add_arguments(install)
+    install.set_defaults(func=lambda args, command_line=None: install_horovod.run(args))
     return parser
 
 
-def _launch(args):
-    from tfpar.cluster import parse_hosts
+def _launch(args, command_line=None):
+    from tfpar._backends import backend_for
 
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.timeline is not None:
         _timeline_folder(args.timeline, horovod=args.horovod)
-    if args.horovod:
-        return _launch_horovod(args, cmd)
-    if args.hosts and args.cluster:
-        raise ValueError("Give --hosts or --cluster, not both.")
-    if args.slurm:
-        return _launch_slurm(args, cmd)
-    cluster = task = None
-    if args.hosts or args.cluster:
-        cluster = {"worker": parse_hosts(args.hosts)} if args.hosts else load_cluster_file(args.cluster)
-        if args.task_index is None:
-            raise ValueError(
-                "A multi-host job needs this machine's --task-index. Received: "
-                f"{'--hosts ' + args.hosts if args.hosts else '--cluster ' + args.cluster} "
-                "without it."
-            )
-        # In a parameter-server cluster, ps and worker tasks serve; the chief runs the command.
-        serves = "ps" in cluster and args.task_type in ("ps", "worker")
-        task = Task(task_type=args.task_type, task_index=args.task_index, serves=serves)
-    elif args.workers is None:
-        raise ValueError(
-            "Say how many local workers to start, or which cluster to join. "
-            "Received: neither -n nor --hosts/--cluster. Write e.g. "
-            "`tfpar launch -n 2 -- python train.py`."
-        )
-    return launch(cmd, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
-                  grace_seconds=args.grace, max_restarts=args.max_restarts,
-                  heartbeat_timeout=args.heartbeat_timeout)
+    return backend_for(args).run(args, command)
 
 
 def _timeline_folder(folder, horovod):
@@ -186,83 +165,7 @@ def _timeline_folder(folder, horovod):
         os.environ.setdefault("HOROVOD_TIMELINE", os.path.join(folder, "horovod_timeline.json"))
 
 
-def _launch_slurm(args, cmd):
-    """This srun task's worker: the cluster from SLURM's variables, run like --hosts/--task-index."""
-    from tfpar.cluster import ClusterInfo, slurm_gpu_env
-
-    given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
-                                      ("--task-index", args.task_index), ("--ps", args.ps or None),
-                                      ("--max-restarts", args.max_restarts or None))
-             if value is not None]
-    if given:
-        raise ValueError(f"--slurm takes the cluster from SLURM. Received: --slurm with {', '.join(given)}. "
-                         "Leave those out (srun starts one task per worker).")
-    info = ClusterInfo.from_slurm()
-    task = Task(task_type=info.task_type, task_index=info.task_index)
-    return launch(cmd, cluster=info.cluster, task=task, env={**os.environ, **slurm_gpu_env()},
-                  grace_seconds=args.grace, heartbeat_timeout=args.heartbeat_timeout)
-
-
-def _launch_horovod(args, cmd):
-    """Delegates to ``horovodrun --gloo`` on this machine (it supervises the ranks)."""
-    import shutil
-
-    if args.hosts or args.cluster:
-        raise ValueError(
-            "tfpar launch --horovod starts local ranks only. Received: --hosts/--cluster. "
-            "On several machines run horovodrun -H host1:N,host2:N --gloo directly.")
-    if args.workers is None or args.workers < 1:
-        raise ValueError(f"tfpar launch --horovod needs -n N >= 1. Received: -n {args.workers}.")
-    if not cmd:
-        raise ValueError("Nothing to launch. Received: an empty command.")
-    if getattr(args, "heartbeat_timeout", None) is not None:
-        check_number("heartbeat_timeout", args.heartbeat_timeout, above=0, hint=" (seconds a rank may make no step)")
-    horovodrun = shutil.which("horovodrun")
-    if horovodrun is None:
-        from tfpar.strategies.horovod import INSTALL_HINT
-
-        raise ValueError(f"tfpar launch --horovod needs horovodrun, which is not on PATH. {INSTALL_HINT}")
-    n = str(args.workers)
-    argv = [horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", *cmd]
-    grace = getattr(args, "grace", DEFAULT_GRACE_SECONDS)
-    try:
-        if getattr(args, "heartbeat_timeout", None) is None:
-            return run_command(argv, grace_seconds=grace)
-        return _run_horovod_watched(argv, grace, args.heartbeat_timeout)
-    finally:
-        if getattr(args, "timeline", None):
-            from tfpar._timeline_files import TIMELINE_VARIABLE, merge_horovod_timeline
-
-            merge_horovod_timeline(os.environ[TIMELINE_VARIABLE])
-
-
-def _run_horovod_watched(argv, grace, timeout):
-    """horovodrun with each rank's heartbeat watched (--heartbeat-timeout): a stalled rank is named,
-    its stacks dumped, and the job stopped (code 124)."""
-    import tempfile
-
-    from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, hang_error
-
-    def say(message):
-        print(f"tfpar launch: {message}", flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="tfpar-heartbeat-") as folder:
-        watch = Watch(folder, timeout)
-
-        def check():  # what it raises stops horovodrun and its ranks (run_command)
-            hang = watch.check()
-            if hang is not None:
-                raise hang_error(hang, say)
-
-        env = {**os.environ, HEARTBEAT_VARIABLE: os.path.join(folder, "rank-{rank}")}
-        code = run_command(argv, env=env, grace_seconds=grace, check=check)
-        steps = watch.step_times() if code == 0 else None
-        if steps:
-            say(f"mean step time per rank (÷ the median): {steps}")
-        return code
-
-
-def _tune(args):
+def _tune(args, command_line=None):
     import json
 
     from tfpar._files import check_folder_of, write_atomically
@@ -288,7 +191,7 @@ def _tune(args):
     return 0 if result.best else 1
 
 
-def _doctor():
+def _doctor(args=None, command_line=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfpar.doctor import report
 
@@ -305,17 +208,22 @@ def _demo(args, command_line=None):
     if args.strategy == "horovod" and "HOROVOD_RANK" not in os.environ:
         # Start the ranks (one per --devices, default 2) and run this same demo in each.
         args.workers, args.hosts, args.cluster = args.devices or 2, None, None
-        argv = [sys.executable, "-m", "tfpar.cli", "demo", "--strategy", "horovod", "--epochs", str(args.epochs)]
+        from tfpar._factory import ParallelismSpec
+
+        spec = ParallelismSpec(kind="horovod", compression=args.compression)
+        argv = [sys.executable, "-m", "tfpar.cli", "demo", *spec.demo_flags(), "--epochs", str(args.epochs)]
         if args.batch_size:
             argv += ["--batch-size", str(args.batch_size)]
-        argv += ["--precision", args.precision, "--keras", str(args.keras), "--compression", args.compression]
+        argv += ["--precision", args.precision, "--keras", str(args.keras)]
         argv += ["--qat"] if args.qat else []
         argv += ["--compress"] if args.compress else []
         if args.quiet:
             argv.append("--quiet")
         if args.report:
             argv += ["--report", os.path.abspath(args.report)]
-        return _launch_horovod(args, argv)
+        from tfpar._backends import Horovod
+
+        return Horovod().run(args, argv)
     if args.strategy == "ps" and command_line is not None:
         _keep_servers_on_loopback(command_line)
     from tfpar.demo import run_demo
@@ -328,10 +236,11 @@ def _demo(args, command_line=None):
     return 0
 
 
-def _report(folder, out=None):
+def _report(args, command_line=None):
     from tfpar.report import report
 
-    written = report(folder, out)
+    folder = args.run_dir
+    written = report(folder, args.out)
     print("\n".join(["wrote:", *(f"  {path}" for path in written)]) if written else
           f"nothing to plot in {folder}: its timeline has no steps")
     return 0
@@ -366,22 +275,8 @@ def main(argv=None):
     """Runs the ``tfpar`` command; returns its exit status."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "launch":
-            return _launch(args)
-        if args.command == "doctor":
-            return _doctor()
-        if args.command == "tune":
-            return _tune(args)
-        if args.command == "report":
-            return _report(args.run_dir, args.out)
-        if args.command == "verify":
-            return _verify(args, command_line=sys.argv[1:] if argv is None else None)
-        if args.command == "install-horovod":
-            from tfpar.install_horovod import run
-
-            return run(args)
         # The real command line only: a call from Python (tests) is never replaced by exec.
-        return _demo(args, command_line=sys.argv[1:] if argv is None else None)
+        return args.func(args, command_line=sys.argv[1:] if argv is None else None)
     except LaunchError as e:
         print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
         return e.returncode

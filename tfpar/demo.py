@@ -10,8 +10,9 @@ import dataclasses
 import numpy as np
 
 from tfpar._checks import check_choice, check_int, default_epochs
-from tfpar._factory import STRATEGIES, make_parallelism
+from tfpar._factory import STRATEGIES, ParallelismSpec
 from tfpar._keras import keras, keras3, tf
+from tfpar._topology import topology_of
 from tfpar.data import distribute
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "compiled_model", "compress_chain", "default_epochs",
@@ -154,14 +155,15 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=8, global_bat
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
-    parallelism = make_parallelism(strategy, num_devices, replicas, microbatches, compression)
+    parallelism = ParallelismSpec(kind=strategy, devices=num_devices, replicas=replicas, microbatches=microbatches,
+                                  compression=compression, balance="time" if strategy == "pipeline" else "params").build()
     dist = parallelism.input_strategy
     k.utils.set_random_seed(0)
     (x_train, y_train), (x_val, y_val) = load_digits()
     chief = dist.extended.should_checkpoint
     if not chief:  # one progress bar and one summary: the chief's
         verbose, print_fn = 0, (lambda *_: None)
-    if verbose == 1 and isinstance(dist, tf.distribute.experimental.ParameterServerStrategy):
+    if verbose == 1 and topology_of(dist).coordinator:
         verbose = 2  # Keras refuses a progress bar under parameter servers: one line per epoch
     model = parallelism.build(lambda: build_model(k))
     with parallelism.scope():

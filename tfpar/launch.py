@@ -14,162 +14,54 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 from tfpar import _loopback as loopback
-from tfpar._checks import check_choice, check_int, check_number
-from tfpar._processes import (DEFAULT_GRACE_SECONDS, LaunchError, ProcessGroups, check_command,
-                              forwarding_signals, run_command)
-from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, hang_error
+from tfpar._checks import check_int, check_number
+from tfpar._job import SERVER_COMMAND, Job, Task, describe_exit, local_tasks
+from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError, check_command, forwarding_signals, run_command
+from tfpar._supervisor import Supervisor
 from tfpar._task_env import FAULT_TOLERANCE_MARK, RESTART_VARIABLE, STATE_VARIABLE
-from tfpar.cluster import ROLES, ClusterInfo, is_loopback_cluster, local_cluster, validate_cluster
+from tfpar.cluster import ClusterInfo, is_loopback_cluster, validate_cluster
 
-__all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "RESTART_VARIABLE", "SERVER_COMMAND", "STATE_VARIABLE", "Task",
-           "check_command", "launch", "load_cluster_file", "local_tasks", "run_command", "run_tasks"]
-
-SERVER_COMMAND = (sys.executable, "-m", "tfpar._server")
-"""What a serving task runs: a TensorFlow server for its TF_CONFIG task."""
+__all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "LaunchOptions", "RESTART_VARIABLE", "SERVER_COMMAND",
+           "STATE_VARIABLE", "Task", "check_command", "launch", "load_cluster_file", "local_tasks", "run_command",
+           "run_tasks"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Task:
-    """One process of a job."""
-
-    task_type: str
-    """Its role: "chief", "worker", "ps" or "evaluator"."""
-    task_index: int
-    """Its index among the tasks of that role."""
-    serves: bool = False
-    """Whether it only serves (a ps, or a worker of a parameter-server job):
-    it runs a TensorFlow server instead of the command, is stopped when the
-    job's command tasks finish, and its death does not end the job."""
-
-    @property
-    def name(self):
-        """``"worker 1"``: how output and errors name it."""
-        return f"{self.task_type} {self.task_index}"
-
-
-def local_tasks(roles):
-    """Returns (cluster on 127.0.0.1 with free ports, all its tasks).
-
-    Args:
-        roles: role -> count, e.g. ``{"worker": 2}``.
+class LaunchOptions:
+    """How a job's tasks run, whatever started them (the options `launch` and `run_tasks` take).
 
     Raises:
-        ValueError: on an unknown role, a negative count, or no training task.
+        ValueError: a negative ``max_restarts``, or a ``heartbeat_timeout`` that is not positive.
     """
-    for role, count in roles.items():
-        check_choice("role", role, ROLES)
-        check_int(role, count, 0, f" (the number of {role} tasks)")
-    if roles.get("worker", 0) + roles.get("chief", 0) < 1:
-        raise ValueError(
-            "A job needs at least one worker. Received: "
-            f"{', '.join(f'{r}={n}' for r, n in roles.items())}. Use e.g. -n 2."
-        )
-    cluster = local_cluster(roles)
-    tasks = [Task(task_type=r, task_index=i) for r in cluster for i in range(len(cluster[r]))]
-    return cluster, tasks
 
+    env: dict = None
+    """The tasks' environment (default: this process's)."""
+    out: object = None
+    """Where their prefixed output goes (default: stdout)."""
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    """How long a stopped task may take to exit before SIGKILL."""
+    heartbeat_timeout: float = None
+    """Seconds a task may make no step before it is named hung (None: not watched)."""
+    max_restarts: int = 0
+    """A local job: how many times it starts again after a task failed."""
+    poll_seconds: float = 0.05
+    """How often the launcher looks at its tasks."""
 
-class _Job:
-    """The running processes of a job, their output pumps and their process groups."""
-
-    def __init__(self, out, grace_seconds, heartbeats=None):
-        self.heartbeats = heartbeats  # the folder of the tasks' heartbeat files, or None
-        self.out = out
-        self.out_closed = False
-        self.lock = threading.Lock()
-        self.procs = {}
-        self.pumps = []
-        self.groups = ProcessGroups(grace_seconds)
-
-    def start(self, command, cluster, tasks, env, received=()):
-        """Starts every task; on a failure to start, stops those started and raises LaunchError.
-
-        Once a signal is in ``received``, no further task starts.
-        """
-        for task in tasks:
-            if received:
-                return
-            info = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
-            child_env = dict(env)
-            child_env.update(TF_CONFIG=info.to_tf_config(), PYTHONUNBUFFERED="1")
-            if self.heartbeats is not None:
-                child_env[HEARTBEAT_VARIABLE] = self.heartbeat_file(task)
-            argv = list(SERVER_COMMAND) if task.serves else command
-            try:
-                proc = subprocess.Popen(
-                    argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # its own group: our signals reach it only when we forward them
-                )
-            except OSError as e:
-                self.close()
-                raise LaunchError(f"could not start {task.name} ({argv[0]}): {e}. The "
-                                  f"{len(self.procs)} task(s) already started were stopped.",
-                                  task=task) from None
-            self.procs[task] = proc
-            self.groups.add(proc.pid)
-            pump = threading.Thread(target=self._pump, args=(task, proc), daemon=True)
-            pump.start()
-            self.pumps.append(pump)
-
-    def heartbeat_file(self, task):
-        return os.path.join(self.heartbeats, task.name.replace(" ", "-"))
-
-    def _write(self, text):
-        with self.lock:
-            if self.out_closed:
-                return
-            try:
-                self.out.write(text)
-                self.out.flush()
-            except (BrokenPipeError, ValueError):  # e.g. `| head -1` exited: drop the rest
-                self.out_closed = True
-
-    def _pump(self, task, proc):
-        prefix = f"[{task.name}] "
-        # Read to the end even when nobody reads our output: a task must never block on a full pipe.
-        for raw in iter(proc.stdout.readline, b""):
-            self._write(prefix + raw.decode("utf-8", "replace").rstrip("\n") + "\n")
-        proc.stdout.close()
+    def __post_init__(self):
+        check_int("max_restarts", self.max_restarts, 0, " (how many times a failed job is started again)")
+        check_number("heartbeat_timeout", self.heartbeat_timeout, above=0, allow_none=True,
+                     hint=" (seconds a task may make no step)")
+        object.__setattr__(self, "env", dict(os.environ if self.env is None else self.env))
+        object.__setattr__(self, "out", self.out or sys.stdout)
 
     def say(self, message):
-        self._write(f"tfpar launch: {message}\n")
-
-    def signal_all(self, sig):
-        self.groups.send(sig)
-
-    def stop(self, first=signal.SIGTERM):
-        """``first`` to every task's group (None: already sent), SIGKILL after the grace period."""
-        self.groups.stop(first if first is not None else 0)
-        for proc in self.procs.values():
-            proc.wait()
-        self.drain()
-
-    def drain(self):
-        for pump in self.pumps:
-            pump.join(timeout=5)
-
-    def close(self):
-        """Nothing of the job is left: every group (grandchildren too) ended, the watchdog released."""
-        self.groups.close()
-        for proc in self.procs.values():
-            proc.wait()
-        self.drain()
-
-
-def _describe_exit(code):
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+        """Prints a launcher line."""
+        self.out.write(f"tfpar launch: {message}\n")
+        self.out.flush()
 
 
 def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFAULT_GRACE_SECONDS,
@@ -193,96 +85,80 @@ def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFA
     With ``heartbeat_timeout`` (seconds), each task's ``fit``/``evaluate``/``predict`` reports its
     steps (`tfpar.callbacks.Heartbeat`); a task that makes no step for that long is named, its
     stacks are dumped, and the job is stopped (`LaunchError`, code 124). At the end the launcher
-    prints each task's mean step time against the median (stragglers).
+    prints each task's mean step time against the median (stragglers); see `tfpar._supervisor`.
 
     Raises:
         LaunchError: a task failed, hung or could not start, or the launcher was interrupted.
     """
-    check_command(command, grace_seconds, len(tasks))
-    if heartbeat_timeout is None:
-        return _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds, None, None)
-    check_number("heartbeat_timeout", heartbeat_timeout, above=0, hint=" (seconds without a step)")
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="tfpar-heartbeat-") as folder:
-        return _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds, heartbeat_timeout, folder)
+    options = LaunchOptions(env=env, out=out, grace_seconds=grace_seconds, poll_seconds=poll_seconds,
+                            heartbeat_timeout=heartbeat_timeout)
+    return _run_tasks(command, cluster, tasks, options)
 
 
-def _run_tasks(command, cluster, tasks, env, out, grace_seconds, poll_seconds, heartbeat_timeout, heartbeats):
-    out = out or sys.stdout
-    env = dict(os.environ if env is None else env)
+def _run_tasks(command, cluster, tasks, options):
+    check_command(command, options.grace_seconds, len(tasks))
+    env = options.env
     local = is_loopback_cluster(cluster)
     if local:
         env = loopback.child_env(env)
-    job = _Job(out, grace_seconds, heartbeats)
+    job = Job(options.out, options.grace_seconds)
     if not (local and loopback.library()):
         reason = loopback.build_error() if local else "a multi-host job is reached from the other hosts"
         for task in tasks:
             address = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index).address
             job.say(loopback.open_ports_warning(task.name, [address.rsplit(":", 1)[1]], reason))
-    reported = set()
     # Installed before any task starts: a Ctrl-C during start-up stops those already started.
-    with forwarding_signals(job.signal_all) as received:
-        return _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds,
-                          heartbeat_timeout)
+    with Supervisor(options.heartbeat_timeout, job.say, env) as supervisor, \
+            forwarding_signals(job.signal_all) as received:
+        try:
+            job.start(list(command), cluster, tasks, env, received, supervisor.task_env)
+            code = _supervise(job, supervisor, received, options)
+        finally:
+            job.close()  # whatever the way out: no task, and nothing a task started, is left
+        supervisor.finish()
+        return code
 
 
-def _supervise(job, command, cluster, tasks, env, received, reported, grace_seconds, poll_seconds,
-               heartbeat_timeout=None):
-    watch = Watch(job.heartbeats, heartbeat_timeout) if heartbeat_timeout is not None else None
-    try:
-        job.start(list(command), cluster, tasks, env, received)
-        while True:
-            if watch is not None:
-                _check_heartbeats(job, watch)
-            if received:
-                name = signal.Signals(received[0]).name
-                job.say(f"{name} received and passed on; every task has {grace_seconds:g} s to exit")
-                job.stop(first=None)
-                raise LaunchError(f"interrupted by {name}", returncode=128 + received[0])
-            codes = {task: proc.poll() for task, proc in job.procs.items()}
-            for task, code in codes.items():
-                if task.serves and code is not None and task not in reported:
-                    reported.add(task)
-                    job.say(f"{task.name} {_describe_exit(code)}; the job carries on (parameter-server "
-                            "training reschedules a lost worker's steps; a lost ps fails the chief)")
-            failed = [(t, c) for t, c in codes.items() if c not in (None, 0) and not t.serves]
-            if failed:
-                task, code = failed[0]
-                job.say(f"{task.name} {_describe_exit(code)}; stopping the other tasks")
+def _supervise(job, supervisor, received, options):
+    """Watches the started tasks until the job ends: 0, or LaunchError."""
+    reported = set()
+    while True:
+        if supervisor.watching:
+            try:
+                supervisor.check({t.name: p.pid for t, p in job.procs.items() if p.poll() is None},
+                                 lambda name: next((t for t in job.procs if t.name == name), None))
+            except LaunchError:  # a stalled task, named and its stacks dumped
                 job.stop()
-                raise LaunchError(
-                    f"{task.name} {_describe_exit(code)}",
-                    task=task,
-                    returncode=code if code > 0 else 128 - code,
-                )
-            mains = [c for t, c in codes.items() if not t.serves]
-            if not mains and all(c is not None for c in codes.values()):
-                return 0  # a serving-only launch (one host of a PS cluster) whose server ended
-            if mains and all(c == 0 for c in mains):
-                if any(t.serves for t in codes):
-                    job.say("the chief finished; stopping the servers")
-                    job.stop()
-                else:
-                    job.drain()
-                steps = watch.step_times() if watch is not None else None
-                if steps:
-                    job.say(f"mean step time per task (÷ the median): {steps}")
-                return 0
-            time.sleep(poll_seconds)
-    finally:
-        job.close()  # whatever the way out: no task, and nothing a task started, is left
-
-
-def _check_heartbeats(job, watch):
-    """Stops the job (LaunchError, code 124) when its heartbeats say it stalled (`Watch.check`)."""
-    others = {task.name: proc.pid for task, proc in job.procs.items() if proc.poll() is None}
-    hang = watch.check(others)
-    if hang is None:
-        return
-    error = hang_error(hang, job.say, task=next((t for t in job.procs if t.name == hang.name), None))
-    job.stop()
-    raise error
+                raise
+        if received:
+            name = signal.Signals(received[0]).name
+            job.say(f"{name} received and passed on; every task has {options.grace_seconds:g} s to exit")
+            job.stop(first=None)
+            raise LaunchError(f"interrupted by {name}", returncode=128 + received[0])
+        codes = {task: proc.poll() for task, proc in job.procs.items()}
+        for task, code in codes.items():
+            if task.serves and code is not None and task not in reported:
+                reported.add(task)
+                job.say(f"{task.name} {describe_exit(code)}; the job carries on (parameter-server "
+                        "training reschedules a lost worker's steps; a lost ps fails the chief)")
+        failed = [(t, c) for t, c in codes.items() if c not in (None, 0) and not t.serves]
+        if failed:
+            task, code = failed[0]
+            job.say(f"{task.name} {describe_exit(code)}; stopping the other tasks")
+            job.stop()
+            raise LaunchError(f"{task.name} {describe_exit(code)}", task=task,
+                              returncode=code if code > 0 else 128 - code)
+        mains = [c for t, c in codes.items() if not t.serves]
+        if not mains and all(c is not None for c in codes.values()):
+            return 0  # a serving-only launch (one host of a PS cluster) whose server ended
+        if mains and all(c == 0 for c in mains):
+            if any(t.serves for t in codes):
+                job.say("the chief finished; stopping the servers")
+                job.stop()
+            else:
+                job.drain()
+            return 0
+        time.sleep(options.poll_seconds)
 
 
 def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=None, out=None,
@@ -318,9 +194,8 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
         >>> from tfpar.launch import launch
         >>> launch(["python", "train.py"], num_workers=2)  # doctest: +SKIP
     """
-    check_int("max_restarts", max_restarts, 0, " (how many times a failed job is started again)")
-    check_number("heartbeat_timeout", heartbeat_timeout, above=0, allow_none=True,
-                 hint=" (seconds a task may make no step)")
+    options = LaunchOptions(env=env, out=out, grace_seconds=grace_seconds, max_restarts=max_restarts,
+                            heartbeat_timeout=heartbeat_timeout)
     if cluster is not None:
         if max_restarts:
             raise ValueError(
@@ -350,9 +225,8 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
             raise ValueError(f"--ps must be an int >= 0. Received: --ps {num_ps!r}.")
         check_command(command, grace_seconds, num_workers + num_ps + (1 if num_ps else 0))
         roles = {"chief": 1, "worker": num_workers, "ps": num_ps} if num_ps else {"worker": num_workers}
-        return _run_restarting(command, roles, env, out, grace_seconds, max_restarts, heartbeat_timeout)
-    return run_tasks(command, cluster, tasks, env=env, out=out, grace_seconds=grace_seconds,
-                     heartbeat_timeout=heartbeat_timeout)
+        return _run_restarting(command, roles, options)
+    return _run_tasks(command, cluster, tasks, options)
 
 
 def _local_job(roles):
@@ -362,36 +236,28 @@ def _local_job(roles):
     return cluster, tasks
 
 
-def _run_restarting(command, roles, env, out, grace_seconds, max_restarts, heartbeat_timeout):
-    """Runs a local job, and up to ``max_restarts`` times again, on fresh ports, when a task fails."""
+def _run_restarting(command, roles, options):
+    """Runs a local job, and up to ``options.max_restarts`` times again, on fresh ports, when a task fails."""
     import tempfile
 
-    out = out or sys.stdout
-    env = dict(os.environ if env is None else env)
-    start = time.monotonic()
+    restarts, start = options.max_restarts, time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
-        for attempt in range(max_restarts + 1):
+        for attempt in range(restarts + 1):
             cluster, tasks = _local_job(roles)
-            run_env = {**env, RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state}
+            run = dataclasses.replace(options, env={**options.env, RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state})
             try:
-                return run_tasks(command, cluster, tasks, env=run_env, out=out, grace_seconds=grace_seconds,
-                                 heartbeat_timeout=heartbeat_timeout)
+                return _run_tasks(command, cluster, tasks, run)
             except LaunchError as error:
-                if error.task is None or attempt == max_restarts:  # interrupted, or out of restarts
+                if error.task is None or attempt == restarts:  # interrupted, or out of restarts
                     if attempt and error.task is not None:
-                        _say(out, f"giving up after {max_restarts} restart(s); the last failure: {error}")
+                        options.say(f"giving up after {restarts} restart(s); the last failure: {error}")
                     raise
-                _say(out, f"restart {attempt + 1} of {max_restarts} at {time.monotonic() - start:.1f} s: {error}; "
-                          f"starting the {len(tasks)} task(s) again on fresh ports")
+                options.say(f"restart {attempt + 1} of {restarts} at {time.monotonic() - start:.1f} s: {error}; "
+                            f"starting the {len(tasks)} task(s) again on fresh ports")
                 if attempt == 0 and not os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
-                    _say(out, "warning: the command made no tfpar.callbacks.FaultTolerance backup, so "
-                              "training starts over from the first epoch; add "
-                              "FaultTolerance(backup_dir) to fit's callbacks to resume instead")
-
-
-def _say(out, message):
-    out.write(f"tfpar launch: {message}\n")
-    out.flush()
+                    options.say("warning: the command made no tfpar.callbacks.FaultTolerance backup, so "
+                                "training starts over from the first epoch; add "
+                                "FaultTolerance(backup_dir) to fit's callbacks to resume instead")
 
 
 def load_cluster_file(path):

@@ -13,6 +13,7 @@ RUN_DIR is what ``tfpar launch --timeline RUN_DIR`` or ``tfpar demo --report RUN
 Needs matplotlib: ``pip install "tfpar[report]"``.
 """
 
+import functools
 import json
 import os
 
@@ -58,8 +59,10 @@ def report(folder, out=None):
     out = out or folder
     os.makedirs(out, exist_ok=True)
     tracks, counters = _tracks(trace)
+    schedule = trace.get("otherData", {}).get("pipeline_schedule")  # what Timeline recorded
     written = []
-    for name, draw in (("throughput", _throughput), ("pipeline", _pipeline), ("loss_scale", _loss_scale)):
+    for name, draw in (("throughput", _throughput), ("pipeline", functools.partial(_pipeline, schedule=schedule)),
+                       ("loss_scale", _loss_scale)):
         plt, figure = _figure()
         try:
             if draw(figure, tracks, counters):
@@ -159,7 +162,7 @@ def _throughput(figure, tracks, counters):
     return True
 
 
-def _pipeline(figure, tracks, counters):
+def _pipeline(figure, tracks, counters, schedule=None):
     stages = sorted((name for w, name in tracks if w == 0 and name.startswith("stage ")),
                     key=lambda n: [int(part) for part in n.replace("(", " ").replace(")", " ").split() if part.isdigit()])
     if not stages:
@@ -182,7 +185,9 @@ def _pipeline(figure, tracks, counters):
                 axes.text((a + b) / 2 - first, row, label, ha="center", va="center", color="white", fontsize=8)
             busy += b - a
     p = len(stages)
-    theory, formula, m = _bubble_theory({label for n in stages for a, b, label in tracks[0, n] if begin <= a <= end}, p)
+    if schedule is None:
+        return False  # a trace without its schedule (tfpar before 0.1.0's Timeline recorded it)
+    theory, formula, m = _bubble_theory(schedule)
     measured = 1 - busy / (p * (last - first))
     axes.set_yticks(range(p), stages)
     axes.invert_yaxis()
@@ -194,19 +199,17 @@ def _pipeline(figure, tracks, counters):
     return True
 
 
-def _bubble_theory(labels, p):
-    """The schedule's theoretical bubble from its instructions' labels ("F3", "B3", "W3", or "F3c2"
-    under virtual stages): (theory, its formula, microbatches), as the schedule computes them."""
-    from tfpar.pipeline.schedule import make_schedule
+def _bubble_theory(recorded):
+    """The theoretical bubble of the schedule a Timeline recorded (``{"name", "num_stages",
+    "num_microbatches", "virtual_stages"}``): (theory, its formula, microbatches), as the schedule
+    itself computes them."""
+    from tfpar.pipeline.schedule import SCHEDULES, make_schedule
 
-    m = len({label[1:].split("c")[0] for label in labels})
-    if not m:
-        return float("nan"), "(p-1)/(m+p-1)", 0
-    v = max(1, len({label.split("c")[1] for label in labels if "c" in label}) // p)
-    name = "zb-h1" if any(label.startswith("W") for label in labels) else "interleaved" if v > 1 else "1f1b"
-    schedule = make_schedule(name, p, m, virtual_stages=v)
+    v = recorded.get("virtual_stages", 1)
+    schedule = make_schedule(recorded["name"], recorded["num_stages"], recorded["num_microbatches"],
+                             virtual_stages=v if SCHEDULES[recorded["name"]].default_virtual_stages else None)
     formula = schedule.bubble_formula.split(" with ")[0].replace("v·m", f"{v}m")  # at F = B = W, as drawn
-    return schedule.bubble_fraction, formula, m
+    return schedule.bubble_fraction, formula, schedule.num_microbatches
 
 
 def _loss_scale(figure, tracks, counters):

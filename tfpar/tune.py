@@ -34,6 +34,7 @@ import sys
 
 from tfpar._checks import check_int, check_number
 from tfpar._processes import LaunchError, ProcessGroups, forwarding_signals
+from tfpar.pipeline.schedule import SCHEDULES, virtual_schedules
 
 __all__ = ["AXES", "CHOICE_AXES", "DEFAULTS", "TuneResult", "check_space", "tune", "workers_space"]
 
@@ -50,7 +51,7 @@ CHOICE_AXES = {
     "backend": ("data_parallel", "horovod"),
     "compression": ("none", "bf16", "fp16"),
     "horovod_autotune": (False, True),
-    "schedule": ("gpipe", "1f1b", "interleaved", "zb-h1"),
+    "schedule": tuple(SCHEDULES),  # every pipeline schedule tfpar has
 }
 """Axis name -> its values."""
 DEFAULTS = {"backend": "data_parallel", "compression": "none", "per_replica_batch": 32, "steps_per_execution": 1}
@@ -105,7 +106,9 @@ def _applies(axis, value, config):
         return False
     if axis in ("schedule", "virtual_stages") and not config.get("microbatches"):
         return False  # pipeline axes
-    if axis == "virtual_stages" and config.get("schedule") != "interleaved":
+    if axis == "compression" and config.get("microbatches"):
+        return False  # a pipeline all-reduces no gradients
+    if axis == "virtual_stages" and config.get("schedule") not in virtual_schedules():
         return False
     return _ONLY.get(axis, config["backend"]) == config["backend"]
 
@@ -159,15 +162,7 @@ class TuneResult:
             return ""
         config = {**DEFAULTS, **best["config"]}
         horovod = config["backend"] == "horovod"
-        if config.get("microbatches"):
-            schedule = f", schedule={config.get('schedule', '1f1b')!r}"
-            schedule += f", virtual_stages={config['virtual_stages']}" if config.get("virtual_stages") else ""
-            strategy = f"tfpar.pipeline.Pipeline(num_stages=2, num_microbatches={config['microbatches']}{schedule})"
-        else:
-            options = [f"compression={config['compression']!r}"] if config["compression"] != "none" else []
-            options += [f"{k}={config[k]}" for k in ("num_packs", "bytes_per_pack") if config.get(k)]
-            options += ["all_reduce='hierarchical'"] if config.get("num_packs") else []
-            strategy = f"tfpar.{'strategies.HorovodStrategy' if horovod else 'DataParallel'}({', '.join(options)})"
+        strategy = trial_spec(config).code()
         env = "HOROVOD_AUTOTUNE=1 " if config.get("horovod_autotune") else ""
         launch = (f"{env}tfpar launch{' --horovod' if horovod else ''} -n {self.workers} -- python train.py"
                   if self.workers > 1 or horovod else "python train.py")
@@ -301,26 +296,27 @@ def _resolve(ref):
     return getattr(importlib.import_module(module), name)
 
 
+def trial_spec(config, devices=None, split_devices=True):
+    """The `tfpar._factory.ParallelismSpec` of a trial's ``config``: a pipeline when it has
+    microbatches, else its backend."""
+    from tfpar._factory import ParallelismSpec
+
+    kind = "pipeline" if config.get("microbatches") else config["backend"]
+    return ParallelismSpec(
+        kind=kind, devices=devices, split_devices=split_devices,
+        compression="none" if kind == "pipeline" else config.get("compression") or "none",
+        num_packs=config.get("num_packs"), bytes_per_pack=config.get("bytes_per_pack"),
+        microbatches=config.get("microbatches") or 8, schedule=config.get("schedule") or "1f1b",
+        virtual_stages=config.get("virtual_stages"))
+
+
 def _trial(spec):
     """Runs one trial in this process and prints ``TRIAL {json}``."""
     import tfpar
 
     config = {**{a: None for a in AXES}, **DEFAULTS, **spec["config"]}
-    if config["backend"] == "horovod":
-        parallelism = tfpar.strategies.HorovodStrategy(compression=config["compression"])
-    elif config["microbatches"]:
-        from tfpar.pipeline import Pipeline
-
-        tfpar.configure_devices(spec["devices"])
-        parallelism = Pipeline(num_stages=2, num_microbatches=config["microbatches"],
-                               schedule=config.get("schedule") or "1f1b", virtual_stages=config.get("virtual_stages"))
-    else:
-        options = {k: config[k] for k in ("num_packs", "bytes_per_pack") if config[k] is not None}
-        if "num_packs" in options:  # the one-host all-reduce that packs on any device
-            options["all_reduce"] = "hierarchical"
-        if "TF_CONFIG" not in os.environ:  # several workers: one replica each, and created first
-            tfpar.configure_devices(spec["devices"])
-        parallelism = tfpar.DataParallel(compression=config["compression"], **options)
+    # Several workers (TF_CONFIG): one replica each, and the strategy created first.
+    parallelism = trial_spec(config, spec["devices"], split_devices="TF_CONFIG" not in os.environ).build()
     model = parallelism.build(_resolve(spec["model_fn"]))
     with parallelism.scope():
         model.compile(spec["optimizer"], spec["loss"], steps_per_execution=config["steps_per_execution"])

@@ -24,7 +24,7 @@ import numpy as np
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
-from tfpar._factory import STRATEGIES, make_parallelism
+from tfpar._factory import STRATEGIES, ParallelismSpec
 from tfpar._parallelism import check_model_fn
 from tfpar.quantization import _exact_ranges as exact_ranges
 
@@ -148,9 +148,10 @@ def verify(model_fn, data_fn, *, strategy="data_parallel", replicas=None, steps=
     default = {"data_parallel": 1 if multi_worker else 2, "ps": 1, "pipeline": 1, "horovod": None}[strategy]
     replicas = replicas or default
     if strategy == "pipeline":
-        parallelism = make_parallelism("pipeline", replicas=replicas)
+        spec = ParallelismSpec(kind="pipeline", replicas=replicas, balance="time")
     else:
-        parallelism = make_parallelism(strategy, num_devices=replicas)
+        spec = ParallelismSpec(kind=strategy, devices=replicas)
+    parallelism = spec.build()
     return _Comparison(model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed).run()
 
 
@@ -237,7 +238,8 @@ class _Comparison:
 
     def _causes(self, model, padded):
         """{id(variable): [causes of its own layer]} and the model's causes for every variable."""
-        from tfpar._keras import all_layers, keras_of, tf
+        from tfpar._keras import all_layers, keras_of
+        from tfpar._topology import topology_of
 
         k = keras_of(model)
         microbatches = getattr(getattr(self.parallelism, "config", None), "num_microbatches", 1)
@@ -245,10 +247,10 @@ class _Comparison:
         per = "microbatch" if microbatches > 1 else "replica"
         own, anywhere = {}, []
         strategy = self.parallelism.input_strategy
-        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy) and \
-                _compat.ps_num_workers(strategy) > 1:
+        topology = topology_of(strategy)
+        if topology.coordinator and topology.num_workers > 1:
             anywhere.append(f"asynchronous training: the parameter servers apply each of the "
-                            f"{_compat.ps_num_workers(strategy)} workers' steps as it comes, computed from stale "
+                            f"{topology.num_workers} workers' steps as it comes, computed from stale "
                             "weights, and the workers take their batches in the order they finish; with one "
                             "worker (--replicas 1) it must match")
         for layer in all_layers(model):

@@ -174,3 +174,27 @@ def test_device_count_from_the_environment():
     assert result.returncode == 0 and result.output.rstrip().endswith("3"), result.output
     result = run_command([sys.executable, "-c", code], timeout=120, env={"TFPAR_NUM_CPU_DEVICES": "two"})
     assert result.returncode != 0 and "TFPAR_NUM_CPU_DEVICES='two'" in result.output
+
+
+def test_an_all_reduce_is_one_entry_of_the_table(monkeypatch):
+    """ARCHITECTURE.md's walk-through: a new all-reduce is an entry of ALL_REDUCES; the choice, the
+    messages that list the one-host and multi-worker ones, and describe() follow from it."""
+    from tfpar.strategies import _all_reduce
+
+    entry = _all_reduce.AllReduce("to_first_device", one_host=lambda packs: tf.distribute.ReductionToOneDevice(
+        reduce_to_device="/device:CPU:0"))
+    monkeypatch.setitem(_all_reduce.ALL_REDUCES, entry.name, entry)
+    strategy = DataParallel(all_reduce="to_first_device")
+    assert "ReductionToOneDevice (all_reduce='to_first_device')" in strategy.describe()
+    with strategy.scope():
+        model = tfpar.keras.Sequential([tfpar.keras.Input((2,)), tfpar.keras.layers.Dense(1)])
+        model.compile(tfpar.keras.optimizers.SGD(0.1), "mse")
+    model.fit(np.ones((8, 2), "float32"), np.ones(8, "float32"), batch_size=4, epochs=1, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2
+    with pytest.raises(ValueError, match=r"one host uses 'auto', 'nccl', 'hierarchical', 'reduce_to_one' or "
+                                         r"'to_first_device'"):
+        DataParallel(all_reduce="ring")
+    cluster = ClusterInfo(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_index=0)
+    with pytest.raises(ValueError, match=r"all_reduce='to_first_device' works on one host only; .* Use 'auto', "
+                                         r"'nccl' or 'ring'\."):
+        DataParallel(cluster=cluster, all_reduce="to_first_device")

@@ -134,7 +134,7 @@ def test_the_demo_with_bf16_gradients_is_as_accurate_as_float32():
 
 
 def test_compression_is_refused_where_nothing_is_all_reduced():
-    from tfpar._factory import make_parallelism
+    from tfpar._factory import ParallelismSpec
 
     with pytest.raises(ValueError, match=r"Received: strategy 'pipeline' with compression='bf16'"):
-        make_parallelism("pipeline", compression="bf16")
+        ParallelismSpec(kind="pipeline", compression="bf16")

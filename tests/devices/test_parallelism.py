@@ -68,3 +68,39 @@ def test_build_wants_the_function_and_the_pipeline_stays_out_of_other_scopes():
 def test_distribute_names_a_wrong_strategy():
     with pytest.raises(TypeError, match=r"strategy must be a tf.distribute.Strategy .* Received: strategy='mirrored'"):
         tfpar.data.distribute(tf.data.Dataset.range(8), "mirrored", 4)
+
+
+def test_every_parallelism_and_tensorflow_strategy_answers_its_topology():
+    from tfpar._topology import Topology, topology_of
+    from tfpar.strategies.horovod import HorovodStrategy
+
+    mirrored = tfpar.DataParallel()
+    assert mirrored.topology == topology_of(mirrored) == Topology(1, 0, 2, False)
+    assert mirrored.topology.is_chief and mirrored.topology.num_replicas == mirrored.num_replicas_in_sync == 2
+    assert topology_of(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])) == Topology(1, 0, 2, False)
+    assert topology_of() == Topology()  # the default strategy, outside any scope
+    with mirrored.scope():
+        assert topology_of() is not None and topology_of().replicas_per_worker == 2
+    pipeline = Pipeline(num_stages=2, num_microbatches=2)
+    assert topology_of(pipeline) == Topology(1, 0, 1, False)
+    assert topology_of(HorovodStrategy()) == Topology(1, 0, 1, False)  # one rank, alone
+
+
+@pytest.mark.parametrize("spec, code", [
+    (dict(), "tfpar.DataParallel()"),
+    (dict(compression="bf16", num_packs=2), "tfpar.DataParallel(compression='bf16', num_packs=2, "
+                                            "all_reduce='hierarchical')"),
+    (dict(kind="horovod", compression="fp16"), "tfpar.strategies.HorovodStrategy(compression='fp16')"),
+    (dict(kind="pipeline", microbatches=4, schedule="interleaved", virtual_stages=2),
+     "tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule='interleaved', virtual_stages=2)"),
+    (dict(kind="ps", devices=3), "tfpar.strategies.ParameterServer.local(num_workers=3, num_ps=1)"),
+])
+def test_one_spec_builds_a_parallelism_and_prints_the_code_that_builds_the_same(spec, code):
+    from tfpar._factory import ParallelismSpec
+
+    spec = ParallelismSpec(**spec)
+    assert spec.code() == code
+    if spec.kind == "ps":
+        return  # its build starts a local cluster (tests/multiproc)
+    built, again = spec.build(), eval(code, {"tfpar": tfpar})  # noqa: S307 (our own code string)
+    assert type(built) is type(again) and built.config == again.config

@@ -41,12 +41,12 @@ def test_a_ps_error_is_translated_to_one_that_names_the_lost_task():
     import tensorflow as tf
 
     from tfpar.cluster import free_ports
-    from tfpar.strategies.parameter_server import ParameterServerLostError, _lost_ps_error
+    from tfpar.strategies._ps_failures import ParameterServerLostError, lost_ps_error
 
     addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]  # nothing listens: both "lost"
     error = tf.errors.UnavailableError(None, None, "Socket closed\nAdditional GRPC error information "
                                        "from remote target /job:ps/replica:0/task:1 while calling ...")
-    lost = _lost_ps_error(error, addresses)
+    lost = lost_ps_error(error, addresses)
     assert isinstance(lost, ParameterServerLostError) and isinstance(lost, tf.errors.UnavailableError)
     assert lost.tasks == ["ps 0", "ps 1"]
     assert f"Lost the parameter server ps 0 ({addresses[0]}), ps 1 ({addresses[1]})" in str(lost)
@@ -58,8 +58,8 @@ def test_a_ps_error_is_translated_to_one_that_names_the_lost_task():
     for seen in (tf.errors.UnavailableError(None, None, "Socket closed (/job:worker/replica:0/task:1)"),
                  tf.errors.CancelledError(None, None, "Cancelled"),
                  ClosureInputError(tf.errors.InvalidArgumentError(None, None, "Unknown device"))):
-        assert _lost_ps_error(seen, addresses).tasks == ["ps 0", "ps 1"], seen
-    assert _lost_ps_error(ValueError("x"), addresses) is None
+        assert lost_ps_error(seen, addresses).tasks == ["ps 0", "ps 1"], seen
+    assert lost_ps_error(ValueError("x"), addresses) is None
 
 
 def test_a_ps_error_is_translated_only_when_a_ps_is_gone_or_named():
@@ -67,17 +67,17 @@ def test_a_ps_error_is_translated_only_when_a_ps_is_gone_or_named():
 
     import tensorflow as tf
 
-    from tfpar.strategies.parameter_server import _lost_ps_error
+    from tfpar.strategies._ps_failures import lost_ps_error
 
     with socket.create_server(("127.0.0.1", 0)) as a, socket.create_server(("127.0.0.1", 0)) as b:
         addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b)]  # both ps still listen
         # A connection error that names a ps (a ps that failed and came back): that ps.
         named = tf.errors.UnavailableError(None, None, f"failed to connect to ipv4:{addresses[1]}")
-        assert _lost_ps_error(named, addresses).tasks == ["ps 1"]
+        assert lost_ps_error(named, addresses).tasks == ["ps 1"]
         # An error of the model or of a worker, with every ps up, is not a ps loss.
         for other in (tf.errors.UnavailableError(None, None, "/job:worker/replica:0/task:0"),
                       tf.errors.InvalidArgumentError(None, None, "Incompatible shapes /job:ps/replica:0/task:0")):
-            assert _lost_ps_error(other, addresses) is None, other
+            assert lost_ps_error(other, addresses) is None, other
 
 
 def test_fit_without_steps_per_epoch_on_ps_input_says_why_and_what_to_pass():

@@ -243,3 +243,46 @@ def test_balance_by_measured_time_cuts_where_the_time_is(any_keras):
     assert "balanced by time" in by_time.describe()
     given = partition_model(model, 2, balance="time", layer_costs=costs)
     assert given.stages[0].layers == ("conv",) and given.stages[0].cost == pytest.approx(costs["conv"])
+
+
+class _VShape:
+    """A schedule with its own chunk placement (ARCHITECTURE.md's walk-through: a schedule is a
+    subclass and its test): 2p chunks, stage s holding chunks s and 2p-1-s (a V, as the ZB-V
+    schedule places them), run GPipe-like: both chunks' forwards, then both backwards."""
+
+    @staticmethod
+    def make():
+        from tfpar.pipeline import schedule
+
+        class VShape(schedule.Schedule):
+            name = "v-shape"
+            default_virtual_stages = 2
+
+            def stage_of(self, chunk):
+                p = self.num_stages
+                return chunk if chunk < p else 2 * p - 1 - chunk
+
+            def stage_instructions(self, stage):
+                p, m = self.num_stages, self.num_microbatches
+                first, second = stage, 2 * p - 1 - stage
+                for kind, chunks in ((schedule.FORWARD, (first, second)), (schedule.BACKWARD, (second, first))):
+                    for chunk in chunks:
+                        for i in range(m):
+                            yield schedule.Instruction(kind, chunk, i)
+
+        return VShape
+
+
+def test_a_schedule_with_its_own_chunk_placement_is_one_class_and_trains_like_the_plain_model(monkeypatch):
+    from tfpar.pipeline import schedule
+
+    monkeypatch.setitem(schedule.SCHEDULES, "v-shape", _VShape.make())
+    reference, history = _plain(keras)
+    staged = Pipeline(num_stages=2, num_microbatches=4, schedule="v-shape").stage(pipeline_model())
+    assert [staged.schedule.stage_of(c) for c in range(4)] == [0, 1, 1, 0]
+    _train(staged)
+    assert max_weight_difference(staged.plain_model(), reference) < 1e-5
+    for chunk, stage in enumerate(staged.stages):  # chunk c's variables on the device the schedule placed it on
+        assert all(v.device.endswith(f"device:CPU:{[0, 1, 1, 0][chunk]}") for v in stage.variables)
+    timeline = staged.schedule.simulate()
+    assert timeline.busy(0) == timeline.busy(1) == 16 * 0.5  # 2 chunks x 4 microbatches x (F, B), half a stage each

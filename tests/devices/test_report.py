@@ -124,10 +124,13 @@ def test_the_bandwidth_plot_draws_measured_all_reduces_against_a_measured_link(t
     assert _png_size(path) == SIZE
 
 
-def test_the_pipeline_plot_takes_its_theory_from_the_schedule_it_shows():
+def test_the_pipeline_plot_takes_its_theory_from_the_schedule_the_trace_recorded():
     from tfpar.report import _bubble_theory
 
-    assert _bubble_theory({"F0", "B0", "F1", "B1"}, 2) == (pytest.approx(1 / 3), "(p-1)/(m+p-1)", 2)
-    assert _bubble_theory({"F0", "B0", "W0", "F1", "B1", "W1"}, 2) == (pytest.approx(1 / 7), "(p-1)/(3m+p-1)", 2)
-    interleaved = {f"{kind}{i}c{c}" for kind in "FB" for i in range(2) for c in range(4)}
-    assert _bubble_theory(interleaved, 2) == (pytest.approx(1 / 5), "(p-1)/(2m+p-1)", 2)
+    def recorded(name, v=1):
+        return {"name": name, "num_stages": 2, "num_microbatches": 2, "virtual_stages": v}
+
+    assert _bubble_theory(recorded("1f1b")) == (pytest.approx(1 / 3), "(p-1)/(m+p-1)", 2)
+    assert _bubble_theory(recorded("gpipe")) == (pytest.approx(1 / 3), "(p-1)/(m+p-1)", 2)
+    assert _bubble_theory(recorded("zb-h1")) == (pytest.approx(1 / 7), "(p-1)/(3m+p-1)", 2)
+    assert _bubble_theory(recorded("interleaved", 2)) == (pytest.approx(1 / 5), "(p-1)/(2m+p-1)", 2)

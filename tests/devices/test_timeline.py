@@ -61,7 +61,10 @@ def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_pat
     model = pipeline.stage(pipeline_model())
     model.compile(tfpar.keras.optimizers.SGD(0.1), tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     steps = _fit(model, pipeline, tmp_path / "timeline.json", epochs=1)
-    tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
+    trace = json.loads((tmp_path / "timeline.json").read_text())
+    assert trace["otherData"]["pipeline_schedule"] == {  # what tfpar report reads its theory from
+        "name": schedule, "num_stages": 2, "num_microbatches": 4, "virtual_stages": 2 if schedule == "interleaved" else 1}
+    tracks = _tracks(trace)
     streams = model.schedule.streams()
     label = (lambda i: f"{i}c{i.stage}") if schedule == "interleaved" else str
     first_step = {}

@@ -252,3 +252,31 @@ def test_fit_arguments_are_read_from_keras_fit_while_it_runs(kind):
     model.fit(x, np.zeros(4), epochs=3, initial_epoch=2, verbose=0, callbacks=[Read()])
     assert read[0]["x"] is x and read[0]["initial_epoch"] == 2
     assert _compat.fit_arguments(model) is None  # outside fit
+
+
+def test_the_keras_internals_tfpar_reads_in_a_step_and_a_callback():
+    import keras as keras3
+
+    inner = keras.Sequential([keras.layers.Dense(1)], name="inner")
+    outer = keras.Sequential([keras.Input((2,)), inner], name="outer")
+    names = [layer.name for layer in _compat.flatten_layers(outer)]
+    assert names[0] == "outer" and {"inner", inner.layers[0].name} <= set(names)  # the nested layer too
+    model = keras3.Sequential([keras3.Input((2,)), keras3.layers.Dense(1, kernel_regularizer="l2")])
+    model.compile("sgd", "mse")
+    y, y_pred = np.ones((4, 1), "float32"), np.zeros((4, 1), "float32")
+    loss = float(_compat.keras3_compute_loss(model, y, y_pred, None))
+    assert loss > 1.0  # the mse, 1, plus the kernel's l2
+    tracker = _compat.keras3_loss_tracker(model)
+    tracker.update_state(2.0)
+    assert float(tracker.result()) == 2.0
+    callback = _compat.take_logs_as_they_are(keras.callbacks.Callback())
+    assert keras.callbacks.CallbackList([callback])._supports_tf_logs  # tf_keras hands over tensors
+
+
+def test_the_moving_average_the_exact_ranges_replace_and_ray_s_placement():
+    from ray.train import ScalingConfig
+
+    variable = tf.Variable(0.0)
+    _compat.assign_moving_average(variable, tf.constant(10.0), 0.5, zero_debias=False)
+    assert float(variable.numpy()) == 5.0
+    assert dict(_compat.ray_resources_per_worker(ScalingConfig(num_workers=2))) == {"CPU": 1}

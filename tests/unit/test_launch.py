@@ -159,3 +159,47 @@ def test_bad_launch_arguments(args, match):
     result = run_command(tfpar_command("launch", *args), timeout=60)
     assert result.returncode == 2
     assert re.search(match, result.output), result.output
+
+
+@pytest.mark.parametrize("argv, backend", [
+    (["-n", "2"], "local"),
+    (["-n", "1", "--ps", "1"], "local"),
+    (["--hosts", "a,b", "--task-index", "0"], "hosts"),
+    (["--cluster", "c.json", "--task-index", "0"], "hosts"),
+    (["--slurm"], "slurm"),
+    (["--slurm", "--hosts", "a", "--cluster", "c.json"], "hosts"),  # the "not both" mistake is named first
+    (["--horovod", "-n", "2"], "horovod"),
+    (["--horovod", "--hosts", "a"], "horovod"),  # which refuses --hosts, naming the fix
+])
+def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backend):
+    from tfpar._backends import BACKENDS, backend_for
+    from tfpar.cli import _parser
+
+    args = _parser().parse_args(["launch", *argv, "--", PY, "-c", "pass"])
+    assert backend_for(args).name == backend
+    assert [b.name for b in BACKENDS] == ["horovod", "slurm", "hosts", "local"]
+
+
+def test_the_supervisor_gives_heartbeat_files_in_its_folder_and_merges_horovods_timeline_on_exit(tmp_path):
+    from tfpar._supervisor import Supervisor
+    from tfpar._task_env import HEARTBEAT_VARIABLE, TIMELINE_VARIABLE
+
+    said = []
+    with Supervisor(None, said.append) as quiet:
+        assert quiet.task_env("worker 0") == {}
+        quiet.check()  # no heartbeats: nothing to watch
+    (tmp_path / "timeline.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "pid": 0, "ts": 1, "dur": 1}]}))
+    (tmp_path / "horovod_timeline.json").write_text(json.dumps([
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "allreduce.grad"}},
+        {"ph": "B", "pid": 0, "ts": 5, "args": {"start_time_since_epoch_in_micros": 1000}}]))
+    with Supervisor(5, said.append, env={TIMELINE_VARIABLE: str(tmp_path)}) as supervisor:
+        path = supervisor.task_env("worker 1")[HEARTBEAT_VARIABLE]
+        folder = os.path.dirname(path)
+        assert os.path.basename(path) == "worker-1" and os.path.isdir(folder)
+        supervisor.check()  # no task has beaten yet: none is stalled
+        supervisor.finish()
+    assert not os.path.exists(folder) and said == []
+    merged = json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    assert any(e.get("args", {}).get("name") == "Horovod allreduce.grad" for e in merged), merged
+    with pytest.raises(ValueError, match=r"heartbeat_timeout.*Received: heartbeat_timeout=0"):
+        Supervisor(0, said.append)

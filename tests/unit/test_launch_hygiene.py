@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-import tfpar.launch as launch_module
+import tfpar._job as job_module
 from tests.conftest import ROOT, run_command, tfpar_command
 from tfpar.launch import LaunchError, Task, run_tasks
 
@@ -135,7 +135,7 @@ def test_sigint_gets_the_grace_period_before_sigterm():
 
 
 def test_a_task_that_cannot_start_stops_those_started(tmp_path, monkeypatch):
-    monkeypatch.setattr(launch_module, "SERVER_COMMAND", (str(tmp_path / "no-such-server"),))
+    monkeypatch.setattr(job_module, "SERVER_COMMAND", (str(tmp_path / "no-such-server"),))
     cluster = {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}
     tasks = [Task(task_type="worker", task_index=0), Task(task_type="ps", task_index=0, serves=True)]
     with pytest.raises(LaunchError, match=r"could not start ps 0 \(.*no-such-server\).*The 1 task\(s\) already "

@@ -2,7 +2,7 @@
 refuses them (ParameterServer), and printing once, on the chief, the way Keras prints."""
 
 from tfpar import _compat
-from tfpar._keras import tf
+from tfpar._topology import topology_of
 
 
 def chief_print(model, message):
@@ -13,7 +13,7 @@ def chief_print(model, message):
 
 def coordinator_strategy():
     """Whether ``fit`` runs through a ClusterCoordinator (ParameterServer): no batch hooks there."""
-    return isinstance(tf.distribute.get_strategy(), tf.distribute.experimental.ParameterServerStrategy)
+    return topology_of().coordinator
 
 
 class EpochLevelUnderCoordinator:

@@ -14,6 +14,7 @@ import faulthandler
 import os
 import time
 
+from tfpar import _compat
 from tfpar._checks import check_number
 from tfpar._heartbeat import HEARTBEAT_VARIABLE, STACK_SIGNAL, heartbeat_path
 from tfpar._keras import keras
@@ -36,7 +37,7 @@ class Heartbeat(keras.callbacks.Callback):
         super().__init__()
         # It reads no logs, so Keras may call its batch hooks under a ParameterServer too (there they
         # run as the coordinator schedules steps, which stops when the workers stop taking them).
-        self._supports_tf_logs = True
+        _compat.take_logs_as_they_are(self)
         path = path or (heartbeat_path(os.environ[HEARTBEAT_VARIABLE]) if os.environ.get(HEARTBEAT_VARIABLE) else None)
         if not path:
             raise ValueError(

@@ -15,6 +15,7 @@ import time
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names, check_number
 from tfpar._keras import keras, tf
+from tfpar._topology import topology_of
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
 __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
@@ -22,13 +23,7 @@ __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
 
 def num_workers(strategy):
     """How many worker processes train under ``strategy`` (1 for a one-process strategy)."""
-    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        return _compat.ps_num_workers(strategy)
-    try:
-        local = len(strategy.extended.worker_devices) or 1
-    except RuntimeError:  # the default strategy (no scope): one process, one device
-        return 1
-    return max(1, strategy.num_replicas_in_sync // local)
+    return topology_of(strategy).num_workers
 
 
 class MetricAverage(keras.callbacks.Callback):
@@ -49,8 +44,8 @@ class MetricAverage(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         strategy = self.model.distribute_strategy
-        if logs is None or num_workers(strategy) == 1 or \
-                isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        topology = topology_of(strategy)
+        if logs is None or topology.num_workers == 1 or topology.coordinator:
             return  # one process: nothing to average (a PS coordinator is one process)
         keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) or hasattr(v, "dtype"))
         if self.keys is not None:
@@ -144,10 +139,9 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             batch hooks) or "epoch" (the weights at the start of the last finite epoch).
     """
 
-    _supports_tf_logs = True  # Keras hands over its logs as they are: only the loss is read, once a step
-
     def __init__(self, check="batch"):
         super().__init__()
+        _compat.take_logs_as_they_are(self)  # only the loss is read, once a step
         check_choice("check", check, ("batch", "epoch"))
         self.check = check
         self.stopped_at_step = None

@@ -41,8 +41,8 @@ from tfpar._files import write_atomically
 from tfpar._keras import keras, tf
 from tfpar._parallelism import sum_over_workers
 from tfpar._timeline_files import TIMELINE_VARIABLE, check_writable, merge_horovod_timeline, timeline_in
-from tfpar.cluster import ClusterInfo
-from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, coordinator_strategy
+from tfpar._topology import topology_of
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
 
 __all__ = ["TIMELINE_VARIABLE", "Timeline", "check_writable", "merge_horovod_timeline", "timeline_in"]
 
@@ -76,7 +76,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     def __init__(self, path=None, exchange=False):
         super().__init__()
         self.exchange = exchange
-        self._supports_tf_logs = True  # it reads no logs
+        _compat.take_logs_as_they_are(self)  # it reads no logs
         if path is None and os.environ.get(TIMELINE_VARIABLE):
             path = os.path.join(os.environ[TIMELINE_VARIABLE], "timeline.json")
         self.path = check_writable(path, "path")
@@ -134,8 +134,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     # --- on the host ---
     def on_train_begin(self, logs=None):
         timed = getattr(self.model.__dict__.get("train_step"), "timeline", None)
-        if timed is None and not isinstance(self.model.distribute_strategy,
-                                            tf.distribute.experimental.ParameterServerStrategy):
+        if timed is None and not topology_of(self.model.distribute_strategy).coordinator:
             self.install(self.model)  # the first Timeline of this fit; none under a coordinator
         self._events, self._step_begin = [], None
         self._unmatched = []  # host steps whose in-step times are not read yet
@@ -144,7 +143,11 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if self._stamps is not None:
             self._stamps.assign(_empty())
         self._pipeline = getattr(self.model, "pipeline_trace", None)
+        self._schedule = None
         if self._pipeline is not None:  # a track per stage and replica, an event per F and B
+            s = self.model.schedule
+            self._schedule = {"name": s.name, "num_stages": s.num_stages, "num_microbatches": s.num_microbatches,
+                              "virtual_stages": s.virtual_stages}
             first = len(self._tracks)
             for track, name in enumerate(self.model.pipeline_track_names(), first):
                 self._tracks[track] = name
@@ -209,7 +212,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         strategy = self.model.distribute_strategy
         workers = _gather(strategy, np.array(self._events, np.float64).reshape(-1, 4))
         if strategy.extended.should_checkpoint:
-            write_atomically(self.path, json.dumps(_trace(workers, self._tracks, self._labels)))
+            write_atomically(self.path, json.dumps(_trace(workers, self._tracks, self._labels, self._schedule)))
 
 
 def _loss_scale(optimizer):
@@ -226,12 +229,11 @@ def _empty():
 
 def _gather(strategy, events):
     """Every worker's events, on every worker (one SUM collective of a table a worker fills its row of)."""
-    from tfpar.callbacks.monitoring import num_workers
-
-    count = 1 if coordinator_strategy() else num_workers(strategy)
+    topology = topology_of(strategy)
+    count = 1 if topology.coordinator else topology.num_workers
     if count == 1:
         return [events]
-    index = _worker_index(strategy)
+    index = topology.worker_index
     lengths = np.zeros(count, np.float64)
     lengths[index] = len(events)
     lengths = sum_over_workers(strategy, lengths)
@@ -241,17 +243,9 @@ def _gather(strategy, events):
     return [table[w, :n] for w, n in enumerate(lengths)]
 
 
-def _worker_index(strategy):
-    """This worker's place among the workers: its Horovod rank, or its TF_CONFIG task (a chief first)."""
-    if hasattr(strategy, "rank"):
-        return strategy.rank
-    resolver = strategy.cluster_resolver
-    return ClusterInfo(cluster=resolver.cluster_spec().as_dict(), task_type=resolver.task_type,
-                       task_index=resolver.task_id).worker_index
-
-
-def _trace(workers, tracks, labels):
-    """The Chrome trace: a process per worker, a thread per track, times in microseconds."""
+def _trace(workers, tracks, labels, schedule=None):
+    """The Chrome trace: a process per worker, a thread per track, times in microseconds; a
+    pipeline's schedule (name and sizes) in its ``otherData``."""
     events = []
     for worker, rows in enumerate(workers):
         events.append({"ph": "M", "name": "process_name", "pid": worker, "args": {"name": f"worker {worker}"}})
@@ -268,5 +262,7 @@ def _trace(workers, tracks, labels):
                 continue
             events.append({"ph": "X", "pid": worker, "tid": int(track), "name": labels[int(label)], "cat": "tfpar",
                            "ts": round(begin * 1e6, 1), "dur": round(max(0.0, end - begin) * 1e6, 1)})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"producer": "tfpar.callbacks.Timeline", "clock": "wall clock, microseconds since the epoch"}}
+    other = {"producer": "tfpar.callbacks.Timeline", "clock": "wall clock, microseconds since the epoch"}
+    if schedule is not None:
+        other["pipeline_schedule"] = schedule
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}

@@ -15,6 +15,7 @@ import random
 
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import tf
+from tfpar._topology import topology_of
 from tfpar.data.batching import per_replica_batch_size
 from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
 from tfpar.data.resume import InputPosition, register
@@ -275,7 +276,7 @@ def distribute(source, strategy, global_batch_size, **options):
     replicas = strategy.num_replicas_in_sync
     per_replica_batch_size(global_batch_size, replicas)
     strategy = getattr(strategy, "input_strategy", strategy)  # a pipeline splits the batch itself
-    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    if topology_of(strategy).coordinator:
         return _for_parameter_servers(source, config, replicas)
     sizes = measure(source, config, strategy)  # files: counted once per job, shared
     plans = []

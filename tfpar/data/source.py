@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from tfpar._keras import tf
+from tfpar._topology import topology_of
 from tfpar._parallelism import sum_over_workers
 
 __all__ = ["Sizes", "as_files", "count", "measure", "open_source", "read_files"]
@@ -102,18 +103,10 @@ def _worker_share(strategy):
     """(this worker's index, number of workers) where several processes read the input, else None."""
     if strategy is None:
         return None
-    if hasattr(strategy, "rank") and hasattr(strategy, "size"):  # HorovodStrategy: one rank a process
-        workers, index = strategy.size, strategy.rank
-    elif isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.cluster_resolver:
-        from tfpar.cluster import ClusterInfo
-
-        resolver = strategy.cluster_resolver
-        info = ClusterInfo(cluster=resolver.cluster_spec().as_dict(), task_type=resolver.task_type,
-                           task_index=resolver.task_id)
-        workers, index = info.num_workers, info.worker_index
-    else:
+    topology = topology_of(strategy)
+    if topology.coordinator or topology.num_workers == 1:
         return None
-    return (index, workers) if workers > 1 else None
+    return topology.worker_index, topology.num_workers
 
 
 def _count_shared(strategy, files, reader, index, workers):

@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 
+from tfpar import _compat
 from tfpar._keras import keras, tf
 
 __all__ = ["ReportCheckpoints", "check_resources", "restore"]
@@ -46,7 +47,7 @@ def check_resources(scaling_config):
 
     # What Ray places per worker, defaults included (1 CPU, or 1 GPU with use_gpu=True); Ray
     # computes it in a private property, so the public fields stand in where it is gone.
-    per_worker = getattr(scaling_config, "_resources_per_worker_not_none", None)
+    per_worker = _compat.ray_resources_per_worker(scaling_config)
     if per_worker is None:
         per_worker = scaling_config.resources_per_worker or ({"GPU": 1} if scaling_config.use_gpu else {"CPU": 1})
     per_worker = dict(per_worker)

@@ -1,7 +1,7 @@
 """`PipelineModel`: a staged model whose training step runs the pipeline schedule.
 
 A training step splits the global batch into microbatches, runs the schedule's
-instructions (`schedule.py`) on the stage devices, accumulates the gradients over
+instructions (`schedule.py`) on the stage devices (`executor.py`), accumulates the gradients over
 the microbatches and applies them once, so that it computes the same update as
 the plain model on the same global batch. With ``replicas=R`` each stage's
 gradients are summed over the replicas before the update. `tfpar.pipeline.Pipeline`
@@ -16,8 +16,9 @@ microbatch, loss scaling, applying the summed gradients), which `_TfKerasPipelin
 import functools
 import logging
 
+from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar.pipeline.schedule import BACKWARD, FORWARD
+from tfpar.pipeline.executor import run_replica
 
 _log = logging.getLogger(__name__)
 
@@ -82,8 +83,9 @@ class PipelineModel:
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
 
     def _device(self, replica, chunk):
-        """Where a chunk of the model runs: its stage's device (chunk mod p) in that replica."""
-        return self.grid[replica][chunk % self.schedule.num_stages]
+        """Where a chunk of the model runs: the device of the stage its schedule places it on, in
+        that replica."""
+        return self.grid[replica][self.schedule.stage_of(chunk)]
 
     def pipeline_track_names(self):
         """The trace's tracks: one per stage of each replica (`tfpar.callbacks.Timeline`)."""
@@ -94,7 +96,8 @@ class PipelineModel:
         """Per row of ``pipeline_trace``: (its track, "F<microbatch>", "B<microbatch>" or "W<microbatch>",
         with the chunk after a "c" under virtual stages)."""
         p, chunks = self.schedule.num_stages, self.schedule.virtual_stages > 1
-        return [(r * p + i.stage % p, f"{i}c{i.stage}" if chunks else str(i)) for r, i in self._trace_keys()]
+        return [(r * p + self.schedule.stage_of(i.stage), f"{i}c{i.stage}" if chunks else str(i))
+                for r, i in self._trace_keys()]
 
     def _trace_keys(self):
         """The rows of ``pipeline_trace``: (replica, instruction), replica by replica in the schedule's order."""
@@ -145,7 +148,7 @@ class PipelineModel:
         step_start = tf.timestamp()
         predictions, sums, done, losses = {}, {}, {}, []
         for replica in range(len(self.grid)):
-            self._run_replica(replica, xs, ys, weights, predictions, sums, done, losses)
+            run_replica(self, replica, xs, ys, weights, predictions, sums, done, losses)
         self._record_timing(step_start, done)
         self._track_loss(losses, x)
         self._apply(self._sum_over_replicas(sums))
@@ -201,143 +204,6 @@ class PipelineModel:
         with tf.control_dependencies([tf.debugging.assert_equal(tf.shape(first)[0] % parts, 0, message=message)]):
             return tuple(_split(t, parts) for t in (x, y, sample_weight))
 
-    def _run_replica(self, replica, xs, ys, weights, predictions, sums, done, losses):
-        """Builds one replica's schedule on its devices.
-
-        Each stage runs its instructions in the schedule's order (a control
-        dependency on the previous one's results); a forward keeps its tape for the
-        backward, which passes the input gradient on to the previous chunk and adds
-        the variables' gradients to the chunk's running sum (so that no more than
-        one microbatch's gradients are held besides the sum). A zero-bubble schedule
-        splits that backward in two: B takes the input gradient only, W later the
-        variables' gradients. In a chunk that is a chain of layers, each layer's forward
-        has its own tape, so B runs the input-gradient chain once and W each layer's
-        weight gradient from its saved output gradient (`_chain`); in any other chunk (or
-        with ``recompute``) both are calls of one persistent tape of the whole chunk.
-        """
-        chunks, m, p = len(self.stages), self.schedule.num_microbatches, self.schedule.num_stages
-        split = self.schedule.splits_backward
-        scale = 1.0 / (m * len(self.grid))  # every microbatch has batch / (m × replicas) examples
-        saved, upstream, last_on, pending = {}, {}, {}, {}
-        for instruction in self._order:
-            k, i = instruction.stage, instruction.microbatch
-            j, device = replica * m + i, k % p
-            with tf.device(self._device(replica, k)), tf.control_dependencies(last_on.get(device, [])):
-                if instruction.kind == FORWARD and self._chains[k] is not None:  # zero-bubble, layer by layer
-                    inputs = xs[j] if k == 0 else tf.identity(saved[(k - 1, i)][1])
-                    pieces, head = self._forward_layers(k, inputs, scale), None
-                    outputs = pieces[-1][3]
-                    if k == chunks - 1:
-                        with tf.GradientTape() as head_tape:
-                            head_tape.watch(outputs)
-                            loss = self._microbatch_loss(ys[j], outputs, weights[j])
-                            head = (head_tape, [self._scaled(loss * scale)])
-                        predictions[j] = outputs
-                        losses.append(loss)
-                    saved[(k, i)] = (pieces, outputs, inputs, head)
-                    last_on[device] = [outputs]
-                elif instruction.kind == FORWARD:
-                    inputs = xs[j] if k == 0 else tf.identity(saved[(k - 1, i)][1])
-                    with tf.GradientTape(persistent=split) as tape:
-                        if k > 0:
-                            tape.watch(inputs)
-                        outputs = self._run_stage(k, inputs)
-                        objective = [outputs]
-                        if k == chunks - 1:
-                            # The loss (and its metric) includes every stage's regularization, as
-                            # the plain model's does; the gradient here reaches only this stage's
-                            # variables: the other stages get theirs from their own term below.
-                            loss = self._microbatch_loss(ys[j], outputs, weights[j])
-                            objective = [self._scaled(loss * scale)]
-                            predictions[j] = outputs
-                            losses.append(loss)
-                        elif self.stages[k].losses:
-                            objective.append(self._scaled(tf.add_n(self.stages[k].losses) * scale))
-                    saved[(k, i)] = (tape, outputs, inputs, objective)
-                    last_on[device] = [outputs]
-                elif instruction.kind == BACKWARD and self._chains[k] is not None:  # B, layer by layer
-                    pieces, outputs, inputs, head = saved.pop((k, i))
-                    gradient = (head[0].gradient(head[1], outputs) if head is not None
-                                else upstream.pop((k + 1, i)))
-                    pending[(k, i)], gradient = self._backward_layers(pieces, gradient, needs_input=k > 0)
-                    if k > 0:
-                        upstream[(k, i)] = gradient
-                    last_on[device] = [gradient] if k > 0 else [pending[(k, i)][-1][1]]  # chunk 0: its last B
-                elif instruction.kind == BACKWARD and split:  # B: the input gradient only; W comes later
-                    tape, outputs, inputs, objective = saved.pop((k, i))
-                    output_gradients = self._output_gradients(upstream, objective, k, i)
-                    pending[(k, i)] = (tape, objective, output_gradients)
-                    if k > 0:
-                        upstream[(k, i)] = tape.gradient(objective, inputs, output_gradients=output_gradients)
-                    last_on[device] = [upstream[(k, i)]] if k > 0 else list(output_gradients or objective)
-                else:
-                    if instruction.kind == BACKWARD:
-                        tape, outputs, inputs, objective = saved.pop((k, i))
-                        sources = self.stages[k].trainable_variables + ([inputs] if k > 0 else [])
-                        result = tape.gradient(objective, sources,
-                                               output_gradients=self._output_gradients(upstream, objective, k, i))
-                        if k > 0:
-                            upstream[(k, i)] = result.pop()
-                    elif self._chains[k] is not None:  # W, layer by layer
-                        result = self._weight_gradients(k, pending.pop((k, i)))
-                    else:  # W
-                        tape, objective, output_gradients = pending.pop((k, i))
-                        result = tape.gradient(objective, self.stages[k].trainable_variables,
-                                               output_gradients=output_gradients)
-                    previous = sums.get((replica, k))
-                    sums[(replica, k)] = result if previous is None else [
-                        a if g is None else g if a is None else a + g for a, g in zip(previous, result)]
-                    # The stage's next instruction waits for this one's gradients, not for the
-                    # running sum: the additions run beside the pipeline, off its critical path.
-                    grads = [g for g in result if g is not None]
-                    last_on[device] = [upstream[(k, i)]] if instruction.kind == BACKWARD and k > 0 else grads
-            done[(replica, instruction)] = last_on[device]
-
-    def _forward_layers(self, k, inputs, scale):
-        """A chain chunk's forward, one persistent tape per layer: [(layer, tape, input, output,
-        regularization terms)]."""
-        pieces, x = [], inputs
-        for layer in self._chains[k]:
-            with tf.GradientTape(persistent=True) as tape:
-                tape.watch(x)
-                y = layer(x, training=True)
-                terms = [self._scaled(tf.add_n(layer.losses) * scale)] if layer.losses else []
-            pieces.append((layer, tape, x, y, terms))
-            x = y
-        return pieces
-
-    @staticmethod
-    def _backward_layers(pieces, gradient, needs_input):
-        """B of a chain chunk: from the gradient of its output back to its input's, layer by layer
-        (input gradients only). Returns what W needs ((piece, its output gradient) pairs) and the
-        input's gradient (None when ``needs_input`` is False: the model's input)."""
-        pairs = []
-        for position in range(len(pieces) - 1, -1, -1):
-            layer, tape, x, y, terms = pieces[position]
-            pairs.append((pieces[position], gradient))
-            if position > 0 or needs_input:
-                gradient = tape.gradient(y, x, output_gradients=gradient)
-        return pairs, (gradient if needs_input else None)
-
-    def _weight_gradients(self, k, pairs):
-        """W of a chain chunk: each layer's variables' gradients from its own tape and output
-        gradient (and its regularization), in the order of the chunk's trainable variables."""
-        found = {}
-        for (layer, tape, x, y, terms), gradient in pairs:
-            variables = layer.trainable_variables
-            if variables:
-                result = tape.gradient([y] + terms, variables,
-                                       output_gradients=[gradient] + [tf.ones_like(t) for t in terms])
-                found.update((id(v), g) for v, g in zip(variables, result))
-        return [found.get(id(v)) for v in self.stages[k].trainable_variables]
-
-    def _output_gradients(self, upstream, objective, chunk, microbatch):
-        """What a chunk's backward starts from: the next chunk's input gradient (none for the last
-        chunk, whose objective is the loss), and 1 for its regularization terms."""
-        if chunk == len(self.stages) - 1:
-            return None
-        return [upstream.pop((chunk + 1, microbatch))] + [tf.ones_like(term) for term in objective[1:]]
-
     def _sum_over_replicas(self, sums):
         """(gradient, variable) pairs: each stage's sums added over the replicas on its device."""
         pairs = []
@@ -367,7 +233,7 @@ class PipelineModel:
         busy, previous, starts = [], {}, {}
         for (replica, instruction) in sorted(done, key=lambda key: (key[0], spans[key[1]][0], key[1].stage)):
             candidates = [step_start]
-            device = instruction.stage % self.schedule.num_stages
+            device = self.schedule.stage_of(instruction.stage)
             if (replica, device) in previous:
                 candidates.append(ends[previous[(replica, device)]])
             dependency = instruction.dependency(len(self.stages))
@@ -417,7 +283,7 @@ def _keras3_pipeline_model():
 
         def _microbatch_loss(self, y, y_pred, sample_weight):
             # The compiled loss plus self.losses: every stage's regularization.
-            return self._compute_loss(x=None, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            return _compat.keras3_compute_loss(self, y, y_pred, sample_weight)
 
         def _scaled(self, loss):
             return self.optimizer.scale_loss(loss)  # the loss itself unless a LossScaleOptimizer
@@ -429,7 +295,7 @@ def _keras3_pipeline_model():
             # Keras 3's train_step records the loss itself; the step's loss is the mean of its
             # equal microbatches' losses, weighted by the batch's size.
             batch = tf.shape(tf.nest.flatten(x)[0])[0]
-            self._loss_tracker.update_state(tf.add_n(losses) / len(losses), sample_weight=batch)
+            _compat.keras3_loss_tracker(self).update_state(tf.add_n(losses) / len(losses), sample_weight=batch)
 
     return _Keras3PipelineModel
 

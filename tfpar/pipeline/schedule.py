@@ -5,10 +5,10 @@ stage's instructions: ``Instruction("forward", chunk, microbatch)``,
 ``Instruction("backward", chunk, microbatch)`` and, for the zero-bubble schedules, which
 split the backward pass into its input-gradient part (``"backward"``, B) and its
 weight-gradient part, ``Instruction("weight", chunk, microbatch)`` (W). A *chunk* is a
-piece of the model: with ``virtual_stages=v`` the model is cut into p·v chunks and chunk
-c runs on stage c mod p (interleaved schedules); otherwise chunk = stage. The executor
-(`model.py`) runs them in that order on each stage's device; the figures below come from
-the same objects:
+piece of the model: with ``virtual_stages=v`` the model is cut into p·v chunks, and the
+schedule places each (`Schedule.stage_of`: chunk c on stage c mod p for interleaved 1F1B);
+otherwise chunk = stage. The executor (`executor.py`) runs them in that order on each stage's
+device, dispatching on the instruction's kind; the figures below come from the same objects:
 
 - `Schedule.bubble`: the theoretical idle share for given F, B and W costs (GPipe and
   1F1B: (p-1)/(m+p-1); interleaved 1F1B: (p-1)/(v·m+p-1); ZB-H1:
@@ -30,9 +30,10 @@ Example:
 import dataclasses
 
 from tfpar._checks import check_choice, check_int
+from tfpar.pipeline.simulation import Timeline, simulate
 
 __all__ = ["SCHEDULES", "GPipe", "Instruction", "Interleaved1F1B", "OneFOneB", "Schedule", "Timeline",
-           "ZeroBubbleH1", "make_schedule"]
+           "ZeroBubbleH1", "make_schedule", "virtual_schedules"]
 
 FORWARD, BACKWARD, WEIGHT = "forward", "backward", "weight"
 
@@ -66,41 +67,22 @@ class Instruction:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Timeline:
-    """The simulated run of a schedule: start and end time of every instruction."""
-
-    spans: dict
-    """Instruction -> (start, end)."""
-    num_stages: int
-
-    @property
-    def makespan(self):
-        return max(end for _, end in self.spans.values())
-
-    def busy(self, stage):
-        """The time stage ``stage`` computes (all its chunks)."""
-        return sum(end - start for i, (start, end) in self.spans.items() if i.stage % self.num_stages == stage)
-
-    @property
-    def bubble_fraction(self):
-        """Idle share of the stages over the makespan (averaged over stages)."""
-        total = self.makespan * self.num_stages
-        return 1 - sum(self.busy(s) for s in range(self.num_stages)) / total
-
-    def order(self):
-        """All instructions by start time (then stage): a valid global issue order."""
-        return sorted(self.spans, key=lambda i: (self.spans[i][0], i.stage))
-
-
 class Schedule:
-    """The instruction streams of a pipeline schedule; subclasses define `stage_instructions`."""
+    """The instruction streams of a pipeline schedule; subclasses define `stage_instructions`.
+
+    A schedule declares what it can do, and everything else reads it from here: the executor,
+    ``Pipeline``, ``tfpar tune``'s search space and ``tfpar report``'s figures. Adding one is a
+    subclass in this module (its streams, `stage_of` if it places chunks otherwise, the class
+    attributes below) registered in `SCHEDULES`, and its test.
+    """
 
     name = None
     bubble_formula = "(p-1)/(m+p-1)"
     """`bubble_fraction` as a formula, for summaries."""
     splits_backward = False
     """Whether the backward pass is split into "backward" (input gradient) and "weight"."""
+    default_virtual_stages = None
+    """The virtual stages it runs with by default; None: it takes none (one chunk per stage)."""
 
     def __init__(self, num_stages, num_microbatches, virtual_stages=1):  # virtual stages: Interleaved1F1B's
         check_int("num_stages", num_stages, 1)
@@ -114,6 +96,11 @@ class Schedule:
     def num_chunks(self):
         """The pieces the model is cut into: p·v."""
         return self.num_stages * self.virtual_stages
+
+    def stage_of(self, chunk):
+        """The stage (device) chunk ``chunk`` runs on: chunk mod p, so that stage s holds chunks s,
+        s+p, ... (a schedule with another placement overrides this)."""
+        return chunk % self.num_stages
 
     def stage_instructions(self, stage):
         """Yields stage ``stage``'s instructions in the order it runs them."""
@@ -156,40 +143,8 @@ class Schedule:
         return cost / self.virtual_stages
 
     def simulate(self, forward_cost=1.0, backward_cost=1.0, weight_cost=0.0):
-        """Runs the streams on an ideal clock and returns the `Timeline`.
-
-        Each stage runs its instructions in order, each as soon as the stage
-        is free and its dependency (`Instruction.dependency`) has ended. The costs are
-        a whole stage's (see `cost`).
-
-        Raises:
-            RuntimeError: if the streams deadlock (a schedule bug).
-        """
-        streams = self.streams()
-        position = [0] * self.num_stages
-        free_at = [0.0] * self.num_stages
-        spans = {}
-        remaining = sum(len(s) for s in streams)
-        while remaining:
-            progressed = False
-            for stage, stream in enumerate(streams):
-                if position[stage] == len(stream):
-                    continue
-                instruction = stream[position[stage]]
-                dependency = instruction.dependency(self.num_chunks)
-                if dependency is not None and dependency not in spans:
-                    continue
-                ready = spans[dependency][1] if dependency is not None else 0.0
-                start = max(free_at[stage], ready)
-                cost = self.cost(instruction, forward_cost, backward_cost, weight_cost)
-                spans[instruction] = (start, start + cost)
-                free_at[stage] = start + cost
-                position[stage] += 1
-                remaining -= 1
-                progressed = True
-            if not progressed:
-                raise RuntimeError(f"{self.name} deadlocks at {position} (a schedule bug)")
-        return Timeline(spans, self.num_stages)
+        """Runs the streams on an ideal clock and returns the `Timeline` (`simulation.simulate`)."""
+        return simulate(self, forward_cost, backward_cost, weight_cost)
 
     def __repr__(self):
         virtual = f", virtual_stages={self.virtual_stages}" if self.virtual_stages > 1 else ""
@@ -241,6 +196,7 @@ class Interleaved1F1B(Schedule):
 
     name = "interleaved"
     bubble_formula = "(p-1)/(v·m+p-1)"
+    default_virtual_stages = 2
 
     def __init__(self, num_stages, num_microbatches, virtual_stages=2):
         super().__init__(num_stages, num_microbatches, virtual_stages)
@@ -338,9 +294,15 @@ def make_schedule(name, num_stages, num_microbatches, virtual_stages=None):
     """
     check_choice("schedule", name, sorted(SCHEDULES), what="pipeline schedule")
     cls = SCHEDULES[name]
-    if cls is Interleaved1F1B:
-        return cls(num_stages, num_microbatches, 2 if virtual_stages is None else virtual_stages)
+    if cls.default_virtual_stages is not None:
+        return cls(num_stages, num_microbatches, cls.default_virtual_stages if virtual_stages is None else virtual_stages)
     if virtual_stages not in (None, 1):
-        raise ValueError(f"virtual_stages applies to schedule='interleaved'. Received: schedule={name!r}, "
-                         f"virtual_stages={virtual_stages}. Use schedule='interleaved', or virtual_stages=1.")
+        virtual = " or ".join(f"schedule={n!r}" for n in virtual_schedules())
+        raise ValueError(f"virtual_stages applies to {virtual}. Received: schedule={name!r}, "
+                         f"virtual_stages={virtual_stages}. Use {virtual}, or virtual_stages=1.")
     return cls(num_stages, num_microbatches)
+
+
+def virtual_schedules():
+    """The names of the schedules that take virtual stages."""
+    return [name for name, cls in SCHEDULES.items() if cls.default_virtual_stages is not None]

@@ -14,6 +14,7 @@ from tfpar import _owned
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import all_layers, check_keras_model, keras_of, tf
 from tfpar._parallelism import Parallelism, check_model_fn
+from tfpar._topology import Topology
 from tfpar.pipeline.model import PipelineModel
 from tfpar.pipeline.partition import partition_model, valid_cut_points
 from tfpar.pipeline.schedule import SCHEDULES, make_schedule
@@ -48,8 +49,9 @@ class PipelineConfig:
     devices: tuple = None
     """Device names, replica-major (default: the GPUs, else the logical CPU devices)."""
     virtual_stages: int = None
-    """With "interleaved": chunks per stage (default 2); the model is cut into
-    num_stages × virtual_stages chunks, chunk c on stage c mod num_stages."""
+    """With a schedule that takes them ("interleaved"): chunks per stage (default 2); the model is cut
+    into num_stages × virtual_stages chunks, each on the stage the schedule places it on (for
+    "interleaved", chunk c on stage c mod num_stages)."""
 
     def __post_init__(self):
         check_int("num_stages", self.num_stages, 1)
@@ -101,6 +103,11 @@ class Pipeline(Parallelism):
     def num_replicas_in_sync(self):
         """The data-parallel copies of the pipeline that split the global batch."""
         return self.config.replicas
+
+    @property
+    def topology(self):
+        """One process, running the pipeline's ``replicas`` copies itself."""
+        return Topology(replicas_per_worker=self.config.replicas)
 
     @property
     def input_strategy(self):

@@ -51,7 +51,7 @@ def _global_extreme(variable, value):
 
 
 def _assign_moving_average(variable, value, decay, zero_debias=True, name=None):
-    return tf.__internal__.train.assign_moving_average(
+    return _compat.assign_moving_average(
         variable, _global_extreme(variable, value), decay, zero_debias=zero_debias, name=name)
 
 

@@ -15,6 +15,7 @@ from tfpar._checks import check_choice, check_int, check_number, config_from
 from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, refuse_evaluator
+from tfpar.strategies._all_reduce import ALL_REDUCES, multi_worker_names, one_host_names, quoted
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._gradients import GRADIENT_CHECKS, GradientReduction, check_compression
 from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
@@ -29,13 +30,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-ALL_REDUCE = ("auto", "nccl", "ring", "hierarchical", "reduce_to_one")
-"""Accepted ``all_reduce`` names. One host: auto, nccl, hierarchical,
-reduce_to_one. Several hosts: auto, ring, nccl."""
-
-_ONE_HOST_ONLY = ("hierarchical", "reduce_to_one")
-_PACKING = ("nccl", "hierarchical")  # the all-reduces that honour num_packs
-_MULTI_WORKER_ONLY = ("ring",)
+ALL_REDUCE = tuple(ALL_REDUCES)
+"""Accepted ``all_reduce`` names (`tfpar.strategies._all_reduce.ALL_REDUCES` says where each runs)."""
 DEFAULT_TIMEOUT_SECONDS = 300.0
 
 
@@ -47,8 +43,8 @@ class DataParallelConfig:
     """One host only: device names to replicate over (default: all GPUs, else
     the virtual CPU devices from `tfpar.configure_devices`)."""
     all_reduce: str = "auto"
-    """Gradient reduction: one of `ALL_REDUCE`; "auto" is NCCL on GPUs, else
-    reduce-to-one device (one host) or a ring (several hosts)."""
+    """Gradient reduction: one of `ALL_REDUCE`; "auto" is TensorFlow's choice on one host, and NCCL
+    on GPUs, else a ring, across hosts."""
     num_packs: int = 1
     """One host, nccl/hierarchical: number of packs gradients are batched into."""
     bytes_per_pack: int = 0
@@ -66,17 +62,18 @@ class DataParallelConfig:
     and apply it once: N steps of global batch G train like one step of N·G, with one all-reduce."""
 
     def __post_init__(self):
-        check_choice("all_reduce", self.all_reduce, ALL_REDUCE)
+        check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
         check_compression(self.compression)
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
-        if self.num_packs != 1 and self.all_reduce not in _PACKING:
+        if self.num_packs != 1 and not ALL_REDUCES[self.all_reduce].packs:
+            packing = sorted((e for e in ALL_REDUCES.values() if e.packs), key=lambda e: e.needs_gpus)
+            fixes = " or ".join(f"{e.name!r} ({'GPUs' if e.needs_gpus else 'any devices'})" for e in packing)
             raise ValueError(
-                f"num_packs applies to all_reduce='nccl' or 'hierarchical' only; all_reduce="
-                f"{self.all_reduce!r} would ignore it. Received: all_reduce={self.all_reduce!r}, "
-                f"num_packs={self.num_packs}. Use all_reduce='hierarchical' (any devices) or 'nccl' "
-                "(GPUs) to pack gradients, or leave num_packs at 1.")
+                f"num_packs applies to all_reduce={quoted([e.name for e in ALL_REDUCES.values() if e.packs])} "
+                f"only; all_reduce={self.all_reduce!r} would ignore it. Received: all_reduce={self.all_reduce!r}, "
+                f"num_packs={self.num_packs}. Use all_reduce={fixes} to pack gradients, or leave num_packs at 1.")
         check_number("timeout_seconds", self.timeout_seconds, above=0, allow_none=True)
         if self.cluster is not None and not isinstance(self.cluster, ClusterInfo):
             raise TypeError(
@@ -101,12 +98,10 @@ def _build_config(config, kwargs):
     if config.cluster is not None:
         refuse_evaluator(config.cluster, "DataParallel")
     if config.multi_worker:
-        if config.all_reduce in _ONE_HOST_ONLY:
+        if ALL_REDUCES[config.all_reduce].multi_worker is None:
             raise ValueError(
                 f"all_reduce={config.all_reduce!r} works on one host only; this "
-                f"cluster has {config.cluster.num_workers} workers. Use "
-                "'auto', 'ring' or 'nccl'."
-            )
+                f"cluster has {config.cluster.num_workers} workers. Use {quoted(multi_worker_names())}.")
         if config.devices is not None:
             raise ValueError(
                 "devices applies to one host only: with several workers each "
@@ -114,12 +109,10 @@ def _build_config(config, kwargs):
                 f"devices={list(config.devices)} with "
                 f"{config.cluster.num_workers} workers. Remove devices=."
             )
-    elif config.all_reduce in _MULTI_WORKER_ONLY:
+    elif ALL_REDUCES[config.all_reduce].one_host is None:
         raise ValueError(
-            f"all_reduce={config.all_reduce!r} needs several workers; one host "
-            "uses 'auto', 'nccl', 'hierarchical' or 'reduce_to_one'. "
-            f"Received: all_reduce={config.all_reduce!r} with one worker."
-        )
+            f"all_reduce={config.all_reduce!r} needs several workers; one host uses {quoted(one_host_names())}. "
+            f"Received: all_reduce={config.all_reduce!r} with one worker.")
     return config
 
 
@@ -128,11 +121,10 @@ def _has_gpus():
 
 
 def _require_gpus(config):
-    if config.all_reduce == "nccl" and not _has_gpus():
+    if ALL_REDUCES[config.all_reduce].needs_gpus and not _has_gpus():
         raise ValueError(
-            "all_reduce='nccl' needs GPUs and none was found. Received: "
-            "all_reduce='nccl'. Use all_reduce='auto' on CPUs."
-        )
+            f"all_reduce={config.all_reduce!r} needs GPUs and none was found. Received: "
+            f"all_reduce={config.all_reduce!r}. Use all_reduce='auto' on CPUs.")
 
 
 class DataParallel(Parallelism):
@@ -228,19 +220,12 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
             self, self.config, devices=list(devices), cross_device_ops=self._cross_device_ops()))
 
     def _cross_device_ops(self):
-        name, packs = self.config.all_reduce, self.config.num_packs
-        if name == "nccl":
-            return tf.distribute.NcclAllReduce(num_packs=packs)
-        if name == "hierarchical":
-            return tf.distribute.HierarchicalCopyAllReduce(num_packs=packs)
-        if name == "reduce_to_one":
-            return tf.distribute.ReductionToOneDevice()
-        return None  # TensorFlow's choice: collective all-reduce over local devices.
+        return ALL_REDUCES[self.config.all_reduce].one_host(self.config.num_packs)
 
     def _all_reduce_text(self):
         ops = _compat.cross_device_ops_of(self)
         text = type(ops).__name__ if ops is not None else "TensorFlow's default"
-        if self.config.all_reduce in _PACKING:
+        if ALL_REDUCES[self.config.all_reduce].packs:
             text += f", num_packs={self.config.num_packs}"
         return f"{text} (all_reduce={self.config.all_reduce!r})"
 
@@ -313,11 +298,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
         return super().reduce(reduce_op, value, axis)
 
     def _implementation(self):
-        impl = tf.distribute.experimental.CommunicationImplementation
-        name = self.config.all_reduce
-        if name == "nccl" or (name == "auto" and _has_gpus()):
-            return impl.NCCL
-        return impl.RING
+        return ALL_REDUCES[self.config.all_reduce].multi_worker(_has_gpus())
 
     def _workers_text(self):
         cluster = self.config.cluster

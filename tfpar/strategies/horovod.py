@@ -30,6 +30,7 @@ from tfpar import _loopback as loopback
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
+from tfpar._topology import Topology
 from tfpar.strategies._started_by import SLURM_MPI_MARKERS, started_by_horovod
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._gradients import (COMPRESSIONS, GRADIENT_CHECKS, AccumulatedUpdates, GradientAccumulator,
@@ -299,6 +300,11 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
     def size(self):
         """Number of Horovod ranks (= replicas)."""
         return self.hvd.size()
+
+    @property
+    def topology(self):
+        """One replica a rank: `size` workers, this one `rank`."""
+        return Topology(num_workers=self.size, worker_index=self.rank)
 
     def model_checks(self):
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""

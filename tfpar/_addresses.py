@@ -1,0 +1,84 @@
+"""Addresses of tasks: ``--hosts`` lists, free ports, and clusters on one host (loopback by default).
+Pure Python: the launcher, the strategies and the tests share it.
+"""
+
+import socket
+
+__all__ = ["DEFAULT_PORT", "free_ports", "is_loopback_cluster", "local_cluster", "parse_hosts"]
+
+DEFAULT_PORT = 2222
+"""The port a ``--hosts`` entry without one gets (TensorFlow's usual)."""
+
+
+def free_ports(count, host="127.0.0.1"):
+    """Returns ``count`` distinct TCP ports that are free on ``host`` now.
+
+    The sockets are held open until all ports are chosen so that no port is
+    returned twice; another program may still take one before it is used.
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def local_cluster(roles, host="127.0.0.1"):
+    """Builds a cluster on ``host`` with free ports.
+
+    Args:
+        roles: task type -> number of tasks, e.g. ``{"worker": 2}``.
+        host: the address every task listens on (loopback by default).
+
+    Returns:
+        The cluster dict, e.g. ``{"worker": ["127.0.0.1:41234", ...]}``.
+    """
+    counts = {role: n for role, n in roles.items() if n}
+    ports = iter(free_ports(sum(counts.values()), host))
+    return {role: [f"{host}:{next(ports)}" for _ in range(n)] for role, n in counts.items()}
+
+
+def is_loopback_cluster(cluster):
+    """Whether every task of ``cluster`` has a loopback address (127.0.0.0/8, ::1 or localhost)."""
+    import ipaddress
+
+    for addresses in cluster.values():
+        for address in addresses:
+            host = address.rsplit(":", 1)[0].strip("[]")
+            if host != "localhost":
+                try:
+                    if not ipaddress.ip_address(host).is_loopback:
+                        return False
+                except ValueError:  # a host name
+                    return False
+    return True
+
+
+def parse_hosts(hosts, default_port=DEFAULT_PORT):
+    """Parses ``"a:2222,b,c:2223"`` into ``["a:2222", "b:2222", "c:2223"]``.
+
+    Raises:
+        ValueError: if the list is empty or a port is not a number.
+    """
+    entries = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not entries:
+        raise ValueError(
+            f"--hosts needs at least one host. Received: {hosts!r}. "
+            "Write e.g. --hosts host1:2222,host2:2222."
+        )
+    out = []
+    for entry in entries:
+        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "")
+        port = port or str(default_port)
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"Each host must be 'name' or 'name:port' with a port in "
+                f"1..65535. Received: {entry!r} in --hosts {hosts!r}."
+            )
+        out.append(f"{host}:{port}")
+    return out

@@ -1,0 +1,170 @@
+"""The back-ends of ``tfpar launch``: how a job's tasks are started, one small class each, all
+watched by one `tfpar._supervisor.Supervisor` (heartbeats, step times, the timeline merge).
+
+| back-end   | chosen by                  | starts                                              |
+|------------|----------------------------|-----------------------------------------------------|
+| `Horovod`  | ``--horovod``              | ``horovodrun --gloo`` with N local ranks            |
+| `Slurm`    | ``--slurm``                | this srun task's worker, the cluster from SLURM      |
+| `Hosts`    | ``--hosts`` / ``--cluster``| this machine's task of a multi-host cluster         |
+| `Local`    | ``-n N [--ps M]``          | every task on 127.0.0.1, restarted on failure       |
+
+A back-end (Ray Train's ``Backend.on_start`` is the shape) says whether the command line is its
+(`chosen`), refuses the options it cannot take (`check`), and runs the job (`start`). `BACKENDS`
+is the table ``tfpar launch`` walks: the first chosen one runs. Pure Python, no TensorFlow.
+"""
+
+import os
+import shutil
+
+from tfpar._checks import check_number
+from tfpar._processes import DEFAULT_GRACE_SECONDS, run_command
+from tfpar._supervisor import Supervisor
+from tfpar.launch import Task, launch, load_cluster_file
+
+__all__ = ["BACKENDS", "Backend", "Horovod", "Hosts", "Local", "Slurm", "backend_for"]
+
+
+class Backend:
+    """How ``tfpar launch`` starts a job's tasks. ``args``: the parsed command line."""
+
+    name = ""
+
+    def chosen(self, args):
+        """Whether the command line asks for this back-end."""
+        raise NotImplementedError
+
+    def check(self, args, command):
+        """Raises ValueError, naming the option, for what this back-end cannot take."""
+
+    def start(self, args, command):
+        """Runs the job; returns its exit code (0) or raises `tfpar.launch.LaunchError`."""
+        raise NotImplementedError
+
+    def run(self, args, command):
+        """`check`, then `start`."""
+        self.check(args, command)
+        return self.start(args, command)
+
+
+class Horovod(Backend):
+    """``horovodrun --gloo`` on this machine, which supervises the ranks; tfpar watches their
+    heartbeats and merges Horovod's timeline into the job's."""
+
+    name = "horovod"
+
+    def chosen(self, args):
+        return args.horovod
+
+    def check(self, args, command):
+        if args.hosts or args.cluster:
+            raise ValueError(
+                "tfpar launch --horovod starts local ranks only. Received: --hosts/--cluster. "
+                "On several machines run horovodrun -H host1:N,host2:N --gloo directly.")
+        if args.workers is None or args.workers < 1:
+            raise ValueError(f"tfpar launch --horovod needs -n N >= 1. Received: -n {args.workers}.")
+        if not command:
+            raise ValueError("Nothing to launch. Received: an empty command.")
+        if getattr(args, "heartbeat_timeout", None) is not None:
+            check_number("heartbeat_timeout", args.heartbeat_timeout, above=0,
+                         hint=" (seconds a rank may make no step)")
+        if shutil.which("horovodrun") is None:
+            from tfpar.strategies.horovod import INSTALL_HINT
+
+            raise ValueError(f"tfpar launch --horovod needs horovodrun, which is not on PATH. {INSTALL_HINT}")
+
+    def start(self, args, command):
+        n = str(args.workers)
+        argv = [shutil.which("horovodrun"), "-np", n, "-H", f"localhost:{n}", "--gloo", *command]
+
+        def say(message):
+            print(f"tfpar launch: {message}", flush=True)
+
+        with Supervisor(getattr(args, "heartbeat_timeout", None), say) as supervisor:
+            code = run_command(argv, env={**os.environ, **supervisor.task_env("rank-{rank}")},
+                               grace_seconds=getattr(args, "grace", DEFAULT_GRACE_SECONDS), check=supervisor.check)
+            if code == 0:
+                supervisor.finish("rank")
+            return code
+
+
+class Slurm(Backend):
+    """This srun task's worker: the cluster from SLURM's variables, run as `Hosts` runs one task."""
+
+    name = "slurm"
+
+    def chosen(self, args):
+        return args.slurm and not (args.hosts and args.cluster)  # that mistake is Hosts' to name
+
+    def check(self, args, command):
+        given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
+                                          ("--task-index", args.task_index), ("--ps", args.ps or None),
+                                          ("--max-restarts", args.max_restarts or None))
+                 if value is not None]
+        if given:
+            raise ValueError(f"--slurm takes the cluster from SLURM. Received: --slurm with {', '.join(given)}. "
+                             "Leave those out (srun starts one task per worker).")
+
+    def start(self, args, command):
+        from tfpar.cluster import ClusterInfo, slurm_gpu_env
+
+        info = ClusterInfo.from_slurm()
+        task = Task(task_type=info.task_type, task_index=info.task_index)
+        return launch(command, cluster=info.cluster, task=task, env={**os.environ, **slurm_gpu_env()},
+                      grace_seconds=args.grace, heartbeat_timeout=args.heartbeat_timeout)
+
+
+class Hosts(Backend):
+    """This machine's task of a cluster named by ``--hosts`` (workers) or ``--cluster`` (a file)."""
+
+    name = "hosts"
+
+    def chosen(self, args):
+        return bool(args.hosts or args.cluster)
+
+    def check(self, args, command):
+        if args.hosts and args.cluster:
+            raise ValueError("Give --hosts or --cluster, not both.")
+
+    def start(self, args, command):
+        from tfpar.cluster import parse_hosts
+
+        cluster = {"worker": parse_hosts(args.hosts)} if args.hosts else load_cluster_file(args.cluster)
+        if args.task_index is None:
+            raise ValueError(
+                "A multi-host job needs this machine's --task-index. Received: "
+                f"{'--hosts ' + args.hosts if args.hosts else '--cluster ' + args.cluster} without it.")
+        # In a parameter-server cluster, ps and worker tasks serve; the chief runs the command.
+        serves = "ps" in cluster and args.task_type in ("ps", "worker")
+        task = Task(task_type=args.task_type, task_index=args.task_index, serves=serves)
+        return launch(command, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
+                      grace_seconds=args.grace, max_restarts=args.max_restarts,
+                      heartbeat_timeout=args.heartbeat_timeout)
+
+
+class Local(Backend):
+    """Every task of the job on 127.0.0.1: ``-n`` workers (and ``--ps`` servers with a chief)."""
+
+    name = "local"
+
+    def chosen(self, args):
+        return True
+
+    def check(self, args, command):
+        if args.workers is None:
+            raise ValueError(
+                "Say how many local workers to start, or which cluster to join. "
+                "Received: neither -n nor --hosts/--cluster. Write e.g. "
+                "`tfpar launch -n 2 -- python train.py`.")
+
+    def start(self, args, command):
+        return launch(command, num_workers=args.workers, num_ps=args.ps, grace_seconds=args.grace,
+                      max_restarts=args.max_restarts, heartbeat_timeout=args.heartbeat_timeout)
+
+
+BACKENDS = (Horovod(), Slurm(), Hosts(), Local())
+"""The back-ends, in the order ``tfpar launch`` asks them: the first `chosen` runs the job."""
+
+
+def backend_for(args):
+    """The back-end the command line ``args`` chose."""
+    return next(backend for backend in BACKENDS if backend.chosen(args))

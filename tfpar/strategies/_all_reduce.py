@@ -1,0 +1,61 @@
+"""`DataParallel`'s all-reduce implementations, one entry each: the choices of ``all_reduce``, the
+error messages that name them and `describe` are read from this table.
+
+To add one: an `AllReduce` entry in `ALL_REDUCES` (its one-host builder, its multi-worker
+implementation or both, whether it packs, whether it needs GPUs) and its test; nothing else.
+"""
+
+import dataclasses
+
+from tfpar._keras import tf
+
+__all__ = ["ALL_REDUCES", "AllReduce", "multi_worker_names", "one_host_names", "quoted"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduce:
+    """One value of ``DataParallel(all_reduce=...)``."""
+
+    name: str
+    one_host: object = None
+    """``(num_packs) -> CrossDeviceOps or None`` (None: TensorFlow's choice) for one host; None if
+    it runs across workers only."""
+    multi_worker: object = None
+    """``(has_gpus) -> CommunicationImplementation`` across workers; None if it runs on one host only."""
+    packs: bool = False
+    """It batches the gradients into ``num_packs`` packs (one host)."""
+    needs_gpus: bool = False
+    """It runs on GPUs only."""
+
+
+def _impl(name):
+    return getattr(tf.distribute.experimental.CommunicationImplementation, name)
+
+
+ALL_REDUCES = {entry.name: entry for entry in (
+    AllReduce("auto", one_host=lambda packs: None,  # TensorFlow's collective all-reduce over local devices
+              multi_worker=lambda has_gpus: _impl("NCCL" if has_gpus else "RING")),
+    AllReduce("nccl", one_host=lambda packs: tf.distribute.NcclAllReduce(num_packs=packs),
+              multi_worker=lambda has_gpus: _impl("NCCL"), packs=True, needs_gpus=True),
+    AllReduce("ring", multi_worker=lambda has_gpus: _impl("RING")),
+    AllReduce("hierarchical", one_host=lambda packs: tf.distribute.HierarchicalCopyAllReduce(num_packs=packs),
+              packs=True),
+    AllReduce("reduce_to_one", one_host=lambda packs: tf.distribute.ReductionToOneDevice()),
+)}
+"""Every all-reduce ``DataParallel`` takes, by name, in the order its documentation lists them."""
+
+
+def one_host_names():
+    """The names that run on one host."""
+    return [name for name, entry in ALL_REDUCES.items() if entry.one_host is not None]
+
+
+def multi_worker_names():
+    """The names that run across workers."""
+    return [name for name, entry in ALL_REDUCES.items() if entry.multi_worker is not None]
+
+
+def quoted(names, last="or"):
+    """``'a', 'b' or 'c'``."""
+    names = [repr(n) for n in names]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
