@@ -4,7 +4,7 @@ seeded tfpar.data input (320 examples, global batch 32: 10 steps an epoch, 4 epo
 Usage: exactly_once.py BACKUP_DIR RECORDS_DIR [--horovod] [--attempt N]
 Under `tfpar launch --max-restarts 1` the attempt is $TFPAR_RESTART_COUNT; under horovodrun, --attempt.
 In attempt 0, worker (rank) 1 SIGKILLs itself at the start of step 6 of epoch 2 (batch 5 of epoch
-index 1). Every replica step appends the ids it trains on (examples are numbered from 1; padding
+index 1), once the chief has written the backup of step 5. Every replica step appends the ids it trains on (examples are numbered from 1; padding
 rows are zeros, weight 0, and carry id 0, so only ids > 0 are recorded) to
 RECORDS_DIR/attempt<A>-worker<W>.jsonl, one line per replica step: {"epoch", "step", "ids"}.
 The model in Keras 3 when $TFPAR_TEST_KERAS is "3".
@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -49,6 +50,12 @@ class Record(k.layers.Layer):
         return x[:, 1:]
 
 
+# The chief says when the backup after step 5 of epoch 2 is written (Where runs after FaultTolerance),
+# and worker 1 dies only then: without it, the launcher could stop the chief in the middle of that
+# backup when worker 1 dies, and the job would rightly resume from the one before (a race, not a fault).
+saved = os.path.join(os.path.dirname(os.path.abspath(backup)), "chief-saved-step-5")
+
+
 class Where(k.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         where["epoch"] = epoch
@@ -56,7 +63,14 @@ class Where(k.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         where["step"] = batch
         if attempt == 0 and worker == 1 and where["epoch"] == 1 and batch == 5:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(saved) and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if attempt == 0 and worker == 0 and where["epoch"] == 1 and batch == 4:
+            open(saved, "w").close()
 
 
 n = 320
