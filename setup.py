@@ -1,13 +1,33 @@
+import re
+
 from setuptools import find_packages, setup
+
+# The version is defined once, in tfpar/__init__.py (tfpar.__version__, `tfpar --version`).
+with open("tfpar/__init__.py", encoding="utf-8") as f:
+    VERSION = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 setup(
     name="tfpar",
-    version="0.1.0",
-    description="Distributed training for tf_keras: data, parameter-server, Horovod and pipeline parallelism",
+    version=VERSION,
+    description="Distributed training for Keras (tf_keras and Keras 3): data, parameter-server, Horovod and "
+                "pipeline parallelism",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
+    ],
+    python_requires=">=3.11,<3.12",  # what CI tests (TensorFlow 2.21 on Python 3.11)
     packages=find_packages(include=["tfpar", "tfpar.*"]),
+    package_data={"tfpar": ["py.typed"]},
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "tf-keras>=2.21,<2.22",

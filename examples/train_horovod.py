@@ -4,7 +4,7 @@
     tfpar launch --horovod -n 2 -- python examples/train_horovod.py      (the same)
     python examples/train_horovod.py                                     (one rank)
 
-Needs Horovod: pip install "tfpar[horovod]" && tfpar install-horovod
+Needs Horovod: pip install ".[horovod]" && tfpar install-horovod (in the tfpar checkout)
 """
 
 import argparse

@@ -18,6 +18,9 @@ def _int(text):
 
 def _parser():
     parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for Keras models (tf_keras and Keras 3).")
+    from tfpar import __version__
+
+    parser.add_argument("--version", action="version", version=f"tfpar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")

@@ -103,8 +103,8 @@ def _check_build_tools():
     if missing:
         raise InstallError(
             f"Building Horovod needs {' and '.join(missing)} on PATH. Install the build tools with "
-            "`pip install 'tfpar[horovod]'` (CMake) and your system's C++ compiler (Debian: apt-get "
-            "install g++), then run tfpar install-horovod again.")
+            "`pip install '.[horovod]'` in the tfpar checkout (CMake) and your system's C++ compiler "
+            "(Debian: apt-get install g++), then run tfpar install-horovod again.")
 
 
 def tensorflow_version():

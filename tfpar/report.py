@@ -10,7 +10,7 @@ RUN_DIR is what ``tfpar launch --timeline RUN_DIR`` or ``tfpar demo --report RUN
   F and B, the idle time (the bubble) shaded, measured against the theory (p-1)/(m+p-1);
 - ``loss_scale.png``: the loss scale at every step, with the skipped steps (where it halved) marked.
 
-Needs matplotlib: ``pip install "tfpar[report]"``.
+Needs matplotlib: ``pip install ".[report]"`` in the tfpar checkout.
 """
 
 import functools
@@ -81,7 +81,8 @@ def _figure():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError('tfpar report draws with matplotlib: pip install "tfpar[report]"') from None
+        raise ImportError('tfpar report draws with matplotlib: pip install ".[report]" in the tfpar checkout '
+                          "(or pip install matplotlib)") from None
     return plt, plt.figure(figsize=(SIZE[0] / _DPI, SIZE[1] / _DPI), dpi=_DPI)
 
 

@@ -17,7 +17,7 @@ if importlib.util.find_spec("ray") is None:
     # Under CI ([dev] installs Ray) a missing Ray is a broken install: fail, never skip.
     if os.environ.get("CI"):
         raise ImportError("Ray is not installed, but [dev] installs it: the install is broken")
-    pytest.skip("Ray is not installed (pip install 'tfpar[ray]')", allow_module_level=True)
+    pytest.skip("Ray is not installed (pip install '.[ray]')", allow_module_level=True)
 pytestmark = pytest.mark.xdist_group("ray")  # with the README's Ray block: one local Ray cluster at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ray_train.py")
 # Ray takes this machine's outward address for its nodes and for TF_CONFIG unless told it runs on

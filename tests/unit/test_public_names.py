@@ -83,3 +83,18 @@ def test_the_pure_modules_load_no_tensorflow():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout, done.stdout
+
+
+def test_the_version_is_defined_once_and_the_package_says_its_licence_and_python():
+    import importlib.metadata
+    import os
+    import subprocess
+    import sys
+
+    metadata = importlib.metadata.metadata("tfpar")
+    assert importlib.metadata.version("tfpar") == tfpar.__version__  # setup.py reads tfpar/__init__.py
+    assert metadata["License"] == "Apache-2.0" and "LICENSE" in metadata.get_all("License-File")
+    assert metadata["Requires-Python"] == ">=3.11,<3.12" and sys.version_info[:2] == (3, 11)  # what CI tests
+    assert os.path.exists(os.path.join(os.path.dirname(tfpar.__file__), "py.typed"))
+    done = subprocess.run([sys.executable, "-m", "tfpar.cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, f"tfpar {tfpar.__version__}"), done.stderr

@@ -44,7 +44,7 @@ HOROVOD_OPS = ("average", "sum", "adasum")
 """Gradient reductions: Horovod's Average (the default), Sum and Adasum."""
 
 INSTALL_HINT = (
-    "Install it with `pip install 'tfpar[horovod]' && tfpar install-horovod` (it builds "
+    "Install it with `pip install '.[horovod]' && tfpar install-horovod` in the tfpar checkout (it builds "
     "Horovod with Gloo, and MPI where it can, against this TensorFlow)."
 )
 
