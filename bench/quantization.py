@@ -72,7 +72,7 @@ def main():
               f"{seconds['default'][name] * 1e6:.1f} us per image ({seconds['builtin'][name] * 1e6:.1f} us with "
               "TFLite's built-in kernels only)", flush=True)
     print(cpu_lines()[0], flush=True)  # int8 against float depends on the CPU's instructions
-    print("deployable chain (pruned 75 %, 16 clusters, int8), against the float model:\n" + deploy.summary(),
+    print("deployable chain (pruned 75 %, 16 clusters, int8), against the float model:\n" + deploy.describe(),
           flush=True)
     print(f"RESULT quantization acc_drop={accuracy['float'] - accuracy['int8']:.4f} "
           f"size_ratio={exports['float'].size_bytes / exports['int8'].size_bytes:.3f} "

@@ -4,7 +4,7 @@
 
 Runs `tfpar.tune.workers_space()` (DataParallel and HorovodStrategy, bf16 compression or none,
 bytes_per_pack 0 or 4 MiB, Horovod's autotune off or on, per-replica batch 32 or 64,
-steps_per_execution 1 or 4; --quick: backends and compression only), each trial its own 2-worker
+steps_per_execution 1 or 4; --quick: strategies and compression only), each trial its own 2-worker
 job, plus tfpar's defaults.
 
 Last line:
@@ -30,11 +30,11 @@ def main():
     sys.path.insert(0, HERE)
     from tfpar.tune import DEFAULTS, tune, workers_space
 
-    space = ({"backend": ["data_parallel", "horovod"], "compression": ["none", "bf16"]} if opts.quick
+    space = ({"strategy": ["data_parallel", "horovod"], "compression": ["none", "bf16"]} if opts.quick
              else workers_space())
     result = tune("common:mlp_model", "common:mlp_dataset", space, steps=10 if opts.quick else 30, workers=2,
                   print_fn=lambda line: print(line, flush=True))
-    print(result.table(), flush=True)
+    print(result.describe(), flush=True)
     default = result.default["examples_per_second"]
     same_batch = max(t["examples_per_second"] for t in result.trials
                      if t["status"] == "ok" and t["config"]["per_replica_batch"] == DEFAULTS["per_replica_batch"])

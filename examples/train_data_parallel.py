@@ -2,8 +2,9 @@
 
 One host (2 virtual CPU devices, or the GPUs):
     python examples/train_data_parallel.py
-Several workers on this machine (MultiWorkerMirroredStrategy over loopback):
-    tfpar launch -n 2 -- python examples/train_data_parallel.py
+Several workers on this machine (MultiWorkerMirroredStrategy over loopback), a GPU (or a
+virtual CPU device) each:
+    tfpar launch --nproc-per-node 2 -- python examples/train_data_parallel.py
 Several machines: on machine K of N,
     tfpar launch --hosts a:2222,b:2222 --task-index K -- python examples/train_data_parallel.py
 
@@ -27,7 +28,7 @@ def main():
     parser.add_argument("--out", help="folder for worker_<i>.npz and worker_<i>.json")
     args = parser.parse_args()
 
-    tfpar.configure_devices()  # one host: 2 virtual CPU devices (no-op for the GPU case)
+    devices = tfpar.configure_devices()  # one host: 2 virtual CPU devices (no-op for the GPU case)
     strategy = tfpar.DataParallel(timeout_seconds=120)
     keras, tf = tfpar.keras, __import__("tensorflow")
     keras.utils.set_random_seed(0)  # same initial weights on every worker
@@ -49,7 +50,7 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker_{index}.npz"), *model.get_weights())
         with open(os.path.join(args.out, f"worker_{index}.json"), "w") as f:
-            json.dump({"loss": losses, "replicas": strategy.num_replicas_in_sync}, f)
+            json.dump({"loss": losses, "replicas": strategy.num_replicas_in_sync, "devices": devices}, f)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ tensorflow-model-optimization and Horovod need (see `tfpar._keras`). The
 package itself loads TensorFlow only when a name that needs it is first used,
 so ``tfpar launch`` starts at once.
 
-Example:
+Examples:
     >>> import tfpar
     >>> tfpar.configure_devices(2)  # doctest: +SKIP
     >>> strategy = tfpar.DataParallel()  # doctest: +SKIP
@@ -25,15 +25,24 @@ __version__ = "0.1.0"
 
 from tfpar._lazy import exports as _exports
 
+# Every strategy, and every exception the documentation names, under `tfpar` too (each also where
+# it is defined: tfpar.strategies, tfpar.pipeline, tfpar.devices, tfpar.quantization).
 __getattr__, __dir__, __all__ = _exports(__name__, {
     "ClusterInfo": "tfpar.cluster",
     "DataParallel": "tfpar.strategies",
+    "HorovodStrategy": "tfpar.strategies",
+    "ParameterServer": "tfpar.strategies",
+    "Pipeline": "tfpar.pipeline",
+    "AccuracyDropError": "tfpar.quantization",
+    "ClusterUnreachableError": "tfpar.strategies",
+    "DevicesAlreadyInitializedError": "tfpar.devices",
+    "ParameterServerLostError": "tfpar.strategies",
     "check_tf_keras_model": "tfpar._keras",
     "configure_devices": "tfpar.devices",
     "keras": "tfpar._keras",
     "local_devices": "tfpar.devices",
-    **dict.fromkeys(("callbacks", "cluster", "data", "devices", "integrations", "launch", "pipeline", "precision",
-                     "quantization", "strategies", "tune")),  # submodules
+    **dict.fromkeys(("callbacks", "cluster", "data", "demo", "devices", "doctor", "integrations", "launch",
+                     "pipeline", "precision", "quantization", "report", "strategies", "tune", "verify")),  # submodules
 })
 
 from tfpar._task_env import HEARTBEAT_VARIABLE as _HEARTBEAT, TIMELINE_VARIABLE as _TIMELINE

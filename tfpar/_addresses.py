@@ -63,7 +63,8 @@ def parse_hosts(hosts, default_port=DEFAULT_PORT):
     """Parses ``"a:2222,b,c:2223"`` into ``["a:2222", "b:2222", "c:2223"]``.
 
     Raises:
-        ValueError: if the list is empty or a port is not a number.
+        ValueError: if the list is empty, a port is not a number, or a port is below 1024 (horovodrun's
+            ``host:slots``, which tfpar would read as a port).
     """
     entries = [h.strip() for h in hosts.split(",") if h.strip()]
     if not entries:
@@ -80,5 +81,10 @@ def parse_hosts(hosts, default_port=DEFAULT_PORT):
                 f"Each host must be 'name' or 'name:port' with a port in "
                 f"1..65535. Received: {entry!r} in --hosts {hosts!r}."
             )
+        if int(port) < 1024:  # horovodrun's host:slots ("a:4"), read as a port, would bind a privileged one
+            raise ValueError(
+                f"--hosts takes host:port, and port {port} is below 1024. Received: {entry!r} in --hosts "
+                f"{hosts!r}. horovodrun writes host:slots (-H a:4); in tfpar that is --hosts {host} with "
+                f"--nproc-per-node {port}, or one host:port entry per worker, e.g. {host}:2222,{host}:2223.")
         out.append(f"{host}:{port}")
     return out

@@ -5,8 +5,9 @@ watched by one `tfpar._supervisor.Supervisor` (heartbeats, step times, the timel
 |------------|----------------------------|-----------------------------------------------------|
 | `Horovod`  | ``--horovod``              | ``horovodrun --gloo`` with N local ranks            |
 | `Slurm`    | ``--slurm``                | this srun task's worker, the cluster from SLURM      |
-| `Hosts`    | ``--hosts`` / ``--cluster``| this machine's task of a multi-host cluster         |
-| `Local`    | ``-n N [--ps M]``          | every task on 127.0.0.1, restarted on failure       |
+| `Nodes`    | ``--nnodes K``             | this host's workers; the cluster from a rendezvous   |
+| `Hosts`    | ``--hosts`` / ``--cluster``| this machine's task(s) of a multi-host cluster      |
+| `Local`    | ``-n N [--ps M]``, ``--nproc-per-node N`` | every task on 127.0.0.1, restarted on failure |
 
 A back-end (Ray Train's ``Backend.on_start`` is the shape) says whether the command line is its
 (`chosen`), refuses the options it cannot take (`check`), and runs the job (`start`). `BACKENDS`
@@ -21,7 +22,7 @@ from tfpar._processes import DEFAULT_GRACE_SECONDS, run_command
 from tfpar._supervisor import Supervisor
 from tfpar.launch import Task, launch, load_cluster_file
 
-__all__ = ["BACKENDS", "Backend", "Horovod", "Hosts", "Local", "Slurm", "backend_for"]
+__all__ = ["BACKENDS", "Backend", "Horovod", "Hosts", "Local", "Nodes", "Slurm", "backend_for"]
 
 
 class Backend:
@@ -56,6 +57,8 @@ class Horovod(Backend):
         return args.horovod
 
     def check(self, args, command):
+        if args.nproc_per_node is not None and args.workers is None:
+            args.workers = args.nproc_per_node  # horovodrun pins one GPU per local rank itself
         if args.hosts or args.cluster:
             raise ValueError(
                 "tfpar launch --horovod starts local ranks only. Received: --hosts/--cluster. "
@@ -98,7 +101,8 @@ class Slurm(Backend):
     def check(self, args, command):
         given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
                                           ("--task-index", args.task_index), ("--ps", args.ps or None),
-                                          ("--max-restarts", args.max_restarts or None))
+                                          ("--max-restarts", args.max_restarts or None),
+                                          ("--nproc-per-node", args.nproc_per_node), ("--nnodes", args.nnodes))
                  if value is not None]
         if given:
             raise ValueError(f"--slurm takes the cluster from SLURM. Received: --slurm with {', '.join(given)}. "
@@ -111,6 +115,56 @@ class Slurm(Backend):
         task = Task(task_type=info.task_type, task_index=info.task_index)
         return launch(command, cluster=info.cluster, task=task, env={**os.environ, **slurm_gpu_env()},
                       grace_seconds=args.grace, heartbeat_timeout=args.heartbeat_timeout)
+
+
+class Nodes(Backend):
+    """``--nnodes K --node-rank R --master-addr A``: K identical hosts, ``--nproc-per-node`` workers
+    each, their addresses agreed through node 0 (`tfpar._rendezvous`), as torchrun's users start a job."""
+
+    name = "nodes"
+
+    def chosen(self, args):
+        return args.nnodes is not None
+
+    def check(self, args, command):
+        from tfpar._checks import check_int
+
+        given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
+                                          ("--task-index", args.task_index), ("--ps", args.ps or None),
+                                          ("--max-restarts", args.max_restarts or None), ("--slurm", args.slurm or None))
+                 if value is not None]
+        if given:
+            raise ValueError(f"--nnodes finds the cluster through node 0. Received: --nnodes with {', '.join(given)}. "
+                             "Leave those out; each node runs --nproc-per-node workers.")
+        check_int("--nnodes", args.nnodes, 1)
+        if args.node_rank is None or args.master_addr is None:
+            raise ValueError(
+                f"--nnodes {args.nnodes} needs this node's --node-rank (0 to {args.nnodes - 1}) and node 0's "
+                f"--master-addr. Received: --node-rank {args.node_rank} --master-addr {args.master_addr}. Write "
+                "e.g. tfpar launch --nnodes 2 --node-rank 0 --master-addr host0 --nproc-per-node 4 -- python train.py")
+        check_int("--node-rank", args.node_rank, 0)
+        if args.node_rank >= args.nnodes:
+            raise ValueError(f"--node-rank must be below --nnodes. Received: --node-rank {args.node_rank} with "
+                             f"--nnodes {args.nnodes}. Number the nodes 0 to {args.nnodes - 1}.")
+        check_int("--master-port", args.master_port, 1)
+        check_number("--rendezvous-timeout", args.rendezvous_timeout, above=0)
+
+    def start(self, args, command):
+        from tfpar._node import worker_envs
+        from tfpar._rendezvous import rendezvous
+        from tfpar.launch import task_env_pairs
+
+        nproc = 1 if args.nproc_per_node is None else args.nproc_per_node
+        envs, warning = worker_envs(nproc)  # refused before the rendezvous: too few GPUs
+        cluster, indices = rendezvous(master_addr=args.master_addr, master_port=args.master_port, nnodes=args.nnodes,
+                                      node_rank=args.node_rank, nproc_per_node=nproc, timeout=args.rendezvous_timeout)
+        print(f"tfpar launch: node {args.node_rank} of {args.nnodes}: workers {indices[0]} to {indices[-1]} of "
+              f"{len(cluster['worker'])}", flush=True)
+        if warning:
+            print(f"tfpar launch: {warning}", flush=True)
+        tasks = [Task(task_type="worker", task_index=i, env=task_env_pairs(env)) for i, env in zip(indices, envs)]
+        return launch(command, cluster=cluster, tasks=tasks, grace_seconds=args.grace,
+                      heartbeat_timeout=args.heartbeat_timeout)
 
 
 class Hosts(Backend):
@@ -133,12 +187,42 @@ class Hosts(Backend):
             raise ValueError(
                 "A multi-host job needs this machine's --task-index. Received: "
                 f"{'--hosts ' + args.hosts if args.hosts else '--cluster ' + args.cluster} without it.")
+        if args.nproc_per_node is not None:
+            return self._start_per_node(args, command, cluster["worker"])
         # In a parameter-server cluster, ps and worker tasks serve; the chief runs the command.
         serves = "ps" in cluster and args.task_type in ("ps", "worker")
         task = Task(task_type=args.task_type, task_index=args.task_index, serves=serves)
         return launch(command, num_workers=args.workers, num_ps=args.ps, cluster=cluster, task=task,
                       grace_seconds=args.grace, max_restarts=args.max_restarts,
                       heartbeat_timeout=args.heartbeat_timeout)
+
+
+    def _start_per_node(self, args, command, hosts):
+        """``--hosts a:2222,b:2222 --nproc-per-node N --task-index K``: host K runs workers K·N to
+        K·N+N-1 on its ports 2222 to 2222+N-1 (horovodrun's ``-H a:N,b:N``)."""
+        from tfpar._checks import check_int
+        from tfpar._node import worker_envs
+        from tfpar.launch import task_env_pairs
+
+        if args.cluster or args.ps or args.task_type != "worker":
+            raise ValueError("--nproc-per-node with a cluster takes --hosts (workers only). Received: "
+                             f"--cluster/--ps/--task-type {args.task_type}. Write --hosts a:2222,b:2222 --nproc-per-node N.")
+        n = args.nproc_per_node
+        check_int("--nproc-per-node", n, 1)
+        if not 0 <= args.task_index < len(hosts):
+            raise ValueError(f"--task-index names this host in --hosts. Received: --task-index {args.task_index} "
+                             f"with {len(hosts)} hosts. Use 0 to {len(hosts) - 1}.")
+        workers = []
+        for address in hosts:
+            host, port = address.rsplit(":", 1)
+            workers += [f"{host}:{int(port) + i}" for i in range(n)]
+        envs, warning = worker_envs(n)
+        if warning:
+            print(f"tfpar launch: {warning}", flush=True)
+        tasks = [Task(task_type="worker", task_index=args.task_index * n + i, env=task_env_pairs(env))
+                 for i, env in enumerate(envs)]
+        return launch(command, cluster={"worker": workers}, tasks=tasks, grace_seconds=args.grace,
+                      max_restarts=args.max_restarts, heartbeat_timeout=args.heartbeat_timeout)
 
 
 class Local(Backend):
@@ -150,18 +234,19 @@ class Local(Backend):
         return True
 
     def check(self, args, command):
-        if args.workers is None:
+        if args.workers is None and args.nproc_per_node is None:
             raise ValueError(
                 "Say how many local workers to start, or which cluster to join. "
                 "Received: neither -n nor --hosts/--cluster. Write e.g. "
                 "`tfpar launch -n 2 -- python train.py`.")
 
     def start(self, args, command):
-        return launch(command, num_workers=args.workers, num_ps=args.ps, grace_seconds=args.grace,
-                      max_restarts=args.max_restarts, heartbeat_timeout=args.heartbeat_timeout)
+        return launch(command, num_workers=args.workers, num_ps=args.ps, nproc_per_node=args.nproc_per_node,
+                      grace_seconds=args.grace, max_restarts=args.max_restarts,
+                      heartbeat_timeout=args.heartbeat_timeout)
 
 
-BACKENDS = (Horovod(), Slurm(), Hosts(), Local())
+BACKENDS = (Horovod(), Slurm(), Nodes(), Hosts(), Local())
 """The back-ends, in the order ``tfpar launch`` asks them: the first `chosen` runs the job."""
 
 

@@ -27,7 +27,7 @@ def check_number(name, value, *, minimum=None, above=None, maximum=None, integer
         TypeError: not an int (or float), or a bool.
         ValueError: not finite, or out of range.
 
-    Example:
+    Examples:
         >>> check_number("timeout_seconds", 30, above=0)
         30
         >>> check_number("timeout_seconds", True, above=0)
@@ -85,6 +85,24 @@ def check_names(name, value):
                         f"Write [{value!r}] for one name." if isinstance(value, str) else
                         f"{name} must be a list of names. Received: {name}={value!r}.")
     return tuple(value)
+
+
+def options_signature(config_class):
+    """The signature ``(config=None, *, <each field of config_class>=<its default>)``: what a
+    constructor taking ``(config=None, **kwargs)`` accepts, so that ``help()`` and an IDE list the
+    options (set as the class's ``__signature__``)."""
+    import dataclasses
+    import inspect
+
+    fields = [f for f in dataclasses.fields(config_class) if f.init]
+    parameters = [inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                    annotation=f"{config_class.__name__} | None")]
+    for field in fields:
+        default = field.default if field.default is not dataclasses.MISSING else (
+            field.default_factory() if field.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+        parameters.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                            annotation=field.type))
+    return inspect.Signature(parameters)
 
 
 def config_from(config_class, config, kwargs):

@@ -13,7 +13,7 @@ from tfpar.pipeline.schedule import SCHEDULES
 
 __all__ = ["STRATEGIES", "ParallelismSpec"]
 
-STRATEGIES = ("data_parallel", "horovod", "ps", "pipeline")
+STRATEGIES = ("data_parallel", "horovod", "parameter_server", "pipeline")
 """The parallelisms by name (``tfpar demo --strategy``, ``tfpar verify --strategy``)."""
 
 
@@ -23,7 +23,7 @@ class ParallelismSpec:
 
     ``devices`` is what ``tfpar.configure_devices`` gets before the parallelism is built: virtual
     CPU devices when there is no GPU (None: the default split, 2 or ``$TFPAR_NUM_CPU_DEVICES``),
-    or, for "ps", the local workers (default 2). With ``split_devices=False`` the devices are left
+    or, for "parameter_server", the local workers (default 2). With ``split_devices=False`` the devices are left
     as they are (a worker of a multi-worker job, one replica each).
     """
 
@@ -50,7 +50,7 @@ class ParallelismSpec:
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
-        if self.compression != "none" and self.kind in ("ps", "pipeline"):
+        if self.compression != "none" and self.kind in ("parameter_server", "pipeline"):
             raise ValueError(
                 f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
                 f"their gradients. Received: strategy {self.kind!r} with compression={self.compression!r}. Use "
@@ -78,7 +78,7 @@ class ParallelismSpec:
         """The parallelism, made in this process (after splitting the devices, where it applies)."""
         from tfpar.devices import configure_devices
 
-        if self.kind == "ps":
+        if self.kind == "parameter_server":
             from tfpar.strategies.parameter_server import ParameterServer
 
             return ParameterServer.local(num_workers=self.devices or 2, num_ps=1)
@@ -103,7 +103,7 @@ class ParallelismSpec:
         def call(name, options):
             return f"{name}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
-        if self.kind == "ps":
+        if self.kind == "parameter_server":
             return call("tfpar.strategies.ParameterServer.local", {"num_workers": self.devices or 2, "num_ps": 1})
         if self.kind == "horovod":
             return call("tfpar.strategies.HorovodStrategy", self._data_parallel_options())

@@ -30,6 +30,9 @@ class Task:
     """Whether it only serves (a ps, or a worker of a parameter-server job):
     it runs a TensorFlow server instead of the command, is stopped when the
     job's command tasks finish, and its death does not end the job."""
+    env: tuple = ()
+    """(name, value) pairs of its own environment, on top of the job's (its GPUs with
+    ``--nproc-per-node``: `tfpar._node.worker_envs`)."""
 
     @property
     def name(self):
@@ -80,7 +83,7 @@ class Job:
             if received:
                 return
             info = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
-            child_env = dict(env)
+            child_env = {**env, **dict(task.env)}
             child_env.update(TF_CONFIG=info.to_tf_config(), PYTHONUNBUFFERED="1", **task_env(task.name))
             argv = list(SERVER_COMMAND) if task.serves else command
             try:

@@ -13,7 +13,7 @@ Each has:
   splits the batch over its stages and replicas itself);
 - ``describe(global_batch_size=None, model=None)``: a summary to print.
 
-Example:
+Examples:
     >>> parallelism = tfpar.DataParallel()  # or tfpar.pipeline.Pipeline(num_stages=2)  # doctest: +SKIP
     >>> model = parallelism.build(make_model)  # doctest: +SKIP
     >>> with parallelism.scope():  # doctest: +SKIP
@@ -24,6 +24,7 @@ Example:
 import contextlib
 
 from tfpar import _owned
+from tfpar._checks import options_signature
 from tfpar._topology import derived_topology
 
 __all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn", "owned_model_checks", "sum_over_workers"]
@@ -89,6 +90,15 @@ def check_model_fn(model_fn):
 class Parallelism:
     """The shared part of tfpar's strategies: ``build`` under ``scope()``, fed as themselves, and
     the checks of the models built under them (`tfpar._owned`)."""
+
+    CONFIG = None
+    """The dataclass of the strategy's options: its constructor takes ``(config=None, **options)``,
+    and shows the options as its signature (``help()``, an IDE)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.CONFIG is not None:
+            cls.__signature__ = options_signature(cls.CONFIG)
 
     def scope(self):
         """The strategy's scope (``tf.distribute.Strategy.scope``): the Keras models created under it

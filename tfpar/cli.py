@@ -1,12 +1,13 @@
 """The ``tfpar`` command: ``demo``, ``launch``, ``tune``, ``verify``, ``report``, ``doctor`` and ``install-horovod``."""
 
 import argparse
+import functools
 import os
 import sys
 
 from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "main"]
 
 
 def _int(text):
@@ -16,18 +17,49 @@ def _int(text):
         raise argparse.ArgumentTypeError(f"expected a whole number, received {text!r}") from None
 
 
-def _parser():
-    parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for Keras models (tf_keras and Keras 3).")
-    from tfpar import __version__
+EXIT_CODES = {
+    0: "success (tfpar verify: the model trains like one replica)",
+    1: "tfpar verify: the model differs from one replica; tfpar tune: no trial succeeded",
+    2: "usage error: an unknown option, a missing argument or a value outside an option's choices (argparse)",
+    3: "a value tfpar refused (TypeError, ValueError), before anything started",
+    4: "a missing dependency (ImportError), named with the command that installs it",
+    124: "a task hung: it made no training step for --heartbeat-timeout seconds (its stacks were dumped)",
+    128: "plus N: interrupted by signal N (130: Ctrl-C), passed on to every task first",
+}
+"""The exit codes of ``tfpar``. A task that fails ends ``tfpar launch`` with that task's own exit code
+(which the launcher names), as horovodrun and mpirun do."""
+EXIT_USAGE, EXIT_BAD_VALUE, EXIT_MISSING_DEPENDENCY = 2, 3, 4
 
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in ``--help``, unless its help says it or it has none."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)) \
+                or not action.option_strings:
+            return text
+        return super()._get_help_string(action)
+
+
+def _parser():
+    from tfpar import __version__
+    from tfpar._factory import STRATEGIES
+    from tfpar._rendezvous import DEFAULT_MASTER_PORT
+    from tfpar.cluster import ROLES
+
+    codes = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())
+    parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for Keras models (tf_keras and Keras 3).",
+                                     epilog=f"exit codes:\n{codes}", formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"tfpar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=_HelpFormatter)
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
     demo.set_defaults(func=_demo)
-    demo.add_argument("--strategy", default="data_parallel",
-                      help="data_parallel (default), horovod (starts the ranks with horovodrun), "
-                           "ps (a local parameter-server cluster) or pipeline (2 stages)")
+    demo.add_argument("--strategy", default="data_parallel", choices=STRATEGIES,
+                      help="data_parallel, horovod (starts the ranks with horovodrun), "
+                           "parameter_server (a local parameter-server cluster) or pipeline (2 stages)")
     demo.add_argument("--devices", type=_int, default=None,
                       help="virtual CPU devices when there is no GPU, Horovod ranks, or PS workers "
                            "(default 2)")
@@ -64,7 +96,7 @@ def _parser():
                         help="module:function that builds and compiles the model (looked up from this folder)")
     verify.add_argument("--data", required=True,
                         help="module:function returning (x, y) arrays or an unbatched tf.data.Dataset")
-    verify.add_argument("--strategy", default="data_parallel", help="data_parallel (default), horovod, pipeline or ps")
+    verify.add_argument("--strategy", default="data_parallel", choices=STRATEGIES, help="the parallelism to check")
     verify.add_argument("--replicas", type=_int, default=None,
                         help="data_parallel: devices (default 2; 1 per worker under tfpar launch); ps: workers "
                              "(default 1: more train asynchronously); pipeline: copies of a 2-stage pipeline "
@@ -88,13 +120,26 @@ def _parser():
     )
     run.set_defaults(func=_launch)
     run.add_argument("-n", "--workers", type=_int, default=None,
-                     help="number of local workers on 127.0.0.1")
+                     help="number of local workers on 127.0.0.1, sharing this host's devices")
+    run.add_argument("--nproc-per-node", type=_int, default=None, metavar="N",
+                     help="N workers on this host, each with its own GPUs (CUDA_VISIBLE_DEVICES) or, without a GPU, "
+                          "its own virtual CPU device; with --hosts or --nnodes, N on every host")
+    run.add_argument("--nnodes", type=_int, default=None, metavar="K",
+                     help="K identical hosts: run the same line on each with its --node-rank; node 0 (at "
+                          "--master-addr) tells every node the others' addresses")
+    run.add_argument("--node-rank", type=_int, default=None, metavar="R", help="with --nnodes: this host, 0 to K-1")
+    run.add_argument("--master-addr", default=None, metavar="HOST",
+                     help="with --nnodes: node 0's address, reachable from every node")
+    run.add_argument("--master-port", type=_int, default=DEFAULT_MASTER_PORT, help="with --nnodes: node 0's port")
+    run.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                     help="with --nnodes: seconds to wait for every node to join")
     run.add_argument("--ps", type=_int, default=0,
                      help="parameter-server job: this many ps tasks, -n worker servers, and a chief "
                           "that runs the command")
-    run.add_argument("--hosts", help="comma-separated host[:port] list, one worker each")
+    run.add_argument("--hosts", help="comma-separated host[:port] list (port 2222 when left out), one worker each, "
+                                      "or --nproc-per-node each on consecutive ports")
     run.add_argument("--cluster", help="JSON file with the cluster ({\"worker\": [...], ...})")
-    run.add_argument("--task-type", default="worker", help="this machine's role (multi-host)")
+    run.add_argument("--task-type", default="worker", choices=ROLES, help="this machine's role (multi-host)")
     run.add_argument("--task-index", type=_int, default=None,
                      help="this machine's index in its role (multi-host)")
     run.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS,
@@ -124,12 +169,12 @@ def _parser():
                       help="module:function returning a tf.data.Dataset of (x, y) examples")
     tune.add_argument("--space", default=None,
                       help="JSON {axis: [values]}; axes: per_replica_batch, steps_per_execution, num_packs, "
-                           "bytes_per_pack, microbatches, backend (data_parallel, horovod), compression "
+                           "bytes_per_pack, microbatches, strategy (data_parallel, horovod), compression "
                            "(none, bf16, fp16), horovod_autotune (false, true). Default: batch and "
-                           "steps_per_execution; with --workers N > 1, both backends too (tfpar.tune.workers_space)")
-    tune.add_argument("--loss", default="sparse_categorical_crossentropy")
+                           "steps_per_execution; with --workers N > 1, both strategies too (tfpar.tune.workers_space)")
+    tune.add_argument("--loss", default="sparse_categorical_crossentropy", help="the loss each trial compiles")
     tune.add_argument("--steps", type=_int, default=20, help="timed steps per trial")
-    tune.add_argument("--devices", type=_int, default=2)
+    tune.add_argument("--devices", type=_int, default=2, help="virtual CPU devices of a one-worker trial (no GPU)")
     tune.add_argument("--workers", type=_int, default=1,
                       help="run each trial as a job of N workers (or Horovod ranks) under tfpar launch")
     tune.add_argument("--json", help="also write the trials and the winner to this file")
@@ -142,8 +187,7 @@ def _parser():
 
     install = sub.add_parser("install-horovod", help=f"build Horovod {install_horovod.VERSION} against this "
                                                      "TensorFlow (checked, cached) and install it",
-                             description=install_horovod.__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+                             description=install_horovod.__doc__)
     install_horovod.add_arguments(install)
     install.set_defaults(func=lambda args, command_line=None: install_horovod.run(args))
     return parser
@@ -188,7 +232,7 @@ def _tune(args, command_line=None):
     result = tune(args.model, args.data, space, loss=args.loss, steps=args.steps, devices=args.devices,
                   timeout_seconds=args.trial_timeout, print_fn=lambda line: print(line, flush=True),
                   workers=args.workers)
-    print(result.table())
+    print(result.describe())
     if args.json:
         write_atomically(args.json, result.to_json())
     return 0 if result.best else 1
@@ -227,7 +271,7 @@ def _demo(args, command_line=None):
         from tfpar._backends import Horovod
 
         return Horovod().run(args, argv)
-    if args.strategy == "ps" and command_line is not None:
+    if args.strategy == "parameter_server" and command_line is not None:
         _keep_servers_on_loopback(command_line)
     from tfpar.demo import run_demo
 
@@ -251,7 +295,7 @@ def _report(args, command_line=None):
 
 def _verify(args, command_line=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.strategy == "ps" and command_line is not None:
+    if args.strategy == "parameter_server" and command_line is not None:
         _keep_servers_on_loopback(command_line)
     if os.getcwd() not in sys.path:  # module:function from the folder the command runs in, as python -m does
         sys.path.insert(0, os.getcwd())
@@ -261,7 +305,7 @@ def _verify(args, command_line=None):
     report = verify(model_fn, data_fn, strategy=args.strategy, replicas=args.replicas, steps=args.steps,
                     global_batch_size=args.batch_size, tolerance=args.tolerance, seed=args.seed)
     if report.chief:  # one report per job
-        print(report.summary(), flush=True)
+        print(report.describe(), flush=True)
     return 0 if report.passed else 1
 
 
@@ -283,9 +327,12 @@ def main(argv=None):
     except LaunchError as e:
         print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
         return e.returncode
-    except (ValueError, TypeError, ImportError) as e:
+    except (ValueError, TypeError) as e:
         print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_VALUE
+    except ImportError as e:
+        print(f"tfpar {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_MISSING_DEPENDENCY
 
 
 if __name__ == "__main__":

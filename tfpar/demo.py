@@ -38,7 +38,7 @@ class DemoResult:
     notes: tuple = ()
     """Further lines for the summary (e.g. the pipeline's bubble)."""
 
-    def summary(self):
+    def describe(self):
         """The text the demo prints at the end."""
         return "\n".join([
             "=" * 60,
@@ -112,7 +112,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=8, global_bat
         global_batch_size: examples per step across all replicas (default:
             32 per replica).
         learning_rate: Adam's learning rate.
-        verbose: Keras verbosity (1: progress bar; under "ps" it becomes 2, a line per epoch,
+        verbose: Keras verbosity (1: progress bar; under "parameter_server" it becomes 2, a line per epoch,
             as Keras allows no progress bar there).
         print_fn: where the summary goes.
         replicas: "pipeline" only: data-parallel copies of the 2-stage pipeline.
@@ -140,7 +140,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=8, global_bat
     flags = " ".join(flag for flag, on in (("--qat", qat), ("--compress", compress)) if on)
     if flags and strategy not in ("data_parallel", "horovod"):
         raise ValueError(f"{flags} runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
-    if keras_version == 3 and (strategy == "ps" or flags):
+    if keras_version == 3 and (strategy == "parameter_server" or flags):
         raise ValueError(
             "--keras 3 runs with --strategy data_parallel, horovod or pipeline, without --qat or --compress: "
             "parameter servers in fit and TFMOT's compression need tf_keras (README, Keras 3 and tf_keras). "
@@ -230,7 +230,7 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=8, global_bat
         examples_per_second=len(x_train) * len(steady) / sum(steady),
         notes=notes,
     )
-    print_fn(result.summary())
+    print_fn(result.describe())
     return result
 
 
@@ -311,4 +311,4 @@ def _compress_and_export(float_model, dist, train, x_train, validation, learning
         except AccuracyDropError as refused:
             return ("compressed (pruned 75 %, 16 clusters, int8): refused", *str(refused).splitlines())
     return ("compressed (pruned 75 %, 16 clusters, int8), against the float model:",
-            *export.report.summary().splitlines())
+            *export.report.describe().splitlines())

@@ -97,7 +97,7 @@ def configure_devices(num_cpu_devices=None):
         DevicesAlreadyInitializedError: if TensorFlow's devices were already
             initialised with a different number of CPU devices.
 
-    Example:
+    Examples:
         >>> import tfpar
         >>> devices = tfpar.configure_devices(2)  # doctest: +SKIP
     """

@@ -161,8 +161,8 @@ def _supervise(job, supervisor, received, options):
         time.sleep(options.poll_seconds)
 
 
-def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=None, out=None,
-           grace_seconds=DEFAULT_GRACE_SECONDS, max_restarts=0, heartbeat_timeout=None):
+def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, tasks=None, nproc_per_node=None,
+           env=None, out=None, grace_seconds=DEFAULT_GRACE_SECONDS, max_restarts=0, heartbeat_timeout=None):
     """Launches a job: every task locally, or this machine's task of a cluster.
 
     Args:
@@ -171,8 +171,12 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
         num_ps: with > 0, a parameter-server job: ``num_ps`` ps and
             ``num_workers`` worker servers, and one chief that runs ``command``;
             the servers are stopped when the chief finishes.
-        cluster: a cluster dict for a multi-host job (with ``task``).
+        nproc_per_node: local mode, instead of ``num_workers``: this many workers, each with its own
+            GPUs (``CUDA_VISIBLE_DEVICES``) or, without a GPU, its own virtual CPU device
+            (`tfpar._node.worker_envs`), as torchrun's and horovodrun's users expect.
+        cluster: a cluster dict for a multi-host job (with ``task`` or ``tasks``).
         task: this machine's `Task` in ``cluster``.
+        tasks: this machine's tasks in ``cluster``, when it runs several (``--nproc-per-node``).
         env: environment for the tasks (default: this process's).
         out: where prefixed output goes (default: stdout).
         grace_seconds: how long a stopped task may take to exit before SIGKILL.
@@ -190,7 +194,7 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
         ValueError: on a bad count, cluster or command.
         LaunchError: when a task fails (after ``max_restarts`` restarts: the last failure).
 
-    Example:
+    Examples:
         >>> from tfpar.launch import launch
         >>> launch(["python", "train.py"], num_workers=2)  # doctest: +SKIP
     """
@@ -207,15 +211,19 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
                 "Give either a number of local workers or a cluster, not both. "
                 f"Received: num_workers={num_workers} and a cluster."
             )
-        if task is None:
+        if (task is None) == (tasks is None):
             raise ValueError(
                 "A multi-host job needs this machine's task: --task-index K "
                 "(and --task-type if not a worker)."
             )
-        ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
-        check_command(command, grace_seconds)
-        tasks = [task]
+        tasks = [task] if task is not None else list(tasks)
+        for one in tasks:
+            ClusterInfo(cluster=cluster, task_type=one.task_type, task_index=one.task_index)
+        check_command(command, grace_seconds, len(tasks))
     else:
+        worker_envs = None
+        if nproc_per_node is not None:
+            num_workers, worker_envs = _per_node_workers(num_workers, num_ps, nproc_per_node, options)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(
                 "tfpar launch needs at least one worker. Received: "
@@ -225,25 +233,53 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, env=
             raise ValueError(f"--ps must be an int >= 0. Received: --ps {num_ps!r}.")
         check_command(command, grace_seconds, num_workers + num_ps + (1 if num_ps else 0))
         roles = {"chief": 1, "worker": num_workers, "ps": num_ps} if num_ps else {"worker": num_workers}
-        return _run_restarting(command, roles, options)
+        return _run_restarting(command, roles, options, worker_envs)
     return _run_tasks(command, cluster, tasks, options)
 
 
-def _local_job(roles):
+def _per_node_workers(num_workers, num_ps, nproc_per_node, options):
+    """(the number of workers, each one's device environment) for ``nproc_per_node``."""
+    from tfpar._node import worker_envs
+
+    check_int("nproc_per_node", nproc_per_node, 1, " (workers on this host, one per GPU)")
+    if num_workers is not None:
+        raise ValueError(
+            f"Give -n or --nproc-per-node, not both. Received: -n {num_workers} --nproc-per-node {nproc_per_node}. "
+            "--nproc-per-node N starts N workers with a GPU (or a virtual CPU device) each; -n N starts N that "
+            "share every device.")
+    if num_ps:
+        raise ValueError(
+            f"--nproc-per-node starts the workers of a data-parallel job. Received: --ps {num_ps} with it. "
+            "A parameter-server job is -n N --ps M.")
+    envs, warning = worker_envs(nproc_per_node, options.env)
+    if warning:
+        options.say(warning)
+    return nproc_per_node, envs
+
+
+def task_env_pairs(env):
+    """A `Task.env` from a dict."""
+    return tuple(sorted(env.items()))
+
+
+def _local_job(roles, worker_envs=None):
     cluster, tasks = local_tasks(roles)
     if "ps" in roles:  # ps and workers serve; the chief runs the command
         tasks = [dataclasses.replace(t, serves=t.task_type != "chief") for t in tasks]
+    if worker_envs:
+        tasks = [dataclasses.replace(t, env=task_env_pairs(worker_envs[t.task_index])) if t.task_type == "worker"
+                 else t for t in tasks]
     return cluster, tasks
 
 
-def _run_restarting(command, roles, options):
+def _run_restarting(command, roles, options, worker_envs=None):
     """Runs a local job, and up to ``options.max_restarts`` times again, on fresh ports, when a task fails."""
     import tempfile
 
     restarts, start = options.max_restarts, time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
         for attempt in range(restarts + 1):
-            cluster, tasks = _local_job(roles)
+            cluster, tasks = _local_job(roles, worker_envs)
             run = dataclasses.replace(options, env={**options.env, RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state})
             try:
                 return _run_tasks(command, cluster, tasks, run)

@@ -3,23 +3,23 @@
 Like Horovod's ``--autotune``, but over the knobs a Keras user sets: the
 per-replica batch size, ``steps_per_execution``, the all-reduce's packing
 (``num_packs`` on one host, with the "hierarchical" all-reduce that honours it;
-``bytes_per_pack`` across hosts), the gradients' compression, the backend
+``bytes_per_pack`` across hosts), the gradients' compression, the strategy
 (`DataParallel` or `HorovodStrategy`, with or without Horovod's own autotune) and, for a
 2-stage pipeline, the number of microbatches, the schedule and its ``virtual_stages``. Every combination of the search
 space runs in its own process (so that a trial that runs out of memory or is
 invalid fails alone; with ``workers`` > 1, its own job under ``tfpar launch``): it builds the
 model from ``model_fn`` under the strategy, feeds ``data_fn``'s examples through `tfpar.data`,
 trains a warm-up epoch and a timed one of ``steps`` steps, and reports examples per second.
-An axis that does not apply to a trial's backend is left out of it (``bytes_per_pack`` under
+An axis that does not apply to a trial's strategy is left out of it (``bytes_per_pack`` under
 Horovod, ``horovod_autotune`` under DataParallel), and tfpar's defaults run as one more trial
 (in a space of several, not of pipelines):
 the fastest successful trial wins, its speed-up over the defaults is reported, with the code
 that reproduces it; failed trials are listed with their error.
 
-Example:
+Examples:
     >>> result = tfpar.tune.tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset",  # doctest: +SKIP
     ...                          {"per_replica_batch": [16, 64], "steps_per_execution": [1, 4]})
-    >>> print(result.table()); result.best  # doctest: +SKIP
+    >>> print(result.describe()); result.best  # doctest: +SKIP
 """
 
 import dataclasses
@@ -48,25 +48,25 @@ AXES = {
 }
 """Integer axis name -> smallest valid value."""
 CHOICE_AXES = {
-    "backend": ("data_parallel", "horovod"),
+    "strategy": ("data_parallel", "horovod"),
     "compression": ("none", "bf16", "fp16"),
     "horovod_autotune": (False, True),
     "schedule": tuple(SCHEDULES),  # every pipeline schedule tfpar has
 }
 """Axis name -> its values."""
-DEFAULTS = {"backend": "data_parallel", "compression": "none", "per_replica_batch": 32, "steps_per_execution": 1}
+DEFAULTS = {"strategy": "data_parallel", "compression": "none", "per_replica_batch": 32, "steps_per_execution": 1}
 """What a trial leaves unset is tfpar's default; in a space of several trials (not pipelines) this
 one runs too, as the reference of the speed-up."""
 _UNSET = {"bytes_per_pack": 0, "horovod_autotune": False}  # values that are the strategy's own default
 _ONLY = {"horovod_autotune": "horovod", "bytes_per_pack": "data_parallel", "num_packs": "data_parallel",
          "microbatches": "data_parallel", "schedule": "data_parallel",
-         "virtual_stages": "data_parallel"}  # axis -> the one backend it applies to (a pipeline's: none)
+         "virtual_stages": "data_parallel"}  # axis -> the one strategy it applies to (a pipeline's: none)
 
 
 def workers_space():
-    """``tfpar tune --workers N``'s default space: both backends, compressed or not, packed or
+    """``tfpar tune --workers N``'s default space: both strategies, compressed or not, packed or
     not, with and without Horovod's autotune, over batch and steps_per_execution."""
-    return {"backend": list(CHOICE_AXES["backend"]), "compression": ["none", "bf16"],
+    return {"strategy": list(CHOICE_AXES["strategy"]), "compression": ["none", "bf16"],
             "bytes_per_pack": [0, 4 * 2**20], "horovod_autotune": [False, True],
             "per_replica_batch": [32, 64], "steps_per_execution": [1, 4]}
 
@@ -110,7 +110,7 @@ def _applies(axis, value, config):
         return False  # a pipeline all-reduces no gradients
     if axis == "virtual_stages" and config.get("schedule") not in virtual_schedules():
         return False
-    return _ONLY.get(axis, config["backend"]) == config["backend"]
+    return _ONLY.get(axis, config["strategy"]) == config["strategy"]
 
 
 def _trial_configs(space):
@@ -161,7 +161,7 @@ class TuneResult:
         if best is None:
             return ""
         config = {**DEFAULTS, **best["config"]}
-        horovod = config["backend"] == "horovod"
+        horovod = config["strategy"] == "horovod"
         strategy = trial_spec(config).code()
         env = "HOROVOD_AUTOTUNE=1 " if config.get("horovod_autotune") else ""
         launch = (f"{env}tfpar launch{' --horovod' if horovod else ''} -n {self.workers} -- python train.py"
@@ -173,7 +173,7 @@ class TuneResult:
             f"  train = tfpar.data.distribute(dataset, strategy, {config['per_replica_batch']} * "
             "strategy.num_replicas_in_sync)"])
 
-    def table(self):
+    def describe(self):
         axes = sorted({axis for t in self.trials for axis in t["config"]})
         lines = ["  ".join(f"{a:>19}" for a in axes) + f"  {'examples/s':>12}  status"]
         for trial in self.trials:
@@ -211,7 +211,8 @@ def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", op
             trial's strategy scope).
         data_fn: "module:function" returning a tf.data.Dataset of single (x, y) examples.
         space: ``{axis: [values]}`` over `AXES`; unset axes keep their defaults.
-        loss, optimizer: passed to ``compile``.
+        loss: passed to ``compile``.
+        optimizer: passed to ``compile``.
         steps: timed steps per trial (after a warm-up epoch of as many).
         devices: virtual CPU devices (ignored with GPUs, and with ``workers`` > 1: a worker or
             rank is one replica).
@@ -234,7 +235,7 @@ def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", op
             "num_packs and microbatches tune one host's devices (the hierarchical all-reduce, the pipeline); "
             f"with workers={workers} each worker is one replica. Received: workers={workers} with "
             f"{sorted(a for a in ('num_packs', 'microbatches') if a in space)}. Tune bytes_per_pack, "
-            "compression and backend across workers, or those axes with workers=1.")
+            "compression and strategy across workers, or those axes with workers=1.")
     for name, ref in (("model_fn", model_fn), ("data_fn", data_fn)):
         if not isinstance(ref, str) or ref.count(":") != 1:
             raise ValueError(f"{name} must be 'module:function'. Received: {ref!r}.")
@@ -253,7 +254,7 @@ def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", op
 
 def _trial_command(spec, workers):
     trial = [sys.executable, "-m", "tfpar.tune", json.dumps(spec)]
-    horovod = spec["config"].get("backend") == "horovod"
+    horovod = spec["config"].get("strategy") == "horovod"
     if workers == 1 and not horovod:
         return trial
     return [sys.executable, "-m", "tfpar.cli", "launch", *(["--horovod"] if horovod else []), "-n", str(workers),
@@ -298,10 +299,10 @@ def _resolve(ref):
 
 def trial_spec(config, devices=None, split_devices=True):
     """The `tfpar._factory.ParallelismSpec` of a trial's ``config``: a pipeline when it has
-    microbatches, else its backend."""
+    microbatches, else its strategy."""
     from tfpar._factory import ParallelismSpec
 
-    kind = "pipeline" if config.get("microbatches") else config["backend"]
+    kind = "pipeline" if config.get("microbatches") else config["strategy"]
     return ParallelismSpec(
         kind=kind, devices=devices, split_devices=split_devices,
         compression="none" if kind == "pipeline" else config.get("compression") or "none",

@@ -10,7 +10,7 @@ largest difference, and for each variable that differs the likely causes tfpar c
 - loss-scale skips that happened on one side only;
 - metrics that count tfpar's padding examples (``metrics=`` instead of ``weighted_metrics=``).
 
-Example:
+Examples:
     >>> report = tfpar.verify.verify(make_compiled_model, make_data, strategy="data_parallel")  # doctest: +SKIP
     >>> report.passed  # doctest: +SKIP
     True
@@ -61,7 +61,7 @@ class VerifyReport:
     def passed(self):
         return not self.findings and all(v.max_difference <= self.tolerance for v in self.variables)
 
-    def summary(self):
+    def describe(self):
         lines = [self.description, f"after {self.steps} steps from the same weights and batches "
                  f"(tolerance {self.tolerance:g}):"]
         width = max([len(v.name) for v in self.variables] + [8])
@@ -118,7 +118,7 @@ def verify(model_fn, data_fn, *, strategy="data_parallel", replicas=None, steps=
             or an unbatched ``tf.data.Dataset``; the first ``steps`` global batches are used, in order.
         strategy: one of `tfpar._factory.STRATEGIES`.
         replicas: "data_parallel": this process's devices (default 2; 1 per worker under
-            ``tfpar launch``); "ps": workers (default 1: more train asynchronously, which
+            ``tfpar launch``); "parameter_server": workers (default 1: more train asynchronously, which
             verify names as the cause); "pipeline": copies of the 2-stage
             pipeline (default 1); "horovod": the ranks (set by the launcher).
         steps: steps on each side, >= 1.
@@ -145,7 +145,7 @@ def verify(model_fn, data_fn, *, strategy="data_parallel", replicas=None, steps=
         raise ValueError("--strategy horovod takes its replicas from the launcher (one per rank). Received: "
                          f"replicas={replicas}. Start it with tfpar launch --horovod -n N, without --replicas.")
     multi_worker = bool(os.environ.get("TF_CONFIG", "").strip())
-    default = {"data_parallel": 1 if multi_worker else 2, "ps": 1, "pipeline": 1, "horovod": None}[strategy]
+    default = {"data_parallel": 1 if multi_worker else 2, "parameter_server": 1, "pipeline": 1, "horovod": None}[strategy]
     replicas = replicas or default
     if strategy == "pipeline":
         spec = ParallelismSpec(kind="pipeline", replicas=replicas, balance="time")

@@ -297,7 +297,7 @@ def test_bad_input_is_refused_at_once_by_tfpar(case, tmp_path):
     *[(["launch", "-n", "1", "--heartbeat-timeout", value, "--", PY, "-c", "pass"], ["heartbeat_timeout", value])
       for value in ("0", "nan", "inf", "-3")],
     (["launch", "--horovod", "-n", "1", "--heartbeat-timeout", "nan", "--", PY, "-c", "pass"], ["heartbeat_timeout=nan"]),
-    (["launch", "--hosts", "h:1,g:2", "--task-index", "0", "--max-restarts", "2", "--", PY, "-c", "pass"],
+    (["launch", "--hosts", "h:2222,g:2222", "--task-index", "0", "--max-restarts", "2", "--", PY, "-c", "pass"],
      ["max_restarts=2", "SLURM --requeue"]),
     (["launch", "--slurm", "-n", "2", "--", PY, "-c", "pass"], ["--slurm with -n", "Leave those out"]),
     (["launch", "--slurm", "--", PY, "-c", "pass"], ["SLURM_JOB_NODELIST", "Start the job with srun"]),
@@ -307,7 +307,7 @@ def test_bad_input_is_refused_at_once_by_tfpar(case, tmp_path):
 def test_bad_command_line_is_refused_at_once(args, names):
     # As on a machine outside SLURM, even when the tests run in a SLURM allocation.
     result = run_command(tfpar_command(*args), timeout=60, env=dict.fromkeys(k for k in os.environ if k.startswith("SLURM_")))
-    assert result.returncode == 2, result.output
+    assert result.returncode == 3, result.output
     assert "Traceback" not in result.output, result.output
     line = [l for l in result.output.splitlines() if re.match(r"tfpar \w+: error: ", l)]
     assert line, result.output
@@ -315,13 +315,24 @@ def test_bad_command_line_is_refused_at_once(args, names):
         assert name in line[-1], f"{name!r} not in: {line[-1]}"
 
 
+@pytest.mark.parametrize("command", ["demo", "verify"])
+def test_a_strategy_name_outside_the_vocabulary_is_a_usage_error_listing_the_names(command, capsys):
+    from tfpar import cli
+    from tfpar._factory import STRATEGIES
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([command, "--strategy", "ps", "--model", "m:f", "--data", "m:f"][:3 if command == "demo" else 7])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --strategy: invalid choice: 'ps'" in err and all(repr(name) in err for name in STRATEGIES), err
+
+
 @pytest.mark.parametrize("args, message", [
     (["demo", "--batch-size", "65"], "global_batch_size=65 with 2 replicas"),
-    (["demo", "--strategy", "magic"], "Unknown demo strategy 'magic'"),
     (["demo", "--precision", "half"], "Unknown precision policy 'half'"),
-    (["demo", "--qat", "--strategy", "ps"], "--qat runs with the data_parallel or horovod strategy"),
+    (["demo", "--qat", "--strategy", "parameter_server"], "--qat runs with the data_parallel or horovod strategy"),
     (["demo", "--compress", "--strategy", "pipeline"], "--compress runs with the data_parallel or horovod strategy"),
-    (["demo", "--keras", "3", "--strategy", "ps"], "Received: --keras 3 --strategy ps"),
+    (["demo", "--keras", "3", "--strategy", "parameter_server"], "Received: --keras 3 --strategy parameter_server"),
     (["demo", "--keras", "3", "--qat"], "Received: --keras 3 --strategy data_parallel --qat"),
     (["demo", "--keras", "3", "--compress"], "Received: --keras 3 --strategy data_parallel --compress"),
     (["verify", "--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dataset", "--steps", "0"],
@@ -332,11 +343,11 @@ def test_bad_command_line_is_refused_at_once(args, names):
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_flags_of_the_training_commands_are_refused_before_any_training(args, message, capsys):
     """The commands that train (their TensorFlow start shared with this process, so called as the
-    entry point calls them: ``sys.exit(tfpar.cli.main())``): exit code 2, one error line, no
+    entry point calls them: ``sys.exit(tfpar.cli.main())``): exit code 3, one error line, no
     traceback, no step trained."""
     from tfpar import cli
 
-    assert cli.main(args) == 2
+    assert cli.main(args) == 3
     out, err = capsys.readouterr()
     assert f"tfpar {args[0]}: error: " in err and message in err, err
     assert "Traceback" not in out + err and "Epoch 1" not in out + err

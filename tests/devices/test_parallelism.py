@@ -93,14 +93,14 @@ def test_every_parallelism_and_tensorflow_strategy_answers_its_topology():
     (dict(kind="horovod", compression="fp16"), "tfpar.strategies.HorovodStrategy(compression='fp16')"),
     (dict(kind="pipeline", microbatches=4, schedule="interleaved", virtual_stages=2),
      "tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule='interleaved', virtual_stages=2)"),
-    (dict(kind="ps", devices=3), "tfpar.strategies.ParameterServer.local(num_workers=3, num_ps=1)"),
+    (dict(kind="parameter_server", devices=3), "tfpar.strategies.ParameterServer.local(num_workers=3, num_ps=1)"),
 ])
 def test_one_spec_builds_a_parallelism_and_prints_the_code_that_builds_the_same(spec, code):
     from tfpar._factory import ParallelismSpec
 
     spec = ParallelismSpec(**spec)
     assert spec.code() == code
-    if spec.kind == "ps":
+    if spec.kind == "parameter_server":
         return  # its build starts a local cluster (tests/multiproc)
     built, again = spec.build(), eval(code, {"tfpar": tfpar})  # noqa: S307 (our own code string)
     assert type(built) is type(again) and built.config == again.config

@@ -287,7 +287,7 @@ def test_compressed_export_reports_sizes_sparsity_accuracy_and_latency(trained_f
     expected = float((export.predict(x_val).argmax(-1) == y_val).mean())
     assert report.accuracy == expected and report.accuracy_drop == report.reference_accuracy - expected
     assert report.latency_seconds > 0 and report.reference_latency_seconds > 0
-    summary = report.summary()
+    summary = report.describe()
     for text in ("gzipped", "held-out", "us per example", "distinct values", "% zero"):
         assert text in summary
 

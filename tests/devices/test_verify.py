@@ -23,10 +23,10 @@ def test_the_demo_model_trains_like_one_replica(strategy):
     from tfpar.demo import compiled_model, digits_dataset
 
     report = verify(compiled_model, digits_dataset, strategy=strategy, steps=4)
-    assert report.passed, report.summary()
+    assert report.passed, report.describe()
     assert report.steps == 4 and len(report.variables) == 8
     assert all(v.max_difference < 1e-5 for v in report.variables)
-    assert report.summary().endswith("PASSED: trains like one replica")
+    assert report.describe().endswith("PASSED: trains like one replica")
 
 
 @pytest.mark.parametrize("kind, data, cause", [
@@ -38,13 +38,13 @@ def test_a_model_that_differs_fails_naming_the_cause(any_keras, kind, data, caus
     report = verify(lambda: verify_model(kind, any_keras), data, steps=2)
     assert not report.passed
     differing = [v for v in report.variables if v.max_difference > report.tolerance]
-    assert differing and all(any(cause in c for c in v.causes) for v in differing), report.summary()
-    assert cause in report.summary() and report.summary().endswith("FAILED: differs from one replica")
+    assert differing and all(any(cause in c for c in v.causes) for v in differing), report.describe()
+    assert cause in report.describe() and report.describe().endswith("FAILED: differs from one replica")
 
 
 def test_synchronized_batchnorm_trains_like_one_replica(any_keras):
     report = verify(lambda: verify_model("synchronized_batchnorm", any_keras), _whole_batches, steps=2)
-    assert report.passed, report.summary()
+    assert report.passed, report.describe()
 
 
 def test_a_seeded_dropout_with_a_mask_shared_across_the_batch_is_not_blamed():
@@ -57,7 +57,7 @@ def test_a_seeded_dropout_with_a_mask_shared_across_the_batch_is_not_blamed():
         return m
 
     report = verify(model, _whole_batches, steps=2)
-    assert report.passed, report.summary()
+    assert report.passed, report.describe()
 
 
 def test_metrics_that_count_padding_are_named():
@@ -84,11 +84,11 @@ def test_qat_ranges_taken_per_replica_are_named_and_exact_ranges_pass(ranges):
 
     report = verify(model, _whole_batches, steps=2)
     if ranges == "exact":  # the global batch's min and max on every replica: trains like one
-        assert report.passed, report.summary()
+        assert report.passed, report.describe()
         return
     assert not report.passed
     assert any("QAT ranges taken per replica" in c and "ranges='exact'" in c for c in _causes(report)), \
-        report.summary()
+        report.describe()
 
 
 def test_loss_scales_that_disagree_are_a_finding():
@@ -104,7 +104,7 @@ def test_a_report_passes_only_within_the_tolerance():
     from tfpar.verify import VariableDifference
 
     report = VerifyReport("d", 1, 1e-5, (VariableDifference("w", 2e-5),))
-    assert not report.passed and "DIFF w" in report.summary() and "no cause tfpar can detect" in report.summary()
+    assert not report.passed and "DIFF w" in report.describe() and "no cause tfpar can detect" in report.describe()
 
 
 class _Subclassed(tfpar.keras.Model):

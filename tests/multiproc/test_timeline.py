@@ -45,5 +45,5 @@ def test_a_timeline_folder_that_cannot_be_made_is_refused_before_anything_starts
     blocker.write_text("")
     result = run_command(tfpar_command("launch", "-n", "2", "--timeline", str(blocker / "run"), "--",
                                        sys.executable, "-c", "print('started')"), timeout=60)
-    assert result.returncode == 2 and "started" not in result.output
+    assert result.returncode == 3 and "started" not in result.output
     assert "tfpar launch: error: --timeline cannot make" in result.output, result.output

@@ -48,16 +48,16 @@ def test_tune_across_workers_tries_both_backends_and_says_how_to_reproduce_the_f
     """--workers 2: each trial is a 2-worker job (tfpar launch, or launch --horovod), tfpar's
     defaults among them; the report gives the speed-up over the defaults and the code."""
     out = tmp_path / "tune.json"
-    space = {"backend": ["data_parallel", "horovod"]}  # two trials: the defaults (data_parallel) and horovod
+    space = {"strategy": ["data_parallel", "horovod"]}  # two trials: the defaults (data_parallel) and horovod
     result = run_command(tfpar_command("tune", "--workers", "2", "--space", json.dumps(space), "--steps", "6",
                                        "--json", str(out)), timeout=600)
     assert result.returncode == 0, result.output[-3000:]
     report = json.loads(out.read_text())
     configs = [t["config"] for t in report["trials"]]
     assert all(t["status"] == "ok" for t in report["trials"]) and report["workers"] == 2
-    assert sorted((c["backend"], c["compression"]) for c in configs) == [("data_parallel", "none"), ("horovod", "none")]
-    default = next(t for t in report["trials"] if t["config"]["backend"] == "data_parallel")
+    assert sorted((c["strategy"], c["compression"]) for c in configs) == [("data_parallel", "none"), ("horovod", "none")]
+    default = next(t for t in report["trials"] if t["config"]["strategy"] == "data_parallel")
     assert report["speedup"] == report["best"]["examples_per_second"] / default["examples_per_second"]
     best = report["best"]["config"]
-    launch = "tfpar launch --horovod -n 2" if best["backend"] == "horovod" else "tfpar launch -n 2"
+    launch = "tfpar launch --horovod -n 2" if best["strategy"] == "horovod" else "tfpar launch -n 2"
     assert f"{launch} -- python train.py" in result.output and "reproduce it:" in result.output

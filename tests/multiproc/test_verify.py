@@ -9,7 +9,7 @@ VERIFY = [*tfpar_command("verify"), *DEMO]
 
 
 @pytest.mark.parametrize("argv", [
-    pytest.param([*VERIFY, "--strategy", "ps"], id="ps"),
+    pytest.param([*VERIFY, "--strategy", "parameter_server"], id="parameter_server"),
     pytest.param(tfpar_command("launch", "-n", "2", "--", *VERIFY), id="2-workers"),
     pytest.param(tfpar_command("launch", "--horovod", "-n", "2", "--", *VERIFY, "--strategy", "horovod"),
                  id="horovod"),

@@ -45,8 +45,17 @@ def test_local_cluster_has_distinct_loopback_ports():
 
 
 def test_parse_hosts():
-    assert parse_hosts("a:1, b ,c:3", default_port=9) == ["a:1", "b:9", "c:3"]
+    assert parse_hosts("a:2001, b ,c:2003", default_port=2002) == ["a:2001", "b:2002", "c:2003"]
     with pytest.raises(ValueError, match="at least one host"):
         parse_hosts(" , ")
     with pytest.raises(ValueError, match=r"Received: 'a:x'"):
         parse_hosts("a:x")
+
+
+def test_horovodruns_host_slots_is_refused_naming_both_spellings():
+    with pytest.raises(ValueError) as error:
+        parse_hosts("a:4,b:4")
+    assert str(error.value) == (
+        "--hosts takes host:port, and port 4 is below 1024. Received: 'a:4' in --hosts 'a:4,b:4'. horovodrun "
+        "writes host:slots (-H a:4); in tfpar that is --hosts a with --nproc-per-node 4, or one host:port entry "
+        "per worker, e.g. a:2222,a:2223.")

@@ -157,7 +157,7 @@ def test_bad_launch_arguments(args, match):
     import re
 
     result = run_command(tfpar_command("launch", *args), timeout=60)
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert re.search(match, result.output), result.output
 
 
@@ -170,6 +170,10 @@ def test_bad_launch_arguments(args, match):
     (["--slurm", "--hosts", "a", "--cluster", "c.json"], "hosts"),  # the "not both" mistake is named first
     (["--horovod", "-n", "2"], "horovod"),
     (["--horovod", "--hosts", "a"], "horovod"),  # which refuses --hosts, naming the fix
+    (["--nproc-per-node", "2"], "local"),
+    (["--hosts", "a,b", "--nproc-per-node", "2", "--task-index", "0"], "hosts"),
+    (["--nnodes", "2", "--node-rank", "1", "--master-addr", "a"], "nodes"),
+    (["--horovod", "--nproc-per-node", "2"], "horovod"),
 ])
 def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backend):
     from tfpar._backends import BACKENDS, backend_for
@@ -177,7 +181,7 @@ def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backe
 
     args = _parser().parse_args(["launch", *argv, "--", PY, "-c", "pass"])
     assert backend_for(args).name == backend
-    assert [b.name for b in BACKENDS] == ["horovod", "slurm", "hosts", "local"]
+    assert [b.name for b in BACKENDS] == ["horovod", "slurm", "nodes", "hosts", "local"]
 
 
 def test_the_supervisor_gives_heartbeat_files_in_its_folder_and_merges_horovods_timeline_on_exit(tmp_path):

@@ -148,7 +148,7 @@ def test_too_many_tasks_for_the_open_file_limit_are_refused_before_any_starts(tm
     limit = "import resource, sys, tfpar.cli; resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32)); "
     result = run_command([PY, "-c", limit + "sys.argv[0] = 'tfpar'; sys.exit(tfpar.cli.main())",
                           "launch", "-n", "28", "--", *_sleeper(tmp_path)], timeout=60)
-    assert result.returncode == 2, result.output
+    assert result.returncode == 3, result.output
     assert "28 tasks need about 116 open files in the launcher, and this shell allows 32 (ulimit -n)" in result.output
     assert _pids(tmp_path) == []
 

@@ -92,9 +92,51 @@ def test_the_version_is_defined_once_and_the_package_says_its_licence_and_python
     import sys
 
     metadata = importlib.metadata.metadata("tfpar")
-    assert importlib.metadata.version("tfpar") == tfpar.__version__  # setup.py reads tfpar/__init__.py
-    assert metadata["License"] == "Apache-2.0" and "LICENSE" in metadata.get_all("License-File")
-    assert metadata["Requires-Python"] == ">=3.11,<3.12" and sys.version_info[:2] == (3, 11)  # what CI tests
+    assert importlib.metadata.version("tfpar") == tfpar.__version__  # pyproject.toml reads tfpar/__init__.py
+    assert metadata["License-Expression"] == "Apache-2.0" and "LICENSE" in metadata.get_all("License-File")
+    assert set(metadata.get_all("Provides-Extra")) == {"gpu", "horovod", "ray", "report", "docs", "dev"}
+    root = os.path.dirname(os.path.dirname(tfpar.__file__))
+    assert os.path.exists(os.path.join(root, "pyproject.toml")) and not os.path.exists(os.path.join(root, "setup.py"))
+    assert sorted(metadata["Requires-Python"].split(",")) == ["<3.12", ">=3.11"]  # what CI tests:
+    assert sys.version_info[:2] == (3, 11)
     assert os.path.exists(os.path.join(os.path.dirname(tfpar.__file__), "py.typed"))
     done = subprocess.run([sys.executable, "-m", "tfpar.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, f"tfpar {tfpar.__version__}"), done.stderr
+
+
+def test_one_vocabulary_every_strategy_and_documented_exception_under_tfpar():
+    """The strategy names the CLI and tune take, the classes they build, and the exceptions the
+    documentation names: all reachable after ``import tfpar``, each the object of its own module."""
+    import subprocess
+    import sys
+
+    from tfpar._factory import STRATEGIES
+
+    assert STRATEGIES == ("data_parallel", "horovod", "parameter_server", "pipeline")
+    code = ("import tfpar, inspect\n"
+            "from tfpar import strategies, pipeline, devices, quantization\n"
+            "assert tfpar.DataParallel is strategies.DataParallel and tfpar.Pipeline is pipeline.Pipeline\n"
+            "assert tfpar.HorovodStrategy is strategies.HorovodStrategy and tfpar.ParameterServer is strategies.ParameterServer\n"
+            "assert tfpar.DevicesAlreadyInitializedError is devices.DevicesAlreadyInitializedError\n"
+            "assert tfpar.ParameterServerLostError is strategies.ParameterServerLostError\n"
+            "assert tfpar.AccuracyDropError is quantization.AccuracyDropError and issubclass(tfpar.AccuracyDropError, ValueError)\n"
+            "print(tfpar.verify.verify.__name__, tfpar.report.report.__name__, tfpar.doctor.report.__name__,\n"
+            "      tfpar.tune.tune.__name__, tfpar.demo.run_demo.__name__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["verify", "report", "report", "tune", "run_demo"]
+
+
+@pytest.mark.parametrize("name, options", [
+    ("DataParallel", ["all_reduce: str = 'auto'", "compression: str = 'none'", "gradient_accumulation_steps: int = 1"]),
+    ("HorovodStrategy", ["op: str = 'average'", "backward_passes_per_step: int = 1"]),
+    ("ParameterServer", ["variable_partitioner: object = 'auto'", "connect_timeout_seconds: float = 60.0"]),
+    ("Pipeline", ["num_stages: int = 2", "num_microbatches: int = 4", "schedule: str = '1f1b'"]),
+])
+def test_help_of_a_strategy_lists_its_options(name, options):
+    """``help(tfpar.DataParallel)`` shows the options of its config dataclass, not ``**kwargs``."""
+    import pydoc
+
+    text = pydoc.render_doc(getattr(tfpar, name), renderer=pydoc.plaintext)
+    header = next(line for line in text.splitlines() if f"{name}(config" in line)
+    assert "**kwargs" not in header and all(option in header for option in options), header

@@ -30,12 +30,12 @@ def test_the_best_trial_is_the_fastest_successful_one():
         {"config": {"per_replica_batch": 32}, "status": "ok", "examples_per_second": 250.0},
     ))
     assert result.best["config"] == {"per_replica_batch": 32}
-    assert "failed: ValueError: no" in result.table() and "fastest: {'per_replica_batch': 32}" in result.table()
+    assert "failed: ValueError: no" in result.describe() and "fastest: {'per_replica_batch': 32}" in result.describe()
 
 
 def test_choice_axes_take_their_values_only():
-    assert check_space({"backend": ["horovod"], "compression": "bf16", "horovod_autotune": [False, True]}) == {
-        "backend": ["horovod"], "compression": ["bf16"], "horovod_autotune": [False, True]}
+    assert check_space({"strategy": ["horovod"], "compression": "bf16", "horovod_autotune": [False, True]}) == {
+        "strategy": ["horovod"], "compression": ["bf16"], "horovod_autotune": [False, True]}
     with pytest.raises(ValueError, match=r"Tune axis 'compression' takes \['none', 'bf16', 'fp16'\]. "
                                          r"Received: compression=\['int8'\]"):
         check_space({"compression": ["int8"]})
@@ -46,11 +46,11 @@ def test_choice_axes_take_their_values_only():
 def test_each_trial_keeps_the_axes_of_its_backend_and_the_defaults_run_first():
     from tfpar.tune import DEFAULTS, _trial_configs
 
-    configs = _trial_configs({"backend": ["data_parallel", "horovod"], "bytes_per_pack": [0, 4096],
+    configs = _trial_configs({"strategy": ["data_parallel", "horovod"], "bytes_per_pack": [0, 4096],
                               "horovod_autotune": [False, True]})
     assert configs[0] == DEFAULTS
-    data_parallel = [c for c in configs if c["backend"] == "data_parallel"]
-    horovod = [c for c in configs if c["backend"] == "horovod"]
+    data_parallel = [c for c in configs if c["strategy"] == "data_parallel"]
+    horovod = [c for c in configs if c["strategy"] == "horovod"]
     # bytes_per_pack=0 is DataParallel's default: that trial is the defaults' (run once)
     assert sorted(c.get("bytes_per_pack", 0) for c in data_parallel) == [0, 4096]
     assert all("horovod_autotune" not in c for c in data_parallel)
@@ -61,7 +61,7 @@ def test_each_trial_keeps_the_axes_of_its_backend_and_the_defaults_run_first():
 def test_the_fastest_trial_comes_with_its_speedup_and_the_code_that_reproduces_it():
     from tfpar.tune import DEFAULTS
 
-    fastest = {**DEFAULTS, "backend": "horovod", "compression": "bf16", "steps_per_execution": 4,
+    fastest = {**DEFAULTS, "strategy": "horovod", "compression": "bf16", "steps_per_execution": 4,
                "horovod_autotune": True}
     result = TuneResult((
         {"config": dict(DEFAULTS), "status": "ok", "examples_per_second": 100.0},
@@ -73,7 +73,7 @@ def test_the_fastest_trial_comes_with_its_speedup_and_the_code_that_reproduces_i
         "  strategy = tfpar.strategies.HorovodStrategy(compression='bf16')",
         "  model.compile(..., steps_per_execution=4)",
         "  train = tfpar.data.distribute(dataset, strategy, 32 * strategy.num_replicas_in_sync)"]
-    assert "speed-up over tfpar's defaults" in result.table() and "1.80x" in result.table()
+    assert "speed-up over tfpar's defaults" in result.describe() and "1.80x" in result.describe()
 
 
 def test_one_host_axes_are_refused_across_workers():

@@ -82,7 +82,7 @@ class FaultTolerance(keras.callbacks.Callback):
         ValueError: a directory that cannot be written, a bad ``save_freq``, or a job whose
             TF_CONFIG or tasks would make more than one chief (then refused when training starts).
 
-    Example:
+    Examples:
         >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=20,  # doctest: +SKIP
         ...           callbacks=[tfpar.callbacks.FaultTolerance("/shared/run-17/backup")])
     """

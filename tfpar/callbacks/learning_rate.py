@@ -120,7 +120,7 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             training (at the start of ``fit``), or a learning-rate schedule in
             the optimizer.
 
-    Example:
+    Examples:
         >>> model.fit(data, epochs=10, callbacks=[LearningRateWarmup(warmup_epochs=2)])  # doctest: +SKIP
     """
 
@@ -199,7 +199,7 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
 
     Multipliers for common schedules: `cosine_decay`, `exponential_decay`, `step_decay`.
 
-    Example:
+    Examples:
         >>> callbacks = [LearningRateWarmup(warmup_epochs=5),  # doctest: +SKIP
         ...              LearningRateSchedule(cosine_decay(5, 90), initial_lr=0.1, start_epoch=5)]
     """

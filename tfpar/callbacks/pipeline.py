@@ -21,7 +21,7 @@ class PipelineBubble(keras.callbacks.Callback):
     Raises:
         TypeError: at the start of training, if the model is not a `PipelineModel`.
 
-    Example:
+    Examples:
         >>> staged.fit(x, y, epochs=3, callbacks=[tfpar.callbacks.PipelineBubble()])  # doctest: +SKIP
     """
 

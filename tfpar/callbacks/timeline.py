@@ -69,7 +69,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     Raises:
         ValueError: no path, a path that is a folder, or a folder that is missing or not writable.
 
-    Example:
+    Examples:
         >>> model.fit(data, epochs=3, callbacks=[tfpar.callbacks.Timeline("run/timeline.json")])  # doctest: +SKIP
     """
 

@@ -8,7 +8,7 @@ __all__ = ["per_replica_batch_size"]
 def per_replica_batch_size(global_batch_size, num_replicas):
     """Returns ``global_batch_size // num_replicas``, checking it divides.
 
-    Example:
+    Examples:
         >>> per_replica_batch_size(64, 2)
         32
 

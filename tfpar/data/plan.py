@@ -166,7 +166,7 @@ def plan_shard(
     Returns:
         A `ShardPlan`.
 
-    Example:
+    Examples:
         >>> plan = plan_shard(num_workers=2, worker_index=0, replicas_per_worker=1,
         ...                   per_replica_batch=2, policy="data", num_elements=23)
         >>> plan.steps, plan.padded, plan.padded_step_weights  # the last step: 3 real of 4

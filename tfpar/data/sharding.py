@@ -262,7 +262,7 @@ def distribute(source, strategy, global_batch_size, **options):
         ValueError: on a batch that does not divide, an unknown policy or
             remainder, or FILE sharding with fewer files than workers.
 
-    Example:
+    Examples:
         >>> ds = tf.data.Dataset.from_tensor_slices((x, y))  # doctest: +SKIP
         >>> train = tfpar.data.distribute(ds, strategy, global_batch_size=64)
         >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch)

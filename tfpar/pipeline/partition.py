@@ -6,7 +6,7 @@ it finds where a single tensor flows from one layer to the rest (a valid cut
 point), takes the cuts given by layer name or chooses them ("auto"), and
 builds each stage as a functional sub-model that shares the original layers.
 
-Example:
+Examples:
     >>> balanced_cuts([4, 1, 1, 1, 1], 2)  # stage 0 = layer 0, stage 1 = the rest
     [1]
 """

@@ -19,7 +19,7 @@ device, dispatching on the instruction's kind; the figures below come from the s
 - `Schedule.simulate`: the timeline the instruction streams give with given
   forward, backward and weight costs, and so the simulated bubble.
 
-Example:
+Examples:
     >>> s = make_schedule("1f1b", num_stages=2, num_microbatches=3)
     >>> [str(i) for i in s.stage_instructions(1)]
     ['F0', 'B0', 'F1', 'B1', 'F2', 'B2']

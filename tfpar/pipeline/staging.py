@@ -84,7 +84,7 @@ class Pipeline(Parallelism):
     Args:
         config: a `PipelineConfig`, or its fields as keyword arguments.
 
-    Example:
+    Examples:
         >>> tfpar.configure_devices(2)  # doctest: +SKIP
         >>> pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=8)  # doctest: +SKIP
         >>> staged = pipeline.stage(model)  # doctest: +SKIP
@@ -93,6 +93,8 @@ class Pipeline(Parallelism):
         >>> staged.fit(x, y, batch_size=64, epochs=5)  # doctest: +SKIP
         >>> staged.plain_model().save("model.keras")  # doctest: +SKIP
     """
+
+    CONFIG = PipelineConfig
 
     def __init__(self, config=None, **kwargs):
         self.config = config = config_from(PipelineConfig, config, kwargs)

@@ -17,7 +17,7 @@ has a hook at compile, so `use` wraps both Kerases' ``Model.compile`` while its 
 is set, and ``use("float32")`` puts Keras' own back (ARCHITECTURE.md, "Where tfpar touches
 Keras"). A policy set through Keras itself is Keras' business: tfpar checks nothing then.
 
-Example:
+Examples:
     >>> tfpar.precision.use("auto")  # doctest: +SKIP
     'mixed_bfloat16'
 """

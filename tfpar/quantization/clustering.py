@@ -11,7 +11,7 @@ first replica (worker 0's under several workers) and updated by the all-reduced 
 each replica computes the same cluster indices from the same weights: every replica and worker
 holds the same clusters (tested).
 
-Example:
+Examples:
     >>> with strategy.scope():  # doctest: +SKIP
     ...     clustered = tfpar.quantization.cluster(model, clusters=16)
     ...     clustered.compile(...)

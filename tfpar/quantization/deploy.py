@@ -76,7 +76,7 @@ class DeploymentReport:
     def speedup(self):
         return self.reference_latency_seconds / self.latency_seconds
 
-    def summary(self):
+    def describe(self):
         gate = "" if self.max_accuracy_drop is None else f" (max_accuracy_drop {self.max_accuracy_drop:g})"
         lines = [
             f"size:      {self.size_bytes:,} bytes, {self.gzip_bytes:,} gzipped; float "

@@ -1,7 +1,7 @@
 """int8 (or float) TFLite export of a tf_keras model, checked in the TFLite interpreter, and with
 ``compress=True`` measured against the float model before it is written (`tfpar.quantization.deploy`).
 
-Example:
+Examples:
     >>> export = tfpar.quantization.export_tflite(qat, "model.tflite", representative_data=x[:200])  # doctest: +SKIP
     >>> export.size_bytes, export.predict(x_val[:4])  # doctest: +SKIP
 """
@@ -139,7 +139,7 @@ def export_tflite(model, path, representative_data=None, int8=True, *, compress=
             f"against {report.reference_accuracy:.4f} for the float model on the {report.examples} held-out "
             f"examples, a drop of {report.accuracy_drop:.4f}. Received: max_accuracy_drop={max_accuracy_drop!r}. "
             "Fine-tune the compressed model longer, prune less or use more clusters, or leave the most "
-            "sensitive layers out (exclude=[...]); or raise max_accuracy_drop.\n" + report.summary(), report)
+            "sensitive layers out (exclude=[...]); or raise max_accuracy_drop.\n" + report.describe(), report)
     write_atomically(path, content)
     return TFLiteExport(path=path, size_bytes=len(content), int8=int8, report=report)
 

@@ -5,7 +5,7 @@ schedule from 0 to ``target_sparsity``; training needs TFMOT's step callback,
 which `prune` returns with the model. `sparsity` measures the zeros of the
 pruned kernels and `strip_pruning` removes the wrappers for export.
 
-Example:
+Examples:
     >>> with strategy.scope():  # doctest: +SKIP
     ...     pruned, callbacks = tfpar.quantization.prune(model, 0.8, end_step=500)
     ...     pruned.compile(...)

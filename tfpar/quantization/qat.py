@@ -8,7 +8,7 @@ QAT trains under DataParallel (one host or several workers) like any model.
 The quantizers' ranges are moving averages that TensorFlow reduces across
 replicas (``assign_moving_average`` averages the replicas' values), so they are
 the same on every replica; `quantizer_ranges` reads them per replica.
-Example:
+Examples:
     >>> with strategy.scope():  # doctest: +SKIP
     ...     qat = tfpar.quantization.quantize(model)
     ...     qat.compile(...)

@@ -20,4 +20,6 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "MultiWorkerDataParallel": "tfpar.strategies.data_parallel",
     "ParameterServer": "tfpar.strategies.parameter_server",
     "ParameterServerConfig": "tfpar.strategies.parameter_server",
+    "ParameterServerLostError": "tfpar.strategies._ps_failures",
+    "ClusterUnreachableError": "tfpar.strategies._ps_failures",
 })

@@ -25,7 +25,7 @@ def auto(**options):
     Args:
         **options: fields of `HorovodConfig` or `DataParallelConfig`, whichever applies.
 
-    Example:
+    Examples:
         >>> strategy = tfpar.strategies.auto()  # doctest: +SKIP
     """
     kind = choose()

@@ -134,13 +134,15 @@ class DataParallel(Parallelism):
     or a `MultiWorkerDataParallel` (``TF_CONFIG`` or ``cluster`` naming
     several workers); options are the fields of `DataParallelConfig`.
 
-    Example:
+    Examples:
         >>> import tfpar
         >>> strategy = tfpar.strategies.DataParallel()  # doctest: +SKIP
         >>> with strategy.scope():  # doctest: +SKIP
         ...     model = build_model(); model.compile("adam", "mse")
         >>> print(strategy.describe(global_batch_size=64))  # doctest: +SKIP
     """
+
+    CONFIG = DataParallelConfig
 
     def __new__(cls, config=None, **kwargs):
         # DataParallel(...) stays the one call for one host and many, and isinstance(s, DataParallel)

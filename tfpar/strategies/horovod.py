@@ -258,11 +258,13 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
             ranks that is not a power of two, or without MPI (Horovod runs
             Adasum over MPI only).
 
-    Example:
+    Examples:
         >>> strategy = tfpar.strategies.HorovodStrategy(compression="fp16")  # doctest: +SKIP
         >>> with strategy.scope():  # doctest: +SKIP
         ...     model = build_model(); model.compile("adam", "mse")
     """
+
+    CONFIG = HorovodConfig
 
     def __init__(self, config=None, **kwargs):
         config = config_from(HorovodConfig, config, kwargs)

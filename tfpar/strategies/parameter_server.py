@@ -123,13 +123,15 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         TypeError: a partitioner that is not a partitioner.
         ClusterUnreachableError: a task that does not answer within the wait.
 
-    Example:
+    Examples:
         >>> strategy = tfpar.strategies.ParameterServer.local(num_workers=2, num_ps=1)  # doctest: +SKIP
         >>> with strategy.scope():  # doctest: +SKIP
         ...     model = build_model(); model.compile("adam", "mse")
         >>> train = tfpar.data.distribute(dataset, strategy, 64)  # doctest: +SKIP
         >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch)  # doctest: +SKIP
     """
+
+    CONFIG = ParameterServerConfig
 
     def __init__(self, config=None, **kwargs):
         config = config_from(ParameterServerConfig, config, kwargs)
