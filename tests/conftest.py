@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
     """How the test processes of ``--dist loadgroup`` (pytest.ini) share the tests: one at a time,
     but the tests that share a session fixture of this conftest together (``doctor``: it is made
     once, not once per test process), then those of a file that share a module fixture, and a test
-    that names its group joins it (group "ray": test_ray.py and the README's Ray block, one local
+    that names its group joins it (group "ray": test_ray.py and the documentation's Ray block, one local
     Ray cluster at a time). The multi-process tier goes first, so that the last tests are short ones."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
@@ -167,23 +167,43 @@ def horovod_installed():
 USER_SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None}
 
 
-def readme_command(command):
-    """The argv of ``command``, a whole line of one of the README's bash blocks (its comment left
-    out): a test that runs a README command with more checks than tests/multiproc/test_readme.py
+DOCUMENTS = ("README.md", *sorted(os.path.relpath(os.path.join(folder, name), ROOT)
+                                   for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
+                                   for name in names if name.endswith(".md")))
+"""The documents whose code blocks are tested: the README and every page of the site."""
+_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
+
+
+def document_blocks(languages=("bash", "python")):
+    """``[(document, language, text, line)]``: every block of those languages in `DOCUMENTS`, a block
+    that appears in several documents only where it appears first."""
+    blocks, seen = [], set()
+    for document in DOCUMENTS:
+        with open(os.path.join(ROOT, document), encoding="utf-8") as f:
+            text = f.read()
+        for match in _BLOCK.finditer(text):
+            if match.group(1) in languages and match.group(2) not in seen:
+                seen.add(match.group(2))
+                blocks.append((document, match.group(1), match.group(2), text[:match.start()].count("\n") + 1))
+    return blocks
+
+
+def docs_command(command):
+    """The argv of ``command``, a whole line of a bash block of the documentation (its comment left
+    out): a test that runs a documented command with more checks than tests/multiproc/test_docs.py
     (which then leaves that line out: LINES_RUN_ELSEWHERE) takes it from here, so the two stay one text."""
     import shlex
 
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        blocks = re.findall(r"^```bash\n(.*?)^```$", f.read(), re.S | re.M)
-    lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
-    assert lines.count(command) == 1, f"the README's bash blocks have {command!r} {lines.count(command)} time(s), not once"
+    lines = [line.split("#", 1)[0].strip() for _, _, block, _ in document_blocks(("bash",))
+             for line in block.splitlines()]
+    assert lines.count(command) == 1, f"the documentation's bash blocks have {command!r} {lines.count(command)} time(s), not once"
     return shlex.split(command)
 
 
 @pytest.fixture(scope="session")
 def doctor():
-    """``tfpar doctor`` as the README writes it and a user's shell runs it, once for the tests that read its report."""
-    result = run_command(readme_command("tfpar doctor"), timeout=240, env=USER_SHELL)
+    """``tfpar doctor`` as the documentation writes it and a user's shell runs it, once for the tests that read its report."""
+    result = run_command(docs_command("tfpar doctor"), timeout=240, env=USER_SHELL)
     assert result.returncode == 0, result.output[-2000:]
     return result
 

@@ -11,17 +11,19 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_command, tfpar_command
+from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, tfpar_command
 from tests.models import assert_started_from_worker_0, load_arrays
 from tfpar.cluster import ClusterInfo, local_cluster
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
-def test_launch_two_workers_train_to_identical_weights(tmp_path):
-    result = run_command(tfpar_command(
-        "launch", "-n", "2", "--", sys.executable, "examples/train_data_parallel.py",
-        "--epochs", "3", "--out", str(tmp_path)), timeout=300)
+def test_launch_nproc_per_node_trains_two_workers_a_device_each_to_identical_weights(tmp_path):
+    """The README's launch line, torchrun's spelling: each worker gets its own device (here, one virtual CPU device each:
+    no GPU on this machine; the GPU ids each would get are tested in tests/unit/test_nodes.py)."""
+    command = docs_command("tfpar launch --nproc-per-node 2 -- python examples/train_data_parallel.py")
+    result = run_command([*command, "--epochs", "3", "--out", str(tmp_path)], timeout=300,
+                         env={**USER_SHELL, "TFPAR_NUM_CPU_DEVICES": None})
     assert result.returncode == 0, result.output[-4000:]
     assert "MultiWorkerDataParallel (MultiWorkerMirroredStrategy)" in result.output
     weights = [np.load(tmp_path / f"worker_{i}.npz") for i in range(2)]
@@ -30,6 +32,7 @@ def test_launch_two_workers_train_to_identical_weights(tmp_path):
         np.testing.assert_array_equal(weights[0][name], weights[1][name])
     logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(2)]
     assert all(log["replicas"] == 2 for log in logs)
+    assert [log["devices"] for log in logs] == [["/device:CPU:0"]] * 2  # its own, not the host's 2
     losses = logs[0]["loss"]
     assert losses[-1] < 0.7 * losses[0]
 

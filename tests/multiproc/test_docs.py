@@ -1,10 +1,12 @@
-"""The README is a test: every ```bash and ```python block runs as written.
+"""The documentation is a test: every ```bash and ```python block of the README and of
+docs/**/*.md runs as written (a block that appears in several pages, once).
 
-Each block runs in its own process, from a user's shell (no TF_USE_LEGACY_KERAS, no
-PYTHONPATH), with TFPAR_EPOCHS=1 to shorten `tfpar demo` and the examples. Bash blocks run in
-the checkout (they name examples/), Python blocks in a temporary folder (they write files).
-The set-up's first block installs into a new virtual environment from a copy of the checkout;
-the second is the command `.ci/run` runs, checked to be the same text.
+Each block runs in its own process, from a user's shell (no TF_USE_LEGACY_KERAS, no PYTHONPATH),
+with TFPAR_EPOCHS=1 to shorten `tfpar demo` and the examples. Bash blocks run in the checkout
+(they name examples/), Python blocks in a temporary folder (they write files). The README's first
+block installs into a new virtual environment from a copy of the checkout; the second is the
+command `.ci/run` runs, checked to be the same text. The site itself is built with
+`mkdocs build --strict` and three of its pages are looked at in Chromium (tests/unit/test_site.py).
 """
 
 import os
@@ -16,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, USER_SHELL, run_command
+from tests.conftest import ROOT, USER_SHELL, document_blocks, run_command
 
-BLOCK = re.compile(r"^```(bash|python)\n(.*?)^```$", re.S | re.M)
 SHELL = {**USER_SHELL, "TFPAR_EPOCHS": "1"}
 INSTALL_AND_DEMO = "pip install . && tfpar demo"
 INSTALL_AND_TEST = 'pip install -e ".[dev,horovod]" && tfpar install-horovod && python -m pytest'
@@ -26,7 +27,8 @@ INSTALL_AND_TEST = 'pip install -e ".[dev,horovod]" && tfpar install-horovod && 
 EXPECT = {
     "strategy = tfpar.DataParallel()   # a real": ["MirroredDataParallel", "Epoch 3/3"],
     "tfpar launch -n 2 --": ["[worker 0]", "[worker 1]"],
-    "--task-index 1": ["MultiWorkerDataParallel"],
+    "--nnodes 2 --node-rank 1": ["node 1 of 2: workers 1 to 1 of 2", "node 0 of 2: workers 0 to 0 of 2",
+                                 "MultiWorkerDataParallel"],
     "HorovodStrategy(op=": ["HorovodStrategy", "Epoch 2/2"],
     "horovodrun -np 2": ["validation accuracy after 1 epochs", "HorovodStrategy (Horovod ring all-reduce)"],
     "Pipeline(num_stages=2": ["Epoch 2/2"],
@@ -37,23 +39,23 @@ EXPECT = {
     "q.cluster(pruned": ["smaller gzipped", "distinct values", "of the weights are zero"],
     "tfpar verify --model tfpar.demo": ["PASSED: trains like one replica", "conv2d/kernel"],
     "tfpar demo --strategy pipeline": ["Pipeline (1f1b: 2 stages x 8 microbatches)", "bubble: measured"],
+    "check_coverage(": ["missing: 0", "duplicated: 0"],
 }
 
-
-def _readme_blocks():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    return [(m.group(1), m.group(2), text[:m.start()].count("\n") + 1) for m in BLOCK.finditer(text)]
-
+BLOCKS = document_blocks()
+README_BLOCKS = [block for block in BLOCKS if block[0] == "README.md"]
 
 # Blocks another test runs as written, in the user's shape and with more checks: run once, there.
 RUN_ELSEWHERE = {"ParameterServer.local(": "tests/multiproc/test_loopback.py (a plain script, its sockets watched)"}
-# Lines of bash blocks that another test runs as written (tests.conftest.readme_command), from a
+# Lines of bash blocks that another test runs as written (tests.conftest.docs_command), from a
 # user's shell, with more checks (the demos to their accuracy targets at their default epochs):
 # the block runs without them.
 LINES_RUN_ELSEWHERE = {"tfpar doctor": "tests/conftest.py",
                        "tfpar demo --strategy horovod": "tests/multiproc/test_horovod.py",
-                       "tfpar demo --strategy ps": "tests/multiproc/test_parameter_server.py"}
+                       "tfpar demo --strategy parameter_server": "tests/multiproc/test_parameter_server.py",
+                       "python examples/train_data_parallel.py": "tests/multiproc/test_examples.py",
+                       "tfpar launch --nproc-per-node 2 -- python examples/train_data_parallel.py":
+                           "tests/multiproc/test_data_parallel_multiworker.py"}
 
 
 def _without_lines_run_elsewhere(language, text):
@@ -63,19 +65,27 @@ def _without_lines_run_elsewhere(language, text):
                    if line.split("#", 1)[0].strip() not in LINES_RUN_ELSEWHERE)
 
 
-BLOCKS = _readme_blocks()
-RUNNABLE = [(language, _without_lines_run_elsewhere(language, text), line) for language, text, line in BLOCKS
+RUNNABLE = [(document, language, _without_lines_run_elsewhere(language, text), line)
+            for document, language, text, line in BLOCKS
             if text.strip() not in (INSTALL_AND_DEMO, INSTALL_AND_TEST)
             and not any(fragment in text for fragment in RUN_ELSEWHERE)]
-RUNNABLE = [block for block in RUNNABLE if block[1].strip()]
+RUNNABLE = [block for block in RUNNABLE if block[2].strip()]
 
 
 def test_the_setup_is_the_two_documented_commands():
-    commands = [text.strip() for _, text, _ in BLOCKS[:2]]
+    commands = [text.strip() for _, _, text, _ in README_BLOCKS[:2]]
     assert commands == [INSTALL_AND_DEMO, INSTALL_AND_TEST]
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         ci = [line.strip() for line in f]
     assert INSTALL_AND_TEST in ci, "`.ci/run` must run the README's test command as written"
+
+
+def test_the_readme_is_a_landing_page():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 150
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):  # every link into the site reaches a page
+        assert os.path.isfile(os.path.join(ROOT, link)), link
 
 
 def test_install_and_demo_on_a_new_environment(tmp_path):
@@ -87,7 +97,7 @@ def test_install_and_demo_on_a_new_environment(tmp_path):
 
     source = tmp_path / "tfpar"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__",
-                                                                 ".pytest_cache"))
+                                                                 ".pytest_cache", "site"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -104,13 +114,22 @@ def test_install_and_demo_on_a_new_environment(tmp_path):
     accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
     assert accuracy >= 0.95, result.output[-3000:]
     assert float(re.search(r"examples/second:\s+([0-9,]+)", result.output).group(1).replace(",", "")) > 0
+    # What the installed package says of itself: its version, and a strategy's options in help().
+    import tfpar
+
+    after = run_command(["bash", "-e", "-c", "tfpar --version && python -c 'import tfpar; help(tfpar.DataParallel)'"],
+                        timeout=300, env={**env, "PAGER": "cat"}, cwd=str(tmp_path))
+    assert after.returncode == 0, after.output[-3000:]
+    assert f"tfpar {tfpar.__version__}" in after.output
+    assert "DataParallel(config: 'DataParallelConfig | None' = None, *, devices: tuple = None, all_reduce: str = 'auto'" \
+        in after.output, after.output[:3000]
 
 
-@pytest.mark.parametrize("language, text, line", [
-    pytest.param(*block, id=f"{block[0]}-line{block[2]}",
-                 marks=[pytest.mark.xdist_group("ray")] if "import ray" in block[1] else [])
+@pytest.mark.parametrize("document, language, text, line", [
+    pytest.param(*block, id=f"{block[0]}:{block[3]}",
+                 marks=[pytest.mark.xdist_group("ray")] if "import ray" in block[2] else [])
     for block in RUNNABLE])
-def test_readme_block_runs_as_written(language, text, line, tmp_path, request):
+def test_documented_block_runs_as_written(document, language, text, line, tmp_path, request):
     if "horovod" in text.lower():
         request.getfixturevalue("horovod_installed")
     if language == "bash":
@@ -119,26 +138,28 @@ def test_readme_block_runs_as_written(language, text, line, tmp_path, request):
         script = tmp_path / "block.py"
         script.write_text(text)
         result = run_command([sys.executable, str(script)], timeout=600, env=SHELL, cwd=str(tmp_path))
-    assert result.returncode == 0, f"README line {line}:\n{result.output[-4000:]}"
+    where = f"{document} line {line}"
+    assert result.returncode == 0, f"{where}:\n{result.output[-4000:]}"
     assert "Traceback" not in result.output, result.output[-4000:]
     for fragment, expected in EXPECT.items():
         if fragment in text:
             for piece in expected:
-                assert piece in result.output, f"README line {line}: {piece!r} not printed:\n{result.output[-3000:]}"
+                assert piece in result.output, f"{where}: {piece!r} not printed:\n{result.output[-3000:]}"
 
 
 def test_each_block_run_elsewhere_is_one_block():
     """A fragment of RUN_ELSEWHERE leaves out the one block it names, never another."""
     for fragment in RUN_ELSEWHERE:
-        assert sum(fragment in text for _, text, _ in BLOCKS) == 1, fragment
+        assert sum(fragment in text for _, _, text, _ in BLOCKS) == 1, fragment
 
 
-def test_each_line_run_elsewhere_is_run_there_as_the_readme_writes_it():
+def test_each_line_run_elsewhere_is_run_there_as_the_documentation_writes_it():
     for command, path in LINES_RUN_ELSEWHERE.items():
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            assert f"readme_command({command!r})".replace("'", '"') in f.read(), (command, path)
+            assert f"docs_command({command!r})".replace("'", '"') in f.read(), (command, path)
 
 
 def test_every_runnable_block_is_checked_for_its_output():
-    unchecked = [line for _, text, line in RUNNABLE if not any(fragment in text for fragment in EXPECT)]
-    assert unchecked == [], f"README blocks at lines {unchecked} have no expected output in EXPECT"
+    unchecked = [f"{document}:{line}" for document, _, text, line in RUNNABLE
+                 if not any(fragment in text for fragment in EXPECT)]
+    assert unchecked == [], f"blocks with no expected output in EXPECT: {unchecked}"

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_command, tfpar_command
+from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, tfpar_command
 
 
 @pytest.mark.parametrize("keras_version, named", [("2", "tf_keras 2."), ("3", "Keras 3 3.")])
@@ -24,8 +24,9 @@ def test_demo_flags_pick_devices_and_epochs(keras_version, named):
 
 
 def test_data_parallel_example_on_one_host(tmp_path):
-    result = run_command([sys.executable, "examples/train_data_parallel.py", "--epochs", "2",
-                          "--out", str(tmp_path)], timeout=300)
+    """The one-host guide's command, from a user's shell, with its results written out."""
+    result = run_command([*docs_command("python examples/train_data_parallel.py"), "--epochs", "2",
+                          "--out", str(tmp_path)], timeout=300, env=USER_SHELL)
     assert result.returncode == 0, result.output[-3000:]
     assert "MirroredDataParallel" in result.output
     report = json.loads((tmp_path / "worker_0.json").read_text())

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, USER_SHELL, readme_command, run_command, tfpar_command
+from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, tfpar_command
 from tests.models import assert_started_from_worker_0, load_arrays
 
 pytestmark = pytest.mark.usefixtures("horovod_installed")
@@ -277,7 +277,7 @@ def test_horovodrun_starts_its_ranks_without_a_process_that_imports_tensorflow(d
 
 
 def test_demo_on_horovod_reaches_the_accuracy_target():
-    result = run_command(readme_command("tfpar demo --strategy horovod"), timeout=400, env=USER_SHELL)
+    result = run_command(docs_command("tfpar demo --strategy horovod"), timeout=400, env=USER_SHELL)
     assert result.returncode == 0, result.output[-3000:]
     assert "HorovodStrategy (Horovod ring all-reduce)" in result.output
     assert "workers:    2 (this is rank 0" in result.output

@@ -51,10 +51,10 @@ def test_a_local_parameter_server_job_listens_on_loopback_only():
     assert "listens on all interfaces" not in result.output
 
 
-def _readme_block(fragment):
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        blocks = re.findall(r"^```python\n(.*?)^```$", f.read(), re.S | re.M)
-    (block,) = [b for b in blocks if fragment in b]
+def _docs_block(fragment):
+    from tests.conftest import document_blocks
+
+    (block,) = [text for _, language, text, _ in document_blocks(("python",)) if fragment in text]
     return block
 
 
@@ -79,12 +79,12 @@ LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
 
 def test_the_readmes_parameter_server_block_run_as_a_plain_script_keeps_every_server_on_loopback(tmp_path):
-    """The README's ParameterServer.local() block as a user runs it (test_readme.py leaves it to this test) (`python train.py`, no tfpar
+    """The documented ParameterServer.local() block as a user runs it (test_docs.py leaves it to this test) (`python train.py`, no tfpar
     launch, no LD_PRELOAD): every socket its process tree listens on while it trains is on
     loopback, the chief's included (local() starts the script again with the library), and the
     job's end prints none of TensorFlow's remote-function cleanup errors."""
     script = tmp_path / "train.py"
-    script.write_text(_readme_block("ParameterServer.local("))
+    script.write_text(_docs_block("ParameterServer.local("))
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH", "TF_USE_LEGACY_KERAS")}
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, USER_SHELL, readme_command, run_command, run_json_script, tfpar_command
+from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, run_json_script, tfpar_command
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -123,7 +123,7 @@ def test_demo_on_a_local_parameter_server_cluster():
     # under parameter servers, so the demo prints a line per epoch instead. Without the tests'
     # LD_PRELOAD: the demo runs itself again under tfpar's loopback library, so that its chief
     # keeps to loopback too (no warning about ports open on all interfaces).
-    result = run_command(readme_command("tfpar demo --strategy ps"), timeout=400, env={**USER_SHELL, "LD_PRELOAD": None})
+    result = run_command(docs_command("tfpar demo --strategy parameter_server"), timeout=400, env={**USER_SHELL, "LD_PRELOAD": None})
     assert result.returncode == 0, result.output[-3000:]
     assert "listens on all interfaces" not in result.output
     assert "ParameterServer (ParameterServerStrategy + ClusterCoordinator)" in result.output
