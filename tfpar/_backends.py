@@ -57,7 +57,7 @@ class Horovod(Backend):
         return args.horovod
 
     def check(self, args, command):
-        if args.nproc_per_node is not None and args.workers is None:
+        if getattr(args, "nproc_per_node", None) is not None and args.workers is None:  # (tfpar demo's args have none)
             args.workers = args.nproc_per_node  # horovodrun pins one GPU per local rank itself
         if args.hosts or args.cluster:
             raise ValueError(

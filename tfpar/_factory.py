@@ -29,13 +29,13 @@ class ParallelismSpec:
 
     kind: str = "data_parallel"
     """One of `STRATEGIES`."""
-    devices: int = None
+    devices: int | None = None
     split_devices: bool = True
     compression: str = "none"
     """"data_parallel" and "horovod": the gradients on the wire ("none", "bf16", "fp16")."""
-    num_packs: int = None
+    num_packs: int | None = None
     """"data_parallel" on one host: gradients packed into this many packs (hierarchical copy)."""
-    bytes_per_pack: int = None
+    bytes_per_pack: int | None = None
     """"data_parallel" across workers: the collectives' pack size."""
     replicas: int = 1
     """"pipeline": data-parallel copies of the 2-stage pipeline."""
@@ -43,7 +43,7 @@ class ParallelismSpec:
     """"pipeline": microbatches per replica and step."""
     schedule: str = "1f1b"
     """"pipeline": one of `tfpar.pipeline.schedule.SCHEDULES`."""
-    virtual_stages: int = None
+    virtual_stages: int | None = None
     """"pipeline": chunks per stage, for a schedule that takes them."""
     balance: str = "params"
     """"pipeline": how its 2 stages are balanced ("params" or "time")."""

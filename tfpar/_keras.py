@@ -14,6 +14,7 @@ so it keeps working on ``tf_keras`` models even when TensorFlow was imported
 earlier with Keras 3. Every other module takes ``tf`` and ``keras`` from here.
 """
 
+from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
@@ -80,7 +81,7 @@ def check_keras_model(model, name="model"):
                     f"{name}={type(model).__module__}.{type(model).__qualname__}.")
 
 
-def check_tf_keras_model(model, feature=None, why=None):
+def check_tf_keras_model(model: Any, feature: str | None = None, why: str | None = None) -> Any:
     """Checks that ``model`` is a tf_keras model and returns it.
 
     Args:

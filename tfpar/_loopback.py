@@ -68,7 +68,7 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
 }
 """
 
-_built = {}  # this process's answer: {"path": ...} or {"error": ...}
+_built: dict = {}  # this process's answer: {"path": ...} or {"error": ...}
 
 
 def _cache_dir():

@@ -29,8 +29,8 @@ __all__ = ["METHODS", "add_process_check", "checks_of", "discovering", "own"]
 METHODS = ("compile", "fit", "evaluate", "predict")
 WHEN = ("before", "after")
 _CHECKS = "_tfpar_checks"  # the model's __dict__ entry: its checks, (method, when, function) triples
-_process_checks = []  # add_process_check's triples: every owned model runs them
-_signatures = {}
+_process_checks: list = []  # add_process_check's triples: every owned model runs them
+_signatures: dict = {}
 
 
 def _check_triples(checks):
@@ -119,7 +119,7 @@ def own(model, checks=()):
 
 _lock = threading.Lock()
 _entered = [0]  # tfpar scopes entered, over all threads
-_wrapped = {}  # Keras class -> its own __init__, while wrapped
+_wrapped: dict = {}  # Keras class -> its own __init__, while wrapped
 
 
 def _model_classes():

@@ -22,6 +22,8 @@ Examples:
 """
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 from tfpar import _owned
 from tfpar._checks import options_signature
@@ -91,7 +93,7 @@ class Parallelism:
     """The shared part of tfpar's strategies: ``build`` under ``scope()``, fed as themselves, and
     the checks of the models built under them (`tfpar._owned`)."""
 
-    CONFIG = None
+    CONFIG: type | None = None
     """The dataclass of the strategy's options: its constructor takes ``(config=None, **options)``,
     and shows the options as its signature (``help()``, an IDE)."""
 
@@ -100,10 +102,10 @@ class Parallelism:
         if cls.CONFIG is not None:
             cls.__signature__ = options_signature(cls.CONFIG)
 
-    def scope(self):
+    def scope(self) -> contextlib.AbstractContextManager:
         """The strategy's scope (``tf.distribute.Strategy.scope``): the Keras models created under it
         are this strategy's, and run `model_checks` at compile, fit, evaluate and predict."""
-        return _owning(super().scope())
+        return _owning(super().scope())  # type: ignore[misc]  # tf.distribute.Strategy's, after this mixin
 
     @property
     def topology(self):
@@ -111,12 +113,12 @@ class Parallelism:
         index, replicas per worker, and whether a coordinator drives them."""
         return derived_topology(self)
 
-    def model_checks(self):
+    def model_checks(self) -> tuple:
         """``(method, when, check)`` for the models built under this strategy (`tfpar._owned`):
         `owned_model_checks`; a strategy adds its own."""
         return owned_model_checks()
 
-    def build(self, model_fn):
+    def build(self, model_fn: Callable[[], Any]) -> Any:
         """Calls ``model_fn()`` under ``self.scope()`` and returns its model.
 
         Raises:

@@ -130,7 +130,8 @@ def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, t
     """
     coordinator = _Coordinator(master_addr, master_port, nnodes, timeout) if node_rank == 0 else None
     deadline = time.monotonic() + timeout
-    conn = _connect(master_addr, master_port, deadline, timeout)
+    # Node 0's own coordinator may end (another node's message was wrong) before node 0 joins it.
+    conn = _connect(master_addr, master_port, deadline, timeout, lambda: coordinator and coordinator.error)
     try:
         host = conn.getsockname()[0]
         ports = free_ports(nproc_per_node, host)
@@ -155,12 +156,15 @@ def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, t
     return cluster, list(range(first, first + nproc_per_node))
 
 
-def _connect(master_addr, master_port, deadline, timeout):
-    """A connection to node 0, tried until ``deadline`` (node 0 may start after this node)."""
+def _connect(master_addr, master_port, deadline, timeout, ended):
+    """A connection to node 0, tried until ``deadline`` (node 0 may start after this node), or until
+    ``ended()`` returns the error that ended the rendezvous."""
     while True:
         try:
             return socket.create_connection((master_addr, master_port), timeout=5)
         except OSError as error:
+            if ended():
+                raise RendezvousError(f"The rendezvous failed: {ended()}.") from None
             if time.monotonic() >= deadline:
                 raise RendezvousError(
                     f"The rendezvous failed: node 0 did not answer at {_address(master_addr, master_port)} within "

@@ -4,6 +4,7 @@ import argparse
 import functools
 import os
 import sys
+from collections.abc import Sequence
 
 from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError
 
@@ -318,7 +319,7 @@ def _keep_servers_on_loopback(command_line):
         _loopback.start_again_with_library([sys.executable, "-m", "tfpar.cli", *command_line])
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``tfpar`` command; returns its exit status."""
     args = _parser().parse_args(argv)
     try:

@@ -5,6 +5,7 @@ tasks (``--hosts``, free ports, clusters on one host) are `tfpar._addresses`; SL
 tasks is `tfpar._slurm`; their public names are exported here too.
 """
 
+from collections.abc import Mapping
 import dataclasses
 import json
 import os
@@ -94,7 +95,7 @@ class ClusterInfo:
         """This task's ``host:port``."""
         return self.cluster[self.task_type][self.task_index]
 
-    def to_tf_config(self):
+    def to_tf_config(self) -> str:
         """Returns the JSON string to put in ``TF_CONFIG``."""
         return json.dumps(
             {
@@ -104,7 +105,7 @@ class ClusterInfo:
         )
 
     @classmethod
-    def from_tf_config(cls, raw=None):
+    def from_tf_config(cls, raw: str | None = None) -> "ClusterInfo | None":
         """Parses ``TF_CONFIG`` (or ``raw``); returns None where it is unset or empty.
 
         Raises:
@@ -143,7 +144,7 @@ class ClusterInfo:
         return cls(cluster=cluster, task_type=task["type"], task_index=task.get("index", 0))
 
     @classmethod
-    def from_slurm(cls, environ=None, port=None):
+    def from_slurm(cls, environ: Mapping[str, str] | None = None, port: int | None = None) -> "ClusterInfo":
         """The cluster of a job started by ``srun``, one worker per SLURM task.
 
         Tasks are laid out over ``SLURM_JOB_NODELIST`` as SLURM's default (block) distribution

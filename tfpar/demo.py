@@ -38,7 +38,7 @@ class DemoResult:
     notes: tuple = ()
     """Further lines for the summary (e.g. the pipeline's bubble)."""
 
-    def describe(self):
+    def describe(self) -> str:
         """The text the demo prints at the end."""
         return "\n".join([
             "=" * 60,

@@ -6,6 +6,7 @@ code it runs on a GPU server.
 """
 
 import logging
+from collections.abc import Sequence
 
 from tfpar._checks import check_int, check_names, env_int
 from tfpar._keras import tf
@@ -33,7 +34,7 @@ def _resolve_count(num_cpu_devices):
     return check_int("num_cpu_devices", num_cpu_devices, 1)
 
 
-def local_devices():
+def local_devices() -> list[str]:
     """Returns the names of this process's compute devices: GPUs, else CPUs.
 
     Unlike `configure_devices` this changes nothing (but it initialises the
@@ -45,7 +46,7 @@ def local_devices():
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def check_devices(name, devices):
+def check_devices(name: str, devices: Sequence[str]) -> Sequence[str]:
     """Returns ``devices`` as a tuple after checking that each one exists in this process.
 
     A name TensorFlow would not find (``"/gpu:0"`` with no GPU, ``"/cpu:7"`` with 2 CPU
@@ -76,7 +77,7 @@ def check_devices(name, devices):
     return devices
 
 
-def configure_devices(num_cpu_devices=None):
+def configure_devices(num_cpu_devices: int | None = None) -> list[str]:
     """Finds the local GPUs or splits the CPU into virtual devices.
 
     Call it before anything else touches TensorFlow's devices (building a

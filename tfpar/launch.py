@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from tfpar import _loopback as loopback
 from tfpar._checks import check_int, check_number
@@ -38,13 +40,13 @@ class LaunchOptions:
         ValueError: a negative ``max_restarts``, or a ``heartbeat_timeout`` that is not positive.
     """
 
-    env: dict = None
+    env: dict | None = None
     """The tasks' environment (default: this process's)."""
-    out: object = None
+    out: Any = None
     """Where their prefixed output goes (default: stdout)."""
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     """How long a stopped task may take to exit before SIGKILL."""
-    heartbeat_timeout: float = None
+    heartbeat_timeout: float | None = None
     """Seconds a task may make no step before it is named hung (None: not watched)."""
     max_restarts: int = 0
     """A local job: how many times it starts again after a task failed."""
@@ -58,14 +60,15 @@ class LaunchOptions:
         object.__setattr__(self, "env", dict(os.environ if self.env is None else self.env))
         object.__setattr__(self, "out", self.out or sys.stdout)
 
-    def say(self, message):
+    def say(self, message: str) -> None:
         """Prints a launcher line."""
         self.out.write(f"tfpar launch: {message}\n")
         self.out.flush()
 
 
-def run_tasks(command, cluster, tasks, *, env=None, out=None, grace_seconds=DEFAULT_GRACE_SECONDS,
-              poll_seconds=0.05, heartbeat_timeout=None):
+def run_tasks(command: Sequence[str], cluster: dict, tasks: Sequence[Task], *, env: dict | None = None,
+              out: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS, poll_seconds: float = 0.05,
+              heartbeat_timeout: float | None = None) -> int:
     """Runs ``command`` once per task and supervises the processes.
 
     Returns 0 when every task exits 0. When a task fails (non-zero exit or a
@@ -161,8 +164,10 @@ def _supervise(job, supervisor, received, options):
         time.sleep(options.poll_seconds)
 
 
-def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, tasks=None, nproc_per_node=None,
-           env=None, out=None, grace_seconds=DEFAULT_GRACE_SECONDS, max_restarts=0, heartbeat_timeout=None):
+def launch(command: Sequence[str], *, num_workers: int | None = None, num_ps: int = 0, cluster: dict | None = None,
+           task: Task | None = None, tasks: Sequence[Task] | None = None, nproc_per_node: int | None = None,
+           env: dict | None = None, out: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+           max_restarts: int = 0, heartbeat_timeout: float | None = None) -> int:
     """Launches a job: every task locally, or this machine's task of a cluster.
 
     Args:
@@ -216,7 +221,7 @@ def launch(command, *, num_workers=None, num_ps=0, cluster=None, task=None, task
                 "A multi-host job needs this machine's task: --task-index K "
                 "(and --task-type if not a worker)."
             )
-        tasks = [task] if task is not None else list(tasks)
+        tasks = [task] if task is not None else list(tasks or ())
         for one in tasks:
             ClusterInfo(cluster=cluster, task_type=one.task_type, task_index=one.task_index)
         check_command(command, grace_seconds, len(tasks))
@@ -296,7 +301,7 @@ def _run_restarting(command, roles, options, worker_envs=None):
                                 "FaultTolerance(backup_dir) to fit's callbacks to resume instead")
 
 
-def load_cluster_file(path):
+def load_cluster_file(path: str) -> dict:
     """Reads a cluster from a JSON file: ``{"worker": [...]}`` or ``{"cluster": {...}}``."""
     try:
         with open(path, encoding="utf-8") as f:

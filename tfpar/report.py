@@ -26,7 +26,7 @@ SIZE = (1200, 600)
 _DPI = 100
 
 
-def load_timeline(folder):
+def load_timeline(folder: str) -> dict:
     """The trace in ``folder``/timeline.json.
 
     Raises:
@@ -44,7 +44,7 @@ def load_timeline(folder):
         return json.load(f)
 
 
-def report(folder, out=None):
+def report(folder: str, out: str | None = None) -> list[str]:
     """Writes the plots the run in ``folder`` allows; returns their paths.
 
     Args:
@@ -86,7 +86,7 @@ def _figure():
     return plt, plt.figure(figsize=(SIZE[0] / _DPI, SIZE[1] / _DPI), dpi=_DPI)
 
 
-def bandwidth_plot(path, busbw, limit, workers=2):
+def bandwidth_plot(path: str, busbw: dict, limit: float, workers: int = 2) -> str:
     """Writes ``path``: an all-reduce's bus bandwidth per message size against the link's limit,
     both measured in the same run (``python bench/data_parallel.py --plot DIR``).
 

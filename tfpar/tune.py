@@ -31,6 +31,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from tfpar._checks import check_int, check_number
 from tfpar._processes import LaunchError, ProcessGroups, forwarding_signals
@@ -63,7 +65,7 @@ _ONLY = {"horovod_autotune": "horovod", "bytes_per_pack": "data_parallel", "num_
          "virtual_stages": "data_parallel"}  # axis -> the one strategy it applies to (a pipeline's: none)
 
 
-def workers_space():
+def workers_space() -> dict[str, list]:
     """``tfpar tune --workers N``'s default space: both strategies, compressed or not, packed or
     not, with and without Horovod's autotune, over batch and steps_per_execution."""
     return {"strategy": list(CHOICE_AXES["strategy"]), "compression": ["none", "bf16"],
@@ -71,7 +73,7 @@ def workers_space():
             "per_replica_batch": [32, 64], "steps_per_execution": [1, 4]}
 
 
-def check_space(space):
+def check_space(space: dict) -> dict[str, list]:
     """Validates a search space ``{axis: [values]}``; returns it with lists.
 
     Raises:
@@ -155,7 +157,7 @@ class TuneResult:
             return None
         return best["examples_per_second"] / default["examples_per_second"]
 
-    def reproduce(self):
+    def reproduce(self) -> str:
         """The command and code that train as the fastest trial did."""
         best = self.best
         if best is None:
@@ -173,7 +175,7 @@ class TuneResult:
             f"  train = tfpar.data.distribute(dataset, strategy, {config['per_replica_batch']} * "
             "strategy.num_replicas_in_sync)"])
 
-    def describe(self):
+    def describe(self) -> str:
         axes = sorted({axis for t in self.trials for axis in t["config"]})
         lines = ["  ".join(f"{a:>19}" for a in axes) + f"  {'examples/s':>12}  status"]
         for trial in self.trials:
@@ -190,7 +192,7 @@ class TuneResult:
             lines += ["reproduce it:", self.reproduce()]
         return "\n".join(lines)
 
-    def to_json(self):
+    def to_json(self) -> str:
         return json.dumps({"best": self.best, "speedup": self.speedup, "workers": self.workers,
                            "trials": list(self.trials)}, indent=2)
 
@@ -202,8 +204,9 @@ def _error_line(text):
     return (errors or lines or ["(no output)"])[-1]
 
 
-def tune(model_fn, data_fn, space, *, loss="sparse_categorical_crossentropy", optimizer="adam", steps=20,
-         devices=2, timeout_seconds=300, print_fn=None, workers=1):
+def tune(model_fn: str, data_fn: str, space: dict, *, loss: str = "sparse_categorical_crossentropy",
+         optimizer: str = "adam", steps: int = 20, devices: int = 2, timeout_seconds: float = 300,
+         print_fn: Callable[[str], Any] | None = None, workers: int = 1) -> "TuneResult":
     """Runs one short timed trial per combination of ``space``; returns a `TuneResult`.
 
     Args:

@@ -19,6 +19,8 @@ Examples:
 import dataclasses
 import importlib
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +63,7 @@ class VerifyReport:
     def passed(self):
         return not self.findings and all(v.max_difference <= self.tolerance for v in self.variables)
 
-    def describe(self):
+    def describe(self) -> str:
         lines = [self.description, f"after {self.steps} steps from the same weights and batches "
                  f"(tolerance {self.tolerance:g}):"]
         width = max([len(v.name) for v in self.variables] + [8])
@@ -82,7 +84,7 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def load_function(spec, parameter):
+def load_function(spec: str, parameter: str) -> Callable:
     """``"module:function"`` → the function (the module imported as Python imports it).
 
     Raises:
@@ -107,8 +109,9 @@ def load_function(spec, parameter):
     return function
 
 
-def verify(model_fn, data_fn, *, strategy="data_parallel", replicas=None, steps=10, global_batch_size=None,
-           tolerance=1e-5, seed=0):
+def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy: str = "data_parallel",
+           replicas: int | None = None, steps: int = 10, global_batch_size: int | None = None,
+           tolerance: float = 1e-5, seed: int = 0) -> "VerifyReport":
     """Trains ``steps`` steps on one replica and under ``strategy``; returns a `VerifyReport`.
 
     Args:
@@ -148,7 +151,7 @@ def verify(model_fn, data_fn, *, strategy="data_parallel", replicas=None, steps=
     default = {"data_parallel": 1 if multi_worker else 2, "parameter_server": 1, "pipeline": 1, "horovod": None}[strategy]
     replicas = replicas or default
     if strategy == "pipeline":
-        spec = ParallelismSpec(kind="pipeline", replicas=replicas, balance="time")
+        spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time")
     else:
         spec = ParallelismSpec(kind=strategy, devices=replicas)
     parallelism = spec.build()

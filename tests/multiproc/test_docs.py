@@ -121,7 +121,7 @@ def test_install_and_demo_on_a_new_environment(tmp_path):
                         timeout=300, env={**env, "PAGER": "cat"}, cwd=str(tmp_path))
     assert after.returncode == 0, after.output[-3000:]
     assert f"tfpar {tfpar.__version__}" in after.output
-    assert "DataParallel(config: 'DataParallelConfig | None' = None, *, devices: tuple = None, all_reduce: str = 'auto'" \
+    assert "DataParallel(config: 'DataParallelConfig | None' = None, *, devices: tuple | None = None, all_reduce: str = 'auto'" \
         in after.output, after.output[:3000]
 
 

@@ -87,7 +87,7 @@ class FaultTolerance(keras.callbacks.Callback):
         ...           callbacks=[tfpar.callbacks.FaultTolerance("/shared/run-17/backup")])
     """
 
-    def __init__(self, backup_dir, save_freq="epoch", delete_checkpoint=True):
+    def __init__(self, backup_dir: str, save_freq: str | int = "epoch", delete_checkpoint: bool = True) -> None:
         super().__init__()
         if save_freq != "epoch":
             check_number("save_freq", save_freq, minimum=1, integer=True,

@@ -33,7 +33,7 @@ class Heartbeat(keras.callbacks.Callback):
         ValueError: no path, or an interval that is not a positive number.
     """
 
-    def __init__(self, path=None, interval=0.5):
+    def __init__(self, path: str | None = None, interval: float = 0.5) -> None:
         super().__init__()
         # It reads no logs, so Keras may call its batch hooks under a ParameterServer too (there they
         # run as the coordinator schedules steps, which stops when the workers stop taking them).

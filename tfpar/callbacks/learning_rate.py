@@ -7,6 +7,7 @@ at the same step, under every tfpar strategy (their Horovod counterparts are
 """
 
 import math
+from collections.abc import Callable
 
 from tfpar import _compat
 from tfpar._checks import check_int, check_number
@@ -35,7 +36,7 @@ def _in_unit_interval(name, value):
     check_number(name, value, above=0, maximum=1)
 
 
-def cosine_decay(start_epoch, end_epoch, final_fraction=0.0):
+def cosine_decay(start_epoch: int, end_epoch: int, final_fraction: float = 0.0) -> Callable[[int], float]:
     """Multiplier for `LearningRateSchedule`: cosine annealing from 1 at ``start_epoch`` to
     ``final_fraction`` at ``end_epoch`` (Loshchilov & Hutter), then flat.
 
@@ -55,7 +56,7 @@ def cosine_decay(start_epoch, end_epoch, final_fraction=0.0):
     return multiplier
 
 
-def exponential_decay(decay_epochs, rate, start_epoch=0):
+def exponential_decay(decay_epochs: float, rate: float, start_epoch: int = 0) -> Callable[[int], float]:
     """Multiplier: ``rate ** ((epoch - start_epoch) / decay_epochs)``.
 
     Raises:
@@ -66,7 +67,7 @@ def exponential_decay(decay_epochs, rate, start_epoch=0):
     return lambda epoch: rate ** (max(epoch - start_epoch, 0) / decay_epochs)
 
 
-def step_decay(every_epochs, factor, start_epoch=0):
+def step_decay(every_epochs: int, factor: float, start_epoch: int = 0) -> Callable[[int], float]:
     """Multiplier: ``factor ** floor((epoch - start_epoch) / every_epochs)`` (e.g. x0.1 every 30 epochs).
 
     Raises:
@@ -124,8 +125,9 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         >>> model.fit(data, epochs=10, callbacks=[LearningRateWarmup(warmup_epochs=2)])  # doctest: +SKIP
     """
 
-    def __init__(self, *, warmup_epochs=None, warmup_steps=None, scale="replicas", initial_lr=None,
-                 momentum_correction=False, verbose=0):
+    def __init__(self, *, warmup_epochs: float | None = None, warmup_steps: int | None = None,
+                 scale: str | float = "replicas", initial_lr: float | None = None, momentum_correction: bool = False,
+                 verbose: int = 0) -> None:
         super().__init__()
         if (warmup_epochs is None) == (warmup_steps is None):
             raise ValueError(
@@ -204,8 +206,9 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
         ...              LearningRateSchedule(cosine_decay(5, 90), initial_lr=0.1, start_epoch=5)]
     """
 
-    def __init__(self, multiplier, *, initial_lr, scale="replicas", start_epoch=0, end_epoch=None,
-                 staircase=True, momentum_correction=False):
+    def __init__(self, multiplier: float | Callable[[int], float], *, initial_lr: float,
+                 scale: str | float = "replicas", start_epoch: int = 0, end_epoch: int | None = None,
+                 staircase: bool = True, momentum_correction: bool = False) -> None:
         super().__init__()
         check_number("initial_lr", initial_lr, above=0)
         if not callable(multiplier):

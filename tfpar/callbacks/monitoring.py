@@ -11,6 +11,7 @@ All three use epoch-level hooks by default, so they also run under ParameterServ
 
 import math
 import time
+from collections.abc import Sequence
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names, check_number
@@ -38,7 +39,7 @@ class MetricAverage(keras.callbacks.Callback):
         keys: the log keys to average (default: every numeric one).
     """
 
-    def __init__(self, keys=None):
+    def __init__(self, keys: Sequence[str] | None = None) -> None:
         super().__init__()
         self.keys = None if keys is None else list(check_names("keys", keys))
 
@@ -78,7 +79,8 @@ class Throughput(keras.callbacks.Callback):
         ValueError: a batch size or reference that is not positive.
     """
 
-    def __init__(self, global_batch_size, reference_examples_per_second=None, log_dir=None):
+    def __init__(self, global_batch_size: int, reference_examples_per_second: float | None = None,
+                 log_dir: str | None = None) -> None:
         super().__init__()
         check_int("global_batch_size", global_batch_size, 1)
         check_number("reference_examples_per_second", reference_examples_per_second, above=0, allow_none=True)
@@ -139,7 +141,7 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             batch hooks) or "epoch" (the weights at the start of the last finite epoch).
     """
 
-    def __init__(self, check="batch"):
+    def __init__(self, check: str = "batch") -> None:
         super().__init__()
         _compat.take_logs_as_they_are(self)  # only the loss is read, once a step
         check_choice("check", check, ("batch", "epoch"))

@@ -25,7 +25,7 @@ class PipelineBubble(keras.callbacks.Callback):
         >>> staged.fit(x, y, epochs=3, callbacks=[tfpar.callbacks.PipelineBubble()])  # doctest: +SKIP
     """
 
-    def __init__(self, log_dir=None):
+    def __init__(self, log_dir: str | None = None) -> None:
         super().__init__()
         self.log_dir = log_dir
         self._writer = None

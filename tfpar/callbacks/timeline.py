@@ -33,6 +33,7 @@ import json
 import os
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         >>> model.fit(data, epochs=3, callbacks=[tfpar.callbacks.Timeline("run/timeline.json")])  # doctest: +SKIP
     """
 
-    def __init__(self, path=None, exchange=False):
+    def __init__(self, path: str | None = None, exchange: bool = False) -> None:
         super().__init__()
         self.exchange = exchange
         _compat.take_logs_as_they_are(self)  # it reads no logs
@@ -83,7 +84,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._stamps = None
 
     # --- in the training function (installed when fit begins) ---
-    def install(self, model):
+    def install(self, model: Any) -> None:
         """Puts the in-step timestamps into ``model``'s training function, which it rebuilds."""
         if self._stamps is None:
             with tf.device("/cpu:0"):
@@ -113,7 +114,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             with tf.control_dependencies([stamps.scatter_max(tf.IndexedSlices(row, index))]):
                 return tf.nest.map_structure(tf.identity, logs)
 
-        timed_train_step.timeline = self
+        timed_train_step.timeline = self  # type: ignore[attr-defined]  # how `install` finds it again
 
         def timed_apply_gradients(grads_and_vars, *args, **kwargs):
             grads_and_vars = list(grads_and_vars)

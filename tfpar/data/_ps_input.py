@@ -16,7 +16,8 @@ from tfpar._keras import keras
 __all__ = ["ParameterServerInput"]
 
 
-class ParameterServerInput(keras.utils.experimental.DatasetCreator, _compat.keras3_data_adapter_class()):
+# The second base is chosen when the module loads (a Keras 3 data adapter, or object): mypy cannot see it.
+class ParameterServerInput(keras.utils.experimental.DatasetCreator, _compat.keras3_data_adapter_class()):  # type: ignore[misc]
     """A `DatasetCreator` for `tfpar.data.distribute` under a ParameterServer.
 
     tf_keras' ``fit`` drives it through the ClusterCoordinator. It is also a Keras 3 data

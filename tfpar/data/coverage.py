@@ -3,6 +3,8 @@ against the examples of the input: missing, duplicated and padded examples, step
 
 import collections
 import dataclasses
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from tfpar._keras import tf
 from tfpar.data.sharding import InputConfig, worker_dataset
@@ -52,7 +54,8 @@ def _example_key(example):
     return tuple(a.tobytes() for a in tf.nest.flatten(example))
 
 
-def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **options):
+def check_coverage(source: Any, *, num_workers: int, replicas_per_worker: int = 1,
+                   key: Callable[[tuple], Hashable] | None = None, **options: Any) -> CoverageReport:
     """Reads every worker's shard for one epoch and reports coverage.
 
     Builds each worker's pipeline with `worker_dataset`, the code ``fit``
@@ -79,7 +82,8 @@ def check_coverage(source, *, num_workers, replicas_per_worker=1, key=None, **op
             else (e.numpy(),))
         for e in whole
     )
-    seen, steps, padded = collections.Counter(), [], 0
+    seen: collections.Counter = collections.Counter()
+    steps, padded = [], 0
     for index in range(num_workers):
         dataset, plan = worker_dataset(
             source, config, num_workers=num_workers, worker_index=index,

@@ -41,10 +41,10 @@ class ShardPlan:
     """Examples in each per-replica batch."""
     remainder: str
     """"pad" or "drop" (see `REMAINDERS`)."""
-    steps: int = None
+    steps: int | None = None
     """Global steps per epoch, the same on every worker; None for an infinite
     input (then ``fit`` needs ``steps_per_epoch``)."""
-    files: tuple = None
+    files: tuple | None = None
     """This worker's files, for the "file" policy."""
     padded: bool = False
     """Whether some worker pads its last batches: then every worker's batches

@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = ["InputPosition", "position_of", "start_where_fit_starts"]
 
-_positions = {}  # id(the DistributedDataset fit is given) -> its InputPosition
+_positions: dict = {}  # id(the DistributedDataset fit is given) -> its InputPosition
 _lock = threading.Lock()
 
 

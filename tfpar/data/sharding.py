@@ -12,6 +12,7 @@ through the same code and reports how often each example was seen.)
 
 import dataclasses
 import random
+from typing import Any
 
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import tf
@@ -36,7 +37,7 @@ class InputConfig:
     """"pad" (default: masked padding, every example exactly once) or "drop"."""
     shuffle_buffer: int = 0
     """Shuffle each worker's shard with this buffer (0: keep the order)."""
-    seed: int = None
+    seed: int | None = None
     """Shuffle seed (worker i uses seed + i), None for a random one."""
     reader: object = None
     """For a list of files: path tensor -> dataset (default: TFRecordDataset)."""
@@ -123,7 +124,8 @@ def _weigh_padded_steps(plan):
     return fn
 
 
-def worker_dataset(source, config, *, num_workers, worker_index, num_replicas, sizes=None, epoch=0):
+def worker_dataset(source: Any, config: "InputConfig", *, num_workers: int, worker_index: int, num_replicas: int,
+                   sizes: Any = None, epoch: int = 0) -> tuple:
     """Builds one worker's dataset for one epoch: its shard, batched per replica.
 
     `check_coverage` calls this for every worker index in one process; `distribute` builds the
@@ -232,7 +234,7 @@ class DistributedInput:
     """This worker's `ShardPlan`."""
 
 
-def distribute(source, strategy, global_batch_size, **options):
+def distribute(source: Any, strategy: Any, global_batch_size: int, **options: Any) -> "DistributedInput":
     """Shards and batches ``source`` for ``strategy``, for ``fit``/``evaluate``.
 
     Each worker's pipeline yields the same number of steps per epoch and

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import keras, tf
@@ -37,7 +38,7 @@ _STATE = "state"
 _EPOCH = "epoch.json"
 
 
-def check_resources(scaling_config):
+def check_resources(scaling_config: Any) -> None:
     """Refuses a ``ScalingConfig`` the connected Ray cluster cannot place, naming what is short.
 
     Raises:
@@ -67,7 +68,7 @@ def _checkpoint(model):
     return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
 
 
-def restore(model):
+def restore(model: Any) -> int:
     """Loads the model and its optimizer from Ray's latest checkpoint, if any.
 
     Returns:

@@ -15,6 +15,7 @@ microbatch, loss scaling, applying the summed gradients), which `_TfKerasPipelin
 
 import functools
 import logging
+from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
@@ -42,6 +43,8 @@ class PipelineModel:
     how the model was cut; `plain_model` returns the original model with the
     trained weights.
     """
+
+    _source: Any  # the model it was staged from (set untracked in __init__)
 
     _keras = None  # the Keras module of the concrete class
 
@@ -87,12 +90,12 @@ class PipelineModel:
         that replica."""
         return self.grid[replica][self.schedule.stage_of(chunk)]
 
-    def pipeline_track_names(self):
+    def pipeline_track_names(self) -> list[str]:
         """The trace's tracks: one per stage of each replica (`tfpar.callbacks.Timeline`)."""
         return [f"stage {k}" + (f" (replica {r})" if len(self.grid) > 1 else "")
                 for r in range(len(self.grid)) for k in range(self.schedule.num_stages)]
 
-    def pipeline_trace_labels(self):
+    def pipeline_trace_labels(self) -> list:
         """Per row of ``pipeline_trace``: (its track, "F<microbatch>", "B<microbatch>" or "W<microbatch>",
         with the chunk after a "c" under virtual stages)."""
         p, chunks = self.schedule.num_stages, self.schedule.virtual_stages > 1
@@ -110,7 +113,7 @@ class PipelineModel:
                 x = stage(x, training=training)
         return x
 
-    def plain_model(self):
+    def plain_model(self) -> Any:
         """The original model with the pipeline's current weights; save or use it as usual."""
         for stage, sub in zip(self.stages, self.partition.models):
             sub.set_weights(stage.get_weights())

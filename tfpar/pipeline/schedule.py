@@ -76,12 +76,12 @@ class Schedule:
     attributes below) registered in `SCHEDULES`, and its test.
     """
 
-    name = None
+    name: str | None = None
     bubble_formula = "(p-1)/(m+p-1)"
     """`bubble_fraction` as a formula, for summaries."""
     splits_backward = False
     """Whether the backward pass is split into "backward" (input gradient) and "weight"."""
-    default_virtual_stages = None
+    default_virtual_stages: int | None = None
     """The virtual stages it runs with by default; None: it takes none (one chunk per stage)."""
 
     def __init__(self, num_stages, num_microbatches, virtual_stages=1):  # virtual stages: Interleaved1F1B's

@@ -7,8 +7,11 @@ accept unchanged. With ``replicas=R`` each replica runs the pipeline on its own
 devices (R × stages devices).
 """
 
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from tfpar import _owned
 from tfpar._checks import check_choice, check_int, config_from
@@ -40,15 +43,15 @@ class PipelineConfig:
     """"auto", or the names of the layers after which a new stage begins."""
     balance: str = "params"
     """How "auto" balances the stages: "params" or "time" (needs ``layer_costs``)."""
-    layer_costs: dict = None
+    layer_costs: dict | None = None
     """With ``balance="time"``: layer name -> cost (e.g. measured seconds)."""
     replicas: int = 1
     """Data-parallel copies of the pipeline (uses replicas × num_stages devices)."""
     recompute: bool = False
     """Recompute each stage's activations in the backward pass (tf.recompute_grad)."""
-    devices: tuple = None
+    devices: tuple | None = None
     """Device names, replica-major (default: the GPUs, else the logical CPU devices)."""
-    virtual_stages: int = None
+    virtual_stages: int | None = None
     """With a schedule that takes them ("interleaved"): chunks per stage (default 2); the model is cut
     into num_stages × virtual_stages chunks, each on the stage the schedule places it on (for
     "interleaved", chunk c on stage c mod num_stages)."""
@@ -96,7 +99,7 @@ class Pipeline(Parallelism):
 
     CONFIG = PipelineConfig
 
-    def __init__(self, config=None, **kwargs):
+    def __init__(self, config: PipelineConfig | None = None, **kwargs: Any) -> None:
         self.config = config = config_from(PipelineConfig, config, kwargs)
         self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches,
                                       config.virtual_stages)
@@ -116,7 +119,7 @@ class Pipeline(Parallelism):
         """TensorFlow's default strategy: the pipeline splits each batch over its devices itself."""
         return tf.distribute.get_strategy()
 
-    def scope(self):
+    def scope(self) -> contextlib.AbstractContextManager:
         """The default strategy's scope; compile the staged model under it.
 
         Raises:
@@ -130,7 +133,7 @@ class Pipeline(Parallelism):
                 "pipeline outside it; for data parallelism across pipelines use replicas=.")
         return tf.distribute.get_strategy().scope()
 
-    def build(self, model_fn):
+    def build(self, model_fn: Callable[[], Any]) -> Any:
         """Builds ``model_fn()`` and returns it staged (`stage`).
 
         Raises:
@@ -141,7 +144,7 @@ class Pipeline(Parallelism):
         with self.scope():
             return self.stage(model_fn())
 
-    def devices(self):
+    def devices(self) -> list[list[str]]:
         """The device grid: ``devices()[replica][stage]``.
 
         Raises:
@@ -159,7 +162,7 @@ class Pipeline(Parallelism):
                 "before TensorFlow starts (or pass devices=), or use fewer stages or replicas.")
         return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
 
-    def stage(self, model):
+    def stage(self, model: Any) -> Any:
         """Cuts ``model`` into stages on their devices and returns the `PipelineModel`.
 
         The original model is left as it is; `PipelineModel.plain_model` copies the
@@ -196,7 +199,7 @@ class Pipeline(Parallelism):
                 f"{'' if valid else ' (this model cannot be interleaved over ' + str(c.num_stages) + ' stages)'}.")
         return partition_model(model, c.num_stages * v, c.cut_points, c.balance, c.layer_costs)
 
-    def describe(self, global_batch_size=None, model=None):
+    def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """A readable summary: schedule, devices, bubble and memory figures."""
         c, s = self.config, self.schedule
         lines = [

@@ -22,12 +22,13 @@ Examples:
     'mixed_bfloat16'
 """
 
+import functools
 import logging
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 from tfpar import _compat
-import functools
-
 from tfpar._checks import check_choice
 from tfpar._keras import is_keras3, keras, keras3, keras_of, tf
 
@@ -38,7 +39,7 @@ POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 
 _log = logging.getLogger("tfpar.precision")
 _state = {"strict": False}  # use(..., strict=): what the compile check does with a 16-bit output
-_wrapped = {}  # Keras Model class -> its own compile, while use()'s mixed policy is set
+_wrapped: dict = {}  # Keras Model class -> its own compile, while use()'s mixed policy is set
 
 
 class PrecisionWarning(UserWarning):
@@ -64,7 +65,7 @@ def _gpu_capabilities():
     return capabilities
 
 
-def choose(gpus=None, cpu_flags=None):
+def choose(gpus: Sequence[tuple] | None = None, cpu_flags: set[str] | None = None) -> tuple[str, str]:
     """The policy ``"auto"`` means here, and why: ``(name, reason)``.
 
     Args:
@@ -85,7 +86,7 @@ def choose(gpus=None, cpu_flags=None):
     return "float32", "no GPU, and the CPU has no native bfloat16 (no avx512_bf16 or amx_bf16)"
 
 
-def use(policy="auto", *, strict=False):
+def use(policy: str = "auto", *, strict: bool = False) -> str:
     """Sets the global dtype policy of tf_keras and of Keras 3; returns the policy's name.
 
     Both Kerases read their own global policy when a layer is built, so a model of either
@@ -141,7 +142,7 @@ def _checked_compile(compile_method):
     return compile
 
 
-def loss_scale_of(optimizer):
+def loss_scale_of(optimizer: Any) -> float | None:
     """A LossScaleOptimizer's current loss scale (a variable or tensor: ``dynamic_scale`` in Keras 3,
     ``loss_scale`` in tf_keras), or None for any other optimizer."""
     for name in ("dynamic_scale", "loss_scale"):
@@ -151,12 +152,12 @@ def loss_scale_of(optimizer):
     return None
 
 
-def current():
+def current() -> str:
     """The name of tf_keras' global dtype policy."""
     return keras.mixed_precision.global_policy().name
 
 
-def check_output_precision(model, strict=False):
+def check_output_precision(model: Any, strict: bool = False) -> list[str]:
     """Finds outputs computed in 16 bits: warns (or raises) with the fix; returns the messages."""
     problems = []
     model = getattr(model, "stages", [model])[-1]  # a PipelineModel: its last stage computes the output

@@ -21,6 +21,8 @@ Examples:
 """
 
 import numpy as np
+from collections.abc import Sequence
+from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names
@@ -35,7 +37,8 @@ CENTROID_INITS = ("kmeans++", "linear", "density")
 evenly between their minimum and maximum, or by their density."""
 
 
-def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="kmeans++"):
+def cluster(model: Any, clusters: int = 16, *, exclude: Sequence[str] = (), preserve_sparsity: bool = False,
+            init: str = "kmeans++") -> Any:
     """Returns the clustering copy of ``model``: its clusterable kernels each drawn from
     ``clusters`` trained centroids. Train it (fine-tune: a lower learning rate than the float
     training), then `strip_clustering` it before export or QAT.
@@ -90,12 +93,12 @@ def cluster(model, clusters=16, *, exclude=(), preserve_sparsity=False, init="km
         return owned(keras.models.clone_model(fresh_copy(model), clone_function=wrap))
 
 
-def strip_clustering(model):
+def strip_clustering(model: Any) -> Any:
     """The model without clustering wrappers (the clustered weights kept), for QAT and export."""
     return load_tfmot().clustering.keras.strip_clustering(model)
 
 
-def unique_weights(model):
+def unique_weights(model: Any) -> dict[str, int]:
     """The number of distinct values in each layer's kernel (a stripped model): layer name -> count."""
     counts = {}
     for layer in model.layers:

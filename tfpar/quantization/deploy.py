@@ -24,7 +24,7 @@ class AccuracyDropError(ValueError):
     """`export_tflite` refused to write: the accuracy drop exceeds ``max_accuracy_drop``.
     ``report`` holds the figures."""
 
-    def __init__(self, message, report):
+    def __init__(self, message: str, report: "DeploymentReport") -> None:
         super().__init__(message)
         self.report = report
 
@@ -61,7 +61,7 @@ class DeploymentReport:
     latency_seconds: float
     reference_latency_seconds: float
     """Median of one batch-1 invocation, the two files measured in turns."""
-    max_accuracy_drop: float = None
+    max_accuracy_drop: float | None = None
 
     @property
     def accuracy_drop(self):
@@ -76,7 +76,7 @@ class DeploymentReport:
     def speedup(self):
         return self.reference_latency_seconds / self.latency_seconds
 
-    def describe(self):
+    def describe(self) -> str:
         gate = "" if self.max_accuracy_drop is None else f" (max_accuracy_drop {self.max_accuracy_drop:g})"
         lines = [
             f"size:      {self.size_bytes:,} bytes, {self.gzip_bytes:,} gzipped; float "

@@ -9,6 +9,7 @@ Examples:
 import dataclasses
 import os
 import tempfile
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class TFLiteExport:
     report: object = None
     """With ``export_tflite(..., compress=True)``: its `tfpar.quantization.deploy.DeploymentReport`."""
 
-    def interpreter(self, batch_size=1, builtin_kernels=False):
+    def interpreter(self, batch_size: int = 1, builtin_kernels: bool = False) -> Any:
         """A TFLite interpreter on one thread, its input resized to ``batch_size``, with the
         default kernels (the XNNPACK delegate where it applies), or TFLite's built-in kernels
         only (``builtin_kernels=True``)."""
@@ -47,7 +48,7 @@ class TFLiteExport:
         return interpreter
 
     @staticmethod
-    def model_input(interpreter, x):
+    def model_input(interpreter: Any, x: Any) -> Any:
         """``x`` (float) as ``interpreter``'s input expects it: quantized to int8 with the input's
         scale and zero point for a fully int8 model, else float32."""
         inp = interpreter.get_input_details()[0]
@@ -57,14 +58,14 @@ class TFLiteExport:
             return np.clip(np.round(x / scale + zero), -128, 127).astype(np.int8)
         return x
 
-    def accuracy(self, x, y):
+    def accuracy(self, x: Any, y: Any) -> float:
         """The share of ``x`` whose highest output is its label in ``y`` (class ids, or one-hot),
         in the TFLite interpreter."""
         labels = np.asarray(y)
         labels = labels.argmax(-1) if labels.ndim > 1 else labels.reshape(-1)
         return float((self.predict(x).argmax(-1) == labels).mean())
 
-    def predict(self, x, batch_size=64):
+    def predict(self, x: Any, batch_size: int = 64) -> Any:
         """Runs ``x`` through the TFLite interpreter; returns float outputs (dequantized)."""
         outputs = []
         for start in range(0, len(x), batch_size):
@@ -81,8 +82,9 @@ class TFLiteExport:
         return np.concatenate(outputs)
 
 
-def export_tflite(model, path, representative_data=None, int8=True, *, compress=False, validation_data=None,
-                  reference=None, max_accuracy_drop=None):
+def export_tflite(model: Any, path: str, representative_data: Any = None, int8: bool = True, *, compress: bool = False,
+                  validation_data: tuple | None = None, reference: Any = None,
+                  max_accuracy_drop: float | None = None) -> "TFLiteExport":
     """Writes ``model`` as a TFLite file and checks the interpreter runs it.
 
     Args:

@@ -15,6 +15,7 @@ Examples:
 """
 
 import numpy as np
+from typing import Any
 
 from tfpar._checks import check_int
 from tfpar.quantization._tfmot import check_graph_model, fresh_copy, load_tfmot, owned
@@ -22,7 +23,8 @@ from tfpar.quantization._tfmot import check_graph_model, fresh_copy, load_tfmot,
 __all__ = ["prune", "sparsity", "strip_pruning"]
 
 
-def prune(model, target_sparsity, *, begin_step=0, end_step, frequency=10):
+def prune(model: Any, target_sparsity: float, *, begin_step: int = 0, end_step: int,
+          frequency: int = 10) -> tuple[Any, list]:
     """Returns ``(pruned_model, callbacks)``: a copy of the model with pruning wrappers (``model``
     keeps its weights), and the callbacks ``fit`` needs (TFMOT's ``UpdatePruningStep``).
 
@@ -47,7 +49,7 @@ def prune(model, target_sparsity, *, begin_step=0, end_step, frequency=10):
     return owned(pruned), [tfmot.sparsity.keras.UpdatePruningStep()]
 
 
-def sparsity(model):
+def sparsity(model: Any) -> float:
     """The fraction of zeros over the kernels that pruning masks (a pruned or stripped model)."""
     kernels = [w for w in model.weights if w.name.split("/")[-1].startswith("kernel")]
     if not kernels:
@@ -56,6 +58,6 @@ def sparsity(model):
     return zeros / sum(int(np.prod(k.shape)) for k in kernels)
 
 
-def strip_pruning(model):
+def strip_pruning(model: Any) -> Any:
     """The model without pruning wrappers (the pruned weights kept), for saving and export."""
     return load_tfmot().sparsity.keras.strip_pruning(model)

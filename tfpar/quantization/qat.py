@@ -16,6 +16,8 @@ Examples:
 """
 
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +42,8 @@ replica's batch min and max, averaged over replicas; "exact", of the min and max
 global batch (a cross-replica MIN and MAX), so that QAT on N replicas equals QAT on one."""
 
 
-def quantize(model, exclude=(), *, preserve=None, ranges="mean"):
+def quantize(model: Any, exclude: Sequence[str] = (), *, preserve: str | Sequence[str] | None = None,
+             ranges: str = "mean") -> Any:
     """Returns the quantization-aware copy of ``model`` (its weights, fake-quant ops added).
 
     Call it where the model was built (inside ``strategy.scope()`` or not): the
@@ -135,7 +138,7 @@ def _warn_unless_sparse(model):
             stacklevel=3)
 
 
-def quantizer_ranges(model):
+def quantizer_ranges(model: Any) -> dict[str, Any]:
     """The fake-quant ranges: variable name -> one value per replica (numpy)."""
     ranges = {}
     for variable in model.non_trainable_variables:

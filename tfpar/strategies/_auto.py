@@ -13,13 +13,14 @@ How it was started is read by `tfpar.strategies._started_by.choose`.
 """
 
 import os
+from typing import Any
 
 from tfpar.strategies._started_by import SLURM_MPI_MARKERS, choose, started_by_horovod
 
 __all__ = ["SLURM_MPI_MARKERS", "auto", "choose", "started_by_horovod"]
 
 
-def auto(**options):
+def auto(**options: Any) -> Any:
     """Returns the strategy for how this process was started (the table above).
 
     Args:

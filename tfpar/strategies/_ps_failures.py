@@ -21,7 +21,7 @@ class ParameterServerLostError(tf.errors.UnavailableError):
     scope) in place of TensorFlow's UnavailableError, which it still is.
     """
 
-    def __init__(self, tasks, message, cause):
+    def __init__(self, tasks: list[str], message: str, cause: BaseException) -> None:
         super().__init__(getattr(cause, "node_def", None), getattr(cause, "op", None), message)
         self.tasks = tasks
 

@@ -9,6 +9,7 @@ when several do. Both are instances of `DataParallel`.
 import dataclasses
 import itertools
 import logging
+from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number, config_from
@@ -39,7 +40,7 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 class DataParallelConfig:
     """Configuration of `DataParallel`, validated when built."""
 
-    devices: tuple = None
+    devices: tuple | None = None
     """One host only: device names to replicate over (default: all GPUs, else
     the virtual CPU devices from `tfpar.configure_devices`)."""
     all_reduce: str = "auto"
@@ -52,7 +53,7 @@ class DataParallelConfig:
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     """Several hosts: a collective waiting longer than this for a peer raises
     instead of hanging (None: wait forever)."""
-    cluster: ClusterInfo = None
+    cluster: ClusterInfo | None = None
     """The cluster and this task (default: parsed from ``TF_CONFIG``)."""
     compression: str = "none"
     """The optimizer's gradients on the wire: "none" (float32), "bf16" or "fp16" (half the bytes;
@@ -159,6 +160,8 @@ class DataParallel(Parallelism):
         return built if built is not None else _build_config(config, kwargs)
 
     config: DataParallelConfig
+    num_replicas_in_sync: int  # tf.distribute.Strategy's, on the concrete classes
+    extended: Any
     _TF_BASE = ""
 
     def _all_reduce_text(self):
@@ -171,11 +174,11 @@ class DataParallel(Parallelism):
         cfg = self.config
         return f", compression={cfg.compression}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
 
-    def model_checks(self):
+    def model_checks(self) -> tuple:
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
         return (*super().model_checks(), *GRADIENT_CHECKS)
 
-    def describe(self, global_batch_size=None, model=None):
+    def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """Returns a readable summary of the strategy.
 
         Args:
@@ -212,7 +215,7 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     # per strategy; every DataParallel gets its own base the same way.
     _key_bases = itertools.count(100_000, 100_000)
 
-    def __init__(self, config=None, **kwargs):
+    def __init__(self, config: DataParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = self._config_for(config, kwargs)
         _require_gpus(self.config)
         _compat.set_collective_key_base(self, next(self._key_bases))
@@ -254,10 +257,11 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
 
     _TF_BASE = "MultiWorkerMirroredStrategy"
 
-    def __init__(self, config=None, **kwargs):
+    def __init__(self, config: DataParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = self._config_for(config, kwargs)
         _require_gpus(self.config)
         cluster = self.config.cluster
+        assert cluster is not None  # a multi-worker config always has its cluster (_build_config)
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(cluster.training_cluster),
             task_type=cluster.task_type,

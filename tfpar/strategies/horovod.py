@@ -24,6 +24,7 @@ build `tfpar install-horovod` makes). Without ``horovodrun`` it runs as one rank
 
 import dataclasses
 import os
+from typing import Any
 
 from tfpar import _compat
 from tfpar import _loopback as loopback
@@ -266,7 +267,7 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
 
     CONFIG = HorovodConfig
 
-    def __init__(self, config=None, **kwargs):
+    def __init__(self, config: HorovodConfig | None = None, **kwargs: Any) -> None:
         config = config_from(HorovodConfig, config, kwargs)
         hvd = import_horovod()
         size = hvd.size()
@@ -308,11 +309,11 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
         """One replica a rank: `size` workers, this one `rank`."""
         return Topology(num_workers=self.size, worker_index=self.rank)
 
-    def model_checks(self):
+    def model_checks(self) -> tuple:
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
         return (*super().model_checks(), *GRADIENT_CHECKS)
 
-    def describe(self, global_batch_size=None, model=None):
+    def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """Returns a readable summary (as `DataParallel.describe`)."""
         hvd = self.hvd
         controllers = [n for n, built in (("Gloo", hvd.gloo_built()), ("MPI", hvd.mpi_built())) if built]

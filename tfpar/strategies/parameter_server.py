@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
+from typing import Any
 
 from tfpar import _compat
 from tfpar import _loopback as loopback
@@ -52,7 +53,7 @@ class ParameterServerConfig:
     """With "auto": the smallest shard worth placing on its own."""
     connect_timeout_seconds: float = 60.0
     """How long to wait for every ps and worker to accept connections."""
-    cluster: ClusterInfo = None
+    cluster: ClusterInfo | None = None
     """The cluster (default: ``TF_CONFIG``); this process is its chief."""
     gradient_accumulation_steps: int = 1
     """Only 1: see `refuse_accumulation`."""
@@ -133,7 +134,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
 
     CONFIG = ParameterServerConfig
 
-    def __init__(self, config=None, **kwargs):
+    def __init__(self, config: ParameterServerConfig | None = None, **kwargs: Any) -> None:
         config = config_from(ParameterServerConfig, config, kwargs)
         cluster = _cluster_from(config)
         refuse_evaluator(cluster, "ParameterServer")
@@ -159,7 +160,8 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         atexit.register(_compat.stop_removing_functions)  # the servers go first: no remote removal can work
 
     @classmethod
-    def local(cls, num_workers=2, num_ps=1, listen_on_all_interfaces=False, **kwargs):
+    def local(cls, num_workers: int = 2, num_ps: int = 1, listen_on_all_interfaces: bool = False,
+              **kwargs: Any) -> "ParameterServer":
         """Starts ps and worker servers as child processes on 127.0.0.1 and returns the strategy.
 
         Every server listens on 127.0.0.1 only, this process' own (the chief's) included: TensorFlow
@@ -205,7 +207,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
             stop_servers(dict(servers))
             raise
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Stops the servers that `local()` started (no-op for an external cluster).
 
         The strategy cannot run anything afterwards. Without it the servers
@@ -216,7 +218,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
             _compat.stop_removing_functions()
         self._servers = {}
 
-    def restart_local_server(self, name, **popen_kwargs):
+    def restart_local_server(self, name: str, **popen_kwargs: Any) -> Any:
         """Starts again a server of `local()` that died (``"worker 1"``), at the same address.
 
         A restarted worker rejoins: the coordinator rebuilds its datasets and
@@ -238,7 +240,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
             raise ValueError(f"{name} still runs (pid {proc.pid}); only a server that died can be "
                              "restarted.")
         role, index = name.split()
-        self._servers[name] = start_server(self.config.cluster.cluster, role, int(index), **popen_kwargs)
+        self._servers[name] = start_server(self._addresses, role, int(index), **popen_kwargs)
         return self._servers[name]
 
     @contextlib.contextmanager
@@ -247,19 +249,19 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
             with scope:
                 yield self
         except Exception as error:  # noqa: BLE001 (re-raised unless a ps is gone)
-            lost = lost_ps_error(error, self.config.cluster.cluster["ps"])
+            lost = lost_ps_error(error, self._addresses["ps"])
             if lost is None:
                 raise
             raise lost from error
 
-    def scope(self):
+    def scope(self) -> contextlib.AbstractContextManager:
         """The strategy's scope; a ps lost inside it raises `ParameterServerLostError`.
 
         Keras runs ``fit``, ``evaluate`` and ``predict`` inside this scope.
         """
         return self._translating_ps_loss(super().scope())
 
-    def model_checks(self):
+    def model_checks(self) -> tuple:
         """`Parallelism.model_checks`, and no synchronized BatchNormalization."""
         return (*super().model_checks(), ("compile", "before", refuse_synchronized_batchnorm))
 
@@ -280,9 +282,15 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
     def __exit__(self, *exc):
         self.shutdown()
 
-    def describe(self, global_batch_size=None, model=None):
+    @property
+    def _addresses(self) -> dict:
+        """The cluster's addresses by role (``__init__`` always sets the config's cluster)."""
+        assert self.config.cluster is not None
+        return self.config.cluster.cluster
+
+    def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """Returns a readable summary: tasks, partitioner, batch, and the variables' placement."""
-        spec = self.config.cluster.cluster
+        spec = self._addresses
         partitioner = self.config.variable_partitioner
         if partitioner == "auto":
             partitioner = f"auto (MinSizePartitioner, {self.config.min_shard_bytes} bytes, " \
