@@ -3,6 +3,7 @@ Pure Python: the launcher, the strategies and the tests share it.
 """
 
 import socket
+from collections.abc import Mapping
 
 __all__ = ["DEFAULT_PORT", "free_ports", "is_loopback_cluster", "local_cluster", "parse_hosts"]
 
@@ -10,7 +11,7 @@ DEFAULT_PORT = 2222
 """The port a ``--hosts`` entry without one gets (TensorFlow's usual)."""
 
 
-def free_ports(count, host="127.0.0.1"):
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Returns ``count`` distinct TCP ports that are free on ``host`` now.
 
     The sockets are held open until all ports are chosen so that no port is
@@ -28,7 +29,7 @@ def free_ports(count, host="127.0.0.1"):
             s.close()
 
 
-def local_cluster(roles, host="127.0.0.1"):
+def local_cluster(roles: Mapping[str, int], host: str = "127.0.0.1") -> dict[str, list[str]]:
     """Builds a cluster on ``host`` with free ports.
 
     Args:
@@ -43,7 +44,7 @@ def local_cluster(roles, host="127.0.0.1"):
     return {role: [f"{host}:{next(ports)}" for _ in range(n)] for role, n in counts.items()}
 
 
-def is_loopback_cluster(cluster):
+def is_loopback_cluster(cluster: Mapping[str, list[str]]) -> bool:
     """Whether every task of ``cluster`` has a loopback address (127.0.0.0/8, ::1 or localhost)."""
     import ipaddress
 
@@ -59,7 +60,7 @@ def is_loopback_cluster(cluster):
     return True
 
 
-def parse_hosts(hosts, default_port=DEFAULT_PORT):
+def parse_hosts(hosts: str, default_port: int = DEFAULT_PORT) -> list[str]:
     """Parses ``"a:2222,b,c:2223"`` into ``["a:2222", "b:2222", "c:2223"]``.
 
     Raises:

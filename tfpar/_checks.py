@@ -139,7 +139,7 @@ def env_int(variable, default, minimum=1, hint=""):
     return value
 
 
-def default_epochs(default):
+def default_epochs(default: int) -> int:
     """``default``, unless ``$TFPAR_EPOCHS`` is set: it shortens `tfpar demo` and every example
     at once (the README's own test sets it).
 

@@ -14,6 +14,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 __all__ = ["InstallError", "build_into_cache", "cache_lock", "cached_wheel", "check_sha256", "say", "sha256_of",
            "wheel_for"]
@@ -45,7 +47,7 @@ def check_sha256(path, expected, what, fix):
 
 
 @contextlib.contextmanager
-def cache_lock(cache_root, timeout_seconds):
+def cache_lock(cache_root: str, timeout_seconds: float) -> Iterator[None]:
     """Holds ``cache_root/.lock`` (flock) for a whole run; waits at most ``timeout_seconds`` for it."""
     os.makedirs(cache_root, exist_ok=True)
     with open(os.path.join(cache_root, ".lock"), "a+") as lock:
@@ -70,7 +72,7 @@ def cache_lock(cache_root, timeout_seconds):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def cached_wheel(entry):
+def cached_wheel(entry: str) -> str | None:
     """The wheel of a cache entry after checking it against its record; None where there is no entry."""
     record_path = os.path.join(entry, "wheel.json")
     if not os.path.isdir(entry):
@@ -116,7 +118,7 @@ def build_into_cache(entry, build, note=None):
     return os.path.join(entry, record["wheel"])
 
 
-def wheel_for(entry, build, force=False, note=None):
+def wheel_for(entry: str, build: Callable[[str], str], force: bool = False, note: Any = None) -> str:
     """The checked cached wheel of ``entry``, or a new one from ``build``; call it holding `cache_lock`."""
     wheel = None if force else cached_wheel(entry)
     if wheel is not None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 
 from tfpar._checks import check_choice, check_int
 from tfpar._processes import LaunchError, ProcessGroups
@@ -40,7 +41,7 @@ class Task:
         return f"{self.task_type} {self.task_index}"
 
 
-def local_tasks(roles):
+def local_tasks(roles: Mapping[str, int]) -> tuple[dict[str, list[str]], list[Task]]:
     """Returns (cluster on 127.0.0.1 with free ports, all its tasks).
 
     Args:

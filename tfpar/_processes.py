@@ -22,6 +22,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from tfpar import _loopback as loopback
 from tfpar._checks import check_number
@@ -176,13 +178,13 @@ class ProcessGroups:
 class LaunchError(RuntimeError):
     """A task of the job failed; ``task`` and ``returncode`` say which and how."""
 
-    def __init__(self, message, task=None, returncode=1):
+    def __init__(self, message: str, task: Any = None, returncode: int = 1) -> None:
         super().__init__(message)
         self.task = task
         self.returncode = returncode
 
 
-def check_command(command, grace_seconds, num_tasks=1):
+def check_command(command: Sequence[str], grace_seconds: float, num_tasks: int = 1) -> None:
     """Refuses, before anything starts, what would fail later: a missing program, a bad grace
     period, more tasks than this process may open files for.
 
@@ -230,7 +232,8 @@ def forwarding_signals(forward):
             signal.signal(sig, old)
 
 
-def run_command(argv, *, env=None, grace_seconds=DEFAULT_GRACE_SECONDS, poll_seconds=0.05, check=None):
+def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                poll_seconds: float = 0.05, check: Callable[[], None] | None = None) -> int:
     """Runs one local command that starts a job itself (``horovodrun``) and returns its exit status.
 
     As with `run_tasks`: it runs in a process group of its own with loopback-only

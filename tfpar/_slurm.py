@@ -5,6 +5,7 @@ included), their ports, and their GPUs. Pure Python: `tfpar.cluster` builds a cl
 import itertools
 import os
 import re
+from collections.abc import Mapping
 
 __all__ = ["expand_hostlist", "slurm_gpu_env", "slurm_port", "slurm_workers", "started_by_srun"]
 
@@ -50,14 +51,14 @@ def slurm_workers(environ=None, port=None):
     return addresses, procid
 
 
-def started_by_srun(environ=None):
+def started_by_srun(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process is a task of a SLURM job step (srun sets ``SLURM_STEP_ID``), not the
     batch script itself."""
     env = os.environ if environ is None else environ
     return bool(env.get("SLURM_PROCID") and (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")))
 
 
-def slurm_gpu_env(environ=None):
+def slurm_gpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{"CUDA_VISIBLE_DEVICES": ...}`` giving a SLURM task its own GPU, or ``{}``.
 
     When a node runs several tasks and SLURM made the same GPUs visible to each
@@ -77,7 +78,7 @@ def slurm_gpu_env(environ=None):
     return {"CUDA_VISIBLE_DEVICES": visible[local].strip()}
 
 
-def slurm_port(environ=None):
+def slurm_port(environ: Mapping[str, str] | None = None) -> int:
     """The first port of a SLURM job's tasks on each node: 20000 + (``SLURM_JOB_ID`` mod 20000),
     so that two jobs sharing a node use other ports; ``TFPAR_SLURM_PORT`` overrides it."""
     env = os.environ if environ is None else environ
@@ -125,7 +126,7 @@ def _tasks_per_node(env, nodes, ntasks):
 _HOSTLIST_ITEM = re.compile(r"([^\[\],]*)(?:\[([^\]]*)\])?")
 
 
-def expand_hostlist(text):
+def expand_hostlist(text: str) -> list[str]:
     """Expands a SLURM host list: ``"node[01-03,07]"`` -> node01, node02, node03, node07;
     ``"a[1-2],b3"`` -> a1, a2, b3; several bracket groups multiply (``"r[1-2]n[1-2]"``).
 

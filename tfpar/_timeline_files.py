@@ -11,7 +11,7 @@ from tfpar._task_env import TIMELINE_VARIABLE
 __all__ = ["TIMELINE_VARIABLE", "check_writable", "merge_horovod_timeline", "timeline_in"]
 
 
-def check_writable(path, parameter):
+def check_writable(path: str | os.PathLike | None, parameter: str) -> str | os.PathLike:
     """``path`` as given, once its folder is known to exist and take a new file; else ValueError."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise ValueError(f"Timeline needs a file to write. Received: {parameter}={path!r}. Pass a path, or start "
@@ -32,7 +32,7 @@ def check_writable(path, parameter):
     return path
 
 
-def timeline_in(folder, parameter):
+def timeline_in(folder: str | os.PathLike, parameter: str) -> str:
     """FOLDER/timeline.json, once FOLDER is made (if missing) and known to take a new file; else
     ValueError naming ``parameter``."""
     folder = os.path.abspath(folder)
@@ -41,10 +41,10 @@ def timeline_in(folder, parameter):
     except OSError as e:
         raise ValueError(f"{parameter} cannot make {folder} ({e.strerror}). Received: {parameter}={folder!r}. "
                          "Choose a folder this user may write to.") from None
-    return check_writable(os.path.join(folder, "timeline.json"), parameter)
+    return str(check_writable(os.path.join(folder, "timeline.json"), parameter))
 
 
-def merge_horovod_timeline(folder):
+def merge_horovod_timeline(folder: str) -> bool:
     """Adds Horovod's own timeline (``HOROVOD_TIMELINE``: FOLDER/horovod_timeline.json, one process
     per tensor, times from its start) to FOLDER/timeline.json, on the same clock: after the job
     (``tfpar launch --horovod --timeline``). Returns whether it merged."""

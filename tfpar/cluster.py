@@ -5,10 +5,11 @@ tasks (``--hosts``, free ports, clusters on one host) are `tfpar._addresses`; SL
 tasks is `tfpar._slurm`; their public names are exported here too.
 """
 
-from collections.abc import Mapping
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from tfpar._addresses import DEFAULT_PORT, free_ports, is_loopback_cluster, local_cluster, parse_hosts
 from tfpar._slurm import expand_hostlist, slurm_gpu_env, slurm_port, slurm_workers, started_by_srun
@@ -165,7 +166,7 @@ class ClusterInfo:
         return cls(cluster={"worker": addresses}, task_type="worker", task_index=procid)
 
 
-def refuse_evaluator(info, strategy):
+def refuse_evaluator(info: "ClusterInfo", strategy: str) -> None:
     """Refuses to make ``strategy`` in an evaluator task (a TFJob's Evaluator replica), which
     trains nothing: it evaluates the chief's checkpoints beside the job."""
     if info.task_type == "evaluator":
@@ -177,7 +178,7 @@ def refuse_evaluator(info, strategy):
             "checkpoints, or leave the Evaluator replica out of the TFJob.")
 
 
-def validate_cluster(cluster):
+def validate_cluster(cluster: Any) -> None:
     """Refuses a cluster TensorFlow would fail on later, or run wrongly: each address once, a port
     in 1..65535, at most one chief and one evaluator, at least one training task."""
     example = 'e.g. {"worker": ["host1:2222", "host2:2222"]}'
@@ -186,7 +187,7 @@ def validate_cluster(cluster):
             "A cluster must be a non-empty dict of task type -> list of "
             f"'host:port'. Received: {cluster!r}. Write {example}."
         )
-    seen = {}
+    seen: dict = {}
     for role, addresses in cluster.items():
         if not isinstance(role, str) or role not in ROLES:
             raise ValueError(

@@ -6,6 +6,8 @@ downloaded. Training runs under a tfpar strategy with input from
 """
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +53,7 @@ class DemoResult:
         ])
 
 
-def load_digits(validation_fraction=0.2, seed=0):
+def load_digits(validation_fraction: float = 0.2, seed: int = 0) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
     """Returns ((x_train, y_train), (x_val, y_val)): 8x8x1 images in [0, 1]."""
     from sklearn.datasets import load_digits as sk_load_digits
 
@@ -64,14 +66,14 @@ def load_digits(validation_fraction=0.2, seed=0):
     return (x[train], y[train]), (x[val], y[val])
 
 
-def digits_dataset():
+def digits_dataset() -> Any:
     """The training digits as a tf.data.Dataset of (image, label) examples (for ``tfpar tune``
     and ``tfpar verify --data tfpar.demo:digits_dataset``)."""
     (x, y), _ = load_digits()
     return tf.data.Dataset.from_tensor_slices((x, y))
 
 
-def build_model(k=None):
+def build_model(k: Any = None) -> Any:
     """A small convolutional network for 8x8 digits (85k parameters), in Keras ``k`` (default
     tf_keras, `tfpar.keras`; or the Keras 3 module)."""
     k = k or keras
@@ -88,7 +90,7 @@ def build_model(k=None):
     ], name="digits_cnn")
 
 
-def compiled_model(k=None, learning_rate=2e-3):
+def compiled_model(k: Any = None, learning_rate: float = 2e-3) -> Any:
     """`build_model` compiled as the demo compiles it: ``tfpar verify --model tfpar.demo:compiled_model``."""
     k = k or keras
     model = build_model(k)
@@ -97,10 +99,11 @@ def compiled_model(k=None, learning_rate=2e-3):
     return model
 
 
-def run_demo(*, strategy="data_parallel", num_devices=None, epochs=8, global_batch_size=None,
-             learning_rate=2e-3, verbose=1, print_fn=print, replicas=1, microbatches=8,
-             precision="float32", qat=False, keras_version=2, report_dir=None, compression="none",
-             compress=False):
+def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None, epochs: int = 8,
+             global_batch_size: int | None = None, learning_rate: float = 2e-3, verbose: int = 1,
+             print_fn: Callable[[str], Any] = print, replicas: int = 1, microbatches: int = 8,
+             precision: str = "float32", qat: bool = False, keras_version: int = 2, report_dir: str | None = None,
+             compression: str = "none", compress: bool = False) -> "DemoResult":
     """Trains the digits CNN and returns a `DemoResult`.
 
     Args:
@@ -204,10 +207,10 @@ def run_demo(*, strategy="data_parallel", num_devices=None, epochs=8, global_bat
     # Epoch times from Throughput's step_time, without the first epoch (it traces).
     step_times = history.history["step_time"]
     steady = [t * train.steps_per_epoch for t in (step_times[1:] or step_times)]
-    notes = () if not pipelined else (
+    notes: tuple[str, ...] = () if not pipelined else (
         f"bubble: measured {history.history['bubble'][-1]:.3f} "
         f"(theory {history.history['bubble_theory'][-1]:.3f})",)
-    if timeline is not None and chief:
+    if timeline is not None and chief and report_dir is not None:
         from tfpar.report import report
 
         notes += (f"timeline: {timeline.path} (open it in https://ui.perfetto.dev)",
@@ -265,8 +268,8 @@ def _quantize_and_export(float_model, dist, train, val, x_train, validation, lea
     return (*lines, f"TFLite size ratio float/int8: {ratio:.2f}")
 
 
-def compress_chain(float_model, strategy, train, *, sparsity=0.75, clusters=16, epochs=QAT_EPOCHS,
-                   learning_rate=1e-3, verbose=0):
+def compress_chain(float_model: Any, strategy: Any, train: Any, *, sparsity: float = 0.75, clusters: int = 16,
+                   epochs: int = QAT_EPOCHS, learning_rate: float = 1e-3, verbose: int = 0) -> Any:
     """TFMOT's collaborative optimization of a trained float model, under ``strategy``: pruning
     to ``sparsity`` (reached after ``epochs - 1`` epochs), clustering into ``clusters`` values per
     kernel that keeps the zeros, then QAT that keeps both; ``epochs`` epochs each, on ``train``

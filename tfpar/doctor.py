@@ -26,7 +26,7 @@ print("tfpar-probe-ok", type(model).__module__.split(".")[0])
 _KERAS_PROBE_TIMEOUT_SECONDS = 180
 
 
-def horovod_report():
+def horovod_report() -> dict:
     """Returns a dict: installed, version, controllers, built_against, patches, error."""
     spec = importlib.util.find_spec("horovod")
     if spec is None:
@@ -36,7 +36,7 @@ def horovod_report():
         import horovod.tensorflow as hvd
     except Exception as e:  # an ABI mismatch shows up as any import error
         return {"installed": True, "importable": False, "error": f"{type(e).__name__}: {e}"}
-    note_path = os.path.join(spec.submodule_search_locations[0], "_tfpar_build.json")
+    note_path = os.path.join(list(spec.submodule_search_locations or [""])[0], "_tfpar_build.json")
     note = {}
     if os.path.exists(note_path):
         with open(note_path, encoding="utf-8") as f:
@@ -53,7 +53,7 @@ def horovod_report():
     }
 
 
-def horovod_keras_report():
+def horovod_keras_report() -> dict:
     """Whether a script written for ``horovod.tensorflow.keras`` runs here unchanged.
 
     Runs `_KERAS_PROBE` in a fresh process with ``TF_USE_LEGACY_KERAS`` unset.
@@ -92,7 +92,7 @@ def job_lines():
             for name, pid, address, port in listeners]
 
 
-def cpu_lines(flags=None):
+def cpu_lines(flags: set[str] | None = None) -> list[str]:
     """What the CPU computes natively, and what follows for int8 TFLite and for precision 'auto'.
 
     Args:
@@ -113,7 +113,7 @@ def cpu_lines(flags=None):
             f"precision:   'auto' picks {policy}: {reason}"]
 
 
-def report():
+def report() -> list[str]:
     """Returns the doctor's lines."""
     from tfpar._keras import keras, tf
 

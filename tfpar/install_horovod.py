@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 
 from tfpar._checks import check_choice, check_number
 from tfpar._horovod_patches import ADDED_MODULES, PATCHES, REF_PATCHES, patch_id
@@ -137,7 +138,7 @@ def apply_patches(source_dir):
     _say(f"patched {len(patched)} files and added {', '.join(ADDED_MODULES)} (patch set {PATCH_ID})")
 
 
-def fetch_sdist(workdir, sdist=None):
+def fetch_sdist(workdir: str, sdist: str | None = None) -> str:
     """The checked sdist's path: ``sdist`` or a pip download, verified before anything is extracted."""
     if sdist is None:
         _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
@@ -201,7 +202,8 @@ def default_cache():
     return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tfpar", "horovod")
 
 
-def install(mpi="auto", sdist=None, cache=None, force=False, lock_timeout_seconds=3600.0):
+def install(mpi: str = "auto", sdist: str | None = None, cache: str | None = None, force: bool = False,
+            lock_timeout_seconds: float = 3600.0) -> int:
     """Builds (or takes from the cache) and installs Horovod; see the module docstring.
 
     Raises:
@@ -255,7 +257,7 @@ def run(args):
         return 1
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tfpar.install_horovod", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)

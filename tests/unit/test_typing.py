@@ -1,22 +1,29 @@
-"""Type hints: mypy passes over the package, and every callable a user reaches (the exported
-functions, classes and their public methods of the modules below) is annotated, so that help(),
-an IDE and the API pages give the types. Methods that override TensorFlow's or Keras' own
-(``scope``, ``call``, ``fit``, ``reduce``...) keep those libraries' signatures."""
+"""Type hints: mypy passes over the package, and every exported callable (the functions and
+classes in the ``__all__`` of each public module, and their public methods) is annotated, so that
+help(), an IDE and the API pages give the types. Methods that override TensorFlow's or Keras' own
+(``call``, ``fit``, ``reduce``...) keep those libraries' signatures."""
 
 import importlib
 import inspect
+import pkgutil
 import subprocess
 import sys
 
+import tfpar
 from tests.conftest import ROOT
 
-USER_MODULES = ("tfpar", "tfpar.strategies", "tfpar.callbacks", "tfpar.precision", "tfpar.quantization",
-                "tfpar.integrations.ray", "tfpar.pipeline")
-USER_FUNCTIONS = ("tfpar.data.distribute", "tfpar.data.check_coverage", "tfpar.verify.verify", "tfpar.tune.tune",
-                  "tfpar.report.report", "tfpar.launch.launch")
 KERAS_HOOKS = ("on_", "set_model", "set_params")  # a callback's hooks: Keras calls them
-MADE_BY_TFPAR = {"tfpar.pipeline.model.PipelineModel.__init__"}  # Pipeline.stage makes it
 KERAS_MODEL_METHODS = {"call", "fit", "get_config", "train_step"}  # PipelineModel's Keras base is chosen per model
+NOT_YET = {"tfpar.pipeline.model.PipelineModel.__init__"}  # made by Pipeline.stage only
+"""Exported callables left unannotated, each with its reason (ARCHITECTURE.md, "Where the code stands")."""
+
+
+def _public_modules():
+    names = ["tfpar"]
+    for info in pkgutil.walk_packages(tfpar.__path__, prefix="tfpar."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return names
 
 
 def _overrides_a_library_method(klass, name):
@@ -25,14 +32,13 @@ def _overrides_a_library_method(klass, name):
     return any(name in vars(base) for base in klass.__mro__ if not base.__module__.startswith("tfpar"))
 
 
-def _user_callables():
+def _exported_callables():
+    """Every function and class in the ``__all__`` of a public tfpar module, with the public
+    methods of those classes (and of their tfpar bases)."""
     objects = []
-    for module in USER_MODULES:
+    for module in _public_modules():
         loaded = importlib.import_module(module)
         objects += [getattr(loaded, name) for name in loaded.__all__]
-    for function in USER_FUNCTIONS:
-        module, name = function.rsplit(".", 1)
-        objects.append(getattr(importlib.import_module(module), name))
     found = {}
     for obj in objects:
         if inspect.isclass(obj) and obj.__module__.startswith("tfpar"):
@@ -47,9 +53,9 @@ def _user_callables():
     return found
 
 
-def test_every_callable_a_user_reaches_is_annotated():
-    callables = _user_callables()
-    assert len(callables) > 50
+def test_every_exported_callable_is_annotated():
+    callables = _exported_callables()
+    assert len(callables) > 150
     missing = {}
     for name, function in callables.items():
         signature = inspect.signature(function)
@@ -57,7 +63,7 @@ def test_every_callable_a_user_reaches_is_annotated():
                        if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty]
         if function.__name__ != "__init__" and signature.return_annotation is inspect.Signature.empty:
             unannotated.append("return")
-        if unannotated and name not in MADE_BY_TFPAR:
+        if unannotated and not any(name == n or name.startswith(n + ".") for n in NOT_YET):
             missing[name] = unannotated
     assert missing == {}
 

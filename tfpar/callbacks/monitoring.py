@@ -12,6 +12,7 @@ All three use epoch-level hooks by default, so they also run under ParameterServ
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names, check_number
@@ -22,7 +23,7 @@ from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
 
 
-def num_workers(strategy):
+def num_workers(strategy: Any) -> int:
     """How many worker processes train under ``strategy`` (1 for a one-process strategy)."""
     return topology_of(strategy).num_workers
 

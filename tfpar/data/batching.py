@@ -5,7 +5,7 @@ from tfpar._checks import check_int
 __all__ = ["per_replica_batch_size"]
 
 
-def per_replica_batch_size(global_batch_size, num_replicas):
+def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
     """Returns ``global_batch_size // num_replicas``, checking it divides.
 
     Examples:

@@ -7,6 +7,7 @@ worker runs the same number of steps" can be tested exhaustively.
 import dataclasses
 import math
 import warnings
+from collections.abc import Sequence
 
 from tfpar._checks import check_choice
 
@@ -67,7 +68,7 @@ class ShardPlan:
         """The first step of the epoch whose real examples weigh more than 1 (= ``steps`` if none)."""
         return (self.steps or 0) - len(self.padded_step_weights)
 
-    def step_weight(self, step):
+    def step_weight(self, step: int) -> float:
         """The weight of a real example in ``step`` (0-based, within the epoch): 1, or
         `padded_step_weights` for the trailing steps that hold padding."""
         first = self.first_weighted_step
@@ -138,16 +139,16 @@ def _padded_step_weights(shards, steps, replicas_per_worker, per_replica_batch):
 
 def plan_shard(
     *,
-    num_workers,
-    worker_index,
-    replicas_per_worker,
-    per_replica_batch,
-    policy="auto",
-    remainder="pad",
-    num_elements=None,
-    files=None,
-    file_sizes=None,
-):
+    num_workers: int,
+    worker_index: int,
+    replicas_per_worker: int,
+    per_replica_batch: int,
+    policy: str = "auto",
+    remainder: str = "pad",
+    num_elements: int | None = None,
+    files: Sequence[str] | None = None,
+    file_sizes: Sequence[int] | None = None,
+) -> "ShardPlan":
     """Plans one worker's shard.
 
     Args:
@@ -216,7 +217,7 @@ def plan_shard(
         per_replica_batch=per_replica_batch,
         remainder=remainder,
         steps=steps,
-        files=tuple(files[worker_index::num_workers]) if resolved == "file" else None,
+        files=tuple(files[worker_index::num_workers]) if resolved == "file" and files is not None else None,
         padded=padded,
         padded_step_weights=weights,
     )

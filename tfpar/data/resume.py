@@ -11,6 +11,7 @@ of a model tfpar does not own starts the input where a FaultTolerance last set i
 
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ _lock = threading.Lock()
 class InputPosition:
     """The global step a `distribute` input's next iterator starts at, on this worker."""
 
-    def __init__(self, *, steps, replicas_per_worker, exact):
+    def __init__(self, *, steps: int | None, replicas_per_worker: int, exact: bool) -> None:
         self.steps = steps
         """Global steps in one epoch of the input (None: an infinite input)."""
         self.replicas_per_worker = replicas_per_worker
@@ -33,14 +34,14 @@ class InputPosition:
         self.offset = 0
         """Global steps of the stream before the next iterator's first batch."""
 
-    def start_at(self, epoch, step=0, steps_per_epoch=None):
+    def start_at(self, epoch: int, step: int = 0, steps_per_epoch: int | None = None) -> None:
         """Starts the next iterator at ``step`` of ``epoch``, with ``fit``'s ``steps_per_epoch``
         (default: the input's own)."""
         per_epoch = steps_per_epoch or self.steps or 0
         with _lock:
             self.offset = int(epoch) * per_epoch + int(step)
 
-    def start(self):
+    def start(self) -> tuple:
         """``(first epoch of the stream, per-replica batches to skip in it)`` (read by the stream)."""
         with _lock:
             offset = self.offset
@@ -55,12 +56,12 @@ def register(dataset, position):
     weakref.finalize(dataset, _positions.pop, key, None)
 
 
-def position_of(x):
+def position_of(x: Any) -> "InputPosition | None":
     """The `InputPosition` of ``fit``'s ``x`` if `distribute` made it, else None."""
     return _positions.get(id(x)) if x is not None else None
 
 
-def start_where_fit_starts(model, arguments):
+def start_where_fit_starts(model: Any, arguments: dict) -> None:
     """Before ``fit`` of a model tfpar owns: the input starts at ``initial_epoch`` (FaultTolerance may
     move it on)."""
     position = position_of(arguments.get("x"))

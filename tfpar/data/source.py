@@ -8,6 +8,7 @@ with the number of workers and every worker plans with the same counts.
 import dataclasses
 import logging
 import os
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ __all__ = ["Sizes", "as_files", "count", "measure", "open_source", "read_files"]
 _log = logging.getLogger("tfpar.data")
 
 
-def as_files(source):
+def as_files(source: Any) -> list[str] | None:
     if isinstance(source, (str, os.PathLike)):
         return [os.fspath(source)]
     if isinstance(source, (list, tuple)):
@@ -31,7 +32,7 @@ def as_files(source):
     return None
 
 
-def open_source(source):
+def open_source(source: Any) -> tuple[Any, list[str] | None]:
     """Returns (dataset or None, files or None)."""
     files = as_files(source)
     if files is not None:
@@ -58,7 +59,7 @@ def open_source(source):
     )
 
 
-def read_files(files, reader):
+def read_files(files: Any, reader: Any) -> Any:
     reader = reader or tf.data.TFRecordDataset
     names = tf.data.Dataset.from_tensor_slices(list(files))
     return names.interleave(
@@ -67,7 +68,7 @@ def read_files(files, reader):
     )
 
 
-def count(dataset):
+def count(dataset: Any) -> int | None:
     """Number of examples; None if infinite. Reads the data once if tf.data can't tell."""
     cardinality = int(dataset.cardinality())
     if cardinality == tf.data.INFINITE_CARDINALITY:
@@ -79,11 +80,11 @@ def count(dataset):
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    num_elements: int  # None: infinite
-    file_sizes: tuple  # per file, for file inputs
+    num_elements: int | None  # None: infinite
+    file_sizes: tuple | None  # per file, for file inputs
 
 
-def measure(source, config, strategy=None):
+def measure(source: Any, config: Any, strategy: Any = None) -> "Sizes":
     dataset, files = open_source(source)
     if files is None:
         return Sizes(count(dataset), None)
@@ -94,7 +95,7 @@ def measure(source, config, strategy=None):
         sizes = _count_shared(strategy, files, config.reader, *share)
     if None in sizes:
         return Sizes(None, None)
-    return Sizes(sum(sizes), sizes)
+    return Sizes(sum(s for s in sizes if s is not None), sizes)  # (none is None here)
 
 
 

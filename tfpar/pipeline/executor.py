@@ -12,19 +12,23 @@ gradient; in any other chunk (or with ``recompute``) both are calls of one persi
 the whole chunk.
 """
 
+from collections.abc import Sequence
+from typing import Any
+
 from tfpar._keras import tf
 from tfpar.pipeline.schedule import BACKWARD, FORWARD, WEIGHT
 
 __all__ = ["ReplicaStep", "run_replica"]
 
 
-def run_replica(model, replica, xs, ys, weights, predictions, sums, done, losses):
+def run_replica(model: Any, replica: int, xs: Sequence, ys: Sequence, weights: Sequence | None, predictions: dict,
+                sums: dict, done: dict, losses: list) -> None:
     """Builds replica ``replica``'s schedule on its devices. Each stage runs its instructions in the
     schedule's order (a control dependency on what the previous one made); ``done`` gets, per
     (replica, instruction), the tensors that instruction's end is read from."""
     step = ReplicaStep(model, replica, xs, ys, weights, predictions, sums, losses)
     kinds = {FORWARD: step.forward, BACKWARD: step.backward, WEIGHT: step.weight}
-    last_on = {}  # stage -> what its last instruction made
+    last_on: dict = {}  # stage -> what its last instruction made
     for instruction in model._order:
         k, i = instruction.stage, instruction.microbatch
         stage = model.schedule.stage_of(k)
@@ -36,7 +40,8 @@ def run_replica(model, replica, xs, ys, weights, predictions, sums, done, losses
 class ReplicaStep:
     """What one replica's instructions hand each other while its step is built."""
 
-    def __init__(self, model, replica, xs, ys, weights, predictions, sums, losses):
+    def __init__(self, model: Any, replica: int, xs: Sequence, ys: Sequence, weights: Sequence | None, predictions: dict,
+                 sums: dict, losses: list) -> None:
         self.model, self.replica = model, replica
         self.xs, self.ys, self.weights = xs, ys, weights
         self.predictions, self.sums, self.losses = predictions, sums, losses
@@ -44,7 +49,9 @@ class ReplicaStep:
         self.split = model.schedule.splits_backward
         m = model.schedule.num_microbatches
         self.scale = 1.0 / (m * len(model.grid))  # every microbatch has batch / (m × replicas) examples
-        self.saved, self.upstream, self.pending = {}, {}, {}
+        self.saved: dict = {}
+        self.upstream: dict = {}
+        self.pending: dict = {}
 
     def _index(self, i):
         return self.replica * self.model.schedule.num_microbatches + i
@@ -61,7 +68,7 @@ class ReplicaStep:
         return loss
 
     # --- F ---
-    def forward(self, k, i):
+    def forward(self, k: int, i: int) -> list:
         inputs = self._inputs(k, i)
         if self.model._chains[k] is not None:  # zero-bubble, layer by layer
             pieces, head = self._forward_layers(k, inputs), None
@@ -101,7 +108,7 @@ class ReplicaStep:
         return pieces
 
     # --- B ---
-    def backward(self, k, i):
+    def backward(self, k: int, i: int) -> list:
         if self.model._chains[k] is not None:  # B, layer by layer
             pieces, outputs, inputs, head = self.saved.pop((k, i))
             gradient = head[0].gradient(head[1], outputs) if head is not None else self.upstream.pop((k + 1, i))
@@ -133,7 +140,7 @@ class ReplicaStep:
         return [self.upstream.pop((k + 1, i))] + [tf.ones_like(term) for term in objective[1:]]
 
     # --- W ---
-    def weight(self, k, i):
+    def weight(self, k: int, i: int) -> list:
         if self.model._chains[k] is not None:  # W, layer by layer
             return self._add(k, self._weight_gradients(k, self.pending.pop((k, i))))
         tape, objective, output_gradients = self.pending.pop((k, i))

@@ -14,6 +14,8 @@ Examples:
 import dataclasses
 import statistics
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice
@@ -23,7 +25,7 @@ __all__ = ["Partition", "StageInfo", "balanced_cuts", "measure_layer_costs", "pa
            "valid_cut_points"]
 
 
-def balanced_cuts(costs, num_stages, allowed=None):
+def balanced_cuts(costs: Sequence[float], num_stages: int, allowed: Sequence[int] | None = None) -> list[int]:
     """Cut positions (stage k starts at layer ``cuts[k-1]``) minimising the largest stage cost.
 
     Args:
@@ -49,7 +51,7 @@ def balanced_cuts(costs, num_stages, allowed=None):
     # best[k][j]: the smallest largest-stage cost of splitting layers [0, bounds[j]) into k stages.
     inf = float("inf")
     best = [[inf] * len(bounds) for _ in range(num_stages + 1)]
-    choice = [[None] * len(bounds) for _ in range(num_stages + 1)]
+    choice: list[list[Any]] = [[None] * len(bounds) for _ in range(num_stages + 1)]
     best[0][0] = 0.0
     for k in range(1, num_stages + 1):
         for j in range(1, len(bounds)):
@@ -88,7 +90,7 @@ class Partition:
     """Per stage, a functional model (of the original's Keras) sharing the original layers."""
     balance: str
 
-    def describe(self):
+    def describe(self) -> str:
         """A table: the layers, parameters and estimated cost of each stage."""
         total = sum(s.cost for s in self.stages) or 1.0
         lines = [f"pipeline partition ({len(self.stages)} stages, balanced by {self.balance}):"]
@@ -121,12 +123,12 @@ def _nodes_in(model, layer):
     return _compat.layer_nodes_in(model, layer)
 
 
-def valid_cut_points(model):
+def valid_cut_points(model: Any) -> list[str]:
     """Names of the layers after which exactly one tensor (that layer's output) flows on."""
     layers = _graph_layers(model)
     position = {id(layer): k for k, layer in enumerate(layers)}
     # last_use[k]: the last position that consumes the output of layer k (-1: model inputs).
-    last_use = {}
+    last_use: dict = {}
     for k, layer in enumerate(layers):
         node = _nodes_in(model, layer)[0]
         for inbound in node.parent_nodes:
@@ -140,7 +142,7 @@ def valid_cut_points(model):
     return valid
 
 
-def measure_layer_costs(model, batch_size=32, repeats=10):
+def measure_layer_costs(model: Any, batch_size: int = 32, repeats: int = 10) -> dict[str, float]:
     """Seconds each layer takes for a forward and backward pass on a random batch.
 
     The layers' inputs come from one pass of the whole model; each layer is then
@@ -187,7 +189,8 @@ def _median_seconds(fn, args, repeats):
     return statistics.median(times)
 
 
-def partition_model(model, num_stages, cut_points="auto", balance="params", layer_costs=None):
+def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balance: str = "params",
+                    layer_costs: dict | None = None) -> "Partition":
     """Cuts ``model`` into ``num_stages`` stages.
 
     Args:

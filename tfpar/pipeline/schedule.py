@@ -28,6 +28,8 @@ Examples:
 """
 
 import dataclasses
+from collections.abc import Iterable
+from typing import Any
 
 from tfpar._checks import check_choice, check_int
 from tfpar.pipeline.simulation import Timeline, simulate
@@ -53,7 +55,7 @@ class Instruction:
     def __str__(self):
         return f"{self.kind[0].upper()}{self.microbatch}"
 
-    def dependency(self, num_chunks):
+    def dependency(self, num_chunks: int) -> "Instruction | None":
         """The instruction of another chunk that must finish first, or None.
 
         A forward needs the previous chunk's forward of the same microbatch; a backward
@@ -84,7 +86,8 @@ class Schedule:
     default_virtual_stages: int | None = None
     """The virtual stages it runs with by default; None: it takes none (one chunk per stage)."""
 
-    def __init__(self, num_stages, num_microbatches, virtual_stages=1):  # virtual stages: Interleaved1F1B's
+    # virtual_stages: Interleaved1F1B's
+    def __init__(self, num_stages: int, num_microbatches: int, virtual_stages: int = 1) -> None:
         check_int("num_stages", num_stages, 1)
         check_int("num_microbatches", num_microbatches, 1)
         check_int("virtual_stages", virtual_stages, 1)
@@ -97,31 +100,31 @@ class Schedule:
         """The pieces the model is cut into: p·v."""
         return self.num_stages * self.virtual_stages
 
-    def stage_of(self, chunk):
+    def stage_of(self, chunk: int) -> int:
         """The stage (device) chunk ``chunk`` runs on: chunk mod p, so that stage s holds chunks s,
         s+p, ... (a schedule with another placement overrides this)."""
         return chunk % self.num_stages
 
-    def stage_instructions(self, stage):
+    def stage_instructions(self, stage: int) -> Iterable[Instruction]:
         """Yields stage ``stage``'s instructions in the order it runs them."""
         raise NotImplementedError
 
-    def streams(self):
+    def streams(self) -> list[list[Instruction]]:
         """Per stage, the list of its instructions."""
         return [list(self.stage_instructions(s)) for s in range(self.num_stages)]
 
-    def bubble(self, forward_cost=1.0, backward_cost=1.0, weight_cost=1.0):
+    def bubble(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0) -> float:
         """Theoretical idle share of the stages with these costs of a whole stage's forward,
         input-gradient and weight-gradient passes (equal stages): (p-1)/(m+p-1) here."""
         p, m = self.num_stages, self.num_microbatches
         return (p - 1) / (m + p - 1)
 
     @property
-    def bubble_fraction(self):
+    def bubble_fraction(self) -> float:
         """`bubble` with the forward, input-gradient and weight-gradient passes equally costly."""
         return self.bubble()
 
-    def peak_activations(self, stage):
+    def peak_activations(self, stage: int) -> int:
         """Most (chunk, microbatch) pairs whose forward ran on ``stage`` and whose backward (the
         weight pass, where it is split) has not yet: each holds its chunk's activations."""
         release = WEIGHT if self.splits_backward else BACKWARD
@@ -131,7 +134,8 @@ class Schedule:
             peak = max(peak, live)
         return peak
 
-    def cost(self, instruction, forward_cost=1.0, backward_cost=1.0, weight_cost=0.0):
+    def cost(self, instruction: Instruction, forward_cost: float = 1.0, backward_cost: float = 1.0,
+             weight_cost: float = 0.0) -> float:
         """The time of one instruction: a chunk is 1/v of a stage; an unsplit backward pass
         computes both gradients."""
         if instruction.kind == FORWARD:
@@ -142,7 +146,7 @@ class Schedule:
             cost = backward_cost + (0.0 if self.splits_backward else weight_cost)
         return cost / self.virtual_stages
 
-    def simulate(self, forward_cost=1.0, backward_cost=1.0, weight_cost=0.0):
+    def simulate(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 0.0) -> Timeline:
         """Runs the streams on an ideal clock and returns the `Timeline` (`simulation.simulate`)."""
         return simulate(self, forward_cost, backward_cost, weight_cost)
 
@@ -157,7 +161,7 @@ class GPipe(Schedule):
 
     name = "gpipe"
 
-    def stage_instructions(self, stage):
+    def stage_instructions(self, stage: int) -> Iterable[Instruction]:
         for i in range(self.num_microbatches):
             yield Instruction(FORWARD, stage, i)
         for i in range(self.num_microbatches):
@@ -173,7 +177,7 @@ class OneFOneB(Schedule):
 
     name = "1f1b"
 
-    def stage_instructions(self, stage):
+    def stage_instructions(self, stage: int) -> Iterable[Instruction]:
         m = self.num_microbatches
         warmup = min(self.num_stages - stage - 1, m)
         for i in range(warmup):
@@ -198,7 +202,7 @@ class Interleaved1F1B(Schedule):
     bubble_formula = "(p-1)/(v·m+p-1)"
     default_virtual_stages = 2
 
-    def __init__(self, num_stages, num_microbatches, virtual_stages=2):
+    def __init__(self, num_stages: int, num_microbatches: int, virtual_stages: int = 2) -> None:
         super().__init__(num_stages, num_microbatches, virtual_stages)
         check_microbatches(self.name, num_stages, num_microbatches, multiple=True)
 
@@ -208,7 +212,7 @@ class Interleaved1F1B(Schedule):
         chunk = (v - 1 - local if backward else local) * p + stage
         return Instruction(BACKWARD if backward else FORWARD, chunk, (index // (p * v)) * p + index % p)
 
-    def stage_instructions(self, stage):
+    def stage_instructions(self, stage: int) -> Iterable[Instruction]:
         p, v, total = self.num_stages, self.virtual_stages, self.num_microbatches * self.virtual_stages
         warmup = min(2 * (p - stage - 1) + (v - 1) * p, total)
         for i in range(warmup):
@@ -219,7 +223,7 @@ class Interleaved1F1B(Schedule):
         for i in range(total - warmup, total):
             yield self._pair(stage, i, backward=True)
 
-    def bubble(self, forward_cost=1.0, backward_cost=1.0, weight_cost=1.0):
+    def bubble(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0) -> float:
         p, m, v = self.num_stages, self.num_microbatches, self.virtual_stages
         return (p - 1) / (v * m + p - 1)
 
@@ -237,11 +241,11 @@ class ZeroBubbleH1(Schedule):
     bubble_formula = "(p-1)/(3m+p-1) with F = B = W"
     splits_backward = True
 
-    def __init__(self, num_stages, num_microbatches):
+    def __init__(self, num_stages: int, num_microbatches: int) -> None:
         super().__init__(num_stages, num_microbatches)
         check_microbatches(self.name, num_stages, num_microbatches)
 
-    def stage_instructions(self, stage):
+    def stage_instructions(self, stage: int) -> Iterable[Instruction]:
         m = self.num_microbatches
         warmup = min(self.num_stages - stage - 1, m)
         pending = []  # microbatches whose B ran and whose W has not
@@ -262,7 +266,7 @@ class ZeroBubbleH1(Schedule):
         for i in list(pending):
             yield Instruction(WEIGHT, stage, i)
 
-    def bubble(self, forward_cost=1.0, backward_cost=1.0, weight_cost=1.0):
+    def bubble(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0) -> float:
         p, m = self.num_stages, self.num_microbatches
         idle = (p - 1) * (forward_cost + backward_cost - weight_cost)
         return idle / (m * (forward_cost + backward_cost + weight_cost) + idle)
@@ -284,7 +288,7 @@ SCHEDULES = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBub
 """Schedule name -> class."""
 
 
-def make_schedule(name, num_stages, num_microbatches, virtual_stages=None):
+def make_schedule(name: str, num_stages: int, num_microbatches: int, virtual_stages: int | None = None) -> Schedule:
     """Returns the schedule called ``name`` (one of `SCHEDULES`); ``virtual_stages`` applies to
     "interleaved" (default 2).
 
@@ -293,7 +297,7 @@ def make_schedule(name, num_stages, num_microbatches, virtual_stages=None):
             them, or fewer microbatches than the schedule needs.
     """
     check_choice("schedule", name, sorted(SCHEDULES), what="pipeline schedule")
-    cls = SCHEDULES[name]
+    cls: Any = SCHEDULES[name]  # each takes (p, m) or, with virtual stages, (p, m, v)
     if cls.default_virtual_stages is not None:
         return cls(num_stages, num_microbatches, cls.default_virtual_stages if virtual_stages is None else virtual_stages)
     if virtual_stages not in (None, 1):
@@ -303,6 +307,6 @@ def make_schedule(name, num_stages, num_microbatches, virtual_stages=None):
     return cls(num_stages, num_microbatches)
 
 
-def virtual_schedules():
+def virtual_schedules() -> list[str]:
     """The names of the schedules that take virtual stages."""
     return [name for name, cls in SCHEDULES.items() if cls.default_virtual_stages is not None]

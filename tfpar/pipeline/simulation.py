@@ -2,6 +2,7 @@
 stage is free and its dependency has ended (no TensorFlow). `Schedule.simulate` returns it."""
 
 import dataclasses
+from typing import Any
 
 __all__ = ["Timeline", "simulate"]
 
@@ -20,25 +21,25 @@ class Timeline:
         return self.stage_of(chunk) if self.stage_of is not None else chunk % self.num_stages
 
     @property
-    def makespan(self):
+    def makespan(self) -> float:
         return max(end for _, end in self.spans.values())
 
-    def busy(self, stage):
+    def busy(self, stage: int) -> float:
         """The time stage ``stage`` computes (all its chunks)."""
         return sum(end - start for i, (start, end) in self.spans.items() if self._stage(i.stage) == stage)
 
     @property
-    def bubble_fraction(self):
+    def bubble_fraction(self) -> float:
         """Idle share of the stages over the makespan (averaged over stages)."""
         total = self.makespan * self.num_stages
         return 1 - sum(self.busy(s) for s in range(self.num_stages)) / total
 
-    def order(self):
+    def order(self) -> list:
         """All instructions by start time (then stage): a valid global issue order."""
         return sorted(self.spans, key=lambda i: (self.spans[i][0], i.stage))
 
 
-def simulate(schedule, forward_cost=1.0, backward_cost=1.0, weight_cost=0.0):
+def simulate(schedule: Any, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 0.0) -> Timeline:
     """Runs the streams on an ideal clock and returns the `Timeline`.
 
     Each stage runs its instructions in order, each as soon as the stage
@@ -51,7 +52,7 @@ def simulate(schedule, forward_cost=1.0, backward_cost=1.0, weight_cost=0.0):
     streams = schedule.streams()
     position = [0] * schedule.num_stages
     free_at = [0.0] * schedule.num_stages
-    spans = {}
+    spans: dict = {}
     remaining = sum(len(s) for s in streams)
     while remaining:
         progressed = False

@@ -20,9 +20,10 @@ Examples:
     {'conv2d': 16, 'dense': 16, ...}
 """
 
-import numpy as np
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names
@@ -108,7 +109,7 @@ def unique_weights(model: Any) -> dict[str, int]:
     return counts
 
 
-def clustered_kernels(model, max_unique=256):
+def clustered_kernels(model: Any, max_unique: int = 256) -> dict[str, int]:
     """The layers whose kernel holds at most ``max_unique`` distinct values among more weights
     than that: what clustering leaves (a stripped model). Layer name -> distinct values."""
     sizes = {layer.name: int(np.prod(layer.kernel.shape)) for layer in model.layers

@@ -13,6 +13,7 @@ import gzip
 import pathlib
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,8 @@ class DeploymentReport:
         return "\n".join(lines)
 
 
-def measure(export, reference_export, validation_data, max_accuracy_drop, latency_repeats=300):
+def measure(export: Any, reference_export: Any, validation_data: Any, max_accuracy_drop: float | None,
+            latency_repeats: int = 300) -> "DeploymentReport":
     """The `DeploymentReport` of ``export`` (a `TFLiteExport`) against ``reference_export``."""
     x, y = validation_data
     accuracy = {"model": export.accuracy(x, y), "reference": reference_export.accuracy(x, y)}
@@ -112,7 +114,7 @@ def measure(export, reference_export, validation_data, max_accuracy_drop, latenc
         max_accuracy_drop=max_accuracy_drop)
 
 
-def weight_tensors(content):
+def weight_tensors(content: bytes) -> tuple["WeightTensor", ...]:
     """The kernels (constant tensors of two dimensions or more) of a TFLite flatbuffer."""
     from tensorflow.lite.python import schema_py_generated as schema
     from tensorflow.lite.tools import flatbuffer_utils
@@ -141,17 +143,18 @@ def weight_tensors(content):
     return tuple(found)
 
 
-def latencies_in_turns(exports, sample, repeats, builtin_kernels=False, rounds=3):
+def latencies_in_turns(exports: dict, sample: Any, repeats: int, builtin_kernels: bool = False,
+                       rounds: int = 3) -> dict[str, float]:
     """{name: median `latency_seconds`} of each `TFLiteExport` in ``exports`` ({name: export}),
     measured in turns over ``rounds`` rounds, so that a slow moment of the machine falls on all."""
-    times = {name: [] for name in exports}
+    times: dict[str, list[float]] = {name: [] for name in exports}
     for _ in range(rounds):
         for name, export in exports.items():
             times[name].append(latency_seconds(export, sample, repeats, builtin_kernels))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def latency_seconds(export, sample, repeats, builtin_kernels=False):
+def latency_seconds(export: Any, sample: Any, repeats: int, builtin_kernels: bool = False) -> float:
     """Median seconds of one batch-1 invocation of ``export`` (a `TFLiteExport`) on ``sample``.
 
     ``builtin_kernels``: TFLite's built-in kernels only, without the XNNPACK delegate the

@@ -4,6 +4,7 @@ answer at the start (`wait_for_addresses`), and a ps lost during training (`lost
 import re
 import socket
 import time
+from collections.abc import Sequence
 
 from tfpar._keras import tf
 
@@ -35,7 +36,7 @@ def _accepts(address, timeout=1.0):
         return False
 
 
-def wait_for_addresses(addresses, timeout_seconds):
+def wait_for_addresses(addresses: Sequence[str], timeout_seconds: float) -> None:
     """Waits until every ``host:port`` accepts a TCP connection.
 
     Raises:

@@ -50,7 +50,7 @@ INSTALL_HINT = (
 )
 
 
-def import_horovod():
+def import_horovod() -> Any:
     """Returns ``horovod.tensorflow``, initialised.
 
     Raises:

@@ -310,9 +310,9 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         return "\n".join(lines)
 
 
-def variable_placement(model):
+def variable_placement(model: Any) -> dict[str, list[str]]:
     """Variable name (without ``/part_N``) -> devices of its shards."""
-    placement = {}
+    placement: dict = {}
     for var in model.variables:
         base = var.name.split(":")[0]
         if "/part_" in base:
