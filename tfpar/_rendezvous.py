@@ -144,6 +144,8 @@ def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, t
         conn.close()
     if coordinator is not None:
         coordinator.thread.join(timeout=10)
+        if coordinator.error:  # node 0 names the reason, even when its own connection was cut short by it
+            raise RendezvousError(f"The rendezvous failed: {coordinator.error}.")
     if "error" in reply:
         raise RendezvousError(f"The rendezvous failed: {reply['error']}.")
     cluster = reply["cluster"]
