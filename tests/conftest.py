@@ -174,6 +174,19 @@ DOCUMENTS = ("README.md", *sorted(os.path.relpath(os.path.join(folder, name), RO
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
 
 
+def public_modules():
+    """``tfpar`` and every module of it with no private part in its name."""
+    import pkgutil
+
+    import tfpar
+
+    names = ["tfpar"]
+    for info in pkgutil.walk_packages(tfpar.__path__, prefix="tfpar."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return names
+
+
 def document_blocks(languages=("bash", "python")):
     """``[(document, language, text, line)]``: every block of those languages in `DOCUMENTS`, a block
     that appears in several documents only where it appears first."""

@@ -150,19 +150,15 @@ class Nodes(Backend):
         check_number("--rendezvous-timeout", args.rendezvous_timeout, above=0)
 
     def start(self, args, command):
-        from tfpar._node import worker_envs
         from tfpar._rendezvous import rendezvous
-        from tfpar.launch import task_env_pairs
 
         nproc = 1 if args.nproc_per_node is None else args.nproc_per_node
-        envs, warning = worker_envs(nproc)  # refused before the rendezvous: too few GPUs
+        envs = _worker_envs(nproc)  # refused before the rendezvous: too few GPUs
         cluster, indices = rendezvous(master_addr=args.master_addr, master_port=args.master_port, nnodes=args.nnodes,
                                       node_rank=args.node_rank, nproc_per_node=nproc, timeout=args.rendezvous_timeout)
         print(f"tfpar launch: node {args.node_rank} of {args.nnodes}: workers {indices[0]} to {indices[-1]} of "
               f"{len(cluster['worker'])}", flush=True)
-        if warning:
-            print(f"tfpar launch: {warning}", flush=True)
-        tasks = [Task(task_type="worker", task_index=i, env=task_env_pairs(env)) for i, env in zip(indices, envs)]
+        tasks = _worker_tasks(indices[0], envs)
         return launch(command, cluster=cluster, tasks=tasks, grace_seconds=args.grace,
                       heartbeat_timeout=args.heartbeat_timeout)
 
@@ -196,13 +192,10 @@ class Hosts(Backend):
                       grace_seconds=args.grace, max_restarts=args.max_restarts,
                       heartbeat_timeout=args.heartbeat_timeout)
 
-
     def _start_per_node(self, args, command, hosts):
         """``--hosts a:2222,b:2222 --nproc-per-node N --task-index K``: host K runs workers K·N to
         K·N+N-1 on its ports 2222 to 2222+N-1 (horovodrun's ``-H a:N,b:N``)."""
         from tfpar._checks import check_int
-        from tfpar._node import worker_envs
-        from tfpar.launch import task_env_pairs
 
         if args.cluster or args.ps or args.task_type != "worker":
             raise ValueError("--nproc-per-node with a cluster takes --hosts (workers only). Received: "
@@ -216,13 +209,26 @@ class Hosts(Backend):
         for address in hosts:
             host, port = address.rsplit(":", 1)
             workers += [f"{host}:{int(port) + i}" for i in range(n)]
-        envs, warning = worker_envs(n)
-        if warning:
-            print(f"tfpar launch: {warning}", flush=True)
-        tasks = [Task(task_type="worker", task_index=args.task_index * n + i, env=task_env_pairs(env))
-                 for i, env in enumerate(envs)]
+        tasks = _worker_tasks(args.task_index * n, _worker_envs(n))
         return launch(command, cluster={"worker": workers}, tasks=tasks, grace_seconds=args.grace,
                       max_restarts=args.max_restarts, heartbeat_timeout=args.heartbeat_timeout)
+
+
+def _worker_envs(nproc_per_node):
+    """This host's workers' device environments (`tfpar._node.worker_envs`), its warning printed."""
+    from tfpar._node import worker_envs
+
+    envs, warning = worker_envs(nproc_per_node)
+    if warning:
+        print(f"tfpar launch: {warning}", flush=True)
+    return envs
+
+
+def _worker_tasks(first_index, envs):
+    """This host's worker tasks, numbered from ``first_index``, each with its environment."""
+    from tfpar.launch import task_env_pairs
+
+    return [Task(task_type="worker", task_index=first_index + i, env=task_env_pairs(env)) for i, env in enumerate(envs)]
 
 
 class Local(Backend):

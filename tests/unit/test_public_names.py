@@ -7,22 +7,14 @@ that name on the package after the first access.
 
 import importlib
 import inspect
-import pkgutil
 
 import pytest
 
 import tfpar
+from tests.conftest import public_modules
 
 
-def _public_modules():
-    names = ["tfpar"]
-    for info in pkgutil.walk_packages(tfpar.__path__, prefix="tfpar."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
-            names.append(info.name)
-    return names
-
-
-@pytest.mark.parametrize("module_name", _public_modules())
+@pytest.mark.parametrize("module_name", public_modules())
 def test_every_exported_name_resolves_twice_to_the_same_object(module_name):
     module = importlib.import_module(module_name)
     assert hasattr(module, "__all__"), f"{module_name} has no __all__"

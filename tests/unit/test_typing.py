@@ -5,25 +5,15 @@ help(), an IDE and the API pages give the types. Methods that override TensorFlo
 
 import importlib
 import inspect
-import pkgutil
 import subprocess
 import sys
 
-import tfpar
-from tests.conftest import ROOT
+from tests.conftest import ROOT, public_modules
 
 KERAS_HOOKS = ("on_", "set_model", "set_params")  # a callback's hooks: Keras calls them
 KERAS_MODEL_METHODS = {"call", "fit", "get_config", "train_step"}  # PipelineModel's Keras base is chosen per model
 NOT_YET = {"tfpar.pipeline.model.PipelineModel.__init__"}  # made by Pipeline.stage only
 """Exported callables left unannotated, each with its reason (ARCHITECTURE.md, "Where the code stands")."""
-
-
-def _public_modules():
-    names = ["tfpar"]
-    for info in pkgutil.walk_packages(tfpar.__path__, prefix="tfpar."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
-            names.append(info.name)
-    return names
 
 
 def _overrides_a_library_method(klass, name):
@@ -36,7 +26,7 @@ def _exported_callables():
     """Every function and class in the ``__all__`` of a public tfpar module, with the public
     methods of those classes (and of their tfpar bases)."""
     objects = []
-    for module in _public_modules():
+    for module in public_modules():
         loaded = importlib.import_module(module)
         objects += [getattr(loaded, name) for name in loaded.__all__]
     found = {}
