@@ -24,7 +24,7 @@ __all__ = [
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
-    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "keras_layer_of", "layer_nodes_in",
+    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
@@ -287,6 +287,31 @@ def layer_nodes_in(model, layer):
                 if f"{layer.name}_ib-{index}" in model._network_nodes]
     nodes = _keras3_graph(model)._nodes
     return [node for index, node in enumerate(layer._inbound_nodes) if f"{id(layer)}_ib-{index}" in nodes]
+
+
+class _EachUse(dict):
+    """tf_keras' Node.map_arguments pops one value per use of a tensor: a fresh list each time."""
+
+    def __getitem__(self, key):
+        return [dict.__getitem__(self, key)]
+
+
+def graph_steps(model):
+    """A Sequential/Functional model's graph as ``(input keys, steps, output keys)``, the steps in an
+    order that computes every input first: ``(layer, input keys, output keys, fill)`` where
+    ``fill(values)`` gives the layer's ``(args, kwargs)`` from the computed values by key. tf_keras
+    keeps its nodes in _nodes_by_depth with _tensor ids as strings; Keras 3 in its graph's
+    _nodes_by_depth with ids (no public walk in either)."""
+    graph = model if hasattr(model, "_network_nodes") else _keras3_graph(model)
+    nodes = [node for depth in sorted(graph._nodes_by_depth, reverse=True)
+             for node in graph._nodes_by_depth[depth] if not node.is_input]
+    if hasattr(model, "_network_nodes"):  # tf_keras
+        steps = [(node.layer, list(node.flat_input_ids), list(node.flat_output_ids),
+                  lambda values, node=node: node.map_arguments(_EachUse(values))) for node in nodes]
+        return [str(id(t)) for t in graph.inputs], steps, [str(id(t)) for t in graph.outputs]
+    steps = [(node.operation, [id(t) for t in node.input_tensors], [id(t) for t in node.outputs],
+              lambda values, node=node: node.arguments.fill_in(values)) for node in nodes if node.operation]
+    return [id(t) for t in graph.inputs], steps, [id(t) for t in graph.outputs]
 
 
 def node_layer(node):

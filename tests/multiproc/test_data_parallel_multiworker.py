@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,11 +162,14 @@ def test_a_lost_peer_makes_the_survivor_fail_instead_of_hanging(tmp_path):
                 proc.wait()
     assert code != 0, output[-3000:]
     assert "done" not in output
-    # TensorFlow's coordination service notices the missing heartbeats (about 11 s here), before
-    # the 20 s collective timeout; either way the wait is bounded, and the error names the peer.
+    # The survivor learns of the death one of two ways, whichever comes first: the coordination
+    # service misses the peer's heartbeats (about 11 s here), or the pending collective's
+    # connection to the peer is reset. Either way the wait is bounded (under the 20 s collective
+    # timeout plus start-up), and the error names the peer.
     assert waited < 20 + 20, f"survivor failed {waited:.1f} s after its peer died"
-    assert "UnavailableError" in output and "stopped sending heartbeats" in output, output[-3000:]
-    assert "/job:worker/task:1" in output, output[-3000:]
+    assert "UnavailableError" in output, output[-3000:]
+    assert re.search(r"stopped sending heartbeats|Connection reset by peer", output), output[-3000:]
+    assert re.search(r"/job:worker/(replica:0/)?task:1\b", output), output[-3000:]
 
 
 def test_a_multi_worker_strategy_made_after_tensorflow_ran_says_to_create_it_first():

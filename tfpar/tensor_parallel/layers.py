@@ -1,0 +1,284 @@
+"""The split layers: each holds 1/T of a Keras layer's planned weights on each of T devices.
+
+One class per family, written once over both Kerases (`layer_class` makes the class of a Keras):
+`_Dense` (Dense and EinsumDense, by columns or by rows), `_Attention` (MultiHeadAttention by heads)
+and `_Embedding` (Embedding by vocabulary). Each takes the layer it replaces and copies its weights
+(`load`); `full_weights` gives them back whole, in the original layer's order. ``tp_call`` is the
+layer inside a tensor-parallel model (`model.py`): its input and output may be `Sharded`. ``call``
+is the same layer on whole tensors (an all-gather after a column layer), which Keras uses to build
+the model and which a user calling the layer alone gets.
+"""
+
+import functools
+import math
+import re
+
+import numpy as np
+
+from tfpar._keras import tf
+from tfpar.tensor_parallel.ops import Sharded, copy_to, gather_from, reduce_from
+
+__all__ = ["layer_class", "split_error"]
+
+NOT_ELEMENTWISE = ("softmax", "log_softmax")
+_LARGE_NEGATIVE = -1e9  # what both Kerases' masked softmax adds where the mask is 0 (float32)
+
+
+def _einsum_parts(equation):
+    inputs, output = equation.split("->")
+    x, kernel = inputs.split(",")
+    return x, kernel, output
+
+
+def split_error(layer, style, degree, kind):
+    """Why ``layer`` cannot be split ``degree`` ways in ``style``, or None. ``kind`` is its class name."""
+    config, name = layer.get_config(), layer.name
+    if kind in ("Dense", "EinsumDense"):
+        kernel = tuple(layer.kernel.shape)
+        if kind == "EinsumDense":
+            x, k, out = _einsum_parts(config["equation"])
+            if style == "column" and not (k[-1] == out[-1] and k[-1] not in x):
+                return (f"layer {name!r} (EinsumDense {config['equation']!r}) cannot be split by columns: its kernel's "
+                        "last axis is not the output's last axis. Split it by rows, or leave it replicated.")
+            if style == "row" and not (k[0] == x[-1] and k[0] not in out):
+                return (f"layer {name!r} (EinsumDense {config['equation']!r}) cannot be split by rows: its kernel's "
+                        "first axis is not the input's last, contracted axis. Split it by columns, or leave it replicated.")
+            bias_axes = config.get("bias_axes") or ""
+            if style == "column" and bias_axes and bias_axes[-1] != out[-1]:
+                return (f"layer {name!r} (EinsumDense, bias_axes={bias_axes!r}) has a bias that does not follow the "
+                        "output's last axis, so its columns cannot be split. Leave it replicated.")
+        axis = -1 if style == "column" else 0
+        if kernel[axis] % degree:
+            what = "output columns (units)" if style == "column" else "input rows"
+            return (f"layer {name!r} has {kernel[axis]} {what}, which the tensor-parallel degree does not divide. "
+                    f"Received: degree={degree}. Use a degree that divides {kernel[axis]}, or leave {name!r} out of the plan.")
+        if style == "column" and config.get("activation") in NOT_ELEMENTWISE:
+            return (f"layer {name!r} ends in activation={config['activation']!r}, which mixes the columns a device "
+                    "holds with the others'. Split it by rows, or move the activation to its own layer.")
+        return None
+    if kind == "MultiHeadAttention":
+        if config["num_heads"] % degree:
+            return (f"layer {name!r} has num_heads={config['num_heads']}, which the tensor-parallel degree does not "
+                    f"divide. Received: degree={degree}. Use a degree that divides {config['num_heads']}.")
+        unsupported = {key: config.get(key) for key in ("output_shape", "attention_axes")
+                       if config.get(key) is not None and not (key == "attention_axes" and tuple(config[key]) == (1,))}
+        if getattr(layer, "_gate_dense", None) is not None:
+            unsupported["gate"] = True
+        if unsupported:
+            return (f"layer {name!r} (MultiHeadAttention) is split by heads only with its default output and "
+                    f"attention axes. Received: {unsupported}. Leave it out of the plan.")
+        return None
+    if kind == "Embedding":
+        if config["input_dim"] % degree:
+            return (f"layer {name!r} has a vocabulary of input_dim={config['input_dim']}, which the tensor-parallel "
+                    f"degree does not divide. Received: degree={degree}. Pad the vocabulary to a multiple of {degree}.")
+        if config.get("mask_zero"):
+            return (f"layer {name!r} has mask_zero=True: a tensor-parallel model does not carry Keras masks. Pass "
+                    "attention_mask= to the attention instead, or leave it out of the plan.")
+        return None
+    return None
+
+
+class _Shards:
+    """What every split layer does with its weights: ``self._slots`` lists, in the source layer's
+    weight order, (variables, axis): one variable per device split along ``axis``, or one on the home
+    device (axis None)."""
+
+    def _init_shards(self, source, devices):
+        self.devices = list(devices)
+        self.degree = len(devices)
+        self._slots = []
+        self._source_shapes = [tuple(w.shape) for w in source.weights]
+
+    def _add(self, name, index, axis, regularizer=None):
+        shape = self._source_shapes[index]
+        if axis is None:
+            with tf.device(self.devices[0]):
+                self._slots.append(([self.add_weight(name=name, shape=shape, initializer="zeros",
+                                                     regularizer=regularizer)], None))
+            return
+        part = list(shape)
+        part[axis] //= self.degree
+        variables = []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                variables.append(self.add_weight(name=f"{name}_{i}", shape=tuple(part), initializer="zeros",
+                                                 regularizer=regularizer))
+        self._slots.append((variables, axis))
+
+    def load(self, weights):
+        """Takes the source layer's weights (``get_weights()`` order) and keeps this device's part of each."""
+        for (variables, axis), full in zip(self._slots, weights):
+            parts = [full] if axis is None else np.split(full, self.degree, axis=axis)
+            for variable, part in zip(variables, parts):
+                variable.assign(part)
+
+    def full_weights(self):
+        """The weights whole, in the source layer's order (for its ``set_weights``)."""
+        out = []
+        for variables, axis in self._slots:
+            values = [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
+            out.append(values[0] if axis is None else np.concatenate(values, axis=axis))
+        return out
+
+    def _parts(self, slot):
+        variables, _ = self._slots[slot]
+        return [tf.cast(v, self.compute_dtype) for v in variables]
+
+    def call(self, *args, **kwargs):
+        out = self.tp_call(*args, **kwargs)
+        return gather_from(out) if isinstance(out, Sharded) else out
+
+
+class _Dense(_Shards):
+    """Dense or EinsumDense split by columns (``keep_split``: hand the split output to a row layer)
+    or by rows (its input arrives split)."""
+
+    def __init__(self, source, style, devices, keep_split=False, **kwargs):
+        super().__init__(name=source.name, dtype=source.dtype_policy, **kwargs)
+        config = source.get_config()
+        self.style, self.keep_split = style, keep_split
+        self.equation = config.get("equation", "...a,ab->...b")
+        self.activation = source.activation
+        self._activation_name = config.get("activation")
+        self._init_shards(source, devices)
+        regularizers = (getattr(source, "kernel_regularizer", None), getattr(source, "bias_regularizer", None))
+        column = style == "column"
+        self._add("kernel", 0, len(self._source_shapes[0]) - 1 if column else 0, regularizers[0])
+        self.has_bias = len(self._source_shapes) > 1
+        if self.has_bias:
+            self._add("bias", 1, len(self._source_shapes[1]) - 1 if column else None, regularizers[1])
+
+    def tp_call(self, x, training=None):
+        kernels = self._parts(0)
+        if self.style == "column":
+            if isinstance(x, Sharded):
+                x = gather_from(x)
+            inputs = copy_to(tf.cast(x, self.compute_dtype), self.devices)
+            biases = self._parts(1) if self.has_bias else [None] * self.degree
+            parts = []
+            for i, device in enumerate(self.devices):
+                with tf.device(device):
+                    y = tf.einsum(self.equation, inputs[i], kernels[i])
+                    y = y if biases[i] is None else y + biases[i]
+                    parts.append(self.activation(y) if self.keep_split else y)
+            out = Sharded(parts, self.devices)
+            return out if self.keep_split else self.activation(gather_from(out))
+        parts = []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                parts.append(tf.einsum(self.equation, tf.cast(x.parts[i], self.compute_dtype), kernels[i]))
+        y = reduce_from(parts, self.devices)
+        with tf.device(self.devices[0]):
+            return self.activation(y + self._parts(1)[0] if self.has_bias else y)
+
+    def call(self, x, training=None):
+        if self.style == "row" and not isinstance(x, Sharded):  # alone: the input split by columns
+            x = Sharded(tf.split(x, self.degree, axis=-1), self.devices)
+        return super().call(x, training=training)
+
+
+_ATTENTION_WEIGHT = re.compile(r"(query|key|value|attention_output)/(kernel|bias)")
+
+
+class _Attention(_Shards):
+    """MultiHeadAttention split by heads: Q, K, V by columns, the output projection by rows."""
+
+    def __init__(self, source, style, devices, keep_split=False, **kwargs):
+        super().__init__(name=source.name, dtype=source.dtype_policy, **kwargs)
+        config = source.get_config()
+        self.key_dim = config["key_dim"]
+        self.dropout = config.get("dropout") or 0.0
+        self._init_shards(source, devices)
+        self._slot_of = {}
+        for index, weight in enumerate(source.weights):
+            part, kind = _ATTENTION_WEIGHT.search(getattr(weight, "path", None) or weight.name).groups()
+            output = part == "attention_output"
+            # Q, K, V: [model, heads, dim] and [heads, dim]; the output: [heads, dim, model] by heads, its bias whole.
+            axis = 0 if output and kind == "kernel" else None if output else (1 if kind == "kernel" else 0)
+            self._slot_of[(part, kind)] = len(self._slots)
+            self._add(f"{part}_{kind}", index, axis)
+
+    def _project(self, inputs, part):
+        kernels = self._parts(self._slot_of[(part, "kernel")])
+        bias = self._slot_of.get((part, "bias"))
+        biases = self._parts(bias) if bias is not None else [None] * self.degree
+        out = []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                y = tf.einsum("abc,cde->abde", inputs[i], kernels[i])
+                out.append(y if biases[i] is None else y + biases[i])
+        return out
+
+    def tp_call(self, query, value, key=None, attention_mask=None, use_causal_mask=False, training=None,
+                return_attention_scores=False):
+        if return_attention_scores:
+            raise ValueError(f"layer {self.name!r} is split by heads and cannot return the attention scores. "
+                             "Received: return_attention_scores=True. Leave the layer out of the plan to get them.")
+        key = value if key is None else key
+        whole = {}
+        for tensor in (query, value, key):  # one copy (and one backward reduction) per distinct input
+            if id(tensor) not in whole:
+                t = gather_from(tensor) if isinstance(tensor, Sharded) else tensor
+                whole[id(tensor)] = copy_to(tf.cast(t, self.compute_dtype), self.devices)
+        q = self._project(whole[id(query)], "query")
+        k = self._project(whole[id(key)], "key")
+        v = self._project(whole[id(value)], "value")
+        mask = self._mask(query, value, attention_mask, use_causal_mask)
+        kernels = self._parts(self._slot_of[("attention_output", "kernel")])
+        outs = []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                scores = tf.einsum("aecd,abcd->acbe", k[i], q[i] * tf.cast(1.0 / math.sqrt(self.key_dim), q[i].dtype))
+                if mask is not None:
+                    scores += (1.0 - tf.cast(mask[:, None], scores.dtype)) * _LARGE_NEGATIVE
+                probs = tf.nn.softmax(scores, axis=-1)
+                if training and self.dropout:
+                    probs = tf.nn.dropout(probs, rate=self.dropout)
+                context = tf.einsum("acbe,aecd->abcd", probs, v[i])
+                outs.append(tf.einsum("abcd,cde->abe", context, kernels[i]))
+        y = reduce_from(outs, self.devices)
+        bias = self._slot_of.get(("attention_output", "bias"))
+        with tf.device(self.devices[0]):
+            return y if bias is None else y + self._parts(bias)[0]
+
+    @staticmethod
+    def _mask(query, value, attention_mask, use_causal_mask):
+        mask = None if attention_mask is None else tf.cast(attention_mask, tf.bool)
+        if use_causal_mask:
+            q_len, v_len = tf.shape(query)[1], tf.shape(value)[1]
+            causal = tf.cast(tf.linalg.band_part(tf.ones([1, q_len, v_len], tf.int32), -1, 0), tf.bool)
+            mask = causal if mask is None else tf.logical_and(mask, causal)
+        return mask
+
+
+class _Embedding(_Shards):
+    """Embedding split by vocabulary: each device looks up the ids in its rows, and the parts are summed."""
+
+    def __init__(self, source, style, devices, keep_split=False, **kwargs):
+        super().__init__(name=source.name, dtype=source.dtype_policy, **kwargs)
+        self._init_shards(source, devices)
+        self.rows = self._source_shapes[0][0] // self.degree
+        self._add("embeddings", 0, 0, getattr(source, "embeddings_regularizer", None))
+
+    def tp_call(self, ids, training=None):
+        ids = tf.cast(ids, tf.int32)
+        tables = self._parts(0)
+        parts = []
+        for i, device in enumerate(self.devices):
+            with tf.device(device):
+                local = ids - i * self.rows
+                mine = tf.logical_and(local >= 0, local < self.rows)
+                found = tf.gather(tables[i], tf.where(mine, local, tf.zeros_like(local)))
+                parts.append(found * tf.cast(mine, found.dtype)[..., None])
+        return reduce_from(parts, self.devices)
+
+
+_FAMILIES = {"Dense": _Dense, "EinsumDense": _Dense, "MultiHeadAttention": _Attention, "Embedding": _Embedding}
+
+
+@functools.cache
+def layer_class(keras_module, kind):
+    """The split layer class for a Keras layer class name ``kind``, a layer of ``keras_module``."""
+    family = _FAMILIES[kind]
+    return type(f"TensorParallel{kind}", (family, keras_module.layers.Layer), {})

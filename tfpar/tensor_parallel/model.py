@@ -1,0 +1,222 @@
+"""`TensorParallelModel`: a Keras model whose planned layers are split over T devices.
+
+It is built from the user's model by `tfpar.tensor_parallel.TensorParallel.shard`: a copy of the
+model (Keras' ``clone_model``) in which each planned layer is replaced by its split layer
+(`layers.py`) and every other layer is a copy on the home device, all with the model's weights.
+Its ``call`` walks the copy's layer graph itself, so that a column layer's split output reaches the
+row layer after it (through element-wise layers, run on each device) without being gathered: the
+MLP pair costs one reduction forward and one backward, as in Megatron-LM. Training is Keras' own
+``train_step``: the conjugate operators (`ops.py`) carry the gradients.
+"""
+
+import functools
+from typing import Any
+
+from tfpar import _compat
+from tfpar._keras import is_keras3, keras, keras3, tf
+from tfpar.tensor_parallel.layers import _Shards, layer_class
+from tfpar.tensor_parallel.ops import Sharded, gather_from
+from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
+
+__all__ = ["TensorParallelModel", "split_outputs"]
+
+ELEMENTWISE = ("Activation", "Dropout", "ReLU", "LeakyReLU", "ELU")
+"""Layers a split activation passes through part by part (an Activation other than softmax)."""
+
+
+def _elementwise(layer, keras_module):
+    if not isinstance(layer, tuple(getattr(keras_module.layers, n) for n in ELEMENTWISE)):
+        return False
+    return layer.get_config().get("activation") not in ("softmax", "log_softmax")
+
+
+def kind_of(layer, style, keras_module):
+    """The Keras class name of ``layer`` among those ``style`` splits, or None."""
+    return next((k for k in LAYERS_OF_STYLE[style] if isinstance(layer, getattr(keras_module.layers, k))), None)
+
+
+def split_outputs(model, styles, keras_module):
+    """The column layers whose output stays split (every use reaches a row layer through
+    element-wise layers), after checking that every row layer's input comes split that way.
+
+    Raises:
+        ValueError: a planned layer called more than once, or a row layer whose input is not the
+            split output of column layers.
+    """
+    _, steps, _ = _compat.graph_steps(model)
+    consumers: dict = {}
+    producer = {}
+    for index, (layer, inputs, outputs, _) in enumerate(steps):
+        for key in inputs:
+            consumers.setdefault(key, []).append(index)
+        for key in outputs:
+            producer[key] = index
+    calls: dict = {}
+    for layer, _, _, _ in steps:
+        calls[layer.name] = calls.get(layer.name, 0) + 1
+    for name in styles:
+        if calls.get(name, 0) > 1:
+            raise ValueError(f"layer {name!r} is called {calls[name]} times in the model; a planned layer must "
+                             "be called once. Leave the shared layer out of the plan.")
+
+    def reaches_rows(key, seen=()):
+        """Whether every use of the tensor ``key`` ends in a row layer through element-wise layers."""
+        uses = consumers.get(key, [])
+        if not uses:
+            return False
+        for index in uses:
+            layer, inputs, outputs, _ = steps[index]
+            if styles.get(layer.name) == "row" and inputs == [key]:
+                continue
+            if _elementwise(layer, keras_module) and len(inputs) == 1 and len(outputs) == 1:
+                if not reaches_rows(outputs[0]):
+                    return False
+                continue
+            return False
+        return True
+
+    def source_columns(key):
+        """The column layers a row layer's input comes from, through element-wise layers (None: not split)."""
+        if key not in producer:
+            return None
+        layer, inputs, _, _ = steps[producer[key]]
+        if styles.get(layer.name) == "column":
+            return [layer.name]
+        if _elementwise(layer, keras_module) and len(inputs) == 1:
+            return source_columns(inputs[0])
+        return None
+
+    kept = {layer.name for layer, _, outputs, _ in steps
+            if styles.get(layer.name) == "column" and reaches_rows(outputs[0])}
+    for layer, inputs, _, _ in steps:
+        if styles.get(layer.name) != "row":
+            continue
+        columns = source_columns(inputs[0]) if len(inputs) == 1 else None
+        if not columns or not set(columns) <= kept:
+            raise ValueError(
+                f"layer {layer.name!r} is planned 'row', and its input is not the split output of a 'column' "
+                f"layer. Received: plan {dict(styles)!r}. Plan the Dense that feeds {layer.name!r} as 'column' "
+                "(its output must go only to row layers, through activations or dropout), or plan "
+                f"{layer.name!r} as 'column' itself.")
+    return kept
+
+
+class TensorParallelModel:
+    """A model whose planned layers are split over devices; build it with
+    `tfpar.tensor_parallel.TensorParallel.shard`. It is a ``keras.Model`` of the Keras its source model
+    was written in; ``compile``/``fit``/``evaluate``/``predict`` work as usual, and `plain_model`
+    returns the original model with the trained weights."""
+
+    _keras = None
+
+    def __new__(cls, source=None, *args, **kwargs):
+        if cls is TensorParallelModel:
+            cls = _keras3_model() if is_keras3(source) else _TfKerasTensorParallelModel
+        return super().__new__(cls)
+
+    def __init__(self, source, styles, devices):
+        super().__init__(name=f"{source.name}_tensor_parallel")
+        k = self._keras
+        kept = split_outputs(source, styles, k)
+
+        def clone(layer):
+            if layer.name in styles:
+                style = styles[layer.name]
+                cls = layer_class(k, kind_of(layer, style, k))
+                return cls(layer, style, devices, keep_split=layer.name in kept)
+            return layer.__class__.from_config(layer.get_config())
+
+        with tf.device(devices[0]):  # the replicated layers live on the home device
+            inner = k.models.clone_model(source, clone_function=clone)
+        for layer in source.layers:
+            if layer.weights:
+                copy = inner.get_layer(layer.name)
+                (copy.load if isinstance(copy, _Shards) else copy.set_weights)(layer.get_weights())
+        self.inner = inner
+        self.devices = list(devices)
+        self.styles = dict(styles)
+        self.__dict__["_source"] = source  # not tracked: its weights are copied, not shared
+        self.__dict__["_graph"] = _compat.graph_steps(inner)
+
+    def call(self, inputs, training=None):
+        input_keys, steps, output_keys = self._graph
+        values = dict(zip(input_keys, tf.nest.flatten(inputs)))
+        for layer, in_keys, out_keys, fill in steps:
+            args, kwargs = fill(values)
+            if isinstance(layer, _Shards):
+                out = layer.tp_call(*args, **dict(kwargs, training=kwargs.get("training", training)))
+            elif any(isinstance(a, Sharded) for a in args):
+                if len(args) == 1 and _elementwise(layer, self._keras):
+                    out = args[0].map(lambda t: layer(t, **kwargs))
+                else:
+                    out = layer(*[gather_from(a) if isinstance(a, Sharded) else a for a in args], **kwargs)
+            else:
+                out = layer(*args, **kwargs)
+            for key, value in zip(out_keys, [out] if isinstance(out, Sharded) else tf.nest.flatten(out)):
+                values[key] = value
+        outputs = [gather_from(values[key]) if isinstance(values[key], Sharded) else values[key]
+                   for key in output_keys]
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def compile(self, *args, **kwargs):
+        """Keras' ``compile``; then the optimizer's slots are made next to their variables, each
+        device's on that device."""
+        super().compile(*args, **kwargs)
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+            optimizer.build(self.trainable_variables)
+
+    def plain_model(self) -> Any:
+        """The original model with this model's current weights; save or use it as usual."""
+        for layer in self._source.layers:
+            if layer.weights:
+                copy = self.inner.get_layer(layer.name)
+                layer.set_weights(copy.full_weights() if isinstance(copy, _Shards) else copy.get_weights())
+        return self._source
+
+    def device_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes each device holds: ``{device: {"weights": ..., "optimizer": ...}}``, from where each
+        variable lives."""
+        held: dict = {}
+        groups = [("weights", self.weights)]
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None:
+            groups.append(("optimizer", [v for v in optimizer.variables if tuple(v.shape)]))
+        for group, variables in groups:
+            for variable in variables:
+                value = getattr(variable, "value", variable) if is_keras3(self) else variable
+                device = tf.DeviceSpec.from_string(value.device)
+                name = f"/{device.device_type}:{device.device_index}"
+                entry = held.setdefault(name, {"weights": 0, "optimizer": 0})
+                entry[group] += _nbytes(variable)
+        return held
+
+    def get_config(self):
+        raise NotImplementedError("Save plain_model() instead: a TensorParallelModel is rebuilt with "
+                                  "TensorParallel.shard(model).")
+
+
+def _nbytes(variable):
+    n = tf.as_dtype(variable.dtype).size
+    for d in variable.shape:
+        n *= int(d)
+    return n
+
+
+class _TfKerasTensorParallelModel(TensorParallelModel, keras.Model):
+    """A `TensorParallelModel` of a tf_keras model."""
+
+    _keras = keras
+
+
+@functools.cache
+def _keras3_model():
+    """The `TensorParallelModel` class of Keras 3 models (made when first needed)."""
+    k3 = keras3()
+
+    class _Keras3TensorParallelModel(TensorParallelModel, k3.Model):
+        """A `TensorParallelModel` of a Keras 3 model."""
+
+        _keras = k3
+
+    return _Keras3TensorParallelModel

@@ -1,0 +1,103 @@
+"""The communication of tensor parallelism: Megatron-LM's conjugate operators, in one process.
+
+- `copy_to` (Megatron's *f*): the forward pass hands the same activation to every device; the
+  backward pass sums the devices' gradients (an all-reduce).
+- `reduce_from` (Megatron's *g*): the forward pass sums the devices' partial outputs (an
+  all-reduce); the backward pass hands the gradient to every device unchanged.
+- `gather_from`: the devices' column blocks side by side (an all-gather), for a column layer no row
+  layer follows; its backward pass hands each device its block.
+
+In one process the devices' tensors meet on the home device (the first one), where the replicated
+layers (normalisation, residuals, biases of row layers) run. Each reduction is one op named after
+what it is (`FORWARD_REDUCTION`, `BACKWARD_REDUCTION`, `GATHER`), so a traced training step can be
+counted (`count_communication`) and the Timeline can name it.
+"""
+
+import re
+
+from tfpar._keras import tf
+
+__all__ = ["BACKWARD_REDUCTION", "FORWARD_REDUCTION", "GATHER", "Sharded", "copy_to", "count_communication",
+           "gather_from", "reduce_from"]
+
+FORWARD_REDUCTION = "tp_allreduce_forward"
+BACKWARD_REDUCTION = "tp_allreduce_backward"
+GATHER = "tp_allgather"
+
+
+class Sharded:
+    """An activation split over the tensor-parallel devices: ``parts[i]`` on ``devices[i]``, the
+    blocks of its last axis in order. It flows from a column layer to the row layer that sums it."""
+
+    def __init__(self, parts, devices):
+        self.parts = list(parts)
+        self.devices = list(devices)
+
+    def map(self, fn):
+        """``fn`` applied to each part on its device (an element-wise layer)."""
+        parts = []
+        for part, device in zip(self.parts, self.devices):
+            with tf.device(device):
+                parts.append(fn(part))
+        return Sharded(parts, self.devices)
+
+
+def copy_to(x, devices):
+    """``x`` on each device (forward); the sum of the devices' gradients (backward)."""
+    home = devices[0]
+
+    @tf.custom_gradient
+    def f(value):
+        copies = []
+        for device in devices:
+            with tf.device(device):
+                copies.append(tf.identity(value))
+
+        def grad(*upstream):
+            given = [g for g in upstream if g is not None]
+            with tf.device(home):
+                return tf.add_n(given, name=BACKWARD_REDUCTION) if given else tf.zeros_like(value)
+
+        return copies, grad
+
+    return list(f(x))
+
+
+def reduce_from(parts, devices):
+    """The sum of the devices' partial outputs, on the home device (forward); the gradient handed to
+    each device (backward)."""
+
+    @tf.custom_gradient
+    def g(*values):
+        with tf.device(devices[0]):
+            total = tf.add_n(list(values), name=FORWARD_REDUCTION)
+
+        def grad(upstream):
+            copies = []
+            for device in devices:
+                with tf.device(device):
+                    copies.append(tf.identity(upstream))
+            return copies
+
+        return total, grad
+
+    return g(*parts)
+
+
+def gather_from(sharded):
+    """The parts side by side along the last axis, on the home device (an all-gather)."""
+    with tf.device(sharded.devices[0]):
+        return tf.concat(sharded.parts, axis=-1, name=GATHER)
+
+
+def count_communication(graph_def):
+    """``{name: count}`` of the communication ops in a traced step's GraphDef, its functions included."""
+    names = [node.name for node in graph_def.node]
+    for function in graph_def.library.function:
+        names.extend(node.name for node in function.node_def)
+    counts = {}
+    for marker in (FORWARD_REDUCTION, BACKWARD_REDUCTION, GATHER):
+        # TensorFlow names an op "<scopes>/<marker>", with "_<n>" after the first of a scope.
+        pattern = re.compile(rf"{marker}(_\d+)?")
+        counts[marker] = sum(1 for name in names if pattern.fullmatch(name.rsplit("/", 1)[-1]))
+    return counts

@@ -1,0 +1,178 @@
+"""`TensorParallel`: which layers of a model are split, how many ways, on which devices.
+
+``TensorParallel(degree=2, plan={"up": "column", "down": "row"}).shard(model)`` returns a
+`TensorParallelModel` (`model.py`) that ``compile``/``fit``/``evaluate``/``predict`` accept
+unchanged; each device holds 1/degree of each planned layer's weights and of their optimizer slots.
+"""
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tfpar import _owned
+from tfpar._checks import check_int, config_from
+from tfpar._keras import check_keras_model, keras_of, tf
+from tfpar._parallelism import Parallelism, check_model_fn
+from tfpar._topology import Topology
+from tfpar.tensor_parallel.layers import split_error
+from tfpar.tensor_parallel.model import TensorParallelModel, kind_of
+from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan
+
+__all__ = ["TensorParallel", "TensorParallelConfig"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TensorParallelConfig:
+    """Configuration of `TensorParallel`, validated when built."""
+
+    plan: Mapping[str, str]
+    """Layer name (or a regular expression matched against whole names) -> style: "column", "row"
+    (Dense, EinsumDense), "heads" (MultiHeadAttention) or "vocab" (Embedding). Unplanned layers are
+    replicated."""
+    degree: int = 2
+    """T: the devices each planned layer is split over."""
+    devices: tuple | None = None
+    """Device names (default: the first ``degree`` GPUs, else logical CPU devices); the first is the
+    home device, where the replicated layers run."""
+
+    def __post_init__(self):
+        check_int("degree", self.degree, 1)
+        match_plan(self.plan, list(self.plan))  # its types and styles; the layers are checked by shard()
+        if self.devices is not None:
+            from tfpar.devices import check_devices
+
+            object.__setattr__(self, "devices", check_devices("devices", self.devices))
+
+
+class TensorParallel(Parallelism):
+    """Tensor (intra-layer) parallelism for Keras models (tf_keras or Keras 3): ``shard(model)``
+    returns the split model.
+
+    Megatron-LM's splits over ``degree`` devices: Dense/EinsumDense by columns or rows (an MLP
+    pair costs one all-reduce forward and one backward, no gather between them), MultiHeadAttention
+    by heads, Embedding by vocabulary. Not a ``tf.distribute.Strategy``: it places the parts itself,
+    in this process, under TensorFlow's default strategy.
+
+    Args:
+        config: a `TensorParallelConfig`, or its fields as keyword arguments.
+
+    Examples:
+        >>> tfpar.configure_devices(2)  # doctest: +SKIP
+        >>> tp = tfpar.tensor_parallel.TensorParallel(degree=2, plan={"up": "column", "down": "row"})  # doctest: +SKIP
+        >>> model = tp.shard(model)  # doctest: +SKIP
+        >>> model.compile("adam", "sparse_categorical_crossentropy")  # doctest: +SKIP
+        >>> model.fit(x, y, batch_size=64)  # doctest: +SKIP
+        >>> model.plain_model().save("model.keras")  # doctest: +SKIP
+    """
+
+    CONFIG = TensorParallelConfig
+
+    def __init__(self, config: TensorParallelConfig | None = None, **kwargs: Any) -> None:
+        self.config = config_from(TensorParallelConfig, config, kwargs)
+
+    @property
+    def num_replicas_in_sync(self):
+        """One copy of the model: the devices split its layers, not its batch."""
+        return 1
+
+    @property
+    def topology(self):
+        """One process, one replica."""
+        return Topology(replicas_per_worker=1)
+
+    @property
+    def input_strategy(self):
+        """TensorFlow's default strategy: every device sees the whole batch."""
+        return tf.distribute.get_strategy()
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """The default strategy's scope.
+
+        Raises:
+            ValueError: called inside another strategy's scope.
+        """
+        if tf.distribute.has_strategy():
+            raise ValueError(
+                "TensorParallel places a layer's parts itself, in this process, so it cannot run inside "
+                f"another strategy's scope. Received: a call inside {type(tf.distribute.get_strategy()).__name__}"
+                ".scope(). Build and compile the model outside it.")
+        return tf.distribute.get_strategy().scope()
+
+    def build(self, model_fn: Callable[[], Any]) -> Any:
+        """Builds ``model_fn()`` and returns it split (`shard`)."""
+        check_model_fn(model_fn)
+        with self.scope():
+            return self.shard(model_fn())
+
+    def devices(self) -> list[str]:
+        """The ``degree`` devices the planned layers are split over; the first is the home device.
+
+        Raises:
+            ValueError: fewer devices than ``degree``.
+        """
+        from tfpar.devices import local_devices
+
+        names = list(self.config.devices or local_devices())
+        degree = self.config.degree
+        if len(names) < degree:
+            raise ValueError(
+                f"Tensor parallelism over degree={degree} devices needs {degree} devices. Received: {len(names)} "
+                f"({names}). Call tfpar.configure_devices({degree}) before TensorFlow starts (or pass "
+                f"devices=), or use degree <= {len(names)}.")
+        return names[:degree]
+
+    def styles(self, model: Any) -> dict[str, str]:
+        """``{layer name: style}`` of ``model``'s planned layers, each checked.
+
+        Raises:
+            ValueError: a plan key that names no layer, a layer the style cannot split, a size the
+                degree does not divide.
+        """
+        k = keras_of(model)
+        styles = match_plan(self.config.plan, [layer.name for layer in model.layers])
+        for name, style in styles.items():
+            layer = model.get_layer(name)
+            kind = kind_of(layer, style, k)
+            if kind is None:
+                raise ValueError(
+                    f"layer {name!r} is a {type(layer).__name__}, and style {style!r} splits "
+                    f"{' or '.join(LAYERS_OF_STYLE[style])} layers. Received: plan[{name!r}]={style!r}. Use a style "
+                    f"for a {type(layer).__name__} ({[s for s, kinds in LAYERS_OF_STYLE.items() if type(layer).__name__ in kinds] or 'none: leave it replicated'}).")
+            error = split_error(layer, style, self.config.degree, kind)
+            if error:
+                raise ValueError(error)
+        return styles
+
+    def shard(self, model: Any) -> Any:
+        """Splits ``model``'s planned layers over the devices and returns the `TensorParallelModel`.
+
+        The original model is left as it is; `TensorParallelModel.plain_model` copies the trained
+        weights back into it.
+
+        Raises:
+            TypeError: not a Keras model.
+            ValueError: a subclassed model, or a plan that does not fit it (see `styles`), or too few devices.
+        """
+        check_keras_model(model)
+        from tfpar import _compat
+
+        if not _compat.is_graph_network(model):
+            raise ValueError(f"Tensor parallelism splits a Sequential or Functional model's layers. Received: "
+                             f"{model.name!r}, a subclassed model. Build it with the functional API.")
+        devices = self.devices()
+        styles = self.styles(model)
+        return _owned.own(TensorParallelModel(model, styles, devices), self.model_checks())
+
+    def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
+        """A readable summary: the mesh, the plan and, given the split model, the bytes each device holds."""
+        c = self.config
+        lines = [f"TensorParallel (mesh: data 1 x pipeline 1 x tensor {c.degree})",
+                 f"  devices:    {self.devices()}",
+                 f"  plan:       {dict(c.plan)}"]
+        if global_batch_size is not None:
+            lines.append(f"  batch:      {global_batch_size}, whole on every device")
+        if isinstance(model, TensorParallelModel):
+            for device, held in model.device_bytes().items():
+                lines.append(f"  {device}: weights {held['weights']:,} B, optimizer {held['optimizer']:,} B")
+        return "\n".join(lines)
