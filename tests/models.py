@@ -309,3 +309,49 @@ def process_strategy():
 
         return HorovodStrategy(), hvd.rank()
     return tfpar.DataParallel(timeout_seconds=120), tfpar.ClusterInfo.from_tf_config().worker_index
+
+
+def tensor_parallel_models(k=keras):
+    """name -> (model, inputs, labels, plan): an MLP, a transformer block (attention + MLP +
+    LayerNorm + residuals, after an embedding so that its input has a gradient) and an embedding
+    model, each with the plan that splits it (Keras ``k``)."""
+    from tfpar._tokens import TRANSFORMER_PLAN, token_data, transformer
+
+    rng = np.random.default_rng(0)
+    k.utils.set_random_seed(3)
+    inputs = k.Input((8,))
+    h = k.layers.Dense(16, activation="relu", name="up")(inputs)
+    h = k.layers.Dropout(0.0, name="drop")(h)
+    h = k.layers.Dense(8, name="down")(h)
+    mlp = k.Model(inputs, k.layers.Dense(3, name="head")(h), name="mlp")
+    ids = k.Input((5,), dtype="int32")
+    e = k.layers.Embedding(12, 8, name="embed")(ids)
+    embedding = k.Model(ids, k.layers.Dense(3, name="head")(k.layers.Flatten()(e)), name="embedding")
+    tokens, next_tokens = token_data(32, vocab=16, length=6)
+    return {
+        "mlp": (mlp, rng.normal(size=(32, 8)).astype("float32"), rng.integers(0, 3, 32), {"up": "column", "down": "row"}),
+        "block": (transformer(k, vocab=16, length=6, dim=8, heads=4, blocks=1, seed=4), tokens, next_tokens,
+                  TRANSFORMER_PLAN),
+        "embedding": (embedding, rng.integers(0, 12, (32, 5)).astype("int32"), rng.integers(0, 3, 32), {"embed": "vocab"}),
+    }
+
+
+def train_tensor_parallel_pair(name, degree, optimizer, k=keras, epochs=2):
+    """The ``name`` model of `tensor_parallel_models` trained plain and split ``degree`` ways from the
+    same weights: (plain weights, split model's plain_model() weights, split model, initial weights)."""
+    from tfpar.tensor_parallel import TensorParallel
+
+    model, x, y, plan = tensor_parallel_models(k)[name]
+    initial = model.get_weights()
+    split = TensorParallel(degree=degree, plan=plan).shard(model)
+
+    def compiled(m):
+        opt = k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.01)
+        m.compile(opt, k.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    compiled(split).fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
+    plain = tensor_parallel_models(k)[name][0]
+    plain.set_weights(initial)
+    compiled(plain).fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
+    return plain.get_weights(), split.plain_model().get_weights(), split, initial

@@ -18,7 +18,7 @@ from tfpar.tensor_parallel.layers import _Shards, layer_class
 from tfpar.tensor_parallel.ops import Sharded, gather_from
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
 
-__all__ = ["TensorParallelModel", "split_outputs"]
+__all__ = ["TensorParallelModel", "auto_plan", "split_outputs"]
 
 ELEMENTWISE = ("Activation", "Dropout", "ReLU", "LeakyReLU", "ELU")
 """Layers a split activation passes through part by part (an Activation other than softmax)."""
@@ -99,6 +99,50 @@ def split_outputs(model, styles, keras_module):
                 "(its output must go only to row layers, through activations or dropout), or plan "
                 f"{layer.name!r} as 'column' itself.")
     return kept
+
+
+def auto_plan(model, degree, keras_module):
+    """Megatron's plan for ``model`` (DeepSpeed calls it AutoTP): each MultiHeadAttention by heads,
+    each Embedding by vocabulary, and each Dense whose output goes (through element-wise layers) to
+    one Dense only as a column/row pair, where ``degree`` divides what is split."""
+    from tfpar.tensor_parallel.layers import split_error
+
+    _, steps, _ = _compat.graph_steps(model)
+    consumers: dict = {}
+    for index, (_, inputs, _, _) in enumerate(steps):
+        for key in inputs:
+            consumers.setdefault(key, []).append(index)
+    calls: dict = {}
+    for layer, _, _, _ in steps:
+        calls[layer.name] = calls.get(layer.name, 0) + 1
+
+    def fits(layer, style):
+        kind = kind_of(layer, style, keras_module)
+        return kind is not None and calls[layer.name] == 1 and split_error(layer, style, degree, kind) is None
+
+    def next_dense(key):
+        """The one layer the tensor ``key`` reaches through element-wise layers, if it is one."""
+        uses = consumers.get(key, [])
+        if len(uses) != 1:
+            return None
+        layer, inputs, outputs, _ = steps[uses[0]]
+        if _elementwise(layer, keras_module) and len(outputs) == 1:
+            return next_dense(outputs[0])
+        return layer if len(inputs) == 1 else None
+
+    plan: dict = {}
+    for layer, _, outputs, _ in steps:
+        if layer.name in plan:
+            continue
+        if fits(layer, "heads"):
+            plan[layer.name] = "heads"
+        elif fits(layer, "vocab"):
+            plan[layer.name] = "vocab"
+        elif fits(layer, "column") and len(outputs) == 1:
+            following = next_dense(outputs[0])
+            if following is not None and following.name not in plan and fits(following, "row"):
+                plan[layer.name], plan[following.name] = "column", "row"
+    return plan
 
 
 class TensorParallelModel:

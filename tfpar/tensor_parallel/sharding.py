@@ -16,7 +16,7 @@ from tfpar._keras import check_keras_model, keras_of, tf
 from tfpar._parallelism import Parallelism, check_model_fn
 from tfpar._topology import Topology
 from tfpar.tensor_parallel.layers import split_error
-from tfpar.tensor_parallel.model import TensorParallelModel, kind_of
+from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, kind_of
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan
 
 __all__ = ["TensorParallel", "TensorParallelConfig"]
@@ -26,10 +26,12 @@ __all__ = ["TensorParallel", "TensorParallelConfig"]
 class TensorParallelConfig:
     """Configuration of `TensorParallel`, validated when built."""
 
-    plan: Mapping[str, str]
+    plan: Mapping[str, str] | str = "auto"
     """Layer name (or a regular expression matched against whole names) -> style: "column", "row"
-    (Dense, EinsumDense), "heads" (MultiHeadAttention) or "vocab" (Embedding). Unplanned layers are
-    replicated."""
+    (Dense, EinsumDense), "heads" (MultiHeadAttention) or "vocab" (Embedding); unplanned layers are
+    replicated. "auto": every MultiHeadAttention by heads, every Embedding by vocabulary, and each
+    Dense that feeds one Dense (through activations or dropout) as a column/row pair, where the
+    degree divides them."""
     degree: int = 2
     """T: the devices each planned layer is split over."""
     devices: tuple | None = None
@@ -38,11 +40,15 @@ class TensorParallelConfig:
 
     def __post_init__(self):
         check_int("degree", self.degree, 1)
-        match_plan(self.plan, list(self.plan))  # its types and styles; the layers are checked by shard()
+        if self.plan != "auto":
+            match_plan(self.plan, list(self.plan))  # its types and styles; the layers are checked by shard()
         if self.devices is not None:
             from tfpar.devices import check_devices
 
             object.__setattr__(self, "devices", check_devices("devices", self.devices))
+            if len(set(self.devices)) != len(self.devices):
+                raise ValueError(f"devices must be distinct: a layer's parts on one device split nothing. "
+                                 f"Received: devices={list(self.devices)!r}. Name each device once.")
 
 
 class TensorParallel(Parallelism):
@@ -130,6 +136,14 @@ class TensorParallel(Parallelism):
                 degree does not divide.
         """
         k = keras_of(model)
+        if self.config.plan == "auto":
+            styles = auto_plan(model, self.config.degree, k)
+            if not styles:
+                raise ValueError(
+                    f"plan='auto' found no layer of {model.name!r} to split {self.config.degree} ways: no "
+                    "MultiHeadAttention, Embedding or Dense pair whose size the degree divides. Received: "
+                    f"degree={self.config.degree}. Name the layers in plan=, or use another degree.")
+            return styles
         styles = match_plan(self.config.plan, [layer.name for layer in model.layers])
         for name, style in styles.items():
             layer = model.get_layer(name)
@@ -160,8 +174,8 @@ class TensorParallel(Parallelism):
         if not _compat.is_graph_network(model):
             raise ValueError(f"Tensor parallelism splits a Sequential or Functional model's layers. Received: "
                              f"{model.name!r}, a subclassed model. Build it with the functional API.")
+        styles = self.styles(model)  # the plan first: it is wrong whatever the devices
         devices = self.devices()
-        styles = self.styles(model)
         return _owned.own(TensorParallelModel(model, styles, devices), self.model_checks())
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
@@ -169,10 +183,11 @@ class TensorParallel(Parallelism):
         c = self.config
         lines = [f"TensorParallel (mesh: data 1 x pipeline 1 x tensor {c.degree})",
                  f"  devices:    {self.devices()}",
-                 f"  plan:       {dict(c.plan)}"]
+                 f"  plan:       {c.plan if c.plan == 'auto' else dict(c.plan)}"]
         if global_batch_size is not None:
             lines.append(f"  batch:      {global_batch_size}, whole on every device")
         if isinstance(model, TensorParallelModel):
+            lines[2] = f"  plan:       {model.styles}"
             for device, held in model.device_bytes().items():
                 lines.append(f"  {device}: weights {held['weights']:,} B, optimizer {held['optimizer']:,} B")
         return "\n".join(lines)

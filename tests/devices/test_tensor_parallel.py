@@ -1,0 +1,168 @@
+"""Tensor parallelism on the 2 virtual CPU devices of this process (T = 2): the same training as the
+plain model, where each part lives, the communication of a step, and the plans it refuses.
+
+T = 4 needs 4 devices: tests/multiproc/test_tensor_parallel.py.
+"""
+
+import numpy as np
+import pytest
+
+import tfpar
+from tests.models import tensor_parallel_models, train_tensor_parallel_pair
+from tfpar.tensor_parallel import TensorParallel
+from tfpar.tensor_parallel.ops import count_communication
+
+keras = tfpar.keras
+
+
+def weight_differences(model, a, b, optimizer):
+    """{weight name: largest difference}. With Adam the attention's key bias is left out: its
+    gradient is exactly 0 in exact arithmetic (a softmax does not change when every score of a row
+    moves by the same amount), so both runs feed Adam round-off, which it scales to steps of the
+    learning rate: no two summation orders agree there."""
+    names = [getattr(w, "path", None) or w.name for w in model.weights]
+    return {n: float(np.max(np.abs(x - y))) for n, x, y in zip(names, a, b)
+            if not (optimizer == "adam" and "key/bias" in n)}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("name", ["mlp", "block", "embedding"])
+def test_a_split_model_trains_exactly_like_the_plain_model(any_keras, name, optimizer):
+    plain, split, model, initial = train_tensor_parallel_pair(name, 2, optimizer, k=any_keras)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(initial, plain)) > 1e-2  # it trained
+    differences = weight_differences(model.plain_model(), plain, split, optimizer)
+    assert max(differences.values()) < 1e-5, differences
+
+
+def test_each_device_holds_half_of_each_planned_layer_and_of_its_optimizer_slots(any_keras):
+    k = any_keras
+    model, x, y, plan = tensor_parallel_models(k)["block"]
+    whole = {(getattr(w, "path", None) or w.name).split(":")[0]: int(np.prod(w.shape)) * 4 for w in model.weights}
+    split = TensorParallel(degree=2, plan=plan).shard(model)
+    split.compile(k.optimizers.Adam(0.01), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    split.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    held = split.device_bytes()
+    assert sorted(held) == ["/CPU:0", "/CPU:1"]
+    planned = sum(size for name, size in whole.items() if name.split("/")[0] in split.styles
+                  and not (name.endswith("attention_output/bias") or (name.startswith("block0_down") and name.endswith("bias"))))
+    replicated = sum(whole.values()) - planned
+    assert held["/CPU:1"]["weights"] == planned // 2  # the other half of every planned weight
+    assert held["/CPU:0"]["weights"] == planned // 2 + replicated  # and the replicated layers
+    for device in held:  # Adam: two slots per weight, next to it
+        assert held[device]["optimizer"] == 2 * held[device]["weights"], held
+    described = TensorParallel(degree=2, plan=plan).describe(model=split)
+    assert "mesh: data 1 x pipeline 1 x tensor 2" in described
+    assert f"/CPU:1: weights {planned // 2:,} B, optimizer {planned:,} B" in described, described
+
+
+def test_a_transformer_step_holds_two_reductions_forward_and_two_backward_per_block(any_keras):
+    """Megatron's count, from the ops of a traced training step: the attention's and the MLP's
+    all-reduce forward, and the backward all-reduce of each one's input; no gather in between.
+    The embedding's (by vocabulary) is one more forward reduction, before the blocks."""
+    import tensorflow as tf
+
+    from tfpar._tokens import TRANSFORMER_PLAN, token_data, transformer
+
+    k = any_keras
+    blocks = 3
+    split = TensorParallel(degree=2, plan=TRANSFORMER_PLAN).shard(
+        transformer(k, vocab=16, length=6, dim=8, heads=4, blocks=blocks))
+    x, y = token_data(4, vocab=16, length=6)
+    loss = k.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, split(x, training=True))
+        return tape.gradient(value, split.trainable_variables)
+
+    counts = count_communication(step.get_concrete_function(x, y).graph.as_graph_def())
+    assert counts == {"tp_allreduce_forward": 2 * blocks + 1, "tp_allreduce_backward": 2 * blocks,
+                      "tp_allgather": 0}
+
+
+def test_auto_plan_finds_megatron_s_splits_and_a_gathered_column_layer_still_trains(any_keras):
+    from tfpar._tokens import transformer
+    from tfpar.tensor_parallel.model import auto_plan
+
+    k = any_keras
+    model = transformer(k, vocab=16, length=6, dim=8, heads=4, blocks=2)
+    assert auto_plan(model, 2, k) == {
+        "embed": "vocab", "block0_attention": "heads", "block0_up": "column", "block0_down": "row",
+        "block1_attention": "heads", "block1_up": "column", "block1_down": "row"}
+    assert auto_plan(model, 3, k) == {}  # 3 divides neither the heads, the vocabulary nor the widths
+    # A column layer no row layer follows gathers its output (one all-gather), and trains.
+    mlp, x, y, _ = tensor_parallel_models(k)["mlp"]
+    initial = mlp.get_weights()
+    split = TensorParallel(degree=2, plan={"up": "column"}).shard(mlp)
+    split.compile(k.optimizers.SGD(0.1), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    split.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    plain = tensor_parallel_models(k)["mlp"][0]
+    plain.set_weights(initial)
+    plain.compile(k.optimizers.SGD(0.1), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    plain.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(split.plain_model().get_weights(), plain.get_weights())) < 1e-5
+
+
+def test_the_plain_model_comes_back_with_the_trained_weights_and_saves(any_keras, tmp_path):
+    k = any_keras
+    model, x, y, plan = tensor_parallel_models(k)["block"]
+    split = TensorParallel(degree=2, plan=plan).shard(model)
+    split.compile(k.optimizers.SGD(0.1), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    split.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    predicted = split.predict(x, verbose=0)
+    plain = split.plain_model()
+    assert plain is model
+    np.testing.assert_allclose(plain.predict(x, verbose=0), predicted, atol=1e-5)
+    path = str(tmp_path / "model.keras")
+    plain.save(path)
+    np.testing.assert_allclose(k.models.load_model(path).predict(x, verbose=0), predicted, atol=1e-5)
+    with pytest.raises(NotImplementedError, match=r"Save plain_model\(\) instead"):
+        split.get_config()
+
+
+BAD_PLANS = [
+    ({"nope": "column"}, "mlp", 2, "plan names layer(s) the model does not have: ['nope']"),
+    ({"up": "diagonal"}, "mlp", 2, "plan['up'] is an unknown style. Received: 'diagonal'"),
+    ({"up": "heads"}, "mlp", 2, "layer 'up' is a Dense, and style 'heads' splits MultiHeadAttention layers"),
+    ({"down": "row"}, "mlp", 2, "layer 'down' is planned 'row', and its input is not the split output of a 'column' layer"),
+    ({"up": "column", "down": "row"}, "mlp", 3, "layer 'up' has 16 output columns (units), which the tensor-parallel degree does not divide. Received: degree=3"),
+    ({"block0_attention": "heads"}, "block", 3, "layer 'block0_attention' has num_heads=4, which the tensor-parallel degree does not divide. Received: degree=3"),
+    ({"embed": "vocab"}, "embedding", 5, "layer 'embed' has a vocabulary of input_dim=12, which the tensor-parallel degree does not divide. Received: degree=5. Pad the vocabulary to a multiple of 5"),
+]
+
+
+@pytest.mark.parametrize("plan, name, degree, message", BAD_PLANS,
+                         ids=["no-layer", "style", "wrong-layer", "row-unsplit", "units", "heads", "vocab"])
+def test_a_bad_plan_is_refused_at_once_naming_the_layer_the_value_and_the_fix(plan, name, degree, message):
+    tfpar.configure_devices(2)
+    model = tensor_parallel_models()[name][0]
+    with pytest.raises(ValueError) as error:  # a degree over 2 on 2 devices: the plan is checked first
+        TensorParallel(degree=degree, plan=plan).shard(model)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"degree": 4}, ValueError, "Tensor parallelism over degree=4 devices needs 4 devices. Received: 2"),
+    ({"degree": 0}, ValueError, "degree"),
+    ({"plan": ["up"]}, TypeError, "plan must be a non-empty dict from layer names"),
+    ({"plan": {"(": "column"}}, ValueError, "is neither a layer name nor a valid regular expression"),
+    ({"devices": ["/cpu:0", "/cpu:0"]}, ValueError, "devices must be distinct"),
+])
+def test_bad_options_are_refused(options, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TensorParallel(**options).shard(tensor_parallel_models()["mlp"][0])
+
+
+def test_a_subclassed_model_and_another_strategy_s_scope_are_refused():
+    import tensorflow as tf
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="a subclassed model. Build it with the functional API"):
+        TensorParallel(degree=2).shard(Subclassed())
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        with pytest.raises(ValueError, match="cannot run inside another strategy's scope"):
+            TensorParallel(degree=2).build(lambda: tensor_parallel_models()["mlp"][0])
