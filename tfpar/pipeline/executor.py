@@ -18,7 +18,17 @@ from typing import Any
 from tfpar._keras import tf
 from tfpar.pipeline.schedule import BACKWARD, FORWARD, WEIGHT
 
-__all__ = ["ReplicaStep", "run_replica"]
+__all__ = ["ReplicaStep", "add_gradients", "run_replica"]
+
+
+def add_gradients(a, b):
+    """The sum of two gradients of one variable. An embedding's come as IndexedSlices: their sum
+    is their rows together (as TensorFlow sums them), so the optimizer sees the sparse gradient the
+    plain model's would (Keras 3 updates the slots of the rows a sparse gradient touches only)."""
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
+                                a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 def run_replica(model: Any, replica: int, xs: Sequence, ys: Sequence, weights: Sequence | None, predictions: dict,
@@ -32,7 +42,8 @@ def run_replica(model: Any, replica: int, xs: Sequence, ys: Sequence, weights: S
     for instruction in model._order:
         k, i = instruction.stage, instruction.microbatch
         stage = model.schedule.stage_of(k)
-        with tf.device(model._device(replica, k)), tf.control_dependencies(last_on.get(stage, [])):
+        with tf.device(model._device(replica, k)), model._placement(replica, k), \
+                tf.control_dependencies(last_on.get(stage, [])):
             last_on[stage] = kinds[instruction.kind](k, i)
         done[(replica, instruction)] = last_on[stage]
 
@@ -164,7 +175,7 @@ class ReplicaStep:
         next instruction waits for them, not for the sum: the additions run beside the pipeline)."""
         previous = self.sums.get((self.replica, k))
         self.sums[(self.replica, k)] = result if previous is None else [
-            a if g is None else g if a is None else a + g for a, g in zip(previous, result)]
+            a if g is None else g if a is None else add_gradients(a, g) for a, g in zip(previous, result)]
         return [g for g in result if g is not None]
 
 

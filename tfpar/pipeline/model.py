@@ -19,7 +19,9 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar.pipeline.executor import run_replica
+from tfpar.pipeline.executor import add_gradients, run_replica
+from tfpar.tensor_parallel.model import TensorParallelModel, build_optimizer_beside_variables
+from tfpar.tensor_parallel.ops import placed_on
 
 _log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ class PipelineModel:
             cls = _keras3_pipeline_model() if is_keras3(source) else _TfKerasPipelineModel
         return super().__new__(cls)
 
-    def __init__(self, source, partition, grid, schedule, recompute=False):
+    def __init__(self, source, partition, grid, schedule, recompute=False, tensor_styles=None):
         super().__init__(name=f"{source.name}_pipeline")
         self.partition = partition
         self.grid = grid
@@ -61,13 +63,16 @@ class PipelineModel:
         self.recompute = recompute
         stages = []
         for k, sub in enumerate(partition.models):
+            if tensor_styles is not None:  # the chunk's layers split over its stage's devices
+                stages.append(TensorParallelModel(sub, tensor_styles[k], list(self._stage_devices(0, k))))
+                continue
             with tf.device(self._device(0, k)):  # the chunk's variables live on its stage's device
                 clone = self._keras.models.clone_model(sub)
                 clone.set_weights(sub.get_weights())
             stages.append(clone)
         self.stages = stages
         # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
-        by_layer = schedule.splits_backward and not recompute
+        by_layer = schedule.splits_backward and not recompute and tensor_styles is None
         self.__dict__["_chains"] = [self._chain(stage) if by_layer else None for stage in stages]
         unsplit = [k for k, chain in enumerate(self._chains) if chain is None]
         if by_layer and unsplit:
@@ -85,10 +90,19 @@ class PipelineModel:
                                               trainable=False, name="pipeline_trace")
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
 
+    def _stage_devices(self, replica, chunk):
+        """The devices of the stage a chunk runs on, in that replica: one, or its tensor-parallel ones."""
+        entry = self.grid[replica][self.schedule.stage_of(chunk)]
+        return entry if isinstance(entry, tuple) else (entry,)
+
     def _device(self, replica, chunk):
-        """Where a chunk of the model runs: the device of the stage its schedule places it on, in
-        that replica."""
-        return self.grid[replica][self.schedule.stage_of(chunk)]
+        """Where a chunk of the model runs: the (first) device of the stage its schedule places it
+        on, in that replica."""
+        return self._stage_devices(replica, chunk)[0]
+
+    def _placement(self, replica, chunk):
+        """Inside it, a tensor-parallel chunk computes on that replica's devices."""
+        return placed_on(self._stage_devices(replica, chunk))
 
     def pipeline_track_names(self) -> list[str]:
         """The trace's tracks: one per stage of each replica (`tfpar.callbacks.Timeline`)."""
@@ -116,8 +130,16 @@ class PipelineModel:
     def plain_model(self) -> Any:
         """The original model with the pipeline's current weights; save or use it as usual."""
         for stage, sub in zip(self.stages, self.partition.models):
-            sub.set_weights(stage.get_weights())
+            if isinstance(stage, TensorParallelModel):
+                stage.plain_model()  # into sub's layers, which are the source's
+            else:
+                sub.set_weights(stage.get_weights())
         return self._source
+
+    def compile(self, *args, **kwargs):
+        """Keras' ``compile``; then the optimizer's slots are made next to their variables."""
+        super().compile(*args, **kwargs)
+        build_optimizer_beside_variables(self)
 
     def get_config(self):
         raise NotImplementedError("Save plain_model() instead: a PipelineModel is rebuilt with "
@@ -215,7 +237,7 @@ class PipelineModel:
                 for n, variable in enumerate(stage.trainable_variables):
                     parts = [sums[(r, k)][n] for r in range(len(self.grid)) if sums[(r, k)][n] is not None]
                     if parts:
-                        pairs.append((tf.add_n(parts) if len(parts) > 1 else parts[0], variable))
+                        pairs.append((functools.reduce(add_gradients, parts), variable))
         return pairs
 
     def _record_timing(self, step_start, done):

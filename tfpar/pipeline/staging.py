@@ -51,6 +51,12 @@ class PipelineConfig:
     """Recompute each stage's activations in the backward pass (tf.recompute_grad)."""
     devices: tuple | None = None
     """Device names, replica-major (default: the GPUs, else the logical CPU devices)."""
+    tensor_parallel: int = 1
+    """T: each stage's layers split over T devices of its own (`tfpar.tensor_parallel`); the
+    pipeline then uses replicas × num_stages × T devices."""
+    tensor_plan: object = "auto"
+    """With ``tensor_parallel`` > 1: the plan (`tfpar.tensor_parallel.TensorParallelConfig.plan`);
+    "auto" finds each stage's splits within it."""
     virtual_stages: int | None = None
     """With a schedule that takes them ("interleaved"): chunks per stage (default 2); the model is cut
     into num_stages × virtual_stages chunks, each on the stage the schedule places it on (for
@@ -60,6 +66,11 @@ class PipelineConfig:
         check_int("num_stages", self.num_stages, 1)
         check_int("num_microbatches", self.num_microbatches, 1)
         check_int("replicas", self.replicas, 1)
+        check_int("tensor_parallel", self.tensor_parallel, 1)
+        if self.tensor_parallel > 1 and self.tensor_plan != "auto":
+            from tfpar.tensor_parallel.plan import match_plan
+
+            match_plan(self.tensor_plan, list(self.tensor_plan))  # its types and styles
         if self.devices is not None:
             from tfpar.devices import check_devices
 
@@ -154,13 +165,19 @@ class Pipeline(Parallelism):
 
         names = list(self.config.devices or local_devices())
         c = self.config
-        needed = c.replicas * c.num_stages
+        t = c.tensor_parallel
+        needed = c.replicas * c.num_stages * t
         if len(names) < needed:
+            product = f"replicas × num_stages{' × tensor_parallel' if t > 1 else ''}"
+            values = f"{c.replicas} × {c.num_stages}{f' × {t}' if t > 1 else ''}"
             raise ValueError(
-                f"The pipeline needs replicas × num_stages = {c.replicas} × {c.num_stages} = {needed} "
+                f"The pipeline needs {product} = {values} = {needed} "
                 f"devices. Received: {len(names)} ({names}). Call tfpar.configure_devices({needed}) "
                 "before TensorFlow starts (or pass devices=), or use fewer stages or replicas.")
-        return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
+        if t == 1:
+            return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
+        return [[tuple(names[(r * c.num_stages + k) * t:(r * c.num_stages + k + 1) * t]) for k in range(c.num_stages)]
+                for r in range(c.replicas)]
 
     def stage(self, model: Any) -> Any:
         """Cuts ``model`` into stages on their devices and returns the `PipelineModel`.
@@ -181,8 +198,28 @@ class Pipeline(Parallelism):
                          "each microbatch (the batch / %d examples), as with a smaller batch, and "
                          "its moving averages are updated once per microbatch.", model.name,
                          c.num_microbatches * c.replicas)
-        staged = PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute)
+        staged = PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute,
+                               tensor_styles=self._tensor_styles(model, partition))
         return _owned.own(staged, self.model_checks())
+
+    def _tensor_styles(self, model, partition):
+        """With tensor_parallel > 1, each chunk's layer styles: "auto" finds each chunk's splits within
+        it; a plan is checked against the whole model, then each chunk takes its layers' part."""
+        c = self.config
+        if c.tensor_parallel == 1:
+            return None
+        from tfpar.tensor_parallel.model import auto_plan
+        from tfpar.tensor_parallel.sharding import TensorParallel
+
+        splitter = TensorParallel(degree=c.tensor_parallel, plan=c.tensor_plan)
+        if c.tensor_plan == "auto":
+            chunks = [auto_plan(chunk, c.tensor_parallel, keras_of(chunk)) for chunk in partition.models]
+            if not any(chunks):
+                splitter.styles(model)  # its refusal: nothing to split
+            return chunks
+        styles = splitter.styles(model)
+        return [{name: style for name, style in styles.items() if name in {layer.name for layer in chunk.layers}}
+                for chunk in partition.models]
 
     def _partition(self, model):
         """The model cut into num_stages × virtual_stages chunks (the stages without virtual ones)."""
@@ -205,6 +242,7 @@ class Pipeline(Parallelism):
         lines = [
             f"Pipeline ({s.name}: {c.num_stages} stages x {c.num_microbatches} microbatches"
             f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
+            f"  mesh:       data {c.replicas} x pipeline {c.num_stages} x tensor {c.tensor_parallel}",
             f"  devices:    {self.devices()}",
             f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, {s.bubble_formula})",
             "  activations held per stage: "

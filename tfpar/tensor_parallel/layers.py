@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from tfpar._keras import tf
-from tfpar.tensor_parallel.ops import Sharded, copy_to, gather_from, reduce_from
+from tfpar.tensor_parallel.ops import Sharded, computing_devices, copy_to, gather_from, reduce_from
 
 __all__ = ["layer_class", "split_error"]
 
@@ -150,31 +150,31 @@ class _Dense(_Shards):
             self._add("bias", 1, len(self._source_shapes[1]) - 1 if column else None, regularizers[1])
 
     def tp_call(self, x, training=None):
-        kernels = self._parts(0)
+        kernels, devices = self._parts(0), computing_devices(self.devices)
         if self.style == "column":
             if isinstance(x, Sharded):
                 x = gather_from(x)
-            inputs = copy_to(tf.cast(x, self.compute_dtype), self.devices)
+            inputs = copy_to(tf.cast(x, self.compute_dtype), devices)
             biases = self._parts(1) if self.has_bias else [None] * self.degree
             parts = []
-            for i, device in enumerate(self.devices):
+            for i, device in enumerate(devices):
                 with tf.device(device):
                     y = tf.einsum(self.equation, inputs[i], kernels[i])
                     y = y if biases[i] is None else y + biases[i]
                     parts.append(self.activation(y) if self.keep_split else y)
-            out = Sharded(parts, self.devices)
+            out = Sharded(parts, devices)
             return out if self.keep_split else self.activation(gather_from(out))
         parts = []
-        for i, device in enumerate(self.devices):
+        for i, device in enumerate(devices):
             with tf.device(device):
                 parts.append(tf.einsum(self.equation, tf.cast(x.parts[i], self.compute_dtype), kernels[i]))
-        y = reduce_from(parts, self.devices)
-        with tf.device(self.devices[0]):
+        y = reduce_from(parts, devices)
+        with tf.device(devices[0]):
             return self.activation(y + self._parts(1)[0] if self.has_bias else y)
 
     def call(self, x, training=None):
         if self.style == "row" and not isinstance(x, Sharded):  # alone: the input split by columns
-            x = Sharded(tf.split(x, self.degree, axis=-1), self.devices)
+            x = Sharded(tf.split(x, self.degree, axis=-1), computing_devices(self.devices))
         return super().call(x, training=training)
 
 
@@ -199,12 +199,12 @@ class _Attention(_Shards):
             self._slot_of[(part, kind)] = len(self._slots)
             self._add(f"{part}_{kind}", index, axis)
 
-    def _project(self, inputs, part):
+    def _project(self, inputs, part, devices):
         kernels = self._parts(self._slot_of[(part, "kernel")])
         bias = self._slot_of.get((part, "bias"))
         biases = self._parts(bias) if bias is not None else [None] * self.degree
         out = []
-        for i, device in enumerate(self.devices):
+        for i, device in enumerate(devices):
             with tf.device(device):
                 y = tf.einsum("abc,cde->abde", inputs[i], kernels[i])
                 out.append(y if biases[i] is None else y + biases[i])
@@ -216,18 +216,19 @@ class _Attention(_Shards):
             raise ValueError(f"layer {self.name!r} is split by heads and cannot return the attention scores. "
                              "Received: return_attention_scores=True. Leave the layer out of the plan to get them.")
         key = value if key is None else key
+        devices = computing_devices(self.devices)
         whole = {}
         for tensor in (query, value, key):  # one copy (and one backward reduction) per distinct input
             if id(tensor) not in whole:
                 t = gather_from(tensor) if isinstance(tensor, Sharded) else tensor
-                whole[id(tensor)] = copy_to(tf.cast(t, self.compute_dtype), self.devices)
-        q = self._project(whole[id(query)], "query")
-        k = self._project(whole[id(key)], "key")
-        v = self._project(whole[id(value)], "value")
+                whole[id(tensor)] = copy_to(tf.cast(t, self.compute_dtype), devices)
+        q = self._project(whole[id(query)], "query", devices)
+        k = self._project(whole[id(key)], "key", devices)
+        v = self._project(whole[id(value)], "value", devices)
         mask = self._mask(query, value, attention_mask, use_causal_mask)
         kernels = self._parts(self._slot_of[("attention_output", "kernel")])
         outs = []
-        for i, device in enumerate(self.devices):
+        for i, device in enumerate(devices):
             with tf.device(device):
                 scores = tf.einsum("aecd,abcd->acbe", k[i], q[i] * tf.cast(1.0 / math.sqrt(self.key_dim), q[i].dtype))
                 if mask is not None:
@@ -237,9 +238,9 @@ class _Attention(_Shards):
                     probs = tf.nn.dropout(probs, rate=self.dropout)
                 context = tf.einsum("acbe,aecd->abcd", probs, v[i])
                 outs.append(tf.einsum("abcd,cde->abe", context, kernels[i]))
-        y = reduce_from(outs, self.devices)
+        y = reduce_from(outs, devices)
         bias = self._slot_of.get(("attention_output", "bias"))
-        with tf.device(self.devices[0]):
+        with tf.device(devices[0]):
             return y if bias is None else y + self._parts(bias)[0]
 
     @staticmethod
@@ -263,15 +264,15 @@ class _Embedding(_Shards):
 
     def tp_call(self, ids, training=None):
         ids = tf.cast(ids, tf.int32)
-        tables = self._parts(0)
+        tables, devices = self._parts(0), computing_devices(self.devices)
         parts = []
-        for i, device in enumerate(self.devices):
+        for i, device in enumerate(devices):
             with tf.device(device):
                 local = ids - i * self.rows
                 mine = tf.logical_and(local >= 0, local < self.rows)
                 found = tf.gather(tables[i], tf.where(mine, local, tf.zeros_like(local)))
                 parts.append(found * tf.cast(mine, found.dtype)[..., None])
-        return reduce_from(parts, self.devices)
+        return reduce_from(parts, devices)
 
 
 _FAMILIES = {"Dense": _Dense, "EinsumDense": _Dense, "MultiHeadAttention": _Attention, "Embedding": _Embedding}

@@ -18,7 +18,7 @@ from tfpar.tensor_parallel.layers import _Shards, layer_class
 from tfpar.tensor_parallel.ops import Sharded, gather_from
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
 
-__all__ = ["TensorParallelModel", "auto_plan", "split_outputs"]
+__all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "split_outputs"]
 
 ELEMENTWISE = ("Activation", "Dropout", "ReLU", "LeakyReLU", "ELU")
 """Layers a split activation passes through part by part (an Activation other than softmax)."""
@@ -145,6 +145,14 @@ def auto_plan(model, degree, keras_module):
     return plan
 
 
+def build_optimizer_beside_variables(model):
+    """Makes ``model``'s optimizer slots now, outside any function: each is created next to its
+    variable then. (Keras 3 makes them in the first step's trace otherwise, all on one device.)"""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+        optimizer.build(model.trainable_variables)
+
+
 class TensorParallelModel:
     """A model whose planned layers are split over devices; build it with
     `tfpar.tensor_parallel.TensorParallel.shard`. It is a ``keras.Model`` of the Keras its source model
@@ -206,9 +214,7 @@ class TensorParallelModel:
         """Keras' ``compile``; then the optimizer's slots are made next to their variables, each
         device's on that device."""
         super().compile(*args, **kwargs)
-        optimizer = getattr(self, "optimizer", None)
-        if optimizer is not None and hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
-            optimizer.build(self.trainable_variables)
+        build_optimizer_beside_variables(self)
 
     def plain_model(self) -> Any:
         """The original model with this model's current weights; save or use it as usual."""

@@ -13,16 +13,39 @@ what it is (`FORWARD_REDUCTION`, `BACKWARD_REDUCTION`, `GATHER`), so a traced tr
 counted (`count_communication`) and the Timeline can name it.
 """
 
+import contextlib
 import re
+import threading
 
 from tfpar._keras import tf
 
-__all__ = ["BACKWARD_REDUCTION", "FORWARD_REDUCTION", "GATHER", "Sharded", "copy_to", "count_communication",
-           "gather_from", "reduce_from"]
+__all__ = ["BACKWARD_REDUCTION", "FORWARD_REDUCTION", "GATHER", "Sharded", "computing_devices", "copy_to",
+           "count_communication", "gather_from", "placed_on", "reduce_from"]
 
 FORWARD_REDUCTION = "tp_allreduce_forward"
 BACKWARD_REDUCTION = "tp_allreduce_backward"
 GATHER = "tp_allgather"
+
+
+_PLACEMENT = threading.local()
+
+
+@contextlib.contextmanager
+def placed_on(devices):
+    """Split layers called inside compute on ``devices`` rather than where their variables live: a
+    pipeline replica's own devices (its variables are replica 0's, read where they are needed)."""
+    previous = getattr(_PLACEMENT, "devices", None)
+    _PLACEMENT.devices = list(devices)
+    try:
+        yield
+    finally:
+        _PLACEMENT.devices = previous
+
+
+def computing_devices(own):
+    """The devices a split layer whose variables live on ``own`` computes on now (`placed_on`)."""
+    placed = getattr(_PLACEMENT, "devices", None)
+    return own if placed is None else placed
 
 
 class Sharded:
