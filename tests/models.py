@@ -336,22 +336,33 @@ def tensor_parallel_models(k=keras):
     }
 
 
-def train_tensor_parallel_pair(name, degree, optimizer, k=keras, epochs=2):
-    """The ``name`` model of `tensor_parallel_models` trained plain and split ``degree`` ways from the
-    same weights: (plain weights, split model's plain_model() weights, split model, initial weights)."""
+def train_tensor_parallel_pair(name, degree, optimizer, k=keras, epochs=2, split=None):
+    """The ``name`` model of `tensor_parallel_models` trained plain and split from the same weights:
+    (plain weights, the split model's plain_model() weights, split model). ``split(model, plan)``
+    makes the split model (default: `TensorParallel` over ``degree`` devices with the model's plan)."""
     from tfpar.tensor_parallel import TensorParallel
 
     model, x, y, plan = tensor_parallel_models(k)[name]
     initial = model.get_weights()
-    split = TensorParallel(degree=degree, plan=plan).shard(model)
+    split_model = (split or (lambda m, p: TensorParallel(degree=degree, plan=p).shard(m)))(model, plan)
 
     def compiled(m):
         opt = k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.01)
         m.compile(opt, k.losses.SparseCategoricalCrossentropy(from_logits=True))
         return m
 
-    compiled(split).fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
+    compiled(split_model).fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
     plain = tensor_parallel_models(k)[name][0]
     plain.set_weights(initial)
     compiled(plain).fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
-    return plain.get_weights(), split.plain_model().get_weights(), split, initial
+    return plain.get_weights(), split_model.plain_model().get_weights(), split_model, initial
+
+
+def weight_differences(model, a, b, optimizer):
+    """{weight name: largest difference between the weight lists ``a`` and ``b`` of ``model``}. With
+    Adam the attention's key bias is left out: its gradient is exactly 0 in exact arithmetic (a
+    softmax does not change when every score of a row moves by the same amount), so both runs feed
+    Adam round-off, which it scales to steps of the learning rate: no two summation orders agree there."""
+    names = [getattr(w, "path", None) or w.name for w in model.weights]
+    return {n: float(np.max(np.abs(x - y))) for n, x, y in zip(names, a, b)
+            if not (optimizer == "adam" and "key/bias" in n)}

@@ -8,21 +8,11 @@ import numpy as np
 import pytest
 
 import tfpar
-from tests.models import tensor_parallel_models, train_tensor_parallel_pair
+from tests.models import tensor_parallel_models, train_tensor_parallel_pair, weight_differences
 from tfpar.tensor_parallel import TensorParallel
 from tfpar.tensor_parallel.ops import count_communication
 
 keras = tfpar.keras
-
-
-def weight_differences(model, a, b, optimizer):
-    """{weight name: largest difference}. With Adam the attention's key bias is left out: its
-    gradient is exactly 0 in exact arithmetic (a softmax does not change when every score of a row
-    moves by the same amount), so both runs feed Adam round-off, which it scales to steps of the
-    learning rate: no two summation orders agree there."""
-    names = [getattr(w, "path", None) or w.name for w in model.weights]
-    return {n: float(np.max(np.abs(x - y))) for n, x, y in zip(names, a, b)
-            if not (optimizer == "adam" and "key/bias" in n)}
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
