@@ -13,7 +13,7 @@ from tfpar.pipeline.schedule import SCHEDULES
 
 __all__ = ["STRATEGIES", "ParallelismSpec"]
 
-STRATEGIES = ("data_parallel", "horovod", "parameter_server", "pipeline")
+STRATEGIES = ("data_parallel", "horovod", "parameter_server", "pipeline", "tensor_parallel")
 """The parallelisms by name (``tfpar demo --strategy``, ``tfpar verify --strategy``)."""
 
 
@@ -23,7 +23,8 @@ class ParallelismSpec:
 
     ``devices`` is what ``tfpar.configure_devices`` gets before the parallelism is built: virtual
     CPU devices when there is no GPU (None: the default split, 2 or ``$TFPAR_NUM_CPU_DEVICES``),
-    or, for "parameter_server", the local workers (default 2). With ``split_devices=False`` the devices are left
+    or, for "parameter_server", the local workers (default 2), or for "tensor_parallel" the degree T
+    (default 2: ``plan="auto"``). With ``split_devices=False`` the devices are left
     as they are (a worker of a multi-worker job, one replica each).
     """
 
@@ -50,7 +51,7 @@ class ParallelismSpec:
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
-        if self.compression != "none" and self.kind in ("parameter_server", "pipeline"):
+        if self.compression != "none" and self.kind in ("parameter_server", "pipeline", "tensor_parallel"):
             raise ValueError(
                 f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
                 f"their gradients. Received: strategy {self.kind!r} with compression={self.compression!r}. Use "
@@ -92,6 +93,12 @@ class ParallelismSpec:
             if self.split_devices:
                 configure_devices(self.devices or 2 * self.replicas)
             return Pipeline(**self._pipeline_options())
+        if self.kind == "tensor_parallel":
+            from tfpar.tensor_parallel import TensorParallel
+
+            if self.split_devices:
+                configure_devices(self.devices or 2)
+            return TensorParallel(degree=self.devices or 2)
         from tfpar.strategies.data_parallel import DataParallel
 
         if self.split_devices:
@@ -109,6 +116,8 @@ class ParallelismSpec:
             return call("tfpar.strategies.HorovodStrategy", self._data_parallel_options())
         if self.kind == "pipeline":
             return call("tfpar.pipeline.Pipeline", self._pipeline_options())
+        if self.kind == "tensor_parallel":
+            return call("tfpar.tensor_parallel.TensorParallel", {"degree": self.devices or 2})
         return call("tfpar.DataParallel", self._data_parallel_options())
 
     def demo_flags(self):

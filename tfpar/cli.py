@@ -60,10 +60,11 @@ def _parser():
     demo.set_defaults(func=_demo)
     demo.add_argument("--strategy", default="data_parallel", choices=STRATEGIES,
                       help="data_parallel, horovod (starts the ranks with horovodrun), "
-                           "parameter_server (a local parameter-server cluster) or pipeline (2 stages)")
+                           "parameter_server (a local parameter-server cluster), pipeline (2 stages) or "
+                           "tensor_parallel (the Dense pair split over the devices)")
     demo.add_argument("--devices", type=_int, default=None,
-                      help="virtual CPU devices when there is no GPU, Horovod ranks, or PS workers "
-                           "(default 2)")
+                      help="virtual CPU devices when there is no GPU (tensor_parallel: its degree), Horovod "
+                           "ranks, or PS workers (default 2)")
     demo.add_argument("--replicas", type=_int, default=1,
                       help="with --strategy pipeline: data-parallel copies of the 2-stage pipeline")
     demo.add_argument("--microbatches", type=_int, default=8,
@@ -101,7 +102,7 @@ def _parser():
     verify.add_argument("--replicas", type=_int, default=None,
                         help="data_parallel: devices (default 2; 1 per worker under tfpar launch); ps: workers "
                              "(default 1: more train asynchronously); pipeline: copies of a 2-stage pipeline "
-                             "(default 1)")
+                             "(default 1); tensor_parallel: the degree (default 2)")
     verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
     verify.add_argument("--batch-size", type=_int, default=None, help="global batch (default 32 per replica)")
     verify.add_argument("--tolerance", type=float, default=1e-5,

@@ -5,7 +5,8 @@ per-replica batch size, ``steps_per_execution``, the all-reduce's packing
 (``num_packs`` on one host, with the "hierarchical" all-reduce that honours it;
 ``bytes_per_pack`` across hosts), the gradients' compression, the strategy
 (`DataParallel` or `HorovodStrategy`, with or without Horovod's own autotune) and, for a
-2-stage pipeline, the number of microbatches, the schedule and its ``virtual_stages``. Every combination of the search
+2-stage pipeline, the number of microbatches, the schedule and its ``virtual_stages``, and the tensor-parallel degree
+(``tensor_degree``: the model's layers split over that many devices, ``plan="auto"``). Every combination of the search
 space runs in its own process (so that a trial that runs out of memory or is
 invalid fails alone; with ``workers`` > 1, its own job under ``tfpar launch``): it builds the
 model from ``model_fn`` under the strategy, feeds ``data_fn``'s examples through `tfpar.data`,
@@ -47,6 +48,7 @@ AXES = {
     "bytes_per_pack": 0,
     "microbatches": 1,
     "virtual_stages": 1,
+    "tensor_degree": 1,
 }
 """Integer axis name -> smallest valid value."""
 CHOICE_AXES = {
@@ -59,10 +61,10 @@ CHOICE_AXES = {
 DEFAULTS = {"strategy": "data_parallel", "compression": "none", "per_replica_batch": 32, "steps_per_execution": 1}
 """What a trial leaves unset is tfpar's default; in a space of several trials (not pipelines) this
 one runs too, as the reference of the speed-up."""
-_UNSET = {"bytes_per_pack": 0, "horovod_autotune": False}  # values that are the strategy's own default
+_UNSET = {"bytes_per_pack": 0, "horovod_autotune": False, "tensor_degree": 1}  # values that are the strategy's own default
 _ONLY = {"horovod_autotune": "horovod", "bytes_per_pack": "data_parallel", "num_packs": "data_parallel",
          "microbatches": "data_parallel", "schedule": "data_parallel",
-         "virtual_stages": "data_parallel"}  # axis -> the one strategy it applies to (a pipeline's: none)
+         "virtual_stages": "data_parallel", "tensor_degree": "data_parallel"}  # axis -> the one strategy it applies to (a pipeline's: none)
 
 
 def workers_space() -> dict[str, list]:
@@ -108,8 +110,10 @@ def _applies(axis, value, config):
         return False
     if axis in ("schedule", "virtual_stages") and not config.get("microbatches"):
         return False  # pipeline axes
-    if axis == "compression" and config.get("microbatches"):
-        return False  # a pipeline all-reduces no gradients
+    if axis == "compression" and (config.get("microbatches") or (config.get("tensor_degree") or 1) > 1):
+        return False  # a pipeline, or one tensor-parallel model, all-reduces no gradients
+    if axis == "tensor_degree" and config.get("microbatches"):
+        return False
     if axis == "virtual_stages" and config.get("schedule") not in virtual_schedules():
         return False
     return _ONLY.get(axis, config["strategy"]) == config["strategy"]
@@ -233,11 +237,12 @@ def tune(model_fn: str, data_fn: str, space: dict, *, loss: str = "sparse_catego
     check_int("steps", steps, 1)
     check_int("devices", devices, 1)
     check_int("workers", workers, 1)
-    if workers > 1 and any(space.get(axis, [None]) != [None] for axis in ("num_packs", "microbatches")):
+    one_host = ("num_packs", "microbatches", "tensor_degree")
+    if workers > 1 and any(space.get(axis, [None]) != [None] for axis in one_host):
         raise ValueError(
-            "num_packs and microbatches tune one host's devices (the hierarchical all-reduce, the pipeline); "
-            f"with workers={workers} each worker is one replica. Received: workers={workers} with "
-            f"{sorted(a for a in ('num_packs', 'microbatches') if a in space)}. Tune bytes_per_pack, "
+            "num_packs, microbatches and tensor_degree tune one host's devices (the hierarchical all-reduce, "
+            f"the pipeline, tensor parallelism); with workers={workers} each worker is one replica. Received: "
+            f"workers={workers} with {sorted(a for a in one_host if a in space)}. Tune bytes_per_pack, "
             "compression and strategy across workers, or those axes with workers=1.")
     for name, ref in (("model_fn", model_fn), ("data_fn", data_fn)):
         if not isinstance(ref, str) or ref.count(":") != 1:
@@ -305,10 +310,11 @@ def trial_spec(config, devices=None, split_devices=True):
     microbatches, else its strategy."""
     from tfpar._factory import ParallelismSpec
 
-    kind = "pipeline" if config.get("microbatches") else config["strategy"]
+    degree = config.get("tensor_degree") or 1
+    kind = "pipeline" if config.get("microbatches") else "tensor_parallel" if degree > 1 else config["strategy"]
     return ParallelismSpec(
-        kind=kind, devices=devices, split_devices=split_devices,
-        compression="none" if kind == "pipeline" else config.get("compression") or "none",
+        kind=kind, devices=degree if kind == "tensor_parallel" else devices, split_devices=split_devices,
+        compression=(config.get("compression") or "none") if kind in ("data_parallel", "horovod") else "none",
         num_packs=config.get("num_packs"), bytes_per_pack=config.get("bytes_per_pack"),
         microbatches=config.get("microbatches") or 8, schedule=config.get("schedule") or "1f1b",
         virtual_stages=config.get("virtual_stages"))

@@ -123,7 +123,8 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
         replicas: "data_parallel": this process's devices (default 2; 1 per worker under
             ``tfpar launch``); "parameter_server": workers (default 1: more train asynchronously, which
             verify names as the cause); "pipeline": copies of the 2-stage
-            pipeline (default 1); "horovod": the ranks (set by the launcher).
+            pipeline (default 1); "horovod": the ranks (set by the launcher); "tensor_parallel": the
+            devices each planned layer is split over (default 2, ``plan="auto"``).
         steps: steps on each side, >= 1.
         global_batch_size: examples per step (default 32 per replica).
         tolerance: the largest absolute difference a variable may show, > 0.
@@ -148,7 +149,8 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
         raise ValueError("--strategy horovod takes its replicas from the launcher (one per rank). Received: "
                          f"replicas={replicas}. Start it with tfpar launch --horovod -n N, without --replicas.")
     multi_worker = bool(os.environ.get("TF_CONFIG", "").strip())
-    default = {"data_parallel": 1 if multi_worker else 2, "parameter_server": 1, "pipeline": 1, "horovod": None}[strategy]
+    default = {"data_parallel": 1 if multi_worker else 2, "parameter_server": 1, "pipeline": 1, "horovod": None,
+               "tensor_parallel": 2}[strategy]
     replicas = replicas or default
     if strategy == "pipeline":
         spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time")
@@ -224,12 +226,14 @@ class _Comparison:
         """The model under the parallelism, from ``start``; returns it and a function that gives
         its weights in the reference's order."""
         from tfpar.pipeline import Pipeline
+        from tfpar.tensor_parallel import TensorParallel
 
         _seed(self.seed)
-        if isinstance(self.parallelism, Pipeline):
+        if isinstance(self.parallelism, (Pipeline, TensorParallel)):  # they split a built model
             plain = self.model_fn()
             plain.set_weights(start)
-            staged = self.parallelism.stage(plain)
+            split = self.parallelism.stage if isinstance(self.parallelism, Pipeline) else self.parallelism.shard
+            staged = split(plain)
             optimizer = type(plain.optimizer).from_config(plain.optimizer.get_config())
             with self.parallelism.scope():
                 staged.compile(optimizer=optimizer, loss=plain.loss)

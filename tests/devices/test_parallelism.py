@@ -1,6 +1,7 @@
-"""One script, unchanged, on any tfpar parallelism: a strategy or the pipeline (`tfpar._parallelism`).
+"""One script, unchanged, on any tfpar parallelism: a strategy, the pipeline or tensor parallelism
+(`tfpar._parallelism`).
 
-Run on 2 virtual CPU devices: DataParallel (2 replicas), the pipeline (2 stages) and
+Run on 2 virtual CPU devices: DataParallel (2 replicas), the pipeline (2 stages), tensor parallelism and
 TensorFlow's default strategy give the same losses on the same global batches.
 """
 
@@ -9,7 +10,8 @@ import pytest
 
 import tfpar
 from tests.models import compile_for_equivalence, equivalence_data, pipeline_model
-from tfpar.pipeline import Pipeline, PipelineModel
+from tfpar.pipeline import Pipeline
+from tfpar.tensor_parallel import TensorParallel
 
 
 tf = pytest.importorskip("tensorflow")
@@ -31,20 +33,21 @@ def reference():
     return _script(tfpar.DataParallel(devices=["/cpu:0"]))[2]
 
 
-@pytest.mark.parametrize("make, replicas, staged", [
-    (lambda: tfpar.DataParallel(), 2, False),
-    (lambda: Pipeline(num_stages=2, num_microbatches=4), 1, True),
-], ids=["data_parallel", "pipeline"])
-def test_the_same_script_trains_the_same_on_a_strategy_and_on_the_pipeline(reference, make, replicas, staged):
+@pytest.mark.parametrize("make, replicas, kind, described", [
+    (lambda: tfpar.DataParallel(), 2, "Functional", "16 per replica"),
+    (lambda: Pipeline(num_stages=2, num_microbatches=4), 1, "PipelineModel", "stage 1"),
+    (lambda: TensorParallel(degree=2), 1, "TensorParallelModel", "'dense_a': 'column', 'dense_b': 'row'"),
+], ids=["data_parallel", "pipeline", "tensor_parallel"])
+def test_the_same_script_trains_the_same_on_a_strategy_and_on_the_pipeline(reference, make, replicas, kind, described):
     parallelism = make()
     model, train, losses = _script(parallelism)
     assert parallelism.num_replicas_in_sync == replicas
-    assert isinstance(model, PipelineModel) is staged
+    assert kind in [cls.__name__ for cls in type(model).__mro__]
     assert train.steps_per_epoch == 3  # 96 examples in global batches of 32, whatever the replicas
     np.testing.assert_allclose(losses, reference, rtol=1e-4)
     assert losses[-1] < losses[0]
     text = parallelism.describe(global_batch_size=32, model=model)
-    assert "32" in text and ("stage 1" in text if staged else "16 per replica" in text)
+    assert "32" in text and described in text, text
 
 
 def test_strategies_build_their_variables_under_their_scope():
@@ -94,6 +97,7 @@ def test_every_parallelism_and_tensorflow_strategy_answers_its_topology():
     (dict(kind="pipeline", microbatches=4, schedule="interleaved", virtual_stages=2),
      "tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule='interleaved', virtual_stages=2)"),
     (dict(kind="parameter_server", devices=3), "tfpar.strategies.ParameterServer.local(num_workers=3, num_ps=1)"),
+    (dict(kind="tensor_parallel", devices=2), "tfpar.tensor_parallel.TensorParallel(degree=2)"),
 ])
 def test_one_spec_builds_a_parallelism_and_prints_the_code_that_builds_the_same(spec, code):
     from tfpar._factory import ParallelismSpec

@@ -42,7 +42,9 @@ def test_each_device_holds_half_of_each_planned_layer_and_of_its_optimizer_slots
         assert held[device]["optimizer"] == 2 * held[device]["weights"], held
     described = TensorParallel(degree=2, plan=plan).describe(model=split)
     assert "mesh: data 1 x pipeline 1 x tensor 2" in described
-    assert f"/CPU:1: weights {planned // 2:,} B, optimizer {planned:,} B" in described, described
+    total = 3 * (planned + replicated)
+    assert (f"/CPU:1: weights {planned // 2:,} B, optimizer {planned:,} B ({3 * planned // 2 / total:.0%} of one "
+            f"device's {total:,} B)") in described, described
 
 
 def test_a_transformer_step_holds_two_reductions_forward_and_two_backward_per_block(any_keras):

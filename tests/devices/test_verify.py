@@ -18,7 +18,7 @@ def _whole_batches():
     return equivalence_data(128)  # 2 steps of 64: no padded step
 
 
-@pytest.mark.parametrize("strategy", ["data_parallel", "pipeline"])
+@pytest.mark.parametrize("strategy", ["data_parallel", "pipeline", "tensor_parallel"])
 def test_the_demo_model_trains_like_one_replica(strategy):
     from tfpar.demo import compiled_model, digits_dataset
 

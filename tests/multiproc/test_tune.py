@@ -61,3 +61,15 @@ def test_tune_across_workers_tries_both_backends_and_says_how_to_reproduce_the_f
     best = report["best"]["config"]
     launch = "tfpar launch --horovod -n 2" if best["strategy"] == "horovod" else "tfpar launch -n 2"
     assert f"{launch} -- python train.py" in result.output and "reproduce it:" in result.output
+
+
+def test_tune_searches_the_tensor_parallel_degree(tmp_path):
+    from tfpar.tune import tune
+
+    result = tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"tensor_degree": [1, 2]}, steps=6,
+                  timeout_seconds=300)
+    assert [t["status"] for t in result.trials] == ["ok", "ok"], result.trials
+    degrees = sorted(t["config"].get("tensor_degree", 1) for t in result.trials)
+    assert degrees == [1, 2] and all(t["examples_per_second"] > 0 for t in result.trials)
+    if result.best["config"].get("tensor_degree") == 2:
+        assert "tfpar.tensor_parallel.TensorParallel(degree=2)" in result.reproduce()

@@ -104,7 +104,7 @@ def test_one_vocabulary_every_strategy_and_documented_exception_under_tfpar():
 
     from tfpar._factory import STRATEGIES
 
-    assert STRATEGIES == ("data_parallel", "horovod", "parameter_server", "pipeline")
+    assert STRATEGIES == ("data_parallel", "horovod", "parameter_server", "pipeline", "tensor_parallel")
     code = ("import tfpar, inspect\n"
             "from tfpar import strategies, pipeline, devices, quantization\n"
             "assert tfpar.DataParallel is strategies.DataParallel and tfpar.Pipeline is pipeline.Pipeline\n"

@@ -99,3 +99,15 @@ def test_the_choice_axes_offer_what_the_strategies_and_the_pipeline_take():
 
     assert CHOICE_AXES["compression"] == COMPRESSIONS
     assert set(CHOICE_AXES["schedule"]) == set(SCHEDULES)
+
+
+def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
+    from tfpar.tune import _trial_configs, trial_spec
+
+    configs = _trial_configs({"tensor_degree": [1, 2], "compression": ["none", "bf16"]})
+    split = [c for c in configs if c.get("tensor_degree") == 2]
+    assert len(split) == 1 and "compression" not in split[0]  # one model: no gradients on a wire
+    spec = trial_spec(split[0])
+    assert spec.kind == "tensor_parallel" and spec.devices == 2
+    assert spec.code() == "tfpar.tensor_parallel.TensorParallel(degree=2)"
+    assert trial_spec(_trial_configs({"tensor_degree": [1], "per_replica_batch": [8]})[0]).kind == "data_parallel"

@@ -188,6 +188,9 @@ class TensorParallel(Parallelism):
             lines.append(f"  batch:      {global_batch_size}, whole on every device")
         if isinstance(model, TensorParallelModel):
             lines[2] = f"  plan:       {model.styles}"
-            for device, held in model.device_bytes().items():
-                lines.append(f"  {device}: weights {held['weights']:,} B, optimizer {held['optimizer']:,} B")
+            held = model.device_bytes()
+            total = sum(sum(h.values()) for h in held.values())
+            for device, h in held.items():
+                lines.append(f"  {device}: weights {h['weights']:,} B, optimizer {h['optimizer']:,} B "
+                             f"({sum(h.values()) / total:.0%} of one device's {total:,} B)")
         return "\n".join(lines)
