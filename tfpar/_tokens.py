@@ -42,7 +42,8 @@ def transformer(k: Any = None, *, vocab: int = 64, length: int = 16, dim: int = 
     return k.Model(tokens, logits, name="token_transformer")
 
 
-def token_data(n: int, *, vocab: int = 64, length: int = 16, noise: float = 0.05, seed: int = 0):
+def token_data(n: int, *, vocab: int = 64, length: int = 16, noise: float = 0.05,
+               seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``n`` sequences of ``length + 1`` generated tokens as (inputs, next tokens), int32."""
     rng = np.random.default_rng(seed)
     successor = np.random.default_rng(1234).permutation(vocab)  # the rule is the same for every seed

@@ -13,11 +13,12 @@ import numpy as np
 
 from tfpar._checks import check_choice, check_int, default_epochs
 from tfpar._factory import STRATEGIES, ParallelismSpec
+from tfpar._tokens import token_data, transformer
 from tfpar._keras import keras, keras3, tf
 from tfpar._topology import topology_of
 from tfpar.data import distribute
 
-__all__ = ["DemoResult", "STRATEGIES", "build_model", "compiled_model", "compress_chain", "default_epochs",
+__all__ = ["DemoResult", "STRATEGIES", "build_model", "token_data", "transformer", "compiled_model", "compress_chain", "default_epochs",
            "digits_dataset", "load_digits", "run_demo"]
 
 QAT_EPOCHS = 3

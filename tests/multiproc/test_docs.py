@@ -39,6 +39,9 @@ EXPECT = {
     "q.cluster(pruned": ["smaller gzipped", "distinct values", "of the weights are zero"],
     "tfpar verify --model tfpar.demo": ["PASSED: trains like one replica", "conv2d/kernel"],
     "tfpar demo --strategy pipeline": ["Pipeline (1f1b: 2 stages x 8 microbatches)", "bubble: measured"],
+    "TensorParallel(degree=2)": ["mesh: data 1 x pipeline 1 x tensor 2", "'block1_down': 'row'", "Epoch 2/2"],
+    "tfpar demo --strategy tensor_parallel": ["TensorParallel (mesh: data 1 x pipeline 1 x tensor 2)",
+                                              "{'dense': 'column', 'dense_1': 'row'}", "validation accuracy"],
     "check_coverage(": ["missing: 0", "duplicated: 0"],
 }
 

@@ -21,7 +21,7 @@ from tfpar.pipeline.schedule import BACKWARD, FORWARD, WEIGHT
 __all__ = ["ReplicaStep", "add_gradients", "run_replica"]
 
 
-def add_gradients(a, b):
+def add_gradients(a: Any, b: Any) -> Any:
     """The sum of two gradients of one variable. An embedding's come as IndexedSlices: their sum
     is their rows together (as TensorFlow sums them), so the optimizer sees the sparse gradient the
     plain model's would (Keras 3 updates the slots of the rows a sparse gradient touches only)."""

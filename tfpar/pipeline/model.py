@@ -136,9 +136,9 @@ class PipelineModel:
                 sub.set_weights(stage.get_weights())
         return self._source
 
-    def compile(self, *args, **kwargs):
+    def compile(self, *args: Any, **kwargs: Any) -> None:
         """Keras' ``compile``; then the optimizer's slots are made next to their variables."""
-        super().compile(*args, **kwargs)
+        super().compile(*args, **kwargs)  # type: ignore[misc]  # keras.Model's, after this mixin
         build_optimizer_beside_variables(self)
 
     def get_config(self):

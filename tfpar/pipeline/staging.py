@@ -156,7 +156,8 @@ class Pipeline(Parallelism):
             return self.stage(model_fn())
 
     def devices(self) -> list[list[str]]:
-        """The device grid: ``devices()[replica][stage]``.
+        """The device grid: ``devices()[replica][stage]`` (with ``tensor_parallel`` > 1, a tuple of a
+        stage's devices).
 
         Raises:
             ValueError: fewer devices than replicas × num_stages.
@@ -176,8 +177,8 @@ class Pipeline(Parallelism):
                 "before TensorFlow starts (or pass devices=), or use fewer stages or replicas.")
         if t == 1:
             return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
-        return [[tuple(names[(r * c.num_stages + k) * t:(r * c.num_stages + k + 1) * t]) for k in range(c.num_stages)]
-                for r in range(c.replicas)]
+        return [[tuple(names[(r * c.num_stages + k) * t:(r * c.num_stages + k + 1) * t])  # type: ignore[misc]
+                 for k in range(c.num_stages)] for r in range(c.replicas)]
 
     def stage(self, model: Any) -> Any:
         """Cuts ``model`` into stages on their devices and returns the `PipelineModel`.

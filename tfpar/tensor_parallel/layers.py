@@ -12,6 +12,7 @@ the model and which a user calling the layer alone gets.
 import functools
 import math
 import re
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def _einsum_parts(equation):
     return x, kernel, output
 
 
-def split_error(layer, style, degree, kind):
+def split_error(layer: Any, style: str, degree: int, kind: str) -> str | None:
     """Why ``layer`` cannot be split ``degree`` ways in ``style``, or None. ``kind`` is its class name."""
     config, name = layer.get_config(), layer.name
     if kind in ("Dense", "EinsumDense"):
@@ -124,6 +125,11 @@ class _Shards:
     def _parts(self, slot):
         variables, _ = self._slots[slot]
         return [tf.cast(v, self.compute_dtype) for v in variables]
+
+    def tp_call(self, *args, **kwargs):
+        """The layer on its inputs, whole or `Sharded`; its output whole, or `Sharded` for a column
+        layer that hands it to row layers."""
+        raise NotImplementedError
 
     def call(self, *args, **kwargs):
         out = self.tp_call(*args, **kwargs)
@@ -279,7 +285,7 @@ _FAMILIES = {"Dense": _Dense, "EinsumDense": _Dense, "MultiHeadAttention": _Atte
 
 
 @functools.cache
-def layer_class(keras_module, kind):
+def layer_class(keras_module: Any, kind: str) -> type:
     """The split layer class for a Keras layer class name ``kind``, a layer of ``keras_module``."""
     family = _FAMILIES[kind]
     return type(f"TensorParallel{kind}", (family, keras_module.layers.Layer), {})

@@ -30,12 +30,12 @@ def _elementwise(layer, keras_module):
     return layer.get_config().get("activation") not in ("softmax", "log_softmax")
 
 
-def kind_of(layer, style, keras_module):
+def kind_of(layer: Any, style: str, keras_module: Any) -> str | None:
     """The Keras class name of ``layer`` among those ``style`` splits, or None."""
     return next((k for k in LAYERS_OF_STYLE[style] if isinstance(layer, getattr(keras_module.layers, k))), None)
 
 
-def split_outputs(model, styles, keras_module):
+def split_outputs(model: Any, styles: dict[str, str], keras_module: Any) -> set[str]:
     """The column layers whose output stays split (every use reaches a row layer through
     element-wise layers), after checking that every row layer's input comes split that way.
 
@@ -101,7 +101,7 @@ def split_outputs(model, styles, keras_module):
     return kept
 
 
-def auto_plan(model, degree, keras_module):
+def auto_plan(model: Any, degree: int, keras_module: Any) -> dict[str, str]:
     """Megatron's plan for ``model`` (DeepSpeed calls it AutoTP): each MultiHeadAttention by heads,
     each Embedding by vocabulary, and each Dense whose output goes (through element-wise layers) to
     one Dense only as a column/row pair, where ``degree`` divides what is split."""
@@ -145,7 +145,7 @@ def auto_plan(model, degree, keras_module):
     return plan
 
 
-def build_optimizer_beside_variables(model):
+def build_optimizer_beside_variables(model: Any) -> None:
     """Makes ``model``'s optimizer slots now, outside any function: each is created next to its
     variable then. (Keras 3 makes them in the first step's trace otherwise, all on one device.)"""
     optimizer = getattr(model, "optimizer", None)
@@ -160,6 +160,9 @@ class TensorParallelModel:
     returns the original model with the trained weights."""
 
     _keras = None
+    _source: Any  # the model it was split from (set untracked in __init__)
+    _graph: Any  # its copy's layer graph (_compat.graph_steps), untracked
+    weights: list  # Keras' (the concrete class is a keras.Model)
 
     def __new__(cls, source=None, *args, **kwargs):
         if cls is TensorParallelModel:
@@ -190,7 +193,7 @@ class TensorParallelModel:
         self.__dict__["_source"] = source  # not tracked: its weights are copied, not shared
         self.__dict__["_graph"] = _compat.graph_steps(inner)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
         input_keys, steps, output_keys = self._graph
         values = dict(zip(input_keys, tf.nest.flatten(inputs)))
         for layer, in_keys, out_keys, fill in steps:
@@ -210,10 +213,10 @@ class TensorParallelModel:
                    for key in output_keys]
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def compile(self, *args, **kwargs):
+    def compile(self, *args: Any, **kwargs: Any) -> None:
         """Keras' ``compile``; then the optimizer's slots are made next to their variables, each
         device's on that device."""
-        super().compile(*args, **kwargs)
+        super().compile(*args, **kwargs)  # type: ignore[misc]  # keras.Model's, after this mixin
         build_optimizer_beside_variables(self)
 
     def plain_model(self) -> Any:
@@ -241,7 +244,7 @@ class TensorParallelModel:
                 entry[group] += _nbytes(variable)
         return held
 
-    def get_config(self):
+    def get_config(self) -> dict:
         raise NotImplementedError("Save plain_model() instead: a TensorParallelModel is rebuilt with "
                                   "TensorParallel.shard(model).")
 

@@ -16,6 +16,8 @@ counted (`count_communication`) and the Timeline can name it.
 import contextlib
 import re
 import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from tfpar._keras import tf
 
@@ -31,7 +33,7 @@ _PLACEMENT = threading.local()
 
 
 @contextlib.contextmanager
-def placed_on(devices):
+def placed_on(devices: Sequence[str]) -> Iterator[None]:
     """Split layers called inside compute on ``devices`` rather than where their variables live: a
     pipeline replica's own devices (its variables are replica 0's, read where they are needed)."""
     previous = getattr(_PLACEMENT, "devices", None)
@@ -42,7 +44,7 @@ def placed_on(devices):
         _PLACEMENT.devices = previous
 
 
-def computing_devices(own):
+def computing_devices(own: list[str]) -> list[str]:
     """The devices a split layer whose variables live on ``own`` computes on now (`placed_on`)."""
     placed = getattr(_PLACEMENT, "devices", None)
     return own if placed is None else placed
@@ -52,11 +54,11 @@ class Sharded:
     """An activation split over the tensor-parallel devices: ``parts[i]`` on ``devices[i]``, the
     blocks of its last axis in order. It flows from a column layer to the row layer that sums it."""
 
-    def __init__(self, parts, devices):
+    def __init__(self, parts: Sequence, devices: Sequence[str]) -> None:
         self.parts = list(parts)
         self.devices = list(devices)
 
-    def map(self, fn):
+    def map(self, fn: Callable[[Any], Any]) -> "Sharded":
         """``fn`` applied to each part on its device (an element-wise layer)."""
         parts = []
         for part, device in zip(self.parts, self.devices):
@@ -65,7 +67,7 @@ class Sharded:
         return Sharded(parts, self.devices)
 
 
-def copy_to(x, devices):
+def copy_to(x: Any, devices: Sequence[str]) -> list:
     """``x`` on each device (forward); the sum of the devices' gradients (backward)."""
     home = devices[0]
 
@@ -86,7 +88,7 @@ def copy_to(x, devices):
     return list(f(x))
 
 
-def reduce_from(parts, devices):
+def reduce_from(parts: Sequence, devices: Sequence[str]) -> Any:
     """The sum of the devices' partial outputs, on the home device (forward); the gradient handed to
     each device (backward)."""
 
@@ -107,13 +109,13 @@ def reduce_from(parts, devices):
     return g(*parts)
 
 
-def gather_from(sharded):
+def gather_from(sharded: Sharded) -> Any:
     """The parts side by side along the last axis, on the home device (an all-gather)."""
     with tf.device(sharded.devices[0]):
         return tf.concat(sharded.parts, axis=-1, name=GATHER)
 
 
-def count_communication(graph_def):
+def count_communication(graph_def: Any) -> dict[str, int]:
     """``{name: count}`` of the communication ops in a traced step's GraphDef, its functions included."""
     names = [node.name for node in graph_def.node]
     for function in graph_def.library.function:

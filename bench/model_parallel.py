@@ -1,0 +1,104 @@
+"""Model-parallel benchmark: a 4-block transformer split by tensor parallelism over 2 and 4 devices.
+
+    python bench/model_parallel.py [--quick]
+
+One process with 4 virtual CPU devices. The model is `tfpar._tokens.transformer` (4 blocks; width
+256, 8 heads, MLP 1024, vocabulary 512, 32 tokens), trained with Adam.
+
+Last line:
+    RESULT model_parallel tp2_bytes_ratio=<a> tp4_bytes_ratio=<b> tp2_step_ratio=<c> reductions_per_block=<F>/<B>
+           tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n> largest_tp2=<n> largest_tp4=<n>
+
+- tpT_bytes_ratio: the most any device holds (weights and Adam's slots, from where each variable
+  lives) ÷ what one device holds unsplit; tpT_bytes_expected: 1/T of the planned layers plus the
+  replicated ones, from the plan (the ratio must be within 2 % of it);
+- tp2_step_ratio: a training step split over 2 devices ÷ the plain model's on one device, timed in
+  turns (a b b a). On this CPU the devices share the cores, so it measures the cost of the split,
+  not a speed-up: the baseline for a GPU run;
+- reductions_per_block: all-reduces forward/backward per block, counted from the ops of a traced
+  training step (Megatron-LM: 2/2);
+- largest_tpT: the most parameters of this architecture that fit a 16 GiB device with Adam in
+  float32 (16 bytes a parameter: weights, gradient and two slots), from the measured split.
+Not measured yet: pipeline x data across workers (its weak scaling): that composition runs on one
+host only so far.
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+from common import median_seconds_in_turns, print_step_times, quick_options  # noqa: E402
+
+import tfpar  # noqa: E402
+
+BUDGET = 16 * 2**30
+BYTES_PER_PARAMETER = 16
+
+
+def main():
+    opts = quick_options(__doc__)
+    tfpar.configure_devices(4)
+    import tensorflow as tf
+
+    from tfpar._tokens import TRANSFORMER_PLAN, token_data, transformer
+    from tfpar.tensor_parallel import TensorParallel
+    from tfpar.tensor_parallel.ops import BACKWARD_REDUCTION, FORWARD_REDUCTION, count_communication
+
+    k = tfpar.keras
+    size = dict(vocab=512, length=32, dim=256, heads=8, blocks=4, hidden=1024)
+    if opts.quick:
+        size.update(dim=64, hidden=256, vocab=128)
+    batch, steps = (16, 3) if opts.quick else (32, 8)
+    x, y = token_data(batch * steps, vocab=size["vocab"], length=size["length"])
+    loss = k.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def compiled(model):
+        model.compile(k.optimizers.Adam(1e-3), loss)
+        return model
+
+    plain = compiled(transformer(k, **size))
+    plain.optimizer.build(plain.trainable_variables)
+    whole = sum(v.shape.num_elements() * 4 for v in plain.weights)
+    whole += sum(v.shape.num_elements() * 4 for v in plain.optimizer.variables if v.shape.rank)
+    print(f"model: {plain.count_params():,} parameters, {whole:,} bytes with Adam's slots on one device", flush=True)
+    ratios, expected, split = {}, {}, {}
+    for degree in (2, 4):
+        model = compiled(TensorParallel(degree=degree, plan=TRANSFORMER_PLAN).shard(transformer(k, **size)))
+        held = model.device_bytes()
+        most = max(sum(h.values()) for h in held.values())
+        ratios[degree] = most / whole
+        planned = sum(v.shape.num_elements() for layer in plain.layers if layer.name in model.styles
+                      for v in layer.weights if len(v.shape) > 1)  # the split weights: not a row layer's bias
+        expected[degree] = (planned / degree + (plain.count_params() - planned)) / plain.count_params()
+        print(f"T={degree}: " + ", ".join(f"{d} {sum(h.values()):,} B" for d, h in held.items())
+              + f"; most {ratios[degree]:.3f} of one device (plan: {expected[degree]:.3f})", flush=True)
+        split[degree] = model
+    two = split[2]
+
+    @tf.function
+    def traced(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, two(x, training=True))
+        return tape.gradient(value, two.trainable_variables)
+
+    counts = count_communication(traced.get_concrete_function(x[:2], y[:2]).graph.as_graph_def())
+    blocks = size["blocks"]
+    forward = (counts[FORWARD_REDUCTION] - 1) / blocks  # the embedding's one reduction is not a block's
+    backward = counts[BACKWARD_REDUCTION] / blocks
+    models = {"plain": plain, "tp2": two}
+    timed = median_seconds_in_turns(("plain", "tp2"), 1 if opts.quick else 3,
+                                    lambda name: models[name].fit(x, y, batch_size=batch, epochs=1, verbose=0))
+    step = print_step_times(timed, steps)
+    largest = {1: BUDGET / BYTES_PER_PARAMETER}
+    largest.update({t: BUDGET / BYTES_PER_PARAMETER / ratios[t] for t in ratios})
+    print("largest model for a 16 GiB device (Adam, float32): " + ", ".join(
+        f"T={t}: {n / 1e9:.2f}B parameters" for t, n in largest.items()), flush=True)
+    print(f"RESULT model_parallel tp2_bytes_ratio={ratios[2]:.3f} tp4_bytes_ratio={ratios[4]:.3f} "
+          f"tp2_step_ratio={step['tp2'] / step['plain']:.3f} reductions_per_block={forward:g}/{backward:g} "
+          f"tp2_bytes_expected={expected[2]:.3f} tp4_bytes_expected={expected[4]:.3f} "
+          f"largest_tp1={largest[1]:.3g} largest_tp2={largest[2]:.3g} largest_tp4={largest[4]:.3g}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
