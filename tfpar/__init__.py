@@ -26,13 +26,14 @@ __version__ = "0.1.0"
 from tfpar._lazy import exports as _exports
 
 # Every strategy, and every exception the documentation names, under `tfpar` too (each also where
-# it is defined: tfpar.strategies, tfpar.pipeline, tfpar.devices, tfpar.quantization).
+# it is defined: tfpar.strategies, tfpar.pipeline, tfpar.tensor_parallel, tfpar.devices, tfpar.quantization).
 __getattr__, __dir__, __all__ = _exports(__name__, {
     "ClusterInfo": "tfpar.cluster",
     "DataParallel": "tfpar.strategies",
     "HorovodStrategy": "tfpar.strategies",
     "ParameterServer": "tfpar.strategies",
     "Pipeline": "tfpar.pipeline",
+    "TensorParallel": "tfpar.tensor_parallel",
     "AccuracyDropError": "tfpar.quantization",
     "ClusterUnreachableError": "tfpar.strategies",
     "DevicesAlreadyInitializedError": "tfpar.devices",
@@ -42,7 +43,8 @@ __getattr__, __dir__, __all__ = _exports(__name__, {
     "keras": "tfpar._keras",
     "local_devices": "tfpar.devices",
     **dict.fromkeys(("callbacks", "cluster", "data", "demo", "devices", "doctor", "integrations", "launch",
-                     "pipeline", "precision", "quantization", "report", "strategies", "tune", "verify")),  # submodules
+                     "pipeline", "precision", "quantization", "report", "strategies", "tensor_parallel", "tune",
+                     "verify")),  # submodules
 })
 
 from tfpar._task_env import HEARTBEAT_VARIABLE as _HEARTBEAT, TIMELINE_VARIABLE as _TIMELINE
