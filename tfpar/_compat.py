@@ -24,7 +24,7 @@ __all__ = [
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
-    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "keras_layer_of", "layer_nodes_in",
+    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "collective_all_reduce", "collective_all_gather", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
@@ -287,6 +287,21 @@ def layer_nodes_in(model, layer):
                 if f"{layer.name}_ib-{index}" in model._network_nodes]
     nodes = _keras3_graph(model)._nodes
     return [node for index, node in enumerate(layer._inbound_nodes) if f"{id(layer)}_ib-{index}" in nodes]
+
+
+def collective_all_reduce(t, **keys):
+    """TensorFlow's collective all-reduce (a sum) of ``t`` among the group's workers (the op
+    MultiWorkerMirroredStrategy runs; no public form outside a strategy)."""
+    from tensorflow.python.ops import collective_ops
+
+    return collective_ops.all_reduce_v2(t, merge_op="Add", final_op="Id", **keys)
+
+
+def collective_all_gather(t, **keys):
+    """TensorFlow's collective all-gather of ``t`` along its first axis among the group's workers."""
+    from tensorflow.python.ops import collective_ops
+
+    return collective_ops.all_gather_v2(t, **keys)
 
 
 class _EachUse(dict):

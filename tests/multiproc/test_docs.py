@@ -39,6 +39,8 @@ EXPECT = {
     "q.cluster(pruned": ["smaller gzipped", "distinct values", "of the weights are zero"],
     "tfpar verify --model tfpar.demo": ["PASSED: trains like one replica", "conv2d/kernel"],
     "tfpar demo --strategy pipeline": ["Pipeline (1f1b: 2 stages x 8 microbatches)", "bubble: measured"],
+    "tensor_parallel=2)   # first": ["mesh:       data 1 x pipeline 2 x tensor 2"],
+    "TensorParallel(degree=2, plan=plan)": ["'block0_attention': 'heads'", "'block1_down': 'row'"],
     "TensorParallel(degree=2)": ["mesh: data 1 x pipeline 1 x tensor 2", "'block1_down': 'row'", "Epoch 2/2"],
     "tfpar demo --strategy tensor_parallel": ["TensorParallel (mesh: data 1 x pipeline 1 x tensor 2)",
                                               "{'dense': 'column', 'dense_1': 'row'}", "validation accuracy"],

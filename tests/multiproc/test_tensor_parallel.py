@@ -1,7 +1,9 @@
 """Tensor parallelism over more devices than the test process has: T = 4, and tensor x pipeline x
-data on one host (8 virtual CPU devices in a process of its own)."""
+data on one host (8 virtual CPU devices in a process of its own); pipeline x data, tensor x data and
+all three across 2 workers."""
 
 import os
+import sys
 
 from tests.conftest import run_json_script
 
@@ -11,7 +13,7 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_model():
     report = run_json_script(os.path.join(SCRIPTS, "tensor_parallel_checks.py"), timeout=600)
     layouts = ("tensor 4", "pipeline 2 x tensor 2", "data 2 x tensor 2", "data 2 x pipeline 2 x tensor 2")
-    assert len(report) == 2 * (3 * 2 + 3 * 2)  # both Kerases: 3 models x 2 optimizers alone, the block in 3 layouts
+    assert len(report) == 2 * (3 * 2 + 3)  # both Kerases: 3 models x 2 optimizers alone, the block in 3 layouts
     for keras_name in ("tf_keras", "keras"):
         for layout in layouts:
             assert any(run.startswith(f"{keras_name} {layout} ") for run in report), (keras_name, layout)
@@ -19,3 +21,40 @@ def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_mod
         assert result["moved"] > 1e-2, run  # it trained
         worst = max(result["differences"].values())
         assert worst < 1e-5, (run, sorted(result["differences"].items(), key=lambda kv: -kv[1])[:3])
+
+
+CASES = ["pipeline:tf_keras:adam", "tensor:keras:adam", "pipeline_tensor:tf_keras:adam", "pipeline_tensor:keras:sgd",
+         "tensor_alone:tf_keras:sgd"]
+
+
+def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_device(tmp_path):
+    """`tfpar launch -n 2`, each worker with 4 virtual devices: pipeline x data (2 stages), tensor x
+    data (T = 2, as a one-stage pipeline and as TensorParallel written alone) and 2 x 2 x 2, each fed
+    by tfpar.data, against the plain model trained on one device on the same global batches."""
+    import importlib
+
+    import numpy as np
+
+    from tests.conftest import ROOT, run_command, tfpar_command
+    from tests.models import load_arrays, tensor_parallel_models, weight_differences
+
+    script = os.path.join(SCRIPTS, "model_parallel_workers.py")
+    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script, str(tmp_path), ",".join(CASES)),
+                         timeout=600, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)" in result.output
+    for case in CASES:
+        layout, keras_name, optimizer = case.split(":")
+        folder = tmp_path / f"{layout}-{keras_name}-{optimizer}"
+        workers = [load_arrays(str(folder / f"worker_{i}.npz")) for i in range(2)]
+        for a, b in zip(*workers):
+            np.testing.assert_array_equal(a, b)  # the replicas agree exactly: worker 1 started from worker 0's
+        k = importlib.import_module(keras_name)
+        plain, x, y, _ = tensor_parallel_models(k)["block"]
+        plain.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.01),
+                      k.losses.SparseCategoricalCrossentropy(from_logits=True))
+        initial = plain.get_weights()
+        plain.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        assert max(float(np.abs(a - b).max()) for a, b in zip(initial, plain.get_weights())) > 1e-2
+        differences = weight_differences(plain, plain.get_weights(), workers[0], optimizer)
+        assert max(differences.values()) < 1e-5, (case, sorted(differences.items(), key=lambda kv: -kv[1])[:3])

@@ -277,7 +277,12 @@ def distribute(source: Any, strategy: Any, global_batch_size: int, **options: An
     config = InputConfig(global_batch_size=global_batch_size, **options)
     replicas = strategy.num_replicas_in_sync
     per_replica_batch_size(global_batch_size, replicas)
+    topology = topology_of(strategy)
     strategy = getattr(strategy, "input_strategy", strategy)  # a pipeline splits the batch itself
+    # A pipeline across workers feeds itself under the default strategy: its worker's shard, as a worker's.
+    own_shard = (tf.distribute.InputContext(topology.num_workers, topology.worker_index, topology.num_workers)
+                 if topology.num_workers > 1 and not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy()
+                 else None)
     if topology_of(strategy).coordinator:
         return _for_parameter_servers(source, config, replicas)
     sizes = measure(source, config, strategy)  # files: counted once per job, shared
@@ -287,6 +292,7 @@ def distribute(source: Any, strategy: Any, global_batch_size: int, **options: An
     position = InputPosition(steps=None, replicas_per_worker=1, exact=exact)
 
     def dataset_fn(context):
+        context = own_shard or context
         epoch_dataset, plan = _worker_epochs(
             source,
             config,

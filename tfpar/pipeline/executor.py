@@ -59,7 +59,8 @@ class ReplicaStep:
         self.last = len(model.stages) - 1  # the chunk that computes the loss
         self.split = model.schedule.splits_backward
         m = model.schedule.num_microbatches
-        self.scale = 1.0 / (m * len(model.grid))  # every microbatch has batch / (m × replicas) examples
+        # Every microbatch has batch / (m × replicas × workers) examples, and the gradients are summed.
+        self.scale = 1.0 / (m * len(model.grid) * model.num_workers)
         self.saved: dict = {}
         self.upstream: dict = {}
         self.pending: dict = {}

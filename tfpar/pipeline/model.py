@@ -55,7 +55,7 @@ class PipelineModel:
             cls = _keras3_pipeline_model() if is_keras3(source) else _TfKerasPipelineModel
         return super().__new__(cls)
 
-    def __init__(self, source, partition, grid, schedule, recompute=False, tensor_styles=None):
+    def __init__(self, source, partition, grid, schedule, recompute=False, tensor_styles=None, workers=None):
         super().__init__(name=f"{source.name}_pipeline")
         self.partition = partition
         self.grid = grid
@@ -80,6 +80,10 @@ class PipelineModel:
                          "recomputes the chunk's backward chain that B ran: correct, but W costs about B + W "
                          "there.", schedule.name, unsplit)
         self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
+        self.__dict__["_workers"] = workers  # the job's other workers, replicas of this pipeline (or None)
+        self.num_workers = workers.num_workers if workers else 1
+        if workers:
+            workers.start_alike([v for stage in stages for v in stage.weights])
         self._timeline = schedule.simulate(1.0, 1.0, 1.0)  # F, B and W each take a time: a strict order
         self._order = self._timeline.order()
         with tf.device("/cpu:0"):
@@ -238,6 +242,8 @@ class PipelineModel:
                     parts = [sums[(r, k)][n] for r in range(len(self.grid)) if sums[(r, k)][n] is not None]
                     if parts:
                         pairs.append((functools.reduce(add_gradients, parts), variable))
+        if self._workers is not None:  # and over the workers' replicas
+            pairs = list(zip(self._workers.sum([g for g, _ in pairs]), [v for _, v in pairs]))
         return pairs
 
     def _record_timing(self, step_start, done):

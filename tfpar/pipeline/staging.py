@@ -21,6 +21,7 @@ from tfpar._topology import Topology
 from tfpar.pipeline.model import PipelineModel
 from tfpar.pipeline.partition import partition_model, valid_cut_points
 from tfpar.pipeline.schedule import SCHEDULES, make_schedule
+from tfpar.pipeline.workers import Workers
 
 __all__ = ["Pipeline", "PipelineConfig"]
 
@@ -114,16 +115,20 @@ class Pipeline(Parallelism):
         self.config = config = config_from(PipelineConfig, config, kwargs)
         self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches,
                                       config.virtual_stages)
+        self.workers = Workers.join()  # several workers in TF_CONFIG: each runs its pipeline, a replica
 
     @property
     def num_replicas_in_sync(self):
-        """The data-parallel copies of the pipeline that split the global batch."""
-        return self.config.replicas
+        """The data-parallel copies of the pipeline that split the global batch (on every worker)."""
+        return self.config.replicas * (self.workers.num_workers if self.workers else 1)
 
     @property
     def topology(self):
-        """One process, running the pipeline's ``replicas`` copies itself."""
-        return Topology(replicas_per_worker=self.config.replicas)
+        """This process, running the pipeline's ``replicas`` copies itself; one of the job's workers."""
+        if self.workers is None:
+            return Topology(replicas_per_worker=self.config.replicas)
+        return Topology(num_workers=self.workers.num_workers, worker_index=self.workers.worker_index,
+                        replicas_per_worker=self.config.replicas)
 
     @property
     def input_strategy(self):
@@ -200,7 +205,7 @@ class Pipeline(Parallelism):
                          "its moving averages are updated once per microbatch.", model.name,
                          c.num_microbatches * c.replicas)
         staged = PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute,
-                               tensor_styles=self._tensor_styles(model, partition))
+                               tensor_styles=self._tensor_styles(model, partition), workers=self.workers)
         return _owned.own(staged, self.model_checks())
 
     def _tensor_styles(self, model, partition):
@@ -243,7 +248,9 @@ class Pipeline(Parallelism):
         lines = [
             f"Pipeline ({s.name}: {c.num_stages} stages x {c.num_microbatches} microbatches"
             f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
-            f"  mesh:       data {c.replicas} x pipeline {c.num_stages} x tensor {c.tensor_parallel}",
+            f"  mesh:       data {self.num_replicas_in_sync} x pipeline {c.num_stages} x tensor {c.tensor_parallel}"
+            + (f" ({self.workers.num_workers} workers x {c.replicas} replicas; this is worker "
+               f"{self.workers.worker_index})" if self.workers else ""),
             f"  devices:    {self.devices()}",
             f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, {s.bubble_formula})",
             "  activations held per stage: "

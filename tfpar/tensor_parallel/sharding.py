@@ -58,7 +58,9 @@ class TensorParallel(Parallelism):
     Megatron-LM's splits over ``degree`` devices: Dense/EinsumDense by columns or rows (an MLP
     pair costs one all-reduce forward and one backward, no gather between them), MultiHeadAttention
     by heads, Embedding by vocabulary. Not a ``tf.distribute.Strategy``: it places the parts itself,
-    in this process, under TensorFlow's default strategy.
+    in this process, under TensorFlow's default strategy. Under ``tfpar launch`` with several workers,
+    each worker's split model is a data-parallel replica (a one-stage `tfpar.pipeline.Pipeline`
+    across workers), so create it first, before TensorFlow runs anything.
 
     Args:
         config: a `TensorParallelConfig`, or its fields as keyword arguments.
@@ -75,17 +77,24 @@ class TensorParallel(Parallelism):
     CONFIG = TensorParallelConfig
 
     def __init__(self, config: TensorParallelConfig | None = None, **kwargs: Any) -> None:
-        self.config = config_from(TensorParallelConfig, config, kwargs)
+        self.config = c = config_from(TensorParallelConfig, config, kwargs)
+        from tfpar.pipeline import Pipeline
+
+        # Across workers (TF_CONFIG), each worker's split model is a data-parallel replica: the
+        # pipeline's replicas, with one stage.
+        across = Pipeline(num_stages=1, num_microbatches=1, tensor_parallel=c.degree, tensor_plan=c.plan,
+                          devices=c.devices)
+        self._across = across if across.workers else None
 
     @property
     def num_replicas_in_sync(self):
-        """One copy of the model: the devices split its layers, not its batch."""
-        return 1
+        """One copy of the model per worker: the devices split its layers, not its batch."""
+        return self._across.num_replicas_in_sync if self._across else 1
 
     @property
     def topology(self):
-        """One process, one replica."""
-        return Topology(replicas_per_worker=1)
+        """One replica in this process; one of the job's workers."""
+        return self._across.topology if self._across else Topology(replicas_per_worker=1)
 
     @property
     def input_strategy(self):
@@ -176,11 +185,15 @@ class TensorParallel(Parallelism):
                              f"{model.name!r}, a subclassed model. Build it with the functional API.")
         styles = self.styles(model)  # the plan first: it is wrong whatever the devices
         devices = self.devices()
+        if self._across:
+            return self._across.stage(model)
         return _owned.own(TensorParallelModel(model, styles, devices), self.model_checks())
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """A readable summary: the mesh, the plan and, given the split model, the bytes each device holds."""
         c = self.config
+        if self._across:
+            return self._across.describe(global_batch_size, model)
         lines = [f"TensorParallel (mesh: data 1 x pipeline 1 x tensor {c.degree})",
                  f"  devices:    {self.devices()}",
                  f"  plan:       {c.plan if c.plan == 'auto' else dict(c.plan)}"]

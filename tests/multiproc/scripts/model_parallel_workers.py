@@ -1,0 +1,48 @@
+"""Each worker of a `tfpar launch -n 2` job trains the transformer block of tests.models under
+pipeline x data, tensor x data and pipeline x tensor x data (2 x 2 x 2), each case from the same
+plain weights (worker 1 perturbs its copy first: only worker 0's broadcast makes them agree), fed
+by tfpar.data. Writes OUT/<case>/worker_<i>.npz (the plain model's trained weights).
+
+Usage: model_parallel_workers.py OUT CASE[,CASE ...] where CASE is LAYOUT:KERAS:OPTIMIZER.
+"""
+
+import importlib
+import os
+import sys
+
+import numpy as np
+
+import tfpar
+
+tfpar.configure_devices(4)  # 2 stages x 2-way tensor parallelism on each worker at most
+
+out, cases = sys.argv[1], [case.split(":") for case in sys.argv[2].split(",")]
+LAYOUTS = {
+    "pipeline": dict(num_stages=2, num_microbatches=2),
+    "tensor": dict(num_stages=1, num_microbatches=1, tensor_parallel=2),
+    "pipeline_tensor": dict(num_stages=2, num_microbatches=2, tensor_parallel=2),
+}
+parallelisms = {layout: tfpar.pipeline.Pipeline(**options) for layout, options in LAYOUTS.items()}  # first
+tensor_alone = tfpar.tensor_parallel.TensorParallel(degree=2)  # the same as "tensor", as a user writes it
+
+import tensorflow as tf  # noqa: E402
+
+from tests.models import tensor_parallel_models  # noqa: E402
+
+index = tfpar.ClusterInfo.from_tf_config().worker_index
+for layout, keras_name, optimizer in cases:
+    k = importlib.import_module(keras_name)
+    model, x, y, plan = tensor_parallel_models(k)["block"]
+    if index == 1:
+        model.set_weights([w + 0.5 for w in model.get_weights()])
+    parallelism = tensor_alone if layout == "tensor_alone" else parallelisms[layout]
+    split = parallelism.shard(model) if layout == "tensor_alone" else parallelism.stage(model)
+    print(parallelism.describe(global_batch_size=16, model=split), flush=True)
+    split.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.01),
+                  k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, 16)
+    split.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=2)
+    folder = os.path.join(out, f"{layout}-{keras_name}-{optimizer}")
+    os.makedirs(folder, exist_ok=True)
+    np.savez(os.path.join(folder, f"worker_{index}.npz"), *split.plain_model().get_weights())
+print("done", flush=True)

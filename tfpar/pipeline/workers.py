@@ -1,0 +1,103 @@
+"""A pipeline's (or a tensor-parallel model's) data-parallel replicas across workers.
+
+Under ``tfpar launch`` (TF_CONFIG naming several workers) each worker runs its own pipeline over
+its local devices, and the workers are data-parallel replicas: `Workers` joins the job through
+TensorFlow's own runtime (a `tfpar.DataParallel`, i.e. MultiWorkerMirroredStrategy, made first: it
+starts this worker's server and its collectives), starts every worker from worker 0's weights, and
+sums each step's gradients over the workers with TensorFlow's collective all-reduce (the dense
+gradients packed into one, an embedding's IndexedSlices all-gathered so that they stay sparse).
+The collectives of one step are chained, so every worker runs them in the same order.
+"""
+
+import functools
+import itertools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tfpar import _compat
+from tfpar._keras import tf
+
+__all__ = ["Workers"]
+
+GROUP_KEY = 0x7F5A
+"""tfpar's collective group, apart from the groups TensorFlow's strategies number from 1."""
+
+
+class Workers:
+    """This worker's place among the job's workers, and the collectives between them."""
+
+    def __init__(self, engine: Any, num_workers: int, worker_index: int) -> None:
+        self.engine, self.num_workers, self.worker_index = engine, num_workers, worker_index
+        self.timeout = engine.config.timeout_seconds or 0
+        self._keys = itertools.count(1)  # the same on every worker: they build the same ops in the same order
+
+    @staticmethod
+    def join() -> "Workers | None":
+        """The job's workers when TF_CONFIG names several (None: this process trains alone); joined
+        once per process (TensorFlow starts one server), shared by every pipeline made in it.
+
+        Raises:
+            RuntimeError: TensorFlow already ran something (the server must start first).
+            ValueError: started by Horovod (its ranks are not joined this way yet).
+        """
+        from tfpar.cluster import ClusterInfo
+
+        info = ClusterInfo.from_tf_config() if os.environ.get("TF_CONFIG", "").strip() else None
+        if info is None or info.num_workers < 2:
+            return None
+        from tfpar.strategies._started_by import started_by_horovod
+
+        if started_by_horovod():
+            raise ValueError(
+                "A pipeline or tensor-parallel model across Horovod ranks is not built yet. Received: a process "
+                "started by horovodrun with TF_CONFIG set. Start the job with tfpar launch -n N instead.")
+        return _joined(info.num_workers, info.worker_index)
+
+    def _chained(self, previous, op, *args):
+        with tf.control_dependencies(previous):
+            return op(*args, group_size=self.num_workers, group_key=GROUP_KEY, instance_key=next(self._keys),
+                      timeout=self.timeout)
+
+    def sum(self, gradients: Sequence) -> list:
+        """Each gradient summed over the workers (None stays None)."""
+        out = list(gradients)
+        previous: list = []
+        dense: dict = {}
+        for i, g in enumerate(gradients):
+            if g is not None and not isinstance(g, tf.IndexedSlices):
+                dense.setdefault(g.dtype, []).append(i)
+        for dtype, indices in dense.items():
+            flat = tf.concat([tf.reshape(gradients[i], [-1]) for i in indices], 0)
+            summed = self._chained(previous, _compat.collective_all_reduce, flat)
+            previous = [summed]
+            sizes = [gradients[i].shape.num_elements() for i in indices]
+            for i, part in zip(indices, tf.split(summed, sizes)):
+                out[i] = tf.reshape(part, tf.shape(gradients[i]))
+        for i, g in enumerate(gradients):
+            if isinstance(g, tf.IndexedSlices):
+                values = self._chained(previous, _compat.collective_all_gather, g.values)
+                indices = self._chained([values], _compat.collective_all_gather, g.indices)
+                previous = [indices]
+                out[i] = tf.IndexedSlices(values, indices, g.dense_shape)
+        return out
+
+    def start_alike(self, variables: Sequence) -> None:
+        """Sets ``variables`` to worker 0's values on every worker (eagerly, at construction)."""
+        by_dtype: dict = {}
+        for v in variables:
+            by_dtype.setdefault(tf.as_dtype(v.dtype), []).append(v)
+        for dtype, group in by_dtype.items():
+            flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], 0)
+            mine = flat if self.worker_index == 0 else tf.zeros_like(flat)
+            with tf.device("/device:CPU:0"):
+                first = self._chained([], _compat.collective_all_reduce, mine)
+            for v, part in zip(group, tf.split(first, [int(tf.size(v)) for v in group])):
+                v.assign(tf.reshape(part, v.shape))
+
+
+@functools.cache
+def _joined(num_workers, worker_index):
+    from tfpar.strategies.data_parallel import DataParallel
+
+    return Workers(DataParallel(), num_workers, worker_index)
