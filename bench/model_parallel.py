@@ -6,21 +6,24 @@ One process with 4 virtual CPU devices. The model is `tfpar._tokens.transformer`
 256, 8 heads, MLP 1024, vocabulary 512, 32 tokens), trained with Adam.
 
 Last line:
-    RESULT model_parallel tp2_bytes_ratio=<a> tp4_bytes_ratio=<b> tp2_step_ratio=<c> reductions_per_block=<F>/<B>
-           tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n> largest_tp2=<n> largest_tp4=<n>
+    RESULT model_parallel tp2_bytes_ratio=<a> tp4_bytes_ratio=<b> tp2_step_ratio=<c> pp_dp_weak_scaling=<w>
+           reductions_per_block=<F>/<B> tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n>
+           largest_tp2=<n> largest_tp4=<n>
 
 - tpT_bytes_ratio: the most any device holds (weights and Adam's slots, from where each variable
   lives) ÷ what one device holds unsplit; tpT_bytes_expected: 1/T of the planned layers plus the
   replicated ones, from the plan (the ratio must be within 2 % of it);
 - tp2_step_ratio: a training step split over 2 devices ÷ the plain model's on one device, timed in
-  turns (a b b a). On this CPU the devices share the cores, so it measures the cost of the split,
-  not a speed-up: the baseline for a GPU run;
+  turns (a b b a), on a narrower model of the same shape (width 128, MLP 512). On this CPU the
+  devices share the cores, so it measures the cost of the split, not a speed-up: the baseline for a
+  GPU run;
+- pp_dp_weak_scaling: a 2-stage pipeline's step on 1 worker ÷ on 2 workers under `tfpar launch -n 2`
+  (pipeline x data: each worker the same per-worker batch, the gradients all-reduced between them),
+  the jobs alternating a b b a. 1.0 is perfect weak scaling; here 2 workers share 2 cores;
 - reductions_per_block: all-reduces forward/backward per block, counted from the ops of a traced
   training step (Megatron-LM: 2/2);
 - largest_tpT: the most parameters of this architecture that fit a 16 GiB device with Adam in
   float32 (16 bytes a parameter: weights, gradient and two slots), from the measured split.
-Not measured yet: pipeline x data across workers (its weak scaling): that composition runs on one
-host only so far.
 """
 
 import os
@@ -28,7 +31,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from common import median_seconds_in_turns, print_step_times, quick_options  # noqa: E402
+from common import quick_options, run_job  # noqa: E402
 
 import tfpar  # noqa: E402
 
@@ -86,18 +89,62 @@ def main():
     blocks = size["blocks"]
     forward = (counts[FORWARD_REDUCTION] - 1) / blocks  # the embedding's one reduction is not a block's
     backward = counts[BACKWARD_REDUCTION] / blocks
-    models = {"plain": plain, "tp2": two}
-    timed = median_seconds_in_turns(("plain", "tp2"), 1 if opts.quick else 3,
-                                    lambda name: models[name].fit(x, y, batch_size=batch, epochs=1, verbose=0))
-    step = print_step_times(timed, steps)
+    timed_size = dict(size, dim=64 if opts.quick else 128, hidden=256 if opts.quick else 512)
+    models = {"plain": compiled(transformer(k, **timed_size)),
+              "tp2": compiled(TensorParallel(degree=2, plan=TRANSFORMER_PLAN).shard(transformer(k, **timed_size)))}
+    step = step_times(models, x, y, batch, rounds=1 if opts.quick else 2)
+    weak = weak_scaling(opts.quick)
     largest = {1: BUDGET / BYTES_PER_PARAMETER}
     largest.update({t: BUDGET / BYTES_PER_PARAMETER / ratios[t] for t in ratios})
     print("largest model for a 16 GiB device (Adam, float32): " + ", ".join(
         f"T={t}: {n / 1e9:.2f}B parameters" for t, n in largest.items()), flush=True)
     print(f"RESULT model_parallel tp2_bytes_ratio={ratios[2]:.3f} tp4_bytes_ratio={ratios[4]:.3f} "
-          f"tp2_step_ratio={step['tp2'] / step['plain']:.3f} reductions_per_block={forward:g}/{backward:g} "
+          f"tp2_step_ratio={step['tp2'] / step['plain']:.3f} pp_dp_weak_scaling={weak:.3f} "
+          f"reductions_per_block={forward:g}/{backward:g} "
           f"tp2_bytes_expected={expected[2]:.3f} tp4_bytes_expected={expected[4]:.3f} "
           f"largest_tp1={largest[1]:.3g} largest_tp2={largest[2]:.3g} largest_tp4={largest[4]:.3g}", flush=True)
+
+
+def step_times(models, x, y, batch, rounds):
+    """{name: median seconds per training step}, each model's steps timed in turns a b b a (after a
+    first epoch that traces), from the start to the end of each step (Keras' batch hooks)."""
+    import statistics
+    import time
+
+    class Steps(tfpar.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    seconds: dict = {name: [] for name in models}
+    for name, model in models.items():
+        model.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # traces
+    first, second = models
+    for _ in range(rounds):
+        for name in (first, second, second, first):
+            times: list = []
+            models[name].fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[Steps()])
+            seconds[name].extend(times)
+    step = {name: statistics.median(t) for name, t in seconds.items()}
+    for name, value in step.items():
+        print(f"{name:>8}: {value * 1e3:.2f} ms/step, {len(seconds[name])} steps timed", flush=True)
+    return step
+
+
+def weak_scaling(quick):
+    """A 2-stage pipeline's step on 1 worker ÷ on 2 (`tfpar launch -n 2`), jobs in turns a b b a."""
+    import statistics
+
+    worker = [sys.executable, os.path.join(HERE, "_model_parallel_worker.py"),
+              *(["8", "3", "32", "128"] if quick else ["16", "6", "128", "512"])]
+    jobs = {1: worker, 2: [sys.executable, "-m", "tfpar.cli", "launch", "-n", "2", "--", *worker]}
+    steps: dict = {1: [], 2: []}
+    for workers in ((1, 2) if quick else (1, 2, 2, 1)):
+        steps[workers].append(run_job(jobs[workers], cwd=HERE)["step"])
+        print(f"pipeline x data, {workers} worker(s): {steps[workers][-1] * 1e3:.1f} ms/step", flush=True)
+    return statistics.median(steps[1]) / statistics.median(steps[2])
 
 
 if __name__ == "__main__":
