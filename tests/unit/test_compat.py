@@ -280,3 +280,25 @@ def test_the_moving_average_the_exact_ranges_replace_and_ray_s_placement():
     _compat.assign_moving_average(variable, tf.constant(10.0), 0.5, zero_debias=False)
     assert float(variable.numpy()) == 5.0
     assert dict(_compat.ray_resources_per_worker(ScalingConfig(num_workers=2))) == {"CPU": 1}
+
+
+def test_the_graph_walk_gives_each_layer_s_arguments_from_the_computed_values(any_keras):
+    """graph_steps over both Kerases: a layer called with two arguments and a keyword (attention),
+    one tensor used twice (a residual), each step's fill() giving the values it was called with."""
+    k = any_keras
+    inputs = k.Input((4, 8))
+    attention = k.layers.MultiHeadAttention(2, 4, name="attention")
+    h = attention(inputs, inputs, use_causal_mask=True)
+    outputs = k.layers.Add(name="residual")([inputs, h])
+    model = k.Model(inputs, outputs)
+    input_keys, steps, output_keys = _compat.graph_steps(model)
+    assert [layer.name for layer, *_ in steps] == ["attention", "residual"]
+    values = {input_keys[0]: "x"}
+    for layer, inputs_of, outputs_of, fill in steps:
+        args, kwargs = fill(values)
+        if layer.name == "attention":
+            assert args[:2] == ("x", "x") and kwargs.get("use_causal_mask") is True, (args, kwargs)
+        else:
+            assert list(args[0]) == ["x", "h"], args
+        values.update({key: "h" if layer.name == "attention" else "out" for key in outputs_of})
+    assert [values[key] for key in output_keys] == ["out"]

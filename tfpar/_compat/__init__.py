@@ -19,12 +19,14 @@ from tensorflow.python.ops import resource_variable_ops as _resource_variable_op
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
 
+from tfpar._compat.graph import graph_steps, is_graph_network, keras_layer_of, layer_nodes_in, node_layer
+
 __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
     "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
-    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "collective_all_reduce", "collective_all_gather", "keras_layer_of", "layer_nodes_in",
+    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
@@ -261,34 +263,6 @@ def given_learning_rate(optimizer):
     return getattr(optimizer, "_hyper", {}).get("learning_rate")
 
 
-def _keras3_graph(model):
-    """A Keras 3 model's layer graph: a Functional model itself, a Sequential's inner Functional
-    (built once it knows its input), else None (subclassed)."""
-    from keras.src.models.functional import Functional
-
-    graph = getattr(model, "_functional", None) or model
-    return graph if isinstance(graph, Functional) else None
-
-
-def is_graph_network(model):
-    """Whether a model (either Keras) is Sequential/Functional (its layer graph is known), not
-    subclassed: tf_keras flags it (_is_graph_network); Keras 3 builds a Functional."""
-    if hasattr(model, "_is_graph_network"):  # tf_keras
-        return bool(model._is_graph_network)
-    return _keras3_graph(model) is not None
-
-
-def layer_nodes_in(model, layer):
-    """The calls (nodes) of ``layer`` that belong to ``model``'s graph: tf_keras keys them
-    "<layer name>_ib-<index>" in the model's _network_nodes, Keras 3 "<id(layer)>_ib-<index>" in
-    its graph's _nodes (no public query in either)."""
-    if hasattr(model, "_network_nodes"):
-        return [node for index, node in enumerate(layer.inbound_nodes)
-                if f"{layer.name}_ib-{index}" in model._network_nodes]
-    nodes = _keras3_graph(model)._nodes
-    return [node for index, node in enumerate(layer._inbound_nodes) if f"{id(layer)}_ib-{index}" in nodes]
-
-
 def collective_all_reduce(t, **keys):
     """TensorFlow's collective all-reduce (a sum) of ``t`` among the group's workers (the op
     MultiWorkerMirroredStrategy runs; no public form outside a strategy)."""
@@ -302,43 +276,6 @@ def collective_all_gather(t, **keys):
     from tensorflow.python.ops import collective_ops
 
     return collective_ops.all_gather_v2(t, **keys)
-
-
-class _EachUse(dict):
-    """tf_keras' Node.map_arguments pops one value per use of a tensor: a fresh list each time."""
-
-    def __getitem__(self, key):
-        return [dict.__getitem__(self, key)]
-
-
-def graph_steps(model):
-    """A Sequential/Functional model's graph as ``(input keys, steps, output keys)``, the steps in an
-    order that computes every input first: ``(layer, input keys, output keys, fill)`` where
-    ``fill(values)`` gives the layer's ``(args, kwargs)`` from the computed values by key. tf_keras
-    keeps its nodes in _nodes_by_depth with _tensor ids as strings; Keras 3 in its graph's
-    _nodes_by_depth with ids (no public walk in either)."""
-    graph = model if hasattr(model, "_network_nodes") else _keras3_graph(model)
-    nodes = [node for depth in sorted(graph._nodes_by_depth, reverse=True)
-             for node in graph._nodes_by_depth[depth] if not node.is_input]
-    if hasattr(model, "_network_nodes"):  # tf_keras
-        steps = [(node.layer, list(node.flat_input_ids), list(node.flat_output_ids),
-                  lambda values, node=node: node.map_arguments(_EachUse(values))) for node in nodes]
-        return [str(id(t)) for t in graph.inputs], steps, [str(id(t)) for t in graph.outputs]
-    steps = [(node.operation, [id(t) for t in node.input_tensors], [id(t) for t in node.outputs],
-              lambda values, node=node: node.arguments.fill_in(values)) for node in nodes if node.operation]
-    return [id(t) for t in graph.inputs], steps, [id(t) for t in graph.outputs]
-
-
-def node_layer(node):
-    """The layer a node calls (``.layer`` in tf_keras, ``.operation`` in Keras 3)."""
-    return node.layer if hasattr(node, "layer") else node.operation
-
-
-def keras_layer_of(tensor):
-    """The layer that produced a symbolic tensor (its _keras_history: ``.layer`` in tf_keras,
-    ``.operation`` in Keras 3; no public accessor in either)."""
-    history = tensor._keras_history
-    return history.layer if hasattr(history, "layer") else history.operation
 
 
 def random_generator_type(layer):
