@@ -31,19 +31,39 @@ def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_devi
     """`tfpar launch -n 2`, each worker with 4 virtual devices: pipeline x data (2 stages), tensor x
     data (T = 2, as a one-stage pipeline and as TensorParallel written alone) and 2 x 2 x 2, each fed
     by tfpar.data, against the plain model trained on one device on the same global batches."""
-    import importlib
-
-    import numpy as np
-
     from tests.conftest import ROOT, run_command, tfpar_command
-    from tests.models import load_arrays, tensor_parallel_models, weight_differences
 
     script = os.path.join(SCRIPTS, "model_parallel_workers.py")
     result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script, str(tmp_path), ",".join(CASES)),
                          timeout=600, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     assert "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)" in result.output
-    for case in CASES:
+    _assert_like_one_device(tmp_path, CASES)
+
+
+HOROVOD_CASES = ["pipeline_tensor:tf_keras:adam", "tensor_alone:keras:sgd"]
+
+
+def test_two_horovod_ranks_of_a_pipeline_and_a_tensor_parallel_model_train_like_one_device(tmp_path, horovod_installed):
+    """The same under `horovodrun -np 2 --gloo`: Horovod's all-reduce and all-gather sum the gradients."""
+    from tests.conftest import ROOT, run_command
+
+    script = os.path.join(SCRIPTS, "model_parallel_workers.py")
+    result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, script,
+                          str(tmp_path), ",".join(HOROVOD_CASES)], timeout=600, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)" in result.output
+    _assert_like_one_device(tmp_path, HOROVOD_CASES)
+
+
+def _assert_like_one_device(tmp_path, cases):
+    import importlib
+
+    import numpy as np
+
+    from tests.models import load_arrays, tensor_parallel_models, weight_differences
+
+    for case in cases:
         layout, keras_name, optimizer = case.split(":")
         folder = tmp_path / f"{layout}-{keras_name}-{optimizer}"
         workers = [load_arrays(str(folder / f"worker_{i}.npz")) for i in range(2)]

@@ -1,12 +1,15 @@
 """A pipeline's (or a tensor-parallel model's) data-parallel replicas across workers.
 
-Under ``tfpar launch`` (TF_CONFIG naming several workers) each worker runs its own pipeline over
-its local devices, and the workers are data-parallel replicas: `Workers` joins the job through
-TensorFlow's own runtime (a `tfpar.DataParallel`, i.e. MultiWorkerMirroredStrategy, made first: it
-starts this worker's server and its collectives), starts every worker from worker 0's weights, and
-sums each step's gradients over the workers with TensorFlow's collective all-reduce (the dense
-gradients packed into one, an embedding's IndexedSlices all-gathered so that they stay sparse).
-The collectives of one step are chained, so every worker runs them in the same order.
+Each worker runs its own pipeline over its local devices, and the workers are data-parallel
+replicas. `Workers` starts every worker from worker 0's weights and sums each step's gradients
+over the workers: the dense gradients packed into one all-reduce, an embedding's IndexedSlices
+all-gathered so that they stay sparse. Each engine its own way:
+
+- under ``tfpar launch`` (TF_CONFIG naming several workers), TensorFlow's runtime: a
+  `tfpar.DataParallel` (MultiWorkerMirroredStrategy), made first, starts this worker's server and
+  its collectives, and the collectives of one step are chained so that every worker runs them in
+  the same order;
+- under ``horovodrun``, Horovod's all-reduce and all-gather (`HorovodWorkers`), matched by name.
 """
 
 import functools
@@ -18,7 +21,7 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import tf
 
-__all__ = ["Workers"]
+__all__ = ["HorovodWorkers", "Workers"]
 
 GROUP_KEY = 0x7F5A
 """tfpar's collective group, apart from the groups TensorFlow's strategies number from 1."""
@@ -39,19 +42,16 @@ class Workers:
 
         Raises:
             RuntimeError: TensorFlow already ran something (the server must start first).
-            ValueError: started by Horovod (its ranks are not joined this way yet).
+            ImportError: started by horovodrun, and Horovod is not importable.
         """
         from tfpar.cluster import ClusterInfo
-
-        info = ClusterInfo.from_tf_config() if os.environ.get("TF_CONFIG", "").strip() else None
-        if info is None or info.num_workers < 2:
-            return None
         from tfpar.strategies._started_by import started_by_horovod
 
         if started_by_horovod():
-            raise ValueError(
-                "A pipeline or tensor-parallel model across Horovod ranks is not built yet. Received: a process "
-                "started by horovodrun with TF_CONFIG set. Start the job with tfpar launch -n N instead.")
+            return _joined_horovod()
+        info = ClusterInfo.from_tf_config() if os.environ.get("TF_CONFIG", "").strip() else None
+        if info is None or info.num_workers < 2:
+            return None
         return _joined(info.num_workers, info.worker_index)
 
     def _chained(self, previous, op, *args):
@@ -101,3 +101,39 @@ def _joined(num_workers, worker_index):
     from tfpar.strategies.data_parallel import DataParallel
 
     return Workers(DataParallel(), num_workers, worker_index)
+
+
+class HorovodWorkers(Workers):
+    """The ranks of a ``horovodrun`` job as the workers: Horovod's collectives, matched by name."""
+
+    def __init__(self, hvd: Any) -> None:
+        self.hvd, self.num_workers, self.worker_index = hvd, hvd.size(), hvd.rank()
+        self._keys = itertools.count(1)
+
+    def sum(self, gradients: Sequence) -> list:
+        hvd, n = self.hvd, next(self._keys)
+        out = list(gradients)
+        dense = [i for i, g in enumerate(gradients) if g is not None and not isinstance(g, tf.IndexedSlices)]
+        if dense:
+            flat = tf.concat([tf.reshape(tf.cast(gradients[i], tf.float32), [-1]) for i in dense], 0)
+            summed = hvd.allreduce(flat, op=hvd.Sum, name=f"tfpar_pipeline_gradients_{n}")
+            for i, part in zip(dense, tf.split(summed, [gradients[i].shape.num_elements() for i in dense])):
+                out[i] = tf.cast(tf.reshape(part, tf.shape(gradients[i])), gradients[i].dtype)
+        for i, g in enumerate(gradients):
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = tf.IndexedSlices(hvd.allgather(g.values, name=f"tfpar_pipeline_values_{n}_{i}"),
+                                          hvd.allgather(g.indices, name=f"tfpar_pipeline_indices_{n}_{i}"),
+                                          g.dense_shape)
+        return out
+
+    def start_alike(self, variables: Sequence) -> None:
+        self.hvd.broadcast_variables([getattr(v, "value", v) if not isinstance(v, tf.Variable) else v
+                                      for v in variables], root_rank=0)
+
+
+@functools.cache
+def _joined_horovod():
+    from tfpar.strategies.horovod import import_horovod
+
+    hvd = import_horovod()
+    return HorovodWorkers(hvd) if hvd.size() > 1 else None

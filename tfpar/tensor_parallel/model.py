@@ -193,6 +193,7 @@ class TensorParallelModel:
         self.__dict__["_source"] = source  # not tracked: its weights are copied, not shared
         self.__dict__["_graph"] = _compat.graph_steps(inner)
 
+    @tf.autograph.experimental.do_not_convert  # a plain walk over the layer graph, built as it is
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         input_keys, steps, output_keys = self._graph
         values = dict(zip(input_keys, tf.nest.flatten(inputs)))

@@ -1,4 +1,4 @@
-"""Each worker of a `tfpar launch -n 2` job trains the transformer block of tests.models under
+"""Each worker of a `tfpar launch -n 2` (or `horovodrun -np 2`) job trains the transformer block of tests.models under
 pipeline x data, tensor x data and pipeline x tensor x data (2 x 2 x 2), each case from the same
 plain weights (worker 1 perturbs its copy first: only worker 0's broadcast makes them agree), fed
 by tfpar.data. Writes OUT/<case>/worker_<i>.npz (the plain model's trained weights).
@@ -29,7 +29,7 @@ import tensorflow as tf  # noqa: E402
 
 from tests.models import tensor_parallel_models  # noqa: E402
 
-index = tfpar.ClusterInfo.from_tf_config().worker_index
+index = parallelisms["pipeline"].topology.worker_index  # under tfpar launch or horovodrun
 for layout, keras_name, optimizer in cases:
     k = importlib.import_module(keras_name)
     model, x, y, plan = tensor_parallel_models(k)["block"]
