@@ -56,12 +56,13 @@ def _parser():
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=_HelpFormatter)
 
-    demo = sub.add_parser("demo", help="train a small CNN on the bundled digits")
+    demo = sub.add_parser("demo", help="train a small CNN on the bundled digits (a small transformer on "
+                                       "generated tokens under tensor_parallel)")
     demo.set_defaults(func=_demo)
     demo.add_argument("--strategy", default="data_parallel", choices=STRATEGIES,
                       help="data_parallel, horovod (starts the ranks with horovodrun), "
                            "parameter_server (a local parameter-server cluster), pipeline (2 stages) or "
-                           "tensor_parallel (the Dense pair split over the devices)")
+                           "tensor_parallel (a small transformer's layers split over the devices)")
     demo.add_argument("--devices", type=_int, default=None,
                       help="virtual CPU devices when there is no GPU (tensor_parallel: its degree), Horovod "
                            "ranks, or PS workers (default 2)")

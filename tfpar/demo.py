@@ -105,7 +105,8 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
              print_fn: Callable[[str], Any] = print, replicas: int = 1, microbatches: int = 8,
              precision: str = "float32", qat: bool = False, keras_version: int = 2, report_dir: str | None = None,
              compression: str = "none", compress: bool = False) -> "DemoResult":
-    """Trains the digits CNN and returns a `DemoResult`.
+    """Trains the digits CNN (under "tensor_parallel": the token transformer, `transformer`, on
+    generated tokens) and returns a `DemoResult`.
 
     Args:
         strategy: one of `STRATEGIES`.
@@ -146,7 +147,7 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
         raise ValueError(f"{flags} runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
     if keras_version == 3 and (strategy == "parameter_server" or flags):
         raise ValueError(
-            "--keras 3 runs with --strategy data_parallel, horovod or pipeline, without --qat or --compress: "
+            "--keras 3 runs with --strategy data_parallel, horovod, pipeline or tensor_parallel, without --qat or --compress: "
             "parameter servers in fit and TFMOT's compression need tf_keras (README, Keras 3 and tf_keras). "
             f"Received: --keras 3 --strategy {strategy}{' ' + flags if flags else ''}. Leave out --keras 3 "
             "for those.")
@@ -163,17 +164,19 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
                                   compression=compression, balance="time" if strategy == "pipeline" else "params").build()
     dist = parallelism.input_strategy
     k.utils.set_random_seed(0)
-    (x_train, y_train), (x_val, y_val) = load_digits()
+    # Tensor parallelism splits a transformer's layers: the token model and its generated tokens.
+    tokens = strategy == "tensor_parallel"
+    (x_train, y_train), (x_val, y_val) = (token_data(4096), token_data(512, seed=1)) if tokens else load_digits()
     chief = dist.extended.should_checkpoint
     if not chief:  # one progress bar and one summary: the chief's
         verbose, print_fn = 0, (lambda *_: None)
     if verbose == 1 and topology_of(dist).coordinator:
         verbose = 2  # Keras refuses a progress bar under parameter servers: one line per epoch
-    model = parallelism.build(lambda: build_model(k))
+    model = parallelism.build(lambda: transformer(k) if tokens else build_model(k))
     with parallelism.scope():
         model.compile(
             optimizer=k.optimizers.Adam(learning_rate),
-            loss="sparse_categorical_crossentropy",
+            loss=k.losses.SparseCategoricalCrossentropy(from_logits=tokens),
             weighted_metrics=["accuracy"],  # masks tfpar.data's padding
         )
     replicas_in_step = parallelism.num_replicas_in_sync
