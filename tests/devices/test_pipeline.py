@@ -85,10 +85,10 @@ def test_saved_plain_model_loads_and_predicts_like_the_pipeline(tmp_path):
 
 def test_bubble_callback_logs_measured_and_theoretical_bubble(tmp_path, any_keras):
     staged = Pipeline(num_stages=2, num_microbatches=4, schedule="1f1b").stage(pipeline_model(k=any_keras))
-    steps = []  # the last epoch's steps' pipeline_trace: a (start, end) row per instruction
+    steps = []  # the last epoch's steps' device_trace: a (start, end) row per instruction
     traces = any_keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: steps.clear(),
                                                 on_train_batch_end=lambda b, logs: steps.append(
-                                                    staged.pipeline_trace.numpy()))
+                                                    staged.device_trace.numpy()))
     history = _train(staged, epochs=2, k=any_keras,
                      callbacks=[tfpar.callbacks.PipelineBubble(log_dir=str(tmp_path)), traces])
     assert history.history["bubble_theory"] == [pytest.approx(1 / 5)] * 2

@@ -158,3 +158,29 @@ def test_a_subclassed_model_and_another_strategy_s_scope_are_refused():
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
         with pytest.raises(ValueError, match="cannot run inside another strategy's scope"):
             TensorParallel(degree=2).build(lambda: tensor_parallel_models()["mlp"][0])
+
+
+def test_the_timeline_has_a_track_per_device_with_each_layer_part_and_the_activation_all_reduces(any_keras, tmp_path):
+    import json
+
+    from tests.conftest import trace_tracks
+    from tfpar.callbacks import Timeline
+
+    k = any_keras
+    model, x, y, plan = tensor_parallel_models(k)["block"]
+    split = TensorParallel(degree=2, plan=plan).shard(model)
+    split.compile(k.optimizers.SGD(0.1), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    split.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Timeline(str(tmp_path / "timeline.json"))])
+    tracks = trace_tracks(json.loads((tmp_path / "timeline.json").read_text()))
+    steps = len(x) // 8
+    home, other = tracks[0, "device 0 (/device:CPU:0)"], tracks[0, "device 1 (/device:CPU:1)"]
+    split_layers = ["embed", "block0_attention", "block0_up", "block0_down"]
+    for layer in split_layers:  # each device runs its part of each split layer, every step
+        assert sum(e["name"] == layer for e in home) == steps and sum(e["name"] == layer for e in other) == steps
+    # The forward all-reduces land on the home device: the embedding's, the attention's and the MLP's.
+    reductions = sorted({e["name"] for e in home if e["name"].endswith("all-reduce")})
+    assert reductions == ["block0_attention all-reduce", "block0_down all-reduce", "embed all-reduce"]
+    assert all(sum(e["name"] == r for e in home) == steps for r in reductions)
+    assert not any(e["name"].endswith("all-reduce") for e in other)
+    first = {e["name"]: e for e in home[:len(split_layers) + len(reductions)]}  # the first step, in order
+    assert first["block0_down all-reduce"]["ts"] + 1 >= first["block0_down"]["ts"] + first["block0_down"]["dur"]

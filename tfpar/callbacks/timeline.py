@@ -143,17 +143,26 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._tracks = dict(enumerate(_TRACKS))
         if self._stamps is not None:
             self._stamps.assign(_empty())
-        self._pipeline = getattr(self.model, "pipeline_trace", None)
+        # A model that traces its devices' work in a step (a pipeline: a track per stage and replica, an
+        # event per F, B and W; a tensor-parallel model: a track per device, an event per layer part and
+        # per activation all-reduce) gives its trace's rows (start, end), their tracks and labels.
+        self._pipeline = getattr(self.model, "device_trace", None)
         self._schedule = None
-        if self._pipeline is not None:  # a track per stage and replica, an event per F and B
-            s = self.model.schedule
-            self._schedule = {"name": s.name, "num_stages": s.num_stages, "num_microbatches": s.num_microbatches,
-                              "virtual_stages": s.virtual_stages}
-            first = len(self._tracks)
-            for track, name in enumerate(self.model.pipeline_track_names(), first):
+        if self._pipeline is not None:
+            s = getattr(self.model, "schedule", None)
+            if s is not None and hasattr(s, "num_microbatches"):  # a pipeline's: for tfpar.report's theory
+                self._schedule = {"name": s.name, "num_stages": s.num_stages, "num_microbatches": s.num_microbatches,
+                                  "virtual_stages": s.virtual_stages}
+            self._first_device_track = first = len(self._tracks)
+            for track, name in enumerate(self.model.device_track_names(), first):
                 self._tracks[track] = name
-            self._instructions = [(first + track, self._label(label))
-                                  for track, label in self.model.pipeline_trace_labels()]
+            self._instructions = self._device_rows()
+
+    def _device_rows(self):
+        """(track, label index) of each row of the model's device trace (a tensor-parallel model knows
+        them once its step is traced: read again until then)."""
+        return [(self._first_device_track + track, self._label(label))
+                for track, label in self.model.device_trace_labels()]
 
     def _label(self, text):
         if text not in self._labels:
@@ -171,6 +180,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._events.append((*step, _STEP, _STEP))
         self._unmatched.append(step)
         if self._pipeline is not None:  # the step's instructions: [n, 2] (start, end)
+            self._instructions = self._instructions or self._device_rows()
             for (start, stop), (track, label) in zip(self._pipeline.numpy(), self._instructions):
                 self._events.append((start, stop, track, label))
 

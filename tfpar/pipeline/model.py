@@ -90,8 +90,8 @@ class PipelineModel:
             self.pipeline_timing = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
                                                name="pipeline_timing")
             # The last step's instructions, replica by replica in the schedule's order: (start, end).
-            self.pipeline_trace = tf.Variable(tf.zeros([len(self._trace_keys()), 2], tf.float64),
-                                              trainable=False, name="pipeline_trace")
+            self.device_trace = tf.Variable(tf.zeros([len(self._trace_keys()), 2], tf.float64),
+                                              trainable=False, name="device_trace")
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
 
     def _stage_devices(self, replica, chunk):
@@ -108,20 +108,20 @@ class PipelineModel:
         """Inside it, a tensor-parallel chunk computes on that replica's devices."""
         return placed_on(self._stage_devices(replica, chunk))
 
-    def pipeline_track_names(self) -> list[str]:
+    def device_track_names(self) -> list[str]:
         """The trace's tracks: one per stage of each replica (`tfpar.callbacks.Timeline`)."""
         return [f"stage {k}" + (f" (replica {r})" if len(self.grid) > 1 else "")
                 for r in range(len(self.grid)) for k in range(self.schedule.num_stages)]
 
-    def pipeline_trace_labels(self) -> list:
-        """Per row of ``pipeline_trace``: (its track, "F<microbatch>", "B<microbatch>" or "W<microbatch>",
+    def device_trace_labels(self) -> list:
+        """Per row of ``device_trace``: (its track, "F<microbatch>", "B<microbatch>" or "W<microbatch>",
         with the chunk after a "c" under virtual stages)."""
         p, chunks = self.schedule.num_stages, self.schedule.virtual_stages > 1
         return [(r * p + self.schedule.stage_of(i.stage), f"{i}c{i.stage}" if chunks else str(i))
                 for r, i in self._trace_keys()]
 
     def _trace_keys(self):
-        """The rows of ``pipeline_trace``: (replica, instruction), replica by replica in the schedule's order."""
+        """The rows of ``device_trace``: (replica, instruction), replica by replica in the schedule's order."""
         return [(r, i) for r in range(len(self.grid)) for i in self._order]
 
     def call(self, inputs, training=None):
@@ -277,7 +277,7 @@ class PipelineModel:
         mean_busy = tf.add_n(busy) / (self.schedule.num_stages * len(self.grid))
         span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
         self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))
-        self.pipeline_trace.assign(tf.stack([tf.stack([starts[key], ends[key]]) for key in self._trace_keys()]))
+        self.device_trace.assign(tf.stack([tf.stack([starts[key], ends[key]]) for key in self._trace_keys()]))
 
 
 class _TfKerasPipelineModel(PipelineModel, keras.Model):

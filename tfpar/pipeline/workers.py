@@ -93,7 +93,7 @@ class Workers:
             with tf.device("/device:CPU:0"):
                 first = self._chained([], _compat.collective_all_reduce, mine)
             for v, part in zip(group, tf.split(first, [int(tf.size(v)) for v in group])):
-                v.assign(tf.reshape(part, v.shape))
+                v.assign(tf.reshape(part, tf.shape(v)))  # its value's shape (a trace's has a None axis)
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tfpar._keras import tf
-from tfpar.tensor_parallel.ops import Sharded, computing_devices, copy_to, gather_from, reduce_from
+from tfpar.tensor_parallel.ops import Sharded, computing_devices, copy_to, gather_from, reduce_from, timed
 
 __all__ = ["layer_class", "split_error"]
 
@@ -165,18 +165,23 @@ class _Dense(_Shards):
             parts = []
             for i, device in enumerate(devices):
                 with tf.device(device):
-                    y = self._product(inputs[i], kernels[i])
-                    y = y if biases[i] is None else y + biases[i]
-                    parts.append(self.activation(y) if self.keep_split else y)
+                    parts.append(timed(i, self.name, inputs[i], functools.partial(
+                        self._column_part, inputs[i], kernels[i], biases[i])))
             out = Sharded(parts, devices)
             return out if self.keep_split else self.activation(gather_from(out))
         parts = []
         for i, device in enumerate(devices):
             with tf.device(device):
-                parts.append(self._product(tf.cast(x.parts[i], self.compute_dtype), kernels[i]))
-        y = reduce_from(parts, devices)
+                part = tf.cast(x.parts[i], self.compute_dtype)
+                parts.append(timed(i, self.name, part, functools.partial(self._product, part, kernels[i])))
+        y = reduce_from(parts, devices, f"{self.name} all-reduce")
         with tf.device(devices[0]):
             return self.activation(y + self._parts(1)[0] if self.has_bias else y)
+
+    def _column_part(self, x, kernel, bias):
+        y = self._product(x, kernel)
+        y = y if bias is None else y + bias
+        return self.activation(y) if self.keep_split else y
 
     def _product(self, x, kernel):
         """x times a part of the kernel: EinsumDense's equation, or Dense's product over the last axis
@@ -243,18 +248,23 @@ class _Attention(_Shards):
         outs = []
         for i, device in enumerate(devices):
             with tf.device(device):
-                scores = tf.einsum("aecd,abcd->acbe", k[i], q[i] * tf.cast(1.0 / math.sqrt(self.key_dim), q[i].dtype))
-                if mask is not None:
-                    scores += (1.0 - tf.cast(mask[:, None], scores.dtype)) * _LARGE_NEGATIVE
-                probs = tf.nn.softmax(scores, axis=-1)
-                if training and self.dropout:
-                    probs = tf.nn.dropout(probs, rate=self.dropout)
-                context = tf.einsum("acbe,aecd->abcd", probs, v[i])
-                outs.append(tf.einsum("abcd,cde->abe", context, kernels[i]))
-        y = reduce_from(outs, devices)
+                outs.append(timed(i, self.name, (q[i], k[i], v[i]), functools.partial(
+                    self._heads, q[i], k[i], v[i], mask, kernels[i], training)))
+        y = reduce_from(outs, devices, f"{self.name} all-reduce")
         bias = self._slot_of.get(("attention_output", "bias"))
         with tf.device(devices[0]):
             return y if bias is None else y + self._parts(bias)[0]
+
+    def _heads(self, q, k, v, mask, kernel, training):
+        """This device's heads: scaled dot-product attention and its rows of the output projection."""
+        scores = tf.einsum("aecd,abcd->acbe", k, q * tf.cast(1.0 / math.sqrt(self.key_dim), q.dtype))
+        if mask is not None:
+            scores += (1.0 - tf.cast(mask[:, None], scores.dtype)) * _LARGE_NEGATIVE
+        probs = tf.nn.softmax(scores, axis=-1)
+        if training and self.dropout:
+            probs = tf.nn.dropout(probs, rate=self.dropout)
+        context = tf.einsum("acbe,aecd->abcd", probs, v)
+        return tf.einsum("abcd,cde->abe", context, kernel)
 
     @staticmethod
     def _mask(query, value, attention_mask, use_causal_mask):
@@ -281,11 +291,15 @@ class _Embedding(_Shards):
         parts = []
         for i, device in enumerate(devices):
             with tf.device(device):
-                local = ids - i * self.rows
-                mine = tf.logical_and(local >= 0, local < self.rows)
-                found = tf.gather(tables[i], tf.where(mine, local, tf.zeros_like(local)))
-                parts.append(found * tf.cast(mine, found.dtype)[..., None])
-        return reduce_from(parts, devices)
+                parts.append(timed(i, self.name, ids, functools.partial(self._lookup, ids, tables[i], i)))
+        return reduce_from(parts, devices, f"{self.name} all-reduce")
+
+    def _lookup(self, ids, table, i):
+        """The ids in this device's rows, looked up; zeros for the others."""
+        local = ids - i * self.rows
+        mine = tf.logical_and(local >= 0, local < self.rows)
+        found = tf.gather(table, tf.where(mine, local, tf.zeros_like(local)))
+        return found * tf.cast(mine, found.dtype)[..., None]
 
 
 _FAMILIES = {"Dense": _Dense, "EinsumDense": _Dense, "MultiHeadAttention": _Attention, "Embedding": _Embedding}

@@ -15,7 +15,7 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar.tensor_parallel.layers import _Shards, layer_class
-from tfpar.tensor_parallel.ops import Sharded, gather_from
+from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
 
 __all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "split_outputs"]
@@ -162,6 +162,7 @@ class TensorParallelModel:
     _keras = None
     _source: Any  # the model it was split from (set untracked in __init__)
     _graph: Any  # its copy's layer graph (_compat.graph_steps), untracked
+    _trace_labels: list  # (device index, label) per row of device_trace, untracked
     weights: list  # Keras' (the concrete class is a keras.Model)
 
     def __new__(cls, source=None, *args, **kwargs):
@@ -192,9 +193,34 @@ class TensorParallelModel:
         self.styles = dict(styles)
         self.__dict__["_source"] = source  # not tracked: its weights are copied, not shared
         self.__dict__["_graph"] = _compat.graph_steps(inner)
+        self.__dict__["_trace_labels"] = []  # (device index, label) of each row of device_trace, set when traced
+        with tf.device("/cpu:0"):
+            # The last training step's work on each device, a row per layer part and all-reduce: (start, end).
+            self.device_trace = tf.Variable(tf.zeros([0, 2], tf.float64), trainable=False, name="device_trace",
+                                            shape=tf.TensorShape([None, 2]))
 
     @tf.autograph.experimental.do_not_convert  # a plain walk over the layer graph, built as it is
     def call(self, inputs: Any, training: bool | None = None) -> Any:
+        if not training:
+            return self._walk(inputs, training)
+        events: list = []
+        with recording(events):
+            outputs = self._walk(inputs, training)
+        if events and tf.inside_function():
+            self._trace_labels[:] = [(device, label) for device, label, _, _ in events]
+            self.device_trace.assign(tf.stack([tf.stack([start, end]) for _, _, start, end in events]))
+        return outputs
+
+    def device_track_names(self) -> list[str]:
+        """The Timeline's tracks: one per device."""
+        return [f"device {i} ({device})" for i, device in enumerate(self.devices)]
+
+    def device_trace_labels(self) -> list:
+        """Per row of ``device_trace``: (its track, its label: the layer, or the layer's all-reduce);
+        known once the training step is traced."""
+        return list(self._trace_labels)
+
+    def _walk(self, inputs, training):
         input_keys, steps, output_keys = self._graph
         values = dict(zip(input_keys, tf.nest.flatten(inputs)))
         for layer, in_keys, out_keys, fill in steps:
@@ -232,7 +258,7 @@ class TensorParallelModel:
         """Bytes each device holds: ``{device: {"weights": ..., "optimizer": ...}}``, from where each
         variable lives."""
         held: dict = {}
-        groups = [("weights", self.weights)]
+        groups = [("weights", self.inner.weights)]  # the model's, not its step trace
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None:
             groups.append(("optimizer", [v for v in optimizer.variables if tuple(v.shape)]))

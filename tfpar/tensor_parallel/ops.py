@@ -22,7 +22,7 @@ from typing import Any
 from tfpar._keras import tf
 
 __all__ = ["BACKWARD_REDUCTION", "FORWARD_REDUCTION", "GATHER", "Sharded", "computing_devices", "copy_to",
-           "count_communication", "gather_from", "placed_on", "reduce_from"]
+           "count_communication", "gather_from", "placed_on", "recording", "reduce_from", "timed"]
 
 FORWARD_REDUCTION = "tp_allreduce_forward"
 BACKWARD_REDUCTION = "tp_allreduce_backward"
@@ -30,6 +30,34 @@ GATHER = "tp_allgather"
 
 
 _PLACEMENT = threading.local()
+_RECORDING = threading.local()
+
+
+@contextlib.contextmanager
+def recording(events: list) -> Iterator[None]:
+    """Inside it, each split layer's part on a device and each all-reduce or all-gather appends
+    ``(device index, label, start, end)`` to ``events``: timestamps taken when its inputs are ready
+    and when its result is (the Timeline's tracks)."""
+    previous = getattr(_RECORDING, "events", None)
+    _RECORDING.events = events
+    try:
+        yield
+    finally:
+        _RECORDING.events = previous
+
+
+def timed(device_index: int, label: str, inputs: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, with its start and end recorded while `recording`."""
+    events = getattr(_RECORDING, "events", None)
+    if events is None:
+        return compute()
+    with tf.control_dependencies([t for t in tf.nest.flatten(inputs) if t is not None]):
+        start = tf.timestamp()
+    with tf.control_dependencies([start]):
+        result = compute()
+    with tf.control_dependencies(tf.nest.flatten(result)):
+        events.append((device_index, label, start, tf.timestamp()))
+    return result
 
 
 @contextlib.contextmanager
@@ -88,14 +116,14 @@ def copy_to(x: Any, devices: Sequence[str]) -> list:
     return list(f(x))
 
 
-def reduce_from(parts: Sequence, devices: Sequence[str]) -> Any:
+def reduce_from(parts: Sequence, devices: Sequence[str], label: str = "all-reduce") -> Any:
     """The sum of the devices' partial outputs, on the home device (forward); the gradient handed to
     each device (backward)."""
 
     @tf.custom_gradient
     def g(*values):
         with tf.device(devices[0]):
-            total = tf.add_n(list(values), name=FORWARD_REDUCTION)
+            total = timed(0, label, values, lambda: tf.add_n(list(values), name=FORWARD_REDUCTION))
 
         def grad(upstream):
             copies = []
@@ -112,7 +140,7 @@ def reduce_from(parts: Sequence, devices: Sequence[str]) -> Any:
 def gather_from(sharded: Sharded) -> Any:
     """The parts side by side along the last axis, on the home device (an all-gather)."""
     with tf.device(sharded.devices[0]):
-        return tf.concat(sharded.parts, axis=-1, name=GATHER)
+        return timed(0, "all-gather", sharded.parts, lambda: tf.concat(sharded.parts, axis=-1, name=GATHER))
 
 
 def count_communication(graph_def: Any) -> dict[str, int]:
