@@ -29,7 +29,7 @@ from tfpar import _owned
 from tfpar._checks import options_signature
 from tfpar._topology import derived_topology
 
-__all__ = ["Parallelism", "check_compiled_in_its_scope", "check_model_fn", "owned_model_checks", "sum_over_workers"]
+__all__ = ["PlacesItself", "Parallelism", "check_compiled_in_its_scope", "check_model_fn", "owned_model_checks", "sum_over_workers"]
 
 def sum_over_workers(strategy, value, whole=True):
     """Each worker's ``value`` (a number or an array, float64) summed over the workers, in one
@@ -135,3 +135,47 @@ class Parallelism:
     def input_strategy(self):
         """The strategy `tfpar.data.distribute` feeds: this one."""
         return self
+
+
+class PlacesItself(Parallelism):
+    """A parallelism that places its model's parts itself, in this process, under TensorFlow's
+    default strategy, and wraps a built model (`split`): the pipeline and tensor parallelism."""
+
+    _FIX = "Build and compile the model outside it."
+
+    def split(self, model: Any) -> Any:
+        """``model`` made this parallelism's (the pipeline's ``stage``, tensor parallelism's ``shard``)."""
+        raise NotImplementedError
+
+    @property
+    def input_strategy(self):
+        """TensorFlow's default strategy: this parallelism splits each batch over its devices itself."""
+        from tfpar._keras import tf
+
+        return tf.distribute.get_strategy()
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """The default strategy's scope; compile the model under it.
+
+        Raises:
+            ValueError: called inside another strategy's scope.
+        """
+        from tfpar._keras import tf
+
+        if tf.distribute.has_strategy():
+            raise ValueError(
+                f"{type(self).__name__} places its model's parts itself, in this process, so it cannot run inside "
+                f"another strategy's scope. Received: a call inside {type(tf.distribute.get_strategy()).__name__}"
+                f".scope(). {self._FIX}")
+        return tf.distribute.get_strategy().scope()
+
+    def build(self, model_fn: Callable[[], Any]) -> Any:
+        """Builds ``model_fn()`` and returns it made this parallelism's (`split`).
+
+        Raises:
+            TypeError: ``model_fn`` is not callable, or its model is not a Keras model.
+            ValueError: inside another strategy's scope, or as `split` does.
+        """
+        check_model_fn(model_fn)
+        with self.scope():
+            return self.split(model_fn())

@@ -225,15 +225,13 @@ class _Comparison:
     def _build_distributed(self, start):
         """The model under the parallelism, from ``start``; returns it and a function that gives
         its weights in the reference's order."""
-        from tfpar.pipeline import Pipeline
-        from tfpar.tensor_parallel import TensorParallel
+        from tfpar._parallelism import PlacesItself
 
         _seed(self.seed)
-        if isinstance(self.parallelism, (Pipeline, TensorParallel)):  # they split a built model
+        if isinstance(self.parallelism, PlacesItself):  # the pipeline, tensor parallelism: they split a built model
             plain = self.model_fn()
             plain.set_weights(start)
-            split = self.parallelism.stage if isinstance(self.parallelism, Pipeline) else self.parallelism.shard
-            staged = split(plain)
+            staged = self.parallelism.split(plain)
             optimizer = type(plain.optimizer).from_config(plain.optimizer.get_config())
             with self.parallelism.scope():
                 staged.compile(optimizer=optimizer, loss=plain.loss)

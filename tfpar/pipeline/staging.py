@@ -7,16 +7,14 @@ accept unchanged. With ``replicas=R`` each replica runs the pipeline on its own
 devices (R × stages devices).
 """
 
-import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from tfpar import _owned
 from tfpar._checks import check_choice, check_int, config_from
-from tfpar._keras import all_layers, check_keras_model, keras_of, tf
-from tfpar._parallelism import Parallelism, check_model_fn
+from tfpar._keras import all_layers, check_keras_model, keras_of
+from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
 from tfpar.pipeline.model import PipelineModel
 from tfpar.pipeline.partition import partition_model, valid_cut_points
@@ -88,7 +86,7 @@ class PipelineConfig:
                 100 * make_schedule("1f1b", self.num_stages, self.num_microbatches).bubble_fraction)
 
 
-class Pipeline(Parallelism):
+class Pipeline(PlacesItself):
     """Pipeline parallelism for Keras models (tf_keras or Keras 3): ``stage(model)`` returns the staged model.
 
     Not a ``tf.distribute.Strategy``: it places each stage's variables itself and runs its
@@ -110,6 +108,7 @@ class Pipeline(Parallelism):
     """
 
     CONFIG = PipelineConfig
+    _FIX = "Build and compile the pipeline outside it; for data parallelism across pipelines use replicas=."
 
     def __init__(self, config: PipelineConfig | None = None, **kwargs: Any) -> None:
         self.config = config = config_from(PipelineConfig, config, kwargs)
@@ -129,36 +128,6 @@ class Pipeline(Parallelism):
             return Topology(replicas_per_worker=self.config.replicas)
         return Topology(num_workers=self.workers.num_workers, worker_index=self.workers.worker_index,
                         replicas_per_worker=self.config.replicas)
-
-    @property
-    def input_strategy(self):
-        """TensorFlow's default strategy: the pipeline splits each batch over its devices itself."""
-        return tf.distribute.get_strategy()
-
-    def scope(self) -> contextlib.AbstractContextManager:
-        """The default strategy's scope; compile the staged model under it.
-
-        Raises:
-            ValueError: called inside another strategy's scope.
-        """
-        if tf.distribute.has_strategy():
-            raise ValueError(
-                "A Pipeline runs its stages and replicas itself, in this process, so it cannot run "
-                f"inside another strategy's scope. Received: a call inside "
-                f"{type(tf.distribute.get_strategy()).__name__}.scope(). Build and compile the "
-                "pipeline outside it; for data parallelism across pipelines use replicas=.")
-        return tf.distribute.get_strategy().scope()
-
-    def build(self, model_fn: Callable[[], Any]) -> Any:
-        """Builds ``model_fn()`` and returns it staged (`stage`).
-
-        Raises:
-            TypeError: ``model_fn`` is not callable, or its model is not a Keras model.
-            ValueError: inside another strategy's scope, or as `stage` does.
-        """
-        check_model_fn(model_fn)
-        with self.scope():
-            return self.stage(model_fn())
 
     def devices(self) -> list[list[str]]:
         """The device grid: ``devices()[replica][stage]`` (with ``tensor_parallel`` > 1, a tuple of a
@@ -184,6 +153,10 @@ class Pipeline(Parallelism):
             return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
         return [[tuple(names[(r * c.num_stages + k) * t:(r * c.num_stages + k + 1) * t])  # type: ignore[misc]
                  for k in range(c.num_stages)] for r in range(c.replicas)]
+
+    def split(self, model: Any) -> Any:
+        """`stage`."""
+        return self.stage(model)
 
     def stage(self, model: Any) -> Any:
         """Cuts ``model`` into stages on their devices and returns the `PipelineModel`.

@@ -5,15 +5,14 @@
 unchanged; each device holds 1/degree of each planned layer's weights and of their optimizer slots.
 """
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from tfpar import _owned
 from tfpar._checks import check_int, config_from
-from tfpar._keras import check_keras_model, keras_of, tf
-from tfpar._parallelism import Parallelism, check_model_fn
+from tfpar._keras import check_keras_model, keras_of
+from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
 from tfpar.tensor_parallel.layers import split_error
 from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, kind_of
@@ -51,7 +50,7 @@ class TensorParallelConfig:
                                  f"Received: devices={list(self.devices)!r}. Name each device once.")
 
 
-class TensorParallel(Parallelism):
+class TensorParallel(PlacesItself):
     """Tensor (intra-layer) parallelism for Keras models (tf_keras or Keras 3): ``shard(model)``
     returns the split model.
 
@@ -95,30 +94,6 @@ class TensorParallel(Parallelism):
     def topology(self):
         """One replica in this process; one of the job's workers."""
         return self._across.topology if self._across else Topology(replicas_per_worker=1)
-
-    @property
-    def input_strategy(self):
-        """TensorFlow's default strategy: every device sees the whole batch."""
-        return tf.distribute.get_strategy()
-
-    def scope(self) -> contextlib.AbstractContextManager:
-        """The default strategy's scope.
-
-        Raises:
-            ValueError: called inside another strategy's scope.
-        """
-        if tf.distribute.has_strategy():
-            raise ValueError(
-                "TensorParallel places a layer's parts itself, in this process, so it cannot run inside "
-                f"another strategy's scope. Received: a call inside {type(tf.distribute.get_strategy()).__name__}"
-                ".scope(). Build and compile the model outside it.")
-        return tf.distribute.get_strategy().scope()
-
-    def build(self, model_fn: Callable[[], Any]) -> Any:
-        """Builds ``model_fn()`` and returns it split (`shard`)."""
-        check_model_fn(model_fn)
-        with self.scope():
-            return self.shard(model_fn())
 
     def devices(self) -> list[str]:
         """The ``degree`` devices the planned layers are split over; the first is the home device.
@@ -166,6 +141,10 @@ class TensorParallel(Parallelism):
             if error:
                 raise ValueError(error)
         return styles
+
+    def split(self, model: Any) -> Any:
+        """`shard`."""
+        return self.shard(model)
 
     def shard(self, model: Any) -> Any:
         """Splits ``model``'s planned layers over the devices and returns the `TensorParallelModel`.
