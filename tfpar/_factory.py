@@ -48,6 +48,8 @@ class ParallelismSpec:
     """"pipeline": chunks per stage, for a schedule that takes them."""
     balance: str = "params"
     """"pipeline": how its 2 stages are balanced ("params" or "time")."""
+    tensor_parallel: int = 1
+    """"pipeline": each stage split over this many devices (``plan="auto"``)."""
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
@@ -58,6 +60,7 @@ class ParallelismSpec:
                 "--strategy data_parallel or horovod, or leave compression out.")
         check_int("replicas", self.replicas, 1)
         check_int("microbatches", self.microbatches, 1)
+        check_int("tensor_parallel", self.tensor_parallel, 1)
         check_choice("schedule", self.schedule, sorted(SCHEDULES), what="pipeline schedule")
 
     def _data_parallel_options(self):
@@ -73,6 +76,7 @@ class ParallelismSpec:
         options.update({"schedule": self.schedule} if self.schedule != "1f1b" else {})
         options.update({"virtual_stages": self.virtual_stages} if self.virtual_stages else {})
         options.update({"balance": self.balance} if self.balance != "params" else {})
+        options.update({"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {})
         return options
 
     def build(self):
@@ -91,7 +95,7 @@ class ParallelismSpec:
             from tfpar.pipeline import Pipeline
 
             if self.split_devices:
-                configure_devices(self.devices or 2 * self.replicas)
+                configure_devices(self.devices or 2 * self.replicas * self.tensor_parallel)
             return Pipeline(**self._pipeline_options())
         if self.kind == "tensor_parallel":
             from tfpar.tensor_parallel import TensorParallel

@@ -104,6 +104,7 @@ def _parser():
                         help="data_parallel: devices (default 2; 1 per worker under tfpar launch); ps: workers "
                              "(default 1: more train asynchronously); pipeline: copies of a 2-stage pipeline "
                              "(default 1); tensor_parallel: the degree (default 2)")
+    verify.add_argument("--tensor-parallel", type=_int, default=1, help="pipeline: each stage split over N devices")
     verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
     verify.add_argument("--batch-size", type=_int, default=None, help="global batch (default 32 per replica)")
     verify.add_argument("--tolerance", type=float, default=1e-5,
@@ -306,7 +307,8 @@ def _verify(args, command_line=None):
 
     model_fn, data_fn = load_function(args.model, "--model"), load_function(args.data, "--data")
     report = verify(model_fn, data_fn, strategy=args.strategy, replicas=args.replicas, steps=args.steps,
-                    global_batch_size=args.batch_size, tolerance=args.tolerance, seed=args.seed)
+                    global_batch_size=args.batch_size, tolerance=args.tolerance, seed=args.seed,
+                    tensor_parallel=args.tensor_parallel)
     if report.chief:  # one report per job
         print(report.describe(), flush=True)
     return 0 if report.passed else 1

@@ -111,7 +111,7 @@ def load_function(spec: str, parameter: str) -> Callable:
 
 def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy: str = "data_parallel",
            replicas: int | None = None, steps: int = 10, global_batch_size: int | None = None,
-           tolerance: float = 1e-5, seed: int = 0) -> "VerifyReport":
+           tolerance: float = 1e-5, seed: int = 0, tensor_parallel: int = 1) -> "VerifyReport":
     """Trains ``steps`` steps on one replica and under ``strategy``; returns a `VerifyReport`.
 
     Args:
@@ -126,6 +126,7 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
             pipeline (default 1); "horovod": the ranks (set by the launcher); "tensor_parallel": the
             devices each planned layer is split over (default 2, ``plan="auto"``).
         steps: steps on each side, >= 1.
+        tensor_parallel: "pipeline": each stage split over this many devices (``plan="auto"``).
         global_batch_size: examples per step (default 32 per replica).
         tolerance: the largest absolute difference a variable may show, > 0.
         seed: the Keras seed before each build.
@@ -152,8 +153,11 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
     default = {"data_parallel": 1 if multi_worker else 2, "parameter_server": 1, "pipeline": 1, "horovod": None,
                "tensor_parallel": 2}[strategy]
     replicas = replicas or default
+    if tensor_parallel != 1 and strategy != "pipeline":
+        raise ValueError(f"tensor_parallel splits a pipeline's stages. Received: tensor_parallel={tensor_parallel} with "
+                         f"strategy {strategy!r}. Use --strategy pipeline, or --strategy tensor_parallel alone.")
     if strategy == "pipeline":
-        spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time")
+        spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time", tensor_parallel=tensor_parallel)
     else:
         spec = ParallelismSpec(kind=strategy, devices=replicas)
     parallelism = spec.build()

@@ -155,3 +155,11 @@ def test_a_function_spec_that_cannot_be_loaded_is_refused(spec, error, message):
     with pytest.raises(error) as info:
         load_function(spec, "--model")
     assert message in str(info.value) and "--model" in str(info.value)
+
+
+def test_tensor_parallel_is_refused_for_a_strategy_whose_stages_it_cannot_split():
+    from tfpar.demo import compiled_model, digits_dataset
+
+    with pytest.raises(ValueError, match=r"tensor_parallel splits a pipeline's stages. Received: tensor_parallel=2 "
+                                         r"with strategy 'data_parallel'"):
+        verify(compiled_model, digits_dataset, strategy="data_parallel", tensor_parallel=2)

@@ -43,7 +43,9 @@ EXPECT = {
     "TensorParallel(degree=2, plan=plan)": ["'block0_attention': 'heads'", "'block1_down': 'row'"],
     "TensorParallel(degree=2)": ["mesh: data 1 x pipeline 1 x tensor 2", "'block1_down': 'row'", "Epoch 2/2"],
     "tfpar demo --strategy tensor_parallel": ["TensorParallel (mesh: data 1 x pipeline 1 x tensor 2)",
-                                              "'block1_attention': 'heads'", "validation accuracy"],
+                                              "'block1_attention': 'heads'", "validation accuracy",
+                                              "mesh:       data 1 x pipeline 2 x tensor 2",
+                                              "PASSED: trains like one replica"],
     "check_coverage(": ["missing: 0", "duplicated: 0"],
 }
 
