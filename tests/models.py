@@ -311,7 +311,7 @@ def process_strategy():
     return tfpar.DataParallel(timeout_seconds=120), tfpar.ClusterInfo.from_tf_config().worker_index
 
 
-def tensor_parallel_models(k=keras):
+def tensor_parallel_models(k=keras, examples=32):
     """name -> (model, inputs, labels, plan): an MLP, a transformer block (attention + MLP +
     LayerNorm + residuals, after an embedding so that its input has a gradient) and an embedding
     model, each with the plan that splits it (Keras ``k``)."""
@@ -327,7 +327,7 @@ def tensor_parallel_models(k=keras):
     ids = k.Input((5,), dtype="int32")
     e = k.layers.Embedding(12, 8, name="embed")(ids)
     embedding = k.Model(ids, k.layers.Dense(3, name="head")(k.layers.Flatten()(e)), name="embedding")
-    tokens, next_tokens = token_data(32, vocab=16, length=6)
+    tokens, next_tokens = token_data(examples, vocab=16, length=6)
     return {
         "mlp": (mlp, rng.normal(size=(32, 8)).astype("float32"), rng.integers(0, 3, 32), {"up": "column", "down": "row"}),
         "block": (transformer(k, vocab=16, length=6, dim=8, heads=4, blocks=1, seed=4), tokens, next_tokens,

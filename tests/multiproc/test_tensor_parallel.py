@@ -3,6 +3,7 @@ data on one host (8 virtual CPU devices in a process of its own); pipeline x dat
 all three across 2 workers."""
 
 import os
+import re
 import sys
 
 from tests.conftest import run_json_script
@@ -24,7 +25,7 @@ def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_mod
 
 
 CASES = ["pipeline:tf_keras:adam", "tensor:keras:adam", "pipeline_tensor:tf_keras:adam", "pipeline_tensor:keras:sgd",
-         "tensor_alone:tf_keras:sgd"]
+         "tensor_alone:tf_keras:sgd:40"]  # 40 examples: a last global batch of 8, padded by tfpar.data
 
 
 def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_device(tmp_path):
@@ -38,6 +39,7 @@ def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_devi
                          timeout=600, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     assert "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)" in result.output
+    assert re.search(r"/CPU:3: weights [0-9,]+ B, optimizer [0-9,]+ B \(\d+% of one device's", result.output)
     _assert_like_one_device(tmp_path, CASES)
 
 
@@ -64,13 +66,13 @@ def _assert_like_one_device(tmp_path, cases):
     from tests.models import load_arrays, tensor_parallel_models, weight_differences
 
     for case in cases:
-        layout, keras_name, optimizer = case.split(":")
-        folder = tmp_path / f"{layout}-{keras_name}-{optimizer}"
+        layout, keras_name, optimizer, *examples = case.split(":")
+        folder = tmp_path / "-".join([layout, keras_name, optimizer, *examples])
         workers = [load_arrays(str(folder / f"worker_{i}.npz")) for i in range(2)]
         for a, b in zip(*workers):
             np.testing.assert_array_equal(a, b)  # the replicas agree exactly: worker 1 started from worker 0's
         k = importlib.import_module(keras_name)
-        plain, x, y, _ = tensor_parallel_models(k)["block"]
+        plain, x, y, _ = tensor_parallel_models(k, int(examples[0]) if examples else 32)["block"]
         plain.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.01),
                       k.losses.SparseCategoricalCrossentropy(from_logits=True))
         initial = plain.get_weights()

@@ -237,4 +237,9 @@ class Pipeline(PlacesItself):
         if model is not None:
             lines.append(model.partition.describe() if isinstance(model, PipelineModel)
                          else f"  model:      {model.name}, {model.count_params():,} parameters")
+        if isinstance(model, PipelineModel) and c.tensor_parallel > 1:  # what each device holds
+            from tfpar.tensor_parallel.model import bytes_by_device, describe_bytes
+
+            weights = [w for stage in model.stages for w in stage.inner.weights]
+            lines += describe_bytes(bytes_by_device(weights, getattr(model, "optimizer", None)))
         return "\n".join(lines)

@@ -160,7 +160,7 @@ class _Dense(_Shards):
         if self.style == "column":
             if isinstance(x, Sharded):
                 x = gather_from(x)
-            inputs = copy_to(tf.cast(x, self.compute_dtype), devices)
+            inputs = copy_to(tf.cast(x, self.compute_dtype), devices, f"{self.name} all-reduce")
             biases = self._parts(1) if self.has_bias else [None] * self.degree
             parts = []
             for i, device in enumerate(devices):
@@ -239,7 +239,7 @@ class _Attention(_Shards):
         for tensor in (query, value, key):  # one copy (and one backward reduction) per distinct input
             if id(tensor) not in whole:
                 t = gather_from(tensor) if isinstance(tensor, Sharded) else tensor
-                whole[id(tensor)] = copy_to(tf.cast(t, self.compute_dtype), devices)
+                whole[id(tensor)] = copy_to(tf.cast(t, self.compute_dtype), devices, f"{self.name} all-reduce")
         q = self._project(whole[id(query)], "query", devices)
         k = self._project(whole[id(key)], "key", devices)
         v = self._project(whole[id(value)], "value", devices)

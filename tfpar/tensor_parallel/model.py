@@ -18,7 +18,8 @@ from tfpar.tensor_parallel.layers import _Shards, layer_class
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
 
-__all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "split_outputs"]
+__all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "bytes_by_device", "describe_bytes",
+           "split_outputs"]
 
 ELEMENTWISE = ("Activation", "Dropout", "ReLU", "LeakyReLU", "ELU")
 """Layers a split activation passes through part by part (an Activation other than softmax)."""
@@ -201,26 +202,6 @@ class TensorParallelModel:
 
     @tf.autograph.experimental.do_not_convert  # a plain walk over the layer graph, built as it is
     def call(self, inputs: Any, training: bool | None = None) -> Any:
-        if not training:
-            return self._walk(inputs, training)
-        events: list = []
-        with recording(events):
-            outputs = self._walk(inputs, training)
-        if events and tf.inside_function():
-            self._trace_labels[:] = [(device, label) for device, label, _, _ in events]
-            self.device_trace.assign(tf.stack([tf.stack([start, end]) for _, _, start, end in events]))
-        return outputs
-
-    def device_track_names(self) -> list[str]:
-        """The Timeline's tracks: one per device."""
-        return [f"device {i} ({device})" for i, device in enumerate(self.devices)]
-
-    def device_trace_labels(self) -> list:
-        """Per row of ``device_trace``: (its track, its label: the layer, or the layer's all-reduce);
-        known once the training step is traced."""
-        return list(self._trace_labels)
-
-    def _walk(self, inputs, training):
         input_keys, steps, output_keys = self._graph
         values = dict(zip(input_keys, tf.nest.flatten(inputs)))
         for layer, in_keys, out_keys, fill in steps:
@@ -240,6 +221,27 @@ class TensorParallelModel:
                    for key in output_keys]
         return outputs[0] if len(outputs) == 1 else outputs
 
+    @tf.autograph.experimental.do_not_convert
+    def train_step(self, data: Any) -> Any:
+        """Keras' ``train_step``, its devices' work recorded into ``device_trace``: each split
+        layer's part, each all-reduce forward and backward."""
+        events: list = []
+        with recording(events):
+            logs = super().train_step(data)  # type: ignore[misc]  # keras.Model's, after this mixin
+        if events:
+            self._trace_labels[:] = [(device, label) for device, label, _, _ in events]
+            self.device_trace.assign(tf.stack([tf.stack([start, end]) for _, _, start, end in events]))
+        return logs
+
+    def device_track_names(self) -> list[str]:
+        """The Timeline's tracks: one per device."""
+        return [f"device {i} ({device})" for i, device in enumerate(self.devices)]
+
+    def device_trace_labels(self) -> list:
+        """Per row of ``device_trace``: (its track, its label: the layer, or the layer's all-reduce);
+        known once the training step is traced."""
+        return list(self._trace_labels)
+
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Keras' ``compile``; then the optimizer's slots are made next to their variables, each
         device's on that device."""
@@ -257,23 +259,35 @@ class TensorParallelModel:
     def device_bytes(self) -> dict[str, dict[str, int]]:
         """Bytes each device holds: ``{device: {"weights": ..., "optimizer": ...}}``, from where each
         variable lives."""
-        held: dict = {}
-        groups = [("weights", self.inner.weights)]  # the model's, not its step trace
-        optimizer = getattr(self, "optimizer", None)
-        if optimizer is not None:
-            groups.append(("optimizer", [v for v in optimizer.variables if tuple(v.shape)]))
-        for group, variables in groups:
-            for variable in variables:
-                value = getattr(variable, "value", variable) if is_keras3(self) else variable
-                device = tf.DeviceSpec.from_string(value.device)
-                name = f"/{device.device_type}:{device.device_index}"
-                entry = held.setdefault(name, {"weights": 0, "optimizer": 0})
-                entry[group] += _nbytes(variable)
-        return held
+        return bytes_by_device(self.inner.weights, getattr(self, "optimizer", None))  # not its step trace
 
     def get_config(self) -> dict:
         raise NotImplementedError("Save plain_model() instead: a TensorParallelModel is rebuilt with "
                                   "TensorParallel.shard(model).")
+
+
+def bytes_by_device(weights: list, optimizer: Any = None) -> dict[str, dict[str, int]]:
+    """``{device: {"weights": bytes, "optimizer": bytes}}`` of ``weights`` and ``optimizer``'s slots,
+    from where each variable lives."""
+    held: dict = {}
+    groups = [("weights", weights)]
+    if optimizer is not None:
+        groups.append(("optimizer", [v for v in optimizer.variables if tuple(v.shape)]))
+    for group, variables in groups:
+        for variable in variables:
+            value = getattr(variable, "value", None)  # Keras 3's variable holds a tf.Variable (tf's: a method)
+            value = variable if value is None or callable(value) else value
+            device = tf.DeviceSpec.from_string(value.device)
+            entry = held.setdefault(f"/{device.device_type}:{device.device_index}", {"weights": 0, "optimizer": 0})
+            entry[group] += _nbytes(variable)
+    return held
+
+
+def describe_bytes(held: dict[str, dict[str, int]]) -> list[str]:
+    """`bytes_by_device`'s figures as `describe()` lines, each device against one device's total."""
+    total = sum(sum(h.values()) for h in held.values())
+    return [f"  {device}: weights {h['weights']:,} B, optimizer {h['optimizer']:,} B "
+            f"({sum(h.values()) / total:.0%} of one device's {total:,} B)" for device, h in held.items()]
 
 
 def _nbytes(variable):

@@ -95,8 +95,9 @@ class Sharded:
         return Sharded(parts, self.devices)
 
 
-def copy_to(x: Any, devices: Sequence[str]) -> list:
-    """``x`` on each device (forward); the sum of the devices' gradients (backward)."""
+def copy_to(x: Any, devices: Sequence[str], label: str = "all-reduce") -> list:
+    """``x`` on each device (forward); the sum of the devices' gradients (backward, recorded as
+    ``label`` + " (backward)")."""
     home = devices[0]
 
     @tf.custom_gradient
@@ -108,8 +109,10 @@ def copy_to(x: Any, devices: Sequence[str]) -> list:
 
         def grad(*upstream):
             given = [g for g in upstream if g is not None]
+            if not given:
+                return tf.zeros_like(value)
             with tf.device(home):
-                return tf.add_n(given, name=BACKWARD_REDUCTION) if given else tf.zeros_like(value)
+                return timed(0, f"{label} (backward)", given, lambda: tf.add_n(given, name=BACKWARD_REDUCTION))
 
         return copies, grad
 

@@ -15,7 +15,7 @@ from tfpar._keras import check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
 from tfpar.tensor_parallel.layers import split_error
-from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, kind_of
+from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, describe_bytes, kind_of
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan
 
 __all__ = ["TensorParallel", "TensorParallelConfig"]
@@ -180,9 +180,5 @@ class TensorParallel(PlacesItself):
             lines.append(f"  batch:      {global_batch_size}, whole on every device")
         if isinstance(model, TensorParallelModel):
             lines[2] = f"  plan:       {model.styles}"
-            held = model.device_bytes()
-            total = sum(sum(h.values()) for h in held.values())
-            for device, h in held.items():
-                lines.append(f"  {device}: weights {h['weights']:,} B, optimizer {h['optimizer']:,} B "
-                             f"({sum(h.values()) / total:.0%} of one device's {total:,} B)")
+            lines += describe_bytes(model.device_bytes())
         return "\n".join(lines)

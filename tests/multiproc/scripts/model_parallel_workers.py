@@ -3,7 +3,8 @@ pipeline x data, tensor x data and pipeline x tensor x data (2 x 2 x 2), each ca
 plain weights (worker 1 perturbs its copy first: only worker 0's broadcast makes them agree), fed
 by tfpar.data. Writes OUT/<case>/worker_<i>.npz (the plain model's trained weights).
 
-Usage: model_parallel_workers.py OUT CASE[,CASE ...] where CASE is LAYOUT:KERAS:OPTIMIZER.
+Usage: model_parallel_workers.py OUT CASE[,CASE ...] where CASE is LAYOUT:KERAS:OPTIMIZER[:EXAMPLES]
+(default 32 examples: 2 whole global batches of 16; 40: a last step of 8 examples, padded).
 """
 
 import importlib
@@ -30,9 +31,9 @@ import tensorflow as tf  # noqa: E402
 from tests.models import tensor_parallel_models  # noqa: E402
 
 index = parallelisms["pipeline"].topology.worker_index  # under tfpar launch or horovodrun
-for layout, keras_name, optimizer in cases:
+for layout, keras_name, optimizer, *examples in cases:
     k = importlib.import_module(keras_name)
-    model, x, y, plan = tensor_parallel_models(k)["block"]
+    model, x, y, plan = tensor_parallel_models(k, int(examples[0]) if examples else 32)["block"]
     if index == 1:
         model.set_weights([w + 0.5 for w in model.get_weights()])
     parallelism = tensor_alone if layout == "tensor_alone" else parallelisms[layout]
@@ -42,7 +43,7 @@ for layout, keras_name, optimizer in cases:
                   k.losses.SparseCategoricalCrossentropy(from_logits=True))
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, 16)
     split.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=2)
-    folder = os.path.join(out, f"{layout}-{keras_name}-{optimizer}")
+    folder = os.path.join(out, "-".join([layout, keras_name, optimizer, *examples]))
     os.makedirs(folder, exist_ok=True)
     np.savez(os.path.join(folder, f"worker_{index}.npz"), *split.plain_model().get_weights())
 print("done", flush=True)
