@@ -14,12 +14,14 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_model():
     report = run_json_script(os.path.join(SCRIPTS, "tensor_parallel_checks.py"), timeout=600)
     layouts = ("tensor 4", "pipeline 2 x tensor 2", "data 2 x tensor 2", "data 2 x pipeline 2 x tensor 2")
-    assert len(report) == 2 * (3 * 2 + 3)  # both Kerases: 3 models x 2 optimizers alone, the block in 3 layouts
+    assert len(report) == 2 * (3 + 3)  # both Kerases: 3 models alone, the block in 3 layouts
+    for name in ("mlp", "block", "embedding"):  # each model with each optimizer at T = 4
+        assert {run.split()[-1] for run in report if f"tensor 4 {name} " in run} == {"sgd", "adam"}, name
     for keras_name in ("tf_keras", "keras"):
         for layout in layouts:
             assert any(run.startswith(f"{keras_name} {layout} ") for run in report), (keras_name, layout)
     for run, result in report.items():
-        assert result["moved"] > 1e-2, run  # it trained
+        assert result["moved"] > 5e-3, run  # it trained
         worst = max(result["differences"].values())
         assert worst < 1e-5, (run, sorted(result["differences"].items(), key=lambda kv: -kv[1])[:3])
 
@@ -73,10 +75,10 @@ def _assert_like_one_device(tmp_path, cases):
             np.testing.assert_array_equal(a, b)  # the replicas agree exactly: worker 1 started from worker 0's
         k = importlib.import_module(keras_name)
         plain, x, y, _ = tensor_parallel_models(k, int(examples[0]) if examples else 32)["block"]
-        plain.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.01),
+        plain.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
                       k.losses.SparseCategoricalCrossentropy(from_logits=True))
         initial = plain.get_weights()
         plain.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
-        assert max(float(np.abs(a - b).max()) for a, b in zip(initial, plain.get_weights())) > 1e-2
+        assert max(float(np.abs(a - b).max()) for a, b in zip(initial, plain.get_weights())) > 5e-3
         differences = weight_differences(plain, plain.get_weights(), workers[0], optimizer)
         assert max(differences.values()) < 1e-5, (case, sorted(differences.items(), key=lambda kv: -kv[1])[:3])

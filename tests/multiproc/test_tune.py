@@ -64,12 +64,12 @@ def test_tune_across_workers_tries_both_backends_and_says_how_to_reproduce_the_f
 
 
 def test_tune_searches_the_tensor_parallel_degree(tmp_path):
+    """One trial of the model split over 2 devices (tests/unit/test_tune_space.py: how the axis
+    combines with the others)."""
     from tfpar.tune import tune
 
-    result = tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"tensor_degree": [1, 2]}, steps=6,
+    result = tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"tensor_degree": [2]}, steps=6,
                   timeout_seconds=300)
-    assert [t["status"] for t in result.trials] == ["ok", "ok"], result.trials
-    degrees = sorted(t["config"].get("tensor_degree", 1) for t in result.trials)
-    assert degrees == [1, 2] and all(t["examples_per_second"] > 0 for t in result.trials)
-    if result.best["config"].get("tensor_degree") == 2:
-        assert "tfpar.tensor_parallel.TensorParallel(degree=2)" in result.reproduce()
+    assert [t["status"] for t in result.trials] == ["ok"], result.trials
+    assert result.best["config"]["tensor_degree"] == 2 and result.best["examples_per_second"] > 0
+    assert "tfpar.tensor_parallel.TensorParallel(degree=2)" in result.reproduce()

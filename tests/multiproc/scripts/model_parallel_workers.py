@@ -39,7 +39,7 @@ for layout, keras_name, optimizer, *examples in cases:
     parallelism = tensor_alone if layout == "tensor_alone" else parallelisms[layout]
     split = parallelism.shard(model) if layout == "tensor_alone" else parallelism.stage(model)
     print(parallelism.describe(global_batch_size=16, model=split), flush=True)
-    split.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.01),
+    split.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
                   k.losses.SparseCategoricalCrossentropy(from_logits=True))
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, 16)
     split.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=2)
