@@ -14,7 +14,7 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar.tensor_parallel.layers import _Shards, layer_class
+from tfpar.tensor_parallel.layers import _Shards, layer_class, split_error
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
 
@@ -36,6 +36,22 @@ def kind_of(layer: Any, style: str, keras_module: Any) -> str | None:
     return next((k for k in LAYERS_OF_STYLE[style] if isinstance(layer, getattr(keras_module.layers, k))), None)
 
 
+def _graph_index(model):
+    """``model``'s graph steps (`_compat.graph_steps`), with which steps read each tensor, which step
+    made it, and how many times each layer is called."""
+    _, steps, _ = _compat.graph_steps(model)
+    consumers: dict = {}
+    producer: dict = {}
+    calls: dict = {}
+    for index, (layer, inputs, outputs, _) in enumerate(steps):
+        for key in inputs:
+            consumers.setdefault(key, []).append(index)
+        for key in outputs:
+            producer[key] = index
+        calls[layer.name] = calls.get(layer.name, 0) + 1
+    return steps, consumers, producer, calls
+
+
 def split_outputs(model: Any, styles: dict[str, str], keras_module: Any) -> set[str]:
     """The column layers whose output stays split (every use reaches a row layer through
     element-wise layers), after checking that every row layer's input comes split that way.
@@ -44,23 +60,13 @@ def split_outputs(model: Any, styles: dict[str, str], keras_module: Any) -> set[
         ValueError: a planned layer called more than once, or a row layer whose input is not the
             split output of column layers.
     """
-    _, steps, _ = _compat.graph_steps(model)
-    consumers: dict = {}
-    producer = {}
-    for index, (layer, inputs, outputs, _) in enumerate(steps):
-        for key in inputs:
-            consumers.setdefault(key, []).append(index)
-        for key in outputs:
-            producer[key] = index
-    calls: dict = {}
-    for layer, _, _, _ in steps:
-        calls[layer.name] = calls.get(layer.name, 0) + 1
+    steps, consumers, producer, calls = _graph_index(model)
     for name in styles:
         if calls.get(name, 0) > 1:
             raise ValueError(f"layer {name!r} is called {calls[name]} times in the model; a planned layer must "
                              "be called once. Leave the shared layer out of the plan.")
 
-    def reaches_rows(key, seen=()):
+    def reaches_rows(key):
         """Whether every use of the tensor ``key`` ends in a row layer through element-wise layers."""
         uses = consumers.get(key, [])
         if not uses:
@@ -106,16 +112,7 @@ def auto_plan(model: Any, degree: int, keras_module: Any) -> dict[str, str]:
     """Megatron's plan for ``model`` (DeepSpeed calls it AutoTP): each MultiHeadAttention by heads,
     each Embedding by vocabulary, and each Dense whose output goes (through element-wise layers) to
     one Dense only as a column/row pair, where ``degree`` divides what is split."""
-    from tfpar.tensor_parallel.layers import split_error
-
-    _, steps, _ = _compat.graph_steps(model)
-    consumers: dict = {}
-    for index, (_, inputs, _, _) in enumerate(steps):
-        for key in inputs:
-            consumers.setdefault(key, []).append(index)
-    calls: dict = {}
-    for layer, _, _, _ in steps:
-        calls[layer.name] = calls.get(layer.name, 0) + 1
+    steps, consumers, _, calls = _graph_index(model)
 
     def fits(layer, style):
         kind = kind_of(layer, style, keras_module)
