@@ -5,10 +5,20 @@ Pure Python: the launcher, the strategies and the tests share it.
 import socket
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT_PORT", "free_ports", "is_loopback_cluster", "local_cluster", "parse_hosts"]
+__all__ = ["DEFAULT_PORT", "accepts", "free_ports", "is_loopback_cluster", "local_cluster", "parse_hosts"]
 
 DEFAULT_PORT = 2222
 """The port a ``--hosts`` entry without one gets (TensorFlow's usual)."""
+
+
+def accepts(address: str, timeout: float = 1.0) -> bool:
+    """Whether ``host:port`` accepts a TCP connection now (within ``timeout`` seconds)."""
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -2,10 +2,10 @@
 answer at the start (`wait_for_addresses`), and a ps lost during training (`lost_ps_error`)."""
 
 import re
-import socket
 import time
 from collections.abc import Sequence
 
+from tfpar._addresses import accepts
 from tfpar._keras import tf
 
 __all__ = ["ClusterUnreachableError", "ParameterServerLostError", "lost_ps_error", "wait_for_addresses"]
@@ -27,15 +27,6 @@ class ParameterServerLostError(tf.errors.UnavailableError):
         self.tasks = tasks
 
 
-def _accepts(address, timeout=1.0):
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def wait_for_addresses(addresses: Sequence[str], timeout_seconds: float) -> None:
     """Waits until every ``host:port`` accepts a TCP connection.
 
@@ -44,7 +35,7 @@ def wait_for_addresses(addresses: Sequence[str], timeout_seconds: float) -> None
     """
     deadline = time.monotonic() + timeout_seconds
     for address in addresses:
-        while not _accepts(address):
+        while not accepts(address):
             if time.monotonic() > deadline:
                 raise ClusterUnreachableError(
                     f"Cannot reach {address} after waiting {timeout_seconds:g} s. Check that the "
@@ -72,7 +63,7 @@ def lost_ps_error(error, ps_addresses):
     original = getattr(error, "original_exception", error)  # the coordinator's Closure*Error
     if isinstance(error, ParameterServerLostError) or not isinstance(original, _PS_LOSS_TYPES):
         return None
-    closed = [i for i in range(len(ps_addresses)) if not _accepts(ps_addresses[i], timeout=0.5)]
+    closed = [i for i in range(len(ps_addresses)) if not accepts(ps_addresses[i], timeout=0.5)]
     text = str(original)
     named = {int(i) for i in _PS_TASK.findall(text)}
     named |= {i for i, address in enumerate(ps_addresses) if address in text}

@@ -113,34 +113,8 @@ class TensorParallel(PlacesItself):
         return names[:degree]
 
     def styles(self, model: Any) -> dict[str, str]:
-        """``{layer name: style}`` of ``model``'s planned layers, each checked.
-
-        Raises:
-            ValueError: a plan key that names no layer, a layer the style cannot split, a size the
-                degree does not divide.
-        """
-        k = keras_of(model)
-        if self.config.plan == "auto":
-            styles = auto_plan(model, self.config.degree, k)
-            if not styles:
-                raise ValueError(
-                    f"plan='auto' found no layer of {model.name!r} to split {self.config.degree} ways: no "
-                    "MultiHeadAttention, Embedding or Dense pair whose size the degree divides. Received: "
-                    f"degree={self.config.degree}. Name the layers in plan=, or use another degree.")
-            return styles
-        styles = match_plan(self.config.plan, [layer.name for layer in model.layers])
-        for name, style in styles.items():
-            layer = model.get_layer(name)
-            kind = kind_of(layer, style, k)
-            if kind is None:
-                raise ValueError(
-                    f"layer {name!r} is a {type(layer).__name__}, and style {style!r} splits "
-                    f"{' or '.join(LAYERS_OF_STYLE[style])} layers. Received: plan[{name!r}]={style!r}. Use a style "
-                    f"for a {type(layer).__name__} ({[s for s, kinds in LAYERS_OF_STYLE.items() if type(layer).__name__ in kinds] or 'none: leave it replicated'}).")
-            error = split_error(layer, style, self.config.degree, kind)
-            if error:
-                raise ValueError(error)
-        return styles
+        """``{layer name: style}`` of ``model``'s planned layers, each checked (`planned_styles`)."""
+        return planned_styles(model, self.config.degree, self.config.plan)
 
     def split(self, model: Any) -> Any:
         """`shard`."""
@@ -182,3 +156,35 @@ class TensorParallel(PlacesItself):
             lines[2] = f"  plan:       {model.styles}"
             lines += describe_bytes(model.device_bytes())
         return "\n".join(lines)
+
+
+def planned_styles(model: Any, degree: int, plan: Any) -> dict[str, str]:
+    """``{layer name: style}`` of ``model``'s planned layers for ``plan`` ("auto" or layer name or pattern ->
+    style) over ``degree`` devices, each checked.
+
+    Raises:
+        ValueError: a plan key that names no layer, a layer the style cannot split, a size the
+            degree does not divide.
+    """
+    k = keras_of(model)
+    if plan == "auto":
+        styles = auto_plan(model, degree, k)
+        if not styles:
+            raise ValueError(
+                f"plan='auto' found no layer of {model.name!r} to split {degree} ways: no "
+                "MultiHeadAttention, Embedding or Dense pair whose size the degree divides. Received: "
+                f"degree={degree}. Name the layers in plan=, or use another degree.")
+        return styles
+    styles = match_plan(plan, [layer.name for layer in model.layers])
+    for name, style in styles.items():
+        layer = model.get_layer(name)
+        kind = kind_of(layer, style, k)
+        if kind is None:
+            raise ValueError(
+                f"layer {name!r} is a {type(layer).__name__}, and style {style!r} splits "
+                f"{' or '.join(LAYERS_OF_STYLE[style])} layers. Received: plan[{name!r}]={style!r}. Use a style "
+                f"for a {type(layer).__name__} ({[s for s, kinds in LAYERS_OF_STYLE.items() if type(layer).__name__ in kinds] or 'none: leave it replicated'}).")
+        error = split_error(layer, style, degree, kind)
+        if error:
+            raise ValueError(error)
+    return styles
