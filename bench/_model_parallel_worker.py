@@ -1,8 +1,10 @@
-"""One worker of bench/model_parallel.py's pipeline x data job: a 2-stage pipeline on 2 virtual CPU
+"""One worker of bench/model_parallel.py's pipeline jobs: a 2-stage pipeline on 2 virtual CPU
 devices, fed a fixed batch per worker by tfpar.data; prints ``BENCH {json}`` (its median step time)
-on worker 0. Run alone, or under `tfpar launch -n 2` (then the workers are data-parallel replicas).
+on worker 0. Run alone, or under `tfpar launch -n 2` (then the workers are data-parallel replicas);
+with ``span``, under `tfpar launch -n 2`, one pipeline whose 2 stages are on the 2 workers' one
+device each (``span_workers=True``).
 
-Usage: _model_parallel_worker.py PER_WORKER_BATCH STEPS DIM HIDDEN
+Usage: _model_parallel_worker.py PER_WORKER_BATCH STEPS DIM HIDDEN [span]
 """
 
 import json
@@ -16,8 +18,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfpar  # noqa: E402
 
 per_worker, steps, dim, hidden = (int(a) for a in sys.argv[1:5])
-tfpar.configure_devices(2)
-pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4)  # first: it joins the job's workers
+span = sys.argv[5:] == ["span"]
+tfpar.configure_devices(1 if span else 2)
+pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, span_workers=span)  # first: it joins the job
 import tensorflow as tf  # noqa: E402
 
 from tfpar._tokens import token_data, transformer  # noqa: E402

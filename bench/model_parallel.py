@@ -7,7 +7,7 @@ One process with 4 virtual CPU devices. The model is `tfpar._tokens.transformer`
 
 Last line:
     RESULT model_parallel tp2_bytes_ratio=<a> tp4_bytes_ratio=<b> tp2_step_ratio=<c> pp_dp_weak_scaling=<w>
-           reductions_per_block=<F>/<B> tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n>
+           pp_span_step_ratio=<s> reductions_per_block=<F>/<B> tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n>
            largest_tp2=<n> largest_tp4=<n>
 
 - tpT_bytes_ratio: the most any device holds (weights and Adam's slots, from where each variable
@@ -20,6 +20,10 @@ Last line:
 - pp_dp_weak_scaling: a 2-stage pipeline's step on 1 worker ÷ on 2 workers under `tfpar launch -n 2`
   (pipeline x data: each worker the same per-worker batch, the gradients all-reduced between them),
   the jobs alternating a b b a. 1.0 is perfect weak scaling; here 2 workers share 2 cores;
+- pp_span_step_ratio: the same 2-stage pipeline with its stages on 2 workers (`span_workers=True`
+  under `tfpar launch -n 2`: worker 0 drives both, each activation and gradient crossing between the
+  processes over gRPC on 127.0.0.1) ÷ on 2 devices of one process, the same batch, in the same turns.
+  Above 1 is the cost of the crossing; here the 2 workers also share the 2 cores;
 - reductions_per_block: all-reduces forward/backward per block, counted from the ops of a traced
   training step (Megatron-LM: 2/2);
 - largest_tpT: the most parameters of this architecture that fit a 16 GiB device with Adam in
@@ -93,13 +97,14 @@ def main():
     models = {"plain": compiled(transformer(k, **timed_size)),
               "tp2": compiled(TensorParallel(degree=2, plan=TRANSFORMER_PLAN).shard(transformer(k, **timed_size)))}
     step = step_times(models, x, y, batch, rounds=1 if opts.quick else 2)
-    weak = weak_scaling(opts.quick)
+    weak, span = pipeline_jobs(opts.quick)
     largest = {1: BUDGET / BYTES_PER_PARAMETER}
     largest.update({t: BUDGET / BYTES_PER_PARAMETER / ratios[t] for t in ratios})
     print("largest model for a 16 GiB device (Adam, float32): " + ", ".join(
         f"T={t}: {n / 1e9:.2f}B parameters" for t, n in largest.items()), flush=True)
     print(f"RESULT model_parallel tp2_bytes_ratio={ratios[2]:.3f} tp4_bytes_ratio={ratios[4]:.3f} "
           f"tp2_step_ratio={step['tp2'] / step['plain']:.3f} pp_dp_weak_scaling={weak:.3f} "
+          f"pp_span_step_ratio={span:.3f} "
           f"reductions_per_block={forward:g}/{backward:g} "
           f"tp2_bytes_expected={expected[2]:.3f} tp4_bytes_expected={expected[4]:.3f} "
           f"largest_tp1={largest[1]:.3g} largest_tp2={largest[2]:.3g} largest_tp4={largest[4]:.3g}", flush=True)
@@ -133,18 +138,22 @@ def step_times(models, x, y, batch, rounds):
     return step
 
 
-def weak_scaling(quick):
-    """A 2-stage pipeline's step on 1 worker ÷ on 2 (`tfpar launch -n 2`), jobs in turns a b b a."""
+def pipeline_jobs(quick):
+    """(weak scaling, span ratio): a 2-stage pipeline's step on 1 worker ÷ on 2 workers as data-parallel
+    replicas (`tfpar launch -n 2`); its stages on 2 workers ÷ on 1 (the same batch). Jobs in turns a b c c b a."""
     import statistics
 
     worker = [sys.executable, os.path.join(HERE, "_model_parallel_worker.py"),
               *(["8", "3", "32", "128"] if quick else ["16", "6", "128", "512"])]
-    jobs = {1: worker, 2: [sys.executable, "-m", "tfpar.cli", "launch", "-n", "2", "--", *worker]}
-    steps: dict = {1: [], 2: []}
-    for workers in ((1, 2) if quick else (1, 2, 2, 1)):
-        steps[workers].append(run_job(jobs[workers], cwd=HERE)["step"])
-        print(f"pipeline x data, {workers} worker(s): {steps[workers][-1] * 1e3:.1f} ms/step", flush=True)
-    return statistics.median(steps[1]) / statistics.median(steps[2])
+    launch = [sys.executable, "-m", "tfpar.cli", "launch", "-n", "2", "--"]
+    jobs = {"1 worker": worker, "2 workers, data x pipeline": [*launch, *worker],
+            "2 workers, one pipeline over both": [*launch, *worker, "span"]}
+    steps: dict = {name: [] for name in jobs}
+    for name in (list(jobs) if quick else [*jobs, *reversed(jobs)]):
+        steps[name].append(run_job(jobs[name], cwd=HERE)["step"])
+        print(f"pipeline, {name}: {steps[name][-1] * 1e3:.1f} ms/step", flush=True)
+    one, data, span = (statistics.median(steps[name]) for name in jobs)
+    return one / data, span / one
 
 
 if __name__ == "__main__":

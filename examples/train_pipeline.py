@@ -3,6 +3,7 @@
     python examples/train_pipeline.py                       # 2 stages, 1F1B, 8 microbatches
     python examples/train_pipeline.py --replicas 2          # 2 stages x 2 data-parallel replicas
     python examples/train_pipeline.py --schedule gpipe --recompute
+    tfpar launch -n 2 -- python examples/train_pipeline.py --span-workers   # stage 1 on worker 1
 
 Each stage's variables live on its own device (GPUs, or virtual CPU devices
 here); the trained weights are copied back into the plain model, which is
@@ -24,12 +25,16 @@ def main():
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     parser.add_argument("--recompute", action="store_true", help="recompute activations in the backward pass")
+    parser.add_argument("--span-workers", action="store_true",
+                        help="under tfpar launch: the stages spread over the workers (worker 0 runs the pipeline)")
     args = parser.parse_args()
 
+    tfpar.configure_devices(2 * args.replicas)  # one device per stage and replica
+    # First, before TensorFlow runs anything: under tfpar launch it joins the job (with --span-workers,
+    # a worker other than 0 serves its devices here until worker 0 is done, and goes no further).
     pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=args.microbatches,
                                          schedule=args.schedule, replicas=args.replicas,
-                                         recompute=args.recompute, balance="time")
-    tfpar.configure_devices(2 * args.replicas)  # one device per stage and replica
+                                         recompute=args.recompute, balance="time", span_workers=args.span_workers)
     keras = tfpar.keras
     keras.utils.set_random_seed(0)
     (x, y), (x_val, y_val) = load_digits()

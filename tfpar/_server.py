@@ -22,10 +22,14 @@ def main():
     serve(info)
 
 
-def serve(info):
+def serve(info, device_count=None, while_answers=None, wait_seconds=60.0):
     """Serves ``info``'s task (a ps, or a worker of a parameter-server cluster) until killed, or,
     with TFPAR_SERVER_PARENT_PID set, until that process is gone. Its stacks go to stderr on
-    SIGUSR1 (as a task's with a heartbeat: ``tfpar launch --heartbeat-timeout``)."""
+    SIGUSR1 (as a task's with a heartbeat: ``tfpar launch --heartbeat-timeout``).
+
+    With ``while_answers`` (a ``host:port``: the worker that drives a pipeline spanning the job),
+    it waits up to ``wait_seconds`` for that address to answer, then serves while it does, and
+    returns. ``device_count`` (e.g. ``{"CPU": 2}``) sets the devices the server offers."""
     import faulthandler
 
     import tensorflow as tf
@@ -36,19 +40,35 @@ def serve(info):
 
     server = tf.distribute.Server(
         tf.train.ClusterSpec(info.cluster), job_name=info.task_type, task_index=info.task_index,
-        protocol="grpc", start=True)
+        protocol="grpc", start=True,
+        config=None if device_count is None else tf.compat.v1.ConfigProto(device_count=device_count))
     from tfpar import _loopback
 
     name = f"{info.task_type} {info.task_index}"
     warning = _loopback.warning_unless_active(f"tfpar server {name}", [info.address.rsplit(":", 1)[1]])
     print(f"tfpar server: {name} serving at {info.address}"
           + (" (loopback only)" if warning is None else f"\n{warning}"), flush=True)
+    if while_answers is not None:
+        _serve_while_answering(while_answers, wait_seconds)
+        return
     parent = os.environ.get("TFPAR_SERVER_PARENT_PID")
     if parent is None:
         server.join()
     # Started by ParameterServer.local(): serve while the coordinator lives, so
     # that its TensorFlow runtime can still close its remote contexts at exit.
     while _alive(int(parent)):
+        time.sleep(0.5)
+
+
+def _serve_while_answering(address, wait_seconds):
+    from tfpar._addresses import accepts
+
+    deadline = time.monotonic() + wait_seconds
+    while not accepts(address):
+        if time.monotonic() > deadline:
+            sys.exit(f"tfpar server: {address} did not answer within {wait_seconds:g} s; stopping.")
+        time.sleep(0.2)
+    while accepts(address, timeout=5.0):
         time.sleep(0.5)
 
 

@@ -59,8 +59,9 @@ def check_devices(name: str, devices: Sequence[str]) -> Sequence[str]:
     devices = check_names(name, devices)
     if not devices:
         raise ValueError(f"{name} must name at least one device. Received: {name}=[]. Leave it None for all.")
-    present = {(d.device_type, tf.DeviceSpec.from_string(d.name).device_index)
-               for d in tf.config.list_logical_devices()}
+    specs = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
+    present = {(s.device_type, s.device_index) for s in specs}
+    remote = {(s.job, s.task or 0, s.device_type, s.device_index) for s in specs}  # a connected cluster's too
     for device in devices:
         try:
             spec = tf.DeviceSpec.from_string(device)
@@ -69,7 +70,9 @@ def check_devices(name: str, devices: Sequence[str]) -> Sequence[str]:
         if spec is None or spec.device_type is None:
             raise ValueError(f"{device!r} is not a device name. Received: {name}={list(devices)!r}. "
                              f"Use names such as {local_devices()[:2]}.")
-        if (spec.device_type.upper(), spec.device_index or 0) not in present:
+        kind, index = spec.device_type.upper(), spec.device_index or 0
+        known = (kind, index) in present if spec.job is None else (spec.job, spec.task or 0, kind, index) in remote
+        if not known:
             raise ValueError(
                 f"No device {device!r} in this process. Received: {name}={list(devices)!r}; the devices "
                 f"are {sorted(d.name for d in tf.config.list_logical_devices())}. Use those, or "

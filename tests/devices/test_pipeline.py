@@ -179,6 +179,10 @@ def _skip_model():
     (pipeline_model, dict(cut_points=["nope"]), ValueError, r"Cut point 'nope' names no layer of 'pipeline_model'"),
     (_skip_model, dict(cut_points=["b"]), ValueError, r"Cannot cut 'model.*' after 'b': more than one tensor crosses .* \['a', 'c'\]"),
     (_Subclassed, dict(), ValueError, r"Cannot cut the subclassed model .* Write it as a Sequential or Functional model"),
+    (pipeline_model, dict(span_workers="yes"), TypeError, r"span_workers must be True or False. Received: span_workers='yes'"),
+    (pipeline_model, dict(span_workers=True, connect_timeout_seconds=0), ValueError, r"connect_timeout_seconds"),
+    (pipeline_model, dict(span_workers=True), ValueError, r"this process is in no job of several workers. Received: "
+     r"span_workers=True with TF_CONFIG=unset. Start the script with tfpar launch -n N"),
 ])
 def test_bad_pipeline_input_gets_a_clear_error(make_model, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -286,3 +290,26 @@ def test_a_schedule_with_its_own_chunk_placement_is_one_class_and_trains_like_th
         assert all(v.device.endswith(f"device:CPU:{[0, 1, 1, 0][chunk]}") for v in stage.variables)
     timeline = staged.schedule.simulate()
     assert timeline.busy(0) == timeline.busy(1) == 16 * 0.5  # 2 chunks x 4 microbatches x (F, B), half a stage each
+
+
+def test_a_pipeline_over_workers_spreads_its_stages_and_refuses_what_cannot_be_spread(monkeypatch):
+    """`spread` (span_workers=True): stage s on worker s × W // S, a stage's tensor-parallel devices
+    inside one worker, replica-major; too few stages or devices refused naming the fix; and horovodrun
+    (no TensorFlow servers) refused at once."""
+    from tfpar.pipeline.spanning import spread
+
+    workers = [[f"w{w}:{d}" for d in range(4)] for w in range(2)]
+    assert spread(workers, 1, 4, 1) == ["w0:0", "w0:1", "w1:0", "w1:1"]
+    assert spread(workers, 1, 2, 2) == ["w0:0", "w0:1", "w1:0", "w1:1"]  # tensor inside a host, pipeline across
+    assert spread(workers, 2, 2, 1) == ["w0:0", "w1:0", "w0:1", "w1:1"]  # each replica's stages on both workers
+    assert spread([["a"], ["b"], ["c"]], 1, 3, 1) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"at least one stage on each of the 3 workers.*num_stages=2.*Use num_stages >= 3"):
+        spread([["a"], ["b"], ["c"]], 1, 2, 1)
+    with pytest.raises(ValueError, match=r"Worker 0 holds stages \[0, 1\] of each of the 2 replica\(s\), 2 device\(s\) a "
+                                         r"stage: 8 devices, and it has 4 .*tfpar.configure_devices\(8\)"):
+        spread(workers, 2, 4, 2)
+    with pytest.raises(ValueError, match=r"No device '/job:worker/replica:0/task:1/device:CPU:0' in this process"):
+        Pipeline(devices=("/job:worker/replica:0/task:1/device:CPU:0", "/cpu:0"))  # no cluster connected: no worker 1
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    with pytest.raises(ValueError, match=r"horovodrun starts none. Received: span_workers=True under horovodrun"):
+        Pipeline(span_workers=True)

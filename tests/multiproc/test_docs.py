@@ -47,6 +47,9 @@ EXPECT = {
                                               "mesh:       data 1 x pipeline 2 x tensor 2",
                                               "PASSED: trains like one replica"],
     "check_coverage(": ["missing: 0", "duplicated: 0"],
+    "train_pipeline.py --span-workers": ["(stages over the devices of 2 workers; worker 0 runs it)",
+                                         "/job:worker/replica:0/task:1/device:CPU:0']]",
+                                         "tfpar server: worker 1 serving", "validation accuracy of the saved plain model"],
 }
 
 BLOCKS = document_blocks()

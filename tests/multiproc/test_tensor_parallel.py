@@ -60,7 +60,7 @@ def test_two_horovod_ranks_of_a_pipeline_and_a_tensor_parallel_model_train_like_
     _assert_like_one_device(tmp_path, HOROVOD_CASES)
 
 
-def _assert_like_one_device(tmp_path, cases):
+def _assert_like_one_device(tmp_path, cases, workers=2):
     import importlib
 
     import numpy as np
@@ -70,8 +70,8 @@ def _assert_like_one_device(tmp_path, cases):
     for case in cases:
         layout, keras_name, optimizer, *examples = case.split(":")
         folder = tmp_path / "-".join([layout, keras_name, optimizer, *examples])
-        workers = [load_arrays(str(folder / f"worker_{i}.npz")) for i in range(2)]
-        for a, b in zip(*workers):
+        trained = [load_arrays(str(folder / f"worker_{i}.npz")) for i in range(workers)]
+        for a, b in zip(trained[0], trained[-1]):
             np.testing.assert_array_equal(a, b)  # the replicas agree exactly: worker 1 started from worker 0's
         k = importlib.import_module(keras_name)
         plain, x, y, _ = tensor_parallel_models(k, int(examples[0]) if examples else 32)["block"]
@@ -80,5 +80,42 @@ def _assert_like_one_device(tmp_path, cases):
         initial = plain.get_weights()
         plain.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
         assert max(float(np.abs(a - b).max()) for a, b in zip(initial, plain.get_weights())) > 5e-3
-        differences = weight_differences(plain, plain.get_weights(), workers[0], optimizer)
+        differences = weight_differences(plain, plain.get_weights(), trained[0], optimizer)
         assert max(differences.values()) < 1e-5, (case, sorted(differences.items(), key=lambda kv: -kv[1])[:3])
+
+
+SPAN_CASES = ["span:keras:adam", "span_tensor:tf_keras:sgd"]
+
+
+def test_a_pipeline_over_two_workers_trains_like_one_device(tmp_path):
+    """`Pipeline(span_workers=True)` under `tfpar launch -n 2`: 4 stages over the 2 workers' 2 devices
+    each, and 2 stages each 2-way tensor-parallel inside one worker; worker 0 trains, worker 1
+    serves its devices and ends with it (the job's exit code is 0 only if both end so)."""
+    from tests.conftest import ROOT, run_command, tfpar_command
+
+    script = os.path.join(SCRIPTS, "model_parallel_workers.py")
+    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script, str(tmp_path),
+                                       ",".join(SPAN_CASES)), timeout=600, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert "tfpar server: worker 1 serving at 127.0.0.1:" in result.output
+    assert result.output.count("(stages over the devices of 2 workers; worker 0 runs it)") == len(SPAN_CASES)
+    assert ("devices:    [['/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1', "
+            "'/job:worker/replica:0/task:1/device:CPU:0', '/job:worker/replica:0/task:1/device:CPU:1']]") in result.output
+    assert ("devices:    [[('/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1'), "
+            "('/job:worker/replica:0/task:1/device:CPU:0', '/job:worker/replica:0/task:1/device:CPU:1')]]") in result.output
+    assert not any(f.name == "worker_1.npz" for f in tmp_path.rglob("*.npz"))  # worker 1 ran no training
+    _assert_like_one_device(tmp_path, SPAN_CASES, workers=1)
+
+
+def test_a_lost_worker_of_a_pipeline_over_two_workers_fails_the_job_at_once():
+    """Worker 1, holding stage 1, killed mid-fit: worker 0's step fails with TensorFlow's
+    UnavailableError within seconds (not a hang), and the launcher ends the job with the cause."""
+    from tests.conftest import ROOT, run_command, tfpar_command
+
+    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable,
+                                       os.path.join(SCRIPTS, "span_lost_worker.py")), timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode != 0
+    lost = re.search(r"LOST after ([0-9.]+) s: (\w+)", result.output)
+    assert lost, result.output[-3000:]
+    assert lost.group(2) == "UnavailableError" and float(lost.group(1)) < 30, lost.group(0)
+    assert "worker 1 was killed by SIGKILL" in result.output

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from tfpar import _owned
-from tfpar._checks import check_choice, check_int, config_from
+from tfpar._checks import check_choice, check_int, check_names, check_number, config_from
 from tfpar._keras import all_layers, check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
@@ -49,13 +49,21 @@ class PipelineConfig:
     recompute: bool = False
     """Recompute each stage's activations in the backward pass (tf.recompute_grad)."""
     devices: tuple | None = None
-    """Device names, replica-major (default: the GPUs, else the logical CPU devices)."""
+    """Device names, replica-major (default: the GPUs, else the logical CPU devices; with
+    ``span_workers``, every worker's, stage s on worker s × workers // num_stages)."""
     tensor_parallel: int = 1
     """T: each stage's layers split over T devices of its own (`tfpar.tensor_parallel`); the
     pipeline then uses replicas × num_stages × T devices."""
     tensor_plan: object = "auto"
     """With ``tensor_parallel`` > 1: the plan (`tfpar.tensor_parallel.TensorParallelConfig.plan`);
     "auto" finds each stage's splits within it."""
+    span_workers: bool = False
+    """Under a job of several workers (TF_CONFIG: ``tfpar launch``, ``--hosts``, SLURM, a TFJob), place
+    the stages over every worker's devices, worker by worker (`tfpar.pipeline.spanning`): worker 0
+    runs the pipeline and the others serve their devices until it ends (a pipeline longer than one
+    host). Default: each worker runs the whole pipeline over its own devices, a data-parallel replica."""
+    connect_timeout_seconds: float = 120.0
+    """With ``span_workers``: how long worker 0 waits for the others to serve, and they for it."""
     virtual_stages: int | None = None
     """With a schedule that takes them ("interleaved"): chunks per stage (default 2); the model is cut
     into num_stages × virtual_stages chunks, each on the stage the schedule places it on (for
@@ -70,10 +78,15 @@ class PipelineConfig:
             from tfpar.tensor_parallel.plan import match_plan
 
             match_plan(self.tensor_plan, list(self.tensor_plan))  # its types and styles
+        if not isinstance(self.span_workers, bool):
+            raise TypeError(f"span_workers must be True or False. Received: span_workers={self.span_workers!r}.")
+        check_number("connect_timeout_seconds", self.connect_timeout_seconds, above=0)
         if self.devices is not None:
             from tfpar.devices import check_devices
 
-            object.__setattr__(self, "devices", check_devices("devices", self.devices))
+            # Another worker's devices exist once worker 0 has connected: Pipeline checks them then.
+            object.__setattr__(self, "devices", check_names("devices", self.devices) if self.span_workers
+                               else check_devices("devices", self.devices))
         check_choice("schedule", self.schedule, SCHEDULES, what="pipeline schedule")
         make_schedule(self.schedule, self.num_stages, self.num_microbatches, self.virtual_stages)  # its checks
         if not isinstance(self.recompute, bool):
@@ -114,7 +127,17 @@ class Pipeline(PlacesItself):
         self.config = config = config_from(PipelineConfig, config, kwargs)
         self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches,
                                       config.virtual_stages)
-        self.workers = Workers.join()  # several workers in TF_CONFIG: each runs its pipeline, a replica
+        self.cluster = None  # with span_workers: the job whose workers' devices hold the stages
+        if config.span_workers:
+            from tfpar.devices import check_devices
+            from tfpar.pipeline.spanning import join_spanning
+
+            self.cluster = join_spanning(config.connect_timeout_seconds)  # another worker serves there
+            if config.devices is not None:
+                check_devices("devices", config.devices)
+            self.devices()  # its refusals here, at once: too few stages or devices for the workers
+        # several workers in TF_CONFIG: each runs its pipeline, a replica (unless the pipeline spans them)
+        self.workers = None if config.span_workers else Workers.join()
 
     @property
     def num_replicas_in_sync(self):
@@ -134,13 +157,20 @@ class Pipeline(PlacesItself):
         stage's devices).
 
         Raises:
-            ValueError: fewer devices than replicas × num_stages.
+            ValueError: fewer devices than replicas × num_stages (× tensor_parallel); with
+                ``span_workers``, fewer stages than workers or a worker with too few devices.
         """
         from tfpar.devices import local_devices
+        from tfpar.pipeline.spanning import cluster_devices, spread
 
-        names = list(self.config.devices or local_devices())
         c = self.config
         t = c.tensor_parallel
+        if c.devices:
+            names = list(c.devices)
+        elif self.cluster:  # spanning the workers: the stages spread over them
+            names = spread(cluster_devices(self.cluster), c.replicas, c.num_stages, t)
+        else:
+            names = local_devices()
         needed = c.replicas * c.num_stages * t
         if len(names) < needed:
             product = f"replicas × num_stages{' × tensor_parallel' if t > 1 else ''}"
@@ -188,15 +218,14 @@ class Pipeline(PlacesItself):
         if c.tensor_parallel == 1:
             return None
         from tfpar.tensor_parallel.model import auto_plan
-        from tfpar.tensor_parallel.sharding import TensorParallel
+        from tfpar.tensor_parallel.sharding import planned_styles
 
-        splitter = TensorParallel(degree=c.tensor_parallel, plan=c.tensor_plan)
         if c.tensor_plan == "auto":
             chunks = [auto_plan(chunk, c.tensor_parallel, keras_of(chunk)) for chunk in partition.models]
             if not any(chunks):
-                splitter.styles(model)  # its refusal: nothing to split
+                planned_styles(model, c.tensor_parallel, c.tensor_plan)  # its refusal: nothing to split
             return chunks
-        styles = splitter.styles(model)
+        styles = planned_styles(model, c.tensor_parallel, c.tensor_plan)
         return [{name: style for name, style in styles.items() if name in {layer.name for layer in chunk.layers}}
                 for chunk in partition.models]
 
@@ -223,7 +252,9 @@ class Pipeline(PlacesItself):
             f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
             f"  mesh:       data {self.num_replicas_in_sync} x pipeline {c.num_stages} x tensor {c.tensor_parallel}"
             + (f" ({self.workers.num_workers} workers x {c.replicas} replicas; this is worker "
-               f"{self.workers.worker_index})" if self.workers else ""),
+               f"{self.workers.worker_index})" if self.workers else "")
+            + (f" (stages over the devices of {self.cluster.num_workers} workers; worker 0 runs it)"
+               if self.cluster else ""),
             f"  devices:    {self.devices()}",
             f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, {s.bubble_formula})",
             "  activations held per stage: "

@@ -3,6 +3,11 @@ pipeline x data, tensor x data and pipeline x tensor x data (2 x 2 x 2), each ca
 plain weights (worker 1 perturbs its copy first: only worker 0's broadcast makes them agree), fed
 by tfpar.data. Writes OUT/<case>/worker_<i>.npz (the plain model's trained weights).
 
+The span layouts (alone in a job) are one pipeline over both workers (``span_workers=True``):
+"span", 4 stages on the 2 x 2 devices; "span_tensor", 2 stages, each 2-way tensor-parallel on one
+worker (Megatron's layout: tensor inside a host, pipeline across hosts). Worker 0 trains and writes
+worker_0.npz; worker 1 serves its devices and ends with worker 0.
+
 Usage: model_parallel_workers.py OUT CASE[,CASE ...] where CASE is LAYOUT:KERAS:OPTIMIZER[:EXAMPLES]
 (default 32 examples: 2 whole global batches of 16; 40: a last step of 8 examples, padded).
 """
@@ -23,14 +28,20 @@ LAYOUTS = {
     "tensor": dict(num_stages=1, num_microbatches=1, tensor_parallel=2),
     "pipeline_tensor": dict(num_stages=2, num_microbatches=2, tensor_parallel=2),
 }
-parallelisms = {layout: tfpar.pipeline.Pipeline(**options) for layout, options in LAYOUTS.items()}  # first
-tensor_alone = tfpar.tensor_parallel.TensorParallel(degree=2)  # the same as "tensor", as a user writes it
+SPAN = {"span": dict(num_stages=4, num_microbatches=2, span_workers=True),
+        "span_tensor": dict(num_stages=2, num_microbatches=2, tensor_parallel=2, span_workers=True)}
+spanning = {layout for layout, *_ in cases} & set(SPAN)
+# first (worker 1 of a span job serves from the first spanning pipeline on, and goes no further)
+parallelisms = {layout: tfpar.pipeline.Pipeline(**options)
+                for layout, options in ({name: SPAN[name] for name in spanning} or LAYOUTS).items()}
+# the same as "tensor", as a user writes it
+tensor_alone = None if spanning else tfpar.tensor_parallel.TensorParallel(degree=2)
 
 import tensorflow as tf  # noqa: E402
 
 from tests.models import tensor_parallel_models  # noqa: E402
 
-index = parallelisms["pipeline"].topology.worker_index  # under tfpar launch or horovodrun
+index = next(iter(parallelisms.values())).topology.worker_index  # under tfpar launch or horovodrun
 for layout, keras_name, optimizer, *examples in cases:
     k = importlib.import_module(keras_name)
     model, x, y, plan = tensor_parallel_models(k, int(examples[0]) if examples else 32)["block"]
