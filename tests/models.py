@@ -368,3 +368,35 @@ def weight_differences(model, a, b, optimizer):
     names = [getattr(w, "path", None) or w.name for w in model.weights]
     return {n: float(np.max(np.abs(x - y))) for n, x, y in zip(names, a, b)
             if not (optimizer == "adam" and "key/bias" in n)}
+
+
+ZERO_OPTIMIZERS = {
+    "sgd": lambda k: k.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    "adam": lambda k: k.optimizers.Adam(0.01, global_clipnorm=0.5),  # clipped by the norm over every chunk
+    "adamw": lambda k: k.optimizers.AdamW(0.01, weight_decay=0.1),  # the biases excluded from the decay
+}
+
+
+def train_zero_pair(k, optimizer, devices, stage=1, epochs=2):
+    """A model with an odd parameter count (so the last chunk is padded) trained on one device and
+    under `DataParallel` over ``devices`` with ``zero_stage=stage``, from the same weights on the same
+    global batches: (one device's weights, sharded weights, sharded model). One device is the
+    reference: Keras 3 unsharded clips each replica's own gradients by their norm before the
+    all-reduce, where one device, tf_keras and the sharded update clip the summed gradients."""
+    import tfpar
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(48, 7)).astype("float32"), rng.integers(0, 3, 48)
+    trained = []
+    for zero, on in ((0, devices[:1]), (stage, devices)):
+        strategy = tfpar.DataParallel(devices=tuple(on), zero_stage=zero)
+        with strategy.scope():
+            k.utils.set_random_seed(1)
+            model = k.Sequential([k.Input((7,)), k.layers.Dense(5, activation="relu"), k.layers.Dense(3)])
+            opt = ZERO_OPTIMIZERS[optimizer](k)
+            if optimizer == "adamw":
+                opt.exclude_from_weight_decay(var_names=["bias"])
+            model.compile(opt, k.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=12, epochs=epochs, shuffle=False, verbose=0)
+        trained.append(model)
+    return trained[0].get_weights(), trained[1].get_weights(), trained[1]

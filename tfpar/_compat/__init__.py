@@ -263,6 +263,16 @@ def given_learning_rate(optimizer):
     return getattr(optimizer, "_hyper", {}).get("learning_rate")
 
 
+def current_learning_rate(optimizer):
+    """A Keras optimizer's learning rate for its next step (a schedule evaluated at its iterations):
+    Keras 3's ``_get_current_learning_rate``; tf_keras' ``_compute_current_learning_rate`` (which
+    keeps a schedule's value in a variable) then its ``learning_rate``."""
+    if hasattr(optimizer, "_get_current_learning_rate"):
+        return optimizer._get_current_learning_rate()
+    optimizer._compute_current_learning_rate()
+    return optimizer.learning_rate
+
+
 def collective_all_reduce(t, **keys):
     """TensorFlow's collective all-reduce (a sum) of ``t`` among the group's workers (the op
     MultiWorkerMirroredStrategy runs; no public form outside a strategy)."""

@@ -19,6 +19,7 @@ from tfpar.cluster import ClusterInfo, refuse_evaluator
 from tfpar.strategies._all_reduce import ALL_REDUCES, multi_worker_names, one_host_names, quoted
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._gradients import GRADIENT_CHECKS, GradientReduction, check_compression
+from tfpar.strategies._zero import ZERO_STAGES, describe_lines, shard_optimizer_state
 from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
 __all__ = [
@@ -62,8 +63,21 @@ class DataParallelConfig:
     """Sum each replica's gradients locally over this many steps, then all-reduce their average
     and apply it once: N steps of global batch G train like one step of N·G, with one all-reduce."""
 
+    zero_stage: int = 0
+    """ZeRO (DeepSpeed's stages; PyTorch's ZeroRedundancyOptimizer): 1 shards the optimizer state over
+    the replicas (each keeps and updates 1/N of it; the gradients reduce-scattered, the weights
+    all-gathered: the bytes of one all-reduce), 2 also the reduced gradients; 0 (default) none.
+    One host, SGD/Adam/AdamW (`tfpar.strategies._zero`)."""
+
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
+        check_choice("zero_stage", check_int("zero_stage", self.zero_stage, 0), ZERO_STAGES)
+        if self.zero_stage and (self.compression != "none" or self.gradient_accumulation_steps > 1):
+            raise ValueError(
+                f"zero_stage={self.zero_stage} does not yet combine with compression or gradient accumulation. "
+                f"Received: zero_stage={self.zero_stage}, compression={self.compression!r}, "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps}. Use zero_stage=0 with them, "
+                "or leave them at their defaults.")
         check_compression(self.compression)
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
         check_int("num_packs", self.num_packs, 0)
@@ -99,6 +113,11 @@ def _build_config(config, kwargs):
     if config.cluster is not None:
         refuse_evaluator(config.cluster, "DataParallel")
     if config.multi_worker:
+        if config.zero_stage:
+            raise ValueError(
+                f"zero_stage={config.zero_stage} shards the optimizer state over one host's replicas; this cluster has "
+                f"{config.cluster.num_workers} workers. Received: zero_stage={config.zero_stage} with "
+                f"{config.cluster.num_workers} workers. Use zero_stage=0 across workers.")
         if ALL_REDUCES[config.all_reduce].multi_worker is None:
             raise ValueError(
                 f"all_reduce={config.all_reduce!r} works on one host only; this "
@@ -176,7 +195,7 @@ class DataParallel(Parallelism):
 
     def model_checks(self) -> tuple:
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
-        return (*super().model_checks(), *GRADIENT_CHECKS)
+        return (*super().model_checks(), *GRADIENT_CHECKS, ("compile", "after", shard_optimizer_state))
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """Returns a readable summary of the strategy.
@@ -200,6 +219,7 @@ class DataParallel(Parallelism):
             f"  devices:    {', '.join(devices)}",
             f"  all-reduce: {self._all_reduce_text()}{self._gradients_text()}",
         ]
+        lines += describe_lines(self.config.zero_stage, replicas, model)
         lines += batch_and_model_lines(replicas, global_batch_size, model)
         return "\n".join(lines)
 

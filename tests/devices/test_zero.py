@@ -1,0 +1,66 @@
+"""ZeRO stages 1 and 2 (`DataParallel(zero_stage=...)`, tfpar/strategies/_zero.py) on the 2 devices of
+this process: the update equals the unsharded one, the optimizer state lives 1/N on each replica,
+describe() says so, and what cannot be sharded is refused. 3 devices: tests/multiproc/test_zero.py."""
+
+import numpy as np
+import pytest
+
+import tfpar
+from tests.models import train_zero_pair
+
+
+@pytest.mark.parametrize("optimizer, stage", [("sgd", 1), ("adam", 2), ("adamw", 1)])
+def test_a_sharded_optimizer_state_trains_like_the_whole_one(any_keras, optimizer, stage):
+    whole, sharded, model = train_zero_pair(any_keras, optimizer, ["/cpu:0", "/cpu:1"], stage)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(whole, sharded)) < 1e-6
+    assert int(model.optimizer.iterations.numpy()) == 8  # 2 epochs of 4 steps
+    # The state is tfpar's chunks, one per replica on its device; the optimizer built no slot of its own.
+    zero = model._tfpar_zero
+    total = sum(int(np.prod(w.shape)) for w in whole)  # 7*5+5+5*3+3 = 58
+    assert (zero.total, zero.chunk) == (total, 29)
+    slots = [v for state in zero.slots for name, v in state.items() if name != "decay_mask"]
+    assert sorted({v.device.split("device:")[-1] for v in slots}) == ["CPU:0", "CPU:1"]
+    assert all(v.shape == (29,) for v in slots)
+    assert len(slots) == {"sgd": 1, "adam": 2, "adamw": 2}[optimizer] * 2
+    assert not any(v.shape == (7, 5) for v in model.optimizer.variables)
+    text = model.distribute_strategy.describe(model=model)
+    assert f"zero:       stage {stage}: each replica keeps and updates 1/2 of the optimizer state" in text
+    slot_bytes = 4 * total * (1 if optimizer == "sgd" else 2)
+    assert f"optimizer state {slot_bytes:,} B -> {slot_bytes // 2:,} B" in text, text
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda k: k.optimizers.RMSprop(0.01), r"zero_stage=1 cannot shard the state of this optimizer: .*RMSprop has no "
+                                           r"element-wise rule here.*Received: RMSprop. Use SGD or Adam or AdamW, or zero_stage=0"),
+    (lambda k: k.optimizers.Adam(0.01, clipnorm=1.0), r"clipnorm=1.0 needs each whole variable .*use global_clipnorm="),
+    (lambda k: k.mixed_precision.LossScaleOptimizer(k.optimizers.SGD(0.1)), r"a LossScaleOptimizer"),
+])
+def test_an_optimizer_that_cannot_be_sharded_is_refused_at_compile(any_keras, make, match):
+    strategy = tfpar.DataParallel(zero_stage=1)
+    with strategy.scope():
+        model = any_keras.Sequential([any_keras.Input((3,)), any_keras.layers.Dense(2)])
+        with pytest.raises(ValueError, match=match):
+            model.compile(make(any_keras), "mse")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(zero_stage=3), ValueError, r"Unknown zero_stage 3. Received: zero_stage=3. Use one of \[0, 1, 2\]"),
+    (dict(zero_stage="1"), TypeError, r"zero_stage"),
+    (dict(zero_stage=1, compression="bf16"), ValueError,
+     r"zero_stage=1 does not yet combine with compression or gradient accumulation. Received: zero_stage=1, compression='bf16'"),
+    (dict(zero_stage=2, gradient_accumulation_steps=2), ValueError, r"gradient_accumulation_steps=2. Use zero_stage=0"),
+])
+def test_bad_zero_options_are_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        tfpar.DataParallel(**kwargs)
+
+
+def test_zero_across_workers_and_under_parameter_servers_is_refused():
+    from tfpar.cluster import ClusterInfo
+
+    two = ClusterInfo(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_index=0)
+    with pytest.raises(ValueError, match=r"zero_stage=1 shards the optimizer state over one host's replicas; this cluster "
+                                         r"has 2 workers.*Use zero_stage=0 across workers"):
+        tfpar.DataParallel(zero_stage=1, cluster=two)
+    with pytest.raises(TypeError, match=r"zero_stage"):
+        tfpar.ParameterServer(zero_stage=1)

@@ -1,0 +1,14 @@
+"""ZeRO over 3 replicas, more devices than the test process has (tests/multiproc/scripts/zero_checks.py)."""
+
+import os
+
+from tests.conftest import run_json_script
+
+
+def test_three_replicas_shard_the_optimizer_state_and_train_like_one_device():
+    report = run_json_script(os.path.join(os.path.dirname(__file__), "scripts", "zero_checks.py"), timeout=600)
+    assert len(report) == 6  # SGD (Nesterov), Adam (global-norm clipping), AdamW (exclusions) under both Kerases
+    for run, result in report.items():
+        assert result["difference"] < 1e-6, (run, result)
+        assert (result["total"], result["chunk"]) == (58, 20), run  # 58 parameters: 20, 20 and 18 + 2 padding
+        assert result["slot_devices"] == ["CPU:0", "CPU:1", "CPU:2"], run

@@ -1,0 +1,221 @@
+"""Sharded optimizer states (ZeRO, Rajbhandari et al., SC'20) for `DataParallel` on one host.
+
+With ``DataParallel(zero_stage=1)`` (or 2) each of the N replicas owns one N-th of the model's
+parameters, as one flat vector cut into N equal chunks (balanced by bytes, whatever the variables'
+sizes), keeps the optimizer slots of its chunk only, and updates only its chunk:
+
+1. the replicas' gradients are reduce-scattered: chunk j of their sum is made on replica j's
+   device, from the other devices' chunk j (each device sends (N-1)/N of the gradients' bytes);
+2. replica j applies the optimizer's update to its chunk, with its own slots;
+3. the updated chunks are all-gathered into every replica's copy of the weights.
+
+Steps 1 and 3 move the bytes of one all-reduce. The update is the optimizer's own rule, written
+here once for both Kerases (`RULES`: SGD with momentum or Nesterov, Adam with AMSGrad, AdamW),
+with its learning rate (and schedule), weight decay and exclusions, and clipping by value or by
+the global norm over all chunks. An optimizer with another rule is refused with the reason.
+"""
+
+import math
+
+from tfpar import _compat
+from tfpar._keras import tf
+
+__all__ = ["RULES", "ZERO_STAGES", "ShardedOptimizer", "describe_lines", "shard_optimizer_state", "sharding_refusal"]
+
+ZERO_STAGES = (0, 1, 2)
+"""0: every replica holds the whole optimizer state; 1: each holds the slots of its chunk; 2: also
+only its chunk of the reduced gradients (the same as 1 without accumulation)."""
+RULES = ("SGD", "Adam", "AdamW")
+"""The optimizers whose update is element by element, so that a chunk updates as the whole would."""
+
+
+def sharding_refusal(optimizer) -> str | None:
+    """Why ``optimizer`` cannot have its state sharded, or None."""
+    name = type(optimizer).__name__
+    module = type(optimizer).__module__.split(".")[0]
+    if name == "LossScaleOptimizer" or hasattr(optimizer, "inner_optimizer"):
+        return ("a LossScaleOptimizer (mixed_float16): its overflow check is not built into the sharded "
+                "update yet; use mixed_bfloat16 (no loss scaling) or zero_stage=0")
+    if name not in RULES or module not in ("keras", "tf_keras"):
+        return (f"{type(optimizer).__module__}.{name} has no element-wise rule here ({', '.join(RULES)} "
+                "of either Keras have): a chunk of its parameters would not update as the whole does")
+    for option in ("use_ema", "clipnorm"):
+        if getattr(optimizer, option, None):
+            return (f"{option}={getattr(optimizer, option)!r} needs each whole variable (a chunk holds parts of "
+                    "several); use global_clipnorm= to clip, or zero_stage=0")
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        return ("the optimizer's own gradient_accumulation_steps; use DataParallel's "
+                "gradient_accumulation_steps with zero_stage=0, or none")
+    if getattr(optimizer, "loss_scale_factor", None):
+        return "loss_scale_factor; leave it None"
+    return None
+
+
+class ShardedOptimizer:
+    """The sharded update of one compiled model's optimizer over a one-host strategy's replicas."""
+
+    def __init__(self, optimizer, variables, strategy, stage):
+        self.optimizer, self.strategy, self.stage = optimizer, strategy, stage
+        self.keras_variables = list(variables)
+        self.variables = [_tf_variable(v) for v in variables]
+        for v in self.variables:
+            if tf.as_dtype(v.dtype) != tf.float32:
+                raise TypeError(f"zero_stage={stage} shards float32 variables; {v.name} is {tf.as_dtype(v.dtype).name}. "
+                                "Keep the variables float32 (a mixed policy does), or use zero_stage=0.")
+        self.devices = list(strategy.extended.worker_devices)
+        n = len(self.devices)
+        self.sizes = [int(v.shape.num_elements()) for v in self.variables]
+        self.total = sum(self.sizes)
+        self.chunk = math.ceil(self.total / n)
+        self.padding = self.chunk * n - self.total
+        self.name = type(optimizer).__name__
+        if self.name == "SGD":
+            self.slot_names = ["momentum"] if optimizer.momentum else []
+        else:  # Adam, AdamW
+            self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
+        self.slots = []
+        decay = _weight_decay(optimizer)
+        masks = [tf.fill([size], 1.0 if decay and optimizer._use_weight_decay(v) else 0.0)
+                 for size, v in zip(self.sizes, variables)]
+        for j, device in enumerate(self.devices):
+            with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
+                self.slots.append({s: _compat.ResourceVariable(tf.zeros([self.chunk]), trainable=False,
+                                                               name=f"tfpar_zero_{s}_{j}") for s in self.slot_names})
+                mask = tf.pad(tf.concat(masks, 0), [[0, self.padding]])[j * self.chunk:(j + 1) * self.chunk]
+                self.slots[-1]["decay_mask"] = _compat.ResourceVariable(mask, trainable=False,
+                                                                         name=f"tfpar_zero_decay_mask_{j}")
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """The optimizer's ``apply_gradients``, in a replica's context: its gradients go to the
+        sharded step (variables the optimizer was not built for are refused)."""
+        by_variable = {id(_tf_variable(v)): g for g, v in grads_and_vars}
+        unknown = set(by_variable) - {id(v) for v in self.variables}
+        if unknown:
+            raise ValueError(f"zero_stage={self.stage} shards the {len(self.variables)} trainable variables the "
+                             "model had at compile; this step updates others. Compile the model again after "
+                             "changing its trainable variables.")
+        grads = [by_variable.get(id(v)) for v in self.variables]
+        context = tf.distribute.get_replica_context()
+        if context is None:
+            raise RuntimeError("zero_stage>0: apply_gradients runs in a replica's step (model.fit, or strategy.run).")
+        return context.merge_call(self._step, args=(grads,))
+
+    def _local(self, value, k):
+        return self.strategy.experimental_local_results(value)[k]
+
+    def _flat(self, tensors):
+        return tf.pad(tf.concat([tf.reshape(t, [-1]) for t in tensors], 0), [[0, self.padding]])
+
+    def _step(self, strategy, grads):
+        n, c = len(self.devices), self.chunk
+        flat = []
+        for k, device in enumerate(self.devices):
+            with tf.device(device):
+                flat.append(self._flat([tf.zeros(v.shape) if g is None else tf.convert_to_tensor(self._local(g, k))
+                                        for g, v in zip(grads, self.variables)]))
+        chunks = []
+        for j, device in enumerate(self.devices):  # reduce-scatter: the sum's chunk j on device j
+            with tf.device(device):
+                chunks.append(tf.add_n([flat[k][j * c:(j + 1) * c] for k in range(n)]))
+        chunks = self._clipped(chunks)
+        lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
+        step = tf.cast(self.optimizer.iterations + 1, tf.float32)
+        updated = []
+        for j, device in enumerate(self.devices):
+            with tf.device(device):
+                params = self._flat([self._local(v, j) for v in self.variables])[j * c:(j + 1) * c]
+                updated.append(self._rule(self.slots[j], params, chunks[j], lr, step))
+        writes = []
+        for k, device in enumerate(self.devices):  # all-gather: every chunk into every copy
+            with tf.device(device):
+                whole = tf.concat(updated, 0)[:self.total]
+                for v, part in zip(self.variables, tf.split(whole, self.sizes)):
+                    writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
+        with tf.control_dependencies(writes):
+            return self.optimizer.iterations.assign_add(1)
+
+    def _clipped(self, chunks):
+        o = self.optimizer
+        if getattr(o, "clipvalue", None):
+            chunks = [tf.clip_by_value(g, -o.clipvalue, o.clipvalue) for g in chunks]
+        if getattr(o, "global_clipnorm", None):
+            norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in chunks]))  # over every chunk
+            scale = o.global_clipnorm / tf.maximum(norm, o.global_clipnorm)
+            chunks = [g * scale for g in chunks]
+        return chunks
+
+    def _rule(self, slots, p, g, lr, step):
+        """The optimizer's update of one chunk ``p`` (its weight decay first, as both Kerases do)."""
+        o = self.optimizer
+        decay = _weight_decay(o)
+        if decay:
+            p = p - p * decay * lr * slots["decay_mask"]
+        if self.name == "SGD":
+            if not o.momentum:
+                return p - g * lr
+            m = slots["momentum"].assign(slots["momentum"] * o.momentum - g * lr)
+            return p + (m * o.momentum - g * lr if o.nesterov else m)
+        b1, b2 = tf.cast(o.beta_1, tf.float32), tf.cast(o.beta_2, tf.float32)
+        b1_power, b2_power = tf.pow(b1, step), tf.pow(b2, step)
+        alpha = lr * tf.sqrt(1 - b2_power) / (1 - b1_power)
+        epsilon = o.epsilon * tf.sqrt(1 - b2_power) if getattr(o, "adaptive_epsilon", False) else o.epsilon
+        m = slots["m"].assign_add((g - slots["m"]) * (1 - b1))
+        v = slots["v"].assign_add((tf.square(g) - slots["v"]) * (1 - b2))
+        if "v_hat" in slots:
+            v = slots["v_hat"].assign(tf.maximum(slots["v_hat"], v))
+        return p - (m * alpha) / (tf.sqrt(v) + epsilon)
+
+    def state_bytes(self) -> dict:
+        """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients,
+        optimizer state (its slots; a chunk is padded to a whole N-th)."""
+        full, slots = 4 * self.total, len(self.slot_names)
+        return {"weights": (full, full), "gradients": (full, 4 * self.chunk),
+                "optimizer state": (slots * full, slots * 4 * self.chunk)}
+
+
+def _tf_variable(variable):
+    """The tf.Variable of a variable of either Keras (Keras 3 wraps one)."""
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def _weight_decay(optimizer):
+    return float(getattr(optimizer, "weight_decay", None) or 0.0)
+
+
+def shard_optimizer_state(model, arguments=None):
+    """After ``compile`` of a model of a `DataParallel` with ``zero_stage`` > 0: its optimizer's
+    updates go through a `ShardedOptimizer` (on that optimizer instance only).
+
+    Raises:
+        ValueError: an optimizer whose state cannot be sharded, with the reason.
+    """
+    strategy = model.distribute_strategy
+    stage = getattr(getattr(strategy, "config", None), "zero_stage", 0)
+    optimizer = getattr(model, "optimizer", None)
+    if not stage or optimizer is None:
+        return
+    refusal = sharding_refusal(optimizer)
+    if refusal:
+        raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
+                         f"{type(optimizer).__name__}. Use {' or '.join(RULES)}, or zero_stage=0.")
+    if hasattr(optimizer, "_get_current_learning_rate"):  # Keras 3 would build every slot before the first step
+        optimizer.built = True
+    _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
+    sharded = ShardedOptimizer(optimizer, model.trainable_variables, strategy, stage)
+    object.__setattr__(optimizer, "apply_gradients", sharded.apply_gradients)
+    object.__setattr__(model, "_tfpar_zero", sharded)
+
+
+def describe_lines(stage: int, num_replicas: int, model=None) -> list[str]:
+    """The ``describe()`` lines of ZeRO: the stage, and with a compiled model the bytes one replica
+    holds, sharded against unsharded."""
+    if not stage:
+        return []
+    lines = [f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of the optimizer state"
+             + (" and of the reduced gradients" if stage == 2 else "") + " (reduce-scatter + all-gather)"]
+    sharded = getattr(model, "_tfpar_zero", None)
+    if sharded is not None:
+        held = sharded.state_bytes()
+        lines.append("  per replica: " + ", ".join(f"{name} {unsharded:,} B -> {mine:,} B" for name, (unsharded, mine)
+                                                   in held.items()))
+    return lines
