@@ -400,3 +400,35 @@ def train_zero_pair(k, optimizer, devices, stage=1, epochs=2):
         model.fit(x, y, batch_size=12, epochs=epochs, shuffle=False, verbose=0)
         trained.append(model)
     return trained[0].get_weights(), trained[1].get_weights(), trained[1]
+
+
+def zero_resume(k, folder, first, then, optimizer="adam"):
+    """Trains 1 epoch with the optimizer state sharded over the devices ``first`` (or unsharded on one
+    device when ``first`` has one), saves a checkpoint (tf_keras: TF format; Keras 3: .weights.h5),
+    goes on 1 epoch; then a new model on ``then`` loads the checkpoint and trains the same epoch.
+    Returns the largest weight difference between the two ends (0 if the state moved whole)."""
+    import os
+
+    import tfpar
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(48, 7)).astype("float32"), rng.integers(0, 3, 48)
+    path = os.path.join(folder, "ckpt.weights.h5" if k.__name__ == "keras" else "ckpt")
+
+    def model_on(devices):
+        strategy = tfpar.DataParallel(devices=tuple(devices), zero_stage=1 if len(devices) > 1 else 0)
+        with strategy.scope():
+            k.utils.set_random_seed(1)
+            model = k.Sequential([k.Input((7,)), k.layers.Dense(5, activation="relu"), k.layers.Dense(3)])
+            model.compile(ZERO_OPTIMIZERS[optimizer](k), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    before = model_on(first)
+    before.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    before.save_weights(path)
+    before.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    after = model_on(then)
+    after.fit(x[:12], y[:12], batch_size=12, epochs=1, verbose=0)  # built (and its optimizer), then overwritten
+    after.load_weights(path)
+    after.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    return max(float(np.abs(a - b).max()) for a, b in zip(before.get_weights(), after.get_weights()))

@@ -50,6 +50,8 @@ class ParallelismSpec:
     """"pipeline": how its 2 stages are balanced ("params" or "time")."""
     tensor_parallel: int = 1
     """"pipeline": each stage split over this many devices (``plan="auto"``)."""
+    zero_stage: int = 0
+    """"data_parallel": the optimizer state sharded over the replicas (ZeRO stage 1 or 2)."""
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
@@ -58,6 +60,10 @@ class ParallelismSpec:
                 f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
                 f"their gradients. Received: strategy {self.kind!r} with compression={self.compression!r}. Use "
                 "--strategy data_parallel or horovod, or leave compression out.")
+        if self.zero_stage and self.kind != "data_parallel":
+            raise ValueError(
+                f"zero_stage shards a data_parallel strategy's optimizer state. Received: strategy {self.kind!r} with "
+                f"zero_stage={self.zero_stage}. Use --strategy data_parallel, or leave zero_stage out.")
         check_int("replicas", self.replicas, 1)
         check_int("microbatches", self.microbatches, 1)
         check_int("tensor_parallel", self.tensor_parallel, 1)
@@ -68,6 +74,7 @@ class ParallelismSpec:
         options.update({k: getattr(self, k) for k in ("num_packs", "bytes_per_pack") if getattr(self, k)})
         if self.num_packs:  # the one-host all-reduce that packs on any device
             options["all_reduce"] = "hierarchical"
+        options.update({"zero_stage": self.zero_stage} if self.zero_stage else {})
         return options
 
     def _pipeline_options(self):
@@ -129,6 +136,7 @@ class ParallelismSpec:
         flags = ["--strategy", self.kind]
         flags += ["--devices", str(self.devices)] if self.devices else []
         flags += ["--compression", self.compression] if self.compression != "none" else []
+        flags += ["--zero-stage", str(self.zero_stage)] if self.zero_stage else []
         if self.kind == "pipeline":
             flags += ["--replicas", str(self.replicas), "--microbatches", str(self.microbatches)]
         return flags

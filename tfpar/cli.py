@@ -74,6 +74,7 @@ def _parser():
                       help="auto, mixed_float16, mixed_bfloat16 or float32 (default)")
     demo.add_argument("--compression", default="none",
                       help="data_parallel and horovod: the gradients on the wire, none (default), bf16 or fp16")
+    demo.add_argument("--zero-stage", type=_int, default=0, help="data_parallel: the optimizer state sharded (ZeRO 1 or 2)")
     demo.add_argument("--qat", action="store_true",
                       help="then quantization-aware fine-tuning and float vs int8 TFLite export")
     demo.add_argument("--compress", action="store_true",
@@ -105,6 +106,7 @@ def _parser():
                              "(default 1: more train asynchronously); pipeline: copies of a 2-stage pipeline "
                              "(default 1); tensor_parallel: the degree (default 2)")
     verify.add_argument("--tensor-parallel", type=_int, default=1, help="pipeline: each stage split over N devices")
+    verify.add_argument("--zero-stage", type=_int, default=0, help="data_parallel: the optimizer state sharded (ZeRO 1 or 2)")
     verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
     verify.add_argument("--batch-size", type=_int, default=None, help="global batch (default 32 per replica)")
     verify.add_argument("--tolerance", type=float, default=1e-5,
@@ -283,7 +285,7 @@ def _demo(args, command_line=None):
              global_batch_size=args.batch_size, verbose=0 if args.quiet else 1,
              replicas=args.replicas, microbatches=args.microbatches, precision=args.precision, qat=args.qat,
              keras_version=args.keras, report_dir=args.report, compression=args.compression,
-             compress=args.compress)
+             compress=args.compress, zero_stage=args.zero_stage)
     return 0
 
 
@@ -308,7 +310,7 @@ def _verify(args, command_line=None):
     model_fn, data_fn = load_function(args.model, "--model"), load_function(args.data, "--data")
     report = verify(model_fn, data_fn, strategy=args.strategy, replicas=args.replicas, steps=args.steps,
                     global_batch_size=args.batch_size, tolerance=args.tolerance, seed=args.seed,
-                    tensor_parallel=args.tensor_parallel)
+                    tensor_parallel=args.tensor_parallel, zero_stage=args.zero_stage)
     if report.chief:  # one report per job
         print(report.describe(), flush=True)
     return 0 if report.passed else 1

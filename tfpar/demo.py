@@ -104,7 +104,7 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
              global_batch_size: int | None = None, learning_rate: float = 2e-3, verbose: int = 1,
              print_fn: Callable[[str], Any] = print, replicas: int = 1, microbatches: int = 8,
              precision: str = "float32", qat: bool = False, keras_version: int = 2, report_dir: str | None = None,
-             compression: str = "none", compress: bool = False) -> "DemoResult":
+             compression: str = "none", compress: bool = False, zero_stage: int = 0) -> "DemoResult":
     """Trains the digits CNN (under "tensor_parallel": the token transformer, `transformer`, on
     generated tokens) and returns a `DemoResult`.
 
@@ -134,6 +134,7 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
             that keeps the zeros, cluster- and sparsity-preserving QAT), exported as int8 TFLite
             with its deployment report against the float model (refused above 1 point of
             accuracy lost).
+        zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2).
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the
@@ -161,7 +162,8 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
 
     policy = precision_module.use(precision)
     parallelism = ParallelismSpec(kind=strategy, devices=num_devices, replicas=replicas, microbatches=microbatches,
-                                  compression=compression, balance="time" if strategy == "pipeline" else "params").build()
+                                  compression=compression, balance="time" if strategy == "pipeline" else "params",
+                                  zero_stage=zero_stage).build()
     dist = parallelism.input_strategy
     k.utils.set_random_seed(0)
     # Tensor parallelism splits a transformer's layers: the token model and its generated tokens.

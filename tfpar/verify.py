@@ -111,7 +111,7 @@ def load_function(spec: str, parameter: str) -> Callable:
 
 def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy: str = "data_parallel",
            replicas: int | None = None, steps: int = 10, global_batch_size: int | None = None,
-           tolerance: float = 1e-5, seed: int = 0, tensor_parallel: int = 1) -> "VerifyReport":
+           tolerance: float = 1e-5, seed: int = 0, tensor_parallel: int = 1, zero_stage: int = 0) -> "VerifyReport":
     """Trains ``steps`` steps on one replica and under ``strategy``; returns a `VerifyReport`.
 
     Args:
@@ -127,6 +127,7 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
             devices each planned layer is split over (default 2, ``plan="auto"``).
         steps: steps on each side, >= 1.
         tensor_parallel: "pipeline": each stage split over this many devices (``plan="auto"``).
+        zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2).
         global_batch_size: examples per step (default 32 per replica).
         tolerance: the largest absolute difference a variable may show, > 0.
         seed: the Keras seed before each build.
@@ -159,7 +160,7 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
     if strategy == "pipeline":
         spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time", tensor_parallel=tensor_parallel)
     else:
-        spec = ParallelismSpec(kind=strategy, devices=replicas)
+        spec = ParallelismSpec(kind=strategy, devices=replicas, zero_stage=zero_stage)
     parallelism = spec.build()
     return _Comparison(model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed).run()
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tfpar
-from tests.models import train_zero_pair
+from tests.models import train_zero_pair, zero_resume
 
 
 @pytest.mark.parametrize("optimizer, stage", [("sgd", 1), ("adam", 2), ("adamw", 1)])
@@ -18,11 +18,12 @@ def test_a_sharded_optimizer_state_trains_like_the_whole_one(any_keras, optimize
     zero = model._tfpar_zero
     total = sum(int(np.prod(w.shape)) for w in whole)  # 7*5+5+5*3+3 = 58
     assert (zero.total, zero.chunk) == (total, 29)
-    slots = [v for state in zero.slots for name, v in state.items() if name != "decay_mask"]
+    slots = [v for state in zero.slots for v in state.values()]
     assert sorted({v.device.split("device:")[-1] for v in slots}) == ["CPU:0", "CPU:1"]
     assert all(v.shape == (29,) for v in slots)
     assert len(slots) == {"sgd": 1, "adam": 2, "adamw": 2}[optimizer] * 2
-    assert not any(v.shape == (7, 5) for v in model.optimizer.variables)
+    # tf_keras lists checkpoint views of its slots (gathered when saved), never a variable of that size
+    assert {type(v).__name__ for v in model.optimizer.variables if tuple(v.shape) == (7, 5)} <= {"_SlotView"}
     text = model.distribute_strategy.describe(model=model)
     assert f"zero:       stage {stage}: each replica keeps and updates 1/2 of the optimizer state" in text
     slot_bytes = 4 * total * (1 if optimizer == "sgd" else 2)
@@ -64,3 +65,12 @@ def test_zero_across_workers_and_under_parameter_servers_is_refused():
         tfpar.DataParallel(zero_stage=1, cluster=two)
     with pytest.raises(TypeError, match=r"zero_stage"):
         tfpar.ParameterServer(zero_stage=1)
+
+
+@pytest.mark.parametrize("first, then", [(2, 2), (2, 1), (1, 2)])
+def test_a_checkpoint_holds_the_whole_state_and_resumes_on_other_replica_counts(any_keras, tmp_path, first, then):
+    """Saved after 1 epoch (tf_keras: TF format; Keras 3: .weights.h5), sharded over 2 replicas or
+    unsharded on 1 device, loaded into a new model sharded over 2 or unsharded: the next epoch ends
+    where the uninterrupted run does (Adam: without its moments restored the two differ by 0.03)."""
+    devices = ["/cpu:0", "/cpu:1"]
+    assert zero_resume(any_keras, str(tmp_path), devices[:first], devices[:then]) < 1e-6

@@ -97,8 +97,11 @@ def test_the_choice_axes_offer_what_the_strategies_and_the_pipeline_take():
     from tfpar.strategies._gradients import COMPRESSIONS
     from tfpar.tune import CHOICE_AXES
 
+    from tfpar.strategies._zero import ZERO_STAGES
+
     assert CHOICE_AXES["compression"] == COMPRESSIONS
     assert set(CHOICE_AXES["schedule"]) == set(SCHEDULES)
+    assert CHOICE_AXES["zero_stage"] == ZERO_STAGES
 
 
 def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
@@ -111,3 +114,17 @@ def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
     assert spec.kind == "tensor_parallel" and spec.devices == 2
     assert spec.code() == "tfpar.tensor_parallel.TensorParallel(degree=2)"
     assert trial_spec(_trial_configs({"tensor_degree": [1], "per_replica_batch": [8]})[0]).kind == "data_parallel"
+
+
+def test_the_zero_stage_shards_data_parallel_trials_without_compression():
+    from tfpar.tune import _trial_configs, trial_spec
+
+    configs = _trial_configs({"zero_stage": [0, 1], "compression": ["none", "bf16"], "strategy": ["data_parallel", "horovod"]})
+    sharded = [c for c in configs if c.get("zero_stage")]
+    assert len(sharded) == 1 and sharded[0]["strategy"] == "data_parallel" and sharded[0]["compression"] == "none"
+    spec = trial_spec(sharded[0])
+    assert spec.code() == "tfpar.DataParallel(zero_stage=1)" and spec.demo_flags()[-2:] == ["--zero-stage", "1"]
+    with pytest.raises(ValueError, match=r"Received: workers=2 with \['zero_stage'\]"):
+        from tfpar.tune import tune
+
+        tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"zero_stage": [0, 1]}, workers=2)

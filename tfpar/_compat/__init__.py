@@ -16,6 +16,7 @@ from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
 from tensorflow.python.distribute import values as _values
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
+from tensorflow.python.trackable import base as _trackable_base
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
 
@@ -23,7 +24,7 @@ from tfpar._compat.graph import graph_steps, is_graph_network, keras_layer_of, l
 
 __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
-    "PerReplica", "ResourceVariable", "mirrored", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
+    "PerReplica", "ResourceVariable", "Trackable", "mirrored", "current_learning_rate", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
     "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "keras_layer_of", "layer_nodes_in",
@@ -261,6 +262,11 @@ def given_learning_rate(optimizer):
     if hasattr(optimizer, "_learning_rate"):
         return optimizer._learning_rate
     return getattr(optimizer, "_hyper", {}).get("learning_rate")
+
+
+Trackable = _trackable_base.Trackable
+"""TensorFlow's checkpointable object: one with ``_serialize_to_tensors``/``_restore_from_tensors``
+writes and reads tensors of its own making under its place in a checkpoint's object graph."""
 
 
 def current_learning_rate(optimizer):

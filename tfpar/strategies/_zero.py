@@ -65,6 +65,7 @@ class ShardedOptimizer:
         self.devices = list(strategy.extended.worker_devices)
         n = len(self.devices)
         self.sizes = [int(v.shape.num_elements()) for v in self.variables]
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         self.total = sum(self.sizes)
         self.chunk = math.ceil(self.total / n)
         self.padding = self.chunk * n - self.total
@@ -73,17 +74,17 @@ class ShardedOptimizer:
             self.slot_names = ["momentum"] if optimizer.momentum else []
         else:  # Adam, AdamW
             self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
-        self.slots = []
-        decay = _weight_decay(optimizer)
-        masks = [tf.fill([size], 1.0 if decay and optimizer._use_weight_decay(v) else 0.0)
-                 for size, v in zip(self.sizes, variables)]
+        self.slots, self.decay_masks = [], [None] * n  # each replica's slots; its chunk's decay (1) or not (0)
+        decayed = [1.0 if _weight_decay(optimizer) and optimizer._use_weight_decay(v) else 0.0 for v in variables]
         for j, device in enumerate(self.devices):
             with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
                 self.slots.append({s: _compat.ResourceVariable(tf.zeros([self.chunk]), trainable=False,
                                                                name=f"tfpar_zero_{s}_{j}") for s in self.slot_names})
-                mask = tf.pad(tf.concat(masks, 0), [[0, self.padding]])[j * self.chunk:(j + 1) * self.chunk]
-                self.slots[-1]["decay_mask"] = _compat.ResourceVariable(mask, trainable=False,
-                                                                         name=f"tfpar_zero_decay_mask_{j}")
+                if 0.0 < sum(decayed) < len(decayed):  # some variables excluded: a mask (else a number)
+                    mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)])
+                    self.decay_masks[j] = _compat.ResourceVariable(mask[j * self.chunk:(j + 1) * self.chunk],
+                                                                    trainable=False, name=f"tfpar_zero_decay_{j}")
+        self.decay_all = bool(decayed) and min(decayed) == 1.0
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         """The optimizer's ``apply_gradients``, in a replica's context: its gradients go to the
@@ -114,9 +115,13 @@ class ShardedOptimizer:
                 flat.append(self._flat([tf.zeros(v.shape) if g is None else tf.convert_to_tensor(self._local(g, k))
                                         for g, v in zip(grads, self.variables)]))
         chunks = []
+        sent = [0] * n  # bytes each replica sends per step, from the shapes of what crosses devices
         for j, device in enumerate(self.devices):  # reduce-scatter: the sum's chunk j on device j
             with tf.device(device):
-                chunks.append(tf.add_n([flat[k][j * c:(j + 1) * c] for k in range(n)]))
+                parts = [flat[k][j * c:(j + 1) * c] for k in range(n)]
+                chunks.append(tf.add_n(parts))
+            for k in range(n):
+                sent[k] += 0 if k == j else 4 * parts[k].shape.num_elements()
         chunks = self._clipped(chunks)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)
@@ -124,13 +129,16 @@ class ShardedOptimizer:
         for j, device in enumerate(self.devices):
             with tf.device(device):
                 params = self._flat([self._local(v, j) for v in self.variables])[j * c:(j + 1) * c]
-                updated.append(self._rule(self.slots[j], params, chunks[j], lr, step))
+                updated.append(self._rule(j, params, chunks[j], lr, step))
         writes = []
         for k, device in enumerate(self.devices):  # all-gather: every chunk into every copy
             with tf.device(device):
                 whole = tf.concat(updated, 0)[:self.total]
                 for v, part in zip(self.variables, tf.split(whole, self.sizes)):
                     writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
+            for j in range(n):
+                sent[j] += 0 if k == j else 4 * updated[j].shape.num_elements()
+        self.sent_bytes = sent
         with tf.control_dependencies(writes):
             return self.optimizer.iterations.assign_add(1)
 
@@ -144,12 +152,14 @@ class ShardedOptimizer:
             chunks = [g * scale for g in chunks]
         return chunks
 
-    def _rule(self, slots, p, g, lr, step):
+    def _rule(self, j, p, g, lr, step):
         """The optimizer's update of one chunk ``p`` (its weight decay first, as both Kerases do)."""
-        o = self.optimizer
+        o, slots = self.optimizer, self.slots[j]
         decay = _weight_decay(o)
-        if decay:
-            p = p - p * decay * lr * slots["decay_mask"]
+        if decay and self.decay_masks[j] is not None:
+            p = p - p * decay * lr * self.decay_masks[j]
+        elif self.decay_all:
+            p = p - p * decay * lr
         if self.name == "SGD":
             if not o.momentum:
                 return p - g * lr
@@ -165,12 +175,92 @@ class ShardedOptimizer:
             v = slots["v_hat"].assign(tf.maximum(slots["v_hat"], v))
         return p - (m * alpha) / (tf.sqrt(v) + epsilon)
 
+    def plain_slots(self) -> list:
+        """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both
+        Kerases: each variable's slots in turn, then AMSGrad's maxima), so that a checkpoint written
+        sharded reads as the unsharded optimizer's, and the other way round."""
+        main = [name for name in self.slot_names if name != "v_hat"]
+        order = [(name, i) for i in range(len(self.variables)) for name in main]
+        return order + [("v_hat", i) for i in range(len(self.variables)) if "v_hat" in self.slot_names]
+
+    def _pieces(self, i):
+        """``(replica, chunk slice, whole-slot slice)`` of the chunks holding variable ``i``'s elements."""
+        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
+        for j in range(len(self.devices)):
+            lo, hi = max(start, j * c), min(end, (j + 1) * c)
+            if lo < hi:
+                yield j, slice(lo - j * c, hi - j * c), slice(lo - start, hi - start)
+
+    def whole_slot(self, name, i):
+        """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from the chunks)."""
+        parts = [self.slots[j][name][mine] for j, mine, _ in self._pieces(i)]
+        return tf.reshape(tf.concat(parts, 0), self.variables[i].shape)
+
+    def set_whole_slot(self, name, i, value):
+        """Sets slot ``name`` of variable ``i`` from its whole value (each chunk takes its part)."""
+        flat = tf.reshape(tf.cast(value, tf.float32), [-1])
+        return tf.group([self.slots[j][name][mine].assign(flat[whole]) for j, mine, whole in self._pieces(i)])
+
     def state_bytes(self) -> dict:
         """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients,
         optimizer state (its slots; a chunk is padded to a whole N-th)."""
         full, slots = 4 * self.total, len(self.slot_names)
         return {"weights": (full, full), "gradients": (full, 4 * self.chunk),
                 "optimizer state": (slots * full, slots * 4 * self.chunk)}
+
+
+class _SlotView(_compat.Trackable):
+    """One of the unsharded optimizer's slots as a tf_keras checkpoint sees it (in the optimizer's
+    ``_variables``, where the slot itself would be): written whole from the chunks, read back into
+    them, so that a checkpoint moves between N replicas, M replicas and no sharding."""
+
+    def __init__(self, sharded, name, index):
+        self._sharded, self._slot, self._index = sharded, name, index
+        variable = sharded.variables[index]
+        self.shape, self.dtype = variable.shape, tf.float32
+        self.name = f"tfpar_zero/{name}/{variable.name}"
+
+    def value(self):
+        return self._sharded.whole_slot(self._slot, self._index)
+
+    def numpy(self):
+        return self.value().numpy()
+
+    def _serialize_to_tensors(self):
+        return {"VARIABLE_VALUE": self.value()}
+
+    def _restore_from_tensors(self, restored_tensors):
+        return self._sharded.set_whole_slot(self._slot, self._index, restored_tensors["VARIABLE_VALUE"])
+
+
+def _checkpoint_whole(optimizer, sharded):
+    """Checkpoints (tf_keras' TF format; Keras 3's ``.weights.h5`` and ``.keras``) hold the whole
+    optimizer state, laid out as the unsharded optimizer's."""
+    if not hasattr(optimizer, "save_own_variables") or not hasattr(optimizer, "_get_current_learning_rate"):
+        for name, i in sharded.plain_slots():  # tf_keras: where its own slots would be tracked
+            optimizer._variables.append(_SlotView(sharded, name, i))
+        return
+    own = list(optimizer.variables)  # Keras 3, unbuilt: its step and learning rate
+
+    def save_own_variables(store):
+        for i, variable in enumerate(own):
+            store[str(i)] = variable.numpy()
+        for k, (name, i) in enumerate(sharded.plain_slots()):
+            store[str(len(own) + k)] = sharded.whole_slot(name, i).numpy()
+
+    def load_own_variables(store):
+        slots = sharded.plain_slots()
+        if len(store.keys()) != len(own) + len(slots):
+            raise ValueError(f"This checkpoint holds {len(store.keys())} optimizer variables; the optimizer, with "
+                             f"its sharded state, has {len(own) + len(slots)}. Received: a checkpoint of another "
+                             "model or optimizer. Load it into the model and optimizer that wrote it.")
+        for i, variable in enumerate(own):
+            variable.assign(store[str(i)])
+        for k, (name, i) in enumerate(slots):
+            sharded.set_whole_slot(name, i, store[str(len(own) + k)])
+
+    object.__setattr__(optimizer, "save_own_variables", save_own_variables)
+    object.__setattr__(optimizer, "load_own_variables", load_own_variables)
 
 
 def _tf_variable(variable):
@@ -203,6 +293,7 @@ def shard_optimizer_state(model, arguments=None):
     _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
     sharded = ShardedOptimizer(optimizer, model.trainable_variables, strategy, stage)
     object.__setattr__(optimizer, "apply_gradients", sharded.apply_gradients)
+    _checkpoint_whole(optimizer, sharded)
     object.__setattr__(model, "_tfpar_zero", sharded)
 
 
