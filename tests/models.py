@@ -111,9 +111,10 @@ def _loss_scale(optimizer):
     return float(np.asarray(optimizer.dynamic_scale)) if optimizer.built else float(optimizer.initial_scale)
 
 
-def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=0):
+def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=0, optimizer=None):
     """Two steps of the overflow model under ``strategy`` with mixed_float16: the first has an inf
-    gradient on replica ``replica`` (of the first worker). Returns what each replica sees after each step."""
+    gradient on replica ``replica`` (of the first worker). Returns what each replica sees after each step.
+    ``optimizer(k)`` makes the optimizer (default SGD at 0.1)."""
     import tensorflow as tf
 
     import tfpar
@@ -123,7 +124,7 @@ def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=
         with strategy.scope():
             trigger = tf.Variable(True, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             model = overflow_model(trigger, first_worker, k, replica)
-            model.compile(k.optimizers.SGD(0.1), k.losses.MeanSquaredError())
+            model.compile(optimizer(k) if optimizer else k.optimizers.SGD(0.1), k.losses.MeanSquaredError())
         rng = np.random.default_rng(0)
         x = rng.normal(size=(global_batch, 6)).astype("float32")
         y = rng.normal(size=(global_batch, 2)).astype("float32")
@@ -143,6 +144,7 @@ def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=
         report["updated"] = not all(np.array_equal(a, b) for a, b in zip(after_skip, model.get_weights()))
         report["optimizer"] = type(model.optimizer).__name__
         report["inner"] = type(model.optimizer.inner_optimizer).__name__
+        report["sharded"] = hasattr(model, "_tfpar_zero")
         report["weights"] = [w.tolist() for w in model.get_weights()]  # compared element by element
         return report
     finally:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tfpar
-from tests.models import train_zero_pair, zero_resume
+from tests.models import overflow_step, train_zero_pair, zero_resume
 
 
 @pytest.mark.parametrize("optimizer, stage", [("sgd", 1), ("adam", 2), ("adamw", 1)])
@@ -34,7 +34,6 @@ def test_a_sharded_optimizer_state_trains_like_the_whole_one(any_keras, optimize
     (lambda k: k.optimizers.RMSprop(0.01), r"zero_stage=1 cannot shard the state of this optimizer: .*RMSprop has no "
                                            r"element-wise rule here.*Received: RMSprop. Use SGD or Adam or AdamW, or zero_stage=0"),
     (lambda k: k.optimizers.Adam(0.01, clipnorm=1.0), r"clipnorm=1.0 needs each whole variable .*use global_clipnorm="),
-    (lambda k: k.mixed_precision.LossScaleOptimizer(k.optimizers.SGD(0.1)), r"a LossScaleOptimizer"),
 ])
 def test_an_optimizer_that_cannot_be_sharded_is_refused_at_compile(any_keras, make, match):
     strategy = tfpar.DataParallel(zero_stage=1)
@@ -74,3 +73,17 @@ def test_a_checkpoint_holds_the_whole_state_and_resumes_on_other_replica_counts(
     where the uninterrupted run does (Adam: without its moments restored the two differ by 0.03)."""
     devices = ["/cpu:0", "/cpu:1"]
     assert zero_resume(any_keras, str(tmp_path), devices[:first], devices[:then]) < 1e-6
+
+
+def test_mixed_float16_skips_an_overflow_on_one_replica_everywhere_and_trains_like_unsharded(any_keras):
+    """The loss-scale optimizer wraps the sharded one: an inf gradient on replica 1 skips the step on
+    both (the check reduced over the replicas), the scale halves, the next step applies; Adam's
+    sharded state ends where the unsharded run's does."""
+    adam = lambda k: k.optimizers.Adam(0.01)  # noqa: E731
+    whole = overflow_step(tfpar.DataParallel(), k=any_keras, replica=1, optimizer=adam)
+    sharded = overflow_step(tfpar.DataParallel(zero_stage=1), k=any_keras, replica=1, optimizer=adam)
+    assert sharded["sharded"] and sharded["inner"] == "Adam"
+    assert sharded["skipped"] and sharded["per_replica_equal"] and sharded["updated"]
+    assert sharded["loss_scale"] == [32768.0, 16384.0, 16384.0]
+    numeric = [(a, b) for a, b in zip(whole["weights"], sharded["weights"]) if np.asarray(a).dtype != bool]
+    assert max(float(np.abs(np.asarray(a, float) - np.asarray(b, float)).max()) for a, b in numeric) < 1e-6

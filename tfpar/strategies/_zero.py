@@ -12,7 +12,9 @@ sizes), keeps the optimizer slots of its chunk only, and updates only its chunk:
 Steps 1 and 3 move the bytes of one all-reduce. The update is the optimizer's own rule, written
 here once for both Kerases (`RULES`: SGD with momentum or Nesterov, Adam with AMSGrad, AdamW),
 with its learning rate (and schedule), weight decay and exclusions, and clipping by value or by
-the global norm over all chunks. An optimizer with another rule is refused with the reason.
+the global norm over all chunks. An optimizer with another rule is refused with the reason. A
+LossScaleOptimizer wraps the sharded update (its overflow check agreed over the replicas), and
+checkpoints hold the whole state in the unsharded optimizer's layout (`_checkpoint_whole`).
 """
 
 import math
@@ -33,9 +35,6 @@ def sharding_refusal(optimizer) -> str | None:
     """Why ``optimizer`` cannot have its state sharded, or None."""
     name = type(optimizer).__name__
     module = type(optimizer).__module__.split(".")[0]
-    if name == "LossScaleOptimizer" or hasattr(optimizer, "inner_optimizer"):
-        return ("a LossScaleOptimizer (mixed_float16): its overflow check is not built into the sharded "
-                "update yet; use mixed_bfloat16 (no loss scaling) or zero_stage=0")
     if name not in RULES or module not in ("keras", "tf_keras"):
         return (f"{type(optimizer).__module__}.{name} has no element-wise rule here ({', '.join(RULES)} "
                 "of either Keras have): a chunk of its parameters would not update as the whole does")
@@ -86,9 +85,15 @@ class ShardedOptimizer:
                                                                     trainable=False, name=f"tfpar_zero_decay_{j}")
         self.decay_all = bool(decayed) and min(decayed) == 1.0
 
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+    def apply(self, grads, trainable_variables=None):
+        """Keras 3's ``apply`` (which its ``apply_gradients`` and its LossScaleOptimizer call)."""
+        return self.apply_gradients(zip(grads, trainable_variables or self.keras_variables))
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
         """The optimizer's ``apply_gradients``, in a replica's context: its gradients go to the
-        sharded step (variables the optimizer was not built for are refused)."""
+        sharded step (variables the optimizer was not built for are refused). Gradients a tf_keras
+        LossScaleOptimizer already summed (to check them) are not summed again."""
+        summed = skip_gradients_aggregation or not kwargs.get("experimental_aggregate_gradients", True)
         by_variable = {id(_tf_variable(v)): g for g, v in grads_and_vars}
         unknown = set(by_variable) - {id(v) for v in self.variables}
         if unknown:
@@ -99,7 +104,7 @@ class ShardedOptimizer:
         context = tf.distribute.get_replica_context()
         if context is None:
             raise RuntimeError("zero_stage>0: apply_gradients runs in a replica's step (model.fit, or strategy.run).")
-        return context.merge_call(self._step, args=(grads,))
+        return context.merge_call(self._step, args=(grads, summed))
 
     def _local(self, value, k):
         return self.strategy.experimental_local_results(value)[k]
@@ -107,7 +112,7 @@ class ShardedOptimizer:
     def _flat(self, tensors):
         return tf.pad(tf.concat([tf.reshape(t, [-1]) for t in tensors], 0), [[0, self.padding]])
 
-    def _step(self, strategy, grads):
+    def _step(self, strategy, grads, summed=False):
         n, c = len(self.devices), self.chunk
         flat = []
         for k, device in enumerate(self.devices):
@@ -118,9 +123,9 @@ class ShardedOptimizer:
         sent = [0] * n  # bytes each replica sends per step, from the shapes of what crosses devices
         for j, device in enumerate(self.devices):  # reduce-scatter: the sum's chunk j on device j
             with tf.device(device):
-                parts = [flat[k][j * c:(j + 1) * c] for k in range(n)]
+                parts = [flat[k][j * c:(j + 1) * c] for k in (range(n) if not summed else [j])]
                 chunks.append(tf.add_n(parts))
-            for k in range(n):
+            for k in range(n if not summed else 0):
                 sent[k] += 0 if k == j else 4 * parts[k].shape.num_elements()
         chunks = self._clipped(chunks)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
@@ -281,18 +286,23 @@ def shard_optimizer_state(model, arguments=None):
     """
     strategy = model.distribute_strategy
     stage = getattr(getattr(strategy, "config", None), "zero_stage", 0)
-    optimizer = getattr(model, "optimizer", None)
-    if not stage or optimizer is None:
+    outer = getattr(model, "optimizer", None)
+    if not stage or outer is None:
         return
+    optimizer = getattr(outer, "inner_optimizer", outer)  # the one a LossScaleOptimizer wraps: its update is sharded
     refusal = sharding_refusal(optimizer)
     if refusal:
         raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
                          f"{type(optimizer).__name__}. Use {' or '.join(RULES)}, or zero_stage=0.")
-    if hasattr(optimizer, "_get_current_learning_rate"):  # Keras 3 would build every slot before the first step
+    keras3 = hasattr(optimizer, "_get_current_learning_rate")
+    if keras3:  # Keras 3 would build every slot before the first step
         optimizer.built = True
+        if outer is not optimizer and not outer.built:
+            with strategy.scope():
+                outer.build(model.trainable_variables)  # its loss scale and step counter (the inner one is built)
     _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
     sharded = ShardedOptimizer(optimizer, model.trainable_variables, strategy, stage)
-    object.__setattr__(optimizer, "apply_gradients", sharded.apply_gradients)
+    object.__setattr__(optimizer, "apply" if keras3 else "apply_gradients", sharded.apply if keras3 else sharded.apply_gradients)
     _checkpoint_whole(optimizer, sharded)
     object.__setattr__(model, "_tfpar_zero", sharded)
 
