@@ -115,9 +115,8 @@ def _applies(axis, value, config):
         return False  # a pipeline, or one tensor-parallel model, all-reduces no gradients
     if axis == "tensor_degree" and config.get("microbatches"):
         return False
-    if axis == "zero_stage" and (config.get("microbatches") or (config.get("tensor_degree") or 1) > 1
-                                 or config.get("compression", "none") != "none"):
-        return False  # ZeRO shards a data-parallel optimizer's state, its gradients uncompressed
+    if axis == "zero_stage" and (config.get("microbatches") or (config.get("tensor_degree") or 1) > 1):
+        return False  # ZeRO shards a data-parallel optimizer's state
     if axis == "virtual_stages" and config.get("schedule") not in virtual_schedules():
         return False
     return _ONLY.get(axis, config["strategy"]) == config["strategy"]

@@ -116,13 +116,14 @@ def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
     assert trial_spec(_trial_configs({"tensor_degree": [1], "per_replica_batch": [8]})[0]).kind == "data_parallel"
 
 
-def test_the_zero_stage_shards_data_parallel_trials_without_compression():
+def test_the_zero_stage_shards_data_parallel_trials_compressed_or_not():
     from tfpar.tune import _trial_configs, trial_spec
 
     configs = _trial_configs({"zero_stage": [0, 1], "compression": ["none", "bf16"], "strategy": ["data_parallel", "horovod"]})
     sharded = [c for c in configs if c.get("zero_stage")]
-    assert len(sharded) == 1 and sharded[0]["strategy"] == "data_parallel" and sharded[0]["compression"] == "none"
-    spec = trial_spec(sharded[0])
+    assert sorted(c["compression"] for c in sharded) == ["bf16", "none"]
+    assert {c["strategy"] for c in sharded} == {"data_parallel"}  # not Horovod's (yet)
+    spec = trial_spec(next(c for c in sharded if c["compression"] == "none"))
     assert spec.code() == "tfpar.DataParallel(zero_stage=1)" and spec.demo_flags()[-2:] == ["--zero-stage", "1"]
     with pytest.raises(ValueError, match=r"Received: workers=2 with \['zero_stage'\]"):
         from tfpar.tune import tune

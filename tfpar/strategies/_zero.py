@@ -5,7 +5,8 @@ parameters, as one flat vector cut into N equal chunks (balanced by bytes, whate
 sizes), keeps the optimizer slots of its chunk only, and updates only its chunk:
 
 1. the replicas' gradients are reduce-scattered: chunk j of their sum is made on replica j's
-   device, from the other devices' chunk j (each device sends (N-1)/N of the gradients' bytes);
+   device, from the other devices' chunk j (each device sends (N-1)/N of the gradients' bytes;
+   half of them with the strategy's bf16/fp16 compression, summed in float32);
 2. replica j applies the optimizer's update to its chunk, with its own slots;
 3. the updated chunks are all-gathered into every replica's copy of the weights.
 
@@ -121,12 +122,16 @@ class ShardedOptimizer:
                                         for g, v in zip(grads, self.variables)]))
         chunks = []
         sent = [0] * n  # bytes each replica sends per step, from the shapes of what crosses devices
+        wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(getattr(strategy.config, "compression", "none"))
         for j, device in enumerate(self.devices):  # reduce-scatter: the sum's chunk j on device j
+            parts = []
+            for k in range(n) if not summed else [j]:
+                with tf.device(self.devices[k]):  # cast where it is sent from (compression), summed in float32
+                    part = flat[k][j * c:(j + 1) * c]
+                    parts.append(tf.cast(part, wire) if wire is not None and k != j else part)
+                sent[k] += 0 if k == j else parts[-1].dtype.size * parts[-1].shape.num_elements()
             with tf.device(device):
-                parts = [flat[k][j * c:(j + 1) * c] for k in (range(n) if not summed else [j])]
-                chunks.append(tf.add_n(parts))
-            for k in range(n if not summed else 0):
-                sent[k] += 0 if k == j else 4 * parts[k].shape.num_elements()
+                chunks.append(tf.add_n([tf.cast(part, tf.float32) for part in parts]))
         chunks = self._clipped(chunks)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)

@@ -72,12 +72,11 @@ class DataParallelConfig:
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
         check_choice("zero_stage", check_int("zero_stage", self.zero_stage, 0), ZERO_STAGES)
-        if self.zero_stage and (self.compression != "none" or self.gradient_accumulation_steps > 1):
+        if self.zero_stage and self.gradient_accumulation_steps > 1:
             raise ValueError(
-                f"zero_stage={self.zero_stage} does not yet combine with compression or gradient accumulation. "
-                f"Received: zero_stage={self.zero_stage}, compression={self.compression!r}, "
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps}. Use zero_stage=0 with them, "
-                "or leave them at their defaults.")
+                f"zero_stage={self.zero_stage} does not yet combine with gradient accumulation. Received: "
+                f"zero_stage={self.zero_stage}, gradient_accumulation_steps={self.gradient_accumulation_steps}. "
+                "Use zero_stage=0 with it, or gradient_accumulation_steps=1.")
         check_compression(self.compression)
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
         check_int("num_packs", self.num_packs, 0)
