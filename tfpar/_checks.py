@@ -5,6 +5,7 @@ out of range ValueError; both name the parameter, give ``Received: name=value`` 
 Pure Python.
 """
 
+import dataclasses
 import math
 import os
 
@@ -109,9 +110,16 @@ def config_from(config_class, config, kwargs):
     """``config`` (checked to be a ``config_class``), or ``config_class(**kwargs)``; never both.
 
     Raises:
-        TypeError: both given, or a config of another type.
+        TypeError: both given, a config of another type, or an option ``config_class`` does not have
+            (its ``UNSUPPORTED`` may say why: option -> reason).
     """
     if config is None:
+        options = [f.name for f in dataclasses.fields(config_class)]
+        unknown = sorted(set(kwargs) - set(options))
+        if unknown:
+            why = getattr(config_class, "UNSUPPORTED", {}).get(unknown[0], "")
+            raise TypeError(f"{config_class.__name__} has no option {unknown[0]!r}{': ' + why if why else ''}. "
+                            f"Received: {unknown[0]}={kwargs[unknown[0]]!r}. Its options are {options}.")
         return config_class(**kwargs)
     if kwargs:
         raise TypeError(f"Pass either a {config_class.__name__} or keyword arguments, not both. "

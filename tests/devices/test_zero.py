@@ -62,8 +62,13 @@ def test_zero_across_workers_and_under_parameter_servers_is_refused():
     with pytest.raises(ValueError, match=r"zero_stage=1 shards the optimizer state over one host's replicas; this cluster "
                                          r"has 2 workers.*Use zero_stage=0 across workers"):
         tfpar.DataParallel(zero_stage=1, cluster=two)
-    with pytest.raises(TypeError, match=r"zero_stage"):
+    with pytest.raises(TypeError, match=r"ParameterServerConfig has no option 'zero_stage': each variable and its optimizer "
+                                        r"slots already live in one place, on the parameter servers.*Received: zero_stage=1"):
         tfpar.ParameterServer(zero_stage=1)
+    with pytest.raises(TypeError, match=r"HorovodConfig has no option 'zero_stage': .*not yet for Horovod's ranks"):
+        tfpar.HorovodStrategy(zero_stage=1)
+    with pytest.raises(TypeError, match=r"DataParallelConfig has no option 'zero'. Received: zero=1. Its options are \["):
+        tfpar.DataParallel(zero=1)
 
 
 @pytest.mark.parametrize("first, then", [(2, 2), (2, 1), (1, 2)])

@@ -72,13 +72,13 @@ class DataParallelConfig:
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
         check_choice("zero_stage", check_int("zero_stage", self.zero_stage, 0), ZERO_STAGES)
+        check_compression(self.compression)
+        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
         if self.zero_stage and self.gradient_accumulation_steps > 1:
             raise ValueError(
                 f"zero_stage={self.zero_stage} does not yet combine with gradient accumulation. Received: "
                 f"zero_stage={self.zero_stage}, gradient_accumulation_steps={self.gradient_accumulation_steps}. "
                 "Use zero_stage=0 with it, or gradient_accumulation_steps=1.")
-        check_compression(self.compression)
-        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
         if self.num_packs != 1 and not ALL_REDUCES[self.all_reduce].packs:

@@ -112,6 +112,9 @@ def _init_one_rank(hvd):
 class HorovodConfig:
     """Configuration of `HorovodStrategy`, validated when built."""
 
+    UNSUPPORTED = {"zero_stage": "the sharded optimizer state is built for tfpar.DataParallel on one host, not yet for "
+                                 "Horovod's ranks; use tfpar.DataParallel(zero_stage=1), or leave zero_stage out"}
+
     op: str = "average"
     """Gradient reduction across ranks: one of `HOROVOD_OPS`."""
     quiet_non_chief: bool = True

@@ -45,6 +45,10 @@ DEFAULT_MIN_SHARD_BYTES = 256 << 10
 class ParameterServerConfig:
     """Configuration of `ParameterServer`, validated when built."""
 
+    UNSUPPORTED = {"zero_stage": "each variable and its optimizer slots already live in one place, on the parameter "
+                                 "servers (the partitioner shards the large ones); to shard a replicated optimizer "
+                                 "state, use tfpar.DataParallel(zero_stage=1)"}
+
     variable_partitioner: object = "auto"
     """"auto" (min-size sharding over the ps tasks: variables above
     ``min_shard_bytes`` are split, up to one shard per ps), None (no sharding),
