@@ -116,7 +116,9 @@ def test_a_lost_worker_of_a_pipeline_over_two_workers_fails_the_job_at_once():
     result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable,
                                        os.path.join(SCRIPTS, "span_lost_worker.py")), timeout=300, env={"PYTHONPATH": ROOT})
     assert result.returncode != 0
+    assert "worker 1 was killed by SIGKILL" in result.output, result.output[-3000:]
+    # Worker 0 fails its step at once, unless the launcher, which stops the other tasks as soon as
+    # one dies, got there first (CI saw both); either way the job ended, within run_command's timeout.
     lost = re.search(r"LOST after ([0-9.]+) s: (\w+)", result.output)
-    assert lost, result.output[-3000:]
-    assert lost.group(2) == "UnavailableError" and float(lost.group(1)) < 30, lost.group(0)
-    assert "worker 1 was killed by SIGKILL" in result.output
+    assert lost is None or (lost.group(2) == "UnavailableError" and float(lost.group(1)) < 30), lost.group(0)
+    assert "FINISHED without noticing" not in result.output
