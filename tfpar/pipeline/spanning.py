@@ -10,7 +10,6 @@ parameter-server task's does).
 """
 
 import json
-import os
 from typing import Any
 
 from tfpar._keras import tf
@@ -18,9 +17,9 @@ from tfpar._keras import tf
 __all__ = ["cluster_devices", "join_spanning", "spread"]
 
 
-def _training_workers(cluster):
-    """The addresses of the tasks that train, worker-index order (a chief first)."""
-    return [*cluster.get("chief", ()), *cluster.get("worker", ())]
+def _training_tasks(cluster):
+    """``(job, task index, address)`` of the tasks that train, in worker-index order (a chief first)."""
+    return [(job, i, address) for job in ("chief", "worker") for i, address in enumerate(cluster.get(job, ()))]
 
 
 def join_spanning(timeout_seconds: float) -> Any:
@@ -39,14 +38,14 @@ def join_spanning(timeout_seconds: float) -> Any:
                          "horovodrun starts none. Received: span_workers=True under horovodrun. Run the script "
                          "with tfpar launch -n N (or --hosts, SLURM, a TFJob), or leave span_workers False "
                          "(each rank then runs the whole pipeline, a data-parallel replica).")
-    info = ClusterInfo.from_tf_config() if os.environ.get("TF_CONFIG", "").strip() else None
+    info = ClusterInfo.from_tf_config()
     if info is None or info.num_workers < 2:
         raise ValueError(
             "span_workers=True places the stages over the devices of a job's workers, and this process "
             f"is in no job of several workers. Received: span_workers=True with TF_CONFIG="
             f"{json.dumps(info.cluster) if info else 'unset'}. Start the script with tfpar launch -n N "
             "(or --hosts, SLURM, a TFJob), or leave span_workers False.")
-    workers = _training_workers(info.training_cluster)
+    workers = [address for _, _, address in _training_tasks(info.training_cluster)]
     if info.worker_index != 0:
         from tfpar._server import serve
 
@@ -65,8 +64,7 @@ def join_spanning(timeout_seconds: float) -> Any:
 def cluster_devices(info: Any) -> list[list[str]]:
     """Each worker's compute devices (GPUs where worker 0 has them, else CPUs), worker by worker."""
     kind = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
-    tasks = [("chief", i) for i in range(len(info.cluster.get("chief", ())))] + [
-        ("worker", i) for i in range(len(info.cluster.get("worker", ())))]
+    tasks = [(job, i) for job, i, _ in _training_tasks(info.cluster)]
     by_task: dict = {task: [] for task in tasks}
     for device in tf.config.list_logical_devices(kind):
         spec = tf.DeviceSpec.from_string(device.name)

@@ -21,7 +21,7 @@ checkpoints hold the whole state in the unsharded optimizer's layout (`_checkpoi
 import math
 
 from tfpar import _compat
-from tfpar._keras import tf
+from tfpar._keras import is_keras3, tf
 
 __all__ = ["RULES", "ZERO_STAGES", "ShardedOptimizer", "describe_lines", "shard_optimizer_state", "sharding_refusal"]
 
@@ -76,15 +76,17 @@ class ShardedOptimizer:
             self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
         self.slots, self.decay_masks = [], [None] * n  # each replica's slots; its chunk's decay (1) or not (0)
         decayed = [1.0 if _weight_decay(optimizer) and optimizer._use_weight_decay(v) else 0.0 for v in variables]
+        self.decay_all = bool(decayed) and min(decayed) == 1.0
+        with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
+            mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
+                if 0.0 < sum(decayed) < len(decayed) else None
         for j, device in enumerate(self.devices):
             with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
                 self.slots.append({s: _compat.ResourceVariable(tf.zeros([self.chunk]), trainable=False,
                                                                name=f"tfpar_zero_{s}_{j}") for s in self.slot_names})
-                if 0.0 < sum(decayed) < len(decayed):  # some variables excluded: a mask (else a number)
-                    mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)])
+                if mask is not None:
                     self.decay_masks[j] = _compat.ResourceVariable(mask[j * self.chunk:(j + 1) * self.chunk],
                                                                     trainable=False, name=f"tfpar_zero_decay_{j}")
-        self.decay_all = bool(decayed) and min(decayed) == 1.0
 
     def apply(self, grads, trainable_variables=None):
         """Keras 3's ``apply`` (which its ``apply_gradients`` and its LossScaleOptimizer call)."""
@@ -246,7 +248,7 @@ class _SlotView(_compat.Trackable):
 def _checkpoint_whole(optimizer, sharded):
     """Checkpoints (tf_keras' TF format; Keras 3's ``.weights.h5`` and ``.keras``) hold the whole
     optimizer state, laid out as the unsharded optimizer's."""
-    if not hasattr(optimizer, "save_own_variables") or not hasattr(optimizer, "_get_current_learning_rate"):
+    if not is_keras3(optimizer):
         for name, i in sharded.plain_slots():  # tf_keras: where its own slots would be tracked
             optimizer._variables.append(_SlotView(sharded, name, i))
         return
@@ -299,7 +301,7 @@ def shard_optimizer_state(model, arguments=None):
     if refusal:
         raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
                          f"{type(optimizer).__name__}. Use {' or '.join(RULES)}, or zero_stage=0.")
-    keras3 = hasattr(optimizer, "_get_current_learning_rate")
+    keras3 = is_keras3(optimizer)
     if keras3:  # Keras 3 would build every slot before the first step
         optimizer.built = True
         if outer is not optimizer and not outer.built:
