@@ -171,11 +171,18 @@ def digits_subset(n=512):
 def one_device_weights(examples=96, global_batch=16, epochs=2, lr=0.1, k=keras):
     """The equivalence model trained on one device: batches of ``global_batch`` in order, the
     last one short where ``examples`` does not divide. The reference for every strategy."""
+    return one_device_model(examples, global_batch, epochs, k, lambda k: k.optimizers.SGD(lr, momentum=0.9)).get_weights()
+
+
+def one_device_model(examples, global_batch, epochs, k, optimizer):
+    """`one_device_weights`' model, with the optimizer ``optimizer(k)`` (the biases excluded from an
+    AdamW's decay, as `zero_optimizer` does)."""
     x, y = equivalence_data(examples)
     model = equivalence_model(k=k)
-    model.compile(k.optimizers.SGD(lr, momentum=0.9), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(zero_optimizer(k, optimizer) if isinstance(optimizer, str) else optimizer(k),
+                  k.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=global_batch, epochs=epochs, shuffle=False, verbose=0)
-    return model.get_weights()
+    return model
 
 
 def load_arrays(path):
@@ -379,6 +386,14 @@ ZERO_OPTIMIZERS = {
 }
 
 
+def zero_optimizer(k, name):
+    """``ZERO_OPTIMIZERS[name]`` of Keras ``k``; AdamW with the biases excluded from its decay."""
+    optimizer = ZERO_OPTIMIZERS[name](k)
+    if name == "adamw":
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
+    return optimizer
+
+
 def train_zero_pair(k, optimizer, devices, stage=1, epochs=2):
     """A model with an odd parameter count (so the last chunk is padded) trained on one device and
     under `DataParallel` over ``devices`` with ``zero_stage=stage``, from the same weights on the same
@@ -395,10 +410,7 @@ def train_zero_pair(k, optimizer, devices, stage=1, epochs=2):
         with strategy.scope():
             k.utils.set_random_seed(1)
             model = k.Sequential([k.Input((7,)), k.layers.Dense(5, activation="relu"), k.layers.Dense(3)])
-            opt = ZERO_OPTIMIZERS[optimizer](k)
-            if optimizer == "adamw":
-                opt.exclude_from_weight_decay(var_names=["bias"])
-            model.compile(opt, k.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.compile(zero_optimizer(k, optimizer), k.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, batch_size=12, epochs=epochs, shuffle=False, verbose=0)
         trained.append(model)
     return trained[0].get_weights(), trained[1].get_weights(), trained[1]

@@ -51,7 +51,7 @@ class ParallelismSpec:
     tensor_parallel: int = 1
     """"pipeline": each stage split over this many devices (``plan="auto"``)."""
     zero_stage: int = 0
-    """"data_parallel": the optimizer state sharded over the replicas (ZeRO stage 1 or 2)."""
+    """"data_parallel" and "horovod": the optimizer state sharded over the replicas (ZeRO stage 1 or 2)."""
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
@@ -60,10 +60,11 @@ class ParallelismSpec:
                 f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
                 f"their gradients. Received: strategy {self.kind!r} with compression={self.compression!r}. Use "
                 "--strategy data_parallel or horovod, or leave compression out.")
-        if self.zero_stage and self.kind != "data_parallel":
+        if self.zero_stage and self.kind not in ("data_parallel", "horovod"):
             raise ValueError(
-                f"zero_stage shards a data_parallel strategy's optimizer state. Received: strategy {self.kind!r} with "
-                f"zero_stage={self.zero_stage}. Use --strategy data_parallel, or leave zero_stage out.")
+                f"zero_stage shards the optimizer state of data_parallel's and horovod's replicas. Received: strategy "
+                f"{self.kind!r} with zero_stage={self.zero_stage}. Use --strategy data_parallel or horovod, or leave "
+                "zero_stage out.")
         check_int("replicas", self.replicas, 1)
         check_int("microbatches", self.microbatches, 1)
         check_int("tensor_parallel", self.tensor_parallel, 1)

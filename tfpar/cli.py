@@ -74,7 +74,7 @@ def _parser():
                       help="auto, mixed_float16, mixed_bfloat16 or float32 (default)")
     demo.add_argument("--compression", default="none",
                       help="data_parallel and horovod: the gradients on the wire, none (default), bf16 or fp16")
-    demo.add_argument("--zero-stage", type=_int, default=0, help="data_parallel: the optimizer state sharded (ZeRO 1 or 2)")
+    demo.add_argument("--zero-stage", type=_int, default=0, help="data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2)")
     demo.add_argument("--qat", action="store_true",
                       help="then quantization-aware fine-tuning and float vs int8 TFLite export")
     demo.add_argument("--compress", action="store_true",
@@ -106,7 +106,7 @@ def _parser():
                              "(default 1: more train asynchronously); pipeline: copies of a 2-stage pipeline "
                              "(default 1); tensor_parallel: the degree (default 2)")
     verify.add_argument("--tensor-parallel", type=_int, default=1, help="pipeline: each stage split over N devices")
-    verify.add_argument("--zero-stage", type=_int, default=0, help="data_parallel: the optimizer state sharded (ZeRO 1 or 2)")
+    verify.add_argument("--zero-stage", type=_int, default=0, help="data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2)")
     verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
     verify.add_argument("--batch-size", type=_int, default=None, help="global batch (default 32 per replica)")
     verify.add_argument("--tolerance", type=float, default=1e-5,
@@ -263,7 +263,7 @@ def _demo(args, command_line=None):
         args.workers, args.hosts, args.cluster = args.devices or 2, None, None
         from tfpar._factory import ParallelismSpec
 
-        spec = ParallelismSpec(kind="horovod", compression=args.compression)
+        spec = ParallelismSpec(kind="horovod", compression=args.compression, zero_stage=args.zero_stage)
         argv = [sys.executable, "-m", "tfpar.cli", "demo", *spec.demo_flags(), "--epochs", str(args.epochs)]
         if args.batch_size:
             argv += ["--batch-size", str(args.batch_size)]

@@ -55,7 +55,7 @@ def test_bad_zero_options_are_refused(kwargs, error, match):
         tfpar.DataParallel(**kwargs)
 
 
-def test_zero_across_workers_and_under_parameter_servers_is_refused():
+def test_zero_across_workers_and_under_parameter_servers_and_adasum_is_refused():
     from tfpar.cluster import ClusterInfo
 
     two = ClusterInfo(cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_index=0)
@@ -65,8 +65,14 @@ def test_zero_across_workers_and_under_parameter_servers_is_refused():
     with pytest.raises(TypeError, match=r"ParameterServerConfig has no option 'zero_stage': each variable and its optimizer "
                                         r"slots already live in one place, on the parameter servers.*Received: zero_stage=1"):
         tfpar.ParameterServer(zero_stage=1)
-    with pytest.raises(TypeError, match=r"HorovodConfig has no option 'zero_stage': .*not yet for Horovod's ranks"):
-        tfpar.HorovodStrategy(zero_stage=1)
+    from tfpar.strategies.horovod import HorovodConfig
+
+    with pytest.raises(ValueError, match=r"zero_stage=1 reduce-scatters a sum of the gradients; Adasum combines them "
+                                         r"otherwise. Received: op='adasum'. Use op='average' with it, or zero_stage=0"):
+        HorovodConfig(zero_stage=1, op="adasum")
+    with pytest.raises(ValueError, match=r"Received: zero_stage=2, backward_passes_per_step=2. Use zero_stage=0 with "
+                                         r"it, or backward_passes_per_step=1"):
+        HorovodConfig(zero_stage=2, backward_passes_per_step=2)
     with pytest.raises(TypeError, match=r"DataParallelConfig has no option 'zero'. Received: zero=1. Its options are \["):
         tfpar.DataParallel(zero=1)
 

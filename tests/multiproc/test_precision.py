@@ -27,7 +27,7 @@ def _assert_same_arrays(first, second):
 
 OVERFLOW_JOBS = {"data_parallel": tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, "2", "3"),
                  "horovod": ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
-                             "--horovod", "2", "3"]}
+                             "--horovod", "--zero", "2", "3"]}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_an_overflow_on_one_worker_skips_the_step_everywhere(overflow_job, launc
         request.getfixturevalue("horovod_installed")
     result = overflow_job(launcher)
     assert result.returncode == 0, result.output[-4000:]
-    reports = [r for r in _reports(result.output) if r["keras"] == keras_version]
+    reports = [r for r in _reports(result.output) if r["keras"] == keras_version and "zero" not in r]
     assert [r["worker"] for r in reports] == [0, 1]
     for report in reports:
         optimizer = "LossScaleOptimizer" if keras_version == "3" else "LossScaleOptimizerV3"
@@ -58,6 +58,24 @@ def test_an_overflow_on_one_worker_skips_the_step_everywhere(overflow_job, launc
         assert report["skipped"] and report["updated"]
         assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]
     _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])  # identical weights on both workers
+
+
+def test_an_overflow_on_one_rank_skips_the_sharded_step_on_every_rank(overflow_job, horovod_installed):
+    """HorovodStrategy(zero_stage=1) under mixed_float16: the loss-scale optimizer wraps the sharded
+    Adam, an inf gradient on rank 0 only skips the step on both ranks, the scale halves, and the next
+    step ends where the unsharded run's does (both Kerases)."""
+    result = overflow_job("horovod")
+    assert result.returncode == 0, result.output[-4000:]
+    for keras_version in ("2", "3"):
+        runs = {zero: [r for r in _reports(result.output) if r["keras"] == keras_version and r.get("zero") == zero]
+                for zero in (0, 1)}
+        assert [r["worker"] for r in runs[1]] == [0, 1] and runs[1][0]["sharded"] and runs[1][0]["inner"] == "Adam"
+        for sharded, whole in zip(runs[1], runs[0]):
+            assert sharded["skipped"] and sharded["updated"] and not whole["sharded"]
+            assert sharded["loss_scale"] == whole["loss_scale"] == [32768.0, 16384.0, 16384.0]
+            numeric = [(a, b) for a, b in zip(whole["weights"], sharded["weights"]) if np.asarray(a).dtype != bool]
+            assert max(float(np.abs(np.asarray(a, float) - np.asarray(b, float)).max()) for a, b in numeric) < 1e-6
+        _assert_same_arrays(runs[1][0]["weights"], runs[1][1]["weights"])
 
 
 COMPRESS = os.path.join(os.path.dirname(__file__), "scripts", "compress_multiworker.py")

@@ -1,10 +1,11 @@
-"""The piece of `HorovodStrategy` that does the work: Horovod all-reduces as a CrossDeviceOps
-(gradient accumulation, shared with `DataParallel`, is in `tfpar.strategies._gradients`)."""
+"""The pieces of `HorovodStrategy` that do the work: Horovod all-reduces as a CrossDeviceOps, and
+ZeRO's reduce-scatter and all-gather over the ranks (gradient accumulation, shared with
+`DataParallel`, is in `tfpar.strategies._gradients`)."""
 
 from tfpar import _compat
 from tfpar._keras import tf
 
-__all__ = ["XLA_OPS_BUILT", "HorovodAllReduce"]
+__all__ = ["XLA_OPS_BUILT", "HorovodAllReduce", "HorovodChunks"]
 
 # tfpar install-horovod compiles Horovod's XLA ops only for TensorFlow
 # 2.6-2.18: later wheels lack the headers they need.
@@ -101,3 +102,42 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
 
     def _gather(self, per_replica_value, destinations, axis, options=None):
         return self._hvd.allgather(self._local(per_replica_value))
+
+
+class HorovodChunks:
+    """ZeRO's collectives over Horovod's ranks (`tfpar.strategies._zero`), one replica a rank:
+    ``hvd.reducescatter`` of the flat gradients (in fp16 with compression "fp16"; in bf16, which
+    Horovod's reductions do not take, as an ``hvd.alltoall`` of the bits summed in float32 by each
+    chunk's owner), and ``hvd.allgather`` of the updated chunks."""
+
+    def __init__(self, ops, device):
+        self.ops, self.devices = ops, [device]
+        self.size, self.owned = ops._size, [ops._hvd.rank()]
+
+    def reduce_scatter(self, flat, c, summed):
+        """This rank's flat gradients -> ``([its chunk of their sum over the ranks], [bytes sent])``;
+        already summed ones are only cut."""
+        hvd, (j,) = self.ops._hvd, self.owned
+        if summed or self.size == 1:
+            return [flat[0][j * c:(j + 1) * c]], [0]
+        args = self.ops._reduce_args(tf.distribute.ReduceOp.SUM, gradients=True)
+        if self.ops._bf16:
+            bits = hvd.alltoall(tf.bitcast(tf.cast(flat[0], tf.bfloat16), tf.int16), name="tfpar_zero_bf16_gradients")
+            parts = tf.cast(tf.bitcast(tf.reshape(bits, [self.size, c]), tf.bfloat16), tf.float32)
+            return [tf.reduce_sum(parts, 0) * args.get("prescale_factor", 1.0)], [2 * c * (self.size - 1)]
+        mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name="tfpar_zero_gradients", **args)
+        width = 2 if self.ops._compression is hvd.Compression.fp16 else 4
+        return [mine], [width * c * (self.size - 1)]
+
+    def all_gather(self, updated):
+        """This rank's updated chunk -> ``([every rank's, in rank order], [bytes sent])``."""
+        whole = self.ops._hvd.allgather(updated[0], name="tfpar_zero_parameters")
+        return [whole], [4 * updated[0].shape.num_elements() * (self.size - 1)]
+
+    def total(self, values):
+        """The sum over the ranks of this rank's values."""
+        return self.ops._hvd.allreduce(tf.add_n(values), op=self.ops._hvd.Sum, name="tfpar_zero_norm")
+
+    def gather(self, pieces, name):
+        """Every rank's piece (of any length, none included), in rank order."""
+        return self.ops._hvd.allgather(tf.concat(pieces, 0), name=name)

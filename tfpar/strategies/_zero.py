@@ -1,35 +1,50 @@
-"""Sharded optimizer states (ZeRO, Rajbhandari et al., SC'20) for `DataParallel` on one host.
+"""Sharded optimizer states (ZeRO, Rajbhandari et al., SC'20) for `DataParallel` on one host and
+`HorovodStrategy` across ranks.
 
-With ``DataParallel(zero_stage=1)`` (or 2) each of the N replicas owns one N-th of the model's
-parameters, as one flat vector cut into N equal chunks (balanced by bytes, whatever the variables'
-sizes), keeps the optimizer slots of its chunk only, and updates only its chunk:
+With ``zero_stage=1`` (or 2) each of the N replicas owns one N-th of the model's parameters, as one
+flat vector cut into N equal chunks (balanced by bytes, whatever the variables' sizes), keeps the
+optimizer slots of its chunk only, and updates only its chunk:
 
-1. the replicas' gradients are reduce-scattered: chunk j of their sum is made on replica j's
-   device, from the other devices' chunk j (each device sends (N-1)/N of the gradients' bytes;
-   half of them with the strategy's bf16/fp16 compression, summed in float32);
+1. the replicas' gradients are reduce-scattered: replica j gets chunk j of their sum (each sends
+   (N-1)/N of the gradients' bytes; half of them with the strategy's bf16/fp16 compression);
 2. replica j applies the optimizer's update to its chunk, with its own slots;
 3. the updated chunks are all-gathered into every replica's copy of the weights.
 
-Steps 1 and 3 move the bytes of one all-reduce. The update is the optimizer's own rule, written
-here once for both Kerases (`RULES`: SGD with momentum or Nesterov, Adam with AMSGrad, AdamW),
-with its learning rate (and schedule), weight decay and exclusions, and clipping by value or by
-the global norm over all chunks. An optimizer with another rule is refused with the reason. A
-LossScaleOptimizer wraps the sharded update (its overflow check agreed over the replicas), and
-checkpoints hold the whole state in the unsharded optimizer's layout (`_checkpoint_whole`).
+Steps 1 and 3 move the bytes of one all-reduce, each engine its own way (`OneHostChunks`: this
+process's devices; `tfpar.strategies._horovod_ops.HorovodChunks`: Horovod's reducescatter and
+allgather). The update is the optimizer's own rule, written here once for both Kerases (`RULES`:
+SGD with momentum or Nesterov, Adam with AMSGrad, AdamW), with its learning rate (and schedule),
+weight decay and exclusions, and clipping by value or by the global norm over all chunks. An
+optimizer with another rule is refused with the reason. A LossScaleOptimizer wraps the sharded
+update (its overflow check agreed over the replicas), and checkpoints hold the whole state in the
+unsharded optimizer's layout (`tfpar.strategies._zero_checkpoint`).
 """
 
 import math
 
 from tfpar import _compat
+from tfpar._checks import check_choice, check_int
 from tfpar._keras import is_keras3, tf
+from tfpar.strategies._horovod_ops import HorovodChunks
+from tfpar.strategies._zero_checkpoint import checkpoint_whole
 
-__all__ = ["RULES", "ZERO_STAGES", "ShardedOptimizer", "describe_lines", "shard_optimizer_state", "sharding_refusal"]
+__all__ = ["RULES", "ZERO_STAGES", "OneHostChunks", "ShardedOptimizer", "check_zero_stage", "describe_lines",
+           "shard_optimizer_state", "sharding_refusal"]
 
 ZERO_STAGES = (0, 1, 2)
 """0: every replica holds the whole optimizer state; 1: each holds the slots of its chunk; 2: also
 only its chunk of the reduced gradients (the same as 1 without accumulation)."""
 RULES = ("SGD", "Adam", "AdamW")
 """The optimizers whose update is element by element, so that a chunk updates as the whole would."""
+
+
+def check_zero_stage(stage, accumulation_option, accumulation_steps):
+    """A strategy config's ``zero_stage``, checked, with the accumulation option it does not yet combine with."""
+    check_choice("zero_stage", check_int("zero_stage", stage, 0), ZERO_STAGES)
+    if stage and accumulation_steps > 1:
+        raise ValueError(
+            f"zero_stage={stage} does not yet combine with gradient accumulation. Received: zero_stage={stage}, "
+            f"{accumulation_option}={accumulation_steps}. Use zero_stage=0 with it, or {accumulation_option}=1.")
 
 
 def sharding_refusal(optimizer) -> str | None:
@@ -51,8 +66,50 @@ def sharding_refusal(optimizer) -> str | None:
     return None
 
 
+class OneHostChunks:
+    """ZeRO's collectives when the replicas are this process's devices (`DataParallel` on one host):
+    chunk j of the sum is made on device j from the others' chunk j (cast to the wire's dtype where
+    it is sent from, summed in float32), and each device concatenates the updated chunks."""
+
+    def __init__(self, devices, compression="none"):
+        self.devices = list(devices)
+        self.size, self.owned = len(self.devices), list(range(len(self.devices)))
+        self.wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(compression)
+
+    def reduce_scatter(self, flat, c, summed):
+        """Each device's flat gradients -> ``(chunk j of their sum on device j, bytes each sent)``; an
+        already summed ``flat`` is only cut."""
+        chunks, sent = [], [0] * self.size
+        for j, device in enumerate(self.devices):
+            parts = []
+            for k in range(self.size) if not summed else [j]:
+                with tf.device(self.devices[k]):
+                    part = flat[k][j * c:(j + 1) * c]
+                    parts.append(tf.cast(part, self.wire) if self.wire is not None and k != j else part)
+                sent[k] += 0 if k == j else parts[-1].dtype.size * parts[-1].shape.num_elements()
+            with tf.device(device):
+                chunks.append(tf.add_n([tf.cast(part, tf.float32) for part in parts]))
+        return chunks, sent
+
+    def all_gather(self, updated):
+        """The updated chunks -> ``(every chunk, in order, on each device; bytes each sent)``."""
+        wholes = []
+        for device in self.devices:
+            with tf.device(device):
+                wholes.append(tf.concat(updated, 0))
+        return wholes, [4 * u.shape.num_elements() * (self.size - 1) for u in updated]
+
+    def total(self, values):
+        """The sum of one value per replica."""
+        return tf.add_n(values)
+
+    def gather(self, pieces, name):
+        """Every replica's piece, in replica order."""
+        return tf.concat(pieces, 0)
+
+
 class ShardedOptimizer:
-    """The sharded update of one compiled model's optimizer over a one-host strategy's replicas."""
+    """The sharded update of one compiled model's optimizer over its strategy's replicas."""
 
     def __init__(self, optimizer, variables, strategy, stage):
         self.optimizer, self.strategy, self.stage = optimizer, strategy, stage
@@ -62,8 +119,10 @@ class ShardedOptimizer:
             if tf.as_dtype(v.dtype) != tf.float32:
                 raise TypeError(f"zero_stage={stage} shards float32 variables; {v.name} is {tf.as_dtype(v.dtype).name}. "
                                 "Keep the variables float32 (a mixed policy does), or use zero_stage=0.")
-        self.devices = list(strategy.extended.worker_devices)
-        n = len(self.devices)
+        ops = getattr(strategy.extended, "_horovod_ops", None)
+        self.comm = HorovodChunks(ops, strategy.extended.worker_devices[0]) if ops is not None else \
+            OneHostChunks(strategy.extended.worker_devices, getattr(strategy.config, "compression", "none"))
+        self.devices, n = self.comm.devices, self.comm.size  # this process's replicas; all of them
         self.sizes = [int(v.shape.num_elements()) for v in self.variables]
         self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         self.total = sum(self.sizes)
@@ -74,18 +133,19 @@ class ShardedOptimizer:
             self.slot_names = ["momentum"] if optimizer.momentum else []
         else:  # Adam, AdamW
             self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
-        self.slots, self.decay_masks = [], [None] * n  # each replica's slots; its chunk's decay (1) or not (0)
+        # each local replica's slots, and its chunk's weight decay (1) or not (0)
+        self.slots, self.decay_masks = [], [None] * len(self.devices)
         decayed = [1.0 if _weight_decay(optimizer) and optimizer._use_weight_decay(v) else 0.0 for v in variables]
         self.decay_all = bool(decayed) and min(decayed) == 1.0
         with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
             mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
                 if 0.0 < sum(decayed) < len(decayed) else None
-        for j, device in enumerate(self.devices):
+        for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
             with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
                 self.slots.append({s: _compat.ResourceVariable(tf.zeros([self.chunk]), trainable=False,
                                                                name=f"tfpar_zero_{s}_{j}") for s in self.slot_names})
                 if mask is not None:
-                    self.decay_masks[j] = _compat.ResourceVariable(mask[j * self.chunk:(j + 1) * self.chunk],
+                    self.decay_masks[k] = _compat.ResourceVariable(mask[j * self.chunk:(j + 1) * self.chunk],
                                                                     trainable=False, name=f"tfpar_zero_decay_{j}")
 
     def apply(self, grads, trainable_variables=None):
@@ -116,41 +176,28 @@ class ShardedOptimizer:
         return tf.pad(tf.concat([tf.reshape(t, [-1]) for t in tensors], 0), [[0, self.padding]])
 
     def _step(self, strategy, grads, summed=False):
-        n, c = len(self.devices), self.chunk
+        c = self.chunk
         flat = []
         for k, device in enumerate(self.devices):
             with tf.device(device):
                 flat.append(self._flat([tf.zeros(v.shape) if g is None else tf.convert_to_tensor(self._local(g, k))
                                         for g, v in zip(grads, self.variables)]))
-        chunks = []
-        sent = [0] * n  # bytes each replica sends per step, from the shapes of what crosses devices
-        wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(getattr(strategy.config, "compression", "none"))
-        for j, device in enumerate(self.devices):  # reduce-scatter: the sum's chunk j on device j
-            parts = []
-            for k in range(n) if not summed else [j]:
-                with tf.device(self.devices[k]):  # cast where it is sent from (compression), summed in float32
-                    part = flat[k][j * c:(j + 1) * c]
-                    parts.append(tf.cast(part, wire) if wire is not None and k != j else part)
-                sent[k] += 0 if k == j else parts[-1].dtype.size * parts[-1].shape.num_elements()
-            with tf.device(device):
-                chunks.append(tf.add_n([tf.cast(part, tf.float32) for part in parts]))
+        chunks, sent = self.comm.reduce_scatter(flat, c, summed)
         chunks = self._clipped(chunks)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)
         updated = []
-        for j, device in enumerate(self.devices):
+        for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
             with tf.device(device):
-                params = self._flat([self._local(v, j) for v in self.variables])[j * c:(j + 1) * c]
-                updated.append(self._rule(j, params, chunks[j], lr, step))
+                params = self._flat([self._local(v, k) for v in self.variables])[j * c:(j + 1) * c]
+                updated.append(self._rule(k, params, chunks[k], lr, step))
+        wholes, gathered = self.comm.all_gather(updated)
         writes = []
-        for k, device in enumerate(self.devices):  # all-gather: every chunk into every copy
+        for k, device in enumerate(self.devices):
             with tf.device(device):
-                whole = tf.concat(updated, 0)[:self.total]
-                for v, part in zip(self.variables, tf.split(whole, self.sizes)):
+                for v, part in zip(self.variables, tf.split(wholes[k][:self.total], self.sizes)):
                     writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
-            for j in range(n):
-                sent[j] += 0 if k == j else 4 * updated[j].shape.num_elements()
-        self.sent_bytes = sent
+        self.sent_bytes = [a + b for a, b in zip(sent, gathered)]  # per local replica, from the collectives' shapes
         with tf.control_dependencies(writes):
             return self.optimizer.iterations.assign_add(1)
 
@@ -158,18 +205,18 @@ class ShardedOptimizer:
         o = self.optimizer
         if getattr(o, "clipvalue", None):
             chunks = [tf.clip_by_value(g, -o.clipvalue, o.clipvalue) for g in chunks]
-        if getattr(o, "global_clipnorm", None):
-            norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in chunks]))  # over every chunk
+        if getattr(o, "global_clipnorm", None):  # the norm over every replica's chunk
+            norm = tf.sqrt(self.comm.total([tf.reduce_sum(tf.square(g)) for g in chunks]))
             scale = o.global_clipnorm / tf.maximum(norm, o.global_clipnorm)
             chunks = [g * scale for g in chunks]
         return chunks
 
-    def _rule(self, j, p, g, lr, step):
-        """The optimizer's update of one chunk ``p`` (its weight decay first, as both Kerases do)."""
-        o, slots = self.optimizer, self.slots[j]
+    def _rule(self, k, p, g, lr, step):
+        """The optimizer's update of local replica ``k``'s chunk ``p`` (its weight decay first, as both Kerases do)."""
+        o, slots = self.optimizer, self.slots[k]
         decay = _weight_decay(o)
-        if decay and self.decay_masks[j] is not None:
-            p = p - p * decay * lr * self.decay_masks[j]
+        if decay and self.decay_masks[k] is not None:
+            p = p - p * decay * lr * self.decay_masks[k]
         elif self.decay_all:
             p = p - p * decay * lr
         if self.name == "SGD":
@@ -196,22 +243,25 @@ class ShardedOptimizer:
         return order + [("v_hat", i) for i in range(len(self.variables)) if "v_hat" in self.slot_names]
 
     def _pieces(self, i):
-        """``(replica, chunk slice, whole-slot slice)`` of the chunks holding variable ``i``'s elements."""
+        """``(local replica, chunk slice, whole-slot slice)`` of this process's chunks holding variable
+        ``i``'s elements."""
         c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
-        for j in range(len(self.devices)):
+        for k, j in enumerate(self.comm.owned):
             lo, hi = max(start, j * c), min(end, (j + 1) * c)
             if lo < hi:
-                yield j, slice(lo - j * c, hi - j * c), slice(lo - start, hi - start)
+                yield k, slice(lo - j * c, hi - j * c), slice(lo - start, hi - start)
 
     def whole_slot(self, name, i):
-        """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from the chunks)."""
-        parts = [self.slots[j][name][mine] for j, mine, _ in self._pieces(i)]
-        return tf.reshape(tf.concat(parts, 0), self.variables[i].shape)
+        """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
+        replica's chunks: a collective under Horovod, which every rank runs)."""
+        parts = [self.slots[k][name][mine] for k, mine, _ in self._pieces(i)] or [tf.zeros([0])]
+        whole = self.comm.gather(parts, f"tfpar_zero_checkpoint_{name}_{i}")
+        return tf.reshape(whole, self.variables[i].shape)
 
     def set_whole_slot(self, name, i, value):
-        """Sets slot ``name`` of variable ``i`` from its whole value (each chunk takes its part)."""
+        """Sets slot ``name`` of variable ``i`` from its whole value (each local chunk takes its part)."""
         flat = tf.reshape(tf.cast(value, tf.float32), [-1])
-        return tf.group([self.slots[j][name][mine].assign(flat[whole]) for j, mine, whole in self._pieces(i)])
+        return tf.group([self.slots[k][name][mine].assign(flat[whole]) for k, mine, whole in self._pieces(i)])
 
     def state_bytes(self) -> dict:
         """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients,
@@ -219,60 +269,6 @@ class ShardedOptimizer:
         full, slots = 4 * self.total, len(self.slot_names)
         return {"weights": (full, full), "gradients": (full, 4 * self.chunk),
                 "optimizer state": (slots * full, slots * 4 * self.chunk)}
-
-
-class _SlotView(_compat.Trackable):
-    """One of the unsharded optimizer's slots as a tf_keras checkpoint sees it (in the optimizer's
-    ``_variables``, where the slot itself would be): written whole from the chunks, read back into
-    them, so that a checkpoint moves between N replicas, M replicas and no sharding."""
-
-    def __init__(self, sharded, name, index):
-        self._sharded, self._slot, self._index = sharded, name, index
-        variable = sharded.variables[index]
-        self.shape, self.dtype = variable.shape, tf.float32
-        self.name = f"tfpar_zero/{name}/{variable.name}"
-
-    def value(self):
-        return self._sharded.whole_slot(self._slot, self._index)
-
-    def numpy(self):
-        return self.value().numpy()
-
-    def _serialize_to_tensors(self):
-        return {"VARIABLE_VALUE": self.value()}
-
-    def _restore_from_tensors(self, restored_tensors):
-        return self._sharded.set_whole_slot(self._slot, self._index, restored_tensors["VARIABLE_VALUE"])
-
-
-def _checkpoint_whole(optimizer, sharded):
-    """Checkpoints (tf_keras' TF format; Keras 3's ``.weights.h5`` and ``.keras``) hold the whole
-    optimizer state, laid out as the unsharded optimizer's."""
-    if not is_keras3(optimizer):
-        for name, i in sharded.plain_slots():  # tf_keras: where its own slots would be tracked
-            optimizer._variables.append(_SlotView(sharded, name, i))
-        return
-    own = list(optimizer.variables)  # Keras 3, unbuilt: its step and learning rate
-
-    def save_own_variables(store):
-        for i, variable in enumerate(own):
-            store[str(i)] = variable.numpy()
-        for k, (name, i) in enumerate(sharded.plain_slots()):
-            store[str(len(own) + k)] = sharded.whole_slot(name, i).numpy()
-
-    def load_own_variables(store):
-        slots = sharded.plain_slots()
-        if len(store.keys()) != len(own) + len(slots):
-            raise ValueError(f"This checkpoint holds {len(store.keys())} optimizer variables; the optimizer, with "
-                             f"its sharded state, has {len(own) + len(slots)}. Received: a checkpoint of another "
-                             "model or optimizer. Load it into the model and optimizer that wrote it.")
-        for i, variable in enumerate(own):
-            variable.assign(store[str(i)])
-        for k, (name, i) in enumerate(slots):
-            sharded.set_whole_slot(name, i, store[str(len(own) + k)])
-
-    object.__setattr__(optimizer, "save_own_variables", save_own_variables)
-    object.__setattr__(optimizer, "load_own_variables", load_own_variables)
 
 
 def _tf_variable(variable):
@@ -310,7 +306,7 @@ def shard_optimizer_state(model, arguments=None):
     _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
     sharded = ShardedOptimizer(optimizer, model.trainable_variables, strategy, stage)
     object.__setattr__(optimizer, "apply" if keras3 else "apply_gradients", sharded.apply if keras3 else sharded.apply_gradients)
-    _checkpoint_whole(optimizer, sharded)
+    checkpoint_whole(optimizer, sharded)
     object.__setattr__(model, "_tfpar_zero", sharded)
 
 

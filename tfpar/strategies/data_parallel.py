@@ -19,7 +19,7 @@ from tfpar.cluster import ClusterInfo, refuse_evaluator
 from tfpar.strategies._all_reduce import ALL_REDUCES, multi_worker_names, one_host_names, quoted
 from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._gradients import GRADIENT_CHECKS, GradientReduction, check_compression
-from tfpar.strategies._zero import ZERO_STAGES, describe_lines, shard_optimizer_state
+from tfpar.strategies._zero import check_zero_stage, describe_lines, shard_optimizer_state
 from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
 __all__ = [
@@ -67,18 +67,13 @@ class DataParallelConfig:
     """ZeRO (DeepSpeed's stages; PyTorch's ZeroRedundancyOptimizer): 1 shards the optimizer state over
     the replicas (each keeps and updates 1/N of it; the gradients reduce-scattered, the weights
     all-gathered: the bytes of one all-reduce), 2 also the reduced gradients; 0 (default) none.
-    One host, SGD/Adam/AdamW (`tfpar.strategies._zero`)."""
+    One host, SGD/Adam/AdamW (`tfpar.strategies._zero`; across ranks: `HorovodStrategy`'s)."""
 
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
-        check_choice("zero_stage", check_int("zero_stage", self.zero_stage, 0), ZERO_STAGES)
         check_compression(self.compression)
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
-        if self.zero_stage and self.gradient_accumulation_steps > 1:
-            raise ValueError(
-                f"zero_stage={self.zero_stage} does not yet combine with gradient accumulation. Received: "
-                f"zero_stage={self.zero_stage}, gradient_accumulation_steps={self.gradient_accumulation_steps}. "
-                "Use zero_stage=0 with it, or gradient_accumulation_steps=1.")
+        check_zero_stage(self.zero_stage, "gradient_accumulation_steps", self.gradient_accumulation_steps)
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
         if self.num_packs != 1 and not ALL_REDUCES[self.all_reduce].packs:

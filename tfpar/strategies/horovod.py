@@ -38,6 +38,7 @@ from tfpar.strategies._gradients import (COMPRESSIONS, GRADIENT_CHECKS, Accumula
                                          check_compression,
                                          gradient_variables, marked_variables)
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
+from tfpar.strategies._zero import check_zero_stage, describe_lines, shard_optimizer_state
 
 __all__ = ["HOROVOD_OPS", "COMPRESSIONS", "XLA_OPS_BUILT", "HorovodConfig", "HorovodStrategy", "import_horovod"]
 
@@ -112,9 +113,6 @@ def _init_one_rank(hvd):
 class HorovodConfig:
     """Configuration of `HorovodStrategy`, validated when built."""
 
-    UNSUPPORTED = {"zero_stage": "the sharded optimizer state is built for tfpar.DataParallel on one host, not yet for "
-                                 "Horovod's ranks; use tfpar.DataParallel(zero_stage=1), or leave zero_stage out"}
-
     op: str = "average"
     """Gradient reduction across ranks: one of `HOROVOD_OPS`."""
     quiet_non_chief: bool = True
@@ -128,11 +126,19 @@ class HorovodConfig:
     backward_passes_per_step: int = 1
     """Accumulate gradients over this many steps (averaged), then all-reduce and
     apply them once: N steps of global batch G train like one step of N·G."""
+    zero_stage: int = 0
+    """ZeRO over the ranks (as `DataParallel`'s): 1 shards the optimizer state (each rank keeps and
+    updates 1/N of it; hvd.reducescatter of the gradients, hvd.allgather of the weights), 2 also the
+    reduced gradients; 0 (default) none. Every rank writes the checkpoints (each holds a part)."""
 
     def __post_init__(self):
         check_int("backward_passes_per_step", self.backward_passes_per_step, 1, " (1: no accumulation.)")
         check_choice("op", self.op, HOROVOD_OPS)
         check_compression(self.compression, self.op)
+        check_zero_stage(self.zero_stage, "backward_passes_per_step", self.backward_passes_per_step)
+        if self.zero_stage and self.op == "adasum":
+            raise ValueError(f"zero_stage={self.zero_stage} reduce-scatters a sum of the gradients; Adasum combines "
+                             "them otherwise. Received: op='adasum'. Use op='average' with it, or zero_stage=0.")
 
 
 class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
@@ -313,8 +319,8 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
         return Topology(num_workers=self.size, worker_index=self.rank)
 
     def model_checks(self) -> tuple:
-        """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
-        return (*super().model_checks(), *GRADIENT_CHECKS)
+        """`Parallelism.model_checks`, the gradient checks (`tfpar.strategies._gradients`) and ZeRO's."""
+        return (*super().model_checks(), *GRADIENT_CHECKS, ("compile", "after", shard_optimizer_state))
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """Returns a readable summary (as `DataParallel.describe`)."""
@@ -329,5 +335,6 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
             f"backward_passes_per_step={self.config.backward_passes_per_step}, "
             f"controllers: {', '.join(controllers) or 'none'}",
         ]
+        lines += describe_lines(self.config.zero_stage, self.num_replicas_in_sync, model)
         lines += batch_and_model_lines(self.num_replicas_in_sync, global_batch_size, model)
         return "\n".join(lines)

@@ -1,11 +1,14 @@
 """Trains the equivalence model under HorovodStrategy, once per case, in one job of ranks.
 
 Usage: horovod_train.py OUT_DIR CASE [CASE ...], a CASE being
-``NAME:GLOBAL_BATCH:EPOCHS:EXAMPLES:OP:COMPRESSION:BACKWARD_PASSES:KERAS`` (KERAS 2: tf_keras, 3:
-Keras 3). Each case trains its own strategy and model in turn, in the same processes (one
-TensorFlow and one Horovod start for them all), and writes to OUT_DIR/NAME: start_<r>.npz and
-local_start_<r>.npz (the weights after creation, and those the rank drew alone), rank_<r>.npz (the
-trained weights), rank_<r>.json (the history), describe_<r>.txt (the strategy's description).
+``NAME:GLOBAL_BATCH:EPOCHS:EXAMPLES:OP:COMPRESSION:BACKWARD_PASSES:KERAS[:ZERO_STAGE:OPTIMIZER]`` (KERAS
+2: tf_keras, 3: Keras 3; OPTIMIZER one of tests.models.ZERO_OPTIMIZERS, else SGD with momentum). Each
+case trains its own strategy and model in turn, in the same processes (one TensorFlow and one
+Horovod start for them all), and writes to OUT_DIR/NAME: start_<r>.npz and local_start_<r>.npz (the
+weights after creation, and those the rank drew alone), rank_<r>.npz (the trained weights),
+rank_<r>.json (the history), describe_<r>.txt (the strategy's description); with a ZERO_STAGE, every
+rank also writes the weights with the optimizer state, ckpt_<r> (tf_keras: TF format, Keras 3:
+.weights.h5), as ZeRO needs: each rank holds a part of the state.
 """
 
 import importlib
@@ -19,15 +22,15 @@ import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
 
 out = sys.argv[1]
-cases = [case.split(":") for case in sys.argv[2:]]
-strategies = [HorovodStrategy(op=op, compression=compression, backward_passes_per_step=int(passes))
-              for _, _, _, _, op, compression, passes, _ in cases]  # each refuses bad options before any training
+cases = [case.split(":") + ["0", "-"][len(case.split(":")) - 8:] for case in sys.argv[2:]]  # "-": the model's own optimizer
+strategies = [HorovodStrategy(op=op, compression=compression, backward_passes_per_step=int(passes), zero_stage=int(zero))
+              for _, _, _, _, op, compression, passes, _, zero, _ in cases]  # each refuses bad options before any training
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
+from tests.models import ZERO_OPTIMIZERS, compile_for_equivalence, equivalence_data, equivalence_model, zero_optimizer  # noqa: E402,E501
 
-for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version) in zip(strategies, cases):
+for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zero, optimizer) in zip(strategies, cases):
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
@@ -39,7 +42,8 @@ for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version) in 
     with strategy.scope():
         model = equivalence_model(seed, k)
         compile_for_equivalence(model, k)
-        model.compile(model.optimizer, model.loss, weighted_metrics=["accuracy"])
+        opt = zero_optimizer(k, optimizer) if optimizer in ZERO_OPTIMIZERS else model.optimizer
+        model.compile(opt, model.loss, weighted_metrics=["accuracy"])
     np.savez(os.path.join(folder, f"start_{rank}.npz"), *model.get_weights())
     np.savez(os.path.join(folder, f"local_start_{rank}.npz"), *local_start)
     with open(os.path.join(folder, f"describe_{rank}.txt"), "w") as f:
@@ -56,6 +60,8 @@ for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version) in 
                         callbacks=[RankNumber(), tfpar.callbacks.Throughput(global_batch),
                                    tfpar.callbacks.MetricAverage(), tfpar.callbacks.NaNGuard()])
     np.savez(os.path.join(folder, f"rank_{rank}.npz"), *model.get_weights())
+    if int(zero):
+        model.save_weights(os.path.join(folder, f"ckpt_{rank}" + (".weights.h5" if keras_version == "3" else "")))
     with open(os.path.join(folder, f"rank_{rank}.json"), "w") as f:
         json.dump({key: [float(v) for v in values] for key, values in history.history.items()}, f)
     print(f"CASE DONE {name} rank {rank}", flush=True)
