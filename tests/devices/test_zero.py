@@ -125,3 +125,34 @@ def test_bf16_compression_halves_the_reduce_scatter_and_stays_within_its_roundin
     assert 0 < distance(runs[(2, 1)], one) <= distance(runs[(2, 0)], one)  # 3.0e-4 against 1.3e-3 measured
     zero = runs[(2, 1)]._tfpar_zero
     assert zero.sent_bytes == [2 * zero.chunk + 4 * zero.chunk] * 2  # bf16 out, float32 weights back
+
+
+def test_fault_tolerance_resumes_a_sharded_run_where_the_uninterrupted_one_ends(any_keras, tmp_path):
+    """FaultTolerance's backup holds the whole optimizer state (gathered from the replicas' chunks):
+    a sharded Adam run that dies after epoch 2 of 4 and is started again ends where the run that
+    never stopped does (restarted without Adam's moments, it would not)."""
+    k = any_keras
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(48, 7)).astype("float32"), rng.integers(0, 3, 48)
+
+    class Crash(k.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("the process dies here")
+
+    def run(callbacks):
+        strategy = tfpar.DataParallel(zero_stage=1)
+        with strategy.scope():
+            k.utils.set_random_seed(1)
+            model = k.Sequential([k.Input((7,)), k.layers.Dense(5, activation="relu"), k.layers.Dense(3)])
+            model.compile(k.optimizers.Adam(0.01), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=12, epochs=4, shuffle=False, verbose=0, callbacks=callbacks)
+        return model
+
+    with pytest.raises(RuntimeError, match="the process dies here"):
+        run([tfpar.callbacks.FaultTolerance(str(tmp_path / "backup")), Crash()])
+    again = tfpar.callbacks.FaultTolerance(str(tmp_path / "backup"))
+    resumed = run([again])
+    assert again.resumed_at_epoch == 2 and resumed._tfpar_zero is not None
+    uninterrupted = run([])
+    assert max(float(np.abs(a - b).max()) for a, b in zip(uninterrupted.get_weights(), resumed.get_weights())) < 1e-6
