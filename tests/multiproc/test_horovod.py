@@ -36,6 +36,7 @@ CASES = {
     "zero-sgd": (16, 2, 96, "average", "none", 1, 2, 1, "sgd"),
     "zero-adam": (16, 2, 96, "average", "none", 1, 3, 2, "adam"),
     "zero-adamw-bf16": (16, 2, 96, "average", "bf16", 1, 2, 1, "adamw"),
+    "zero-accumulate-keras3": (8, 2, 96, "average", "none", 2, 3, 2, "-"),
 }
 
 
@@ -151,6 +152,17 @@ def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_wh
     assert len(state[0]) == len(state[1]) > slots * len(reference.trainable_weights), [len(s) for s in state]
     for a, b in zip(*state):
         np.testing.assert_allclose(a, b, atol=2e-2 if compression == "bf16" else 1e-6, rtol=0)
+
+
+def test_zero_with_accumulation_over_two_ranks_trains_like_unsharded_accumulation(trained):
+    """backward_passes_per_step=2 with zero_stage=2 (Keras 3): each rank reduce-scatters every step
+    and sums its chunk, applied every 2nd step: the run ends where the unsharded accumulation does."""
+    (sharded, other), _, output = trained["zero-accumulate-keras3"]
+    (whole, _), _, _ = trained["accumulate-keras3"]
+    for a, b in zip(sharded, other):
+        np.testing.assert_array_equal(a, b)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(sharded, whole)) < 1e-6
+    assert "zero:       stage 2" in output and "backward_passes_per_step=2" in output
 
 
 def _values(variables):

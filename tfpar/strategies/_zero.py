@@ -28,8 +28,8 @@ from tfpar._keras import is_keras3, tf
 from tfpar.strategies._horovod_ops import HorovodChunks
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
 
-__all__ = ["RULES", "ZERO_STAGES", "OneHostChunks", "ShardedOptimizer", "check_zero_stage", "describe_lines",
-           "shard_optimizer_state", "sharding_refusal"]
+__all__ = ["RULES", "ZERO_STAGES", "OneHostChunks", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state",
+           "sharding_refusal"]
 
 ZERO_STAGES = (0, 1, 2)
 """0: every replica holds the whole optimizer state; 1: each holds the slots of its chunk; 2: also
@@ -38,13 +38,9 @@ RULES = ("SGD", "Adam", "AdamW")
 """The optimizers whose update is element by element, so that a chunk updates as the whole would."""
 
 
-def check_zero_stage(stage, accumulation_option, accumulation_steps):
-    """A strategy config's ``zero_stage``, checked, with the accumulation option it does not yet combine with."""
-    check_choice("zero_stage", check_int("zero_stage", stage, 0), ZERO_STAGES)
-    if stage and accumulation_steps > 1:
-        raise ValueError(
-            f"zero_stage={stage} does not yet combine with gradient accumulation. Received: zero_stage={stage}, "
-            f"{accumulation_option}={accumulation_steps}. Use zero_stage=0 with it, or {accumulation_option}=1.")
+def check_zero_stage(stage):
+    """A strategy config's ``zero_stage``, checked."""
+    return check_choice("zero_stage", check_int("zero_stage", stage, 0), ZERO_STAGES)
 
 
 def sharding_refusal(optimizer) -> str | None:
@@ -140,7 +136,17 @@ class ShardedOptimizer:
         with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
             mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
                 if 0.0 < sum(decayed) < len(decayed) else None
+        config = getattr(strategy, "config", None)
+        self.window = getattr(config, "gradient_accumulation_steps", None) or getattr(config, "backward_passes_per_step", 1)
+        self.accumulated, self.counter = [], None  # with accumulation: stage 1 each replica's gradients, 2 its chunk
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
+            if self.window > 1:
+                with tf.init_scope(), tf.device(device):
+                    self.accumulated.append(_compat.ResourceVariable(
+                        tf.zeros([self.chunk * (n if stage == 1 else 1)]), trainable=False, name=f"tfpar_zero_sum_{j}"))
+                    if self.counter is None:
+                        self.counter = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
+                                                                name="tfpar_zero_accumulated_steps")
             with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
                 self.slots.append({s: _compat.ResourceVariable(tf.zeros([self.chunk]), trainable=False,
                                                                name=f"tfpar_zero_{s}_{j}") for s in self.slot_names})
@@ -176,13 +182,36 @@ class ShardedOptimizer:
         return tf.pad(tf.concat([tf.reshape(t, [-1]) for t in tensors], 0), [[0, self.padding]])
 
     def _step(self, strategy, grads, summed=False):
-        c = self.chunk
         flat = []
         for k, device in enumerate(self.devices):
             with tf.device(device):
                 flat.append(self._flat([tf.zeros(v.shape) if g is None else tf.convert_to_tensor(self._local(g, k))
                                         for g, v in zip(grads, self.variables)]))
-        chunks, sent = self.comm.reduce_scatter(flat, c, summed)
+        if self.window == 1:
+            writes = self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed))
+        else:  # accumulated: stage 1 sums each replica's gradients, stage 2 the reduced chunks; applied every window-th step
+            chunks, sent = (flat, None) if self.stage == 1 else self.comm.reduce_scatter(flat, self.chunk, summed)
+            added = [b.assign_add(g) for b, g in zip(self.accumulated, chunks)]
+            with tf.control_dependencies(added):
+                boundary = tf.equal(self.counter.assign_add(1) % self.window, 0)
+
+            def apply():
+                means = [b.read_value() / self.window for b in self.accumulated]
+                applied = self._apply(*self.comm.reduce_scatter(means, self.chunk, summed)) if self.stage == 1 else \
+                    self._apply(means, sent)
+                with tf.control_dependencies(applied):
+                    cleared = [b.assign(tf.zeros_like(b)) for b in self.accumulated]
+                with tf.control_dependencies(cleared):
+                    return tf.constant(True)
+
+            writes = [tf.cond(boundary, apply, lambda: tf.constant(False))]
+        with tf.control_dependencies(writes):
+            return self.optimizer.iterations.assign_add(1)
+
+    def _apply(self, chunks, sent):
+        """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their reduce-scatter
+        sent), all-gathered into every local copy of the weights; returns the writes."""
+        c = self.chunk
         chunks = self._clipped(chunks)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)
@@ -197,9 +226,8 @@ class ShardedOptimizer:
             with tf.device(device):
                 for v, part in zip(self.variables, tf.split(wholes[k][:self.total], self.sizes)):
                     writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
-        self.sent_bytes = [a + b for a, b in zip(sent, gathered)]  # per local replica, from the collectives' shapes
-        with tf.control_dependencies(writes):
-            return self.optimizer.iterations.assign_add(1)
+        self.sent_bytes = [a + b for a, b in zip(sent, gathered)]  # per local replica and update, from the shapes
+        return writes
 
     def _clipped(self, chunks):
         o = self.optimizer
@@ -264,11 +292,11 @@ class ShardedOptimizer:
         return tf.group([self.slots[k][name][mine].assign(flat[whole]) for k, mine, whole in self._pieces(i)])
 
     def state_bytes(self) -> dict:
-        """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients,
-        optimizer state (its slots; a chunk is padded to a whole N-th)."""
+        """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients
+        (accumulated whole at stage 1), optimizer state (its slots; a chunk is padded to a whole N-th)."""
         full, slots = 4 * self.total, len(self.slot_names)
-        return {"weights": (full, full), "gradients": (full, 4 * self.chunk),
-                "optimizer state": (slots * full, slots * 4 * self.chunk)}
+        gradients = full if self.window > 1 and self.stage == 1 else 4 * self.chunk
+        return {"weights": (full, full), "gradients": (full, gradients), "optimizer state": (slots * full, slots * 4 * self.chunk)}
 
 
 def _tf_variable(variable):
@@ -297,6 +325,12 @@ def shard_optimizer_state(model, arguments=None):
     if refusal:
         raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
                          f"{type(optimizer).__name__}. Use {' or '.join(RULES)}, or zero_stage=0.")
+    config = strategy.config
+    if outer is not optimizer and (getattr(config, "gradient_accumulation_steps", 1) > 1
+                                   or getattr(config, "backward_passes_per_step", 1) > 1):
+        raise ValueError(f"zero_stage={stage} with gradient accumulation does not yet take a loss-scale optimizer "
+                         f"(mixed precision). Received: {type(outer).__name__} around {type(optimizer).__name__}. Use "
+                         "zero_stage=0 with it, or no accumulation, or the float32 policy.")
     keras3 = is_keras3(optimizer)
     if keras3:  # Keras 3 would build every slot before the first step
         optimizer.built = True
@@ -308,18 +342,3 @@ def shard_optimizer_state(model, arguments=None):
     object.__setattr__(optimizer, "apply" if keras3 else "apply_gradients", sharded.apply if keras3 else sharded.apply_gradients)
     checkpoint_whole(optimizer, sharded)
     object.__setattr__(model, "_tfpar_zero", sharded)
-
-
-def describe_lines(stage: int, num_replicas: int, model=None) -> list[str]:
-    """The ``describe()`` lines of ZeRO: the stage, and with a compiled model the bytes one replica
-    holds, sharded against unsharded."""
-    if not stage:
-        return []
-    lines = [f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of the optimizer state"
-             + (" and of the reduced gradients" if stage == 2 else "") + " (reduce-scatter + all-gather)"]
-    sharded = getattr(model, "_tfpar_zero", None)
-    if sharded is not None:
-        held = sharded.state_bytes()
-        lines.append("  per replica: " + ", ".join(f"{name} {unsharded:,} B -> {mine:,} B" for name, (unsharded, mine)
-                                                   in held.items()))
-    return lines

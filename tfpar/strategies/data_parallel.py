@@ -17,9 +17,9 @@ from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, refuse_evaluator
 from tfpar.strategies._all_reduce import ALL_REDUCES, multi_worker_names, one_host_names, quoted
-from tfpar.strategies._describe import batch_and_model_lines
+from tfpar.strategies._describe import batch_and_model_lines, zero_lines
 from tfpar.strategies._gradients import GRADIENT_CHECKS, GradientReduction, check_compression
-from tfpar.strategies._zero import check_zero_stage, describe_lines, shard_optimizer_state
+from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
 from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
 __all__ = [
@@ -73,7 +73,7 @@ class DataParallelConfig:
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
         check_compression(self.compression)
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
-        check_zero_stage(self.zero_stage, "gradient_accumulation_steps", self.gradient_accumulation_steps)
+        check_zero_stage(self.zero_stage)
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
         if self.num_packs != 1 and not ALL_REDUCES[self.all_reduce].packs:
@@ -213,7 +213,7 @@ class DataParallel(Parallelism):
             f"  devices:    {', '.join(devices)}",
             f"  all-reduce: {self._all_reduce_text()}{self._gradients_text()}",
         ]
-        lines += describe_lines(self.config.zero_stage, replicas, model)
+        lines += zero_lines(self.config.zero_stage, replicas, model)
         lines += batch_and_model_lines(replicas, global_batch_size, model)
         return "\n".join(lines)
 

@@ -33,12 +33,12 @@ from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
 from tfpar._topology import Topology
 from tfpar.strategies._started_by import SLURM_MPI_MARKERS, started_by_horovod
-from tfpar.strategies._describe import batch_and_model_lines
+from tfpar.strategies._describe import batch_and_model_lines, zero_lines
 from tfpar.strategies._gradients import (COMPRESSIONS, GRADIENT_CHECKS, AccumulatedUpdates, GradientAccumulator,
                                          check_compression,
                                          gradient_variables, marked_variables)
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
-from tfpar.strategies._zero import check_zero_stage, describe_lines, shard_optimizer_state
+from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
 
 __all__ = ["HOROVOD_OPS", "COMPRESSIONS", "XLA_OPS_BUILT", "HorovodConfig", "HorovodStrategy", "import_horovod"]
 
@@ -135,7 +135,7 @@ class HorovodConfig:
         check_int("backward_passes_per_step", self.backward_passes_per_step, 1, " (1: no accumulation.)")
         check_choice("op", self.op, HOROVOD_OPS)
         check_compression(self.compression, self.op)
-        check_zero_stage(self.zero_stage, "backward_passes_per_step", self.backward_passes_per_step)
+        check_zero_stage(self.zero_stage)
         if self.zero_stage and self.op == "adasum":
             raise ValueError(f"zero_stage={self.zero_stage} reduce-scatters a sum of the gradients; Adasum combines "
                              "them otherwise. Received: op='adasum'. Use op='average' with it, or zero_stage=0.")
@@ -335,6 +335,6 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
             f"backward_passes_per_step={self.config.backward_passes_per_step}, "
             f"controllers: {', '.join(controllers) or 'none'}",
         ]
-        lines += describe_lines(self.config.zero_stage, self.num_replicas_in_sync, model)
+        lines += zero_lines(self.config.zero_stage, self.num_replicas_in_sync, model)
         lines += batch_and_model_lines(self.num_replicas_in_sync, global_batch_size, model)
         return "\n".join(lines)
