@@ -136,8 +136,7 @@ class ShardedOptimizer:
         with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
             mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
                 if 0.0 < sum(decayed) < len(decayed) else None
-        config = getattr(strategy, "config", None)
-        self.window = getattr(config, "gradient_accumulation_steps", None) or getattr(config, "backward_passes_per_step", 1)
+        self.window = _window(strategy)
         self.accumulated, self.counter = [], None  # with accumulation: stage 1 each replica's gradients, 2 its chunk
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
             if self.window > 1:
@@ -304,6 +303,12 @@ def _tf_variable(variable):
     return variable if isinstance(variable, tf.Variable) else variable.value
 
 
+def _window(strategy):
+    """The steps a strategy accumulates gradients over (DataParallel's and Horovod's option), or 1."""
+    config = getattr(strategy, "config", None)
+    return getattr(config, "gradient_accumulation_steps", None) or getattr(config, "backward_passes_per_step", 1)
+
+
 def _weight_decay(optimizer):
     return float(getattr(optimizer, "weight_decay", None) or 0.0)
 
@@ -325,9 +330,7 @@ def shard_optimizer_state(model, arguments=None):
     if refusal:
         raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
                          f"{type(optimizer).__name__}. Use {' or '.join(RULES)}, or zero_stage=0.")
-    config = strategy.config
-    if outer is not optimizer and (getattr(config, "gradient_accumulation_steps", 1) > 1
-                                   or getattr(config, "backward_passes_per_step", 1) > 1):
+    if outer is not optimizer and _window(strategy) > 1:
         raise ValueError(f"zero_stage={stage} with gradient accumulation does not yet take a loss-scale optimizer "
                          f"(mixed precision). Received: {type(outer).__name__} around {type(optimizer).__name__}. Use "
                          "zero_stage=0 with it, or no accumulation, or the float32 policy.")
