@@ -3,9 +3,11 @@ Pure Python: the launcher, the strategies and the tests share it.
 """
 
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 
-__all__ = ["DEFAULT_PORT", "accepts", "free_ports", "is_loopback_cluster", "local_cluster", "parse_hosts"]
+__all__ = ["DEFAULT_PORT", "ClusterUnreachableError", "accepts", "free_ports", "is_loopback_cluster", "local_cluster",
+           "parse_hosts", "wait_for_addresses"]
 
 DEFAULT_PORT = 2222
 """The port a ``--hosts`` entry without one gets (TensorFlow's usual)."""
@@ -19,6 +21,27 @@ def accepts(address: str, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+class ClusterUnreachableError(ConnectionError):
+    """A task of the cluster did not accept connections within the wait."""
+
+
+def wait_for_addresses(addresses: Sequence[str], timeout_seconds: float) -> None:
+    """Waits until every ``host:port`` accepts a TCP connection.
+
+    Raises:
+        ClusterUnreachableError: naming the first address still closed at the deadline.
+    """
+    deadline = time.monotonic() + timeout_seconds
+    for address in addresses:
+        while not accepts(address):
+            if time.monotonic() > deadline:
+                raise ClusterUnreachableError(
+                    f"Cannot reach {address} after waiting {timeout_seconds:g} s. Check that the "
+                    "task runs there and the address in TF_CONFIG is right, or raise "
+                    "connect_timeout_seconds.")
+            time.sleep(0.2)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

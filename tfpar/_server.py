@@ -61,13 +61,12 @@ def serve(info, device_count=None, while_answers=None, wait_seconds=60.0):
 
 
 def _serve_while_answering(address, wait_seconds):
-    from tfpar._addresses import accepts
+    from tfpar._addresses import ClusterUnreachableError, accepts, wait_for_addresses
 
-    deadline = time.monotonic() + wait_seconds
-    while not accepts(address):
-        if time.monotonic() > deadline:
-            sys.exit(f"tfpar server: {address} did not answer within {wait_seconds:g} s; stopping.")
-        time.sleep(0.2)
+    try:
+        wait_for_addresses([address], wait_seconds)
+    except ClusterUnreachableError as error:
+        sys.exit(f"tfpar server: {error} Stopping.")
     while accepts(address, timeout=5.0):
         time.sleep(0.5)
 

@@ -1,18 +1,13 @@
 """What goes wrong between a parameter-server coordinator and its cluster: a task that does not
-answer at the start (`wait_for_addresses`), and a ps lost during training (`lost_ps_error`)."""
+answer at the start (`wait_for_addresses`, from `tfpar._addresses`), and a ps lost during training
+(`lost_ps_error`)."""
 
 import re
-import time
-from collections.abc import Sequence
 
-from tfpar._addresses import accepts
+from tfpar._addresses import ClusterUnreachableError, accepts, wait_for_addresses
 from tfpar._keras import tf
 
 __all__ = ["ClusterUnreachableError", "ParameterServerLostError", "lost_ps_error", "wait_for_addresses"]
-
-
-class ClusterUnreachableError(ConnectionError):
-    """A task of the cluster did not accept connections within the wait."""
 
 
 class ParameterServerLostError(tf.errors.UnavailableError):
@@ -25,23 +20,6 @@ class ParameterServerLostError(tf.errors.UnavailableError):
     def __init__(self, tasks: list[str], message: str, cause: BaseException) -> None:
         super().__init__(getattr(cause, "node_def", None), getattr(cause, "op", None), message)
         self.tasks = tasks
-
-
-def wait_for_addresses(addresses: Sequence[str], timeout_seconds: float) -> None:
-    """Waits until every ``host:port`` accepts a TCP connection.
-
-    Raises:
-        ClusterUnreachableError: naming the first address still closed at the deadline.
-    """
-    deadline = time.monotonic() + timeout_seconds
-    for address in addresses:
-        while not accepts(address):
-            if time.monotonic() > deadline:
-                raise ClusterUnreachableError(
-                    f"Cannot reach {address} after waiting {timeout_seconds:g} s. Check that the "
-                    "task runs there and the address in TF_CONFIG is right, or raise "
-                    "connect_timeout_seconds.")
-            time.sleep(0.2)
 
 
 _PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
