@@ -20,9 +20,7 @@ from tests.models import load_arrays
 pytestmark = pytest.mark.usefixtures("horovod_installed")
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
-KERAS = {"keras3": {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None},  # as a user starts it: nothing set
-         "tf_keras": {"TF_USE_LEGACY_KERAS": "1", "PYTHONPATH": None}}
-EXPECTED = {"keras3": "keras", "tf_keras": "tf_keras"}  # the top package of the model's class
+KERAS3 = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None}  # as a user starts it: nothing set
 
 
 def _horovodrun(env, *args, timeout=300):
@@ -30,20 +28,20 @@ def _horovodrun(env, *args, timeout=300):
                        timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("keras", KERAS)
-def test_the_synthetic_benchmark_shape_trains_on_either_keras(keras, tmp_path):
+def test_the_synthetic_benchmark_shape_trains_on_keras3(tmp_path):
     """DistributedGradientTape and broadcast_variables on a tensorflow.keras.applications model:
     the ranks draw their own weights, the broadcast after the first step makes them rank 0's, and
-    the averaged gradients keep them identical."""
+    the averaged gradients keep them identical. Keras 3 only, the Keras that failed upstream: with
+    TF_USE_LEGACY_KERAS=1 the script is on upstream Horovod's own tf_keras path (the CI budget)."""
     # MobileNet: the smallest application model to trace (45 s for this job here; MobileNetV2, the
     # script's default, 70 s); the fewest batches that still time two iterations.
-    result = _horovodrun(KERAS[keras], os.path.join(SCRIPTS, "hvd_tf2_synthetic.py"), "--model", "MobileNet",
+    result = _horovodrun(KERAS3, os.path.join(SCRIPTS, "hvd_tf2_synthetic.py"), "--model", "MobileNet",
                          "--num-warmup-batches", "1", "--num-iters", "2", "--num-batches-per-iter", "2",
                          "--out", str(tmp_path))
     assert result.returncode == 0, result.output[-4000:]
     rate = re.search(r"Total img/sec on 2 CPU\(s\): ([0-9.]+)", result.output)
     assert rate and float(rate.group(1)) > 0, result.output[-3000:]
-    assert [json.loads((tmp_path / f"rank_{r}.json").read_text())["keras"] for r in range(2)] == [EXPECTED[keras]] * 2
+    assert [json.loads((tmp_path / f"rank_{r}.json").read_text())["keras"] for r in range(2)] == ["keras"] * 2  # the model's top package
     initial = [load_arrays(tmp_path / f"initial_{r}.npz") for r in range(2)]
     assert any(not np.array_equal(a, b) for a, b in zip(*initial))
     ranks = [load_arrays(tmp_path / f"rank_{r}.npz") for r in range(2)]
@@ -60,7 +58,7 @@ def test_doctor_says_which_keras_horovod_tensorflow_scripts_get(doctor):
 
 
 def test_horovods_failing_keras3_cases_pass():
-    result = _horovodrun(KERAS["keras3"], os.path.join(SCRIPTS, "hvd_keras3_cases.py"))
+    result = _horovodrun(KERAS3, os.path.join(SCRIPTS, "hvd_keras3_cases.py"))
     assert result.returncode == 0, result.output[-4000:]
     cases = [re.search(r"CASE (\S+) (\d) (\{.*\})", line) for line in result.output.splitlines()]
     cases = [(m.group(1), int(m.group(2)), json.loads(m.group(3))) for m in cases if m]

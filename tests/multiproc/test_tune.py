@@ -7,12 +7,12 @@ from tests.conftest import run_command, tfpar_command
 
 def test_tune_picks_the_fastest_trial_and_reports_the_failed_ones(tmp_path):
     out = tmp_path / "tune.json"
-    space = {"per_replica_batch": [8, 32], "steps_per_execution": [1, 4]}
+    space = {"per_replica_batch": [8, 32], "steps_per_execution": [4]}  # and tfpar's default (32, 1), the reference
     result = run_command(tfpar_command("tune", "--space", json.dumps(space), "--steps", "8", "--json", str(out)),
                          timeout=400)
     assert result.returncode == 0, result.output[-3000:]
     report = json.loads(out.read_text())
-    assert len(report["trials"]) == 4 and all(t["status"] == "ok" for t in report["trials"])
+    assert len(report["trials"]) == 3 and all(t["status"] == "ok" for t in report["trials"])
     fastest = max(report["trials"], key=lambda t: t["examples_per_second"])
     assert report["best"] == fastest
     assert f"fastest: {fastest['config']}" in result.output
