@@ -189,3 +189,15 @@ def test_accumulation_with_a_sharded_state_under_a_loss_scale_optimizer_is_refus
                 model.compile(any_keras.optimizers.SGD(0.1), "mse")
     finally:
         tfpar.precision.use("float32")
+
+
+@pytest.mark.parametrize("device, nccl, expected", [
+    ("/device:GPU:0", True, True), ("/device:GPU:0", False, False), ("/device:CPU:0", True, False),
+    ("/job:localhost/replica:0/task:0/device:gpu:0", 1, True),
+])
+def test_horovods_reduce_scatter_is_nccls_only_on_a_gpu_with_nccl(device, nccl, expected):
+    """The decision only (no GPU here): NCCL's reduce-scatter on a GPU rank of a Horovod built with
+    NCCL; elsewhere the alltoall the multi-process tests run (tests/multiproc/test_horovod.py)."""
+    from tfpar.strategies._horovod_ops import uses_nccl_reducescatter
+
+    assert uses_nccl_reducescatter(device, nccl) is expected

@@ -5,7 +5,7 @@ ZeRO's reduce-scatter and all-gather over the ranks (gradient accumulation, shar
 from tfpar import _compat
 from tfpar._keras import tf
 
-__all__ = ["XLA_OPS_BUILT", "HorovodAllReduce", "HorovodChunks"]
+__all__ = ["XLA_OPS_BUILT", "HorovodAllReduce", "HorovodChunks", "uses_nccl_reducescatter"]
 
 # tfpar install-horovod compiles Horovod's XLA ops only for TensorFlow
 # 2.6-2.18: later wheels lack the headers they need.
@@ -105,14 +105,20 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
 
 
 class HorovodChunks:
-    """ZeRO's collectives over Horovod's ranks (`tfpar.strategies._zero`), one replica a rank:
-    ``hvd.reducescatter`` of the flat gradients (in fp16 with compression "fp16"; in bf16, which
-    Horovod's reductions do not take, as an ``hvd.alltoall`` of the bits summed in float32 by each
-    chunk's owner), and ``hvd.allgather`` of the updated chunks."""
+    """ZeRO's collectives over Horovod's ranks (`tfpar.strategies._zero`), one replica a rank.
+
+    The reduce-scatter: on GPUs with NCCL, ``hvd.reducescatter`` (untested on hardware); elsewhere
+    an ``hvd.alltoall`` that sends each chunk of the flat gradients to its owner, which sums the
+    ranks' chunks in float32. Each rank sends the same (N-1)/N of the gradients' bytes either way,
+    but Horovod 0.28's Gloo reducescatter copies its whole input and ran 3x slower than this
+    alltoall here (10.3 M parameters, 2 ranks: 108 ms against 32 ms). With compression the chunks
+    travel in fp16, or in bf16 (as its bits: Horovod takes no bf16). The updated chunks come back
+    by ``hvd.allgather``."""
 
     def __init__(self, ops, device):
         self.ops, self.devices = ops, [device]
         self.size, self.owned = ops._size, [ops._hvd.rank()]
+        self.nccl = uses_nccl_reducescatter(device, ops._hvd.nccl_built())
 
     def reduce_scatter(self, flat, c, summed):
         """This rank's flat gradients -> ``([its chunk of their sum over the ranks], [bytes sent])``;
@@ -121,13 +127,16 @@ class HorovodChunks:
         if summed or self.size == 1:
             return [flat[0][j * c:(j + 1) * c]], [0]
         args = self.ops._reduce_args(tf.distribute.ReduceOp.SUM, gradients=True)
-        if self.ops._bf16:
-            bits = hvd.alltoall(tf.bitcast(tf.cast(flat[0], tf.bfloat16), tf.int16), name="tfpar_zero_bf16_gradients")
-            parts = tf.cast(tf.bitcast(tf.reshape(bits, [self.size, c]), tf.bfloat16), tf.float32)
-            return [tf.reduce_sum(parts, 0) * args.get("prescale_factor", 1.0)], [2 * c * (self.size - 1)]
-        mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name="tfpar_zero_gradients", **args)
-        width = 2 if self.ops._compression is hvd.Compression.fp16 else 4
-        return [mine], [width * c * (self.size - 1)]
+        fp16 = self.ops._compression is hvd.Compression.fp16
+        width = 2 if fp16 or self.ops._bf16 else 4
+        if self.nccl and not self.ops._bf16:
+            mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name="tfpar_zero_gradients", **args)
+            return [mine], [width * c * (self.size - 1)]
+        sent = tf.cast(flat[0], tf.float16 if fp16 else tf.bfloat16 if self.ops._bf16 else tf.float32)
+        got = hvd.alltoall(tf.bitcast(sent, tf.int16) if self.ops._bf16 else sent, name="tfpar_zero_gradients")
+        got = tf.bitcast(got, tf.bfloat16) if self.ops._bf16 else got
+        mine = tf.reduce_sum(tf.cast(tf.reshape(got, [self.size, c]), tf.float32), 0)
+        return [mine * args.get("prescale_factor", 1.0)], [width * c * (self.size - 1)]
 
     def all_gather(self, updated):
         """This rank's updated chunk -> ``([every rank's, in rank order], [bytes sent])``."""
@@ -141,3 +150,8 @@ class HorovodChunks:
     def gather(self, pieces, name):
         """Every rank's piece (of any length, none included), in rank order."""
         return self.ops._hvd.allgather(tf.concat(pieces, 0), name=name)
+
+
+def uses_nccl_reducescatter(device: str, nccl_built: bool) -> bool:
+    """Whether ZeRO's reduce-scatter is NCCL's (a rank on a GPU of a Horovod built with NCCL)."""
+    return bool(nccl_built) and "GPU" in device.upper()
