@@ -1,16 +1,16 @@
-"""ZeRO benchmark: `DataParallel(zero_stage=1)` against unsharded, one host, 2 and 3 replicas; and
-`HorovodStrategy(zero_stage=1)` against unsharded on 2 ranks.
+"""ZeRO benchmark: `DataParallel(zero_stage=1)` against unsharded, one host, 2 and 3 replicas, and on
+2 workers; `HorovodStrategy(zero_stage=1)` against unsharded on 2 ranks.
 
     python bench/zero.py [--quick]
 
-One process with 3 virtual CPU devices, then a job of 2 ranks (horovodrun --gloo, this file with
---ranks). The model is an MLP of 4 Dense layers 1600 wide (10.3 M parameters), trained with Adam
+One process with 3 virtual CPU devices, then a job of 2 workers (tfpar launch -n 2) and one of 2
+ranks (horovodrun --gloo), each running this file with --ranks ENGINE. The model is an MLP of 4 Dense layers 1600 wide (10.3 M parameters), trained with Adam
 (float32), batch 32 per replica.
 
 Last line:
     RESULT zero opt_bytes_ratio_2=<a> opt_bytes_ratio_3=<b> wire_ratio=<w> step_ratio=<s>
-           step_ratio_workers=<s> wire_ratio_workers=<w> opt_bytes_expected_2=<c> opt_bytes_expected_3=<d>
-           largest_unsharded=<n> largest_zero_2=<n> largest_zero_3=<n>
+           step_ratio_workers=<s> wire_ratio_workers=<w> step_ratio_horovod=<s> wire_ratio_horovod=<w>
+           opt_bytes_expected_2=<c> opt_bytes_expected_3=<d> largest_unsharded=<n> largest_zero_2=<n> largest_zero_3=<n>
 
 - opt_bytes_ratio_N: the optimizer-state bytes the fullest replica holds with zero_stage=1, from
   where each slot variable lives, ÷ what a replica holds unsharded (every slot of a Mirrored
@@ -19,9 +19,10 @@ Last line:
   the tensors that cross devices) ÷ a ring all-reduce's, 2 (N-1)/N of the gradients' bytes (N = 2);
 - step_ratio: a training step with zero_stage=1 ÷ unsharded, 2 replicas, timed in turns (a b b a).
   On this CPU the devices share the cores;
-- step_ratio_workers, wire_ratio_workers: the same on 2 Horovod ranks (processes on this host;
-  hvd.reducescatter and hvd.allgather against Horovod's ring all-reduce). DataParallel's zero_stage
-  is one host only in this version: its multi-worker step is not measured;
+- step_ratio_workers, wire_ratio_workers: the same on 2 workers of `tfpar launch` (processes on this
+  host; TensorFlow's all-to-all and all-gather against MultiWorkerMirroredStrategy's all-reduce);
+- step_ratio_horovod, wire_ratio_horovod: the same on 2 Horovod ranks (hvd.alltoall and
+  hvd.allgather against Horovod's ring all-reduce);
 - largest_*: the most parameters that fit a 16 GiB replica with float32 Adam: 4 bytes of weights
   and 4 of gradients per parameter, plus the optimizer state per parameter measured above.
 """
@@ -58,16 +59,22 @@ def data(replicas, quick, seed=0):
     return rng.normal(size=(n, 256 if quick else 1600)).astype("float32"), rng.integers(0, 10, n)
 
 
-def ranks_part(quick):
-    """One rank of the Horovod job: unsharded and sharded, timed in turns; rank 0 prints ``BENCH``."""
+def ranks_part(engine, quick, stages):
+    """One worker (``launch``) or rank (``horovod``) of a 2-process job: a model for each zero stage of
+    ``stages``, timed in turns if there are two (one multi-worker DataParallel a process: its
+    collectives' keys are the strategy's own); the first prints ``BENCH``."""
     import json
+    import statistics
+    import time
 
     import tensorflow as tf
 
     from tfpar.strategies.horovod import HorovodStrategy
 
-    models = {name: compiled(HorovodStrategy(zero_stage=stage), quick) for name, stage in (("plain", 0), ("zero", 1))}
-    x, y = data(2, quick)  # each rank its half of every global batch
+    make = HorovodStrategy if engine == "horovod" else tfpar.DataParallel
+    names = {0: "plain", 1: "zero"}
+    models = {names[stage]: compiled(make(zero_stage=stage), quick) for stage in stages}
+    x, y = data(2, quick)  # each its half of every global batch
     trains = {name: tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), model.distribute_strategy, 64)
               for name, model in models.items()}
 
@@ -76,18 +83,58 @@ def ranks_part(quick):
 
     for name in models:
         epoch(name)  # builds every slot, traces the step
-    step = print_step_times(median_seconds_in_turns(["plain", "zero"], 1 if quick else 2, epoch),
-                            trains["plain"].steps_per_epoch)
-    params = models["plain"].count_params()
-    wire = models["zero"]._tfpar_zero.sent_bytes[0] / (2 * (2 - 1) / 2 * 4 * params)
-    if models["plain"].distribute_strategy.rank == 0:
-        print("BENCH " + json.dumps({"step_ratio": step["zero"] / step["plain"], "wire_ratio": wire}), flush=True)
+    steps = next(iter(trains.values())).steps_per_epoch
+    if len(models) == 2:
+        step = print_step_times(median_seconds_in_turns(list(models), 1 if quick else 2, epoch), steps)
+    else:
+        (name,) = models
+        times = []
+        for _ in range(3 if quick else 5):
+            start = time.perf_counter()
+            epoch(name)
+            times.append(time.perf_counter() - start)
+        step = {name: statistics.median(times) / steps}
+    report = {f"step_{name}": seconds for name, seconds in step.items()}
+    if "zero" in models:
+        params = models["zero"].count_params()
+        report["wire_ratio"] = models["zero"]._tfpar_zero.sent_bytes[0] / (2 * (2 - 1) / 2 * 4 * params)
+    first = tfpar.ClusterInfo.from_tf_config().worker_index == 0 if engine == "launch" else \
+        models["zero"].distribute_strategy.rank == 0
+    if first:
+        print("BENCH " + json.dumps(report), flush=True)
+
+
+def processes_part(quick):
+    """``{engine: {"step_ratio", "wire_ratio"}}`` on 2 workers of `tfpar launch` (a job for each stage,
+    in turns: plain, zero, zero, plain) and 2 Horovod ranks (one job, the two models in turns)."""
+    import statistics
+
+    def job(command, engine, stages):
+        run = subprocess.run(command + [sys.executable, __file__, "--ranks", engine, stages]
+                             + (["--quick"] if quick else []), capture_output=True, text=True, timeout=1200)
+        if run.returncode:
+            raise RuntimeError(f"the {engine} job failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
+        return parse_bench_line(run.stdout)
+
+    launch = ["tfpar", "launch", "-n", "2", "--"]
+    runs = [job(launch, "launch", stage) for stage in ("0", "1", "1", "0")]
+    step = {name: statistics.median(r[f"step_{name}"] for r in runs if f"step_{name}" in r) for name in ("plain", "zero")}
+    horovod = job(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"], "horovod", "0,1")
+    results = {"workers": {"step_ratio": step["zero"] / step["plain"], "wire_ratio": runs[1]["wire_ratio"]},
+               "horovod": {"step_ratio": horovod["step_zero"] / horovod["step_plain"], "wire_ratio": horovod["wire_ratio"]}}
+    for name, result in results.items():
+        print(f"2 {'Horovod ranks' if name == 'horovod' else 'workers (tfpar launch)'}: the sharded step takes "
+              f"{result['step_ratio']:.3f}x the unsharded one; each sends {result['wire_ratio']:.4f}x a ring "
+              "all-reduce's bytes", flush=True)
+    return results
 
 
 def main():
     if "--ranks" in sys.argv:
-        sys.argv.remove("--ranks")
-        return ranks_part(quick_options(__doc__).quick)
+        at = sys.argv.index("--ranks")
+        engine, stages = sys.argv[at + 1:at + 3]
+        del sys.argv[at:at + 3]
+        return ranks_part(engine, quick_options(__doc__).quick, [int(stage) for stage in stages.split(",")])
     opts = quick_options(__doc__)
     tfpar.configure_devices(3)
     steps = 3 if opts.quick else 6
@@ -117,19 +164,14 @@ def main():
     timed = median_seconds_in_turns(["plain", "zero"], 1 if opts.quick else 2,
                                     lambda name: models[name].fit(x2, y2, batch_size=64, epochs=1, verbose=0))
     step = print_step_times(timed, steps)
-    job = subprocess.run(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__, "--ranks"]
-                         + (["--quick"] if opts.quick else []), capture_output=True, text=True, timeout=1200)
-    if job.returncode:
-        raise RuntimeError(f"the Horovod job failed:\n{job.stdout[-3000:]}{job.stderr[-3000:]}")
-    ranks = parse_bench_line(job.stdout)
-    print(f"2 Horovod ranks: the sharded step takes {ranks['step_ratio']:.3f}x the unsharded one; a rank sends "
-          f"{ranks['wire_ratio']:.4f}x a ring all-reduce's bytes", flush=True)
+    ranks = processes_part(opts.quick)
     largest = {"unsharded": BUDGET / 16, **{f"zero_{n}": BUDGET / per_parameter[n] for n in (2, 3)}}
     print("largest model for a 16 GiB replica (Adam, float32): " + ", ".join(
         f"{name}: {count / 1e9:.2f}B parameters" for name, count in largest.items()), flush=True)
     print(f"RESULT zero opt_bytes_ratio_2={ratios[2]:.4f} opt_bytes_ratio_3={ratios[3]:.4f} wire_ratio={wire:.4f} "
-          f"step_ratio={step['zero'] / step['plain']:.3f} step_ratio_workers={ranks['step_ratio']:.3f} "
-          f"wire_ratio_workers={ranks['wire_ratio']:.4f} opt_bytes_expected_2={expected[2]:.4f} "
+          f"step_ratio={step['zero'] / step['plain']:.3f} " + "".join(
+              f"step_ratio_{name}={ranks[name]['step_ratio']:.3f} wire_ratio_{name}={ranks[name]['wire_ratio']:.4f} "
+              for name in ranks) + f"opt_bytes_expected_2={expected[2]:.4f} "
           f"opt_bytes_expected_3={expected[3]:.4f} " + " ".join(f"largest_{name}={count:.3g}"
                                                                  for name, count in largest.items()), flush=True)
 

@@ -27,7 +27,7 @@ __all__ = [
     "PerReplica", "ResourceVariable", "Trackable", "mirrored", "current_learning_rate", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
-    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "keras_layer_of", "layer_nodes_in",
+    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "collective_all_to_all", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
@@ -292,6 +292,14 @@ def collective_all_gather(t, **keys):
     from tensorflow.python.ops import collective_ops
 
     return collective_ops.all_gather_v2(t, **keys)
+
+
+def collective_all_to_all(t, **keys):
+    """TensorFlow's collective all-to-all among the group's members: ``t``'s first axis, of the
+    group's size, is split, and member j receives every member's row j, in member order."""
+    from tensorflow.python.ops import collective_ops
+
+    return collective_ops.all_to_all_v2(t, **keys)
 
 
 def random_generator_type(layer):

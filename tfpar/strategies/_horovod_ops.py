@@ -147,8 +147,8 @@ class HorovodChunks:
         """The sum over the ranks of this rank's values."""
         return self.ops._hvd.allreduce(tf.add_n(values), op=self.ops._hvd.Sum, name="tfpar_zero_norm")
 
-    def gather(self, pieces, name):
-        """Every rank's piece (of any length, none included), in rank order."""
+    def gather(self, pieces, lengths, name):
+        """Every rank's piece (``lengths[j]`` elements for rank j, none included), in rank order."""
         return self.ops._hvd.allgather(tf.concat(pieces, 0), name=name)
 
 

@@ -1,5 +1,5 @@
-"""Sharded optimizer states (ZeRO, Rajbhandari et al., SC'20) for `DataParallel` on one host and
-`HorovodStrategy` across ranks.
+"""Sharded optimizer states (ZeRO, Rajbhandari et al., SC'20) for `DataParallel` (one host or
+several workers) and `HorovodStrategy`.
 
 With ``zero_stage=1`` (or 2) each of the N replicas owns one N-th of the model's parameters, as one
 flat vector cut into N equal chunks (balanced by bytes, whatever the variables' sizes), keeps the
@@ -10,10 +10,9 @@ optimizer slots of its chunk only, and updates only its chunk:
 2. replica j applies the optimizer's update to its chunk, with its own slots;
 3. the updated chunks are all-gathered into every replica's copy of the weights.
 
-Steps 1 and 3 move the bytes of one all-reduce, each engine its own way (`OneHostChunks`: this
-process's devices; `tfpar.strategies._horovod_ops.HorovodChunks`: Horovod's reducescatter and
-allgather). The update is the optimizer's own rule, written here once for both Kerases (`RULES`:
-SGD with momentum or Nesterov, Adam with AMSGrad, AdamW), with its learning rate (and schedule),
+Steps 1 and 3 move the bytes of one all-reduce, each engine its own way
+(`tfpar.strategies._zero_comms`: one host's devices, TensorFlow's workers, Horovod's ranks). The
+update is the optimizer's own rule, written here once for both Kerases (`RULES`: SGD with momentum or Nesterov, Adam with AMSGrad, AdamW), with its learning rate (and schedule),
 weight decay and exclusions, and clipping by value or by the global norm over all chunks. An
 optimizer with another rule is refused with the reason. A LossScaleOptimizer wraps the sharded
 update (its overflow check agreed over the replicas), and checkpoints hold the whole state in the
@@ -25,10 +24,10 @@ import math
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int
 from tfpar._keras import is_keras3, tf
-from tfpar.strategies._horovod_ops import HorovodChunks
+from tfpar.strategies._zero_comms import chunks_for
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
 
-__all__ = ["RULES", "ZERO_STAGES", "OneHostChunks", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state",
+__all__ = ["RULES", "ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state",
            "sharding_refusal"]
 
 ZERO_STAGES = (0, 1, 2)
@@ -62,48 +61,6 @@ def sharding_refusal(optimizer) -> str | None:
     return None
 
 
-class OneHostChunks:
-    """ZeRO's collectives when the replicas are this process's devices (`DataParallel` on one host):
-    chunk j of the sum is made on device j from the others' chunk j (cast to the wire's dtype where
-    it is sent from, summed in float32), and each device concatenates the updated chunks."""
-
-    def __init__(self, devices, compression="none"):
-        self.devices = list(devices)
-        self.size, self.owned = len(self.devices), list(range(len(self.devices)))
-        self.wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(compression)
-
-    def reduce_scatter(self, flat, c, summed):
-        """Each device's flat gradients -> ``(chunk j of their sum on device j, bytes each sent)``; an
-        already summed ``flat`` is only cut."""
-        chunks, sent = [], [0] * self.size
-        for j, device in enumerate(self.devices):
-            parts = []
-            for k in range(self.size) if not summed else [j]:
-                with tf.device(self.devices[k]):
-                    part = flat[k][j * c:(j + 1) * c]
-                    parts.append(tf.cast(part, self.wire) if self.wire is not None and k != j else part)
-                sent[k] += 0 if k == j else parts[-1].dtype.size * parts[-1].shape.num_elements()
-            with tf.device(device):
-                chunks.append(tf.add_n([tf.cast(part, tf.float32) for part in parts]))
-        return chunks, sent
-
-    def all_gather(self, updated):
-        """The updated chunks -> ``(every chunk, in order, on each device; bytes each sent)``."""
-        wholes = []
-        for device in self.devices:
-            with tf.device(device):
-                wholes.append(tf.concat(updated, 0))
-        return wholes, [4 * u.shape.num_elements() * (self.size - 1) for u in updated]
-
-    def total(self, values):
-        """The sum of one value per replica."""
-        return tf.add_n(values)
-
-    def gather(self, pieces, name):
-        """Every replica's piece, in replica order."""
-        return tf.concat(pieces, 0)
-
-
 class ShardedOptimizer:
     """The sharded update of one compiled model's optimizer over its strategy's replicas."""
 
@@ -115,9 +72,7 @@ class ShardedOptimizer:
             if tf.as_dtype(v.dtype) != tf.float32:
                 raise TypeError(f"zero_stage={stage} shards float32 variables; {v.name} is {tf.as_dtype(v.dtype).name}. "
                                 "Keep the variables float32 (a mixed policy does), or use zero_stage=0.")
-        ops = getattr(strategy.extended, "_horovod_ops", None)
-        self.comm = HorovodChunks(ops, strategy.extended.worker_devices[0]) if ops is not None else \
-            OneHostChunks(strategy.extended.worker_devices, getattr(strategy.config, "compression", "none"))
+        self.comm = chunks_for(strategy)
         self.devices, n = self.comm.devices, self.comm.size  # this process's replicas; all of them
         self.sizes = [int(v.shape.num_elements()) for v in self.variables]
         self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
@@ -281,8 +236,11 @@ class ShardedOptimizer:
     def whole_slot(self, name, i):
         """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
         replica's chunks: a collective under Horovod, which every rank runs)."""
-        parts = [self.slots[k][name][mine] for k, mine, _ in self._pieces(i)] or [tf.zeros([0])]
-        whole = self.comm.gather(parts, f"tfpar_zero_checkpoint_{name}_{i}")
+        mine = {k: self.slots[k][name][part] for k, part, _ in self._pieces(i)}
+        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
+        lengths = [max(0, min(end, (j + 1) * c) - max(start, j * c)) for j in range(self.comm.size)]
+        parts = [mine.get(k, tf.zeros([0])) for k in range(len(self.devices))]
+        whole = self.comm.gather(parts, lengths, f"tfpar_zero_checkpoint_{name}_{i}")
         return tf.reshape(whole, self.variables[i].shape)
 
     def set_whole_slot(self, name, i, value):

@@ -67,7 +67,7 @@ class DataParallelConfig:
     """ZeRO (DeepSpeed's stages; PyTorch's ZeroRedundancyOptimizer): 1 shards the optimizer state over
     the replicas (each keeps and updates 1/N of it; the gradients reduce-scattered, the weights
     all-gathered: the bytes of one all-reduce), 2 also the reduced gradients; 0 (default) none.
-    One host, SGD/Adam/AdamW (`tfpar.strategies._zero`; across ranks: `HorovodStrategy`'s)."""
+    One host or several workers, SGD/Adam/AdamW (`tfpar.strategies._zero`)."""
 
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
@@ -107,11 +107,6 @@ def _build_config(config, kwargs):
     if config.cluster is not None:
         refuse_evaluator(config.cluster, "DataParallel")
     if config.multi_worker:
-        if config.zero_stage:
-            raise ValueError(
-                f"zero_stage={config.zero_stage} shards the optimizer state over one host's replicas; this cluster has "
-                f"{config.cluster.num_workers} workers. Received: zero_stage={config.zero_stage} with "
-                f"{config.cluster.num_workers} workers. Use zero_stage=0 across workers.")
         if ALL_REDUCES[config.all_reduce].multi_worker is None:
             raise ValueError(
                 f"all_reduce={config.all_reduce!r} works on one host only; this "

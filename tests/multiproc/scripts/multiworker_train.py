@@ -2,8 +2,11 @@
 once per case, under one strategy (one TensorFlow start and one collective for every case).
 
 Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS CASE[,CASE ...] [OPTION=VALUE ...]
-A CASE is ``NAME:EXAMPLES:KERAS`` (KERAS 2: tf_keras, 3: Keras 3); the options are DataParallel's
-(e.g. all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2). Each case writes to
+A CASE is ``NAME:EXAMPLES:KERAS[:OPTIMIZER]`` (KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of
+tests.models.ZERO_OPTIMIZERS, else SGD with momentum); the options are DataParallel's (e.g.
+all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1). With zero_stage,
+each worker also writes the weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras
+3's .weights.h5). Each case writes to
 OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation, and those the
 worker drew alone), worker_<i>.npz (the trained weights) and scored_<i>.npz (evaluate's loss on the
 padded input, predict's output on every example).
@@ -24,11 +27,11 @@ strategy = tfpar.DataParallel(timeout_seconds=120, **options)
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import compile_for_equivalence, equivalence_data, equivalence_model  # noqa: E402
+from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, zero_optimizer  # noqa: E402
 
 index = tfpar.ClusterInfo.from_tf_config().worker_index
 seed = 1 if index == 0 else 100 + index  # only the strategy's broadcast can make the workers start alike
-for name, examples, keras_version in cases:
+for name, examples, keras_version, *optimizer in cases:
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
@@ -37,12 +40,16 @@ for name, examples, keras_version in cases:
     with strategy.scope():
         model = equivalence_model(seed, k)
         compile_for_equivalence(model, k)
+        if optimizer:
+            model.compile(zero_optimizer(k, optimizer[0]), model.loss)
     np.savez(os.path.join(folder, f"start_{index}.npz"), *model.get_weights())
     np.savez(os.path.join(folder, f"local_start_{index}.npz"), *local_start)
     print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
     model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
     np.savez(os.path.join(folder, f"worker_{index}.npz"), *model.get_weights())
+    if options.get("zero_stage"):
+        model.save_weights(os.path.join(folder, f"ckpt_{index}" + (".weights.h5" if keras_version == "3" else "")))
     scores = model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0, return_dict=True)
     np.savez(os.path.join(folder, f"scored_{index}.npz"), loss=scores["loss"],
              predictions=model.predict(x, batch_size=global_batch, verbose=0))
