@@ -106,7 +106,8 @@ def ranks_part(engine, quick, stages):
 
 def processes_part(quick):
     """``{engine: {"step_ratio", "wire_ratio"}}`` on 2 workers of `tfpar launch` (a job for each stage,
-    in turns: plain, zero, zero, plain) and 2 Horovod ranks (one job, the two models in turns)."""
+    in turns: plain, zero, zero, plain, twice; the median of each stage's jobs) and 2 Horovod ranks
+    (one job, the two models in turns)."""
     import statistics
 
     def job(command, engine, stages):
@@ -117,7 +118,7 @@ def processes_part(quick):
         return parse_bench_line(run.stdout)
 
     launch = ["tfpar", "launch", "-n", "2", "--"]
-    runs = [job(launch, "launch", stage) for stage in ("0", "1", "1", "0")]
+    runs = [job(launch, "launch", stage) for stage in ("0", "1", "1", "0") * (1 if quick else 2)]
     step = {name: statistics.median(r[f"step_{name}"] for r in runs if f"step_{name}" in r) for name in ("plain", "zero")}
     horovod = job(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"], "horovod", "0,1")
     results = {"workers": {"step_ratio": step["zero"] / step["plain"], "wire_ratio": runs[1]["wire_ratio"]},
