@@ -65,7 +65,7 @@ one runs too, as the reference of the speed-up."""
 _UNSET = {"bytes_per_pack": 0, "horovod_autotune": False, "tensor_degree": 1, "zero_stage": 0}  # values that are the strategy's own default
 _ONLY = {"horovod_autotune": "horovod", "bytes_per_pack": "data_parallel", "num_packs": "data_parallel",
          "microbatches": "data_parallel", "schedule": "data_parallel",
-         "virtual_stages": "data_parallel", "tensor_degree": "data_parallel", "zero_stage": "data_parallel"}  # axis -> the one strategy it applies to (a pipeline's: none)
+         "virtual_stages": "data_parallel", "tensor_degree": "data_parallel"}  # axis -> the one strategy it applies to (a pipeline's: none)
 
 
 def workers_space() -> dict[str, list]:
@@ -240,13 +240,13 @@ def tune(model_fn: str, data_fn: str, space: dict, *, loss: str = "sparse_catego
     check_int("steps", steps, 1)
     check_int("devices", devices, 1)
     check_int("workers", workers, 1)
-    one_host = ("num_packs", "microbatches", "tensor_degree", "zero_stage")
+    one_host = ("num_packs", "microbatches", "tensor_degree")
     if workers > 1 and any(space.get(axis, [None]) != [None] for axis in one_host):
         raise ValueError(
-            "num_packs, microbatches, tensor_degree and zero_stage tune one host's devices (the hierarchical all-reduce, "
-            f"the pipeline, tensor parallelism, ZeRO); with workers={workers} each worker is one replica. Received: "
+            "num_packs, microbatches and tensor_degree tune one host's devices (the hierarchical all-reduce, "
+            f"the pipeline, tensor parallelism); with workers={workers} each worker is one replica. Received: "
             f"workers={workers} with {sorted(a for a in one_host if a in space)}. Tune bytes_per_pack, "
-            "compression and strategy across workers, or those axes with workers=1.")
+            "compression, zero_stage and strategy across workers, or those axes with workers=1.")
     for name, ref in (("model_fn", model_fn), ("data_fn", data_fn)):
         if not isinstance(ref, str) or ref.count(":") != 1:
             raise ValueError(f"{name} must be 'module:function'. Received: {ref!r}.")
@@ -320,7 +320,7 @@ def trial_spec(config, devices=None, split_devices=True):
         compression=(config.get("compression") or "none") if kind in ("data_parallel", "horovod") else "none",
         num_packs=config.get("num_packs"), bytes_per_pack=config.get("bytes_per_pack"),
         microbatches=config.get("microbatches") or 8, schedule=config.get("schedule") or "1f1b",
-        virtual_stages=config.get("virtual_stages"), zero_stage=(config.get("zero_stage") or 0) if kind == "data_parallel" else 0)
+        virtual_stages=config.get("virtual_stages"), zero_stage=(config.get("zero_stage") or 0) if kind in ("data_parallel", "horovod") else 0)
 
 
 def _trial(spec):

@@ -116,16 +116,20 @@ def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
     assert trial_spec(_trial_configs({"tensor_degree": [1], "per_replica_batch": [8]})[0]).kind == "data_parallel"
 
 
-def test_the_zero_stage_shards_data_parallel_trials_compressed_or_not():
+def test_the_zero_stage_shards_data_parallel_and_horovod_trials_compressed_or_not():
     from tfpar.tune import _trial_configs, trial_spec
 
     configs = _trial_configs({"zero_stage": [0, 1], "compression": ["none", "bf16"], "strategy": ["data_parallel", "horovod"]})
     sharded = [c for c in configs if c.get("zero_stage")]
-    assert sorted(c["compression"] for c in sharded) == ["bf16", "none"]
-    assert {c["strategy"] for c in sharded} == {"data_parallel"}  # not Horovod's (yet)
-    spec = trial_spec(next(c for c in sharded if c["compression"] == "none"))
+    assert sorted((c["strategy"], c["compression"]) for c in sharded) == [
+        ("data_parallel", "bf16"), ("data_parallel", "none"), ("horovod", "bf16"), ("horovod", "none")]
+    spec = trial_spec(next(c for c in sharded if c["compression"] == "none" and c["strategy"] == "data_parallel"))
     assert spec.code() == "tfpar.DataParallel(zero_stage=1)" and spec.demo_flags()[-2:] == ["--zero-stage", "1"]
-    with pytest.raises(ValueError, match=r"Received: workers=2 with \['zero_stage'\]"):
+    spec = trial_spec(next(c for c in sharded if c["compression"] == "bf16" and c["strategy"] == "horovod"))
+    assert spec.code() == "tfpar.strategies.HorovodStrategy(compression='bf16', zero_stage=1)"
+    assert spec.demo_flags()[-2:] == ["--zero-stage", "1"]
+    with pytest.raises(ValueError, match=r"Received: workers=2 with \['tensor_degree'\]. Tune bytes_per_pack, "
+                                         r"compression, zero_stage and strategy across workers"):
         from tfpar.tune import tune
 
-        tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"zero_stage": [0, 1]}, workers=2)
+        tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"tensor_degree": [1, 2]}, workers=2)

@@ -8,7 +8,7 @@ all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1).
 each worker also writes the weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras
 3's .weights.h5). Each case writes to
 OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation, and those the
-worker drew alone), worker_<i>.npz (the trained weights) and scored_<i>.npz (evaluate's loss on the
+worker drew alone), worker_<i>.npz (the trained weights) and, without OPTIMIZER, scored_<i>.npz (evaluate's loss on the
 padded input, predict's output on every example).
 """
 
@@ -50,6 +50,8 @@ for name, examples, keras_version, *optimizer in cases:
     np.savez(os.path.join(folder, f"worker_{index}.npz"), *model.get_weights())
     if options.get("zero_stage"):
         model.save_weights(os.path.join(folder, f"ckpt_{index}" + (".weights.h5" if keras_version == "3" else "")))
+    if optimizer:  # the sharded cases: evaluate and predict are the default job's
+        continue
     scores = model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0, return_dict=True)
     np.savez(os.path.join(folder, f"scored_{index}.npz"), loss=scores["loss"],
              predictions=model.predict(x, batch_size=global_batch, verbose=0))
