@@ -43,9 +43,11 @@ def _epochs(out):
 
 
 def test_a_killed_ray_worker_restarts_the_group_which_resumes_from_the_last_checkpoint(tmp_path):
-    """Two Ray workers train as one job on 127.0.0.1 and report checkpoints; one is killed in epoch 3
-    and Ray restarts the group from the last one. (The README's Ray block runs the job undisturbed.)"""
-    result, report = _ray(tmp_path, "--kill-worker")
+    """Two Ray workers train as one job on 127.0.0.1, their optimizer state sharded over them
+    (zero_stage=1), and report checkpoints; one is killed in epoch 3 and Ray restarts the group from
+    the last one. Each checkpoint holds the whole optimizer state: the last one loads into a plain
+    model and optimizer on one device. (The README's Ray block runs an unsharded job undisturbed.)"""
+    result, report = _ray(tmp_path, "--kill-worker", "--zero")
     assert result.returncode == 0 and report, result.output[-4000:]
     assert "127.0.0.1:" in result.output and "cluster_spec = {'worker': ['127.0.0.1:" in result.output
     assert (tmp_path / "killed").exists()
@@ -60,8 +62,25 @@ def test_a_killed_ray_worker_restarts_the_group_which_resumes_from_the_last_chec
     assert report["metrics"]["epoch"] == 4 and report["metrics"]["loss"] > 0 and "examples_per_second" in report["metrics"]
     with open(os.path.join(report["checkpoint"], "epoch.json")) as f:
         assert json.load(f) == {"epoch": 4}
-    for a, b in zip(*[load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]):
+    workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
+    for a, b in zip(*workers):
         np.testing.assert_array_equal(a, b)  # one model, trained together
+    assert "zero:       stage 1" in result.output
+    import tensorflow as tf
+
+    import tfpar
+
+    keras = tfpar.keras
+    plain = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+    plain.compile(keras.optimizers.SGD(0.02, momentum=0.9), "mse")
+    plain.optimizer.build(plain.trainable_variables)
+    tf.train.Checkpoint(model=plain, optimizer=plain.optimizer).read(
+        os.path.join(report["checkpoint"], "state")).assert_existing_objects_matched()
+    for a, b in zip(plain.get_weights(), workers[0]):
+        np.testing.assert_array_equal(a, b)  # the checkpoint of the last epoch
+    momenta = [np.asarray(v) for v in plain.optimizer.variables if v.name.startswith("m/")]
+    assert [m.shape for m in momenta] == [v.shape for v in plain.trainable_variables]
+    assert all(np.abs(m).max() > 0 for m in momenta)  # every variable's whole momentum, from both workers' halves
     print(f"Ray start-up {report['ray_start_seconds']:.1f} s, whole job {report['total_seconds']:.1f} s")
 
 

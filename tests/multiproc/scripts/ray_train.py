@@ -1,7 +1,8 @@
 """tfpar inside Ray Train on a local Ray cluster (127.0.0.1): TensorflowTrainer with 2 workers.
 
-Usage: ray_train.py OUT_DIR [--kill-worker] [--cpus N]
-Each worker trains 4 epochs under DataParallel with tfpar.data and tfpar's callbacks, reports a
+Usage: ray_train.py OUT_DIR [--kill-worker] [--zero] [--cpus N]
+Each worker trains 4 epochs under DataParallel (with --zero, its optimizer state sharded over the
+workers: zero_stage=1) with tfpar.data and tfpar's callbacks, reports a
 checkpoint to Ray at every epoch (tfpar.integrations.ray) and writes worker_<rank>.npz. With
 --kill-worker, worker 1 SIGKILLs itself in epoch 3 of the first run; FailureConfig(max_failures=1)
 restarts the group, which resumes from the last checkpoint. Prints "RESULT {json}".
@@ -30,7 +31,7 @@ def train_loop(config):
 
     import tfpar
 
-    strategy = tfpar.DataParallel(timeout_seconds=60)  # TF_CONFIG from Ray
+    strategy = tfpar.DataParallel(timeout_seconds=60, zero_stage=config["zero"])  # TF_CONFIG from Ray
     import tensorflow as tf
 
     keras = tfpar.keras
@@ -43,6 +44,8 @@ def train_loop(config):
         model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(16, activation="tanh"),
                                   keras.layers.Dense(1)])
         model.compile(keras.optimizers.SGD(0.02, momentum=0.9), "mse")
+    if rank == 0:
+        print(strategy.describe(global_batch_size=32, model=model), flush=True)
     start = tfpar_ray.restore(model)
     print(f"worker {rank} starts at epoch {start + 1}", flush=True)
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32)
@@ -74,7 +77,7 @@ except ValueError as error:
     ray.shutdown()
     sys.exit(3)
 trainer = TensorflowTrainer(
-    train_loop, train_loop_config={"out": out, "kill": "--kill-worker" in sys.argv}, scaling_config=scaling,
+    train_loop, train_loop_config={"out": out, "kill": "--kill-worker" in sys.argv, "zero": int("--zero" in sys.argv)}, scaling_config=scaling,
     run_config=RunConfig(storage_path=os.path.join(out, "ray"), name="tfpar",
                          failure_config=FailureConfig(max_failures=1),
                          checkpoint_config=CheckpointConfig(num_to_keep=2)))
