@@ -17,7 +17,9 @@ Last line:
   variable on every device); opt_bytes_expected_N: 1/N of it plus the padding of the last chunk;
 - wire_ratio: the bytes a replica sends per step (reduce-scatter and all-gather, from the shapes of
   the tensors that cross devices) ÷ a ring all-reduce's, 2 (N-1)/N of the gradients' bytes (N = 2);
-- step_ratio: a training step with zero_stage=1 ÷ unsharded, 2 replicas, timed in turns (a b b a).
+- step_ratio: a training step with zero_stage=1 ÷ unsharded, 2 replicas, timed in turns (a b b a,
+  4 rounds), each the fastest of its epochs (as timeit advises: other processes only add time; this
+  shared machine moved the median by up to 40 % between runs).
   On this CPU the devices share the cores;
 - step_ratio_workers, wire_ratio_workers: the same on 2 workers of `tfpar launch` (processes on this
   host; TensorFlow's all-to-all and all-gather against MultiWorkerMirroredStrategy's all-reduce);
@@ -64,7 +66,6 @@ def ranks_part(engine, quick, stages):
     ``stages``, timed in turns if there are two (one multi-worker DataParallel a process: its
     collectives' keys are the strategy's own); the first prints ``BENCH``."""
     import json
-    import statistics
     import time
 
     import tensorflow as tf
@@ -85,15 +86,15 @@ def ranks_part(engine, quick, stages):
         epoch(name)  # builds every slot, traces the step
     steps = next(iter(trains.values())).steps_per_epoch
     if len(models) == 2:
-        step = print_step_times(median_seconds_in_turns(list(models), 1 if quick else 2, epoch), steps)
+        step = print_step_times(median_seconds_in_turns(list(models), 1 if quick else 4, epoch, min), steps)
     else:
         (name,) = models
         times = []
-        for _ in range(3 if quick else 5):
+        for _ in range(3 if quick else 8):
             start = time.perf_counter()
             epoch(name)
             times.append(time.perf_counter() - start)
-        step = {name: statistics.median(times) / steps}
+        step = {name: min(times) / steps}
     report = {f"step_{name}": seconds for name, seconds in step.items()}
     if "zero" in models:
         params = models["zero"].count_params()
@@ -106,10 +107,8 @@ def ranks_part(engine, quick, stages):
 
 def processes_part(quick):
     """``{engine: {"step_ratio", "wire_ratio"}}`` on 2 workers of `tfpar launch` (a job for each stage,
-    in turns: plain, zero, zero, plain, twice; the median of each stage's jobs) and 2 Horovod ranks
-    (one job, the two models in turns)."""
-    import statistics
-
+    in turns: plain, zero, zero, plain, twice; the fastest epoch of each stage's jobs) and 2 Horovod
+    ranks (one job, the two models in turns)."""
     def job(command, engine, stages):
         run = subprocess.run(command + [sys.executable, __file__, "--ranks", engine, stages]
                              + (["--quick"] if quick else []), capture_output=True, text=True, timeout=1200)
@@ -119,7 +118,7 @@ def processes_part(quick):
 
     launch = ["tfpar", "launch", "-n", "2", "--"]
     runs = [job(launch, "launch", stage) for stage in ("0", "1", "1", "0") * (1 if quick else 2)]
-    step = {name: statistics.median(r[f"step_{name}"] for r in runs if f"step_{name}" in r) for name in ("plain", "zero")}
+    step = {name: min(r[f"step_{name}"] for r in runs if f"step_{name}" in r) for name in ("plain", "zero")}
     horovod = job(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"], "horovod", "0,1")
     results = {"workers": {"step_ratio": step["zero"] / step["plain"], "wire_ratio": runs[1]["wire_ratio"]},
                "horovod": {"step_ratio": horovod["step_zero"] / horovod["step_plain"], "wire_ratio": horovod["wire_ratio"]}}
@@ -162,8 +161,8 @@ def main():
         if n == 2:
             wire = max(zero.sent_bytes) / (2 * (n - 1) / n * 4 * params)
             models, (x2, y2) = {"plain": plain, "zero": sharded}, (x, y)
-    timed = median_seconds_in_turns(["plain", "zero"], 1 if opts.quick else 2,
-                                    lambda name: models[name].fit(x2, y2, batch_size=64, epochs=1, verbose=0))
+    timed = median_seconds_in_turns(["plain", "zero"], 1 if opts.quick else 4,
+                                    lambda name: models[name].fit(x2, y2, batch_size=64, epochs=1, verbose=0), min)
     step = print_step_times(timed, steps)
     ranks = processes_part(opts.quick)
     largest = {"unsharded": BUDGET / 16, **{f"zero_{n}": BUDGET / per_parameter[n] for n in (2, 3)}}
