@@ -111,10 +111,11 @@ def _loss_scale(optimizer):
     return float(np.asarray(optimizer.dynamic_scale)) if optimizer.built else float(optimizer.initial_scale)
 
 
-def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=0, optimizer=None):
-    """Two steps of the overflow model under ``strategy`` with mixed_float16: the first has an inf
-    gradient on replica ``replica`` (of the first worker). Returns what each replica sees after each step.
-    ``optimizer(k)`` makes the optimizer (default SGD at 0.1)."""
+def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=0, optimizer=None, after=1):
+    """Steps of the overflow model under ``strategy`` with mixed_float16: the first has an inf
+    gradient on replica ``replica`` (of the first worker), ``after`` finite ones follow. Returns what
+    each replica sees after the first step and after the others. ``optimizer(k)`` makes the
+    optimizer (default SGD at 0.1)."""
     import tensorflow as tf
 
     import tfpar
@@ -139,7 +140,7 @@ def overflow_step(strategy, global_batch=8, first_worker=True, k=keras, replica=
             all(np.array_equal(v.values[0].numpy(), r.numpy()) for r in v.values)
             for v in model.trainable_variables if hasattr(v, "values"))
         trigger.assign(False)
-        model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)
+        model.fit(dataset, steps_per_epoch=after, epochs=1, verbose=0)
         report["loss_scale"].append(_loss_scale(model.optimizer))
         report["updated"] = not all(np.array_equal(a, b) for a, b in zip(after_skip, model.get_weights()))
         report["optimizer"] = type(model.optimizer).__name__

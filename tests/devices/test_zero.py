@@ -172,17 +172,20 @@ def test_accumulation_with_a_sharded_state_trains_like_unsharded_accumulation(an
     assert max(float(np.abs(a - b).max()) for a, b in zip(*ends)) < 1e-6
 
 
-def test_accumulation_with_a_sharded_state_under_a_loss_scale_optimizer_is_refused(any_keras):
-    tfpar.precision.use("mixed_float16")
-    try:
-        with tfpar.DataParallel(zero_stage=1, gradient_accumulation_steps=2).scope():
-            model = any_keras.Sequential([any_keras.Input((3,)), any_keras.layers.Dense(2)])
-            with pytest.raises(ValueError, match=r"zero_stage=1 with gradient accumulation does not yet take a loss-scale "
-                                                 r"optimizer \(mixed precision\). Received: LossScaleOptimizer\w* around "
-                                                 r"SGD. Use zero_stage=0 with it"):
-                model.compile(any_keras.optimizers.SGD(0.1), "mse")
-    finally:
-        tfpar.precision.use("float32")
+@pytest.mark.parametrize("stage", [1, 2])
+def test_accumulation_with_a_sharded_state_under_mixed_float16_handles_an_overflow_as_unsharded(any_keras, stage):
+    """gradient_accumulation_steps=2 under mixed_float16 (Adam): an inf gradient on replica 1, then 5
+    finite steps. tf_keras' loss-scale optimizer checks the accumulated sum at the window's end (the
+    strategy accumulates, the sharded update applies at its boundary); Keras 3's checks each step
+    and skips it before it is accumulated. Either way the sharded run skips, rescales and updates
+    as the unsharded one does, to 1e-6."""
+    adam = lambda k: k.optimizers.Adam(0.01)  # noqa: E731
+    runs = [overflow_step(tfpar.DataParallel(zero_stage=zero, gradient_accumulation_steps=2), k=any_keras,
+                          replica=1, optimizer=adam, after=5) for zero in (0, stage)]
+    assert runs[1]["sharded"] and not runs[0]["sharded"] and runs[1]["updated"]
+    assert runs[1]["loss_scale"] == runs[0]["loss_scale"] and runs[1]["loss_scale"][-1] == 16384.0
+    numeric = [(a, b) for a, b in zip(runs[0]["weights"], runs[1]["weights"]) if np.asarray(a).dtype != bool]
+    assert max(float(np.abs(np.asarray(a, float) - np.asarray(b, float)).max()) for a, b in numeric) < 1e-6
 
 
 @pytest.mark.parametrize("device, nccl, expected", [

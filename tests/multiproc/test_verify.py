@@ -8,16 +8,9 @@ DEMO = ["--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dat
 VERIFY = [*tfpar_command("verify"), *DEMO]
 
 
-@pytest.mark.parametrize("argv", [
-    pytest.param([*VERIFY, "--strategy", "parameter_server"], id="parameter_server"),
-    pytest.param(tfpar_command("launch", "-n", "2", "--", *VERIFY), id="2-workers"),
-    pytest.param(tfpar_command("launch", "--horovod", "-n", "2", "--", *VERIFY, "--strategy", "horovod"),
-                 id="horovod"),
-])
-def test_the_demo_model_trains_like_one_replica(argv, request):
-    if "--horovod" in argv:
-        request.getfixturevalue("horovod_installed")
-    result = run_command(argv, timeout=300, env={"PYTHONPATH": ROOT})
+def test_the_demo_model_trains_like_one_replica_under_parameter_servers():
+    """Under workers and Horovod ranks, the synchronized-BatchNorm checks below run the same command."""
+    result = run_command([*VERIFY, "--strategy", "parameter_server"], timeout=300, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     assert result.output.count("PASSED: trains like one replica") == 1, result.output[-3000:]  # the chief's
     assert result.output.count(" ok   ") == 8 and "DIFF" not in result.output

@@ -64,7 +64,9 @@ def sharding_refusal(optimizer) -> str | None:
 class ShardedOptimizer:
     """The sharded update of one compiled model's optimizer over its strategy's replicas."""
 
-    def __init__(self, optimizer, variables, strategy, stage):
+    def __init__(self, optimizer, variables, strategy, stage, strategy_accumulates=False):
+        """``strategy_accumulates``: the gradients come summed through the strategy, which accumulates
+        them itself (under a tf_keras loss-scale optimizer, which reduces them to check them)."""
         self.optimizer, self.strategy, self.stage = optimizer, strategy, stage
         self.keras_variables = list(variables)
         self.variables = [_tf_variable(v) for v in variables]
@@ -91,10 +93,10 @@ class ShardedOptimizer:
         with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
             mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
                 if 0.0 < sum(decayed) < len(decayed) else None
-        self.window = _window(strategy)
+        self.window, self.strategy_accumulates = _window(strategy), strategy_accumulates
         self.accumulated, self.counter = [], None  # with accumulation: stage 1 each replica's gradients, 2 its chunk
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
-            if self.window > 1:
+            if self.window > 1 and not strategy_accumulates:
                 with tf.init_scope(), tf.device(device):
                     self.accumulated.append(_compat.ResourceVariable(
                         tf.zeros([self.chunk * (n if stage == 1 else 1)]), trainable=False, name=f"tfpar_zero_sum_{j}"))
@@ -143,6 +145,14 @@ class ShardedOptimizer:
                                         for g, v in zip(grads, self.variables)]))
         if self.window == 1:
             writes = self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed))
+        elif self.strategy_accumulates:
+            # a tf_keras loss-scale optimizer reduced them through the strategy, which accumulates them
+            # (its sums, all-reduced at its boundary, zeros between): applied at its boundary only
+            def apply_summed():
+                with tf.control_dependencies(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed))):
+                    return tf.constant(True)
+
+            writes = [tf.cond(strategy.extended._accumulator.boundary, apply_summed, lambda: tf.constant(False))]
         else:  # accumulated: stage 1 sums each replica's gradients, stage 2 the reduced chunks; applied every window-th step
             chunks, sent = (flat, None) if self.stage == 1 else self.comm.reduce_scatter(flat, self.chunk, summed)
             added = [b.assign_add(g) for b, g in zip(self.accumulated, chunks)]
@@ -252,7 +262,7 @@ class ShardedOptimizer:
         """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients
         (accumulated whole at stage 1), optimizer state (its slots; a chunk is padded to a whole N-th)."""
         full, slots = 4 * self.total, len(self.slot_names)
-        gradients = full if self.window > 1 and self.stage == 1 else 4 * self.chunk
+        gradients = full if self.window > 1 and (self.stage == 1 or self.strategy_accumulates) else 4 * self.chunk
         return {"weights": (full, full), "gradients": (full, gradients), "optimizer state": (slots * full, slots * 4 * self.chunk)}
 
 
@@ -288,10 +298,6 @@ def shard_optimizer_state(model, arguments=None):
     if refusal:
         raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
                          f"{type(optimizer).__name__}. Use {' or '.join(RULES)}, or zero_stage=0.")
-    if outer is not optimizer and _window(strategy) > 1:
-        raise ValueError(f"zero_stage={stage} with gradient accumulation does not yet take a loss-scale optimizer "
-                         f"(mixed precision). Received: {type(outer).__name__} around {type(optimizer).__name__}. Use "
-                         "zero_stage=0 with it, or no accumulation, or the float32 policy.")
     keras3 = is_keras3(optimizer)
     if keras3:  # Keras 3 would build every slot before the first step
         optimizer.built = True
@@ -299,7 +305,8 @@ def shard_optimizer_state(model, arguments=None):
             with strategy.scope():
                 outer.build(model.trainable_variables)  # its loss scale and step counter (the inner one is built)
     _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
-    sharded = ShardedOptimizer(optimizer, model.trainable_variables, strategy, stage)
+    sharded = ShardedOptimizer(optimizer, model.trainable_variables, strategy, stage,
+                               strategy_accumulates=outer is not optimizer and not keras3 and _window(strategy) > 1)
     object.__setattr__(optimizer, "apply" if keras3 else "apply_gradients", sharded.apply if keras3 else sharded.apply_gradients)
     checkpoint_whole(optimizer, sharded)
     object.__setattr__(model, "_tfpar_zero", sharded)
