@@ -12,8 +12,9 @@ optimizer slots of its chunk only, and updates only its chunk:
 
 Steps 1 and 3 move the bytes of one all-reduce, each engine its own way
 (`tfpar.strategies._zero_comms`: one host's devices, TensorFlow's workers, Horovod's ranks). The
-update is the optimizer's own rule, written here once for both Kerases (`RULES`: SGD with momentum or Nesterov, Adam with AMSGrad, AdamW), with its learning rate (and schedule),
-weight decay and exclusions, and clipping by value or by the global norm over all chunks. An
+update is the optimizer's own rule, written here once for both Kerases (`RULES`: SGD with momentum
+or Nesterov, Adam with AMSGrad, AdamW), with its learning rate (and schedule), weight decay and
+exclusions, and clipping by value or by the global norm over all chunks. An
 optimizer with another rule is refused with the reason. A LossScaleOptimizer wraps the sharded
 update (its overflow check agreed over the replicas), and checkpoints hold the whole state in the
 unsharded optimizer's layout (`tfpar.strategies._zero_checkpoint`).
@@ -262,7 +263,8 @@ class ShardedOptimizer:
         """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients
         (accumulated whole at stage 1), optimizer state (its slots; a chunk is padded to a whole N-th)."""
         full, slots = 4 * self.total, len(self.slot_names)
-        gradients = full if self.window > 1 and (self.stage == 1 or self.strategy_accumulates) else 4 * self.chunk
+        whole = self.window > 1 and (self.stage == 1 or self.strategy_accumulates)  # a whole buffer accumulates
+        gradients = full if whole else 4 * self.chunk
         return {"weights": (full, full), "gradients": (full, gradients), "optimizer state": (slots * full, slots * 4 * self.chunk)}
 
 
