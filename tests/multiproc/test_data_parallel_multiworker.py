@@ -45,6 +45,7 @@ EQUIVALENCE_JOBS = {
     "ring-4KiB-packs-accumulate-2": (["all_reduce=ring", "bytes_per_pack=4096", "gradient_accumulation_steps=2"],
                                      ["ring-accumulate-keras3:96:3"]),
     "zero-2": (["zero_stage=2"], ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"]),
+    "zero-1-bf16": (["zero_stage=1", "compression=bf16"], ["zero-adamw-bf16-keras3:96:3:adamw"]),
 }
 
 
@@ -70,7 +71,8 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     a tf_keras model in the same processes; the second job splits the ring all-reduce into packs of
     4 KiB (the model's gradients are 9.6 KiB) and accumulates 2 steps per update, so one device
     takes batches of 32; the third shards the optimizer state over the workers (ZeRO: SGD with
-    Nesterov momentum, Adam clipped by the global norm, AdamW excluding the biases from its decay)."""
+    Nesterov momentum, Adam clipped by the global norm, AdamW excluding the biases from its decay),
+    the fourth with bf16 on the wire (to its rounding)."""
     import importlib
 
     from tests.models import equivalence_data, equivalence_model, one_device_model, one_device_weights
@@ -94,7 +96,10 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     difference = max(float(np.abs(a - b).max()) for a, b in zip(workers[0], reference))
     # sharded (ZeRO): SGD within 1e-6; Adam and AdamW magnify the last bits of a loss summed over 2 workers
     # instead of one batch by its 1/sqrt(v) (as over Horovod's ranks)
-    assert difference < ((1e-6 if optimizer == ["sgd"] else 5e-6) if optimizer else 1e-5), difference
+    if "compression=bf16" in options:  # the reduce-scatter's all-to-all carries bf16: its rounding
+        assert 1e-4 < difference < 2e-2, difference
+    else:
+        assert difference < ((1e-6 if optimizer == ["sgd"] else 5e-6) if optimizer else 1e-5), difference
     print(f"{case}: {difference:.2e} from one device")
     if optimizer:
         return  # evaluate and predict: the other jobs
