@@ -147,10 +147,13 @@ def check_one_keras(model, arguments):
             f"{type(layer).__module__}.{type(layer).__qualname__}.")
     optimizer = (arguments or {}).get("optimizer")
     if _family(optimizer) not in (None, family):
+        kind = type(optimizer).__name__
+        fix = (f"tfpar.optimizers.{kind}(..., keras_version={3 if family == 'keras' else 2})"
+               if type(optimizer).__module__.startswith("tfpar.") else f"{module}.optimizers.{kind}")
         raise TypeError(
             f"optimizer must be a {name} optimizer for {name} model {model.name!r}. Received: "
             f"optimizer={type(optimizer).__module__}.{type(optimizer).__qualname__} "
-            f"({_NAMES[_family(optimizer)][0]}). Use {module}.optimizers.{type(optimizer).__name__}.")
+            f"({_NAMES[_family(optimizer)][0]}). Use {fix}.")
 
 
 def _serves_both(callback):
