@@ -43,7 +43,7 @@ __getattr__, __dir__, __all__ = _exports(__name__, {
     "keras": "tfpar._keras",
     "local_devices": "tfpar.devices",
     **dict.fromkeys(("callbacks", "cluster", "data", "demo", "devices", "doctor", "integrations", "launch",
-                     "pipeline", "precision", "quantization", "report", "strategies", "tensor_parallel", "tune",
+                     "optimizers", "pipeline", "precision", "quantization", "report", "strategies", "tensor_parallel", "tune",
                      "verify")),  # submodules
 })
 

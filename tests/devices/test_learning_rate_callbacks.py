@@ -45,6 +45,16 @@ def test_warmup_in_epochs_with_an_explicit_scale():
     assert rates[-1] == pytest.approx(0.2)
 
 
+def test_the_square_root_rule_from_a_base_batch():
+    """A rate tuned at batch 8 warmed up for 16 x 8: sqrt(16) = 4 times it (LAMB's scaling), where the
+    linear rule gives 16 times; the schedule scales the same way."""
+    rates, _ = _fit([LearningRateWarmup(warmup_epochs=0.5, scale=128 / 8, rule="sqrt", initial_lr=0.05)])
+    np.testing.assert_allclose(rates[:3], [0.05, 0.125, 0.2], rtol=1e-6)
+    assert tfpar.callbacks.scaled_learning_rate(0.05, 128, base_batch=8) == pytest.approx(0.8)
+    rates, _ = _fit([LearningRateSchedule(1.0, initial_lr=0.05, scale=16, rule="sqrt")], epochs=1)
+    np.testing.assert_allclose(rates, [0.2] * 4, rtol=1e-6)
+
+
 def test_schedule_follows_the_warmup():
     rates, history = _fit([
         LearningRateWarmup(warmup_epochs=1),
@@ -67,6 +77,8 @@ def test_smooth_schedule_changes_every_step():
     (dict(warmup_epochs=-1), r"warmup_epochs must be a number > 0"),
     (dict(warmup_steps=2, scale=0), r"scale must be a number > 0. Received: scale=0. LearningRateWarmup takes "
                                     r"scale='replicas' or a number > 0"),
+    (dict(warmup_steps=2, rule="square"), r"Unknown scaling rule 'square'. Received: rule='square'. Use one of "
+                                          r"\['linear', 'sqrt'\]"),
 ])
 def test_bad_warmup(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -1,7 +1,6 @@
 """LARS and LAMB (tfpar/optimizers) against a NumPy reference of the papers' equations, in both
 Kerases and under `DataParallel` on 2 devices; their refusals and warnings."""
 
-import warnings
 
 import numpy as np
 import pytest

@@ -15,7 +15,7 @@ PURE = frozenset({"tfpar._checks", "tfpar._files", "tfpar._timeline_files", "tfp
 
 LAYERS = {
     2: ("tfpar._keras", "tfpar._compat", "tfpar._owned"),
-    3: ("tfpar.devices", "tfpar.precision", "tfpar._topology", "tfpar._server", "tfpar._horovod_keras",
+    3: ("tfpar.devices", "tfpar.precision", "tfpar.optimizers", "tfpar._topology", "tfpar._server", "tfpar._horovod_keras",
         "tfpar._horovod_keras3"),
     4: ("tfpar._parallelism", "tfpar.strategies", "tfpar.pipeline", "tfpar.tensor_parallel", "tfpar.data",
         "tfpar.quantization"),

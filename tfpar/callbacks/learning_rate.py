@@ -10,11 +10,47 @@ import math
 from collections.abc import Callable
 
 from tfpar import _compat
-from tfpar._checks import check_int, check_number
+from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import keras
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
-__all__ = ["LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "exponential_decay", "step_decay"]
+__all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "exponential_decay",
+           "scaled_learning_rate", "step_decay"]
+
+SCALING_RULES = ("linear", "sqrt")
+"""How the learning rate follows the global batch: ``linear`` (Goyal et al. 2017: k times the batch,
+k times the rate, with a warm-up) or ``sqrt`` (Krizhevsky 2014, Hoffer et al. 2017: sqrt(k) times the
+rate, which keeps the noise of the update; LAMB's paper scales that way)."""
+
+
+def scaled_learning_rate(base_learning_rate: float, global_batch: float, base_batch: float = 1,
+                         rule: str = "linear") -> float:
+    """The learning rate for ``global_batch`` of a rate tuned at ``base_batch``, by a scaling rule.
+
+    The one helper behind `LearningRateWarmup` and `LearningRateSchedule` (their ``scale`` is
+    ``global_batch / base_batch``) and ``tfpar tune``'s ``scaling_rule`` axis.
+
+    Args:
+        base_learning_rate: the rate that trains well at ``base_batch``.
+        global_batch: the batch to scale to (examples per step over all replicas), > 0.
+        base_batch: the batch the rate was tuned at, > 0.
+        rule: one of `SCALING_RULES`.
+
+    Raises:
+        ValueError: an unknown rule, or a rate or batch <= 0.
+
+    Examples:
+        >>> scaled_learning_rate(0.1, 4096, base_batch=256)
+        1.6
+        >>> scaled_learning_rate(1e-3, 4096, base_batch=256, rule="sqrt")
+        0.004
+    """
+    check_choice("rule", rule, SCALING_RULES, "scaling rule")
+    for name, value in (("base_learning_rate", base_learning_rate), ("global_batch", global_batch),
+                        ("base_batch", base_batch)):
+        check_number(name, value, above=0)
+    k = global_batch / base_batch
+    return base_learning_rate * (k if rule == "linear" else math.sqrt(k))
 
 
 def _set_rate(model, value, momentum_correction):
@@ -87,29 +123,33 @@ def _check_settable(optimizer, who):
             "(or tfpar.callbacks.LearningRateSchedule) change it.")
 
 
-def _scale_of(scale, model):
-    if scale == "replicas":
-        return model.distribute_strategy.num_replicas_in_sync
-    return scale
+def _scaled(rate, scale, rule, model):
+    """``rate`` scaled by ``rule`` for a global batch ``scale`` times the base one ("replicas": as many
+    times as the model has replicas)."""
+    k = model.distribute_strategy.num_replicas_in_sync if scale == "replicas" else scale
+    return scaled_learning_rate(rate, k, rule=rule)
 
 
-def _check_scale(scale, who):
+def _check_scale(scale, rule, who):
     if scale != "replicas":
         check_number("scale", scale, above=0, hint=f" {who} takes scale='replicas' or a number > 0.")
+    check_choice("rule", rule, SCALING_RULES, "scaling rule")
 
 
 class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
-    """Gradual warm-up to the linearly scaled learning rate (Goyal et al., 2017).
+    """Gradual warm-up to the scaled learning rate (Goyal et al., 2017).
 
     The rate climbs linearly from ``initial_lr`` (default: the optimizer's rate
-    when training starts) to ``initial_lr * scale`` over the warm-up, where
-    ``scale`` defaults to the number of replicas (the linear scaling rule for a
-    global batch that many times larger), then stays there.
+    when training starts) to ``initial_lr`` scaled by ``rule`` for a global batch
+    ``scale`` times the base one (`scaled_learning_rate`), over the warm-up, then
+    stays there. ``scale`` defaults to the number of replicas (a per-replica batch
+    tuned on one device); for a rate tuned at batch B, give ``scale=global_batch / B``.
 
     Args:
         warmup_epochs: length of the warm-up in epochs (may be fractional).
         warmup_steps: or in global steps; give exactly one of the two.
-        scale: "replicas" or a number > 0.
+        scale: "replicas" or a number > 0: the global batch over the batch ``initial_lr`` was tuned at.
+        rule: "linear" (the rate times ``scale``) or "sqrt" (times its square root); `SCALING_RULES`.
         initial_lr: the rate before scaling (default: the optimizer's).
         momentum_correction: rescale the momentum velocity when the rate changes.
         verbose: 1 prints the rate when the warm-up ends.
@@ -126,8 +166,8 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     """
 
     def __init__(self, *, warmup_epochs: float | None = None, warmup_steps: int | None = None,
-                 scale: str | float = "replicas", initial_lr: float | None = None, momentum_correction: bool = False,
-                 verbose: int = 0) -> None:
+                 scale: str | float = "replicas", rule: str = "linear", initial_lr: float | None = None,
+                 momentum_correction: bool = False, verbose: int = 0) -> None:
         super().__init__()
         if (warmup_epochs is None) == (warmup_steps is None):
             raise ValueError(
@@ -135,9 +175,9 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                 f"warmup_epochs={warmup_epochs!r}, warmup_steps={warmup_steps!r}.")
         length = warmup_epochs if warmup_steps is None else warmup_steps
         check_number("warmup_epochs" if warmup_steps is None else "warmup_steps", length, above=0)
-        _check_scale(scale, "LearningRateWarmup")
+        _check_scale(scale, rule, "LearningRateWarmup")
         self.warmup_epochs, self.warmup_steps = warmup_epochs, warmup_steps
-        self.scale, self.initial_lr, self.verbose = scale, initial_lr, verbose
+        self.scale, self.rule, self.initial_lr, self.verbose = scale, rule, initial_lr, verbose
         self.momentum_correction = momentum_correction
 
     def on_train_begin(self, logs=None):
@@ -145,7 +185,7 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         _check_settable(optimizer, "LearningRateWarmup")
         self._base = float(self.initial_lr if self.initial_lr is not None
                            else keras.backend.get_value(optimizer.learning_rate))
-        self._target = self._base * _scale_of(self.scale, self.model)
+        self._target = _scaled(self._base, self.scale, self.rule, self.model)
         steps_per_epoch = self.params.get("steps")
         if self.warmup_steps is not None:
             self._length = self.warmup_steps
@@ -193,7 +233,8 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
     Args:
         multiplier: a function of the epoch (int or float), or a constant.
         initial_lr: the rate before scaling (required, as in Horovod).
-        scale: "replicas" or a number > 0.
+        scale: "replicas" or a number > 0: the global batch over the batch ``initial_lr`` was tuned at.
+        rule: "linear" or "sqrt", as `LearningRateWarmup`'s.
         start_epoch: first epoch it acts on.
         end_epoch: first epoch it no longer acts on (None: to the end).
         staircase: per epoch (True) or per step (False; per epoch under ParameterServer).
@@ -207,7 +248,7 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
     """
 
     def __init__(self, multiplier: float | Callable[[int], float], *, initial_lr: float,
-                 scale: str | float = "replicas", start_epoch: int = 0, end_epoch: int | None = None,
+                 scale: str | float = "replicas", rule: str = "linear", start_epoch: int = 0, end_epoch: int | None = None,
                  staircase: bool = True, momentum_correction: bool = False) -> None:
         super().__init__()
         check_number("initial_lr", initial_lr, above=0)
@@ -221,14 +262,14 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
             raise ValueError(
                 "The schedule needs 0 <= start_epoch < end_epoch. Received: "
                 f"start_epoch={start_epoch!r}, end_epoch={end_epoch!r}.")
-        _check_scale(scale, "LearningRateSchedule")
-        self.multiplier, self.initial_lr, self.scale = multiplier, initial_lr, scale
+        _check_scale(scale, rule, "LearningRateSchedule")
+        self.multiplier, self.initial_lr, self.scale, self.rule = multiplier, initial_lr, scale, rule
         self.start_epoch, self.end_epoch, self.staircase = start_epoch, end_epoch, staircase
         self.momentum_correction = momentum_correction
 
     def on_train_begin(self, logs=None):
         _check_settable(self.model.optimizer, "LearningRateSchedule")
-        self._rate = self.initial_lr * _scale_of(self.scale, self.model)
+        self._rate = _scaled(self.initial_lr, self.scale, self.rule, self.model)
 
     def _active(self, epoch):
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)

@@ -13,6 +13,8 @@ trust ratio is computed from the whole global batch's gradient, the same on ever
 
 import re
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 from tfpar._checks import check_choice, check_names, check_number
 from tfpar._keras import keras, keras3, tf
@@ -46,7 +48,9 @@ class _LayerWise:
     """What LARS and LAMB share in both Kerases: their options, the patterns, the slots, the step."""
 
     _SLOTS: tuple = ()
-    """(attribute, slot name) of each slot: ``momentums`` as Keras' SGD, so momentum correction finds it."""
+    _init_keras: Callable[..., None]  # each Keras' shim (_TfKeras, _Keras3), after this class in the MRO
+    """(attribute, slot name) of each slot: LARS' velocity is ``momentums``, as Keras' SGD's, so the learning-rate
+    callbacks' momentum correction rescales it (it carries the rate)."""
 
     def __new__(cls, *args, keras_version=2, **kwargs):
         if cls in (LARS, LAMB):  # the public class: the Keras' own subclass
@@ -95,7 +99,11 @@ class _LayerWise:
             return [p.pattern for p in patterns] or None
 
         return {"weight_decay": self.weight_decay_rate, "exclude_from_weight_decay": given(self._decay_patterns),
-                "exclude_from_layer_adaptation": given(self._adaptation_patterns) if self._adaptation_given else None}
+                "exclude_from_layer_adaptation": given(self._adaptation_patterns) if self._adaptation_given else None,
+                **self._rule_config()}
+
+    def _rule_config(self):  # pragma: no cover - each rule has its own
+        raise NotImplementedError
 
     def _update(self, variable, gradient, learning_rate, index, assign):
         """One variable's step, from either Keras' ``update_step``: the rule on tensors, then the assignments."""
@@ -148,7 +156,7 @@ class LARS(_LayerWise):
 
     _SLOTS = (("momentums", "momentum"),)
 
-    def __init__(self, learning_rate=0.1, momentum: float = 0.9, *, nesterov: bool = False, eta: float = 0.001,
+    def __init__(self, learning_rate: float | Any = 0.1, momentum: float = 0.9, *, nesterov: bool = False, eta: float = 0.001,
                  weight_decay: float = 0.0, exclude_from_weight_decay: list[str] | None = None,
                  exclude_from_layer_adaptation: list[str] | None = None, keras_version: int = 2,
                  name: str = "LARS", **kwargs) -> None:
@@ -165,8 +173,8 @@ class LARS(_LayerWise):
                            nesterov=self.nesterov, eta=self.eta, decay=decay, adapt=adapt)
         return w, (v,)
 
-    def get_config(self):
-        return {**super().get_config(), **self._layerwise_config(), "momentum": self.momentum,
+    def _rule_config(self):
+        return {"momentum": self.momentum,
                 "nesterov": self.nesterov, "eta": self.eta}
 
 
@@ -200,9 +208,9 @@ class LAMB(_LayerWise):
         ...                             exclude_from_weight_decay=["bias", "layer_normalization"])
     """
 
-    _SLOTS = (("momentums", "momentum"), ("velocities", "velocity"))
+    _SLOTS = (("_momentums", "momentum"), ("_velocities", "velocity"))  # as Adam's: no momentum correction
 
-    def __init__(self, learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6, *,
+    def __init__(self, learning_rate: float | Any = 0.001, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6, *,
                  weight_decay: float = 0.0, exclude_from_weight_decay: list[str] | None = None,
                  exclude_from_layer_adaptation: list[str] | None = None, keras_version: int = 2,
                  name: str = "LAMB", **kwargs) -> None:
@@ -220,8 +228,8 @@ class LAMB(_LayerWise):
                               beta_2=self.beta_2, epsilon=self.epsilon, decay=decay, adapt=adapt)
         return w, (m, v)
 
-    def get_config(self):
-        return {**super().get_config(), **self._layerwise_config(), "beta_1": self.beta_1,
+    def _rule_config(self):
+        return {"beta_1": self.beta_1,
                 "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
@@ -250,7 +258,8 @@ class _TfKeras:
                      lambda ref, value: ref.assign(value))
 
     def get_config(self):
-        return {**super().get_config(), "learning_rate": self._serialize_hyperparameter(self._learning_rate)}
+        return {**super().get_config(), "learning_rate": self._serialize_hyperparameter(self._learning_rate),
+                **self._layerwise_config()}
 
 
 class _Keras3:
@@ -272,6 +281,9 @@ class _Keras3:
 
     def update_step(self, gradient, variable, learning_rate):
         self._update(variable, gradient, learning_rate, self._get_variable_index(variable), self.assign)
+
+    def get_config(self):
+        return {**super().get_config(), **self._layerwise_config()}
 
 
 _CLASSES: dict = {}
