@@ -54,6 +54,16 @@ def check_number(name, value, *, minimum=None, above=None, maximum=None, integer
     return value
 
 
+def whole_number(text):
+    """An argparse ``type``: the int ``text`` spells, or argparse's usage error naming it."""
+    import argparse
+
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, received {text!r}") from None
+
+
 def check_int(name, value, minimum, hint=""):
     """``check_number(name, value, minimum=minimum, integer=True)``."""
     return check_number(name, value, minimum=minimum, integer=True, hint=hint)

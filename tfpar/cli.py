@@ -6,16 +6,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from tfpar._checks import whole_number as _int
 from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError
 
 __all__ = ["EXIT_CODES", "main"]
-
-
-def _int(text):
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, received {text!r}") from None
 
 
 EXIT_CODES = {
@@ -166,26 +160,13 @@ def _parser():
                      help="start a Horovod job instead (horovodrun --gloo, -n local ranks)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- program and arguments")
 
-    tune = sub.add_parser("tune", help="time short trials over a search space; report the fastest",
+    tune = sub.add_parser("tune", help="run short trials over a search space; report the fastest, or the first to a --target",
                           description="tfpar tune --space '{\"per_replica_batch\": [16, 64], "
                                       "\"steps_per_execution\": [1, 4]}' (default: the demo's model and data)")
-    tune.set_defaults(func=_tune)
-    tune.add_argument("--model", default="tfpar.demo:build_model", help="module:function building the model")
-    tune.add_argument("--data", default="tfpar.demo:digits_dataset",
-                      help="module:function returning a tf.data.Dataset of (x, y) examples")
-    tune.add_argument("--space", default=None,
-                      help="JSON {axis: [values]}; axes: per_replica_batch, steps_per_execution, num_packs, "
-                           "bytes_per_pack, microbatches, strategy (data_parallel, horovod), compression "
-                           "(none, bf16, fp16), horovod_autotune (false, true). Default: batch and "
-                           "steps_per_execution; with --workers N > 1, both strategies too (tfpar.tune.workers_space)")
-    tune.add_argument("--loss", default="sparse_categorical_crossentropy", help="the loss each trial compiles")
-    tune.add_argument("--steps", type=_int, default=20, help="timed steps per trial")
-    tune.add_argument("--devices", type=_int, default=2, help="virtual CPU devices of a one-worker trial (no GPU)")
-    tune.add_argument("--workers", type=_int, default=1,
-                      help="run each trial as a job of N workers (or Horovod ranks) under tfpar launch")
-    tune.add_argument("--json", help="also write the trials and the winner to this file")
-    tune.add_argument("--trial-timeout", type=float, default=300.0,
-                      help="seconds a trial may run before it is stopped and counted as failed (default 300)")
+    from tfpar.tune import command as tune_command
+
+    tune_command.add_arguments(tune)
+    tune.set_defaults(func=lambda args, command_line=None: tune_command.run(args))
 
     sub.add_parser("doctor", help="versions, devices, the CPU's vector instructions and whether Horovod "
                                   "(and its Keras API) is usable").set_defaults(func=_doctor)
@@ -216,32 +197,6 @@ def _timeline_folder(folder, horovod):
     os.environ[TIMELINE_VARIABLE] = folder
     if horovod:
         os.environ.setdefault("HOROVOD_TIMELINE", os.path.join(folder, "horovod_timeline.json"))
-
-
-def _tune(args, command_line=None):
-    import json
-
-    from tfpar._files import check_folder_of, write_atomically
-    from tfpar.tune import tune, workers_space
-
-    if args.json:
-        check_folder_of("--json", args.json)  # before the trials, not after them
-
-    if args.space is None:
-        space = (workers_space() if args.workers > 1 else
-                 {"per_replica_batch": [16, 32, 64], "steps_per_execution": [1, 4]})
-    else:
-        try:
-            space = json.loads(args.space)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--space must be JSON. Received: {args.space!r} ({error}).") from None
-    result = tune(args.model, args.data, space, loss=args.loss, steps=args.steps, devices=args.devices,
-                  timeout_seconds=args.trial_timeout, print_fn=lambda line: print(line, flush=True),
-                  workers=args.workers)
-    print(result.describe())
-    if args.json:
-        write_atomically(args.json, result.to_json())
-    return 0 if result.best else 1
 
 
 def _doctor(args=None, command_line=None):

@@ -18,7 +18,7 @@ from tfpar._keras import keras, keras3, tf
 from tfpar._topology import topology_of
 from tfpar.data import distribute
 
-__all__ = ["DemoResult", "STRATEGIES", "build_model", "token_data", "transformer", "compiled_model", "compress_chain", "default_epochs",
+__all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_validation_dataset", "token_data", "transformer", "compiled_model", "compress_chain", "default_epochs",
            "digits_dataset", "load_digits", "run_demo"]
 
 QAT_EPOCHS = 3
@@ -71,6 +71,13 @@ def digits_dataset() -> Any:
     """The training digits as a tf.data.Dataset of (image, label) examples (for ``tfpar tune``
     and ``tfpar verify --data tfpar.demo:digits_dataset``)."""
     (x, y), _ = load_digits()
+    return tf.data.Dataset.from_tensor_slices((x, y))
+
+
+def digits_validation_dataset() -> Any:
+    """The validation digits (a fifth, never trained on) as a tf.data.Dataset of (image, label) examples
+    (``tfpar tune --target val_accuracy=0.95``'s default validation data)."""
+    _, (x, y) = load_digits()
     return tf.data.Dataset.from_tensor_slices((x, y))
 
 

@@ -44,7 +44,8 @@ def test_choice_axes_take_their_values_only():
 
 
 def test_each_trial_keeps_the_axes_of_its_backend_and_the_defaults_run_first():
-    from tfpar.tune import DEFAULTS, _trial_configs
+    from tfpar.tune import DEFAULTS
+    from tfpar.tune.space import trial_configs as _trial_configs
 
     configs = _trial_configs({"strategy": ["data_parallel", "horovod"], "bytes_per_pack": [0, 4096],
                               "horovod_autotune": [False, True]})
@@ -84,7 +85,7 @@ def test_one_host_axes_are_refused_across_workers():
 
 
 def test_pipeline_axes_apply_to_pipeline_trials_only():
-    from tfpar.tune import _trial_configs
+    from tfpar.tune.space import trial_configs as _trial_configs
 
     configs = _trial_configs({"microbatches": [4], "schedule": ["1f1b", "interleaved"], "virtual_stages": [2]})
     assert [(c["schedule"], c.get("virtual_stages")) for c in configs] == [("1f1b", None), ("interleaved", 2)]
@@ -105,7 +106,8 @@ def test_the_choice_axes_offer_what_the_strategies_and_the_pipeline_take():
 
 
 def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
-    from tfpar.tune import _trial_configs, trial_spec
+    from tfpar.tune.space import trial_configs as _trial_configs
+    from tfpar.tune.trial import trial_spec
 
     configs = _trial_configs({"tensor_degree": [1, 2], "compression": ["none", "bf16"]})
     split = [c for c in configs if c.get("tensor_degree") == 2]
@@ -117,7 +119,8 @@ def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
 
 
 def test_the_zero_stage_shards_data_parallel_and_horovod_trials_compressed_or_not():
-    from tfpar.tune import _trial_configs, trial_spec
+    from tfpar.tune.space import trial_configs as _trial_configs
+    from tfpar.tune.trial import trial_spec
 
     configs = _trial_configs({"zero_stage": [0, 1], "compression": ["none", "bf16"], "strategy": ["data_parallel", "horovod"]})
     sharded = [c for c in configs if c.get("zero_stage")]
