@@ -246,6 +246,22 @@ def keras3_digits_model():
     return build_model(keras3)
 
 
+def digits_mlp():
+    """A `tfpar tune` model_fn: a small MLP on the digits. Its step costs little more at a batch of 1,024
+    than at 64, so the largest batch is by far the fastest per example, and the slowest to an accuracy."""
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(10), keras.layers.Activation("softmax", dtype="float32")])
+
+
+def digits_ten_times():
+    """A `tfpar tune` data_fn: the training digits ten times over (14,370 examples an epoch), so that an
+    epoch holds enough steps of a large batch for its speed per example to show."""
+    from tfpar.demo import digits_dataset
+
+    return digits_dataset().repeat(10)
+
+
 def sleeping_model():
     """A `tfpar tune` model_fn that records its process in $TFPAR_TEST_PID_DIR and never returns."""
     import time
@@ -387,8 +403,19 @@ ZERO_OPTIMIZERS = {
 }
 
 
+LAYERWISE_OPTIMIZERS = {  # tfpar.optimizers, the biases excluded from decay and trust ratio
+    "lars": lambda v: __import__("tfpar.optimizers").optimizers.LARS(
+        1.0, momentum=0.9, eta=0.02, weight_decay=1e-3, exclude_from_weight_decay=["bias"], keras_version=v),
+    "lamb": lambda v: __import__("tfpar.optimizers").optimizers.LAMB(
+        0.01, weight_decay=1e-3, exclude_from_weight_decay=["bias"], keras_version=v),
+}
+
+
 def zero_optimizer(k, name):
-    """``ZERO_OPTIMIZERS[name]`` of Keras ``k``; AdamW with the biases excluded from its decay."""
+    """``ZERO_OPTIMIZERS[name]`` (or ``LAYERWISE_OPTIMIZERS[name]``) of Keras ``k``; AdamW with the biases
+    excluded from its decay."""
+    if name in LAYERWISE_OPTIMIZERS:
+        return LAYERWISE_OPTIMIZERS[name](2 if k is keras else 3)
     optimizer = ZERO_OPTIMIZERS[name](k)
     if name == "adamw":
         optimizer.exclude_from_weight_decay(var_names=["bias"])

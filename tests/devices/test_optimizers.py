@@ -208,6 +208,15 @@ def test_an_optimizer_of_the_other_keras_is_refused_with_the_fix(any_keras):
         _model(any_keras).compile(LARS(keras_version=other), "mse")
 
 
+def test_a_sharded_optimizer_state_refuses_them_with_the_reason(any_keras):
+    strategy = tfpar.DataParallel(zero_stage=1)
+    with strategy.scope():
+        model = _model(any_keras)
+        with pytest.raises(ValueError, match=r"zero_stage=1 cannot shard the state of this optimizer: LARS scales each "
+                                             r"layer's step by the layer's norms .*train it with zero_stage=0"):
+            model.compile(LARS(keras_version=_keras_version(any_keras)), "mse")
+
+
 def test_saved_and_loaded_with_the_model(any_keras, tmp_path):
     """model.save / load_model keep the optimizer's class, options and slots ("tfpar>LAMB" registered)."""
     x, y = _data()

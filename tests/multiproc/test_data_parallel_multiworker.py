@@ -41,7 +41,7 @@ def test_launch_nproc_per_node_trains_two_workers_a_device_each_to_identical_wei
 # Jobs of multiworker_train.py: (DataParallel's options, its cases NAME:EXAMPLES:KERAS[:OPTIMIZER]).
 # The cases of a job share its processes and strategy, one TensorFlow start for them all.
 EQUIVALENCE_JOBS = {
-    "default": ([], ["whole-steps:96:2", "padded-last-step-keras3:90:3"]),
+    "default": ([], ["whole-steps:96:2", "padded-last-step-keras3:90:3", "lars-keras3:96:3:lars"]),
     "ring-4KiB-packs-accumulate-2": (["all_reduce=ring", "bytes_per_pack=4096", "gradient_accumulation_steps=2"],
                                      ["ring-accumulate-keras3:96:3"]),
     "zero-2": (["zero_stage=2"], ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"]),
@@ -72,7 +72,8 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     4 KiB (the model's gradients are 9.6 KiB) and accumulates 2 steps per update, so one device
     takes batches of 32; the third shards the optimizer state over the workers (ZeRO: SGD with
     Nesterov momentum, Adam clipped by the global norm, AdamW excluding the biases from its decay),
-    the fourth with bf16 on the wire (to its rounding)."""
+    the fourth with bf16 on the wire (to its rounding). LARS (Keras 3) takes its trust ratio from the
+    workers' all-reduced gradient, as one device from its whole batch."""
     import importlib
 
     from tests.models import equivalence_data, equivalence_model, one_device_model, one_device_weights

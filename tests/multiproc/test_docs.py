@@ -64,6 +64,7 @@ RUN_ELSEWHERE = {"ParameterServer.local(": "tests/multiproc/test_loopback.py (a 
 # user's shell, with more checks (the demos to their accuracy targets at their default epochs):
 # the block runs without them.
 LINES_RUN_ELSEWHERE = {"tfpar doctor": "tests/conftest.py",
+                       "tfpar tune --target val_accuracy=0.95": "tests/multiproc/test_tune.py",
                        "tfpar demo --strategy horovod": "tests/multiproc/test_horovod.py",
                        "tfpar demo --strategy parameter_server": "tests/multiproc/test_parameter_server.py",
                        "python examples/train_data_parallel.py": "tests/multiproc/test_examples.py",

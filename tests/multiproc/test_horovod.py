@@ -37,6 +37,7 @@ CASES = {
     "zero-adam": (16, 2, 96, "average", "none", 1, 3, 2, "adam"),
     "zero-adamw-bf16": (16, 2, 96, "average", "bf16", 1, 2, 1, "adamw"),
     "zero-accumulate-keras3": (8, 2, 96, "average", "none", 2, 3, 2, "-"),
+    "lamb": (16, 2, 96, "average", "none", 1, 2, 0, "lamb"),
 }
 
 
@@ -152,6 +153,20 @@ def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_wh
     assert len(state[0]) == len(state[1]) > slots * len(reference.trainable_weights), [len(s) for s in state]
     for a, b in zip(*state):
         np.testing.assert_allclose(a, b, atol=2e-2 if compression == "bf16" else 1e-6, rtol=0)
+
+
+def test_lamb_over_two_ranks_trains_like_one_device(trained):
+    """tfpar.optimizers.LAMB under HorovodStrategy: the trust ratio of Horovod's averaged gradient, the same
+    on both ranks, so they end identical and where one device ends with the whole batches."""
+    from tests.models import one_device_model
+
+    (rank0, rank1), _, _ = trained["lamb"]
+    for a, b in zip(rank0, rank1):
+        np.testing.assert_array_equal(a, b)
+    import tfpar
+
+    reference = one_device_model(96, 16, 2, tfpar.keras, "lamb").get_weights()
+    assert max(float(np.abs(a - b).max()) for a, b in zip(rank0, reference)) < 5e-6
 
 
 def test_zero_with_accumulation_over_two_ranks_trains_like_unsharded_accumulation(trained):

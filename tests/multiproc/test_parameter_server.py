@@ -19,6 +19,7 @@ def test_local_cluster_trains_places_and_shards_variables():
     assert report["steps_per_epoch"] == 16
     # The single-device run of this task reaches > 0.95 in 4 epochs; PS must land in that band.
     assert report["accuracy"][-1] > 0.9 and report["predict_accuracy"] > 0.9
+    assert report["lars_accuracy"][-1] > 0.9  # tfpar.optimizers.LARS on the parameter servers
     # Warm-up from 0.01 to 4 x 0.01 over 2 epochs (32 steps), set at epoch starts under PS.
     assert report["lr"] == pytest.approx([0.01, 0.025, 0.04, 0.04], rel=1e-5)
     assert all(e > 0 for e in report["examples_per_second"])

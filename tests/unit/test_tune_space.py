@@ -136,3 +136,60 @@ def test_the_zero_stage_shards_data_parallel_and_horovod_trials_compressed_or_no
         from tfpar.tune import tune
 
         tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"tensor_degree": [1, 2]}, workers=2)
+
+
+def _trial(config, seconds, speed, curve=((1.0, 0.5),), stopped=None):
+    from tfpar.tune import DEFAULTS
+
+    return {"config": {**DEFAULTS, **config}, "status": "ok", "examples_per_second": speed,
+            "seconds_to_target": seconds, "epochs_to_target": None if seconds is None else len(curve),
+            "curve": [list(point) for point in curve], "stopped": stopped or ("target" if seconds else "stopped at 2.0 s"),
+            "code": {"optimizer": "tfpar.optimizers.LAMB(0.02, weight_decay=0.0001)",
+                     "callbacks": "tfpar.callbacks.LearningRateWarmup(warmup_epochs=1, scale=128/64, rule='sqrt')"}}
+
+
+def test_with_a_target_the_first_to_reach_it_wins_not_the_fastest_per_example():
+    """A trial twice as fast per example that never reached the target is listed as such and never wins;
+    the winner's gain is the defaults' time over its own."""
+    result = TuneResult((
+        _trial({}, 3.0, 4000.0, ((1.2, 0.8), (3.0, 0.96))),
+        _trial({"per_replica_batch": 128, "optimizer": "lamb", "scaling_rule": "sqrt"}, 2.0, 5000.0,
+               ((1.1, 0.9), (2.0, 0.955))),
+        _trial({"per_replica_batch": 512}, None, 9000.0, ((1.0, 0.3), (2.1, 0.6))),
+    ), target="val_accuracy=0.95")
+    assert result.best["config"]["per_replica_batch"] == 128
+    assert result.speedup == pytest.approx(1.5)
+    text = result.describe()
+    assert "first to val_accuracy=0.95: " in text and "in 2.0 s (2 epochs, 5,000 examples/s)" in text
+    assert "sooner than tfpar's defaults" in text and "1.50x" in text
+    assert "did not reach the target (stopped at 2.0 s)" in text
+    assert "  3: 1.0s 0.3, 2.1s 0.6" in text  # each trial's curve
+    assert "optimizer = tfpar.optimizers.LAMB(0.02, weight_decay=0.0001)" in result.reproduce()
+    assert "callbacks=[tfpar.callbacks.LearningRateWarmup(" in result.reproduce()
+    none = TuneResult((_trial({"per_replica_batch": 512}, None, 9000.0),), target="val_accuracy=0.95")
+    assert none.best is None and "no trial reached val_accuracy=0.95" in none.describe()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(target="val_accuracy>0.95"), r"target must be METRIC=VALUE, e.g. val_accuracy=0.95. Received: "
+                                       r"target='val_accuracy>0.95'"),
+    (dict(target="val_acc=0.95", validation_fn="tfpar.demo:digits_validation_dataset"),
+     r"The trials log no metric 'val_acc': they log loss, accuracy, val_loss, val_accuracy"),
+    (dict(target="val_accuracy=0.95"), r"The trials log no metric 'val_accuracy': they log loss, accuracy \("),
+    (dict(target="accuracy=0.9", max_seconds=400), r"max_seconds must be a number in \(0, 300\]. Received: "
+                                                   r"max_seconds=400. A trial's training time must fit"),
+])
+def test_a_bad_target_is_refused_before_any_trial(kwargs, match):
+    from tfpar.tune import tune
+
+    with pytest.raises(ValueError, match=match):
+        tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset", {"per_replica_batch": [32]}, **kwargs)
+
+
+def test_the_scaling_rule_and_warmup_apply_where_the_batch_differs_from_the_defaults():
+    from tfpar.tune.space import trial_configs
+
+    configs = trial_configs({"per_replica_batch": [32, 128], "scaling_rule": ["none", "sqrt"], "warmup_epochs": [0, 1],
+                             "optimizer": ["model"]})
+    assert [(c["per_replica_batch"], c.get("scaling_rule"), c.get("warmup_epochs")) for c in configs] == [
+        (32, None, None), (128, None, None), (128, "sqrt", None), (128, "sqrt", 1)]

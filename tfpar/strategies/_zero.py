@@ -47,6 +47,9 @@ def sharding_refusal(optimizer) -> str | None:
     """Why ``optimizer`` cannot have its state sharded, or None."""
     name = type(optimizer).__name__
     module = type(optimizer).__module__.split(".")[0]
+    if type(optimizer).__module__.startswith("tfpar.optimizers"):
+        return (f"{name} scales each layer's step by the layer's norms (its trust ratio), and a chunk holds parts of "
+                "several layers; train it with zero_stage=0")
     if name not in RULES or module not in ("keras", "tf_keras"):
         return (f"{type(optimizer).__module__}.{name} has no element-wise rule here ({', '.join(RULES)} "
                 "of either Keras have): a chunk of its parameters would not update as the whole does")

@@ -90,13 +90,13 @@ def _to_target(target, max_seconds, fit_started):
             if target["metric"] not in logs:
                 print("METRICS " + json.dumps(sorted(logs)), flush=True)
                 raise ValueError(f"The model logs no metric {target['metric']!r}; it logs {sorted(logs)}.")
-            seconds, value = time.perf_counter() - fit_started[0], float(logs[target["metric"]])
-            self.curve.append([round(seconds, 3), value])
+            seconds, value = round(time.perf_counter() - fit_started[0], 3), float(logs[target["metric"]])
+            self.curve.append([seconds, value])
             lower = target["lower_is_better"]
             if (value <= target["value"]) if lower else (value >= target["value"]):
                 self.stopped, self.reached_at = "target", (seconds, epoch + 1)
                 self.model.stop_training = True
-            elif seconds >= max_seconds:
+            elif seconds >= max_seconds and epoch >= 1:  # 2 epochs at least: examples/s past the first's tracing
                 self.stopped = f"stopped at {max_seconds:.1f} s"
                 self.model.stop_training = True
 

@@ -2,7 +2,7 @@
 
 Usage: horovod_train.py OUT_DIR CASE [CASE ...], a CASE being
 ``NAME:GLOBAL_BATCH:EPOCHS:EXAMPLES:OP:COMPRESSION:BACKWARD_PASSES:KERAS[:ZERO_STAGE:OPTIMIZER]`` (KERAS
-2: tf_keras, 3: Keras 3; OPTIMIZER one of tests.models.ZERO_OPTIMIZERS, else SGD with momentum). Each
+2: tf_keras, 3: Keras 3; OPTIMIZER one of tests.models.ZERO_OPTIMIZERS or LAYERWISE_OPTIMIZERS, "-": SGD with momentum). Each
 case trains its own strategy and model in turn, in the same processes (one TensorFlow and one
 Horovod start for them all), and writes to OUT_DIR/NAME: start_<r>.npz and local_start_<r>.npz (the
 weights after creation, and those the rank drew alone), rank_<r>.npz (the trained weights),
@@ -28,7 +28,7 @@ strategies = [HorovodStrategy(op=op, compression=compression, backward_passes_pe
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import ZERO_OPTIMIZERS, compile_for_equivalence, equivalence_data, equivalence_model, zero_optimizer  # noqa: E402,E501
+from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, zero_optimizer  # noqa: E402
 
 for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zero, optimizer) in zip(strategies, cases):
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
@@ -42,7 +42,7 @@ for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zer
     with strategy.scope():
         model = equivalence_model(seed, k)
         compile_for_equivalence(model, k)
-        opt = zero_optimizer(k, optimizer) if optimizer in ZERO_OPTIMIZERS else model.optimizer
+        opt = zero_optimizer(k, optimizer) if optimizer != "-" else model.optimizer
         model.compile(opt, model.loss, weighted_metrics=["accuracy"])
     np.savez(os.path.join(folder, f"start_{rank}.npz"), *model.get_weights())
     np.savez(os.path.join(folder, f"local_start_{rank}.npz"), *local_start)

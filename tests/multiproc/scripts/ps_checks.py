@@ -35,6 +35,11 @@ train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y))
 history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=2, callbacks=[
     tfpar.callbacks.LearningRateWarmup(warmup_epochs=2, scale=4), tfpar.callbacks.NaNGuard(),
     tfpar.callbacks.Throughput(32), tfpar.callbacks.MetricAverage()])
+with strategy.scope():  # LARS: its update (norms, trust ratio) runs where the variables live, on the ps
+    lars_model = mlp()
+    lars_model.compile(tfpar.optimizers.LARS(1.0, eta=0.02, weight_decay=1e-4, exclude_from_weight_decay=["bias"]),
+                       "sparse_categorical_crossentropy", metrics=["accuracy"])
+lars_accuracy = lars_model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=0).history["accuracy"]
 evaluation = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64,
                                    shuffle_buffer=512, seed=2)
 scores = model.evaluate(evaluation.dataset, steps=evaluation.steps_per_epoch, return_dict=True, verbose=0)
@@ -72,6 +77,7 @@ shutdown = {"exited": {name: proc.poll() is not None for name, proc in servers.i
 json.dump({
     "steps_per_epoch": train.steps_per_epoch,
     "accuracy": history.history["accuracy"],
+    "lars_accuracy": lars_accuracy,
     "lr": history.history["lr"],
     "examples_per_second": history.history["examples_per_second"],
     "evaluate": scores,
