@@ -217,6 +217,37 @@ def test_a_sharded_optimizer_state_refuses_them_with_the_reason(any_keras):
             model.compile(LARS(keras_version=_keras_version(any_keras)), "mse")
 
 
+def test_a_pipeline_trains_with_them_as_the_plain_model(any_keras):
+    """Each stage's variables are whole: the pipeline's steps (4 microbatches) equal the plain model's."""
+    from tests.models import equivalence_data, max_weight_difference, pipeline_model
+
+    x, y = equivalence_data()
+    trained = []
+    for staged in (False, True):
+        model = pipeline_model(k=any_keras)
+        if staged:
+            model = tfpar.Pipeline(num_stages=2, num_microbatches=4).stage(model)
+        model.compile(LAMB(0.01, weight_decay=0.01, exclude_from_weight_decay=["bias"],
+                           keras_version=_keras_version(any_keras)),
+                      any_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        trained.append(model.plain_model() if staged else model)
+    assert max_weight_difference(*trained) < 1e-5
+
+
+def test_tensor_parallelism_refuses_them_with_the_reason(any_keras):
+    """A split layer is one variable per device: each would get its own trust ratio, not the layer's."""
+    from tests.models import tensor_parallel_models
+    from tfpar.tensor_parallel import TensorParallel
+
+    model, _, _, plan = tensor_parallel_models(any_keras)["mlp"]
+    split = TensorParallel(degree=2, plan=plan).shard(model)
+    with pytest.raises(ValueError, match=r"LAMB scales each layer's step by the norms of its whole weights .*tensor "
+                                         r"parallelism holds a split layer as one variable per device.*Received: "
+                                         r"optimizer=LAMB for model .*Use another optimizer with tensor parallelism"):
+        split.compile(LAMB(keras_version=_keras_version(any_keras)), "mse")
+
+
 def test_saved_and_loaded_with_the_model(any_keras, tmp_path):
     """model.save / load_model keep the optimizer's class, options and slots ("tfpar>LAMB" registered)."""
     x, y = _data()

@@ -13,7 +13,8 @@ import functools
 from typing import Any
 
 from tfpar import _compat
-from tfpar._keras import is_keras3, keras, keras3, tf
+from tfpar._keras import all_layers, is_keras3, keras, keras3, tf
+from tfpar.optimizers import LAMB, LARS
 from tfpar.tensor_parallel.layers import _Shards, layer_class, split_error
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
@@ -147,6 +148,14 @@ def build_optimizer_beside_variables(model: Any) -> None:
     """Makes ``model``'s optimizer slots now, outside any function: each is created next to its
     variable then. (Keras 3 makes them in the first step's trace otherwise, all on one device.)"""
     optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss-scale optimizer
+    if isinstance(inner, (LARS, LAMB)) and any(isinstance(layer, _Shards) for layer in all_layers(model)):
+        raise ValueError(
+            f"{type(inner).__name__} scales each layer's step by the norms of its whole weights and update (its trust "
+            "ratio), and tensor parallelism holds a split layer as one variable per device, each of which would get its "
+            f"own ratio. Received: optimizer={type(inner).__name__} for model {model.name!r}, whose planned layers are "
+            "split. Use another optimizer with tensor parallelism (Adam, SGD...), or LARS/LAMB with data parallelism "
+            "or an unsplit pipeline.")
     if optimizer is not None and hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
         optimizer.build(model.trainable_variables)
 
