@@ -159,7 +159,7 @@ class LARS(_LayerWise):
     def __init__(self, learning_rate: float | Any = 0.1, momentum: float = 0.9, *, nesterov: bool = False, eta: float = 0.001,
                  weight_decay: float = 0.0, exclude_from_weight_decay: list[str] | None = None,
                  exclude_from_layer_adaptation: list[str] | None = None, keras_version: int = 2,
-                 name: str = "LARS", **kwargs) -> None:
+                 name: str = "LARS", **kwargs: Any) -> None:
         check_number("eta", eta, minimum=0, hint=" eta is LARS' trust coefficient (the paper's 0.001).")
         check_number("momentum", momentum, minimum=0, hint=" Momentum is in [0, 1), e.g. 0.9.")
         if momentum >= 1:
@@ -189,7 +189,8 @@ class LAMB(_LayerWise):
 
     Args:
         learning_rate: a number or a Keras learning-rate schedule of the same Keras.
-        beta_1, beta_2: the moments' decay rates, in [0, 1).
+        beta_1: the first moment's decay rate, in [0, 1).
+        beta_2: the second moment's decay rate, in [0, 1).
         epsilon: added to ``sqrt(v_hat)``, >= 0.
         weight_decay: >= 0, applied inside the trust ratio.
         exclude_from_weight_decay: name patterns (regular expressions searched in each variable's path,
@@ -213,7 +214,7 @@ class LAMB(_LayerWise):
     def __init__(self, learning_rate: float | Any = 0.001, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6, *,
                  weight_decay: float = 0.0, exclude_from_weight_decay: list[str] | None = None,
                  exclude_from_layer_adaptation: list[str] | None = None, keras_version: int = 2,
-                 name: str = "LAMB", **kwargs) -> None:
+                 name: str = "LAMB", **kwargs: Any) -> None:
         for option, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             check_number(option, value, minimum=0)
             if value >= 1:
