@@ -48,9 +48,9 @@ class _LayerWise:
     """What LARS and LAMB share in both Kerases: their options, the patterns, the slots, the step."""
 
     _SLOTS: tuple = ()
-    _init_keras: Callable[..., None]  # each Keras' shim (_TfKeras, _Keras3), after this class in the MRO
     """(attribute, slot name) of each slot: LARS' velocity is ``momentums``, as Keras' SGD's, so the learning-rate
     callbacks' momentum correction rescales it (it carries the rate)."""
+    _init_keras: Callable[..., None]  # each Keras' shim (_TfKeras, _Keras3), after this class in the MRO
 
     def __new__(cls, *args, keras_version=2, **kwargs):
         if cls in (LARS, LAMB):  # the public class: the Keras' own subclass
