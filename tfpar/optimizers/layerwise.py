@@ -39,6 +39,14 @@ def _patterns(name, value):
     return tuple(compiled)
 
 
+def _below_one(name, value, hint=""):
+    """A rate in [0, 1) (a momentum, a moment's decay): checked and returned as a float."""
+    check_number(name, value, minimum=0, hint=hint)
+    if value >= 1:
+        raise ValueError(f"{name} must be in [0, 1). Received: {name}={value!r}.{hint}")
+    return float(value)
+
+
 def _path(variable):
     """What the patterns are searched in: Keras 3's path ("dense/bias"), tf_keras' name ("dense/bias:0")."""
     return getattr(variable, "path", None) or variable.name
@@ -161,11 +169,9 @@ class LARS(_LayerWise):
                  exclude_from_layer_adaptation: list[str] | None = None, keras_version: int = 2,
                  name: str = "LARS", **kwargs: Any) -> None:
         check_number("eta", eta, minimum=0, hint=" eta is LARS' trust coefficient (the paper's 0.001).")
-        check_number("momentum", momentum, minimum=0, hint=" Momentum is in [0, 1), e.g. 0.9.")
-        if momentum >= 1:
-            raise ValueError(f"momentum must be in [0, 1). Received: momentum={momentum!r}. Use e.g. 0.9.")
+        momentum = _below_one("momentum", momentum, " Use e.g. 0.9.")
         self._init_keras(learning_rate, name, kwargs)
-        self.momentum, self.nesterov, self.eta = float(momentum), bool(nesterov), float(eta)
+        self.momentum, self.nesterov, self.eta = momentum, bool(nesterov), float(eta)
         self._layerwise_options(weight_decay, exclude_from_weight_decay, exclude_from_layer_adaptation)
 
     def _step(self, variable, gradient, slots, learning_rate, step, decay, adapt):
@@ -174,8 +180,7 @@ class LARS(_LayerWise):
         return w, (v,)
 
     def _rule_config(self):
-        return {"momentum": self.momentum,
-                "nesterov": self.nesterov, "eta": self.eta}
+        return {"momentum": self.momentum, "nesterov": self.nesterov, "eta": self.eta}
 
 
 class LAMB(_LayerWise):
@@ -215,13 +220,10 @@ class LAMB(_LayerWise):
                  weight_decay: float = 0.0, exclude_from_weight_decay: list[str] | None = None,
                  exclude_from_layer_adaptation: list[str] | None = None, keras_version: int = 2,
                  name: str = "LAMB", **kwargs: Any) -> None:
-        for option, value in (("beta_1", beta_1), ("beta_2", beta_2)):
-            check_number(option, value, minimum=0)
-            if value >= 1:
-                raise ValueError(f"{option} must be in [0, 1). Received: {option}={value!r}.")
+        beta_1, beta_2 = _below_one("beta_1", beta_1), _below_one("beta_2", beta_2)
         check_number("epsilon", epsilon, minimum=0)
         self._init_keras(learning_rate, name, kwargs)
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, float(epsilon)
         self._layerwise_options(weight_decay, exclude_from_weight_decay, exclude_from_layer_adaptation)
 
     def _step(self, variable, gradient, slots, learning_rate, step, decay, adapt):
@@ -230,18 +232,15 @@ class LAMB(_LayerWise):
         return w, (m, v)
 
     def _rule_config(self):
-        return {"beta_1": self.beta_1,
-                "beta_2": self.beta_2, "epsilon": self.epsilon}
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
 class _TfKeras:
     """tf_keras' optimizer API (TF 2.11+ ``tf_keras.optimizers.Optimizer``)."""
 
     def _init_keras(self, learning_rate, name, kwargs):
-        kwargs.setdefault("weight_decay", None)  # tf_keras' own decay is decoupled: LARS/LAMB decay inside
-        if kwargs["weight_decay"] is not None:
-            raise TypeError("weight_decay is LARS/LAMB's own argument here; pass it once.")
-        keras.optimizers.Optimizer.__init__(self, name=name, **kwargs)
+        # weight_decay=None: tf_keras' own decay is decoupled; LARS/LAMB's (their own argument) is inside
+        keras.optimizers.Optimizer.__init__(self, name=name, weight_decay=None, **kwargs)
         self._learning_rate = self._build_learning_rate(learning_rate)
 
     def build(self, var_list):
@@ -267,10 +266,8 @@ class _Keras3:
     """Keras 3's optimizer API (its TensorFlow back-end)."""
 
     def _init_keras(self, learning_rate, name, kwargs):
-        if kwargs.get("weight_decay") is not None:
-            raise TypeError("weight_decay is LARS/LAMB's own argument here; pass it once.")
-        kwargs["weight_decay"] = None  # Keras 3's own decay is decoupled: LARS/LAMB decay inside
-        keras3().optimizers.Optimizer.__init__(self, learning_rate=learning_rate, name=name, **kwargs)
+        # weight_decay=None: Keras 3's own decay is decoupled; LARS/LAMB's (their own argument) is inside
+        keras3().optimizers.Optimizer.__init__(self, learning_rate=learning_rate, name=name, weight_decay=None, **kwargs)
 
     def build(self, variables):
         if self.built:

@@ -25,6 +25,7 @@ import math
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int
 from tfpar._keras import is_keras3, tf
+from tfpar.optimizers import LAMB, LARS
 from tfpar.strategies._zero_comms import chunks_for
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
 
@@ -47,7 +48,7 @@ def sharding_refusal(optimizer) -> str | None:
     """Why ``optimizer`` cannot have its state sharded, or None."""
     name = type(optimizer).__name__
     module = type(optimizer).__module__.split(".")[0]
-    if type(optimizer).__module__.startswith("tfpar.optimizers"):
+    if isinstance(optimizer, (LARS, LAMB)):
         return (f"{name} scales each layer's step by the layer's norms (its trust ratio), and a chunk holds parts of "
                 "several layers; train it with zero_stage=0")
     if name not in RULES or module not in ("keras", "tf_keras"):

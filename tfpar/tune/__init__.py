@@ -110,7 +110,7 @@ def tune(model_fn: str, data_fn: str, space: dict, *, loss: str = "sparse_catego
         goal = parse_target(target, logged_metrics(names, validation_fn is not None))
         check_number("max_seconds", max_seconds, above=0, maximum=timeout_seconds,
                      hint=" A trial's training time must fit in its --trial-timeout.")
-        spec.update(target={"metric": goal.metric, "value": goal.value, "lower_is_better": goal.lower_is_better},
+        spec.update(target={"metric": goal.metric, "value": goal.value},
                     validation_fn=validation_fn, max_epochs=max_epochs, max_seconds=max_seconds)
     trials = []
     for config in trial_configs(space):

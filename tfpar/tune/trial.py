@@ -77,23 +77,27 @@ def _optimizer(config, spec, model, global_batch, base_batch):
     return optimizer, callbacks, {"optimizer": code, "callbacks": callbacks_code}
 
 
-def _to_target(target, max_seconds, fit_started):
-    """A callback that records the target metric after each epoch and stops the run when the target is
-    reached or the trial's time is up."""
+def _to_target(target, max_seconds):
+    """A callback that records the target metric after each epoch, at the seconds since training began,
+    and stops the run when the target is reached or the trial's time is up."""
     from tfpar._keras import keras
 
     class ToTarget(keras.callbacks.Callback):
-        curve, stopped, reached_at = [], "max_epochs", None
+        def __init__(self):
+            super().__init__()
+            self.curve, self.stopped, self.reached_at, self.started = [], "max_epochs", None, 0.0
+
+        def on_train_begin(self, logs=None):
+            self.started = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
             logs = logs or {}
-            if target["metric"] not in logs:
+            if target.metric not in logs:
                 print("METRICS " + json.dumps(sorted(logs)), flush=True)
-                raise ValueError(f"The model logs no metric {target['metric']!r}; it logs {sorted(logs)}.")
-            seconds, value = round(time.perf_counter() - fit_started[0], 3), float(logs[target["metric"]])
+                raise ValueError(f"The model logs no metric {target.metric!r}; it logs {sorted(logs)}.")
+            seconds, value = round(time.perf_counter() - self.started, 3), float(logs[target.metric])
             self.curve.append([seconds, value])
-            lower = target["lower_is_better"]
-            if (value <= target["value"]) if lower else (value >= target["value"]):
+            if target.reached(value):
                 self.stopped, self.reached_at = "target", (seconds, epoch + 1)
                 self.model.stop_training = True
             elif seconds >= max_seconds and epoch >= 1:  # 2 epochs at least: examples/s past the first's tracing
@@ -106,7 +110,7 @@ def _to_target(target, max_seconds, fit_started):
 def _trial(spec):
     """Runs one trial in this process and prints ``TRIAL {json}``."""
     import tfpar
-    from tfpar.tune.space import AXES, DEFAULTS
+    from tfpar.tune.space import AXES, DEFAULTS, Target
 
     config = {**{a: None for a in AXES}, **DEFAULTS, **spec["config"]}
     # Several workers (TF_CONFIG): one replica each, and the strategy created first.
@@ -130,9 +134,7 @@ def _trial(spec):
         if spec.get("validation_fn"):
             val = tfpar.data.distribute(_resolve(spec["validation_fn"])(), parallelism, global_batch, remainder="pad")
             validation = {"validation_data": val.dataset, "validation_steps": val.steps_per_epoch}
-        started = [0.0]
-        recorder = _to_target(target, spec["max_seconds"], started)
-        started[0] = time.perf_counter()
+        recorder = _to_target(Target(**target), spec["max_seconds"])
         history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=spec["max_epochs"], verbose=0,
                             callbacks=[throughput, *callbacks, recorder], **validation)
         seconds, epochs = recorder.reached_at or (None, None)
