@@ -37,6 +37,26 @@ def test_throughput_logs_totals_per_worker_and_scaling_efficiency(tmp_path):
     assert list(tmp_path.rglob("events.out.tfevents*"))
 
 
+def test_throughput_stops_the_epoch_clock_where_validation_begins(monkeypatch):
+    """fit's validation (on_test_begin inside an epoch) is not training: an epoch of 4 steps that trained
+    for 2 s and validated for 8 logs 2 s; an epoch without validation logs its whole 10 s."""
+    import tfpar.callbacks.monitoring as monitoring
+
+    ticks = iter([0.0, 2.0, 10.0, 20.0, 30.0])
+    monkeypatch.setattr(monitoring.time, "perf_counter", lambda: next(ticks))
+    throughput = Throughput(64)
+    throughput.set_model(_model(tfpar.DataParallel()))
+    throughput.set_params({"steps": 4})
+    validated, plain = {}, {}
+    throughput.on_epoch_begin(0)
+    throughput.on_test_begin()
+    throughput.on_epoch_end(0, validated)
+    throughput.on_epoch_begin(1)
+    throughput.on_epoch_end(1, plain)
+    assert (validated["step_time"], validated["examples_per_second"]) == (0.5, 128.0)
+    assert (plain["step_time"], plain["examples_per_second"]) == (2.5, 25.6)
+
+
 def test_throughput_agrees_with_an_independent_timer():
     """Steps made slow on purpose (30 ms each, 10 an epoch); the test's own clock, started before
     Throughput's epoch hook and stopped after it, times every epoch: Throughput's figure must

@@ -68,7 +68,8 @@ class Throughput(keras.callbacks.Callback):
     given a one-replica reference, ``scaling_efficiency`` at each epoch's end.
 
     Scaling efficiency = total examples/s ÷ (reference examples/s × replicas): 1.0 is
-    perfect linear scaling. The first epoch includes tracing; compare later ones.
+    perfect linear scaling. The first epoch includes tracing; compare later ones. An epoch's time
+    ends where ``fit``'s validation begins: the validation's batches are not training steps.
 
     Args:
         global_batch_size: examples per step over all replicas.
@@ -95,10 +96,15 @@ class Throughput(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(self.log_dir)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
+        self._start, self._end = time.perf_counter(), None
+
+    def on_test_begin(self, logs=None):
+        if getattr(self, "_start", None) is not None and self._end is None:  # fit's validation: not a training step
+            self._end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self._start
+        seconds = (self._end or time.perf_counter()) - self._start
+        self._start = None
         steps = self.params.get("steps") or 1
         strategy = self.model.distribute_strategy
         total = steps * self.global_batch_size / seconds
