@@ -9,6 +9,7 @@ devices (R × stages devices).
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from tfpar import _owned
@@ -77,6 +78,9 @@ class PipelineConfig:
         if self.tensor_parallel > 1 and self.tensor_plan != "auto":
             from tfpar.tensor_parallel.plan import match_plan
 
+            if not isinstance(self.tensor_plan, Mapping):
+                raise TypeError("tensor_plan must be \"auto\" or a dict from layer names (or regular "
+                                f"expressions) to styles. Received: tensor_plan={self.tensor_plan!r}.")
             match_plan(self.tensor_plan, list(self.tensor_plan))  # its types and styles
         if not isinstance(self.span_workers, bool):
             raise TypeError(f"span_workers must be True or False. Received: span_workers={self.span_workers!r}.")
