@@ -189,5 +189,39 @@ def test_each_epoch_has_its_own_order_built_alike_in_any_process():
     first = [order(e) for e in range(3)]
     tf.random.set_seed(123)  # a script's global seed changes nothing
     assert [order(e) for e in (2, 0, 1)] == [first[2], first[0], first[1]]
-    assert all(sorted(o) == list(range(0, 40, 2)) for o in first)  # worker 0's shard, each once
+    assert all(sorted(o + order(e, worker=1)) == list(range(40)) for e, o in enumerate(first))  # each once
     assert len({tuple(o) for o in first}) == 3 and order(0, worker=1) != order(0)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("resize", [{7: 2}, {3: 2, 8: 3}, {5: 1, 9: 2}])
+def test_a_resized_epoch_still_sees_every_example_exactly_once(replicas, resize):
+    """An elastic job's epoch: 3 workers, then the rest of the epoch read by another number of
+    workers from a step on (a resume there), shuffled with a seed and padded at the end (470
+    examples, 10 steps of 48 with one replica a worker): every example once, in epochs 0 and 1 (each its own order)."""
+    global_batch = 48 * replicas
+    for epoch in (0, 1):
+        report = check_coverage(_ids(470), num_workers=3, replicas_per_worker=replicas, resize=resize, epoch=epoch,
+                                global_batch_size=global_batch, shuffle_buffer=470, seed=3)
+        assert report.exactly_once, str(report)
+        assert sum(report.seen.values()) == 470 and report.padded == -470 % global_batch
+
+
+def test_a_step_holds_the_same_examples_whatever_the_number_of_workers():
+    """Why a resize keeps exactly once: under DATA sharding with a seed, step s of epoch e is the same
+    set of examples for 1, 2, 3 or 4 workers (the job's order, dealt step by step)."""
+    from tfpar.data.sharding import InputConfig, worker_dataset
+
+    config = InputConfig(global_batch_size=12, shuffle_buffer=100, seed=8)
+
+    def steps(workers):
+        per_worker = []
+        for worker in range(workers):
+            dataset, _ = worker_dataset(_ids(100), config, num_workers=workers, worker_index=worker,
+                                        num_replicas=workers, epoch=2)
+            per_worker.append([[int(v) for v, w in zip(b[1], b[2]) if w > 0] for b in dataset.as_numpy_iterator()])
+        return [sorted(sum((w[s] for w in per_worker), [])) for s in range(len(per_worker[0]))]
+
+    one = steps(1)
+    assert len(one) == 9 and sorted(sum(one, [])) == list(range(100))
+    assert steps(2) == one and steps(3) == one and steps(4) == one

@@ -9,6 +9,13 @@ import pytest
 from tfpar.data.plan import plan_shard
 
 
+def _dealt(n, workers, part):
+    """Each worker's examples of range(n) under DATA sharding, by brute force: consecutive parts of
+    ``part`` examples, part c to worker c mod ``workers``."""
+    parts = [list(range(i, min(i + part, n))) for i in range(0, n, part)]
+    return [[i for p in parts[w::workers] for i in p] for w in range(workers)]
+
+
 @pytest.mark.parametrize("remainder", ["pad", "drop"])
 def test_steps_equal_on_every_worker_and_cover_the_input(remainder):
     for workers, replicas, batch, n in itertools.product(range(1, 5), range(1, 4), range(1, 5), range(1, 60)):
@@ -23,7 +30,7 @@ def test_steps_equal_on_every_worker_and_cover_the_input(remainder):
         steps = {p.steps for p in plans}
         assert len(steps) == 1
         (s,) = steps
-        per_worker = [n // workers + (w < n % workers) for w in range(workers)]
+        per_worker = [len(shard) for shard in _dealt(n, workers, replicas * batch)]
         if remainder == "pad":
             assert s == math.ceil(n / global_batch)
             assert all(size <= s * replicas * batch for size in per_worker)
@@ -86,14 +93,14 @@ def test_bad_plans(kwargs, match):
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
 @pytest.mark.parametrize("replicas_per_worker", [1, 2])
 def test_padded_step_weights_make_each_step_the_mean_over_its_real_examples(num_workers, replicas_per_worker):
-    """Against a brute-force count: each worker's DATA shard (every W-th example) cut into
+    """Against a brute-force count: each worker's DATA shard (its part of every step) cut into
     per-replica batches, R of them per step; a padded step's real examples weigh global/real."""
     batch = 3
     global_batch = num_workers * replicas_per_worker * batch
     for n in range(global_batch, 4 * global_batch + 1):
         plans = [plan_shard(num_workers=num_workers, worker_index=w, replicas_per_worker=replicas_per_worker,
                             per_replica_batch=batch, policy="data", num_elements=n) for w in range(num_workers)]
-        shards = [list(range(w, n, num_workers)) for w in range(num_workers)]
+        shards = _dealt(n, num_workers, replicas_per_worker * batch)
         real = [0] * plans[0].steps
         for shard in shards:
             chunks = [shard[i:i + batch] for i in range(0, len(shard), batch)]

@@ -15,7 +15,9 @@ __all__ = ["REMAINDERS", "SHARD_POLICIES", "ShardPlan", "plan_shard"]
 
 SHARD_POLICIES = ("auto", "file", "data", "off")
 """How the input is split across workers: "file" gives each worker whole
-files, "data" gives each worker every W-th element, "off" gives every worker
+files, "data" deals each global step's examples out in consecutive parts (worker w takes the
+w-th part of every step, so a step holds the same examples whatever the number of workers and
+`tfpar.data.distribute` keeps exactly once across a resize), "off" gives every worker
 everything, "auto" picks "file" when there are at least as many files as
 workers, else "data"."""
 
@@ -64,6 +66,12 @@ class ShardPlan:
         return self.per_replica_batch * self.replicas_per_worker * self.num_workers
 
     @property
+    def resizable(self):
+        """Whether a step holds the same examples whatever the number of workers ("data", or one worker
+        reading everything), so that a resume in the middle of an epoch may change that number."""
+        return self.policy == "data" or self.num_workers == 1
+
+    @property
     def first_weighted_step(self):
         """The first step of the epoch whose real examples weigh more than 1 (= ``steps`` if none)."""
         return (self.steps or 0) - len(self.padded_step_weights)
@@ -108,7 +116,7 @@ def _resolve_policy(policy, num_files, num_workers):
     return policy
 
 
-def _shard_sizes(num_elements, file_sizes, policy, num_workers):
+def _shard_sizes(num_elements, file_sizes, policy, num_workers, per_step):
     """Every worker's shard size, or None for an infinite input."""
     if num_elements is None:
         return None
@@ -116,7 +124,10 @@ def _shard_sizes(num_elements, file_sizes, policy, num_workers):
         return [num_elements] * num_workers
     if policy == "file":
         return [sum(file_sizes[w::num_workers]) for w in range(num_workers)]
-    return [len(range(w, num_elements, num_workers)) for w in range(num_workers)]  # tf.data's shard()
+    # "data": parts of ``per_step`` examples, part c to worker c mod W; only the last part is short.
+    full, rest = divmod(num_elements, per_step)
+    return [len(range(w, full, num_workers)) * per_step + (rest if full % num_workers == w else 0)
+            for w in range(num_workers)]
 
 
 def _padded_step_weights(shards, steps, replicas_per_worker, per_replica_batch):
@@ -192,10 +203,10 @@ def plan_shard(
             "FILE sharding of a finite input needs the size of every file. "
             f"Received: file_sizes={file_sizes!r} for {num_files} file(s)."
         )
-    shards = _shard_sizes(num_elements, file_sizes, resolved, num_workers)
+    per_step = replicas_per_worker * per_replica_batch
+    shards = _shard_sizes(num_elements, file_sizes, resolved, num_workers, per_step)
     steps, padded, weights = None, False, ()
     if shards is not None:
-        per_step = replicas_per_worker * per_replica_batch
         smallest, largest = min(shards), max(shards)
         steps = math.ceil(largest / per_step) if remainder == "pad" else smallest // per_step
         if steps == 0:

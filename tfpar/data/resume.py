@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["InputPosition", "position_of", "start_where_fit_starts"]
+__all__ = ["InputPosition", "check_resume", "layout_of", "position_of", "start_where_fit_starts"]
 
 _positions: dict = {}  # id(the DistributedDataset fit is given) -> its InputPosition
 _lock = threading.Lock()
@@ -33,6 +33,8 @@ class InputPosition:
         """Whether each epoch's order can be built again in a new process (no unseeded shuffle)."""
         self.offset = 0
         """Global steps of the stream before the next iterator's first batch."""
+        self.layout: dict = {}
+        """How the steps are made (`layout_of`): what a resume in the middle of an epoch must find again."""
 
     def start_at(self, epoch: int, step: int = 0, steps_per_epoch: int | None = None) -> None:
         """Starts the next iterator at ``step`` of ``epoch``, with ``fit``'s ``steps_per_epoch``
@@ -47,6 +49,36 @@ class InputPosition:
             offset = self.offset
         epoch, step = divmod(offset, self.steps) if self.steps else (0, offset)
         return np.int64(epoch), np.int64(step * self.replicas_per_worker)
+
+
+def layout_of(plan: Any) -> dict:
+    """What a step of the input depends on, from this worker's `ShardPlan` (a backup records it)."""
+    return {"global_batch_size": plan.global_batch_size, "num_workers": plan.num_workers,
+            "shard_policy": plan.policy, "resizable": plan.resizable}
+
+
+def check_resume(saved: dict, layout: dict, epoch: int, step: int) -> None:
+    """Refuses a resume at ``step`` (> 0) of ``epoch`` whose steps would not hold the examples the backed-up
+    run's steps held (``saved``: that run's `layout_of`): a resize under FILE sharding, another global batch.
+
+    Raises:
+        ValueError: naming what changed and the fix.
+    """
+    where = f"The backup continues epoch {epoch + 1} at step {step + 1}"
+    if saved.get("global_batch_size") != layout["global_batch_size"]:
+        raise ValueError(
+            f"{where}, counted in global batches of {saved.get('global_batch_size')} examples. Received: "
+            f"global_batch_size={layout['global_batch_size']}. Keep the global batch of the backed-up run "
+            "(tfpar.data.distribute divides it over the replicas it now has), or resume from a backup at an "
+            'epoch end (save_freq="epoch").')
+    if saved.get("num_workers") != layout["num_workers"] and not (saved.get("resizable") and layout["resizable"]):
+        raise ValueError(
+            f"{where}, with {saved.get('num_workers')} workers reading shard_policy={saved.get('shard_policy')!r}, "
+            f"and this run has {layout['num_workers']} (shard_policy={layout['shard_policy']!r}): whole-file shards "
+            "hold other examples for another number of workers, so the rest of the epoch would repeat some "
+            "examples and skip others. Received: a resize in the middle of an epoch. Pass shard_policy=\"data\" "
+            "to tfpar.data.distribute (each step then holds the same examples whatever the number of workers), "
+            "or resume with the backed-up number of workers.")
 
 
 def register(dataset, position):

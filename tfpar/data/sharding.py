@@ -18,8 +18,9 @@ from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import tf
 from tfpar._topology import topology_of
 from tfpar.data.batching import per_replica_batch_size
+from tfpar.data.padding import batch
 from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
-from tfpar.data.resume import InputPosition, register
+from tfpar.data.resume import InputPosition, layout_of, register
 from tfpar.data.source import measure, open_source, read_files
 
 __all__ = ["DistributedInput", "InputConfig", "distribute", "worker_dataset"]
@@ -36,9 +37,13 @@ class InputConfig:
     remainder: str = "pad"
     """"pad" (default: masked padding, every example exactly once) or "drop"."""
     shuffle_buffer: int = 0
-    """Shuffle each worker's shard with this buffer (0: keep the order)."""
+    """Shuffle with this buffer (0: keep the order): the job's order before it is dealt (DATA sharding
+    with a ``seed``), else each worker's shard."""
     seed: int | None = None
-    """Shuffle seed (worker i uses seed + i), None for a random one."""
+    """Shuffle seed, None for a random one. With it, each epoch's order is the seed's and the epoch's
+    alone: with DATA sharding (or one worker) the whole input is shuffled in that order and then dealt
+    step by step (so a resume may change the number of workers), else worker i shuffles its own shard
+    with seed + i. A new process builds the same order again: a resume continues at the exact example."""
     reader: object = None
     """For a list of files: path tensor -> dataset (default: TFRecordDataset)."""
 
@@ -52,76 +57,6 @@ class InputConfig:
             raise TypeError(
                 f"reader must be a callable path -> tf.data.Dataset. Received: {self.reader!r}."
             )
-
-
-def _check_padable(spec):
-    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
-        raise ValueError(
-            "remainder='pad' needs (inputs, targets) or (inputs, targets, "
-            "sample_weight) elements, so that padded examples carry sample "
-            f"weight 0. Received elements of spec {spec}. Use remainder='drop' "
-            "or add targets."
-        )
-    for s in tf.nest.flatten(spec):
-        if not s.shape.is_fully_defined():
-            raise ValueError(
-                "remainder='pad' needs examples of a fixed shape to build "
-                f"padding. Received elements of spec {spec}. Use "
-                "remainder='drop' or give the examples a fixed shape."
-            )
-
-
-def _pad_batch(size):
-    """Per-batch map: add a weight column (1 per example) and pad a short batch to ``size``."""
-
-    def pad(t):
-        extra = size - tf.shape(t)[0]
-        padded = tf.pad(t, [[0, extra]] + [[0, 0]] * (t.shape.rank - 1))
-        return tf.ensure_shape(padded, [size] + t.shape[1:].as_list())
-
-    def fn(*batch):
-        if len(batch) == 2:
-            batch = (*batch, tf.ones(tf.shape(tf.nest.flatten(batch[0])[0])[:1], tf.float32))
-        full = tf.equal(tf.shape(batch[-1])[0], size)
-        # Only the last batch is short: full batches pass through without a copy.
-        return tf.cond(
-            full,
-            lambda: tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size] + t.shape[1:].as_list()), batch),
-            lambda: tf.nest.map_structure(pad, batch),
-        )
-
-    return fn
-
-
-def _batch(dataset, plan):
-    """Per-replica batches, exactly ``plan.steps`` steps' worth (finite input)."""
-    batch = plan.per_replica_batch
-    if plan.steps is None:  # infinite: no last batch to handle
-        return dataset.batch(batch, drop_remainder=True)
-    count = plan.steps * plan.replicas_per_worker
-    if not plan.padded:  # "drop", or "pad" where every shard fills its steps exactly
-        return dataset.batch(batch, drop_remainder=True).take(count)
-    _check_padable(dataset.element_spec)
-    dataset = dataset.batch(batch).map(_pad_batch(batch))
-    zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), dataset.element_spec)
-    padding = tf.data.Dataset.from_tensors(zeros).repeat()
-    dataset = dataset.concatenate(padding).take(count)
-    return dataset.enumerate().map(_weigh_padded_steps(plan))
-
-
-def _weigh_padded_steps(plan):
-    """Per-batch map over (index, batch): real rows of the trailing padded steps weigh
-    `ShardPlan.padded_step_weights` (global / real), padding stays 0, other steps unchanged."""
-    first = plan.first_weighted_step
-    tail = tf.constant(plan.padded_step_weights or (1.0,), tf.float64)
-
-    def fn(index, batch):
-        step = index // plan.replicas_per_worker
-        scale = tf.where(step >= first, tf.gather(tail, tf.maximum(step - first, 0)), 1.0)
-        weights = batch[-1]
-        return (*batch[:-1], weights * tf.cast(scale, weights.dtype))
-
-    return fn
 
 
 def worker_dataset(source: Any, config: "InputConfig", *, num_workers: int, worker_index: int, num_replicas: int,
@@ -171,23 +106,29 @@ def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, s
     )
     if files is not None:
         dataset = read_files(plan.files or files, config.reader)
-    if plan.policy == "data":
-        dataset = dataset.shard(num_workers, worker_index)
-    # The worker's seed, made once: unseeded, this process' own random one (epochs still differ).
-    seed = (config.seed + worker_index if config.seed is not None else random.SystemRandom().randrange(_MAX_SEED))
-    seed %= _MAX_SEED
+    # One order for the whole job, shuffled and then dealt step by step, where a step's examples must not
+    # depend on the number of workers (`ShardPlan.resizable`) and the order can be built again (a seed).
+    job_order = plan.resizable and config.seed is not None
+    # The seed, made once: unseeded, this process' own random one (epochs still differ).
+    seed = (config.seed + (0 if job_order else worker_index) if config.seed is not None
+            else random.SystemRandom().randrange(_MAX_SEED)) % _MAX_SEED
+
+    def shuffled(shard, epoch):
+        if not config.shuffle_buffer:
+            return shard
+        if epoch is None:  # parameter servers: each worker its own order, each pass
+            return shard.shuffle(config.shuffle_buffer, seed=None if config.seed is None else seed)
+        # This function's own graph seed: the order depends on the seed, the worker (or the job) and
+        # the epoch alone, not on a global seed the script may or may not set.
+        tf.random.set_seed(_GRAPH_SEED)
+        return shard.shuffle(config.shuffle_buffer, seed=seed * _EPOCH_STRIDE + epoch, reshuffle_each_iteration=False)
 
     def epoch_dataset(epoch):
-        shard = dataset
-        if config.shuffle_buffer and epoch is None:  # parameter servers: each worker its own order, each pass
-            shard = shard.shuffle(config.shuffle_buffer, seed=None if config.seed is None else seed)
-        elif config.shuffle_buffer:
-            # This function's own graph seed: the order depends on the seed, the worker and the
-            # epoch alone, not on a global seed the script may or may not set.
-            tf.random.set_seed(_GRAPH_SEED)
-            shard = shard.shuffle(config.shuffle_buffer, seed=seed * _EPOCH_STRIDE + epoch,
-                                  reshuffle_each_iteration=False)
-        return _batch(shard, plan)
+        shard = shuffled(dataset, epoch) if job_order else dataset
+        if plan.policy == "data":  # this worker's part of every step (`tfpar.data.plan`)
+            part = plan.replicas_per_worker * plan.per_replica_batch
+            shard = shard.batch(part).shard(num_workers, worker_index).unbatch()
+        return batch(shard if job_order else shuffled(shard, epoch), plan)
 
     return epoch_dataset, plan
 
@@ -306,6 +247,7 @@ def distribute(source: Any, strategy: Any, global_batch_size: int, **options: An
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
     position.steps, position.replicas_per_worker = plans[0].steps, plans[0].replicas_per_worker
+    position.layout = layout_of(plans[0])
     register(distributed, position)
     return DistributedInput(distributed, plans[0].steps, plans[0])
 
