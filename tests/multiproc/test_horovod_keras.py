@@ -132,3 +132,19 @@ def test_installed_horovod_keras_refuses_keras3_in_one_line():
 @pytest.mark.usefixtures("horovod_installed")
 def test_doctor_says_horovod_keras_works(doctor):
     assert "horovod.tensorflow.keras: works, unchanged scripts run on tf_keras" in doctor.output, doctor.output[-2000:]
+
+
+@pytest.mark.usefixtures("horovod_installed")
+def test_horovod_strategy_refuses_an_elastic_horovodrun_at_once(tmp_path):
+    """Horovod's elastic mode re-forms the ring in memory, which HorovodStrategy's fixed replicas cannot
+    follow: the rank refuses at once, naming Horovod's elastic API and an elastic tfpar launch."""
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\necho localhost:1\n")
+    discover.chmod(0o755)
+    # One host: Horovod's elastic mode then needs the interface named (it compares two hosts' otherwise).
+    result = run_command(["horovodrun", "-np", "1", "--min-np", "1", "--max-np", "1", "--host-discovery-script",
+                          str(discover), "--network-interface", "lo", sys.executable, "-c",
+                          "import tfpar; tfpar.HorovodStrategy()"], timeout=120, env={"PYTHONPATH": ROOT})
+    assert result.returncode != 0
+    assert "HorovodStrategy cannot follow a change of Horovod's ranks" in result.output, result.output[-3000:]
+    assert "Received: an elastic horovodrun (HOROVOD_ELASTIC=1" in result.output

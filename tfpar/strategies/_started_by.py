@@ -8,7 +8,7 @@ not "mpirun started this".
 
 import os
 
-__all__ = ["SLURM_MPI_MARKERS", "choose", "started_by_horovod"]
+__all__ = ["SLURM_MPI_MARKERS", "choose", "refuse_elastic_horovodrun", "started_by_horovod"]
 
 # horovodrun sets HOROVOD_RANK for Gloo jobs; under --mpi, Open MPI's and MPICH's
 # launchers set their own rank variables.
@@ -34,3 +34,18 @@ def choose(environ=None):
             return "horovod"
         return "data_parallel" if env.get("TF_CONFIG", "").strip() else "slurm"
     return "horovod" if any(name in env for name in _HOROVOD_MARKERS) else "data_parallel"
+
+
+def refuse_elastic_horovodrun(environ=None):
+    """HorovodStrategy's replicas are fixed when it is built, and its step function with them: under
+    Horovod's elastic mode (``horovodrun --min-np/--max-np``, which sets HOROVOD_ELASTIC=1) the ring
+    re-forms in memory with other ranks, which that function cannot follow. Refused at once, with the ways
+    that do follow a membership change."""
+    env = os.environ if environ is None else environ
+    if env.get("HOROVOD_ELASTIC") == "1":
+        raise ValueError(
+            "HorovodStrategy cannot follow a change of Horovod's ranks: its replicas and its compiled step are "
+            "fixed when it is built. Received: an elastic horovodrun (HOROVOD_ELASTIC=1, from --min-np/--max-np "
+            "or --host-discovery-script). Use Horovod's elastic API for this script (hvd.elastic.run, "
+            "hvd.elastic.KerasState, horovod.tensorflow.keras.DistributedOptimizer, state.commit()), or an elastic "
+            "`tfpar launch --min-workers N` with tfpar.DataParallel.")

@@ -32,7 +32,7 @@ from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
 from tfpar._topology import Topology
-from tfpar.strategies._started_by import SLURM_MPI_MARKERS, started_by_horovod
+from tfpar.strategies._started_by import SLURM_MPI_MARKERS, refuse_elastic_horovodrun, started_by_horovod
 from tfpar.strategies._describe import batch_and_model_lines, zero_lines
 from tfpar.strategies._gradients import (COMPRESSIONS, GRADIENT_CHECKS, AccumulatedUpdates, GradientAccumulator,
                                          check_compression,
@@ -278,6 +278,7 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
 
     def __init__(self, config: HorovodConfig | None = None, **kwargs: Any) -> None:
         config = config_from(HorovodConfig, config, kwargs)
+        refuse_elastic_horovodrun()
         hvd = import_horovod()
         size = hvd.size()
         if config.op == "adasum" and size & (size - 1):
