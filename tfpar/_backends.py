@@ -7,6 +7,7 @@ watched by one `tfpar._supervisor.Supervisor` (heartbeats, step times, the timel
 | `Slurm`    | ``--slurm``                | this srun task's worker, the cluster from SLURM      |
 | `Nodes`    | ``--nnodes K``             | this host's workers; the cluster from a rendezvous   |
 | `Hosts`    | ``--hosts`` / ``--cluster``| this machine's task(s) of a multi-host cluster      |
+| `Elastic`  | ``--min-workers``, ``--max-workers``, ``--host-discovery-*`` | workers on 127.0.0.1, as many as discovery lists |
 | `Local`    | ``-n N [--ps M]``, ``--nproc-per-node N`` | every task on 127.0.0.1, restarted on failure |
 
 A back-end (Ray Train's ``Backend.on_start`` is the shape) says whether the command line is its
@@ -22,7 +23,7 @@ from tfpar._processes import DEFAULT_GRACE_SECONDS, run_command
 from tfpar._supervisor import Supervisor
 from tfpar.launch import Task, launch, load_cluster_file
 
-__all__ = ["BACKENDS", "Backend", "Horovod", "Hosts", "Local", "Nodes", "Slurm", "backend_for"]
+__all__ = ["BACKENDS", "Backend", "Elastic", "Horovod", "Hosts", "Local", "Nodes", "Slurm", "backend_for"]
 
 
 class Backend:
@@ -231,6 +232,50 @@ def _worker_tasks(first_index, envs):
     return [Task(task_type="worker", task_index=first_index + i, env=task_env_pairs(env)) for i, env in enumerate(envs)]
 
 
+class Elastic(Backend):
+    """``--min-workers``/``--max-workers``/``--host-discovery-script``/``--host-discovery-file``: a local job
+    whose workers may change (`tfpar._elastic_launch`)."""
+
+    name = "elastic"
+
+    def chosen(self, args):
+        return any(v is not None for v in (args.min_workers, args.max_workers, args.host_discovery_script,
+                                           args.host_discovery_file))
+
+    def check(self, args, command):
+        from tfpar._elastic import Discovery, Membership
+
+        for flag, given in (("--task-index", args.task_index is not None), ("--hosts", args.hosts),
+                            ("--cluster", args.cluster), ("--nnodes", args.nnodes is not None), ("--slurm", args.slurm),
+                            ("--horovod", args.horovod), ("--ps", args.ps), ("--nproc-per-node", args.nproc_per_node)):
+            if given:
+                raise ValueError(
+                    f"An elastic job (--min-workers, --max-workers, --host-discovery-*) is a local job that tfpar "
+                    f"launch supervises and restarts. Received: {flag} with it, a job it does not supervise that way. "
+                    "Drop the elastic options, or run Horovod's elastic mode (horovodrun --min-np/--max-np "
+                    "--host-discovery-script) for a job across hosts.")
+        if args.workers is not None and args.max_workers is not None:
+            raise ValueError(f"Give -n or --max-workers, not both. Received: -n {args.workers} --max-workers "
+                             f"{args.max_workers}. In an elastic job -n is the most workers it trains with.")
+        most = args.max_workers if args.max_workers is not None else args.workers
+        if most is None and args.host_discovery_script is None and args.host_discovery_file is None:
+            raise ValueError("An elastic job needs its most workers or a host discovery. Received: neither -n, "
+                             "--max-workers nor --host-discovery-script/--host-discovery-file. Write e.g. "
+                             "`tfpar launch --min-workers 2 --max-workers 4 -- python train.py`.")
+        self.membership = Membership(args.min_workers or 1, most, args.max_restarts)
+        self.discovery = Discovery(args.host_discovery_script, args.host_discovery_file, most or 1)
+        self.discovery.hosts()  # its output checked now, before any worker starts
+        check_number("elastic_timeout", args.elastic_timeout, above=0, hint=" (seconds to wait for --min-workers)")
+
+    def start(self, args, command):
+        from tfpar._elastic_launch import run_elastic
+        from tfpar.launch import LaunchOptions
+
+        options = LaunchOptions(grace_seconds=args.grace, max_restarts=args.max_restarts,
+                                heartbeat_timeout=args.heartbeat_timeout)
+        return run_elastic(command, options, self.discovery, self.membership, args.elastic_timeout)
+
+
 class Local(Backend):
     """Every task of the job on 127.0.0.1: ``-n`` workers (and ``--ps`` servers with a chief)."""
 
@@ -252,7 +297,7 @@ class Local(Backend):
                       heartbeat_timeout=args.heartbeat_timeout)
 
 
-BACKENDS = (Horovod(), Slurm(), Nodes(), Hosts(), Local())
+BACKENDS = (Elastic(), Horovod(), Slurm(), Nodes(), Hosts(), Local())
 """The back-ends, in the order ``tfpar launch`` asks them: the first `chosen` runs the job."""
 
 

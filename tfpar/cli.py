@@ -146,7 +146,19 @@ def _parser():
                      help="seconds a stopped task gets before SIGKILL")
     run.add_argument("--max-restarts", type=_int, default=0,
                      help="local jobs: when a task fails, stop the others and start the job again on "
-                          "fresh ports, up to this many times (training resumes from FaultTolerance's backup)")
+                          "fresh ports, up to this many times (training resumes from FaultTolerance's backup); "
+                          "elastic jobs: the failures of one worker's slot before it is dropped")
+    run.add_argument("--min-workers", type=_int, default=None, metavar="N",
+                     help="an elastic local job: it trains on with at least N workers when it loses some (default 1)")
+    run.add_argument("--max-workers", type=_int, default=None, metavar="N",
+                     help="an elastic local job: at most N workers; it grows back to them when capacity returns")
+    run.add_argument("--host-discovery-script", default=None, metavar="PATH",
+                     help="an elastic local job: an executable printing host:slots lines (Horovod's), run again "
+                          "every second; a worker a slot")
+    run.add_argument("--host-discovery-file", default=None, metavar="PATH",
+                     help="an elastic local job: a file of host:slots lines, read again every second")
+    run.add_argument("--elastic-timeout", type=float, default=600.0,
+                     help="an elastic job: seconds to wait for --min-workers slots before failing")
     run.add_argument("--heartbeat-timeout", type=float, default=None,
                      help="seconds a task may make no training step before it is named hung, its stacks are "
                           "dumped and the job is stopped (or restarted under --max-restarts)")

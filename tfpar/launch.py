@@ -52,6 +52,9 @@ class LaunchOptions:
     """A local job: how many times it starts again after a task failed."""
     poll_seconds: float = 0.05
     """How often the launcher looks at its tasks."""
+    watch: Any = None
+    """An elastic job's membership watch (`tfpar._elastic_launch`): called at each look, it raises
+    `tfpar._elastic.MembershipChange` to have the running job stopped."""
 
     def __post_init__(self):
         check_int("max_restarts", self.max_restarts, 0, " (how many times a failed job is started again)")
@@ -138,6 +141,12 @@ def _supervise(job, supervisor, received, options):
             job.say(f"{name} received and passed on; every task has {options.grace_seconds:g} s to exit")
             job.stop(first=None)
             raise LaunchError(f"interrupted by {name}", returncode=128 + received[0])
+        if options.watch is not None:
+            try:
+                options.watch()
+            except Exception:  # a membership change (or discovery failing): the job is stopped first
+                job.stop()
+                raise
         codes = {task: proc.poll() for task, proc in job.procs.items()}
         for task, code in codes.items():
             if task.serves and code is not None and task not in reported:

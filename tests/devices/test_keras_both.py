@@ -84,7 +84,7 @@ def test_fault_tolerance_resumes_under_each_keras(any_keras, tmp_path):
     assert again.resumed_at_epoch == 2 and len(history.history["loss"]) == 2  # epochs 3 and 4
 
 
-def _recorded_fit(k, backup, trained, crash_at=None):
+def _recorded_fit(k, backup, trained, crash_at=None, global_batch=8):
     """fit, 3 epochs, on 80 numbered examples (global batch 8: 10 steps an epoch), shuffled with a seed,
     under FaultTolerance(save_freq=5); its replicas put every id they train on in ``trained[(epoch,
     step)]``; a RuntimeError at ``crash_at`` (epoch, step). Returns the FaultTolerance."""
@@ -110,8 +110,8 @@ def _recorded_fit(k, backup, trained, crash_at=None):
     with strategy.scope():
         model = k.Sequential([k.layers.Input((7,)), Record(), k.layers.Dense(1)])
         model.compile(k.optimizers.SGD(0.01), "mse")
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, x[:, 1])), strategy, 8, shuffle_buffer=80,
-                                  seed=3)
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, x[:, 1])), strategy, global_batch,
+                                  shuffle_buffer=80, seed=3)
     backup = FaultTolerance(str(backup), save_freq=5)
     model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0, callbacks=[backup, Where()])
     return backup
@@ -132,6 +132,18 @@ def test_a_mid_epoch_resume_trains_every_example_once_under_each_keras(any_keras
         per_epoch[epoch].update(ids)
     assert {e: sorted(c.items()) for e, c in per_epoch.items()} == {e: [(i, 1) for i in range(1, 81)] for e in range(3)}
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+def test_a_mid_epoch_resume_with_another_global_batch_is_refused_before_any_step(any_keras, tmp_path):
+    """The backup's steps are global batches of 8: a run with batches of 16 would continue at another
+    example, so FaultTolerance refuses it at once, naming the backed-up batch and the fix."""
+    with pytest.raises(RuntimeError, match="the process dies here"):
+        _recorded_fit(any_keras, tmp_path / "b", collections.defaultdict(list), crash_at=(1, 7))
+    trained = collections.defaultdict(list)
+    with pytest.raises(ValueError, match=r"continues epoch 2 at step 6, counted in global batches of 8 examples. "
+                                         r"Received: global_batch_size=16. Keep the global batch"):
+        _recorded_fit(any_keras, tmp_path / "b", trained, global_batch=16)
+    assert not trained  # no step ran
 
 
 @pytest.mark.parametrize("source, save_freq, message", [

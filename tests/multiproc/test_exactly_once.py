@@ -9,8 +9,6 @@ import os
 import re
 import sys
 
-import pytest
-
 from tests.conftest import ROOT, run_command, tfpar_command
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "exactly_once.py")
@@ -18,44 +16,80 @@ EXAMPLES, EPOCHS = 320, 4
 
 
 def trained_per_epoch(records, resumed_at):
-    """epoch -> Counter of the ids the replicas trained on: the killed attempt's steps from the
-    resume point on do not count (the backup rolled them back), the resumed attempt's all do."""
+    """epoch -> Counter of the ids the replicas trained on: an attempt's steps from the next attempt's
+    resume point on do not count (the backup rolled them back), the last attempt's all do."""
     counts = collections.defaultdict(collections.Counter)
-    for path in sorted(records.iterdir()):
+    for path in sorted(records.glob("attempt*")):
         attempt = int(re.match(r"attempt(\d+)-", path.name).group(1))
         for line in path.read_text().splitlines():
             step = json.loads(line)
-            if attempt == 0 and (step["epoch"], step["step"]) >= resumed_at:
+            if attempt < len(resumed_at) and (step["epoch"], step["step"]) >= resumed_at[attempt]:
                 continue
             counts[step["epoch"]].update(step["ids"])
     return counts
 
 
-def assert_exactly_once(records, output):
-    where = re.search(r"tfpar: resumed from the backup in \S+ at epoch (\d+), step (\d+)", output)
-    assert where, output[-3000:]
-    resumed_at = (int(where.group(1)) - 1, int(where.group(2)) - 1)
-    assert resumed_at == (1, 5)  # the backup after step 5 of epoch 2 (save_freq=5, 10 steps an epoch)
+def resume_points(output):
+    """(epoch, step), 0-based, of each resume the chief printed, in order."""
+    return [(int(e) - 1, int(s or 1) - 1) for e, s in
+            re.findall(r"tfpar: resumed from the backup in \S+ at epoch (\d+)(?:, step (\d+))?", output)]
+
+
+def assert_exactly_once(records, output, examples=EXAMPLES, epochs=EPOCHS, resumes=1):
+    resumed_at = resume_points(output)
+    assert len(resumed_at) == resumes, output[-3000:]
+    assert resumed_at[0] == (1, 5)  # the backup after step 5 of epoch 2 (save_freq=5, 10 steps an epoch)
     counts = trained_per_epoch(records, resumed_at)
-    assert sorted(counts) == list(range(EPOCHS))
+    assert sorted(counts) == list(range(epochs))
     for epoch, seen in counts.items():
         twice = sum(1 for n in seen.values() if n > 1)
-        never = EXAMPLES - len(seen)
+        never = examples - len(seen)
         assert (twice, never) == (0, 0), f"epoch {epoch + 1}: {twice} examples trained twice, {never} never"
-        assert set(seen) == set(range(1, EXAMPLES + 1))
+        assert set(seen) == set(range(1, examples + 1))
+    return resumed_at
 
 
-@pytest.mark.parametrize("keras_version", ["2", "3"])
-def test_a_mid_epoch_resume_trains_every_example_exactly_once(tmp_path, keras_version):
+def test_a_mid_epoch_resume_trains_every_example_exactly_once(tmp_path):
+    """Keras 3 here; tf_keras' mid-epoch resume is the elastic test's."""
     records = tmp_path / "records"
     records.mkdir()
     result = run_command(tfpar_command("launch", "-n", "2", "--max-restarts", "1", "--", sys.executable, SCRIPT,
                                        str(tmp_path / "backup"), str(records)),
-                         timeout=300, env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": keras_version})
+                         timeout=300, env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": "3"})
     assert result.returncode == 0, result.output[-4000:]
     assert "tfpar launch: restart 1 of 1" in result.output and "worker 1 was killed by SIGKILL" in result.output
     assert "DONE" in result.output
     assert_exactly_once(records, result.output)
+
+
+def test_an_elastic_job_loses_a_worker_mid_epoch_and_gets_it_back_with_every_example_once(tmp_path):
+    """The issue's resize, in one job: 3 workers (two on 127.0.0.1, one on localhost, from a discovery file);
+    worker 2 is lost for good at step 7 of epoch 2 (SIGKILL, localhost out of the file; backups every 5 steps),
+    the job resumes at step 6 on 2 workers, localhost comes back in epoch 4 and the job grows to 3 after its
+    next backup. Every example of every epoch is trained on exactly once, counted from the ids the replicas
+    trained on, the rolled-back steps left out; the seconds from the loss to the next step are printed."""
+    records, hosts = tmp_path / "records", tmp_path / "hosts"
+    records.mkdir()
+    hosts.write_text("127.0.0.1:2\nlocalhost:1\n")
+    result = run_command(tfpar_command("launch", "--min-workers", "2", "--host-discovery-file", str(hosts), "--",
+                                       sys.executable, SCRIPT, str(tmp_path / "backup"), str(records),
+                                       "--elastic", str(hosts)),
+                         timeout=420, env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": "2"})
+    assert result.returncode == 0, result.output[-4000:]
+    out = result.output
+    assert "tfpar launch: 3 worker(s); world size 3" in out
+    assert "tfpar launch: workers 3 -> 2 (left: localhost slot 0); world size 2" in out, out[-4000:]
+    assert "growing the job after its next backup" in out
+    assert "tfpar launch: workers 2 -> 3 (joined: localhost slot 0); world size 3" in out, out[-4000:]
+    resumed = assert_exactly_once(records, out, examples=480, epochs=5, resumes=2)
+    assert resumed[1] >= (3, 0), resumed  # the grow-back resumed in epoch 4 or later
+    workers = {int(re.match(r"attempt(\d+)-worker(\d+)", p.name).group(2)) for p in records.glob("attempt1-*")}
+    assert workers == {0, 1}  # the middle attempt trained on 2 workers
+    lost = float((records / "lost").read_text())
+    first = min(json.loads(line)["time"] for p in records.glob("attempt1-*") for line in p.read_text().splitlines())
+    loss = re.search(r"LOSS (\S+)", out).group(1)
+    print(f"elastic: {first - lost:.1f} s from the loss to the next training step; resumed at {resumed}; "
+          f"final loss {loss}")
 
 
 def test_a_mid_epoch_resume_under_horovodrun_trains_every_example_exactly_once(tmp_path, horovod_installed):

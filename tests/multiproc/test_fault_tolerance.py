@@ -43,10 +43,13 @@ def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tm
     assert first.returncode == 128 + 9, first.output[-3000:]  # worker 1's SIGKILL, as a shell reports it
     assert "tfpar launch: error: worker 1 was killed by SIGKILL" in first.output  # the dead worker, by name
     assert _epochs(first.output) == ["1/5", "2/5", "3/5"] and "DONE" not in first.output
-    # Only the chief's backup is there, of epoch 2 (worker 1's own copies were temporary).
+    # Only the chief's backup is there, of epoch 2 (worker 1's own copies were temporary), with the
+    # input's layout the chief recorded beside it (where the next run continues: epoch 3, step 1).
     backup = tmp_path / "backup"
     assert sorted(str(p.relative_to(backup)) for p in backup.rglob("*")) == [
-        "chief", "chief/checkpoint", "chief/ckpt-2.data-00000-of-00001", "chief/ckpt-2.index"]
+        "chief", "chief/checkpoint", "chief/ckpt-2.data-00000-of-00001", "chief/ckpt-2.index", "tfpar_input.json"]
+    assert {k: v for k, v in json.loads((backup / "tfpar_input.json").read_text()).items()
+            if k in ("epoch", "step", "num_workers")} == {"epoch": 2, "step": 0, "num_workers": 2}
 
     second = _launch(tmp_path / "backup")
     assert second.returncode == 0, second.output[-4000:]

@@ -174,6 +174,9 @@ def test_bad_launch_arguments(args, match):
     (["--hosts", "a,b", "--nproc-per-node", "2", "--task-index", "0"], "hosts"),
     (["--nnodes", "2", "--node-rank", "1", "--master-addr", "a"], "nodes"),
     (["--horovod", "--nproc-per-node", "2"], "horovod"),
+    (["--min-workers", "2", "-n", "3"], "elastic"),
+    (["--host-discovery-file", "hosts"], "elastic"),
+    (["--max-workers", "2", "--hosts", "a,b", "--task-index", "0"], "elastic"),  # which refuses --hosts, naming it
 ])
 def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backend):
     from tfpar._backends import BACKENDS, backend_for
@@ -181,7 +184,7 @@ def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backe
 
     args = _parser().parse_args(["launch", *argv, "--", PY, "-c", "pass"])
     assert backend_for(args).name == backend
-    assert [b.name for b in BACKENDS] == ["horovod", "slurm", "nodes", "hosts", "local"]
+    assert [b.name for b in BACKENDS] == ["elastic", "horovod", "slurm", "nodes", "hosts", "local"]
 
 
 def test_the_supervisor_gives_heartbeat_files_in_its_folder_and_merges_horovods_timeline_on_exit(tmp_path):

@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 
 PURE = frozenset({"tfpar._checks", "tfpar._files", "tfpar._timeline_files", "tfpar._heartbeat", "tfpar._task_env",
                   "tfpar._processes", "tfpar._loopback", "tfpar._lazy", "tfpar._addresses", "tfpar._slurm",
-                  "tfpar._job", "tfpar._supervisor", "tfpar._node", "tfpar._rendezvous", "tfpar.cluster", "tfpar.pipeline.schedule",
+                  "tfpar._job", "tfpar._supervisor", "tfpar._node", "tfpar._elastic", "tfpar._rendezvous", "tfpar.cluster", "tfpar.pipeline.schedule",
                   "tfpar.pipeline.simulation", "tfpar.data.plan", "tfpar.data.batching", "tfpar.tensor_parallel.plan"})
 """Layer 1: planning and protocol, no TensorFlow (tests/unit/test_public_names.py loads them)."""
 
@@ -20,7 +20,7 @@ LAYERS = {
     4: ("tfpar._parallelism", "tfpar.strategies", "tfpar.pipeline", "tfpar.tensor_parallel", "tfpar.data",
         "tfpar.quantization"),
     5: ("tfpar.callbacks", "tfpar._factory", "tfpar.integrations"),
-    6: ("tfpar", "tfpar.__main__", "tfpar.launch", "tfpar._backends", "tfpar.cli", "tfpar.demo", "tfpar._tokens", "tfpar.verify",
+    6: ("tfpar", "tfpar.__main__", "tfpar.launch", "tfpar._elastic_launch", "tfpar._backends", "tfpar.cli", "tfpar.demo", "tfpar._tokens", "tfpar.verify",
         "tfpar.tune", "tfpar.report", "tfpar.doctor", "tfpar.install_horovod", "tfpar._install_cache", "tfpar._horovod_build",
         "tfpar._horovod_patches"),
 }

@@ -2,19 +2,24 @@
 
 import json
 import os
+import time
 import uuid
 import warnings
 
 from tfpar import _compat
 from tfpar._checks import check_number
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar._task_env import FAULT_TOLERANCE_MARK, STATE_VARIABLE
+from tfpar._files import write_atomically
+from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST, STATE_VARIABLE
 from tfpar._parallelism import sum_over_workers
 from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import chief_print
-from tfpar.data.resume import position_of
+from tfpar.data.resume import check_resume, position_of
 
 __all__ = ["FaultTolerance"]
+
+INPUT_LAYOUT = "tfpar_input.json"
+"""The file beside the backup that records how the input's steps were made (`tfpar.data.resume.layout_of`)."""
 
 
 def _check_writable(directory):
@@ -71,7 +76,11 @@ class FaultTolerance(keras.callbacks.Callback):
     same ``backup_dir``, training resumes after the last backed-up epoch (or step),
     with the weights, optimizer state and epoch counter of that moment, and the
     backup is deleted once training completes. The directory is checked to be
-    writable when the callback is built.
+    writable when the callback is built. Beside the backup the chief records how a
+    `tfpar.data.distribute` input's steps are made (``tfpar_input.json``), so that a
+    resume in the middle of an epoch on another number of workers continues at the
+    same example, or is refused when it cannot. Under an elastic ``tfpar launch``
+    that waits to grow the job, the chief waits after its next backup to be restarted.
 
     Args:
         backup_dir: where the backup lives (the same path on every worker).
@@ -80,7 +89,9 @@ class FaultTolerance(keras.callbacks.Callback):
 
     Raises:
         ValueError: a directory that cannot be written, a bad ``save_freq``, or a job whose
-            TF_CONFIG or tasks would make more than one chief (then refused when training starts).
+            TF_CONFIG or tasks would make more than one chief (then refused when training starts);
+            when training starts, a mid-epoch resume whose steps would hold other examples than the
+            backed-up run's (another global batch; FILE shards on another number of workers).
 
     Examples:
         >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=20,  # doctest: +SKIP
@@ -132,13 +143,34 @@ class FaultTolerance(keras.callbacks.Callback):
         self.resumed_at_step = step if self.resumed_at_epoch is not None else None
         self._epoch, self._skipped = None, (epoch, step) if step else None
         position = position_of(x)
+        self._backup.tfpar_saved = self._saved
+        self._layout = position.layout if position is not None else None
         if position is not None:
+            self._check_layout(position)
             position.start_at(epoch, step, steps)
         if self.save_freq != "epoch" and (position is None or not position.exact):
             _warn_inexact(self.save_freq, x, position)
         if self.resumed_at_epoch is not None:
             where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
             chief_print(self.model, f"tfpar: resumed from the backup in {self.backup_dir} at {where}")
+
+    def _check_layout(self, position):
+        """A backup in the middle of an epoch continues there only with the same steps (the input's layout
+        recorded beside it: `tfpar.data.resume.check_resume`), whatever the number of workers now."""
+        path = os.path.join(self.backup_dir, INPUT_LAYOUT)
+        if self.resumed_at_epoch is not None and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+            if saved.get("step"):
+                check_resume(saved, position.layout, saved["epoch"], saved["step"])
+
+    def _saved(self, epoch, step, last):
+        """After the chief's backup, whose run continues at ``step`` of ``epoch``: the input's layout beside it,
+        and the launcher told (`_backed_up`); ``last``: training's last backup."""
+        if self._layout is not None:
+            write_atomically(os.path.join(self.backup_dir, INPUT_LAYOUT),
+                             json.dumps({**self._layout, "epoch": epoch, "step": step}))
+        _backed_up(last)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -168,6 +200,9 @@ class FaultTolerance(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._backup.on_train_end(logs)
+        layout = os.path.join(self.backup_dir, INPUT_LAYOUT)
+        if self.delete_checkpoint and _strategy_of(self.model).extended.should_checkpoint and os.path.exists(layout):
+            os.remove(layout)
 
 
 def _warn_inexact(save_freq, x, position):
@@ -182,16 +217,45 @@ def _warn_inexact(save_freq, x, position):
         'epoch ends (save_freq="epoch").', stacklevel=2)
 
 
-def _tell_the_launcher():
-    """Under ``tfpar launch --max-restarts``: marks that this job backs up, so a restart resumes."""
+def _tell_the_launcher(mark=FAULT_TOLERANCE_MARK):
+    """Under ``tfpar launch --max-restarts`` (or an elastic launch): marks that this job backs up, so a
+    restart resumes."""
     folder = os.environ.get(STATE_VARIABLE)
     if folder and os.path.isdir(folder):
-        with open(os.path.join(folder, FAULT_TOLERANCE_MARK), "a"):
+        path = os.path.join(folder, mark)
+        with open(path, "a"):
             pass
+        os.utime(path)
+
+
+def _backed_up(last):
+    """After the chief's backup: marks it for the launcher; if an elastic launch waits to grow the job and
+    training goes on after this backup (not ``last``), waits to be stopped (`tfpar._task_env.GROW_REQUEST`)."""
+    folder = os.environ.get(STATE_VARIABLE)
+    if not folder:
+        return
+    _tell_the_launcher(BACKUP_MARK)
+    if not last and os.path.exists(os.path.join(folder, GROW_REQUEST)):
+        print("tfpar: backed up; the launcher restarts the job with more workers from here", flush=True)
+        deadline = time.monotonic() + _GROW_WAIT_SECONDS
+        while time.monotonic() < deadline and os.path.exists(os.path.join(folder, GROW_REQUEST)):
+            time.sleep(0.05)
+
+
+_GROW_WAIT_SECONDS = 60.0  # the launcher looks every 0.05 s: past this, it decided otherwise
 
 
 class _TfKerasBackup(keras.callbacks.BackupAndRestore):
     """tf_keras' own: on several workers the chief writes the backup, the others temporary copies."""
+
+    tfpar_saved = None  # FaultTolerance._saved
+
+    def _backup(self, epoch, batch=0):
+        super()._backup(epoch, batch)
+        steps = self.params.get("steps")
+        epoch, step = (epoch + 1, 0) if self.save_freq == "epoch" or (steps and batch + 1 >= steps) else (epoch, batch + 1)
+        if self.tfpar_saved is not None and _strategy_of(self.model).extended.should_checkpoint:
+            self.tfpar_saved(epoch, step, epoch >= self.params.get("epochs", 0))
 
 
 def _strategy_of(model):
@@ -206,6 +270,7 @@ def _keras3_backup(backup_dir, **kwargs):
 
     class Keras3Backup(base):
         _next = (0, 0)
+        tfpar_saved = None  # FaultTolerance._saved
 
         def _chief(self):
             return _strategy_of(self.model).extended.should_checkpoint
@@ -231,6 +296,8 @@ def _keras3_backup(backup_dir, **kwargs):
             metadata["tfpar_next"] = list(self._next)
             with open(self._training_metadata_path, "w", encoding="utf-8") as f:
                 json.dump(metadata, f)
+            if self.tfpar_saved is not None:
+                self.tfpar_saved(*self._next, self._next[0] >= self.params.get("epochs", 0))
 
         def resume_point(self, initial_epoch):
             """``(epoch, step)`` the restored run continues at (``initial_epoch, 0`` without a backup)."""

@@ -1,13 +1,19 @@
 """The mid-epoch resume job, as a user writes it: FaultTolerance(save_freq=5) over a shuffled,
 seeded tfpar.data input (320 examples, global batch 32: 10 steps an epoch, 4 epochs).
 
-Usage: exactly_once.py BACKUP_DIR RECORDS_DIR [--horovod] [--attempt N]
+Usage: exactly_once.py BACKUP_DIR RECORDS_DIR [--horovod] [--attempt N] [--elastic HOSTS_FILE [--undisturbed]]
 Under `tfpar launch --max-restarts 1` the attempt is $TFPAR_RESTART_COUNT; under horovodrun, --attempt.
 In attempt 0, worker (rank) 1 SIGKILLs itself at the start of step 6 of epoch 2 (batch 5 of epoch
 index 1), once the chief has written the backup of step 5. Every replica step appends the ids it trains on (examples are numbered from 1; padding
 rows are zeros, weight 0, and carry id 0, so only ids > 0 are recorded) to
-RECORDS_DIR/attempt<A>-worker<W>.jsonl, one line per replica step: {"epoch", "step", "ids"}.
+RECORDS_DIR/attempt<A>-worker<W>.jsonl, one line per replica step: {"epoch", "step", "ids", "time"}.
 The model in Keras 3 when $TFPAR_TEST_KERAS is "3".
+
+With --elastic (under an elastic `tfpar launch --host-discovery-file HOSTS_FILE` of 3 workers, the third
+on "localhost"): 480 examples, global batch 48 (10 steps), 5 epochs; in attempt 0 worker 2 takes
+localhost out of HOSTS_FILE and SIGKILLs itself at the start of step 7 of epoch 2 (after the backup of
+step 5), writing the time to RECORDS_DIR/lost; in the attempt after, worker 0 puts localhost back at
+the start of epoch 4 and trains on once the launcher has asked for a backup to grow from. Worker 0 prints the final loss over all examples ("LOSS x").
 """
 
 import json
@@ -28,13 +34,17 @@ strategy, worker = process_strategy()
 import tensorflow as tf  # noqa: E402
 
 k = keras_of_env()
+hosts = sys.argv[sys.argv.index("--elastic") + 1] if "--elastic" in sys.argv else None
+n, global_batch, epochs, victim, kill_step = (480, 48, 5, 2, 6) if hosts else (320, 32, 4, 1, 5)
+victim = -1 if "--undisturbed" in sys.argv else victim  # the same job, nobody killed (bench/elastic.py)
 where = {"epoch": 0, "step": 0}
 log = open(os.path.join(records, f"attempt{attempt}-worker{worker}.jsonl"), "a", encoding="utf-8")
 
 
 def record(ids):
     trained = [int(i) for i in ids.numpy() if i > 0]
-    log.write(json.dumps({"epoch": int(where["epoch"]), "step": int(where["step"]), "ids": trained}) + "\n")
+    log.write(json.dumps({"epoch": int(where["epoch"]), "step": int(where["step"]), "ids": trained,
+                          "time": time.time()}) + "\n")
     log.flush()
     return np.int32(0)
 
@@ -62,18 +72,32 @@ class Where(k.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         where["step"] = batch
-        if attempt == 0 and worker == 1 and where["epoch"] == 1 and batch == 5:
+        if attempt == 0 and worker == victim and where["epoch"] == 1 and batch == kill_step:
             deadline = time.monotonic() + 60
             while not os.path.exists(saved) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if hosts:  # its host is gone for good: out of discovery before it dies
+                with open(hosts, "w") as f:
+                    f.write("127.0.0.1:2\n")
+                with open(os.path.join(records, "lost"), "w") as f:
+                    f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+        if hosts and attempt > 0 and worker == 0 and where["epoch"] == 3 and batch == 0 and \
+                os.path.exists(os.path.join(records, "lost")) and not os.path.exists(os.path.join(records, "back")):
+            with open(hosts, "w") as f:  # capacity returns
+                f.write("127.0.0.1:2\nlocalhost:1\n")
+            open(os.path.join(records, "back"), "w").close()
+            # Paced as the kill is: training goes on once the launcher has seen it (it looks every second,
+            # and an epoch here is shorter), so that a backup follows to grow from.
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.path.join(os.environ["TFPAR_LAUNCH_DIR"], "grow")) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def on_train_batch_end(self, batch, logs=None):
         if attempt == 0 and worker == 0 and where["epoch"] == 1 and batch == 4:
             open(saved, "w").close()
 
 
-n = 320
 rng = np.random.default_rng(0)
 x = np.concatenate([np.arange(1, n + 1, dtype="float32")[:, None], rng.normal(size=(n, 4)).astype("float32")], 1)
 y = rng.normal(size=n).astype("float32")
@@ -81,9 +105,13 @@ with strategy.scope():
     k.utils.set_random_seed(0)
     model = k.Sequential([k.layers.Input((5,)), Record(), k.layers.Dense(1)])
     model.compile(k.optimizers.SGD(0.01), "mse")
-train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 32, shuffle_buffer=320, seed=3)
-model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=0,
+train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch, shuffle_buffer=n,
+                              seed=3)
+model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0,
           callbacks=[tfpar.callbacks.FaultTolerance(backup, save_freq=5), Where()])
 log.close()
+kernel, bias = model.get_weights()
+loss = float(np.mean((x[:, 1:] @ kernel[:, 0] + bias[0] - y) ** 2))  # the trained model's, over every example
 if worker == 0:
+    print(f"LOSS {loss!r}", flush=True)
     print("DONE", flush=True)

@@ -1,0 +1,173 @@
+"""Elastic `tfpar launch`: host discovery (Horovod's host:slots), the membership, and the launcher's
+shrink, wait and grow, with plain Python children (no TensorFlow; the training job with its data is
+tests/multiproc/test_exactly_once.py's)."""
+
+import os
+import re
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import run_command, tfpar_command
+from tfpar._elastic import Discovery, Membership, parse_host_lines
+
+PY = sys.executable
+
+
+def test_host_lines_parse_as_horovods_discovery_prints_them():
+    text = "localhost:2\n127.0.0.1\n\n# a comment\n[::1]:3  # trailing comment\nlocalhost:1\n"
+    assert parse_host_lines(text, "s") == {"localhost": 3, "127.0.0.1": 1, "::1": 3}
+
+
+@pytest.mark.parametrize("line", ["localhost:0", "localhost:two", "local host:2", ":2", "localhost:-1"])
+def test_an_unparsable_host_line_is_refused_naming_it(line):
+    with pytest.raises(ValueError, match=rf"the script printed line 2 that is not host:slots. Received: {re.escape(repr(line))}"):
+        parse_host_lines(f"localhost:1\n{line}\n", "the script")
+
+
+def test_the_membership_drops_a_slot_past_its_restarts_and_a_host_brings_its_slots_back():
+    m = Membership(2, 3, max_restarts=1)
+    assert m.change(m.slots({"127.0.0.1": 2, "localhost": 2})) == "3 worker(s); world size 3"  # at most 3
+    assert m.failed(2) is None  # its first failure: restarted
+    assert "localhost slot 0 dropped" in m.failed(2)
+    slots = m.slots({"127.0.0.1": 2, "localhost": 2})
+    assert slots == ["127.0.0.1 slot 0", "127.0.0.1 slot 1", "localhost slot 1"]  # the next slot takes its place
+    assert m.change(slots) == "workers 3 -> 3 (left: localhost slot 0; joined: localhost slot 1); world size 3"
+    assert m.change(m.slots({"127.0.0.1": 2})) == "workers 3 -> 2 (left: localhost slot 1); world size 2"
+    assert m.slots({"127.0.0.1": 2, "localhost": 1}) == ["127.0.0.1 slot 0", "127.0.0.1 slot 1", "localhost slot 0"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(min_workers=3, max_workers=2, max_restarts=0), r"min_workers must not exceed max_workers. Received: --min-workers 3 --max-workers 2"),
+    (dict(min_workers=0, max_workers=2, max_restarts=0), r"min_workers must be an int >= 1"),
+    (dict(min_workers=1, max_workers=0, max_restarts=0), r"max_workers must be an int >= 1"),
+])
+def test_bad_membership(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Membership(**kwargs)
+
+
+def _executable(path, body, mode=0o755):
+    path.write_text(body)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_bad_discovery_is_refused_at_once(tmp_path):
+    with pytest.raises(ValueError, match=r"script does not exist. Received: --host-discovery-script .*nowhere"):
+        Discovery(script=str(tmp_path / "nowhere"))
+    plain = _executable(tmp_path / "plain.sh", "#!/bin/sh\necho localhost:2\n", mode=0o644)
+    with pytest.raises(ValueError, match=r"not executable.*chmod \+x"):
+        Discovery(script=plain)
+    with pytest.raises(ValueError, match=r"file does not exist"):
+        Discovery(file=str(tmp_path / "hosts"))
+    garbled = _executable(tmp_path / "garbled.sh", "#!/bin/sh\necho localhost:2\necho 'oops no slots:x'\n")
+    with pytest.raises(ValueError, match=r"printed line 2 that is not host:slots. Received: 'oops no slots:x'"):
+        Discovery(script=garbled).hosts()
+    failing = _executable(tmp_path / "failing.sh", "#!/bin/sh\necho broken >&2\nexit 4\n")
+    with pytest.raises(ValueError, match=r"exited with code 4: broken"):
+        Discovery(script=failing).hosts()
+    remote = _executable(tmp_path / "remote.sh", "#!/bin/sh\necho localhost:1\necho gpu-node-7:4\n")
+    with pytest.raises(ValueError, match=r"lists hosts other than this machine: \['gpu-node-7'\].*horovodrun"):
+        Discovery(script=remote).hosts()
+    assert Discovery(script=_executable(tmp_path / "good.sh", "#!/bin/sh\necho 127.0.0.1:2\n")).hosts() == {"127.0.0.1": 2}
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--min-workers", "3", "--max-workers", "2"], r"min_workers must not exceed max_workers"),
+    (["--min-workers", "2", "--hosts", "a,b", "--task-index", "0"], r"Received: --task-index with it"),
+    (["--min-workers", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", "a"], r"Received: --nnodes with it"),
+    (["--min-workers", "1", "--horovod", "-n", "2"], r"Received: --horovod with it.*horovodrun --min-np"),
+    (["--min-workers", "2"], r"needs its most workers or a host discovery"),
+    (["--max-workers", "2", "-n", "2"], r"Give -n or --max-workers, not both"),
+    (["--host-discovery-script", "/nonexistent/discover.sh"], r"script does not exist"),
+])
+def test_bad_elastic_launches_exit_3_before_anything_starts(tmp_path, args, match):
+    started = tmp_path / "started"
+    result = run_command(tfpar_command("launch", *args, "--", PY, "-c", f"open({str(started)!r}, 'w')"), timeout=60)
+    assert result.returncode == 3 and re.search(match, result.output), result.output
+    assert not started.exists()
+
+
+JOB = textwrap.dedent("""
+    import json, os, sys, time
+    tf = json.loads(os.environ["TF_CONFIG"])
+    n, i, a = len(tf["cluster"]["worker"]), tf["task"]["index"], int(os.environ["TFPAR_RESTART_COUNT"])
+    state, hosts = os.environ["TFPAR_LAUNCH_DIR"], sys.argv[1]
+    print(f"attempt {a} worker {i} of {n}", flush=True)
+    if i == 0:  # as FaultTolerance does: the job backs up
+        open(os.path.join(state, "fault_tolerance"), "a").close()
+    if a == 0 and i == 2:  # its host goes away for good, and it dies
+        open(hosts, "w").write("127.0.0.1:2\\n")
+        sys.exit(3)
+    if a == 1 and i == 0:  # capacity returns; a backup follows the launcher's request
+        open(hosts, "w").write("127.0.0.1:2\\nlocalhost:1\\n")
+        while not os.path.exists(os.path.join(state, "grow")):
+            time.sleep(0.05)
+        print("grow requested", flush=True)
+        open(os.path.join(state, "backed_up"), "a").close()
+        os.utime(os.path.join(state, "backed_up"))
+        time.sleep(60)  # the chief waits to be stopped
+    if a == 1 and i == 1:
+        time.sleep(60)
+""")
+
+
+def test_an_elastic_launch_shrinks_on_a_lost_host_and_grows_back_at_the_next_backup(tmp_path):
+    hosts, job = tmp_path / "hosts", tmp_path / "job.py"
+    hosts.write_text("127.0.0.1:2\nlocalhost:1\n")
+    job.write_text(JOB)
+    result = run_command(tfpar_command("launch", "--min-workers", "2", "--host-discovery-file", str(hosts),
+                                       "--grace", "2", "--", PY, str(job), str(hosts)), timeout=120)
+    out = result.output
+    assert result.returncode == 0, out
+    changes = re.findall(r"tfpar launch: (.*world size \d)", out)
+    assert changes == ["3 worker(s); world size 3", "workers 3 -> 2 (left: localhost slot 0); world size 2",
+                       "workers 2 -> 3 (joined: localhost slot 0); world size 3"], out
+    assert sorted(re.findall(r"attempt (\d) worker (\d) of (\d)", out)) == [
+        ("0", "0", "3"), ("0", "1", "3"), ("0", "2", "3"), ("1", "0", "2"), ("1", "1", "2"),
+        ("2", "0", "3"), ("2", "1", "3"), ("2", "2", "3")]
+    assert "growing the job after its next backup" in out and "grow requested" in out
+    assert "a backup to start them from; restarting the workers" in out
+
+
+def test_too_few_slots_wait_then_fail_naming_the_minimum(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1:1\n")
+    result = run_command(tfpar_command("launch", "--min-workers", "2", "--host-discovery-file", str(hosts),
+                                       "--elastic-timeout", "2", "--", PY, "-c", "pass"), timeout=60)
+    assert result.returncode != 0
+    assert "waiting up to 2 s for the host discovery file" in result.output
+    assert re.search(r"1 worker slot\(s\) for 2 s, fewer than --min-workers 2", result.output), result.output
+
+
+def test_a_job_without_a_backup_is_not_grown(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1:1\n")
+    body = (f"import time\nopen({str(hosts)!r}, 'w').write('127.0.0.1:2\\n')\ntime.sleep(3)\n")
+    result = run_command(tfpar_command("launch", "--host-discovery-file", str(hosts), "--", PY, "-c", body),
+                         timeout=60)
+    assert result.returncode == 0, result.output
+    assert "not growing: the command makes no tfpar.callbacks.FaultTolerance backup" in result.output
+    assert "joined" not in result.output
+    assert not os.path.exists(tmp_path / "grow")
+
+
+def test_a_mid_epoch_resume_must_find_the_backed_up_steps():
+    """`check_resume`: another number of workers is fine where a step's examples do not depend on it
+    (DATA sharding, or one worker); whole-file shards, or another global batch, are refused with the fix."""
+    from tfpar.data.resume import check_resume
+
+    def layout(workers, policy="data", batch=48):
+        return {"global_batch_size": batch, "num_workers": workers, "shard_policy": policy,
+                "resizable": policy == "data" or workers == 1}
+
+    check_resume(layout(3), layout(2), epoch=1, step=5)
+    check_resume(layout(1, "off"), layout(3), epoch=1, step=5)
+    check_resume(layout(3, "file"), layout(3, "file"), epoch=1, step=5)
+    with pytest.raises(ValueError, match=r"epoch 2 at step 6, with 3 workers reading shard_policy='file'.*"
+                                         r"Pass shard_policy=\"data\""):
+        check_resume(layout(3, "file"), layout(2, "file"), epoch=1, step=5)
+    with pytest.raises(ValueError, match=r"global batches of 48 examples. Received: global_batch_size=96"):
+        check_resume(layout(3), layout(2, batch=96), epoch=1, step=5)

@@ -1,0 +1,136 @@
+"""``tfpar launch --min-workers/--max-workers [--host-discovery-script|--host-discovery-file]``: a local
+job that goes on when it loses workers and grows back when capacity returns, as torchrun's
+``--nnodes MIN:MAX`` does: every change restarts all workers, on fresh ports, and
+`tfpar.callbacks.FaultTolerance` resumes them from its last backup with the new world size
+(`tfpar.data.distribute` re-deals the rest of the epoch over them, every example once).
+
+- A worker that fails counts against its slot (`tfpar._elastic.Membership`); the job restarts with
+  the slots it has, dropping one that failed more than ``--max-restarts`` times.
+- A host that leaves discovery stops the job at once, which restarts without its workers.
+- New capacity is taken at the next backup: the launcher asks for it (`GROW_REQUEST`), FaultTolerance's
+  chief marks it and waits to be stopped, so no step is trained twice (the last backup of training is
+  not one: the job ends instead); a command that makes no backup is not grown (it would start over).
+- Fewer than ``--min-workers``: the launcher waits for discovery to list enough, up to
+  ``elastic_timeout`` seconds, then fails.
+
+Pure Python, as the rest of the launcher.
+"""
+
+import dataclasses
+import os
+import tempfile
+import time
+
+from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, Membership, MembershipChange
+from tfpar._processes import LaunchError
+from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST, RESTART_VARIABLE, STATE_VARIABLE
+from tfpar.launch import LaunchOptions, _local_job, _run_tasks
+
+__all__ = ["run_elastic"]
+
+
+def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, membership: Membership,
+                elastic_timeout: float = 600.0) -> int:
+    """Runs ``command`` as an elastic local job until it succeeds; returns 0.
+
+    Raises:
+        LaunchError: fewer than ``min_workers`` for ``elastic_timeout`` seconds, or interrupted.
+        ValueError: discovery that fails or prints what is not ``host:slots``.
+    """
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
+        for attempt in range(1 << 30):
+            slots = _enough_slots(discovery, membership, elastic_timeout, options)
+            change = membership.change(slots)
+            if change:
+                options.say(f"{change} at {time.monotonic() - start:.1f} s")
+            cluster, tasks = _local_job({"worker": len(slots)})
+            withdraw(state)  # a new job: nobody waits
+            watch = _Watch(discovery, membership, state, options)
+            run = dataclasses.replace(options, watch=watch, env={
+                **(options.env or {}), RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state})
+            try:
+                return _run_tasks(command, cluster, tasks, run)
+            except MembershipChange as reason:
+                options.say(f"{reason}; restarting the workers")
+            except LaunchError as error:
+                if error.task is None:  # interrupted
+                    raise
+                dropped = membership.failed(error.task.task_index)
+                options.say(f"{error}" + (f"; {dropped}" if dropped else "; restarting the workers"))
+                if not os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
+                    options.say("warning: the command made no tfpar.callbacks.FaultTolerance backup, so training "
+                                "starts over from the first epoch; add FaultTolerance(backup_dir) to fit's callbacks")
+    raise AssertionError("unreachable")
+
+
+def _enough_slots(discovery, membership, elastic_timeout, options):
+    """The slots to run on, once there are at least ``min_workers`` (waiting up to ``elastic_timeout``)."""
+    deadline, said = time.monotonic() + elastic_timeout, False
+    while True:
+        slots = membership.slots(discovery.hosts())
+        if len(slots) >= membership.min_workers:
+            return slots
+        if time.monotonic() >= deadline:
+            raise LaunchError(
+                f"{len(slots)} worker slot(s) for {elastic_timeout:g} s, fewer than --min-workers "
+                f"{membership.min_workers}: {discovery.source} lists too few (or their workers failed too often)")
+        if not said:
+            options.say(f"{len(slots)} worker slot(s), fewer than --min-workers {membership.min_workers}; "
+                        f"waiting up to {elastic_timeout:g} s for {discovery.source} to list more")
+            said = True
+        time.sleep(DISCOVERY_PERIOD_SECONDS)
+
+
+class _Watch:
+    """Called at each look of the launcher at a running job. Every ``DISCOVERY_PERIOD_SECONDS`` it asks
+    discovery: a member's host gone stops the job at once (MembershipChange); more slots ask
+    FaultTolerance's chief for a backup to grow from (`GROW_REQUEST`), and the job is stopped as soon as
+    that backup is marked."""
+
+    def __init__(self, discovery, membership, state, options):
+        self.discovery, self.membership, self.state, self.options = discovery, membership, state, options
+        self.next_look = time.monotonic() + DISCOVERY_PERIOD_SECONDS
+        self.request = os.path.join(state, GROW_REQUEST)
+        self.requested = None  # the request's time, once written
+        self.said_no_backup = False
+
+    def __call__(self):
+        mark = os.path.join(self.state, BACKUP_MARK)
+        if self.requested is not None and os.path.exists(mark) and os.path.getmtime(mark) >= self.requested:
+            raise MembershipChange(f"{self.more} more worker slot(s) and a backup to start them from")
+        if time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + DISCOVERY_PERIOD_SECONDS
+        members = self.membership.members
+        slots = self.membership.slots(self.discovery.hosts())
+        gone = [s for s in members if s not in slots]
+        if gone:
+            raise MembershipChange(f"{', '.join(gone)} left {self.discovery.source}")
+        self.more = len(slots) - len(members)
+        if self.more <= 0:
+            if self.requested is not None:
+                withdraw(self.state)
+                self.requested = None
+            return
+        if self.requested is not None:
+            return
+        if not os.path.exists(os.path.join(self.state, FAULT_TOLERANCE_MARK)):
+            if not self.said_no_backup:
+                self.options.say("not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a "
+                                 "restart would start training over")
+                self.said_no_backup = True
+            return
+        with open(self.request, "w"):
+            pass
+        self.requested = os.path.getmtime(self.request)
+        self.options.say(f"{self.more} more worker slot(s) in {self.discovery.source}; growing the job after "
+                         "its next backup")
+
+
+def withdraw(state):
+    """Removes a grow request (the chief stops waiting for the launcher)."""
+    try:
+        os.remove(os.path.join(state, GROW_REQUEST))
+    except FileNotFoundError:
+        pass
