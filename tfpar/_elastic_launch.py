@@ -6,7 +6,8 @@ job that goes on when it loses workers and grows back when capacity returns, as 
 
 - A worker that fails counts against its slot (`tfpar._elastic.Membership`); the job restarts with
   the slots it has, dropping one that failed more than ``--max-restarts`` times.
-- A host that leaves discovery stops the job at once, which restarts without its workers.
+- A host that leaves discovery stops the job at once, which restarts without its workers. Discovery that
+  fails or prints what does not parse while the job runs is said and asked again: the job goes on.
 - New capacity is taken at the next backup: the launcher asks for it (`GROW_REQUEST`), FaultTolerance's
   chief marks it and waits to be stopped, so no step is trained twice (the last backup of training is
   not one: the job ends instead); a command that makes no backup is not grown (it would start over).
@@ -94,6 +95,7 @@ class _Watch:
         self.request = os.path.join(state, GROW_REQUEST)
         self.requested = None  # the request's time, once written
         self.said_no_backup = False
+        self.said_error = None
 
     def __call__(self):
         mark = os.path.join(self.state, BACKUP_MARK)
@@ -103,7 +105,15 @@ class _Watch:
             return
         self.next_look = time.monotonic() + DISCOVERY_PERIOD_SECONDS
         members = self.membership.members
-        slots = self.membership.slots(self.discovery.hosts())
+        try:
+            hosts = self.discovery.hosts()
+        except ValueError as error:  # a file caught half-written, a script that failed once: the job goes on
+            if str(error) != self.said_error:
+                self.options.say(f"{error}; the job goes on with its {len(members)} worker(s), asking again")
+                self.said_error = str(error)
+            return
+        self.said_error = None
+        slots = self.membership.slots(hosts)
         gone = [s for s in members if s not in slots]
         if gone:
             raise MembershipChange(f"{', '.join(gone)} left {self.discovery.source}")

@@ -171,3 +171,17 @@ def test_a_mid_epoch_resume_must_find_the_backed_up_steps():
         check_resume(layout(3, "file"), layout(2, "file"), epoch=1, step=5)
     with pytest.raises(ValueError, match=r"global batches of 48 examples. Received: global_batch_size=96"):
         check_resume(layout(3), layout(2, batch=96), epoch=1, step=5)
+
+
+def test_discovery_that_fails_while_the_job_runs_is_said_and_the_job_goes_on(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1:1\n")
+    body = (f"import time\nopen({str(hosts)!r}, 'w').write('127.0.0.1:one\\n')\ntime.sleep(2.5)\n"
+            f"open({str(hosts)!r}, 'w').write('127.0.0.1:1\\n')\ntime.sleep(1.5)\nprint('finished', flush=True)\n")
+    result = run_command(tfpar_command("launch", "--host-discovery-file", str(hosts), "--", PY, "-c", body),
+                         timeout=60)
+    assert result.returncode == 0, result.output
+    assert "printed line 1 that is not host:slots" in result.output
+    assert "the job goes on with its 1 worker(s), asking again" in result.output
+    assert result.output.count("the job goes on") == 1 and "restarting" not in result.output
+    assert "[worker 0] finished" in result.output
