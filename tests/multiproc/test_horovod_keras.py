@@ -7,6 +7,7 @@ tf_keras by itself (`tfpar._horovod_keras`). Real processes, bounded in time.
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -132,6 +133,35 @@ def test_installed_horovod_keras_refuses_keras3_in_one_line():
 @pytest.mark.usefixtures("horovod_installed")
 def test_doctor_says_horovod_keras_works(doctor):
     assert "horovod.tensorflow.keras: works, unchanged scripts run on tf_keras" in doctor.output, doctor.output[-2000:]
+
+
+@pytest.mark.usefixtures("horovod_installed")
+def test_horovods_elastic_keras_example_survives_a_killed_rank_and_grows_back(tmp_path):
+    """Horovod Elastic on tfpar's Horovod build, Keras 3 (tf.keras, nothing set): Horovod's elastic Keras
+    example shape under `horovodrun --min-np 1 --max-np 2 --host-discovery-script`, localhost and
+    127.0.0.1 its two hosts. Rank 1 is SIGKILLed in epoch 3 with its host gone from discovery: the
+    survivor rolls back to its last commit (epoch 3 after batch 5: the state callbacks commit every
+    batch) and goes on alone; the host comes back in epoch 5, the job grows to 2 ranks, which finish
+    epoch 8 together."""
+    hosts, discover, out = tmp_path / "hosts", tmp_path / "discover.sh", tmp_path / "out"
+    out.mkdir()
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    # A failed host stays out for 1-2 s (Horovod's own option; by default it stays out for good).
+    result = run_command(["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+                          str(discover), "--blacklist-cooldown-range", "1", "2", sys.executable,
+                          os.path.join(SCRIPTS, "hvd_keras_elastic.py"), str(hosts), str(out)],
+                         timeout=300, env={"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None})
+    assert result.returncode == 0, result.output[-4000:]
+    assert "Process 1 exit with status code 137" in result.output  # the SIGKILL
+    resets = re.findall(r"RESET size (\d) epoch (\d) batch (\d+)", result.output)
+    assert resets == [("1", "2", "4"), ("2", "4", "0")], result.output[-3000:]
+    done = sorted(re.findall(r"DONE rank (\d) size (\d) epoch (\d)", result.output))
+    assert done == [("0", "2", "8"), ("1", "2", "8")], result.output[-3000:]
+    ran = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert ran["rank0-size1"] == [2, 3, 4]  # epoch 3 again from its commit, alone, into epoch 5
+    assert ran["rank0-size2"] == [0, 1, 2, 4, 5, 6, 7] == ran["rank1-size2"], ran  # together, then again
 
 
 @pytest.mark.usefixtures("horovod_installed")
