@@ -18,6 +18,7 @@ Pure Python, as the rest of the launcher.
 """
 
 import dataclasses
+import itertools
 import os
 import tempfile
 import time
@@ -35,12 +36,12 @@ def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, mem
     """Runs ``command`` as an elastic local job until it succeeds; returns 0.
 
     Raises:
-        LaunchError: fewer than ``min_workers`` for ``elastic_timeout`` seconds, or interrupted.
-        ValueError: discovery that fails or prints what is not ``host:slots``.
+        LaunchError: fewer than ``min_workers`` for ``elastic_timeout`` seconds (discovery that kept failing
+            or printing what is not ``host:slots`` included), or interrupted.
     """
-    start = time.monotonic()
+    start, warned = time.monotonic(), False
     with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
-        for attempt in range(1 << 30):
+        for attempt in itertools.count():
             slots = _enough_slots(discovery, membership, elastic_timeout, options)
             change = membership.change(slots)
             if change:
@@ -59,23 +60,28 @@ def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, mem
                     raise
                 dropped = membership.failed(error.task.task_index)
                 options.say(f"{error}" + (f"; {dropped}" if dropped else "; restarting the workers"))
-                if not os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
+                if not warned and not os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
                     options.say("warning: the command made no tfpar.callbacks.FaultTolerance backup, so training "
                                 "starts over from the first epoch; add FaultTolerance(backup_dir) to fit's callbacks")
-    raise AssertionError("unreachable")
+                    warned = True
+    raise AssertionError("itertools.count() ended")
 
 
 def _enough_slots(discovery, membership, elastic_timeout, options):
     """The slots to run on, once there are at least ``min_workers`` (waiting up to ``elastic_timeout``)."""
-    deadline, said = time.monotonic() + elastic_timeout, False
+    deadline, said, error = time.monotonic() + elastic_timeout, False, None
     while True:
-        slots = membership.slots(discovery.hosts())
+        try:
+            slots = membership.slots(discovery.hosts())
+        except ValueError as failed:  # caught half-written, or failing once: asked again until the deadline
+            slots, error = [], failed
         if len(slots) >= membership.min_workers:
             return slots
         if time.monotonic() >= deadline:
             raise LaunchError(
                 f"{len(slots)} worker slot(s) for {elastic_timeout:g} s, fewer than --min-workers "
-                f"{membership.min_workers}: {discovery.source} lists too few (or their workers failed too often)")
+                f"{membership.min_workers}: {error or discovery.source + ' lists too few'} (or their workers "
+                "failed too often)")
         if not said:
             options.say(f"{len(slots)} worker slot(s), fewer than --min-workers {membership.min_workers}; "
                         f"waiting up to {elastic_timeout:g} s for {discovery.source} to list more")

@@ -185,3 +185,35 @@ def test_discovery_that_fails_while_the_job_runs_is_said_and_the_job_goes_on(tmp
     assert "the job goes on with its 1 worker(s), asking again" in result.output
     assert result.output.count("the job goes on") == 1 and "restarting" not in result.output
     assert "[worker 0] finished" in result.output
+
+
+def test_discovery_broken_at_a_restart_is_asked_again_until_it_answers(tmp_path):
+    """A worker fails while the discovery file is half-written: the launcher asks again (saying it waits
+    for the minimum), and restarts the job once the file answers."""
+    import threading
+    import time
+
+    hosts, broken = tmp_path / "hosts", tmp_path / "broken"
+    hosts.write_text("127.0.0.1:1\n")
+    body = ("import os, sys\n"
+            "if os.environ['TFPAR_RESTART_COUNT'] == '0':\n"
+            f"    open({str(hosts)!r}, 'w').write('127.0.0.1:')\n"
+            f"    open({str(broken)!r}, 'w').close()\n"
+            "    sys.exit(3)\n"
+            "print('attempt', os.environ['TFPAR_RESTART_COUNT'], flush=True)\n")
+
+    def repair():
+        deadline = time.monotonic() + 60
+        while not broken.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.5)
+        hosts.write_text("127.0.0.1:1\n")
+
+    repairer = threading.Thread(target=repair, daemon=True)
+    repairer.start()
+    result = run_command(tfpar_command("launch", "--host-discovery-file", str(hosts), "--max-restarts", "1",
+                                       "--", PY, "-c", body), timeout=60)
+    repairer.join(timeout=60)
+    assert result.returncode == 0, result.output
+    assert "0 worker slot(s), fewer than --min-workers 1; waiting up to 600 s" in result.output
+    assert "[worker 0] attempt 1" in result.output
