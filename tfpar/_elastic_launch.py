@@ -26,7 +26,7 @@ import time
 from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, Membership, MembershipChange
 from tfpar._processes import LaunchError
 from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST, RESTART_VARIABLE, STATE_VARIABLE
-from tfpar.launch import LaunchOptions, _local_job, _run_tasks
+from tfpar.launch import LaunchOptions, _local_job, _run_tasks, warn_without_backup
 
 __all__ = ["run_elastic"]
 
@@ -60,10 +60,7 @@ def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, mem
                     raise
                 dropped = membership.failed(error.task.task_index)
                 options.say(f"{error}" + (f"; {dropped}" if dropped else "; restarting the workers"))
-                if not warned and not os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
-                    options.say("warning: the command made no tfpar.callbacks.FaultTolerance backup, so training "
-                                "starts over from the first epoch; add FaultTolerance(backup_dir) to fit's callbacks")
-                    warned = True
+                warned = warned or warn_without_backup(state, options)
     raise AssertionError("itertools.count() ended")
 
 
@@ -72,7 +69,7 @@ def _enough_slots(discovery, membership, elastic_timeout, options):
     deadline, said, error = time.monotonic() + elastic_timeout, False, None
     while True:
         try:
-            slots = membership.slots(discovery.hosts())
+            slots, error = membership.slots(discovery.hosts()), None
         except ValueError as failed:  # caught half-written, or failing once: asked again until the deadline
             slots, error = [], failed
         if len(slots) >= membership.min_workers:

@@ -304,10 +304,18 @@ def _run_restarting(command, roles, options, worker_envs=None):
                     raise
                 options.say(f"restart {attempt + 1} of {restarts} at {time.monotonic() - start:.1f} s: {error}; "
                             f"starting the {len(tasks)} task(s) again on fresh ports")
-                if attempt == 0 and not os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
-                    options.say("warning: the command made no tfpar.callbacks.FaultTolerance backup, so "
-                                "training starts over from the first epoch; add "
-                                "FaultTolerance(backup_dir) to fit's callbacks to resume instead")
+                if attempt == 0:
+                    warn_without_backup(state, options)
+
+
+def warn_without_backup(state: str, options: LaunchOptions) -> bool:
+    """After a failure: says, if the job's tasks made no FaultTolerance backup (its mark in ``state``), that
+    the restart trains from the first epoch; returns whether it said so."""
+    if os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
+        return False
+    options.say("warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts over "
+                "from the first epoch; add FaultTolerance(backup_dir) to fit's callbacks to resume instead")
+    return True
 
 
 def load_cluster_file(path: str) -> dict:
