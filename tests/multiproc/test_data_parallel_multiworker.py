@@ -203,13 +203,14 @@ def test_a_lost_peer_makes_the_survivor_fail_instead_of_hanging(tmp_path):
                 proc.wait()
     assert code != 0, output[-3000:]
     assert "done" not in output
-    # The survivor learns of the death one of two ways, whichever comes first: the coordination
-    # service misses the peer's heartbeats (about 11 s here), or the pending collective's
-    # connection to the peer is reset. Either way the wait is bounded (under the 20 s collective
-    # timeout plus start-up), and the error names the peer.
+    # The survivor learns of the death whichever way comes first: the coordination service misses
+    # the peer's heartbeats (about 11 s here), or the pending collective's gRPC connection to the
+    # peer is reset or closed (both seen in CI, depending on where the peer's kill found the
+    # connection). Either way the wait is bounded (under the 20 s collective timeout plus
+    # start-up), and the error names the peer.
     assert waited < 20 + 20, f"survivor failed {waited:.1f} s after its peer died"
     assert "UnavailableError" in output, output[-3000:]
-    assert re.search(r"stopped sending heartbeats|Connection reset by peer", output), output[-3000:]
+    assert re.search(r"stopped sending heartbeats|Connection reset by peer|Socket closed", output), output[-3000:]
     assert re.search(r"/job:worker/(replica:0/)?task:1\b", output), output[-3000:]
 
 
