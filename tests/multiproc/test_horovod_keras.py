@@ -135,14 +135,10 @@ def test_doctor_says_horovod_keras_works(doctor):
     assert "horovod.tensorflow.keras: works, unchanged scripts run on tf_keras" in doctor.output, doctor.output[-2000:]
 
 
-@pytest.mark.usefixtures("horovod_installed")
-def test_horovods_elastic_keras_example_survives_a_killed_rank_and_grows_back(tmp_path):
-    """Horovod Elastic on tfpar's Horovod build, Keras 3 (tf.keras, nothing set): Horovod's elastic Keras
-    example shape under `horovodrun --min-np 1 --max-np 2 --host-discovery-script`, localhost and
-    127.0.0.1 its two hosts. Rank 1 is SIGKILLed in epoch 3 with its host gone from discovery: the
-    survivor rolls back to its last commit (epoch 3 after batch 5: the state callbacks commit every
-    batch) and goes on alone; the host comes back in epoch 5, the job grows to 2 ranks, which finish
-    epoch 8 together."""
+def _elastic_example(tmp_path, *options):
+    """Horovod's elastic Keras example (scripts/hvd_keras_elastic.py) under `horovodrun --min-np 1 --max-np 2
+    --host-discovery-script`, localhost and 127.0.0.1 its two hosts, nothing set: (output, what each
+    (rank, size) ran, the out folder)."""
     hosts, discover, out = tmp_path / "hosts", tmp_path / "discover.sh", tmp_path / "out"
     out.mkdir()
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
@@ -151,17 +147,59 @@ def test_horovods_elastic_keras_example_survives_a_killed_rank_and_grows_back(tm
     # A failed host stays out for 1-2 s (Horovod's own option; by default it stays out for good).
     result = run_command(["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
                           str(discover), "--blacklist-cooldown-range", "1", "2", sys.executable,
-                          os.path.join(SCRIPTS, "hvd_keras_elastic.py"), str(hosts), str(out)],
+                          os.path.join(SCRIPTS, "hvd_keras_elastic.py"), str(hosts), str(out), *options],
                          timeout=300, env={"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None})
     assert result.returncode == 0, result.output[-4000:]
     assert "Process 1 exit with status code 137" in result.output  # the SIGKILL
-    resets = re.findall(r"RESET size (\d) epoch (\d) batch (\d+)", result.output)
-    assert resets == [("1", "2", "4"), ("2", "4", "0")], result.output[-3000:]
-    done = sorted(re.findall(r"DONE rank (\d) size (\d) epoch (\d)", result.output))
-    assert done == [("0", "2", "8"), ("1", "2", "8")], result.output[-3000:]
-    ran = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    return result.output, {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}, out
+
+
+@pytest.mark.usefixtures("horovod_installed")
+def test_horovods_elastic_keras_example_survives_a_killed_rank_and_grows_back(tmp_path):
+    """Horovod Elastic on tfpar's Horovod build, Keras 3 (tf.keras, nothing set): Horovod's elastic Keras
+    example shape. Rank 1 is SIGKILLed in epoch 3 with its host gone from discovery: the
+    survivor rolls back to its last commit (epoch 3 after batch 5: the state callbacks commit every
+    batch) and goes on alone; the host comes back in epoch 5, the job grows to 2 ranks, which finish
+    epoch 8 together."""
+    output, ran, _ = _elastic_example(tmp_path)
+    resets = re.findall(r"RESET size (\d) epoch (\d) batch (\d+)", output)
+    assert resets == [("1", "2", "4"), ("2", "4", "0")], output[-3000:]
+    done = sorted(re.findall(r"DONE rank (\d) size (\d) epoch (\d)", output))
+    assert done == [("0", "2", "8"), ("1", "2", "8")], output[-3000:]
     assert ran["rank0-size1"] == [2, 3, 4]  # epoch 3 again from its commit, alone, into epoch 5
     assert ran["rank0-size2"] == [0, 1, 2, 4, 5, 6, 7] == ran["rank1-size2"], ran  # together, then again
+
+
+@pytest.mark.usefixtures("horovod_installed")
+def test_horovods_elastic_example_with_tfpars_input_trains_every_example_once_across_the_resets(tmp_path):
+    """The same job with tfpar's input (tfpar.integrations.horovod.ElasticInput, a global batch of 32,
+    commits every 3 batches): 2 ranks, then 1 from a rollback in the middle of epoch 3 (rank 1 killed,
+    its host gone), then 2 again from epoch 5 (the host back). Counted by id from what each process
+    trained, the steps after a reset's position and before it dropped (the rollback discarded them):
+    every epoch's 320 examples exactly once, and every step's examples those the steps of an undisturbed
+    2-rank job hold."""
+    import collections
+
+    output, ran, out = _elastic_example(tmp_path, "--tfpar-data")
+    resets = [tuple(map(int, r)) for r in re.findall(r"RESET size (\d) epoch (\d) batch (\d+)", output)]
+    assert [size for size, _, _ in resets] == [1, 2], output[-3000:]
+    (_, lost_epoch, lost_step), (_, grown_epoch, _) = resets
+    assert (lost_epoch, grown_epoch) == (2, 4) and 0 < lost_step < 5  # rolled back into epoch 3, before the kill
+    done = sorted(re.findall(r"DONE rank (\d) size (\d) epoch (\d)", output))
+    assert done == [("0", "2", "6"), ("1", "2", "6")], output[-3000:]
+    lines = [json.loads(line) for path in out.glob("pid*.jsonl") for line in path.read_text().splitlines()]
+    rollbacks = [(line["time"], tuple(line["reset"])) for line in lines if "reset" in line]
+    steps = [line for line in lines if "ids" in line]
+    kept = [s for s in steps if not any(t > s["time"] and (s["epoch"], s["step"]) >= at for t, at in rollbacks)]
+    assert len(kept) < len(steps)  # the rollback discarded trained steps
+    for epoch in range(6):
+        counts = collections.Counter(i for s in kept if s["epoch"] == epoch for i in s["ids"])
+        assert counts == collections.Counter(range(1, 321)), (epoch, sorted(counts.items())[:10])
+    by_step = collections.defaultdict(list)
+    for s in kept:
+        by_step[s["epoch"], s["step"]] += s["ids"]
+    assert sorted(by_step) == [(e, s) for e in range(6) for s in range(10)]
+    assert all(len(ids) == 32 for ids in by_step.values())
 
 
 @pytest.mark.usefixtures("horovod_installed")

@@ -51,18 +51,19 @@ def _refuse_several_chiefs(strategy, backup_dir):
 
 
 class _EndOfResumedEpoch:
-    """``model.stop_training`` while Keras 3 ends a resumed epoch for FaultTolerance: true, so that
-    Keras leaves the epoch, and not ``True``, so that FaultTolerance can tell it from another
+    """``model.stop_training`` while a callback ends a resumed epoch that Keras would run whole
+    (FaultTolerance under Keras 3, `tfpar.integrations.horovod`'s position under both): true, so that
+    Keras leaves the epoch, and not ``True``, so that the callback can tell it from another
     callback's request to stop, whichever of them runs first."""
 
     def __bool__(self):
         return True
 
     def __repr__(self):
-        return "True (FaultTolerance: the end of a resumed epoch)"
+        return "True (tfpar: the end of a resumed epoch)"
 
 
-_END_OF_RESUMED_EPOCH = _EndOfResumedEpoch()
+END_OF_RESUMED_EPOCH = _EndOfResumedEpoch()
 
 
 class FaultTolerance(keras.callbacks.Callback):
@@ -177,7 +178,7 @@ class FaultTolerance(keras.callbacks.Callback):
         self._backup.on_epoch_begin(epoch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.model.stop_training is _END_OF_RESUMED_EPOCH:  # ours to end, and no other callback asked to stop
+        if self.model.stop_training is END_OF_RESUMED_EPOCH:  # ours to end, and no other callback asked to stop
             self.model.stop_training = False
         self._backup.on_epoch_end(epoch, logs)
 
@@ -195,7 +196,7 @@ class FaultTolerance(keras.callbacks.Callback):
         self._backup.on_train_batch_end(step, logs)
         if step != batch and step + 1 >= self.params["steps"]:
             # Keras 3 runs every epoch from its step 0: the resumed one ends where its steps do.
-            self.model.stop_training = _END_OF_RESUMED_EPOCH
+            self.model.stop_training = END_OF_RESUMED_EPOCH
             self._skipped = None
 
     def on_train_end(self, logs=None):

@@ -18,4 +18,5 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "check_coverage": "tfpar.data.coverage",
     "distribute": "tfpar.data.sharding",
     "worker_dataset": "tfpar.data.sharding",
+    "worker_stream": "tfpar.data.sharding",
 })

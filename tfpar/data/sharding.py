@@ -23,7 +23,7 @@ from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
 from tfpar.data.resume import InputPosition, layout_of, register
 from tfpar.data.source import measure, open_source, read_files
 
-__all__ = ["DistributedInput", "InputConfig", "distribute", "worker_dataset"]
+__all__ = ["DistributedInput", "InputConfig", "distribute", "worker_dataset", "worker_stream"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +85,29 @@ def worker_dataset(source: Any, config: "InputConfig", *, num_workers: int, work
                                          num_replicas=num_replicas, sizes=sizes)
     dataset = tf.data.Dataset.from_tensors(tf.constant(epoch, tf.int64)).flat_map(epoch_dataset)
     return _unsharded(dataset), plan
+
+
+def worker_stream(source: Any, config: "InputConfig", *, num_workers: int, worker_index: int, num_replicas: int,
+                  epoch: int = 0, step: int = 0, sizes: Any = None) -> tuple:
+    """One worker's input as an endless stream of epochs, starting at global ``step`` of ``epoch``.
+
+    The epochs are `worker_dataset`'s, one after the other; the stream leaves out this worker's
+    part of the steps before ``step``. With a seed and DATA sharding, a step holds the same
+    examples for any ``num_workers``, so a job that stood at (``epoch``, ``step``) with some number of
+    workers goes on here with another, every example of the epoch still once
+    (`tfpar.integrations.horovod` builds Horovod Elastic's input with it).
+
+    Returns:
+        ``(dataset, plan)``: an endless tf.data.Dataset of per-replica batches and the `ShardPlan`.
+    """
+    check_int("epoch", epoch, 0)
+    check_int("step", step, 0)
+    epoch_dataset, plan = _worker_epochs(source, config, num_workers=num_workers, worker_index=worker_index,
+                                         num_replicas=num_replicas, sizes=sizes)
+    if plan.steps is not None and step >= plan.steps:
+        raise ValueError(f"step must be below the {plan.steps} steps of an epoch. Received: step={step}. "
+                         "Pass the next epoch with step=0.")
+    return _unsharded(_epochs(epoch_dataset, epoch, step * plan.replicas_per_worker)), plan
 
 
 def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, sizes):
