@@ -134,10 +134,10 @@ class _Position(keras.callbacks.Callback):
         if self._keras_first is None:
             self._keras_first = epoch
         self._epoch = self._first_epoch + epoch - self._keras_first
-        self._done = self._skip if self._epoch == self._first_epoch else 0
+        self._before = self._skip if self._epoch == self._first_epoch else 0  # Keras numbers the batches from 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self._done += 1
+        self._done = self._before + batch + 1  # the batch index: steps_per_execution > 1 calls once for several
         if self._done >= self.params["steps"]:  # the epoch's steps are trained
             self.state.epoch, self.state.batch = self._epoch + 1, 0
             if self._epoch == self._first_epoch and self._skip:
