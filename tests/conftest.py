@@ -15,12 +15,6 @@ import sys
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# One intra-op thread per TensorFlow process, the tests' and every process they start: on CI's 2 cores
-# a dozen TensorFlow processes run at once, and a kernel's own threads only contend there (measured
-# 2026-12-03, tests/multiproc/test_precision.py and test_tensor_parallel.py on 3 test processes: CPU
-# 356 -> 316 s, wall 197 -> 177 s, the same tests passing). Users' runs and bench/ keep TensorFlow's
-# default; a test that needs it otherwise sets it for its child.
-os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 # Every process the tests start keeps its servers on loopback (tfpar._loopback): a test that
 # checks what tfpar itself does without it removes LD_PRELOAD for its child.
 from tfpar import _loopback  # noqa: E402
