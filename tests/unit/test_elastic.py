@@ -96,9 +96,13 @@ JOB = textwrap.dedent("""
     n, i, a = len(tf["cluster"]["worker"]), tf["task"]["index"], int(os.environ["TFPAR_RESTART_COUNT"])
     state, hosts = os.environ["TFPAR_LAUNCH_DIR"], sys.argv[1]
     print(f"attempt {a} worker {i} of {n}", flush=True)
+    open(os.path.join(state, f"started-{a}-{i}"), "a").close()
     if i == 0:  # as FaultTolerance does: the job backs up
         open(os.path.join(state, "fault_tolerance"), "a").close()
-    if a == 0 and i == 2:  # its host goes away for good, and it dies
+    if a == 0 and i == 2:  # its host goes away for good, and it dies, once the others have started
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(os.path.exists(os.path.join(state, f"started-0-{w}")) for w in (0, 1)):
+            time.sleep(0.05)
         open(hosts, "w").write("127.0.0.1:2\\n")
         sys.exit(3)
     if a == 1 and i == 0:  # capacity returns; a backup follows the launcher's request
