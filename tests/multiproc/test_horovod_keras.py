@@ -144,9 +144,12 @@ def _elastic_example(tmp_path, *options):
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
-    # A failed host stays out for 1-2 s (Horovod's own option; by default it stays out for good).
+    # A failed host stays out for 1-2 s (Horovod's own option; by default it stays out for good). The
+    # ranks that go on wait for a joining rank in Gloo's rendezvous, 30 s by default: a new rank's
+    # TensorFlow start on a loaded 2-core CI machine can take longer (Horovod's own option again).
     result = run_command(["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
-                          str(discover), "--blacklist-cooldown-range", "1", "2", sys.executable,
+                          str(discover), "--blacklist-cooldown-range", "1", "2", "--gloo-timeout-seconds", "120",
+                          sys.executable,
                           os.path.join(SCRIPTS, "hvd_keras_elastic.py"), str(hosts), str(out), *options],
                          timeout=300, env={"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None})
     assert result.returncode == 0, result.output[-4000:]
