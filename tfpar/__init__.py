@@ -47,7 +47,7 @@ __getattr__, __dir__, __all__ = _exports(__name__, {
                      "verify")),  # submodules
 })
 
-from tfpar._task_env import HEARTBEAT_VARIABLE as _HEARTBEAT, TIMELINE_VARIABLE as _TIMELINE
+from tfpar._task_env import ELASTIC_VARIABLE as _ELASTIC, HEARTBEAT_VARIABLE as _HEARTBEAT, TIMELINE_VARIABLE as _TIMELINE
 
 if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):  # a task of `tfpar launch` with those options
 
@@ -63,3 +63,14 @@ if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):  # a task of `tfpar 
 
     for _method in ("fit", "evaluate", "predict"):
         _owned.add_process_check(_method, "before", _launched(_method))
+
+if os.environ.get(_ELASTIC):  # a worker of an elastic `tfpar launch`: every size it may have takes the batch
+
+    def _check_elastic_batch(model, arguments):
+        from tfpar.data.resume import check_elastic_batch
+
+        check_elastic_batch(model, arguments)
+
+    from tfpar import _owned
+
+    _owned.add_process_check("fit", "before", _check_elastic_batch)

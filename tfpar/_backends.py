@@ -273,7 +273,7 @@ class Elastic(Backend):
 
         options = LaunchOptions(grace_seconds=args.grace, max_restarts=args.max_restarts,
                                 heartbeat_timeout=args.heartbeat_timeout)
-        return run_elastic(command, options, self.discovery, self.membership, args.elastic_timeout)
+        return run_elastic(command, options, self.discovery, self.membership, args.elastic_timeout, args.elastic_batch)
 
 
 class Local(Backend):

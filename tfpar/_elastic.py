@@ -10,15 +10,19 @@ machine (`tfpar launch` starts local processes; across hosts, Horovod's elastic 
 
 import dataclasses
 import ipaddress
+import json
+import math
 import os
 import socket
 import stat
 import subprocess
 from collections import Counter
 
-from tfpar._checks import check_int, check_number
+from tfpar._checks import check_choice, check_int, check_number
+from tfpar._task_env import ELASTIC_VARIABLE
 
-__all__ = ["DISCOVERY_PERIOD_SECONDS", "Discovery", "Membership", "MembershipChange", "parse_host_lines"]
+__all__ = ["DISCOVERY_PERIOD_SECONDS", "ELASTIC_BATCHES", "Discovery", "ElasticBatch", "Membership",
+           "MembershipChange", "parse_host_lines"]
 
 DISCOVERY_PERIOD_SECONDS = 1.0
 """How often a running elastic job asks discovery again (Horovod's period too)."""
@@ -139,6 +143,14 @@ class Membership:
         self.dropped: set = set()
         self.members: list = []
         """The slots of the running (or last) job, worker i on slot i."""
+        self.largest = 0
+        """The most workers the job has run with."""
+
+    @property
+    def reference(self) -> int:
+        """The number of workers the global batch is divided for (`ElasticBatch`): ``max_workers``, else the
+        most the job has run with."""
+        return self.max_workers if self.max_workers is not None else max(self.largest, len(self.members), 1)
 
     def slots(self, hosts: dict[str, int]) -> list[str]:
         """The slots a job would have with ``hosts``; forgets the drops of hosts no longer listed."""
@@ -161,6 +173,7 @@ class Membership:
     def change(self, slots: list[str]) -> str | None:
         """Adopts ``slots``; returns the line that says who left and joined, or None if the same."""
         before, self.members = self.members, list(slots)
+        self.largest = max(self.largest, len(slots))
         if before == slots:
             return None
         left = [s for s in before if s not in slots]
@@ -169,3 +182,62 @@ class Membership:
         parts += [f"joined: {', '.join(joined)}"] if joined and before else []
         return (f"workers {len(before)} -> {len(slots)}" if before else f"{len(slots)} worker(s)") + \
             (f" ({'; '.join(parts)})" if parts else "") + f"; world size {len(slots)}"
+
+
+ELASTIC_BATCHES = ("accumulate", "grow")
+"""How an elastic job on fewer workers than its reference keeps the global batch: "accumulate" (the
+default) computes each replica's batch in micro-batches no larger than the reference's per-replica batch
+and applies their accumulated gradients once (DeepSpeed's elasticity keeps its micro-batch so too);
+"grow" gives each replica a larger batch. Either way a step holds the same examples."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticBatch:
+    """What an elastic launch tells its workers (`ELASTIC_VARIABLE`): the global batch is divided for
+    ``reference_workers``; the job trains on ``min_workers`` or more."""
+
+    reference_workers: int
+    min_workers: int
+    batch: str = "accumulate"
+
+    def __post_init__(self):
+        check_int("reference_workers", self.reference_workers, 1)
+        check_int("min_workers", self.min_workers, 1)
+        check_choice("elastic_batch", self.batch, ELASTIC_BATCHES)
+
+    def microbatches(self, workers: int) -> int:
+        """The micro-batches each replica's batch is computed in on ``workers`` workers: the fewest that keep
+        a micro-batch within the reference's per-replica batch (1 at the reference size or above, or "grow")."""
+        if self.batch == "grow" or workers >= self.reference_workers:
+            return 1
+        return math.ceil(self.reference_workers / workers)
+
+    def check_global_batch(self, global_batch_size: int, replicas_per_worker: int) -> None:
+        """Refuses a global batch that one of the job's sizes (``min_workers`` to ``reference_workers``) cannot
+        divide into its replicas' micro-batches: that resize would fail when it happens, so it fails now.
+
+        Raises:
+            ValueError: naming the sizes, the global batch to use instead and the other fixes.
+        """
+        sizes = range(self.min_workers, max(self.min_workers, self.reference_workers) + 1)
+        parts = {w: w * replicas_per_worker * self.microbatches(w) for w in sizes}
+        bad = [w for w, p in parts.items() if global_batch_size % p]
+        if not bad:
+            return
+        multiple = math.lcm(*parts.values())
+        fit = max(multiple, round(global_batch_size / multiple) * multiple)
+        how = " x ".join(["workers", f"{replicas_per_worker} replica(s)"] + ([] if self.batch == "grow" else ["micro-batches"]))
+        raise ValueError(
+            f"This elastic job trains on {self.min_workers} to {self.reference_workers} workers, and its global "
+            f"batch does not divide into equal parts ({how}) on {', '.join(f'{w} ({parts[w]} parts)' for w in bad)}"
+            f" worker(s): a resize there would fail. Received: global_batch_size={global_batch_size}. Use a "
+            f"multiple of {multiple} (e.g. {fit}), or narrow --min-workers/--max-workers.")
+
+    def to_env(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls, environ=None) -> "ElasticBatch | None":
+        """The setting of this worker's elastic launch, or None outside one."""
+        text = (os.environ if environ is None else environ).get(ELASTIC_VARIABLE)
+        return cls(**json.loads(text)) if text else None

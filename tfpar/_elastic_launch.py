@@ -11,6 +11,9 @@ job that goes on when it loses workers and grows back when capacity returns, as 
 - New capacity is taken at the next backup: the launcher asks for it (`GROW_REQUEST`), FaultTolerance's
   chief marks it and waits to be stopped, so no step is trained twice (the last backup of training is
   not one: the job ends instead); a command that makes no backup is not grown (it would start over).
+- The global batch: each worker is told the number of workers it was divided for (``--max-workers``, else
+  the most the job has had) and ``--elastic-batch`` (`tfpar._elastic.ElasticBatch`), by which `DataParallel`
+  computes each replica's batch in micro-batches on fewer workers.
 - Fewer than ``--min-workers``: the launcher waits for discovery to list enough, up to
   ``elastic_timeout`` seconds, then fails.
 
@@ -23,17 +26,19 @@ import os
 import tempfile
 import time
 
-from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, Membership, MembershipChange
+from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, ElasticBatch, Membership, MembershipChange
 from tfpar._processes import LaunchError
-from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST, RESTART_VARIABLE, STATE_VARIABLE
+from tfpar._task_env import (BACKUP_MARK, ELASTIC_VARIABLE, FAULT_TOLERANCE_MARK, GROW_REQUEST, RESTART_VARIABLE,
+                             STATE_VARIABLE)
 from tfpar.launch import LaunchOptions, _local_job, _run_tasks, warn_without_backup
 
 __all__ = ["run_elastic"]
 
 
 def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, membership: Membership,
-                elastic_timeout: float = 600.0) -> int:
-    """Runs ``command`` as an elastic local job until it succeeds; returns 0.
+                elastic_timeout: float = 600.0, batch: str = "accumulate") -> int:
+    """Runs ``command`` as an elastic local job until it succeeds; returns 0. ``batch``: one of
+    `tfpar._elastic.ELASTIC_BATCHES`.
 
     Raises:
         LaunchError: fewer than ``min_workers`` for ``elastic_timeout`` seconds (discovery that kept failing
@@ -49,8 +54,10 @@ def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, mem
             cluster, tasks = _local_job({"worker": len(slots)})
             withdraw(state)  # a new job: nobody waits
             watch = _Watch(discovery, membership, state, options)
+            told = ElasticBatch(membership.reference, membership.min_workers, batch)
             run = dataclasses.replace(options, watch=watch, env={
-                **(options.env or {}), RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state})
+                **(options.env or {}), RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state,
+                ELASTIC_VARIABLE: told.to_env()})
             try:
                 return _run_tasks(command, cluster, tasks, run)
             except MembershipChange as reason:

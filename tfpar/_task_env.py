@@ -1,7 +1,7 @@
 """What ``tfpar launch`` tells the tasks it starts, through their environment (no imports: ``import
 tfpar`` reads it)."""
 
-__all__ = ["BACKUP_MARK", "FAULT_TOLERANCE_MARK", "GROW_REQUEST", "HEARTBEAT_VARIABLE", "RESTART_VARIABLE", "STATE_VARIABLE", "TIMELINE_VARIABLE"]
+__all__ = ["BACKUP_MARK", "ELASTIC_VARIABLE", "FAULT_TOLERANCE_MARK", "GROW_REQUEST", "HEARTBEAT_VARIABLE", "RESTART_VARIABLE", "STATE_VARIABLE", "TIMELINE_VARIABLE"]
 
 RESTART_VARIABLE = "TFPAR_RESTART_COUNT"
 """Set in every task: how many times `launch` has restarted the job (0 on the first run)."""
@@ -15,6 +15,9 @@ GROW_REQUEST = "grow"
 """The file an elastic launch writes in that folder when it may grow the job: after its next backup
 (unless that is training's last), FaultTolerance's chief touches `BACKUP_MARK` and waits to be stopped,
 so the job restarts larger from that backup and no step is trained twice."""
+ELASTIC_VARIABLE = "TFPAR_ELASTIC"
+"""Set in every worker of an elastic launch: JSON ``{"reference_workers": R, "min_workers": M, "batch": B}``
+(`tfpar._elastic.ElasticBatch`): how the global batch is kept when the job has fewer than R workers."""
 HEARTBEAT_VARIABLE = "TFPAR_HEARTBEAT_FILE"
 """The file a task's heartbeat goes to; set by ``tfpar launch --heartbeat-timeout``."""
 TIMELINE_VARIABLE = "TFPAR_TIMELINE"

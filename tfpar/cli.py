@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from tfpar._checks import whole_number as _int
+from tfpar._elastic import ELASTIC_BATCHES
 from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError
 
 __all__ = ["EXIT_CODES", "main"]
@@ -159,6 +160,10 @@ def _parser():
                      help="an elastic local job: a file of host:slots lines, read again every second")
     run.add_argument("--elastic-timeout", type=float, default=600.0,
                      help="an elastic job: seconds to wait for --min-workers slots before failing")
+    run.add_argument("--elastic-batch", default="accumulate", choices=ELASTIC_BATCHES,
+                     help="an elastic job on fewer workers than --max-workers (else the most it has had): keep the "
+                          "global batch by computing each replica's batch in micro-batches of the full job's size and "
+                          "accumulating their gradients (DataParallel), or by larger per-replica batches (grow)")
     run.add_argument("--heartbeat-timeout", type=float, default=None,
                      help="seconds a task may make no training step before it is named hung, its stacks are "
                           "dumped and the job is stopped (or restarted under --max-restarts)")

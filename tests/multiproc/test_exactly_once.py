@@ -65,8 +65,8 @@ def test_a_mid_epoch_resume_trains_every_example_exactly_once(tmp_path):
 def test_an_elastic_job_loses_a_worker_mid_epoch_and_gets_it_back_with_every_example_once(tmp_path):
     """The issue's resize, in one job: 3 workers (two on 127.0.0.1, one on localhost, from a discovery file);
     worker 2 is lost for good at step 7 of epoch 2 (SIGKILL, localhost out of the file; backups every 5 steps),
-    the job resumes at step 6 on 2 workers, localhost comes back in epoch 4 and the job grows to 3 after its
-    next backup. Every example of every epoch is trained on exactly once, counted from the ids the replicas
+    the job resumes at step 6 on 2 workers, each replica computing its share of the global batch in 2
+    micro-batches, localhost comes back in epoch 4 and the job grows to 3 after its next backup. Every example of every epoch is trained on exactly once, counted from the ids the replicas
     trained on, the rolled-back steps left out; the seconds from the loss to the next step are printed."""
     records, hosts = tmp_path / "records", tmp_path / "hosts"
     records.mkdir()
@@ -85,6 +85,11 @@ def test_an_elastic_job_loses_a_worker_mid_epoch_and_gets_it_back_with_every_exa
     assert resumed[1] >= (3, 0), resumed  # the grow-back resumed in epoch 4 or later
     workers = {int(re.match(r"attempt(\d+)-worker(\d+)", p.name).group(2)) for p in records.glob("attempt1-*")}
     assert workers == {0, 1}  # the middle attempt trained on 2 workers
+    # each of its replicas computed its 24 examples a step in 2 micro-batches of 12, no larger than the 16 of 3
+    assert "tfpar: an elastic job on 2 of 3 workers: each replica computes its batch in 2 micro-batches" in out
+    largest = {a: max(len(json.loads(line)["ids"]) for p in records.glob(f"attempt{a}-*") for line in p.read_text().splitlines())
+               for a in range(3)}
+    assert largest == {0: 16, 1: 12, 2: 16}, largest
     lost = float((records / "lost").read_text())
     first = min(json.loads(line)["time"] for p in records.glob("attempt1-*") for line in p.read_text().splitlines())
     loss = re.search(r"LOSS (\S+)", out).group(1)

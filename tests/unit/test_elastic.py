@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from tests.conftest import run_command, tfpar_command
-from tfpar._elastic import Discovery, Membership, parse_host_lines
+from tfpar._elastic import Discovery, ElasticBatch, Membership, parse_host_lines
 
 PY = sys.executable
 
@@ -36,6 +36,35 @@ def test_the_membership_drops_a_slot_past_its_restarts_and_a_host_brings_its_slo
     assert m.change(slots) == "workers 3 -> 3 (left: localhost slot 0; joined: localhost slot 1); world size 3"
     assert m.change(m.slots({"127.0.0.1": 2})) == "workers 3 -> 2 (left: localhost slot 1); world size 2"
     assert m.slots({"127.0.0.1": 2, "localhost": 1}) == ["127.0.0.1 slot 0", "127.0.0.1 slot 1", "localhost slot 0"]
+
+
+def test_the_global_batch_is_divided_for_max_workers_else_the_most_the_job_has_had():
+    m = Membership(1, None, max_restarts=0)
+    m.change(["a", "b", "c"])
+    m.change(["a", "b"])
+    assert m.reference == 3
+    assert Membership(1, 4, max_restarts=0).reference == 4
+
+
+@pytest.mark.parametrize("batch, workers, count", [
+    ("accumulate", 4, 1), ("accumulate", 5, 1), ("accumulate", 3, 2), ("accumulate", 2, 2), ("accumulate", 1, 4),
+    ("grow", 1, 1),
+])
+def test_micro_batches_are_the_fewest_within_the_full_jobs_per_replica_batch(batch, workers, count):
+    setting = ElasticBatch(4, 1, batch)
+    assert setting.microbatches(workers) == count
+    assert ElasticBatch.from_env({"TFPAR_ELASTIC": setting.to_env()}) == setting
+    assert ElasticBatch.from_env({}) is None
+
+
+def test_a_global_batch_that_a_size_of_the_job_cannot_take_is_refused_naming_a_fix():
+    ElasticBatch(4, 2, "accumulate").check_global_batch(48, 1)  # 2: 2x1x2; 3: 3x1x2; 4: 4x1x1
+    with pytest.raises(ValueError, match=r"trains on 2 to 4 workers.*\(workers x 2 replica\(s\) x micro-batches\) on "
+                                         r"3 \(12 parts\) worker\(s\).*Received: global_batch_size=32. Use a multiple "
+                                         r"of 24 \(e.g. 24\)"):
+        ElasticBatch(4, 2, "accumulate").check_global_batch(32, 2)
+    with pytest.raises(ValueError, match=r"Unknown elastic_batch 'shrink'"):
+        ElasticBatch(4, 2, "shrink")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -82,11 +111,13 @@ def test_bad_discovery_is_refused_at_once(tmp_path):
     (["--min-workers", "2"], r"needs its most workers or a host discovery"),
     (["--max-workers", "2", "-n", "2"], r"Give -n or --max-workers, not both"),
     (["--host-discovery-script", "/nonexistent/discover.sh"], r"script does not exist"),
+    (["-n", "2", "--min-workers", "1", "--elastic-batch", "shrink"], r"--elastic-batch: invalid choice: 'shrink'"),
 ])
 def test_bad_elastic_launches_exit_3_before_anything_starts(tmp_path, args, match):
+    """(A value argparse refuses, a usage error, exits 2.)"""
     started = tmp_path / "started"
     result = run_command(tfpar_command("launch", *args, "--", PY, "-c", f"open({str(started)!r}, 'w')"), timeout=60)
-    assert result.returncode == 3 and re.search(match, result.output), result.output
+    assert result.returncode == (2 if "invalid choice" in match else 3) and re.search(match, result.output), result.output
     assert not started.exists()
 
 
@@ -95,7 +126,7 @@ JOB = textwrap.dedent("""
     tf = json.loads(os.environ["TF_CONFIG"])
     n, i, a = len(tf["cluster"]["worker"]), tf["task"]["index"], int(os.environ["TFPAR_RESTART_COUNT"])
     state, hosts = os.environ["TFPAR_LAUNCH_DIR"], sys.argv[1]
-    print(f"attempt {a} worker {i} of {n}", flush=True)
+    print(f"attempt {a} worker {i} of {n}, told {os.environ['TFPAR_ELASTIC']}", flush=True)
     open(os.path.join(state, f"started-{a}-{i}"), "a").close()
     if i == 0:  # as FaultTolerance does: the job backs up
         open(os.path.join(state, "fault_tolerance"), "a").close()
@@ -129,6 +160,9 @@ def test_an_elastic_launch_shrinks_on_a_lost_host_and_grows_back_at_the_next_bac
     changes = re.findall(r"tfpar launch: (.*world size \d)", out)
     assert changes == ["3 worker(s); world size 3", "workers 3 -> 2 (left: localhost slot 0); world size 2",
                        "workers 2 -> 3 (joined: localhost slot 0); world size 3"], out
+    # told the global batch's 3 workers (the most it has had) each time, and the mode: accumulate by default
+    told = set(re.findall(r"attempt \d worker \d of \d, told (.*)", out))
+    assert told == {ElasticBatch(3, 2, "accumulate").to_env()}, out
     assert sorted(re.findall(r"attempt (\d) worker (\d) of (\d)", out)) == [
         ("0", "0", "3"), ("0", "1", "3"), ("0", "2", "3"), ("1", "0", "2"), ("1", "1", "2"),
         ("2", "0", "3"), ("2", "1", "3"), ("2", "2", "3")]

@@ -122,14 +122,17 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                 traced.grads = now_after([g for g, _ in grads_and_vars])
             return apply_gradients(grads_and_vars, *args, **kwargs)
 
+        # what the instances had of their own (an elastic job's micro-batched train_step), put back after
+        self._installed = (model, optimizer, model.__dict__.get("train_step"), optimizer.__dict__.get("apply_gradients"))
         model.train_step, optimizer.apply_gradients = timed_train_step, timed_apply_gradients
-        self._installed = (model, optimizer)
         model.make_train_function(force=True)  # fit made it before on_train_begin; it calls the new one
 
     def _uninstall(self):
-        model, optimizer = self._installed
-        for owner, name in ((model, "train_step"), (optimizer, "apply_gradients")):
+        model, optimizer, step, apply = self._installed
+        for owner, name, own in ((model, "train_step", step), (optimizer, "apply_gradients", apply)):
             owner.__dict__.pop(name, None)
+            if own is not None:
+                object.__setattr__(owner, name, own)
         model.train_function = None
 
     # --- on the host ---

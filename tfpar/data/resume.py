@@ -9,13 +9,14 @@ resumed epoch's first steps: the following epochs line up with Keras' epochs aga
 of a model tfpar does not own starts the input where a FaultTolerance last set it, or at epoch 0.)
 """
 
+import dataclasses
 import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
-__all__ = ["InputPosition", "check_resume", "layout_of", "position_of", "start_where_fit_starts"]
+__all__ = ["InputPosition", "check_elastic_batch", "check_resume", "layout_of", "position_of", "start_where_fit_starts"]
 
 _positions: dict = {}  # id(the DistributedDataset fit is given) -> its InputPosition
 _lock = threading.Lock()
@@ -100,3 +101,17 @@ def start_where_fit_starts(model: Any, arguments: dict) -> None:
     if position is not None:
         position.start_at(arguments.get("initial_epoch") or 0, 0, arguments.get("steps_per_epoch"))
 
+
+
+def check_elastic_batch(model: Any, arguments: dict) -> None:
+    """Before ``fit`` in a worker of an elastic launch: a `distribute` input's global batch must divide over
+    every number of workers the job may resize to (`tfpar._elastic.ElasticBatch.check_global_batch`), in
+    micro-batches where the model's strategy computes them, so that no resize fails when it happens."""
+    from tfpar._elastic import ElasticBatch
+
+    setting, position = ElasticBatch.from_env(), position_of(arguments.get("x"))
+    if setting is None or position is None or "global_batch_size" not in position.layout:
+        return
+    if not hasattr(getattr(model.distribute_strategy, "extended", None), "_microbatches"):
+        setting = dataclasses.replace(setting, batch="grow")  # a strategy that does not split its batch
+    setting.check_global_batch(position.layout["global_batch_size"], position.replicas_per_worker)

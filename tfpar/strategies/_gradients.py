@@ -17,6 +17,7 @@ import threading
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras_of, tf
+from tfpar.strategies._microbatches import elastic_microbatches, split_into_microbatches
 
 __all__ = ["COMPRESSIONS", "GRADIENT_CHECKS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction",
            "check_compression", "compress",
@@ -145,7 +146,8 @@ def warn_about_remainder(model, arguments):
     accumulator = getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
     if not isinstance(accumulator, GradientAccumulator):
         return
-    steps, window = _steps_per_epoch(arguments), accumulator.steps
+    microbatches = getattr(model.distribute_strategy.extended, "_microbatches", 1)  # calls of one step
+    steps, window = _steps_per_epoch(arguments), accumulator.steps // microbatches
     if steps is None or steps % window == 0:
         return
     remainder = steps % window
@@ -158,7 +160,8 @@ def warn_about_remainder(model, arguments):
 
 
 
-GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("fit", "before", warn_about_remainder))
+GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("fit", "before", warn_about_remainder),
+                   ("fit", "before", split_into_microbatches))
 """The model checks of a strategy whose replicas compress or accumulate their gradients."""
 
 
@@ -174,7 +177,7 @@ class GradientAccumulator:
     def __init__(self, steps):
         self.steps = steps
         self._buffers = {}
-        self._counter = None
+        self._counter = self._start = None
         self.boundary = None  # the current step's "apply now" flag, while tracing it
         self.targets = set()  # refs of the variables that flag governs
 
@@ -186,10 +189,36 @@ class GradientAccumulator:
             with tf.init_scope(), tf.device(device):
                 self._buffers[key] = _compat.ResourceVariable(
                     tf.zeros(var.shape, var.dtype), trainable=False, name="tfpar_grad_accumulator")
-                if self._counter is None:
-                    self._counter = _compat.ResourceVariable(
-                        tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step")
         return self._buffers[key]
+
+    def counter(self):
+        """The calls counted so far (a variable, made at the first use)."""
+        if self._counter is None:
+            with tf.init_scope():
+                self._counter = _compat.ResourceVariable(
+                    tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step")
+                self._start = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
+                                                       name="tfpar_accumulation_step_start")
+        return self._counter
+
+    def begin_step(self):
+        """Cross-replica, before a step of ``calls`` calls (an elastic job's micro-batches): notes the count."""
+        counter = self.counter()
+        return self._start.assign(counter)
+
+    def settle(self, calls):
+        """Cross-replica, after that step: a loss scale that skipped one of its calls (Keras 3 does not reduce
+        the gradients it finds non-finite) left the count short, which would shift every later boundary, so
+        the window is dropped (its buffers cleared, the count back to its start) as a skipped update is.
+        Returns whether it was."""
+        counter = self.counter()
+
+        def drop():
+            cleared = [b.assign(tf.zeros_like(b)) for b in self._buffers.values()]
+            with tf.control_dependencies(cleared + [counter.assign(self._start - self._start % self.steps)]):
+                return tf.constant(True)
+
+        return tf.cond(tf.equal(counter, self._start + calls), lambda: tf.constant(False), drop)
 
     def reduce(self, per_device_grads, variables, devices, allreduce):
         """Accumulates ``per_device_grads`` (one list per device, in ``variables``' order).
@@ -204,7 +233,7 @@ class GradientAccumulator:
             with tf.device(device):
                 added += [b.assign_add(tf.convert_to_tensor(g)) for b, g in zip(device_buffers, grads)]
         with tf.control_dependencies(added):
-            step = self._counter.assign_add(1)
+            step = self.counter().assign_add(1)
         boundary = tf.equal(step % self.steps, 0)
         flat = [b for device_buffers in buffers for b in device_buffers]
 
@@ -252,7 +281,8 @@ class GradientReduction(AccumulatedUpdates):
         """``config``: the strategy's `DataParallelConfig` (its compression and accumulation);
         ``kwargs``: the extended's own arguments."""
         self._compression = config.compression
-        steps = config.gradient_accumulation_steps
+        self._microbatches = elastic_microbatches(config.cluster)  # each an accumulated step of its own
+        steps = config.gradient_accumulation_steps * self._microbatches
         self._accumulator = GradientAccumulator(steps) if steps > 1 else None
         super().__init__(container_strategy, **kwargs)
 

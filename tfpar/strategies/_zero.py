@@ -278,9 +278,11 @@ def _tf_variable(variable):
 
 
 def _window(strategy):
-    """The steps a strategy accumulates gradients over (DataParallel's and Horovod's option), or 1."""
+    """The optimizer calls a strategy accumulates gradients over (DataParallel's and Horovod's option, times
+    an elastic job's micro-batches), or 1."""
     config = getattr(strategy, "config", None)
-    return getattr(config, "gradient_accumulation_steps", None) or getattr(config, "backward_passes_per_step", 1)
+    steps = getattr(config, "gradient_accumulation_steps", None) or getattr(config, "backward_passes_per_step", 1)
+    return steps * getattr(strategy.extended, "_microbatches", 1)
 
 
 def _weight_decay(optimizer):

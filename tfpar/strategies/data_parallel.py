@@ -180,7 +180,9 @@ class DataParallel(Parallelism):
 
     def _gradients_text(self):
         cfg = self.config
-        return f", compression={cfg.compression}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+        micro = self.extended._microbatches
+        return (f", compression={cfg.compression}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+                + (f", elastic micro-batches per step={micro}" if micro > 1 else ""))
 
     def model_checks(self) -> tuple:
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
