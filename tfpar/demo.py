@@ -1,11 +1,12 @@
-"""``tfpar demo``: the main job. A small CNN on scikit-learn's digits.
+"""``tfpar demo``: the main job. A small CNN on the UCI digits.
 
-The digits (1,797 8x8 images) ship with scikit-learn, so nothing is
-downloaded. Training runs under a tfpar strategy with input from
+The digits (1,797 8x8 images, scikit-learn's ``load_digits``) ship with tfpar (`DIGITS_FILE`), so
+nothing is downloaded. Training runs under a tfpar strategy with input from
 `tfpar.data`, shows the Keras progress bar, and ends with a summary.
 """
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,11 @@ from tfpar._topology import topology_of
 from tfpar.data import distribute
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_validation_dataset", "token_data", "transformer", "compiled_model", "compress_chain", "default_epochs",
-           "digits_dataset", "load_digits", "run_demo"]
+           "DIGITS_FILE", "digits_dataset", "load_digits", "run_demo"]
+
+DIGITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_data", "digits.npz")
+"""The digits: ``images`` (uint8, 1797 x 8 x 8, in 0..16) and ``target`` (uint8), an ``.npz`` as Keras'
+``mnist.npz`` (tfpar/_data/README.md says where they come from)."""
 
 QAT_EPOCHS = 3
 """Epochs of quantization-aware fine-tuning after the float training (``--qat``), and of each
@@ -56,11 +61,9 @@ class DemoResult:
 
 def load_digits(validation_fraction: float = 0.2, seed: int = 0) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
     """Returns ((x_train, y_train), (x_val, y_val)): 8x8x1 images in [0, 1]."""
-    from sklearn.datasets import load_digits as sk_load_digits
-
-    digits = sk_load_digits()
-    x = (digits.images / 16.0).astype("float32")[..., None]
-    y = digits.target.astype("int64")
+    with np.load(DIGITS_FILE) as digits:
+        x = (digits["images"] / 16.0).astype("float32")[..., None]
+        y = digits["target"].astype("int64")
     order = np.random.default_rng(seed).permutation(len(x))
     split = int(len(x) * (1 - validation_fraction))
     train, val = order[:split], order[split:]

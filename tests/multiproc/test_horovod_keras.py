@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, USER_SHELL, run_command
 from tests.models import load_arrays
+from tfpar.demo import DIGITS_FILE
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 RANKS = 2
@@ -42,7 +43,7 @@ def _expected_rates(initial_lr, size, warmup_epochs, steps_per_epoch, epochs, th
 @pytest.mark.usefixtures("horovod_installed")
 def test_mnist_shaped_keras_script_runs_unchanged(tmp_path):
     epochs = 3
-    result = _horovodrun(os.path.join(SCRIPTS, "hvd_keras_digits.py"), str(tmp_path), str(epochs))
+    result = _horovodrun(os.path.join(SCRIPTS, "hvd_keras_digits.py"), str(tmp_path), str(epochs), DIGITS_FILE)
     assert result.returncode == 0, result.output[-4000:]
     logs = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(RANKS)]
     assert [log["keras"] for log in logs] == ["tf_keras"] * RANKS
