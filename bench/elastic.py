@@ -10,8 +10,10 @@ when the host returns in epoch 4.
         grow_seconds=<host back -> first step on 3 workers> elastic_seconds=<wall> undisturbed_seconds=<wall>
 
 Every step holds the same examples whatever the number of workers (tfpar.data deals the job's
-order step by step) and the global batch stays 48, so the two runs take the same steps: the losses
-differ only by the all-reduce's rounding over 2 or 3 workers. --quick changes nothing (the job is small).
+order step by step) and the global batch stays 48 (on 2 workers each replica computes its 24 in 2
+micro-batches of 12, no larger than the 16 of 3 workers, and applies their mean gradient once), so the
+two runs take the same steps: the losses differ only by the rounding of sums taken in another order.
+--quick changes nothing (the job is small).
 """
 
 import json

@@ -37,11 +37,11 @@ def _examples(n):
     return tf.data.Dataset.from_tensor_slices((x, y))
 
 
-def _fit(k, n=100, global_batch=24, epochs=2, source=None):
+def _fit(k, n=100, global_batch=24, epochs=2, source=None, **options):
     """Trains through tfpar.data.distribute (shuffled with a seed, unless ``source`` is given; the last step
     padded) with a learning rate that decays every optimizer iteration; returns (weights, iterations, rows each
     traced forward pass held, steps per epoch, loss scale or None)."""
-    strategy, seen = tfpar.DataParallel(), []
+    strategy, seen = tfpar.DataParallel(**options), []
     with strategy.scope():
         model = _model(k, seen)
         rate = k.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.9)
@@ -64,6 +64,18 @@ def test_micro_batches_train_like_the_whole_replica_batch(any_keras, monkeypatch
     split_weights, split_iterations, split_seen, split_steps, _ = _fit(any_keras)
     assert split_seen == {4}
     assert (split_steps, split_iterations) == (steps, iterations) == (5, 10)
+    for a, b in zip(split_weights, weights):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{"zero_stage": 1}, {"zero_stage": 2, "gradient_accumulation_steps": 2}],
+                         ids=["zero-1", "zero-2-accumulate-2"])
+def test_micro_batches_with_sharded_optimizer_state(options, monkeypatch):
+    """ZeRO accumulates in its own buffers: its window counts the micro-batches too (and the user's steps)."""
+    weights, iterations, _, _, _ = _fit(tfpar.keras, n=96, **options)
+    _told(monkeypatch, reference=3)
+    split_weights, split_iterations, split_seen, _, _ = _fit(tfpar.keras, n=96, **options)
+    assert split_seen == {4} and split_iterations == iterations == 8
     for a, b in zip(split_weights, weights):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 

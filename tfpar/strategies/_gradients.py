@@ -210,15 +210,18 @@ class GradientAccumulator:
         """Cross-replica, after that step: a loss scale that skipped one of its calls (Keras 3 does not reduce
         the gradients it finds non-finite) left the count short, which would shift every later boundary, so
         the window is dropped (its buffers cleared, the count back to its start) as a skipped update is.
-        Returns whether it was."""
+        A count that did not move at all is left: no call reduced here (ZeRO accumulates in its own
+        buffers), or the loss scale skipped every call. Returns whether it was dropped."""
         counter = self.counter()
+        counted = counter - self._start
 
         def drop():
             cleared = [b.assign(tf.zeros_like(b)) for b in self._buffers.values()]
             with tf.control_dependencies(cleared + [counter.assign(self._start - self._start % self.steps)]):
                 return tf.constant(True)
 
-        return tf.cond(tf.equal(counter, self._start + calls), lambda: tf.constant(False), drop)
+        short = tf.logical_and(counted > 0, counted < calls)
+        return tf.cond(short, drop, lambda: tf.constant(False))
 
     def reduce(self, per_device_grads, variables, devices, allreduce):
         """Accumulates ``per_device_grads`` (one list per device, in ``variables``' order).
