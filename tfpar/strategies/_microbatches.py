@@ -20,14 +20,11 @@ step. A step still holds the same examples, so positions, backups and exactly-on
   batch's would not: then the loss scale halves one step earlier than it would have.
 """
 
-import logging
-
 from tfpar._elastic import ElasticBatch
 from tfpar._keras import tf
 
 __all__ = ["elastic_microbatches", "split_into_microbatches"]
 
-_log = logging.getLogger(__name__)
 _MARK = "_tfpar_microbatches"  # the model's __dict__: the count its train_step is split into
 
 
