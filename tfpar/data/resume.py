@@ -102,7 +102,6 @@ def start_where_fit_starts(model: Any, arguments: dict) -> None:
         position.start_at(arguments.get("initial_epoch") or 0, 0, arguments.get("steps_per_epoch"))
 
 
-
 def check_elastic_batch(model: Any, arguments: dict) -> None:
     """Before ``fit`` in a worker of an elastic launch: a `distribute` input's global batch must divide over
     every number of workers the job may resize to (`tfpar._elastic.ElasticBatch.check_global_batch`), in

@@ -202,7 +202,7 @@ class GradientAccumulator:
         return self._counter
 
     def begin_step(self):
-        """Cross-replica, before a step of ``calls`` calls (an elastic job's micro-batches): notes the count."""
+        """Cross-replica, before a step of several calls (an elastic job's micro-batches): notes the count."""
         counter = self.counter()
         return self._start.assign(counter)
 
