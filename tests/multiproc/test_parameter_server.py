@@ -69,7 +69,7 @@ def test_local_cluster_trains_places_and_shards_variables():
 def ps_fault(tmp_path_factory):
     """scripts/ps_fault.py once: an undisturbed fit, a fit that loses worker 1, a fit after its restart."""
     log = tmp_path_factory.mktemp("ps_fault") / "worker1.log"
-    result = run_command([sys.executable, os.path.join(SCRIPTS, "ps_fault.py"), str(log)], timeout=400,
+    result = run_command([sys.executable, os.path.join(SCRIPTS, "ps_fault.py"), str(log)], timeout=520,
                          env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     report = json.loads([line for line in result.output.splitlines() if line.startswith('{"undisturbed"')][-1])
