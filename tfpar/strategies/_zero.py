@@ -278,11 +278,10 @@ def _tf_variable(variable):
 
 
 def _window(strategy):
-    """The optimizer calls a strategy accumulates gradients over (DataParallel's and Horovod's option, times
-    an elastic job's micro-batches), or 1."""
-    config = getattr(strategy, "config", None)
-    steps = getattr(config, "gradient_accumulation_steps", None) or getattr(config, "backward_passes_per_step", 1)
-    return steps * getattr(strategy.extended, "_microbatches", 1)
+    """The optimizer calls a strategy accumulates gradients over, or 1: its `GradientAccumulator`'s window
+    (DataParallel's and Horovod's option, times an elastic job's micro-batches)."""
+    accumulator = getattr(getattr(strategy, "extended", None), "_accumulator", None)
+    return accumulator.steps if accumulator is not None else 1
 
 
 def _weight_decay(optimizer):
