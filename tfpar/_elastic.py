@@ -150,7 +150,7 @@ class Membership:
     def reference(self) -> int:
         """The number of workers the global batch is divided for (`ElasticBatch`): ``max_workers``, else the
         most the job has run with."""
-        return self.max_workers if self.max_workers is not None else max(self.largest, len(self.members), 1)
+        return self.max_workers if self.max_workers is not None else max(self.largest, 1)
 
     def slots(self, hosts: dict[str, int]) -> list[str]:
         """The slots a job would have with ``hosts``; forgets the drops of hosts no longer listed."""
