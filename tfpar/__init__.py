@@ -64,13 +64,19 @@ if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):  # a task of `tfpar 
     for _method in ("fit", "evaluate", "predict"):
         _owned.add_process_check(_method, "before", _launched(_method))
 
-if os.environ.get(_ELASTIC):  # a worker of an elastic `tfpar launch`: every size it may have takes the batch
 
-    def _check_elastic_batch(model, arguments):
+def _elastic_fit(model, arguments):
+    """Before the ``fit`` of a model tfpar owns, in a worker of an elastic `tfpar launch` (read at each fit:
+    a test sets it in-process): every size the job may have takes the batch; under ``--elastic-batch
+    scale-lr`` the learning rate follows the global batch."""
+    if os.environ.get(_ELASTIC):
+        from tfpar.callbacks.learning_rate import elastic_learning_rate
         from tfpar.data.resume import check_elastic_batch
 
         check_elastic_batch(model, arguments)
+        elastic_learning_rate(model, arguments)
 
-    from tfpar import _owned
 
-    _owned.add_process_check("fit", "before", _check_elastic_batch)
+from tfpar import _owned as _owned_models  # noqa: E402
+
+_owned_models.add_process_check("fit", "before", _elastic_fit)

@@ -184,11 +184,13 @@ class Membership:
             (f" ({'; '.join(parts)})" if parts else "") + f"; world size {len(slots)}"
 
 
-ELASTIC_BATCHES = ("accumulate", "grow")
-"""How an elastic job on fewer workers than its reference keeps the global batch: "accumulate" (the
-default) computes each replica's batch in micro-batches no larger than the reference's per-replica batch
-and applies their accumulated gradients once (DeepSpeed's elasticity keeps its micro-batch so too);
-"grow" gives each replica a larger batch. Either way a step holds the same examples."""
+ELASTIC_BATCHES = ("accumulate", "grow", "scale-lr", "scale-lr-sqrt")
+"""How an elastic job on fewer workers than its reference trains: "accumulate" (the default) keeps the global
+batch, each replica computing its batch in micro-batches no larger than the reference's per-replica batch and
+applying their accumulated gradients once (DeepSpeed's elasticity keeps its micro-batch so too); "grow" keeps it
+with larger per-replica batches; "scale-lr" keeps the per-replica batch, so the global batch follows the
+workers, and scales the learning rate with it by the linear rule (Goyal et al. 2017), "scale-lr-sqrt" by the
+square root (`tfpar.callbacks.SCALING_RULES`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,28 +207,54 @@ class ElasticBatch:
         check_int("min_workers", self.min_workers, 1)
         check_choice("elastic_batch", self.batch, ELASTIC_BATCHES)
 
+    @property
+    def scales_learning_rate(self) -> bool:
+        """Whether the global batch follows the workers and the learning rate with it ("scale-lr")."""
+        return self.batch.startswith("scale-lr")
+
     def microbatches(self, workers: int) -> int:
         """The micro-batches each replica's batch is computed in on ``workers`` workers: the fewest that keep
-        a micro-batch within the reference's per-replica batch (1 at the reference size or above, or "grow")."""
-        if self.batch == "grow" or workers >= self.reference_workers:
+        a micro-batch within the reference's per-replica batch (1 at the reference size or above, or unless
+        "accumulate")."""
+        if self.batch != "accumulate" or workers >= self.reference_workers:
             return 1
         return math.ceil(self.reference_workers / workers)
 
+    def global_batch(self, given: int, workers: int) -> int:
+        """The global batch a step holds on ``workers`` workers, ``given`` the one set for the reference: the
+        same, or under "scale-lr" the reference's per-replica batch on each replica (``given * workers /
+        reference``; `check_global_batch` makes it whole)."""
+        return given * workers // self.reference_workers if self.scales_learning_rate else given
+
+    def learning_rate_factor(self, workers: int) -> float:
+        """What the learning rate is multiplied by on ``workers`` workers: 1, or under "scale-lr" the scaling
+        rule's factor for a global batch ``workers / reference`` times the reference's."""
+        if not self.scales_learning_rate:
+            return 1.0
+        k = workers / self.reference_workers
+        return k if self.batch == "scale-lr" else math.sqrt(k)
+
     def check_global_batch(self, global_batch_size: int, replicas_per_worker: int) -> None:
         """Refuses a global batch that one of the job's sizes (``min_workers`` to ``reference_workers``) cannot
-        divide into its replicas' micro-batches: that resize would fail when it happens, so it fails now.
+        divide into its replicas' micro-batches (under "scale-lr": that the reference cannot divide, since each
+        size keeps its per-replica batch): that resize would fail when it happens, so it fails now.
 
         Raises:
             ValueError: naming the sizes, the global batch to use instead and the other fixes.
         """
         sizes = range(self.min_workers, max(self.min_workers, self.reference_workers) + 1)
-        parts = {w: w * replicas_per_worker * self.microbatches(w) for w in sizes}
+        if self.scales_learning_rate:  # each size takes the reference's per-replica batch
+            parts = {w: self.reference_workers * replicas_per_worker for w in sizes}
+        else:
+            parts = {w: w * replicas_per_worker * self.microbatches(w) for w in sizes}
         bad = [w for w, p in parts.items() if global_batch_size % p]
         if not bad:
             return
         multiple = math.lcm(*parts.values())
         fit = max(multiple, round(global_batch_size / multiple) * multiple)
-        how = " x ".join(["workers", f"{replicas_per_worker} replica(s)"] + ([] if self.batch == "grow" else ["micro-batches"]))
+        how = " x ".join(["workers", f"{replicas_per_worker} replica(s)"] + (["micro-batches"] if self.batch == "accumulate" else []))
+        if self.scales_learning_rate:
+            how = f"{self.reference_workers} workers x {replicas_per_worker} replica(s), each size keeping that per-replica batch"
         raise ValueError(
             f"This elastic job trains on {self.min_workers} to {self.reference_workers} workers, and its global "
             f"batch does not divide into equal parts ({how}) on {', '.join(f'{w} ({parts[w]} parts)' for w in bad)}"

@@ -163,7 +163,9 @@ def _parser():
     run.add_argument("--elastic-batch", default="accumulate", choices=ELASTIC_BATCHES,
                      help="an elastic job on fewer workers than --max-workers (else the most it has had): keep the "
                           "global batch by computing each replica's batch in micro-batches of the full job's size and "
-                          "accumulating their gradients (DataParallel), or by larger per-replica batches (grow)")
+                          "accumulating their gradients (DataParallel), or by larger per-replica batches (grow); or keep "
+                          "each replica's batch, the global batch following the workers, and scale the learning rate "
+                          "with it by the linear rule (scale-lr) or the square root (scale-lr-sqrt)")
     run.add_argument("--heartbeat-timeout", type=float, default=None,
                      help="seconds a task may make no training step before it is named hung, its stacks are "
                           "dumped and the job is stopped (or restarted under --max-restarts)")

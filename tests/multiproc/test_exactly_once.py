@@ -9,6 +9,8 @@ import os
 import re
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, run_command, tfpar_command
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "exactly_once.py")
@@ -62,16 +64,19 @@ def test_a_mid_epoch_resume_trains_every_example_exactly_once(tmp_path):
     assert_exactly_once(records, result.output)
 
 
-def test_an_elastic_job_loses_a_worker_mid_epoch_and_gets_it_back_with_every_example_once(tmp_path):
+@pytest.mark.parametrize("batch", ["accumulate", "scale-lr"])
+def test_an_elastic_job_loses_a_worker_mid_epoch_and_gets_it_back_with_every_example_once(tmp_path, batch):
     """The issue's resize, in one job: 3 workers (two on 127.0.0.1, one on localhost, from a discovery file);
     worker 2 is lost for good at step 7 of epoch 2 (SIGKILL, localhost out of the file; backups every 5 steps),
     the job resumes at step 6 on 2 workers, each replica computing its share of the global batch in 2
-    micro-batches, localhost comes back in epoch 4 and the job grows to 3 after its next backup. Every example of every epoch is trained on exactly once, counted from the ids the replicas
+    micro-batches (under --elastic-batch scale-lr: global batches of 32, each replica's 16 as on 3 workers, the
+    learning rate x2/3, from example 241 in step 8), localhost comes back in epoch 4 and the job grows to 3 after its next backup. Every example of every epoch is trained on exactly once, counted from the ids the replicas
     trained on, the rolled-back steps left out; the seconds from the loss to the next step are printed."""
     records, hosts = tmp_path / "records", tmp_path / "hosts"
     records.mkdir()
     hosts.write_text("127.0.0.1:2\nlocalhost:1\n")
-    result = run_command(tfpar_command("launch", "--min-workers", "2", "--host-discovery-file", str(hosts), "--",
+    result = run_command(tfpar_command("launch", "--min-workers", "2", "--host-discovery-file", str(hosts),
+                                       "--elastic-batch", batch, "--",
                                        sys.executable, SCRIPT, str(tmp_path / "backup"), str(records),
                                        "--elastic", str(hosts)),
                          timeout=420, env={"PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": "2"})
@@ -85,15 +90,24 @@ def test_an_elastic_job_loses_a_worker_mid_epoch_and_gets_it_back_with_every_exa
     assert resumed[1] >= (3, 0), resumed  # the grow-back resumed in epoch 4 or later
     workers = {int(re.match(r"attempt(\d+)-worker(\d+)", p.name).group(2)) for p in records.glob("attempt1-*")}
     assert workers == {0, 1}  # the middle attempt trained on 2 workers
-    # each of its replicas computed its 24 examples a step in 2 micro-batches of 12, no larger than the 16 of 3
-    assert "tfpar: an elastic job on 2 of 3 workers: each replica computes its batch in 2 micro-batches" in out
-    largest = {a: max(len(json.loads(line)["ids"]) for p in records.glob(f"attempt{a}-*") for line in p.read_text().splitlines())
-               for a in range(3)}
-    assert largest == {0: 16, 1: 12, 2: 16}, largest
+    largest = {a: max((len(json.loads(line)["ids"]) for p in records.glob(f"attempt{a}-*") for line in p.read_text().splitlines()),
+                      default=0) for a in range(3)}
+    launcher = "\n".join(line for line in out.splitlines() if line.startswith("tfpar launch:"))
+    if batch == "accumulate":
+        # each of its replicas computed its 24 examples a step in 2 micro-batches of 12, no larger than the 16 of 3
+        assert "tfpar: an elastic job on 2 of 3 workers: each replica computes its batch in 2 micro-batches" in out
+        assert largest == {0: 16, 1: 12, 2: 16}, (largest, launcher)
+    else:  # 16 a replica throughout; the resume at example 241 (step 8 of 32) carries 16 of its step's 32 at weight 0
+        assert "tfpar: an elastic job on 2 of 3 workers: global batch 32, each replica keeping the full job's batch; " \
+               "the learning rate is multiplied by 0.6667 (scale-lr: the linear scaling rule)" in out
+        assert "at epoch 2, step 6 (its example 241, in step 8 of this job's global batches of 32)" in out, out[-4000:]
+        assert largest == {0: 16, 1: 16, 2: 16}, (largest, launcher)
+        resumed_step = [json.loads(p.read_text().splitlines()[0]) for p in records.glob("attempt1-*")]
+        assert sorted((r["epoch"], r["step"], len(r["ids"])) for r in resumed_step) == [(1, 7, 0), (1, 7, 16)], resumed_step
     lost = float((records / "lost").read_text())
     first = min(json.loads(line)["time"] for p in records.glob("attempt1-*") for line in p.read_text().splitlines())
     loss = re.search(r"LOSS (\S+)", out).group(1)
-    print(f"elastic: {first - lost:.1f} s from the loss to the next training step; resumed at {resumed}; "
+    print(f"elastic ({batch}): {first - lost:.1f} s from the loss to the next training step; resumed at {resumed}; "
           f"final loss {loss}")
 
 

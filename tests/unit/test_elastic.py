@@ -48,7 +48,7 @@ def test_the_global_batch_is_divided_for_max_workers_else_the_most_the_job_has_h
 
 @pytest.mark.parametrize("batch, workers, count", [
     ("accumulate", 4, 1), ("accumulate", 5, 1), ("accumulate", 3, 2), ("accumulate", 2, 2), ("accumulate", 1, 4),
-    ("grow", 1, 1),
+    ("grow", 1, 1), ("scale-lr", 1, 1), ("scale-lr-sqrt", 2, 1),
 ])
 def test_micro_batches_are_the_fewest_within_the_full_jobs_per_replica_batch(batch, workers, count):
     setting = ElasticBatch(4, 1, batch)
@@ -65,6 +65,20 @@ def test_a_global_batch_that_a_size_of_the_job_cannot_take_is_refused_naming_a_f
         ElasticBatch(4, 2, "accumulate").check_global_batch(32, 2)
     with pytest.raises(ValueError, match=r"Unknown elastic_batch 'shrink'"):
         ElasticBatch(4, 2, "shrink")
+
+
+def test_scale_lr_keeps_the_per_replica_batch_and_scales_the_rate_by_its_rule():
+    """``--elastic-batch scale-lr``: on 3 workers of 4 a global batch of 48 becomes 36 (12 per worker), the rate
+    x0.75 (linear) or x sqrt(0.75); the other modes keep both. A global batch the reference cannot divide is
+    refused, naming a fit."""
+    assert (ElasticBatch(4, 1, "scale-lr").global_batch(48, 3), ElasticBatch(4, 1, "scale-lr").learning_rate_factor(3)) == (36, 0.75)
+    assert ElasticBatch(4, 1, "scale-lr-sqrt").learning_rate_factor(3) == pytest.approx(0.75 ** 0.5)
+    assert (ElasticBatch(4, 1).global_batch(48, 3), ElasticBatch(4, 1, "grow").learning_rate_factor(3)) == (48, 1.0)
+    ElasticBatch(4, 2, "scale-lr").check_global_batch(48, 2)
+    with pytest.raises(ValueError, match=r"\(4 workers x 2 replica\(s\), each size keeping that per-replica batch\) on 2 "
+                                         r"\(8 parts\), 3 \(8 parts\), 4 \(8 parts\).*Received: global_batch_size=36. "
+                                         r"Use a multiple of 8 \(e.g. 32\)"):
+        ElasticBatch(4, 2, "scale-lr").check_global_batch(36, 2)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -209,6 +223,26 @@ def test_a_mid_epoch_resume_must_find_the_backed_up_steps():
         check_resume(layout(3, "file"), layout(2, "file"), epoch=1, step=5)
     with pytest.raises(ValueError, match=r"global batches of 48 examples. Received: global_batch_size=96"):
         check_resume(layout(3), layout(2, batch=96), epoch=1, step=5)
+
+
+def test_a_resume_with_another_global_batch_continues_at_the_backed_up_example_under_scale_lr():
+    """`rescaled_resume`: step 5 of global batches of 48 is example 240: step 7 of batches of 32, its first 16
+    examples trained already; step 10 of batches of 24, none; the same batch, the same step. Without scale-lr
+    on both sides (or under FILE sharding) another global batch is refused as before."""
+    from tfpar.data.resume import rescaled_resume
+
+    def layout(batch, scale_lr=True, policy="data"):
+        return {"global_batch_size": batch, "num_workers": batch // 16, "shard_policy": policy,
+                "resizable": policy == "data", "scale_lr": scale_lr, "epoch": 1, "step": 5}
+
+    assert rescaled_resume(layout(48), layout(32), 5) == (7, 240)
+    assert rescaled_resume(layout(48), layout(24), 5) == (10, 240)
+    assert rescaled_resume(layout(48), layout(48), 5) == (5, 0)
+    for saved, now in ((layout(48, False), layout(32)), (layout(48), layout(32, False))):
+        with pytest.raises(ValueError, match=r"global batches of 48 examples. Received: global_batch_size=32"):
+            rescaled_resume(saved, now, 5)
+    with pytest.raises(ValueError, match=r"shard_policy='file'"):
+        rescaled_resume(layout(48, policy="file"), layout(32, policy="file"), 5)
 
 
 def test_discovery_that_fails_while_the_job_runs_is_said_and_the_job_goes_on(tmp_path):

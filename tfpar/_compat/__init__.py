@@ -133,6 +133,16 @@ def tf_keras_resume_point(model, steps_per_epoch, initial_epoch):
     return int(epoch), int(step)
 
 
+def tf_keras_set_resume_point(model, epoch, step, steps_per_epoch):
+    """Makes tf_keras' ``fit`` continue at ``step`` of ``epoch`` (0-based) instead of where its restored
+    counters stand: the counters its BackupAndRestore restored (the last step trained) are set to the step
+    before (step 0: the last of the epoch before), which ``fit`` reads after ``on_train_begin``."""
+    state = model._training_state
+    last = (epoch, step - 1) if step else (epoch - 1, steps_per_epoch - 1)
+    state._ckpt_saved_epoch.assign(last[0])
+    state._ckpt_saved_batch.assign(last[1])
+
+
 def keras3_start_at_epoch(model, epoch):
     """Makes Keras 3's ``fit`` start at ``epoch`` (0-based): its own BackupAndRestore sets this
     private attribute, which ``fit`` reads after ``on_train_begin``; there is no public one."""

@@ -14,7 +14,8 @@ from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST, STA
 from tfpar._parallelism import sum_over_workers
 from tfpar.cluster import ClusterInfo
 from tfpar.callbacks._hooks import chief_print
-from tfpar.data.resume import check_resume, position_of
+from tfpar.callbacks.learning_rate import rescale_learning_rate
+from tfpar.data.resume import position_of, rescaled_resume
 
 __all__ = ["FaultTolerance"]
 
@@ -142,35 +143,44 @@ class FaultTolerance(keras.callbacks.Callback):
             epoch, step = _compat.tf_keras_resume_point(self.model, steps, initial_epoch)
         self.resumed_at_epoch = epoch if (epoch, step) != (initial_epoch, 0) else None
         self.resumed_at_step = step if self.resumed_at_epoch is not None else None
-        self._epoch, self._skipped = None, (epoch, step) if step else None
         position = position_of(x)
+        masked = 0
+        if position is not None:
+            step, masked = self._resume_point(position, step)
+            if masked and not is_keras3(self.model):
+                _compat.tf_keras_set_resume_point(self.model, epoch, step, steps)
+            position.start_at(epoch, step, steps, masked)
+        self._epoch, self._skipped = None, (epoch, step) if step else None
         self._backup.tfpar_saved = self._saved
         self._layout = position.layout if position is not None else None
-        if position is not None:
-            self._check_layout(position)
-            position.start_at(epoch, step, steps)
         if self.save_freq != "epoch" and (position is None or not position.exact):
             _warn_inexact(self.save_freq, x, position)
         if self.resumed_at_epoch is not None:
-            where = f"epoch {epoch + 1}" + (f", step {step + 1}" if step else "")
+            where = f"epoch {epoch + 1}" + (f", step {self.resumed_at_step + 1}" if self.resumed_at_step else "")
+            if masked:
+                where += (f" (its example {masked + 1}, in step {step + 1} of this job's global batches of "
+                          f"{position.layout['global_batch_size']})")
             chief_print(self.model, f"tfpar: resumed from the backup in {self.backup_dir} at {where}")
 
-    def _check_layout(self, position):
-        """A backup in the middle of an epoch continues there only with the same steps (the input's layout
-        recorded beside it: `tfpar.data.resume.check_resume`), whatever the number of workers now."""
+    def _resume_point(self, position, step):
+        """``(step, masked)`` this run continues at (`tfpar.data.resume.rescaled_resume`: another global batch of an
+        elastic job converted to this one's steps), from the input's layout recorded beside the backup; the
+        learning rate put on this job's scale (`tfpar.callbacks.learning_rate.rescale_learning_rate`)."""
         path = os.path.join(self.backup_dir, INPUT_LAYOUT)
-        if self.resumed_at_epoch is not None and os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                saved = json.load(f)
-            if saved.get("step"):
-                check_resume(saved, position.layout, saved["epoch"], saved["step"])
+        if self.resumed_at_epoch is None or not os.path.exists(path):
+            return step, 0
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        rescale_learning_rate(self.model, saved.get("learning_rate_factor", 1.0),
+                              position.layout.get("learning_rate_factor", 1.0))
+        return rescaled_resume(saved, position.layout, saved["step"]) if saved.get("step") else (step, 0)
 
     def _saved(self, epoch, step, last):
         """After the chief's backup, whose run continues at ``step`` of ``epoch``: the input's layout beside it,
         and the launcher told (`_backed_up`); ``last``: training's last backup."""
         if self._layout is not None:
             write_atomically(os.path.join(self.backup_dir, INPUT_LAYOUT),
-                             json.dumps({**self._layout, "epoch": epoch, "step": step}))
+                             json.dumps({**self._layout, "epoch": int(epoch), "step": int(step)}))
         _backed_up(last)
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -8,14 +8,15 @@ at the same step, under every tfpar strategy (their Horovod counterparts are
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import keras
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
-__all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "exponential_decay",
-           "scaled_learning_rate", "step_decay"]
+__all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "elastic_learning_rate",
+           "exponential_decay", "rescale_learning_rate", "scaled_learning_rate", "step_decay"]
 
 SCALING_RULES = ("linear", "sqrt")
 """How the learning rate follows the global batch: ``linear`` (Goyal et al. 2017: k times the batch,
@@ -62,6 +63,48 @@ def _set_rate(model, value, momentum_correction):
     if momentum_correction and old > 0 and value != old:
         for velocity in getattr(optimizer, "momentums", None) or []:
             velocity.assign(velocity * (value / old))
+
+
+_FACTOR = "_tfpar_learning_rate_factor"  # the optimizer's: the elastic scaling factor its rate carries
+
+
+def rescale_learning_rate(model: Any, applied: float, factor: float) -> None:
+    """Puts the optimizer's rate, which carries the scaling factor ``applied`` (an elastic job's, 1 for none),
+    on ``factor`` instead: a backup restores the rate its run trained with."""
+    rate = _compat.given_learning_rate(model.optimizer)
+    if applied != factor:
+        if not hasattr(rate, "assign"):
+            raise ValueError(
+                "--elastic-batch scale-lr scales the optimizer's learning rate with the global batch, and it is a "
+                f"schedule here. Received: learning_rate={type(rate).__name__}. Give the optimizer a number (and "
+                "tfpar.callbacks.LearningRateSchedule for a schedule), or use --elastic-batch accumulate.")
+        rate.assign(rate * (factor / applied))
+    setattr(model.optimizer, _FACTOR, factor)
+
+
+def elastic_learning_rate(model: Any, arguments: dict) -> None:
+    """Before ``fit`` in a worker of an elastic launch under ``--elastic-batch scale-lr``: `tfpar.data.distribute`
+    gave each replica the reference's per-replica batch, so the global batch follows the workers; the
+    optimizer's rate follows it by the scaling rule (`tfpar._elastic.ElasticBatch.learning_rate_factor`)."""
+    from tfpar._elastic import ElasticBatch
+    from tfpar.data.resume import position_of
+
+    setting, position = ElasticBatch.from_env(), position_of(arguments.get("x"))
+    if setting is None or not setting.scales_learning_rate:
+        return
+    if position is None:
+        raise ValueError(
+            f"--elastic-batch {setting.batch} scales the global batch of fit's input with the workers, and the "
+            "learning rate with it; tfpar does that for a tfpar.data.distribute input only. Received: x of type "
+            f"{type(arguments.get('x')).__name__}. Feed fit tfpar.data.distribute(...).dataset, or use "
+            "--elastic-batch accumulate.")
+    factor, layout = position.layout["learning_rate_factor"], position.layout
+    rescale_learning_rate(model, getattr(model.optimizer, _FACTOR, 1.0), factor)
+    if factor != 1.0:
+        chief_print(model, f"tfpar: an elastic job on {layout['num_workers']} of {setting.reference_workers} workers: "
+                           f"global batch {layout['global_batch_size']}, each replica keeping the full job's batch; "
+                           f"the learning rate is multiplied by {factor:.4g} ({setting.batch}: the "
+                           f"{'linear' if setting.batch == 'scale-lr' else 'sqrt'} scaling rule)")
 
 
 def _positive(name, value):

@@ -5,7 +5,7 @@ from typing import Any
 
 from tfpar._keras import tf
 
-__all__ = ["batch"]
+__all__ = ["batch", "weigh_examples"]
 
 
 def _check_padable(spec):
@@ -76,3 +76,25 @@ def _weigh_padded_steps(plan):
         return (*batch[:-1], weights * tf.cast(scale, weights.dtype))
 
     return fn
+
+
+def weigh_examples(dataset: Any, masked: Any = None, until: Any = None, weight: Any = None) -> Any:
+    """Single examples in the job's order, each with a sample weight (the given one, else 1): 0 for the first
+    ``masked`` (trained before a resume that changed the global batch), ``weight`` for the others before
+    ``until`` (the rest of that step: global / real), 1 after. Refuses elements that cannot carry a weight."""
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise ValueError(
+            "An elastic job under --elastic-batch scale-lr weighs each example (0 for those a resume with another "
+            "global batch trained already), so it needs (inputs, targets) or (inputs, targets, sample_weight) "
+            f"elements. Received elements of spec {spec}. Add targets, or use --elastic-batch accumulate.")
+    zero = tf.constant(0, tf.int64)
+    masked, until = (zero if m is None else m for m in (masked, until))
+    weight = tf.constant(1.0) if weight is None else weight
+
+    def fn(index, example):
+        scale = tf.where(index < masked, 0.0, tf.where(index < until, weight, 1.0))
+        given = tf.cast(example[2], tf.float32) if len(example) == 3 else tf.ones([], tf.float32)
+        return (*example[:2], given * scale)
+
+    return dataset.enumerate().map(fn)

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["InputPosition", "check_elastic_batch", "check_resume", "layout_of", "position_of", "start_where_fit_starts"]
+__all__ = ["InputPosition", "check_elastic_batch", "check_resume", "layout_of", "position_of", "rescaled_resume",
+           "start_where_fit_starts"]
 
 _positions: dict = {}  # id(the DistributedDataset fit is given) -> its InputPosition
 _lock = threading.Lock()
@@ -36,26 +37,41 @@ class InputPosition:
         """Global steps of the stream before the next iterator's first batch."""
         self.layout: dict = {}
         """How the steps are made (`layout_of`): what a resume in the middle of an epoch must find again."""
+        self.plan: Any = None
+        """This worker's `ShardPlan`."""
+        self.num_elements: int | None = None
+        """Examples in one epoch of the input (None: infinite)."""
+        self.masked = 0
+        """Examples of the first epoch, in the job's order, that the next iterator carries at weight 0 (trained
+        before a resume that changed the global batch: `rescaled_resume`)."""
 
-    def start_at(self, epoch: int, step: int = 0, steps_per_epoch: int | None = None) -> None:
+    def start_at(self, epoch: int, step: int = 0, steps_per_epoch: int | None = None, masked: int = 0) -> None:
         """Starts the next iterator at ``step`` of ``epoch``, with ``fit``'s ``steps_per_epoch``
-        (default: the input's own)."""
+        (default: the input's own), the epoch's first ``masked`` examples at weight 0."""
         per_epoch = steps_per_epoch or self.steps or 0
         with _lock:
             self.offset = int(epoch) * per_epoch + int(step)
+            self.masked = int(masked)
 
     def start(self) -> tuple:
-        """``(first epoch of the stream, per-replica batches to skip in it)`` (read by the stream)."""
+        """``(first epoch of the stream, per-replica batches to skip in it, examples of it masked, the example
+        its first step ends at, the weight of that step's real examples)`` (read by the stream)."""
         with _lock:
-            offset = self.offset
+            offset, masked = self.offset, self.masked
         epoch, step = divmod(offset, self.steps) if self.steps else (0, offset)
-        return np.int64(epoch), np.int64(step * self.replicas_per_worker)
+        until, weight = 0, 1.0
+        if masked:  # the rest of the step holding example ``masked``: its real examples weigh global / real
+            size = self.plan.global_batch_size
+            until = (step + 1) * size
+            weight = size / (min(until, self.num_elements) - masked) / self.plan.step_weight(step)
+        return (np.int64(epoch), np.int64(step * self.replicas_per_worker), np.int64(masked), np.int64(until),
+                np.float32(weight))
 
 
 def layout_of(plan: Any) -> dict:
     """What a step of the input depends on, from this worker's `ShardPlan` (a backup records it)."""
     return {"global_batch_size": plan.global_batch_size, "num_workers": plan.num_workers,
-            "shard_policy": plan.policy, "resizable": plan.resizable}
+            "shard_policy": plan.policy, "resizable": plan.resizable, "learning_rate_factor": 1.0}
 
 
 def check_resume(saved: dict, layout: dict, epoch: int, step: int) -> None:
@@ -66,7 +82,7 @@ def check_resume(saved: dict, layout: dict, epoch: int, step: int) -> None:
         ValueError: naming what changed and the fix.
     """
     where = f"The backup continues epoch {epoch + 1} at step {step + 1}"
-    if saved.get("global_batch_size") != layout["global_batch_size"]:
+    if saved.get("global_batch_size") != layout["global_batch_size"] and not _rescalable(saved, layout):
         raise ValueError(
             f"{where}, counted in global batches of {saved.get('global_batch_size')} examples. Received: "
             f"global_batch_size={layout['global_batch_size']}. Keep the global batch of the backed-up run "
@@ -80,6 +96,29 @@ def check_resume(saved: dict, layout: dict, epoch: int, step: int) -> None:
             "examples and skip others. Received: a resize in the middle of an epoch. Pass shard_policy=\"data\" "
             "to tfpar.data.distribute (each step then holds the same examples whatever the number of workers), "
             "or resume with the backed-up number of workers.")
+
+
+def _rescalable(saved, layout):
+    """Whether a resume may continue at the same example with another global batch: an elastic job whose
+    global batch follows its workers ("scale-lr"), before and now (whose steps must also be the job's order's:
+    the check of the number of workers)."""
+    return bool(saved.get("scale_lr") and layout.get("scale_lr"))
+
+
+def rescaled_resume(saved: dict, layout: dict, step: int) -> tuple:
+    """``(step, masked)``: where a resume at ``step`` of the backed-up run (``saved``, its `layout_of`) continues
+    with ``layout``'s global batch: the step of this run that holds the backed-up run's next example, and the
+    examples of the epoch before it (trained already: the stream carries them at weight 0). The same step and
+    0 when the global batch is the same.
+
+    Raises:
+        ValueError: as `check_resume`.
+    """
+    check_resume(saved, layout, saved.get("epoch", 0), step)
+    if not step or saved["global_batch_size"] == layout["global_batch_size"]:
+        return step, 0
+    masked = step * saved["global_batch_size"]
+    return masked // layout["global_batch_size"], masked
 
 
 def register(dataset, position):
@@ -109,8 +148,8 @@ def check_elastic_batch(model: Any, arguments: dict) -> None:
     from tfpar._elastic import ElasticBatch
 
     setting, position = ElasticBatch.from_env(), position_of(arguments.get("x"))
-    if setting is None or position is None or "global_batch_size" not in position.layout:
-        return
-    if not hasattr(getattr(model.distribute_strategy, "extended", None), "_microbatches"):
+    if setting is None or position is None or "global_batch_size" not in position.layout or setting.scales_learning_rate:
+        return  # scale-lr: `distribute` checked the global batch given (its layout holds this size's)
+    if setting.batch == "accumulate" and not hasattr(getattr(model.distribute_strategy, "extended", None), "_microbatches"):
         setting = dataclasses.replace(setting, batch="grow")  # a strategy that does not split its batch
     setting.check_global_batch(position.layout["global_batch_size"], position.replicas_per_worker)

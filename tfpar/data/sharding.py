@@ -15,10 +15,11 @@ import random
 from typing import Any
 
 from tfpar._checks import check_choice, check_int, check_number
+from tfpar._elastic import ElasticBatch
 from tfpar._keras import tf
 from tfpar._topology import topology_of
 from tfpar.data.batching import per_replica_batch_size
-from tfpar.data.padding import batch
+from tfpar.data.padding import batch, weigh_examples
 from tfpar.data.plan import REMAINDERS, SHARD_POLICIES, ShardPlan, plan_shard
 from tfpar.data.resume import InputPosition, layout_of, register
 from tfpar.data.source import measure, open_source, read_files
@@ -110,9 +111,10 @@ def worker_stream(source: Any, config: "InputConfig", *, num_workers: int, worke
     return _unsharded(_epochs(epoch_dataset, epoch, step * plan.replicas_per_worker)), plan
 
 
-def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, sizes):
+def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, sizes, weighted=False):
     """``(epoch -> that epoch's dataset, plan)``: one worker's input, epoch by epoch (the function
-    runs inside a tf.data function, with the epoch a tensor; None: the parameter servers' input)."""
+    runs inside a tf.data function, with the epoch a tensor; None: the parameter servers' input).
+    ``weighted``: every example carries a weight, and the function takes `weigh_examples`' mask too."""
     per_replica = per_replica_batch_size(config.global_batch_size, num_replicas)
     sizes = sizes or measure(source, config)
     dataset, files = open_source(source)
@@ -146,8 +148,10 @@ def _worker_epochs(source, config, *, num_workers, worker_index, num_replicas, s
         tf.random.set_seed(_GRAPH_SEED)
         return shard.shuffle(config.shuffle_buffer, seed=seed * _EPOCH_STRIDE + epoch, reshuffle_each_iteration=False)
 
-    def epoch_dataset(epoch):
+    def epoch_dataset(epoch, *mask):
         shard = shuffled(dataset, epoch) if job_order else dataset
+        if weighted:  # in the job's order, before it is dealt: a mask counts the epoch's examples
+            shard = weigh_examples(shard, *mask)
         if plan.policy == "data":  # this worker's part of every step (`tfpar.data.plan`)
             part = plan.replicas_per_worker * plan.per_replica_batch
             shard = shard.batch(part).shard(num_workers, worker_index).unbatch()
@@ -162,17 +166,22 @@ _MAX_SEED = 2**31 - 1
 _NO_END = 2**62
 
 
-def _epochs(epoch_dataset, first=0, skip=0):
-    """Epochs ``first``, ``first + 1``, ... one after the other, the first ``skip`` batches left out."""
-    return tf.data.Dataset.range(first, _NO_END).flat_map(epoch_dataset).skip(skip)
+def _epochs(epoch_dataset, first=0, skip=0, mask=None):
+    """Epochs ``first``, ``first + 1``, ... one after the other, the first ``skip`` batches left out (and
+    ``mask``, `weigh_examples`' arguments, applied to epoch ``first``)."""
+    epochs = tf.data.Dataset.range(first, _NO_END)
+    if mask is None:
+        return epochs.flat_map(epoch_dataset).skip(skip)
+    return epochs.flat_map(lambda e: epoch_dataset(e, *(tf.where(e == first, m, tf.zeros_like(m)) for m in mask))).skip(skip)
 
 
-def _from_position(epoch_dataset, position):
+def _from_position(epoch_dataset, position, weighted=False):
     """`_epochs` from where ``position`` stands when an iterator starts (`tfpar.data.resume`)."""
 
     def start(_):
-        first, skip = tf.py_function(position.start, [], (tf.int64, tf.int64))
-        return _epochs(epoch_dataset, tf.ensure_shape(first, []), tf.ensure_shape(skip, []))
+        first, skip, *mask = (tf.ensure_shape(t, []) for t in tf.py_function(
+            position.start, [], (tf.int64, tf.int64, tf.int64, tf.int64, tf.float32)))
+        return _epochs(epoch_dataset, first, skip, mask if weighted else None)
 
     # Endless, and said so: with an unknown cardinality a multi-worker iterator would agree with the
     # other workers at every step that each still has data (a collective per step, waiting on the slowest).
@@ -242,6 +251,13 @@ def distribute(source: Any, strategy: Any, global_batch_size: int, **options: An
     replicas = strategy.num_replicas_in_sync
     per_replica_batch_size(global_batch_size, replicas)
     topology = topology_of(strategy)
+    elastic = ElasticBatch.from_env()
+    if elastic is not None and (not elastic.scales_learning_rate or topology.coordinator):
+        elastic = None  # only "scale-lr" changes the input (not a parameter server's)
+    weighted = elastic is not None
+    if elastic is not None:  # the reference's per-replica batch on each replica: the global batch follows the workers
+        elastic.check_global_batch(global_batch_size, replicas // topology.num_workers)
+        config = dataclasses.replace(config, global_batch_size=elastic.global_batch(global_batch_size, topology.num_workers))
     strategy = getattr(strategy, "input_strategy", strategy)  # a pipeline splits the batch itself
     # A pipeline across workers feeds itself under the default strategy: its worker's shard, as a worker's.
     own_shard = (tf.distribute.InputContext(topology.num_workers, topology.worker_index, topology.num_workers)
@@ -264,13 +280,16 @@ def distribute(source: Any, strategy: Any, global_batch_size: int, **options: An
             worker_index=context.input_pipeline_id,
             num_replicas=context.num_replicas_in_sync,
             sizes=sizes,
+            weighted=weighted,
         )
         plans.append(plan)
-        return _unsharded(_from_position(epoch_dataset, position)).prefetch(tf.data.AUTOTUNE)
+        return _unsharded(_from_position(epoch_dataset, position, weighted)).prefetch(tf.data.AUTOTUNE)
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
     position.steps, position.replicas_per_worker = plans[0].steps, plans[0].replicas_per_worker
-    position.layout = layout_of(plans[0])
+    position.layout, position.plan, position.num_elements = layout_of(plans[0]), plans[0], sizes.num_elements
+    if elastic is not None:
+        position.layout.update(scale_lr=True, learning_rate_factor=elastic.learning_rate_factor(topology.num_workers))
     register(distributed, position)
     return DistributedInput(distributed, plans[0].steps, plans[0])
 

@@ -5,7 +5,7 @@ Usage: exactly_once.py BACKUP_DIR RECORDS_DIR [--horovod] [--attempt N] [--elast
 Under `tfpar launch --max-restarts 1` the attempt is $TFPAR_RESTART_COUNT; under horovodrun, --attempt.
 In attempt 0, worker (rank) 1 SIGKILLs itself at the start of step 6 of epoch 2 (batch 5 of epoch
 index 1), once the chief has written the backup of step 5. Every replica step appends the ids it trains on (examples are numbered from 1; padding
-rows are zeros, weight 0, and carry id 0, so only ids > 0 are recorded) to
+rows are zeros, weight 0, and carry id 0, so only ids > 0 at a weight > 0 are recorded) to
 RECORDS_DIR/attempt<A>-worker<W>.jsonl, one line per replica step: {"epoch", "step", "ids", "time"}.
 The model in Keras 3 when $TFPAR_TEST_KERAS is "3".
 
@@ -41,23 +41,22 @@ where = {"epoch": 0, "step": 0}
 log = open(os.path.join(records, f"attempt{attempt}-worker{worker}.jsonl"), "a", encoding="utf-8")
 
 
-def record(ids):
-    trained = [int(i) for i in ids.numpy() if i > 0]
+def record(ids, weights):
+    trained = [int(i) for i, w in zip(ids.numpy(), weights.numpy()) if i > 0 and w > 0]
     log.write(json.dumps({"epoch": int(where["epoch"]), "step": int(where["step"]), "ids": trained,
                           "time": time.time()}) + "\n")
     log.flush()
     return np.int32(0)
 
 
-class Record(k.layers.Layer):
-    """Records the ids of the batch it trains on; passes the features on."""
+class Recorded(k.Sequential):
+    """Records the ids of each batch it trains on at a weight above 0 (a resume under --elastic-batch scale-lr
+    carries the examples its step trained already at weight 0)."""
 
-    def call(self, x, training=None):
-        if training:
-            done = tf.py_function(record, [x[:, 0]], tf.int32)
-            with tf.control_dependencies([done]):
-                return tf.identity(x[:, 1:])
-        return x[:, 1:]
+    def train_step(self, data):
+        weights = data[2] if len(data) == 3 else tf.ones_like(data[0][:, 0])
+        tf.py_function(record, [data[0][:, 0], weights], tf.int32)
+        return super().train_step(data)
 
 
 # The chief says when the backup after step 5 of epoch 2 is written (Where runs after FaultTolerance),
@@ -103,7 +102,7 @@ x = np.concatenate([np.arange(1, n + 1, dtype="float32")[:, None], rng.normal(si
 y = rng.normal(size=n).astype("float32")
 with strategy.scope():
     k.utils.set_random_seed(0)
-    model = k.Sequential([k.layers.Input((5,)), Record(), k.layers.Dense(1)])
+    model = Recorded([k.layers.Input((5,)), k.layers.Lambda(lambda t: t[:, 1:]), k.layers.Dense(1)])
     model.compile(k.optimizers.SGD(0.01), "mse")
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch, shuffle_buffer=n,
                               seed=3)
