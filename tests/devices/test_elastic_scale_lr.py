@@ -23,7 +23,7 @@ def _told(monkeypatch, reference, batch="scale-lr"):
     monkeypatch.setenv(ELASTIC_VARIABLE, ElasticBatch(reference, 1, batch).to_env())
 
 
-def _run(k, backup, records, fail_at=None, save_freq=3, epochs=2):
+def _run(k, backup, records, fail_at=None, save_freq=3, epochs=2, loss_scale=False):
     """Trains on N examples numbered from 1 (a seeded shuffle), global batch GLOBAL_BATCH as the full job sets it,
     SGD at 0.1, backups every ``save_freq`` steps; appends {"epoch", "step", "ids", "weights"} for every replica
     step to ``records``; raises Failure at the start of step ``fail_at`` = (epoch, step). Returns (the optimizer's
@@ -55,7 +55,8 @@ def _run(k, backup, records, fail_at=None, save_freq=3, epochs=2):
     strategy = tfpar.DataParallel()
     with strategy.scope():
         model = Recorded([k.layers.Input((5,)), k.layers.Lambda(lambda t: t[:, 1:]), k.layers.Dense(1)])
-        model.compile(k.optimizers.SGD(0.1), "mse")
+        optimizer = k.optimizers.SGD(0.1)
+        model.compile(k.mixed_precision.LossScaleOptimizer(optimizer) if loss_scale else optimizer, "mse")
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, GLOBAL_BATCH,
                                   shuffle_buffer=N, seed=3)
     fault_tolerance = tfpar.callbacks.FaultTolerance(str(backup), save_freq=save_freq)
@@ -93,20 +94,22 @@ def test_the_global_batch_and_the_learning_rate_follow_the_workers(any_keras, mo
     assert rate == pytest.approx(0.1 / np.sqrt(2))
 
 
-def test_a_resume_with_another_global_batch_continues_at_the_exact_example(any_keras, monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("loss_scale", [False, True], ids=["sgd", "loss-scale-sgd"])
+def test_a_resume_with_another_global_batch_continues_at_the_exact_example(any_keras, monkeypatch, tmp_path, capsys,
+                                                                           loss_scale):
     """The job on 1 of 2 workers (global batch 12) dies at step 5 of epoch 1 after its backup of step 3 (36
     examples trained); it resumes on the full job's size (global batch 24, one worker here): example 37 is in
     its step 2, whose first 12 examples are carried at weight 0 and the other 12 at 2 (the step's mean over its
     real examples). Over the two epochs every example is trained at a weight above 0 exactly once; the learning
-    rate is the restored 0.05 put back to 0.1."""
+    rate is the restored 0.05 put back to 0.1 (under a loss-scale optimizer, the rate of the one it wraps)."""
     backup = tmp_path / "backup"
     _told(monkeypatch, reference=2)
     before = []
-    rate, _ = _run(any_keras, backup, before, fail_at=(0, 4))
+    rate, _ = _run(any_keras, backup, before, fail_at=(0, 4), loss_scale=loss_scale)
     assert rate == pytest.approx(0.05)
     _told(monkeypatch, reference=1)
     after = []
-    rate, steps = _run(any_keras, backup, after)
+    rate, steps = _run(any_keras, backup, after, loss_scale=loss_scale)
     out = capsys.readouterr().out
     assert "resumed from the backup in" in out and "at epoch 1, step 4 (its example 37, in step 2 of this job's " \
            "global batches of 24)" in out, out
@@ -119,3 +122,23 @@ def test_a_resume_with_another_global_batch_continues_at_the_exact_example(any_k
     weights = sorted(w for r in first for w in r["weights"])
     assert weights == [0.0] * 12 + [2.0] * 12, first
     assert sorted((r["epoch"], r["step"]) for r in after)[0] == (0, 1)
+
+
+def test_what_scale_lr_cannot_scale_is_refused_before_the_first_step(monkeypatch):
+    """A rate that is a schedule, an input that is not tfpar's, elements without targets: each refused at once,
+    naming the fix; nothing trained."""
+    k = tfpar.keras
+    _told(monkeypatch, reference=2)
+    strategy = tfpar.DataParallel()
+    x, y = np.ones((48, 3), "float32"), np.ones((48, 1), "float32")
+    with strategy.scope():
+        model = k.Sequential([k.layers.Input((3,)), k.layers.Dense(1)])
+        model.compile(k.optimizers.SGD(k.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)), "mse")
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 24)
+    with pytest.raises(ValueError, match=r"scales the optimizer's learning rate.*Received: learning_rate=ExponentialDecay"):
+        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, verbose=0)
+    with pytest.raises(ValueError, match=r"tfpar.data.distribute input only. Received: x of type _BatchDataset"):
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(12), verbose=0)
+    with pytest.raises(ValueError, match=r"needs \(inputs, targets\).*Received elements of spec"):
+        tfpar.data.distribute(tf.data.Dataset.from_tensor_slices(x), strategy, 24)
+    assert int(model.optimizer.iterations.numpy()) == 0

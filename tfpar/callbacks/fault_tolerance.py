@@ -171,8 +171,7 @@ class FaultTolerance(keras.callbacks.Callback):
             return step, 0
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-        rescale_learning_rate(self.model, saved.get("learning_rate_factor", 1.0),
-                              position.layout.get("learning_rate_factor", 1.0))
+        rescale_learning_rate(self.model, position.layout["learning_rate_factor"], saved.get("learning_rate_factor", 1.0))
         return rescaled_resume(saved, position.layout, saved["step"]) if saved.get("step") else (step, 0)
 
     def _saved(self, epoch, step, last):

@@ -68,10 +68,13 @@ def _set_rate(model, value, momentum_correction):
 _FACTOR = "_tfpar_learning_rate_factor"  # the optimizer's: the elastic scaling factor its rate carries
 
 
-def rescale_learning_rate(model: Any, applied: float, factor: float) -> None:
-    """Puts the optimizer's rate, which carries the scaling factor ``applied`` (an elastic job's, 1 for none),
-    on ``factor`` instead: a backup restores the rate its run trained with."""
-    rate = _compat.given_learning_rate(model.optimizer)
+def rescale_learning_rate(model: Any, factor: float, applied: float | None = None) -> None:
+    """Puts the optimizer's rate, which carries the scaling factor ``applied`` (an elastic job's, 1 for none;
+    None: the one this process set), on ``factor`` instead: a backup restores the rate its run trained with
+    (a loss-scale optimizer's: the rate of the optimizer it wraps)."""
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    applied = getattr(optimizer, _FACTOR, 1.0) if applied is None else applied
+    rate = _compat.given_learning_rate(optimizer)
     if applied != factor:
         if not hasattr(rate, "assign"):
             raise ValueError(
@@ -79,7 +82,7 @@ def rescale_learning_rate(model: Any, applied: float, factor: float) -> None:
                 f"schedule here. Received: learning_rate={type(rate).__name__}. Give the optimizer a number (and "
                 "tfpar.callbacks.LearningRateSchedule for a schedule), or use --elastic-batch accumulate.")
         rate.assign(rate * (factor / applied))
-    setattr(model.optimizer, _FACTOR, factor)
+    setattr(optimizer, _FACTOR, factor)
 
 
 def elastic_learning_rate(model: Any, arguments: dict) -> None:
@@ -99,7 +102,7 @@ def elastic_learning_rate(model: Any, arguments: dict) -> None:
             f"{type(arguments.get('x')).__name__}. Feed fit tfpar.data.distribute(...).dataset, or use "
             "--elastic-batch accumulate.")
     factor, layout = position.layout["learning_rate_factor"], position.layout
-    rescale_learning_rate(model, getattr(model.optimizer, _FACTOR, 1.0), factor)
+    rescale_learning_rate(model, factor)
     if factor != 1.0:
         chief_print(model, f"tfpar: an elastic job on {layout['num_workers']} of {setting.reference_workers} workers: "
                            f"global batch {layout['global_batch_size']}, each replica keeping the full job's batch; "
