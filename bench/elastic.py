@@ -8,11 +8,15 @@ when the host returns in epoch 4.
     RESULT elastic loss_undisturbed=<final loss, 3 workers throughout> loss_elastic=<final loss, resized>
         loss_rel_diff=<|elastic - undisturbed| / undisturbed> recovery_seconds=<loss -> next training step>
         grow_seconds=<host back -> first step on 3 workers> elastic_seconds=<wall> undisturbed_seconds=<wall>
+    RESULT elastic_scale_lr loss_elastic=<final loss, resized under --elastic-batch scale-lr>
+        loss_rel_diff=<against the undisturbed run> recovery_seconds=... grow_seconds=... elastic_seconds=...
 
 Every step holds the same examples whatever the number of workers (tfpar.data deals the job's
 order step by step) and the global batch stays 48 (on 2 workers each replica computes its 24 in 2
 micro-batches of 12, no larger than the 16 of 3 workers, and applies their mean gradient once), so the
 two runs take the same steps: the losses differ only by the rounding of sums taken in another order.
+Under --elastic-batch scale-lr the 2 workers take steps of 32 (16 a replica, as on 3) at two thirds of the
+learning rate: other steps, so the final loss differs by what the optimizer's path does.
 --quick changes nothing (the job is small).
 """
 
@@ -30,13 +34,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "multiproc", "scripts", "exactly_once.py")
 
 
-def run(folder, elastic):
-    """Runs the job; returns (its output, wall seconds)."""
+def run(folder, elastic, batch="accumulate"):
+    """Runs the job (elastic: under ``--elastic-batch batch``); returns (its output, wall seconds)."""
     records, hosts = os.path.join(folder, "records"), os.path.join(folder, "hosts")
     os.makedirs(records)
     with open(hosts, "w") as f:
         f.write("127.0.0.1:2\nlocalhost:1\n")
-    launch = ["--min-workers", "2", "--host-discovery-file", hosts] if elastic else ["-n", "3"]
+    launch = ["--min-workers", "2", "--host-discovery-file", hosts, "--elastic-batch", batch] if elastic else ["-n", "3"]
     command = [sys.executable, "-m", "tfpar.cli", "launch", *launch, "--", sys.executable, SCRIPT,
                os.path.join(folder, "backup"), records, "--elastic", hosts, *([] if elastic else ["--undisturbed"])]
     start = time.perf_counter()
@@ -54,24 +58,34 @@ def first_step(records, attempt):
                for line in open(os.path.join(records, name)).read().splitlines())
 
 
+def times(folder):
+    """(recovery, grow) seconds of the elastic run in ``folder``."""
+    records = os.path.join(folder, "records")
+    lost = float(open(os.path.join(records, "lost")).read())
+    back = os.path.getmtime(os.path.join(records, "back"))
+    return first_step(records, 1) - lost, first_step(records, 2) - back
+
+
 def main():
     quick_options(__doc__)
     with tempfile.TemporaryDirectory() as folder:
-        undisturbed, undisturbed_seconds = run(os.path.join(folder, "undisturbed"), elastic=False)
-        elastic, elastic_seconds = run(os.path.join(folder, "elastic"), elastic=True)
-        records = os.path.join(folder, "elastic", "records")
-        lost = float(open(os.path.join(records, "lost")).read())
-        back = os.path.getmtime(os.path.join(records, "back"))
-        recovery, grow = first_step(records, 1) - lost, first_step(records, 2) - back
-    loss = {name: float(re.search(r"LOSS (\S+)", out).group(1)) for name, out in
-            (("undisturbed", undisturbed), ("elastic", elastic))}
-    for line in elastic.splitlines():
-        if line.startswith("tfpar launch:") or "tfpar: resumed" in line:
-            print(line)
-    print(f"RESULT elastic loss_undisturbed={loss['undisturbed']:.8g} loss_elastic={loss['elastic']:.8g} "
-          f"loss_rel_diff={abs(loss['elastic'] - loss['undisturbed']) / loss['undisturbed']:.2e} "
-          f"recovery_seconds={recovery:.1f} grow_seconds={grow:.1f} elastic_seconds={elastic_seconds:.1f} "
-          f"undisturbed_seconds={undisturbed_seconds:.1f}")
+        runs = {"undisturbed": run(os.path.join(folder, "undisturbed"), elastic=False)}
+        for batch in ("accumulate", "scale-lr"):
+            runs[batch] = run(os.path.join(folder, batch), elastic=True, batch=batch)
+        seconds = {batch: times(os.path.join(folder, batch)) for batch in ("accumulate", "scale-lr")}
+    loss = {name: float(re.search(r"LOSS (\S+)", out).group(1)) for name, (out, _) in runs.items()}
+    for batch in ("accumulate", "scale-lr"):
+        for line in runs[batch][0].splitlines():
+            if line.startswith("tfpar launch:") or "tfpar: resumed" in line or "tfpar: an elastic job" in line:
+                print(line)
+    relative = {b: abs(loss[b] - loss["undisturbed"]) / loss["undisturbed"] for b in ("accumulate", "scale-lr")}
+    print(f"RESULT elastic loss_undisturbed={loss['undisturbed']:.8g} loss_elastic={loss['accumulate']:.8g} "
+          f"loss_rel_diff={relative['accumulate']:.2e} recovery_seconds={seconds['accumulate'][0]:.1f} "
+          f"grow_seconds={seconds['accumulate'][1]:.1f} elastic_seconds={runs['accumulate'][1]:.1f} "
+          f"undisturbed_seconds={runs['undisturbed'][1]:.1f}")
+    print(f"RESULT elastic_scale_lr loss_elastic={loss['scale-lr']:.8g} loss_rel_diff={relative['scale-lr']:.2e} "
+          f"recovery_seconds={seconds['scale-lr'][0]:.1f} grow_seconds={seconds['scale-lr'][1]:.1f} "
+          f"elastic_seconds={runs['scale-lr'][1]:.1f}")
 
 
 if __name__ == "__main__":
