@@ -210,7 +210,7 @@ class ElasticBatch:
     @property
     def scales_learning_rate(self) -> bool:
         """Whether the global batch follows the workers and the learning rate with it ("scale-lr")."""
-        return self.batch.startswith("scale-lr")
+        return self.learning_rate_rule is not None
 
     def microbatches(self, workers: int) -> int:
         """The micro-batches each replica's batch is computed in on ``workers`` workers: the fewest that keep
@@ -226,13 +226,19 @@ class ElasticBatch:
         reference``; `check_global_batch` makes it whole)."""
         return given * workers // self.reference_workers if self.scales_learning_rate else given
 
+    @property
+    def learning_rate_rule(self) -> str | None:
+        """The scaling rule of "scale-lr" ("linear") or "scale-lr-sqrt" ("sqrt"); None otherwise."""
+        return {"scale-lr": "linear", "scale-lr-sqrt": "sqrt"}.get(self.batch)
+
     def learning_rate_factor(self, workers: int) -> float:
         """What the learning rate is multiplied by on ``workers`` workers: 1, or under "scale-lr" the scaling
         rule's factor for a global batch ``workers / reference`` times the reference's."""
-        if not self.scales_learning_rate:
+        rule = self.learning_rate_rule
+        if rule is None:
             return 1.0
         k = workers / self.reference_workers
-        return k if self.batch == "scale-lr" else math.sqrt(k)
+        return k if rule == "linear" else math.sqrt(k)
 
     def check_global_batch(self, global_batch_size: int, replicas_per_worker: int) -> None:
         """Refuses a global batch that one of the job's sizes (``min_workers`` to ``reference_workers``) cannot
@@ -252,9 +258,10 @@ class ElasticBatch:
             return
         multiple = math.lcm(*parts.values())
         fit = max(multiple, round(global_batch_size / multiple) * multiple)
-        how = " x ".join(["workers", f"{replicas_per_worker} replica(s)"] + (["micro-batches"] if self.batch == "accumulate" else []))
         if self.scales_learning_rate:
             how = f"{self.reference_workers} workers x {replicas_per_worker} replica(s), each size keeping that per-replica batch"
+        else:
+            how = " x ".join(["workers", f"{replicas_per_worker} replica(s)"] + (["micro-batches"] if self.batch == "accumulate" else []))
         raise ValueError(
             f"This elastic job trains on {self.min_workers} to {self.reference_workers} workers, and its global "
             f"batch does not divide into equal parts ({how}) on {', '.join(f'{w} ({parts[w]} parts)' for w in bad)}"

@@ -107,7 +107,7 @@ def elastic_learning_rate(model: Any, arguments: dict) -> None:
         chief_print(model, f"tfpar: an elastic job on {layout['num_workers']} of {setting.reference_workers} workers: "
                            f"global batch {layout['global_batch_size']}, each replica keeping the full job's batch; "
                            f"the learning rate is multiplied by {factor:.4g} ({setting.batch}: the "
-                           f"{'linear' if setting.batch == 'scale-lr' else 'sqrt'} scaling rule)")
+                           f"{setting.learning_rate_rule} scaling rule)")
 
 
 def _positive(name, value):
