@@ -5,7 +5,7 @@ watched by one `tfpar._supervisor.Supervisor` (heartbeats, step times, the timel
 |------------|----------------------------|-----------------------------------------------------|
 | `Horovod`  | ``--horovod``              | ``horovodrun --gloo`` with N local ranks            |
 | `Slurm`    | ``--slurm``                | this srun task's worker, the cluster from SLURM      |
-| `Nodes`    | ``--nnodes K``             | this host's workers; the cluster from a rendezvous   |
+| `Nodes`    | ``--nnodes K`` / ``MIN:MAX``| this host's workers; the cluster from a rendezvous (elastic: each round's) |
 | `Hosts`    | ``--hosts`` / ``--cluster``| this machine's task(s) of a multi-host cluster      |
 | `Elastic`  | ``--min-workers``, ``--max-workers``, ``--host-discovery-*`` | workers on 127.0.0.1, as many as discovery lists |
 | `Local`    | ``-n N [--ps M]``, ``--nproc-per-node N`` | every task on 127.0.0.1, restarted on failure |
@@ -120,7 +120,9 @@ class Slurm(Backend):
 
 class Nodes(Backend):
     """``--nnodes K --node-rank R --master-addr A``: K identical hosts, ``--nproc-per-node`` workers
-    each, their addresses agreed through node 0 (`tfpar._rendezvous`), as torchrun's users start a job."""
+    each, their addresses agreed through node 0 (`tfpar._rendezvous`), as torchrun's users start a job.
+    ``--nnodes MIN:MAX``: an elastic job on MIN to MAX hosts, the same line on each, no ``--node-rank``
+    (`tfpar._elastic_rendezvous`)."""
 
     name = "nodes"
 
@@ -129,15 +131,21 @@ class Nodes(Backend):
 
     def check(self, args, command):
         from tfpar._checks import check_int
+        from tfpar._elastic_rendezvous import parse_nnodes
 
+        self.elastic = ":" in str(args.nnodes)
         given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
                                           ("--task-index", args.task_index), ("--ps", args.ps or None),
-                                          ("--max-restarts", args.max_restarts or None), ("--slurm", args.slurm or None))
+                                          ("--max-restarts", None if self.elastic else args.max_restarts or None),
+                                          ("--slurm", args.slurm or None))
                  if value is not None]
         if given:
             raise ValueError(f"--nnodes finds the cluster through node 0. Received: --nnodes with {', '.join(given)}. "
                              "Leave those out; each node runs --nproc-per-node workers.")
-        check_int("--nnodes", args.nnodes, 1)
+        self.nnodes = parse_nnodes(args.nnodes)
+        if self.elastic:
+            return self._check_elastic(args)
+        args.nnodes = self.nnodes[0]
         if args.node_rank is None or args.master_addr is None:
             raise ValueError(
                 f"--nnodes {args.nnodes} needs this node's --node-rank (0 to {args.nnodes - 1}) and node 0's "
@@ -150,11 +158,36 @@ class Nodes(Backend):
         check_int("--master-port", args.master_port, 1)
         check_number("--rendezvous-timeout", args.rendezvous_timeout, above=0)
 
+    def _check_elastic(self, args):
+        from tfpar._checks import check_int
+
+        if args.node_rank is not None:
+            raise ValueError(f"An elastic job (--nnodes {args.nnodes}) numbers its nodes at each restart, node 0 being "
+                             f"the first on --master-addr. Received: --node-rank {args.node_rank}. Leave it out and "
+                             "run the same line on every node.")
+        if args.master_addr is None:
+            raise ValueError(f"--nnodes {args.nnodes} needs the address of the host whose first node hosts the "
+                             "rendezvous. Received: no --master-addr. Write e.g. tfpar launch --nnodes 1:4 "
+                             "--master-addr host0 --nproc-per-node 4 -- python train.py, the same on every node.")
+        check_int("--master-port", args.master_port, 1)
+        check_int("--max-restarts", args.max_restarts, 0, " (a node's failures before it leaves the job)")
+        check_number("--rendezvous-timeout", args.rendezvous_timeout, above=0)
+        check_number("--elastic-timeout", args.elastic_timeout, above=0, hint=" (seconds to wait for MIN nodes)")
+
     def start(self, args, command):
         from tfpar._rendezvous import rendezvous
 
         nproc = 1 if args.nproc_per_node is None else args.nproc_per_node
         envs = _worker_envs(nproc)  # refused before the rendezvous: too few GPUs
+        if self.elastic:
+            from tfpar._elastic_launch import run_elastic_nodes
+            from tfpar.launch import LaunchOptions
+
+            options = LaunchOptions(grace_seconds=args.grace, max_restarts=args.max_restarts,
+                                    heartbeat_timeout=args.heartbeat_timeout)
+            return run_elastic_nodes(command, options, master_addr=args.master_addr, master_port=args.master_port,
+                                     nnodes=self.nnodes, nproc=nproc, tasks_from=lambda first: _worker_tasks(first, envs),
+                                     timeouts=(args.rendezvous_timeout, args.elastic_timeout), batch=args.elastic_batch)
         cluster, indices = rendezvous(master_addr=args.master_addr, master_port=args.master_port, nnodes=args.nnodes,
                                       node_rank=args.node_rank, nproc_per_node=nproc, timeout=args.rendezvous_timeout)
         print(f"tfpar launch: node {args.node_rank} of {args.nnodes}: workers {indices[0]} to {indices[-1]} of "
@@ -252,8 +285,8 @@ class Elastic(Backend):
                 raise ValueError(
                     f"An elastic job (--min-workers, --max-workers, --host-discovery-*) is a local job that tfpar "
                     f"launch supervises and restarts. Received: {flag} with it, a job it does not supervise that way. "
-                    "Drop the elastic options, or run Horovod's elastic mode (horovodrun --min-np/--max-np "
-                    "--host-discovery-script) for a job across hosts.")
+                    "Drop the elastic options; for an elastic job across hosts run tfpar launch --nnodes MIN:MAX "
+                    "--master-addr HOST on each, or Horovod's elastic mode (horovodrun --host-discovery-script).")
         if args.workers is not None and args.max_workers is not None:
             raise ValueError(f"Give -n or --max-workers, not both. Received: -n {args.workers} --max-workers "
                              f"{args.max_workers}. In an elastic job -n is the most workers it trains with.")

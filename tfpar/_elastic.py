@@ -19,10 +19,10 @@ import subprocess
 from collections import Counter
 
 from tfpar._checks import check_choice, check_int, check_number
-from tfpar._task_env import ELASTIC_VARIABLE
+from tfpar._task_env import ELASTIC_VARIABLE, GROW_REQUEST
 
 __all__ = ["DISCOVERY_PERIOD_SECONDS", "ELASTIC_BATCHES", "Discovery", "ElasticBatch", "Membership",
-           "MembershipChange", "parse_host_lines"]
+           "MembershipChange", "change_line", "parse_host_lines", "withdraw"]
 
 DISCOVERY_PERIOD_SECONDS = 1.0
 """How often a running elastic job asks discovery again (Horovod's period too)."""
@@ -174,14 +174,28 @@ class Membership:
         """Adopts ``slots``; returns the line that says who left and joined, or None if the same."""
         before, self.members = self.members, list(slots)
         self.largest = max(self.largest, len(slots))
-        if before == slots:
-            return None
-        left = [s for s in before if s not in slots]
-        joined = [s for s in slots if s not in before]
-        parts = [f"left: {', '.join(left)}"] if left else []
-        parts += [f"joined: {', '.join(joined)}"] if joined and before else []
-        return (f"workers {len(before)} -> {len(slots)}" if before else f"{len(slots)} worker(s)") + \
-            (f" ({'; '.join(parts)})" if parts else "") + f"; world size {len(slots)}"
+        return change_line(before, slots, len(slots))
+
+
+def change_line(before: list, after: list, world_size: int, unit: str = "workers") -> str | None:
+    """The line that says a job's members went from ``before`` to ``after`` (``unit``: what they are), who left
+    and joined, and the new world size; None if they are the same."""
+    if before == after:
+        return None
+    left = [s for s in before if s not in after]
+    joined = [s for s in after if s not in before]
+    parts = [f"left: {', '.join(left)}"] if left else []
+    parts += [f"joined: {', '.join(joined)}"] if joined and before else []
+    return (f"{unit} {len(before)} -> {len(after)}" if before else f"{len(after)} {unit.rstrip('s')}(s)") + \
+        (f" ({'; '.join(parts)})" if parts else "") + f"; world size {world_size}"
+
+
+def withdraw(state: str) -> None:
+    """Removes an elastic launch's grow request from its folder ``state``: FaultTolerance's chief stops waiting."""
+    try:
+        os.remove(os.path.join(state, GROW_REQUEST))
+    except FileNotFoundError:
+        pass
 
 
 ELASTIC_BATCHES = ("accumulate", "grow", "scale-lr", "scale-lr-sqrt")

@@ -23,10 +23,11 @@ Pure Python, as the rest of the launcher.
 import dataclasses
 import itertools
 import os
+import socket
 import tempfile
 import time
 
-from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, ElasticBatch, Membership, MembershipChange
+from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, ElasticBatch, Membership, MembershipChange, withdraw
 from tfpar._processes import LaunchError
 from tfpar._task_env import (BACKUP_MARK, ELASTIC_VARIABLE, FAULT_TOLERANCE_MARK, GROW_REQUEST, RESTART_VARIABLE,
                              STATE_VARIABLE)
@@ -148,9 +149,93 @@ class _Watch:
                          "its next backup")
 
 
-def withdraw(state):
-    """Removes a grow request (the chief stops waiting for the launcher)."""
-    try:
-        os.remove(os.path.join(state, GROW_REQUEST))
-    except FileNotFoundError:
-        pass
+
+def run_elastic_nodes(command: list, options: LaunchOptions, *, master_addr: str, master_port: int,
+                      nnodes: tuple, nproc: int, tasks_from, timeouts: tuple, batch: str = "accumulate") -> int:
+    """This host's agent of an elastic job across hosts (``--nnodes MIN:MAX``, `tfpar._elastic_rendezvous`):
+    hosts the rendezvous if it is the first agent on ``master_addr``, joins it, and runs this host's ``nproc``
+    workers (``tasks_from(first_index)``) in each round it is given, until the job ends; returns 0.
+    ``timeouts``: seconds to wait for ``MIN`` nodes before the first round and after.
+
+    Raises:
+        LaunchError: the job failed (its rendezvous names why: too few nodes, node 0 gone), or this node's
+            workers failed more than ``max_restarts`` times, or it was interrupted.
+        RendezvousError: the rendezvous could not be reached or refused this node.
+    """
+    from tfpar._addresses import free_ports
+    from tfpar._elastic_rendezvous import Coordinator, Link, NODE_TIMEOUT_SECONDS
+    from tfpar._rendezvous import RendezvousError, address, connect
+
+    with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
+        coordinator = Coordinator.host(master_addr, master_port, nnodes=nnodes, nproc=nproc, state=state, say=options.say,
+                                       max_restarts=options.max_restarts, timeouts=timeouts)
+        if coordinator is not None:
+            options.say(f"hosting the rendezvous at {address(master_addr, master_port)}")
+        link = Link(connect(master_addr, master_port, time.monotonic() + timeouts[0], timeouts[0], lambda: None))
+        host = link.sock.getsockname()[0]
+        try:
+            ports = free_ports(nproc, host)
+            link.send({"hello": {"name": f"{socket.gethostname()}[{os.getpid()}]", "nnodes": list(nnodes),
+                                 "nproc": nproc, "ports": ports, "token": coordinator and coordinator.token}})
+            while True:
+                message = _next(link, None, NODE_TIMEOUT_SECONDS)
+                if "wait" in message:
+                    options.say(message["wait"])
+                    continue
+                if "exit" in message:
+                    return 0
+                if "stop" in message:  # after this node's workers were done: another node's failed
+                    ports = free_ports(nproc, host)
+                    link.send({"ready": ports})
+                    continue
+                start = message["start"]
+                cluster, first = start["cluster"], start["first"]
+                if cluster["worker"][first] != address(host, ports[0]):  # node 0 saw this node through another address
+                    raise RendezvousError(f"The rendezvous lists this node's first worker as {cluster['worker'][first]}, "
+                                          f"not {address(host, ports[0])}: the nodes must reach node 0 without address "
+                                          "translation.")
+                options.say(f"round {start['round']}: node {start['node']} of {len(cluster['worker']) // nproc}: "
+                            f"workers {first} to {first + nproc - 1} of {len(cluster['worker'])}")
+                told = ElasticBatch(start["reference"], start["min_workers"], batch)
+                run = dataclasses.replace(options, watch=lambda: _next(link, 0, NODE_TIMEOUT_SECONDS), env={
+                    **(options.env or {}), RESTART_VARIABLE: str(start["round"]), STATE_VARIABLE: state,
+                    ELASTIC_VARIABLE: told.to_env()})
+                failed = None
+                try:
+                    _run_tasks(command, cluster, tasks_from(first), run)
+                    link.send({"done": 1})
+                    continue
+                except MembershipChange as reason:
+                    options.say(f"{reason}; stopped this node's workers")
+                except LaunchError as error:
+                    if error.task is None:  # interrupted, or the job ended elsewhere
+                        link.send({"leave": str(error)})
+                        raise
+                    failed = str(error)
+                    if coordinator is not None:
+                        warn_without_backup(state, options)
+                ports = free_ports(nproc, host)
+                link.send({"ready": ports, "failed": failed})
+        finally:
+            link.close()
+            if coordinator is not None:
+                coordinator.close()
+
+
+def _next(link, timeout, silence):
+    """The rendezvous' next message (within ``timeout`` seconds; None: wait for it): {} if none yet; a stop
+    raises MembershipChange, and how the job ended elsewhere LaunchError."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        message = link.receive(0.2 if deadline is None else max(0.0, deadline - time.monotonic()))
+        if message is None:
+            if link.closed or link.silent_for() > silence:
+                raise LaunchError("the rendezvous is gone (node 0's agent or host stopped answering): the job ends")
+            if deadline is not None and time.monotonic() >= deadline:
+                return {}
+            continue
+        if "error" in message or "drop" in message:
+            raise LaunchError(message.get("error") or f"this node leaves the job: {message['drop']}")
+        if "stop" in message and timeout is not None:
+            raise MembershipChange(message["stop"])
+        return message

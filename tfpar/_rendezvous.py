@@ -19,7 +19,7 @@ import time
 
 from tfpar._addresses import free_ports
 
-__all__ = ["DEFAULT_MASTER_PORT", "RendezvousError", "rendezvous"]
+__all__ = ["DEFAULT_MASTER_PORT", "RendezvousError", "address", "connect", "rendezvous"]
 
 DEFAULT_MASTER_PORT = 29500
 """torchrun's default ``--master-port``."""
@@ -30,7 +30,8 @@ class RendezvousError(ValueError):
     """The nodes could not agree on a cluster (missing, duplicated or disagreeing nodes)."""
 
 
-def _address(host, port):
+def address(host, port):
+    """``host:port``, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -87,7 +88,7 @@ class _Coordinator:
                     continue
                 problem = self._join(conn, peer[0], joined, deadline)
             if problem is None:
-                workers = [_address(joined[rank][1], port) for rank in sorted(joined) for port in joined[rank][2]]
+                workers = [address(joined[rank][1], port) for rank in sorted(joined) for port in joined[rank][2]]
                 reply = {"cluster": {"worker": workers}}
             else:
                 self.error, reply = problem, {"error": problem}
@@ -131,7 +132,7 @@ def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, t
     coordinator = _Coordinator(master_addr, master_port, nnodes, timeout) if node_rank == 0 else None
     deadline = time.monotonic() + timeout
     # Node 0's own coordinator may end (another node's message was wrong) before node 0 joins it.
-    conn = _connect(master_addr, master_port, deadline, timeout, lambda: coordinator and coordinator.error)
+    conn = connect(master_addr, master_port, deadline, timeout, lambda: coordinator and coordinator.error)
     try:
         host = conn.getsockname()[0]
         ports = free_ports(nproc_per_node, host)
@@ -139,7 +140,7 @@ def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, t
         try:
             reply = _read_line(conn, deadline + 5)
         except (OSError, ValueError):
-            reply = {"error": f"node 0 ({_address(master_addr, master_port)}) closed the rendezvous without a cluster"}
+            reply = {"error": f"node 0 ({address(master_addr, master_port)}) closed the rendezvous without a cluster"}
     finally:
         conn.close()
     if coordinator is not None:
@@ -149,16 +150,16 @@ def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, t
     if "error" in reply:
         raise RendezvousError(f"The rendezvous failed: {reply['error']}.")
     cluster = reply["cluster"]
-    mine = _address(host, ports[0])
+    mine = address(host, ports[0])
     if mine not in cluster["worker"]:  # node 0 saw this node through another address (NAT)
         raise RendezvousError(
-            f"The rendezvous failed: node 0 does not list this node's first worker {_address(host, ports[0])} in "
+            f"The rendezvous failed: node 0 does not list this node's first worker {address(host, ports[0])} in "
             f"{cluster['worker']}; the nodes must reach node 0 without address translation.")
     first = cluster["worker"].index(mine)
     return cluster, list(range(first, first + nproc_per_node))
 
 
-def _connect(master_addr, master_port, deadline, timeout, ended):
+def connect(master_addr, master_port, deadline, timeout, ended):
     """A connection to node 0, tried until ``deadline`` (node 0 may start after this node), or until
     ``ended()`` returns the error that ended the rendezvous."""
     while True:
@@ -169,6 +170,7 @@ def _connect(master_addr, master_port, deadline, timeout, ended):
                 raise RendezvousError(f"The rendezvous failed: {ended()}.") from None
             if time.monotonic() >= deadline:
                 raise RendezvousError(
-                    f"The rendezvous failed: node 0 did not answer at {_address(master_addr, master_port)} within "
-                    f"{timeout:g} s ({error}). Start node 0 (--node-rank 0) on the host --master-addr names.") from None
+                    f"The rendezvous failed: node 0 did not answer at {address(master_addr, master_port)} within "
+                    f"{timeout:g} s ({error}). Start node 0 on the host --master-addr names (--node-rank 0; in an "
+                    "elastic job, any node there).") from None
             time.sleep(0.2)

@@ -125,15 +125,18 @@ def _parser():
     run.add_argument("--nproc-per-node", type=_int, default=None, metavar="N",
                      help="N workers on this host, each with its own GPUs (CUDA_VISIBLE_DEVICES) or, without a GPU, "
                           "its own virtual CPU device; with --hosts or --nnodes, N on every host")
-    run.add_argument("--nnodes", type=_int, default=None, metavar="K",
+    run.add_argument("--nnodes", default=None, metavar="K|MIN:MAX",
                      help="K identical hosts: run the same line on each with its --node-rank; node 0 (at "
-                          "--master-addr) tells every node the others' addresses")
-    run.add_argument("--node-rank", type=_int, default=None, metavar="R", help="with --nnodes: this host, 0 to K-1")
+                          "--master-addr) tells every node the others' addresses. MIN:MAX: an elastic job, the same "
+                          "line on every host (no --node-rank); it goes on with at least MIN when hosts are lost and "
+                          "grows back to MAX as they join, restarting every worker from FaultTolerance's backup")
+    run.add_argument("--node-rank", type=_int, default=None, metavar="R",
+                     help="with --nnodes K: this host, 0 to K-1")
     run.add_argument("--master-addr", default=None, metavar="HOST",
                      help="with --nnodes: node 0's address, reachable from every node")
     run.add_argument("--master-port", type=_int, default=DEFAULT_MASTER_PORT, help="with --nnodes: node 0's port")
     run.add_argument("--rendezvous-timeout", type=float, default=300.0,
-                     help="with --nnodes: seconds to wait for every node to join")
+                     help="with --nnodes: seconds to wait for every node to join (MIN:MAX: for MIN)")
     run.add_argument("--ps", type=_int, default=0,
                      help="parameter-server job: this many ps tasks, -n worker servers, and a chief "
                           "that runs the command")
@@ -148,7 +151,8 @@ def _parser():
     run.add_argument("--max-restarts", type=_int, default=0,
                      help="local jobs: when a task fails, stop the others and start the job again on "
                           "fresh ports, up to this many times (training resumes from FaultTolerance's backup); "
-                          "elastic jobs: the failures of one worker's slot before it is dropped")
+                          "elastic jobs: the failures of one worker's slot (--nnodes MIN:MAX: of one node's workers) before "
+                          "it is dropped")
     run.add_argument("--min-workers", type=_int, default=None, metavar="N",
                      help="an elastic local job: it trains on with at least N workers when it loses some (default 1)")
     run.add_argument("--max-workers", type=_int, default=None, metavar="N",
@@ -159,9 +163,11 @@ def _parser():
     run.add_argument("--host-discovery-file", default=None, metavar="PATH",
                      help="an elastic local job: a file of host:slots lines, read again every second")
     run.add_argument("--elastic-timeout", type=float, default=600.0,
-                     help="an elastic job: seconds to wait for --min-workers slots before failing")
+                     help="an elastic job: seconds to wait for --min-workers slots (--nnodes MIN:MAX: MIN nodes) "
+                          "before failing")
     run.add_argument("--elastic-batch", default="accumulate", choices=ELASTIC_BATCHES,
-                     help="an elastic job on fewer workers than --max-workers (else the most it has had): keep the "
+                     help="an elastic job on fewer workers than --max-workers (else the most it has had; --nnodes MIN:MAX: "
+                          "MAX nodes'): keep the "
                           "global batch by computing each replica's batch in micro-batches of the full job's size and "
                           "accumulating their gradients (DataParallel), or by larger per-replica batches (grow); or keep "
                           "each replica's batch, the global batch following the workers, and scale the learning rate "

@@ -2,6 +2,7 @@
 seeded tfpar.data input (320 examples, global batch 32: 10 steps an epoch, 4 epochs).
 
 Usage: exactly_once.py BACKUP_DIR RECORDS_DIR [--horovod] [--attempt N] [--elastic HOSTS_FILE [--undisturbed]]
+                       [--elastic-nodes]
 Under `tfpar launch --max-restarts 1` the attempt is $TFPAR_RESTART_COUNT; under horovodrun, --attempt.
 In attempt 0, worker (rank) 1 SIGKILLs itself at the start of step 6 of epoch 2 (batch 5 of epoch
 index 1), once the chief has written the backup of step 5. Every replica step appends the ids it trains on (examples are numbered from 1; padding
@@ -14,6 +15,10 @@ on "localhost"): 480 examples, global batch 48 (10 steps), 5 epochs; in attempt 
 localhost out of HOSTS_FILE and SIGKILLs itself at the start of step 7 of epoch 2 (after the backup of
 step 5), writing the time to RECORDS_DIR/lost; in the attempt after, worker 0 puts localhost back at
 the start of epoch 4 and trains on once the launcher has asked for a backup to grow from. Worker 0 prints the final loss over all examples ("LOSS x").
+
+With --elastic-nodes (under 3 agents of `tfpar launch --nnodes 2:3`, a worker each), the same job, except that
+worker 2's host is lost with it: it SIGKILLs its agent, then itself; and worker 0 writes RECORDS_DIR/back at the
+start of epoch 4 (the test then starts another agent) and trains on once the rendezvous has asked for a backup.
 """
 
 import json
@@ -35,7 +40,8 @@ import tensorflow as tf  # noqa: E402
 
 k = keras_of_env()
 hosts = sys.argv[sys.argv.index("--elastic") + 1] if "--elastic" in sys.argv else None
-n, global_batch, epochs, victim, kill_step = (480, 48, 5, 2, 6) if hosts else (320, 32, 4, 1, 5)
+elastic = hosts is not None or "--elastic-nodes" in sys.argv
+n, global_batch, epochs, victim, kill_step = (480, 48, 5, 2, 6) if elastic else (320, 32, 4, 1, 5)
 victim = -1 if "--undisturbed" in sys.argv else victim  # the same job, nobody killed (bench/elastic.py)
 where = {"epoch": 0, "step": 0}
 log = open(os.path.join(records, f"attempt{attempt}-worker{worker}.jsonl"), "a", encoding="utf-8")
@@ -78,13 +84,17 @@ class Where(k.callbacks.Callback):
             if hosts:  # its host is gone for good: out of discovery before it dies
                 with open(hosts, "w") as f:
                     f.write("127.0.0.1:2\n")
+            if elastic:
                 with open(os.path.join(records, "lost"), "w") as f:
                     f.write(repr(time.time()))
+            if "--elastic-nodes" in sys.argv:  # its host is gone: its agent first
+                os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
-        if hosts and attempt > 0 and worker == 0 and where["epoch"] == 3 and batch == 0 and \
+        if elastic and attempt > 0 and worker == 0 and where["epoch"] == 3 and batch == 0 and \
                 os.path.exists(os.path.join(records, "lost")) and not os.path.exists(os.path.join(records, "back")):
-            with open(hosts, "w") as f:  # capacity returns
-                f.write("127.0.0.1:2\nlocalhost:1\n")
+            if hosts:  # capacity returns
+                with open(hosts, "w") as f:
+                    f.write("127.0.0.1:2\nlocalhost:1\n")
             open(os.path.join(records, "back"), "w").close()
             # Paced as the kill is: training goes on once the launcher has seen it (it looks every second,
             # and an epoch here is shorter), so that a backup follows to grow from.

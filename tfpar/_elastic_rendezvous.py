@@ -1,0 +1,352 @@
+"""``tfpar launch --nnodes MIN:MAX``: the rendezvous of an elastic job across hosts, as torchrun's c10d one.
+
+Every host runs the same line: an *agent* (`tfpar._elastic_launch.run_elastic_nodes`) that keeps one connection
+to the rendezvous. The first agent on the host ``--master-addr`` names hosts it (it binds ``--master-port``;
+the others there and elsewhere connect). The rendezvous forms *rounds*, each one cluster of the agents that are
+ready, and starts them all on it:
+
+- A round starts once ``MAX`` agents are ready, or at least ``MIN`` have been for `LAST_CALL_SECONDS` with
+  no other joining. Node ranks: the hosting agent first (its node runs worker 0, the chief, whose backups
+  the rendezvous watches), then the last round's nodes in their order, then newcomers in the order they joined.
+- A round ends when all its workers succeed (every agent exits 0); when a node's workers fail (the others are
+  stopped and every node starts again from FaultTolerance's backup: the failure reported first in a round
+  counts against its node, which leaves the job after more than ``--max-restarts``); when an agent's
+  connection closes or is silent for `NODE_TIMEOUT_SECONDS` (its host is gone: the job goes on without it);
+  or when an agent joins a round of fewer than ``MAX`` nodes: the chief is asked for a backup to grow from
+  (`GROW_REQUEST`, as in an elastic local job) and the round ends once that backup is marked.
+- Fewer than ``MIN`` ready agents for the timeout (``--rendezvous-timeout`` before the first round,
+  ``--elastic-timeout`` after): every agent fails, naming how many there were.
+- The hosting agent's loss ends the job, as the loss of torchrun's c10d store host does.
+
+Pure Python: one JSON line a message each way; a keepalive every `KEEPALIVE_SECONDS` from both ends.
+"""
+
+import dataclasses
+import errno
+import json
+import os
+import queue
+import secrets
+import socket
+import threading
+import time
+
+from tfpar._elastic import change_line, withdraw
+from tfpar._rendezvous import RendezvousError, address
+from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST
+
+__all__ = ["KEEPALIVE_SECONDS", "LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "Coordinator", "Link", "parse_nnodes"]
+
+KEEPALIVE_SECONDS = 1.0
+"""How often each end of a connection says it is alive."""
+NODE_TIMEOUT_SECONDS = 15.0
+"""An agent (or the rendezvous, for an agent) silent this long is gone: torchrun's 3 missed keepalives of 5 s."""
+LAST_CALL_SECONDS = 3.0
+"""With at least ``MIN`` agents ready and fewer than ``MAX``, how long a round waits for another to join."""
+_HELLO_SECONDS = 10.0
+_MAX_MESSAGE = 1 << 16
+
+
+def parse_nnodes(value) -> tuple[int, int]:
+    """(MIN, MAX) from ``--nnodes K`` (K, K) or ``--nnodes MIN:MAX``.
+
+    Raises:
+        ValueError: not ``K`` or ``MIN:MAX`` with 1 <= MIN <= MAX, naming the value and the fix.
+    """
+    parts = str(value).split(":")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts) or int(parts[0]) < 1:
+        raise ValueError(f"--nnodes takes K or MIN:MAX, whole numbers >= 1. Received: --nnodes {value}. Write e.g. "
+                         "--nnodes 2 (two hosts) or --nnodes 1:4 (an elastic job on 1 to 4 hosts).")
+    low, high = int(parts[0]), int(parts[-1])
+    if low > high:
+        raise ValueError(f"--nnodes MIN:MAX needs MIN <= MAX. Received: --nnodes {value}. Write --nnodes {high}:{low}.")
+    return low, high
+
+
+class Link:
+    """One connection between an agent and the rendezvous, either end: JSON lines read on a thread into a queue
+    (keepalives only note the time), a keepalive sent every `KEEPALIVE_SECONDS`."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.heard, self.closed = sock, time.monotonic(), False
+        self.messages: queue.Queue = queue.Queue()
+        self._lock, self._ended = threading.Lock(), threading.Event()
+        sock.settimeout(None)
+        threading.Thread(target=self._read, daemon=True, name="tfpar-link-read").start()
+        threading.Thread(target=self._keepalive, daemon=True, name="tfpar-link-alive").start()
+
+    def _read(self):
+        buffer = b""
+        try:
+            while len(buffer) <= _MAX_MESSAGE:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    break
+                self.heard, buffer = time.monotonic(), buffer + chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    message = json.loads(line)
+                    if not isinstance(message, dict):
+                        raise ValueError("not a message")
+                    if "alive" not in message:
+                        self.messages.put(message)
+        except (OSError, ValueError):
+            pass
+        self.closed = True
+        self.messages.put(None)  # wakes whoever waits
+
+    def _keepalive(self):
+        while not self._ended.wait(KEEPALIVE_SECONDS):
+            self.send({"alive": 1})
+
+    def send(self, message: dict) -> bool:
+        """Sends ``message``; False if the other end is gone."""
+        with self._lock:
+            try:
+                self.sock.sendall((json.dumps(message) + "\n").encode("utf-8"))
+                return True
+            except OSError:
+                self.closed = True
+                return False
+
+    def receive(self, timeout: float) -> dict | None:
+        """The next message within ``timeout`` seconds (0: only one already here); None if there is none yet,
+        or the connection closed (`closed`)."""
+        try:
+            return self.messages.get(timeout=timeout) if timeout > 0 else self.messages.get_nowait()
+        except queue.Empty:
+            return None
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.heard
+
+    def close(self) -> None:
+        self._ended.set()
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+@dataclasses.dataclass(eq=False)
+class _Agent:
+    link: Link
+    name: str
+    host: str
+    own: bool
+    ports: list | None
+    """Its workers' free ports while it is ready for a round; None while they run."""
+    done: bool = False
+    failures: int = 0
+
+
+class Coordinator:
+    """The rendezvous, served on a thread of the hosting agent's process until the job ends. ``state``: that
+    agent's launch folder (where its chief, worker 0, marks backups); ``timeouts``: seconds to wait for ``MIN``
+    agents before the first round and after."""
+
+    def __init__(self, server, nnodes, nproc, state, say, max_restarts, timeouts,
+                 node_timeout=NODE_TIMEOUT_SECONDS, last_call=LAST_CALL_SECONDS):
+        self.server, (self.low, self.high), self.nproc, self.state, self.say = server, nnodes, nproc, state, say
+        self.max_restarts, self.timeouts, self.node_timeout, self.last_call = max_restarts, timeouts, node_timeout, last_call
+        self.token = secrets.token_hex(8)
+        """What the hosting agent says in its hello, to be node 0."""
+        self.agents: list = []
+        self.pending: list = []  # (link, host, since): connected, no hello yet
+        self.members: list = []
+        self.round, self.phase, self.since, self.last_join = -1, "forming", time.monotonic(), time.monotonic()
+        self.blamed = self.said_waiting = self.said_no_backup = False
+        self.requested = None  # the grow request's time
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="tfpar-elastic-rendezvous")
+        self.thread.start()
+
+    @classmethod
+    def host(cls, master_addr, master_port, **kwargs) -> "Coordinator | None":
+        """The rendezvous, if this host is ``master_addr`` and no agent here hosts it yet; else None."""
+        try:
+            server = socket.create_server((master_addr, master_port), backlog=64)
+        except OSError as error:
+            if error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL) or isinstance(error, socket.gaierror):
+                return None  # another agent hosts it, here or on the host --master-addr names
+            raise RendezvousError(f"The rendezvous cannot listen on --master-addr {master_addr} --master-port "
+                                  f"{master_port}: {error}. Give a free --master-port above 1023.") from None
+        server.setblocking(False)
+        return cls(server, **kwargs)
+
+    def close(self) -> None:
+        """Waits (briefly) for the rendezvous to have told every agent how the job ended."""
+        self.thread.join(timeout=10)
+
+    def _serve(self):
+        try:
+            while self.phase != "ended":
+                self._accept()
+                for agent in sorted(self.agents, key=lambda a: not a.link.closed):  # a loss before the echoes it caused
+                    self._hear(agent)
+                if self.phase != "ended":
+                    getattr(self, f"_{self.phase}")()
+                time.sleep(0.05)
+        except Exception as error:  # every agent is told, then the job ends
+            self._end({"error": f"the rendezvous failed: {error!r}"})
+        finally:
+            self.server.close()
+            deadline = time.monotonic() + 2  # each agent closes its end once told; then this one's closing resets nothing
+            while any(not a.link.closed for a in self.agents) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for agent in self.agents:
+                agent.link.close()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, peer = self.server.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            self.pending.append((Link(conn), peer[0], time.monotonic()))
+        for item in list(self.pending):
+            link, host, since = item
+            hello = link.receive(0)
+            if hello is None and not link.closed and time.monotonic() - since < _HELLO_SECONDS:
+                continue
+            self.pending.remove(item)
+            problem = self._join(link, host, (hello or {}).get("hello"))
+            if problem:
+                link.send({"error": problem})
+                link.close()
+
+    def _join(self, link, host, hello):
+        """Adds an agent; returns why it is refused, if it is."""
+        if not (isinstance(hello, dict) and isinstance(hello.get("ports"), list) and isinstance(hello.get("name"), str)):
+            return "not a tfpar rendezvous message"
+        if tuple(hello.get("nnodes", ())) != (self.low, self.high) or hello.get("nproc") != self.nproc:
+            return (f"{hello['name']} was started with --nnodes {':'.join(map(str, hello.get('nnodes', ())))} "
+                    f"--nproc-per-node {hello.get('nproc')}, and the job with --nnodes {self.low}:{self.high} "
+                    f"--nproc-per-node {self.nproc}: give every node the same")
+        agent = _Agent(link, hello["name"], host, hello.get("token") == self.token, hello["ports"])
+        self.agents.append(agent)
+        self.last_join = time.monotonic()
+        if self.phase == "running":
+            link.send({"wait": f"the job runs on {len(self.members)} node(s); this one joins at its next restart"})
+        return None
+
+    def _hear(self, agent):
+        while True:
+            message = agent.link.receive(0)
+            if message is None:
+                break
+            if "ready" in message:
+                agent.ports, agent.done = message["ready"], False
+                if message.get("failed"):
+                    self._failed(agent, message["failed"])
+            elif "done" in message:
+                agent.done = True
+            elif "leave" in message:
+                return self._lost(agent, message["leave"])
+        if agent.link.closed:
+            self._lost(agent, "its connection closed")
+        elif agent.link.silent_for() > self.node_timeout:
+            self._lost(agent, f"silent for {self.node_timeout:g} s")
+
+    def _lost(self, agent, why):
+        self.agents.remove(agent)
+        agent.link.close()
+        if agent.own:
+            return self._end({"error": f"node 0 ({agent.name}), which hosts the rendezvous, left ({why}): the job "
+                                       "ends with it, as torchrun's does with its store's host"})
+        if agent in self.members and self.phase == "running":
+            return self._stop(f"{agent.name} left ({why})")
+        self.say(f"{agent.name} left ({why})")
+
+    def _failed(self, agent, reason):
+        if self.phase != "running" or agent not in self.members:
+            return
+        if not self.blamed:  # the first failure of a round is the cause; the others' are its echo
+            self.blamed = True
+            agent.failures += 1
+            if agent.failures > self.max_restarts:
+                why = f"its workers failed {agent.failures} time(s), more than --max-restarts {self.max_restarts}"
+                if agent.own:
+                    return self._end({"error": f"node 0 ({agent.name}): {reason}; {why}"})
+                agent.link.send({"drop": f"{reason}; {why}"})
+                self.agents.remove(agent)
+                return self._stop(f"{agent.name}: {reason}; dropped: {why}")
+        self._stop(f"{agent.name}: {reason}")
+
+    def _stop(self, reason):
+        self.say(f"{reason}; stopping every node's workers")
+        self.phase, self.since = "stopping", time.monotonic()  # a grow request stays until the workers are stopped
+        for agent in self.members:
+            if agent in self.agents and agent.ports is None:  # its workers run, or are done
+                agent.link.send({"stop": reason})
+
+    def _stopping(self):
+        if all(a.ports is not None for a in self.members if a in self.agents):
+            self.phase, self.since = "forming", time.monotonic()
+
+    def _forming(self):
+        order = {id(a): i for i, a in enumerate(self.members)}
+        ready = sorted((a for a in self.agents if a.ports is not None),
+                       key=lambda a: (not a.own, order.get(id(a), len(order))))
+        now, fresh = time.monotonic(), any(a not in self.members for a in ready)
+        called = not fresh or now - max(self.last_join, self.since) >= self.last_call  # a restart of known nodes: at once
+        if len(ready) >= self.high or (len(ready) >= self.low and called):
+            return self._start(ready[:self.high])
+        timeout = self.timeouts[self.round >= 0]
+        if len(ready) < self.low and now - self.since >= timeout:
+            return self._end({"error": f"{len(ready)} node(s) for {timeout:g} s, fewer than --nnodes {self.low}:"
+                                       f"{self.high} needs"})
+        if len(ready) < self.low and not self.said_waiting and now - self.since >= self.last_call:
+            self.say(f"{len(ready)} node(s) ready, fewer than {self.low}; waiting up to {timeout:g} s for more")
+            self.said_waiting = True
+
+    def _start(self, nodes):
+        self._withdraw()  # a new round: nobody waits
+        self.round += 1
+        before = [a.name for a in self.members]
+        workers = [address(a.host, p) for a in nodes for p in a.ports]
+        line = change_line(before, [a.name for a in nodes], len(workers), "nodes")
+        if line:
+            self.say(line)
+        for rank, agent in enumerate(nodes):
+            agent.link.send({"start": {"round": self.round, "cluster": {"worker": workers}, "node": rank,
+                                       "first": rank * self.nproc, "reference": self.high * self.nproc,
+                                       "min_workers": self.low * self.nproc}})
+            agent.ports, agent.done = None, False
+        self.members, self.phase, self.blamed, self.said_waiting = nodes, "running", False, False
+
+    def _running(self):
+        if all(a.done for a in self.members):
+            return self._end({"exit": 0})
+        waiting = [a for a in self.agents if a not in self.members]
+        if not waiting or len(self.members) >= self.high:
+            return self._withdraw()
+        mark = os.path.join(self.state, BACKUP_MARK)
+        if self.requested is not None:
+            if os.path.exists(mark) and os.path.getmtime(mark) >= self.requested:
+                self._stop(f"{', '.join(a.name for a in waiting)} joined, and the chief backed up to start from")
+            return
+        if not os.path.exists(os.path.join(self.state, FAULT_TOLERANCE_MARK)):
+            if not self.said_no_backup:
+                self.say("not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a restart "
+                         "would start training over")
+                self.said_no_backup = True
+            return
+        request = os.path.join(self.state, GROW_REQUEST)
+        with open(request, "w"):
+            pass
+        self.requested = os.path.getmtime(request)
+        self.say(f"{', '.join(a.name for a in waiting)} joined; growing the job after its next backup")
+
+    def _withdraw(self):
+        if self.requested is not None:
+            withdraw(self.state)
+            self.requested = None
+
+    def _end(self, message):
+        for agent in sorted(self.agents, key=lambda a: a.own):  # the hosting agent last: it exits once told
+            agent.link.send(message)
+        if "error" in message:
+            self.say(f"error: {message['error']}")
+        self.phase = "ended"
