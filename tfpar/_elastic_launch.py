@@ -163,8 +163,8 @@ def run_elastic_nodes(command: list, options: LaunchOptions, *, master_addr: str
         RendezvousError: the rendezvous could not be reached or refused this node.
     """
     from tfpar._addresses import free_ports
-    from tfpar._elastic_rendezvous import Coordinator, Link, NODE_TIMEOUT_SECONDS
-    from tfpar._rendezvous import RendezvousError, address, connect
+    from tfpar._elastic_rendezvous import NODE_TIMEOUT_SECONDS, Coordinator
+    from tfpar._rendezvous import Link, RendezvousError, address, connect
 
     with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
         coordinator = Coordinator.host(master_addr, master_port, nnodes=nnodes, nproc=nproc, state=state, say=options.say,
@@ -184,8 +184,8 @@ def run_elastic_nodes(command: list, options: LaunchOptions, *, master_addr: str
                     continue
                 if "exit" in message:
                     return 0
-                if "stop" in message:  # after this node's workers were done: another node's failed
-                    ports = free_ports(nproc, host)
+                if "stop" in message or "renew" in message:  # (another node's failed after this one's were done;
+                    ports = free_ports(nproc, host)                # a port another agent here picked too)
                     link.send({"ready": ports})
                     continue
                 start = message["start"]

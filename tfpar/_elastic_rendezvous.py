@@ -18,33 +18,29 @@ ready, and starts them all on it:
   ``--elastic-timeout`` after): every agent fails, naming how many there were.
 - The hosting agent's loss ends the job, as the loss of torchrun's c10d store host does.
 
-Pure Python: one JSON line a message each way; a keepalive every `KEEPALIVE_SECONDS` from both ends.
+Pure Python: one JSON line a message each way (`tfpar._rendezvous.Link`), keepalives from both ends.
 """
 
 import dataclasses
 import errno
-import json
 import os
-import queue
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from tfpar._elastic import change_line, withdraw
-from tfpar._rendezvous import RendezvousError, address
+from tfpar._rendezvous import Link, RendezvousError, address
 from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST
 
-__all__ = ["KEEPALIVE_SECONDS", "LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "Coordinator", "Link", "parse_nnodes"]
+__all__ = ["LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "Coordinator", "parse_nnodes"]
 
-KEEPALIVE_SECONDS = 1.0
-"""How often each end of a connection says it is alive."""
 NODE_TIMEOUT_SECONDS = 15.0
 """An agent (or the rendezvous, for an agent) silent this long is gone: torchrun's 3 missed keepalives of 5 s."""
 LAST_CALL_SECONDS = 3.0
 """With at least ``MIN`` agents ready and fewer than ``MAX``, how long a round waits for another to join."""
 _HELLO_SECONDS = 10.0
-_MAX_MESSAGE = 1 << 16
 
 
 def parse_nnodes(value) -> tuple[int, int]:
@@ -61,73 +57,6 @@ def parse_nnodes(value) -> tuple[int, int]:
     if low > high:
         raise ValueError(f"--nnodes MIN:MAX needs MIN <= MAX. Received: --nnodes {value}. Write --nnodes {high}:{low}.")
     return low, high
-
-
-class Link:
-    """One connection between an agent and the rendezvous, either end: JSON lines read on a thread into a queue
-    (keepalives only note the time), a keepalive sent every `KEEPALIVE_SECONDS`."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.heard, self.closed = sock, time.monotonic(), False
-        self.messages: queue.Queue = queue.Queue()
-        self._lock, self._ended = threading.Lock(), threading.Event()
-        sock.settimeout(None)
-        threading.Thread(target=self._read, daemon=True, name="tfpar-link-read").start()
-        threading.Thread(target=self._keepalive, daemon=True, name="tfpar-link-alive").start()
-
-    def _read(self):
-        buffer = b""
-        try:
-            while len(buffer) <= _MAX_MESSAGE:
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    break
-                self.heard, buffer = time.monotonic(), buffer + chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    message = json.loads(line)
-                    if not isinstance(message, dict):
-                        raise ValueError("not a message")
-                    if "alive" not in message:
-                        self.messages.put(message)
-        except (OSError, ValueError):
-            pass
-        self.closed = True
-        self.messages.put(None)  # wakes whoever waits
-
-    def _keepalive(self):
-        while not self._ended.wait(KEEPALIVE_SECONDS):
-            self.send({"alive": 1})
-
-    def send(self, message: dict) -> bool:
-        """Sends ``message``; False if the other end is gone."""
-        with self._lock:
-            try:
-                self.sock.sendall((json.dumps(message) + "\n").encode("utf-8"))
-                return True
-            except OSError:
-                self.closed = True
-                return False
-
-    def receive(self, timeout: float) -> dict | None:
-        """The next message within ``timeout`` seconds (0: only one already here); None if there is none yet,
-        or the connection closed (`closed`)."""
-        try:
-            return self.messages.get(timeout=timeout) if timeout > 0 else self.messages.get_nowait()
-        except queue.Empty:
-            return None
-
-    def silent_for(self) -> float:
-        return time.monotonic() - self.heard
-
-    def close(self) -> None:
-        self._ended.set()
-        self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
 
 
 @dataclasses.dataclass(eq=False)
@@ -147,8 +76,9 @@ class Coordinator:
     agent's launch folder (where its chief, worker 0, marks backups); ``timeouts``: seconds to wait for ``MIN``
     agents before the first round and after."""
 
-    def __init__(self, server, nnodes, nproc, state, say, max_restarts, timeouts,
-                 node_timeout=NODE_TIMEOUT_SECONDS, last_call=LAST_CALL_SECONDS):
+    def __init__(self, server: socket.socket, nnodes: tuple, nproc: int, state: str, say: Callable[[str], None],
+                 max_restarts: int, timeouts: tuple, node_timeout: float = NODE_TIMEOUT_SECONDS,
+                 last_call: float = LAST_CALL_SECONDS) -> None:
         self.server, (self.low, self.high), self.nproc, self.state, self.say = server, nnodes, nproc, state, say
         self.max_restarts, self.timeouts, self.node_timeout, self.last_call = max_restarts, timeouts, node_timeout, last_call
         self.token = secrets.token_hex(8)
@@ -240,6 +170,8 @@ class Coordinator:
                 agent.ports, agent.done = message["ready"], False
                 if message.get("failed"):
                     self._failed(agent, message["failed"])
+                    if agent not in self.agents:  # dropped for it
+                        return None
             elif "done" in message:
                 agent.done = True
             elif "leave" in message:
@@ -289,6 +221,14 @@ class Coordinator:
         order = {id(a): i for i, a in enumerate(self.members)}
         ready = sorted((a for a in self.agents if a.ports is not None),
                        key=lambda a: (not a.own, order.get(id(a), len(order))))
+        taken = set()
+        for agent in ready:  # agents of one host may have picked one free port: the later one picks again
+            mine = {(agent.host, p) for p in agent.ports}
+            if mine & taken or len(mine) < len(agent.ports):
+                agent.link.send({"renew": 1})
+                agent.ports = None
+                return
+            taken |= mine
         now, fresh = time.monotonic(), any(a not in self.members for a in ready)
         called = not fresh or now - max(self.last_join, self.since) >= self.last_call  # a restart of known nodes: at once
         if len(ready) >= self.high or (len(ready) >= self.low and called):
@@ -347,6 +287,4 @@ class Coordinator:
     def _end(self, message):
         for agent in sorted(self.agents, key=lambda a: a.own):  # the hosting agent last: it exits once told
             agent.link.send(message)
-        if "error" in message:
-            self.say(f"error: {message['error']}")
         self.phase = "ended"

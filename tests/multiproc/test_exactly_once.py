@@ -9,8 +9,6 @@ import os
 import re
 import sys
 
-import pytest
-
 from tests.conftest import ROOT, run_command, tfpar_command
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "exactly_once.py")
