@@ -10,6 +10,12 @@ when the host returns in epoch 4.
         grow_seconds=<host back -> first step on 3 workers> elastic_seconds=<wall> undisturbed_seconds=<wall>
     RESULT elastic_scale_lr loss_elastic=<final loss, resized under --elastic-batch scale-lr>
         loss_rel_diff=<against the undisturbed run> recovery_seconds=... grow_seconds=... elastic_seconds=...
+    RESULT elastic_nodes loss_elastic=<final loss, the same resize across 3 agents of --nnodes 2:3>
+        loss_rel_diff=... recovery_seconds=... grow_seconds=... elastic_seconds=...
+
+The elastic_nodes run is the job as torchrun's users start one on several hosts: the same `tfpar launch
+--nnodes 2:3 --master-addr 127.0.0.1` line started three times, a worker each; worker 2's host is lost with
+its agent (SIGKILLed with it), and a fourth agent joins in epoch 4 (tests/multiproc/elastic_agents.py).
 
 Every step holds the same examples whatever the number of workers (tfpar.data deals the job's
 order step by step) and the global batch stays 48 (on 2 workers each replica computes its 24 in 2
@@ -31,6 +37,8 @@ import time
 from common import quick_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.multiproc.elastic_agents import run_agents  # noqa: E402
 SCRIPT = os.path.join(ROOT, "tests", "multiproc", "scripts", "exactly_once.py")
 
 
@@ -72,13 +80,18 @@ def main():
         runs = {"undisturbed": run(os.path.join(folder, "undisturbed"), elastic=False)}
         for batch in ("accumulate", "scale-lr"):
             runs[batch] = run(os.path.join(folder, batch), elastic=True, batch=batch)
-        seconds = {batch: times(os.path.join(folder, batch)) for batch in ("accumulate", "scale-lr")}
+        start = time.perf_counter()
+        codes, outs = run_agents(os.path.join(folder, "nodes"), "accumulate")
+        if sorted(codes) != [-9, 0, 0, 0]:
+            sys.exit("the elastic job across agents failed:\n" + "\n=====\n".join(o[-3000:] for o in outs))
+        runs["nodes"] = (outs[0], time.perf_counter() - start)
+        seconds = {name: times(os.path.join(folder, name)) for name in ("accumulate", "scale-lr", "nodes")}
     loss = {name: float(re.search(r"LOSS (\S+)", out).group(1)) for name, (out, _) in runs.items()}
-    for batch in ("accumulate", "scale-lr"):
+    for batch in ("accumulate", "scale-lr", "nodes"):
         for line in runs[batch][0].splitlines():
             if line.startswith("tfpar launch:") or "tfpar: resumed" in line or "tfpar: an elastic job" in line:
                 print(line)
-    relative = {b: abs(loss[b] - loss["undisturbed"]) / loss["undisturbed"] for b in ("accumulate", "scale-lr")}
+    relative = {b: abs(loss[b] - loss["undisturbed"]) / loss["undisturbed"] for b in ("accumulate", "scale-lr", "nodes")}
     print(f"RESULT elastic loss_undisturbed={loss['undisturbed']:.8g} loss_elastic={loss['accumulate']:.8g} "
           f"loss_rel_diff={relative['accumulate']:.2e} recovery_seconds={seconds['accumulate'][0]:.1f} "
           f"grow_seconds={seconds['accumulate'][1]:.1f} elastic_seconds={runs['accumulate'][1]:.1f} "
@@ -86,6 +99,9 @@ def main():
     print(f"RESULT elastic_scale_lr loss_elastic={loss['scale-lr']:.8g} loss_rel_diff={relative['scale-lr']:.2e} "
           f"recovery_seconds={seconds['scale-lr'][0]:.1f} grow_seconds={seconds['scale-lr'][1]:.1f} "
           f"elastic_seconds={runs['scale-lr'][1]:.1f}")
+    print(f"RESULT elastic_nodes loss_elastic={loss['nodes']:.8g} loss_rel_diff={relative['nodes']:.2e} "
+          f"recovery_seconds={seconds['nodes'][0]:.1f} grow_seconds={seconds['nodes'][1]:.1f} "
+          f"elastic_seconds={runs['nodes'][1]:.1f}")
 
 
 if __name__ == "__main__":

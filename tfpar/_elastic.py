@@ -21,8 +21,8 @@ from collections import Counter
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._task_env import ELASTIC_VARIABLE, GROW_REQUEST
 
-__all__ = ["DISCOVERY_PERIOD_SECONDS", "ELASTIC_BATCHES", "Discovery", "ElasticBatch", "Membership",
-           "MembershipChange", "change_line", "parse_host_lines", "withdraw"]
+__all__ = ["DISCOVERY_PERIOD_SECONDS", "ELASTIC_BATCHES", "SCALING_RULES", "Discovery", "ElasticBatch", "Membership",
+           "MembershipChange", "change_line", "parse_host_lines", "rule_factor", "withdraw"]
 
 DISCOVERY_PERIOD_SECONDS = 1.0
 """How often a running elastic job asks discovery again (Horovod's period too)."""
@@ -198,13 +198,26 @@ def withdraw(state: str) -> None:
         pass
 
 
+SCALING_RULES = ("linear", "sqrt")
+"""How the learning rate follows the global batch: ``linear`` (Goyal et al. 2017: k times the batch,
+k times the rate, with a warm-up) or ``sqrt`` (Krizhevsky 2014, Hoffer et al. 2017: sqrt(k) times the
+rate, which keeps the noise of the update; LAMB's paper scales that way). `tfpar.callbacks` exports it."""
+
+
+def rule_factor(ratio: float, rule: str) -> float:
+    """What a learning rate is multiplied by when the global batch is multiplied by ``ratio``, by ``rule``
+    (one of `SCALING_RULES`): the one formula behind `tfpar.callbacks.scaled_learning_rate` and
+    `ElasticBatch.learning_rate_factor`."""
+    return ratio if rule == "linear" else math.sqrt(ratio)
+
+
 ELASTIC_BATCHES = ("accumulate", "grow", "scale-lr", "scale-lr-sqrt")
 """How an elastic job on fewer workers than its reference trains: "accumulate" (the default) keeps the global
 batch, each replica computing its batch in micro-batches no larger than the reference's per-replica batch and
 applying their accumulated gradients once (DeepSpeed's elasticity keeps its micro-batch so too); "grow" keeps it
 with larger per-replica batches; "scale-lr" keeps the per-replica batch, so the global batch follows the
 workers, and scales the learning rate with it by the linear rule (Goyal et al. 2017), "scale-lr-sqrt" by the
-square root (`tfpar.callbacks.SCALING_RULES`)."""
+square root (`SCALING_RULES`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,10 +262,7 @@ class ElasticBatch:
         """What the learning rate is multiplied by on ``workers`` workers: 1, or under "scale-lr" the scaling
         rule's factor for a global batch ``workers / reference`` times the reference's."""
         rule = self.learning_rate_rule
-        if rule is None:
-            return 1.0
-        k = workers / self.reference_workers
-        return k if rule == "linear" else math.sqrt(k)
+        return 1.0 if rule is None else rule_factor(workers / self.reference_workers, rule)
 
     def check_global_batch(self, global_batch_size: int, replicas_per_worker: int) -> None:
         """Refuses a global batch that one of the job's sizes (``min_workers`` to ``reference_workers``) cannot

@@ -171,9 +171,10 @@ def run_elastic_nodes(command: list, options: LaunchOptions, *, master_addr: str
                                        max_restarts=options.max_restarts, timeouts=timeouts)
         if coordinator is not None:
             options.say(f"hosting the rendezvous at {address(master_addr, master_port)}")
-        link = Link(connect(master_addr, master_port, time.monotonic() + timeouts[0], timeouts[0], lambda: None))
-        host = link.sock.getsockname()[0]
+        link = None
         try:
+            link = Link(connect(master_addr, master_port, time.monotonic() + timeouts[0], timeouts[0], lambda: None))
+            host = link.sock.getsockname()[0]
             ports = free_ports(nproc, host)
             link.send({"hello": {"name": f"{socket.gethostname()}[{os.getpid()}]", "nnodes": list(nnodes),
                                  "nproc": nproc, "ports": ports, "token": coordinator and coordinator.token}})
@@ -217,7 +218,8 @@ def run_elastic_nodes(command: list, options: LaunchOptions, *, master_addr: str
                 ports = free_ports(nproc, host)
                 link.send({"ready": ports, "failed": failed})
         finally:
-            link.close()
+            if link is not None:
+                link.close()
             if coordinator is not None:
                 coordinator.close()
 

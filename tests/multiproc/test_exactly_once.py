@@ -92,48 +92,12 @@ def test_an_elastic_job_across_nodes_loses_a_host_mid_epoch_and_grows_back_with_
     batches of 32 (each replica's 16 as on 3 workers), the learning rate x2/3, from example 241 in step 8; in
     epoch 4 a fourth agent joins and the job grows to 3 nodes after its next backup. Every example of every
     epoch once; each agent's process is counted at the end."""
-    import subprocess
-    import time
+    from tests.multiproc.elastic_agents import run_agents
 
-    from tfpar._addresses import free_ports
-
-    records = tmp_path / "records"
-    records.mkdir()
-    port = free_ports(1)[0]
-    argv = tfpar_command("launch", "--nnodes", "2:3", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                         "--elastic-batch", "scale-lr", "--", sys.executable, SCRIPT, str(tmp_path / "backup"),
-                         str(records), "--elastic-nodes")
-    env = {**os.environ, "PYTHONPATH": ROOT, "TFPAR_TEST_KERAS": "2"}
-    logs, agents = [], []
-
-    def agent():
-        logs.append(open(tmp_path / f"agent{len(logs)}.log", "w"))
-        agents.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logs[-1], stderr=subprocess.STDOUT,
-                                       start_new_session=True))
-
-    try:
-        agent()
-        deadline = time.monotonic() + 420
-        while "hosting the rendezvous" not in (tmp_path / "agent0.log").read_text():
-            assert agents[0].poll() is None and time.monotonic() < deadline, (tmp_path / "agent0.log").read_text()
-            time.sleep(0.1)
-        agent()
-        agent()
-        while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
-            if len(agents) == 3 and (records / "back").exists():
-                agent()  # capacity returns: another host's agent joins
-            time.sleep(0.2)
-    finally:
-        for a in agents:
-            if a.poll() is None:
-                os.killpg(a.pid, 9)
-            a.wait(timeout=30)
-        for f in logs:
-            f.close()
-    outs = [(tmp_path / f"agent{i}.log").read_text() for i in range(len(agents))]
-    out = outs[0]
+    codes, outs = run_agents(str(tmp_path), "scale-lr")
+    records, out = tmp_path / "records", outs[0]
     lost = [i for i, o in enumerate(outs) if "round 0: node 2 of 3" in o]  # agents 1 and 2 joined in either order
-    assert lost in ([1], [2]) and [a.returncode for a in agents] == [0, 0, 0, 0][:lost[0]] + [-9] + [0] * (3 - lost[0]), \
+    assert lost in ([1], [2]) and codes == [0, 0, 0, 0][:lost[0]] + [-9] + [0] * (3 - lost[0]), \
         "\n=====\n".join(o[-3000:] for o in outs)
     name = re.compile(r"\S+\[\d+\]")
     assert "tfpar launch: 3 node(s); world size 3" in out

@@ -173,6 +173,7 @@ def test_bad_launch_arguments(args, match):
     (["--nproc-per-node", "2"], "local"),
     (["--hosts", "a,b", "--nproc-per-node", "2", "--task-index", "0"], "hosts"),
     (["--nnodes", "2", "--node-rank", "1", "--master-addr", "a"], "nodes"),
+    (["--nnodes", "2:3", "--master-addr", "a"], "nodes"),
     (["--horovod", "--nproc-per-node", "2"], "horovod"),
     (["--min-workers", "2", "-n", "3"], "elastic"),
     (["--host-discovery-file", "hosts"], "elastic"),

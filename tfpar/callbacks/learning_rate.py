@@ -12,16 +12,13 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
+from tfpar._elastic import SCALING_RULES, rule_factor
 from tfpar._keras import keras
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
 __all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "elastic_learning_rate",
            "exponential_decay", "rescale_learning_rate", "scaled_learning_rate", "step_decay"]
 
-SCALING_RULES = ("linear", "sqrt")
-"""How the learning rate follows the global batch: ``linear`` (Goyal et al. 2017: k times the batch,
-k times the rate, with a warm-up) or ``sqrt`` (Krizhevsky 2014, Hoffer et al. 2017: sqrt(k) times the
-rate, which keeps the noise of the update; LAMB's paper scales that way)."""
 
 
 def scaled_learning_rate(base_learning_rate: float, global_batch: float, base_batch: float = 1,
@@ -50,8 +47,7 @@ def scaled_learning_rate(base_learning_rate: float, global_batch: float, base_ba
     for name, value in (("base_learning_rate", base_learning_rate), ("global_batch", global_batch),
                         ("base_batch", base_batch)):
         check_number(name, value, above=0)
-    k = global_batch / base_batch
-    return base_learning_rate * (k if rule == "linear" else math.sqrt(k))
+    return base_learning_rate * rule_factor(global_batch / base_batch, rule)
 
 
 def _set_rate(model, value, momentum_correction):
