@@ -286,7 +286,8 @@ class Elastic(Backend):
                     f"An elastic job (--min-workers, --max-workers, --host-discovery-*) is a local job that tfpar "
                     f"launch supervises and restarts. Received: {flag} with it, a job it does not supervise that way. "
                     "Drop the elastic options; for an elastic job across hosts run tfpar launch --nnodes MIN:MAX "
-                    "--master-addr HOST on each, or Horovod's elastic mode (horovodrun --min-np/--max-np --host-discovery-script).")
+                    "--master-addr HOST on each, or Horovod's elastic mode (horovodrun --min-np/--max-np "
+                    "--host-discovery-script).")
         if args.workers is not None and args.max_workers is not None:
             raise ValueError(f"Give -n or --max-workers, not both. Received: -n {args.workers} --max-workers "
                              f"{args.max_workers}. In an elastic job -n is the most workers it trains with.")

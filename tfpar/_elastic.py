@@ -5,7 +5,8 @@ A worker's place is a *slot* of a host ("localhost slot 1"). The job runs one wo
 hosts discovery lists, at most ``max_workers``, and needs ``min_workers``. A slot whose worker failed
 more than ``max_restarts`` times is dropped while its host stays listed; a host that leaves the
 list takes its slots with it, and brings them back, fresh, when it returns. Every host must be this
-machine (`tfpar launch` starts local processes; across hosts, Horovod's elastic mode supervises).
+machine (`tfpar launch` starts local processes; across hosts, each host's agent of ``--nnodes MIN:MAX``
+starts its own, `tfpar._elastic_rendezvous`).
 """
 
 import dataclasses
@@ -123,7 +124,8 @@ class Discovery:
             raise ValueError(
                 f"{self.source} lists hosts other than this machine: {others}. Received: {hosts}. An elastic "
                 "tfpar launch starts its workers on this machine (name it localhost, 127.0.0.1 or its host name); "
-                "across machines, run Horovod's elastic mode (horovodrun --host-discovery-script).")
+                "across machines, run tfpar launch --nnodes MIN:MAX --master-addr HOST on each, or Horovod's elastic "
+                "mode (horovodrun --host-discovery-script).")
         return hosts
 
 

@@ -17,6 +17,9 @@ job that goes on when it loses workers and grows back when capacity returns, as 
 - Fewer than ``--min-workers``: the launcher waits for discovery to list enough, up to
   ``elastic_timeout`` seconds, then fails.
 
+Across hosts (``--nnodes MIN:MAX``), `run_elastic_nodes` is each host's agent: the rendezvous
+(`tfpar._elastic_rendezvous`) decides the rounds, the agent runs its host's workers in each.
+
 Pure Python, as the rest of the launcher.
 """
 
@@ -147,7 +150,6 @@ class _Watch:
         self.requested = os.path.getmtime(self.request)
         self.options.say(f"{self.more} more worker slot(s) in {self.discovery.source}; growing the job after "
                          "its next backup")
-
 
 
 def run_elastic_nodes(command: list, options: LaunchOptions, *, master_addr: str, master_port: int,
