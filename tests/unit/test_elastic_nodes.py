@@ -133,6 +133,39 @@ def test_node_0_lost_ends_the_job_on_every_node_naming_it(tmp_path):
     assert time.monotonic() - begin < 60
 
 
+def test_a_rendezvous_host_that_stops_answering_ends_the_job_on_the_agent(tmp_path):
+    """The other side of the node timeout: the rendezvous (here a bare socket, so that it can fall silent while
+    its connection stays open, as a frozen or cut-off host's does) starts the agent's worker, then says nothing.
+    After the node timeout the agent stops its worker and fails, naming why."""
+    from tfpar._elastic_rendezvous import NODE_TIMEOUT_SECONDS
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    with open(tmp_path / "agent.log", "w") as log:
+        agent = _agent(port, log, "1:1", round0="sleep", marker=str(tmp_path))
+        try:
+            server.settimeout(30)
+            conn, _ = server.accept()
+            hello = json.loads(conn.makefile("r").readline())["hello"]
+            worker = f"127.0.0.1:{hello['ports'][0]}"
+            start = {"round": 0, "cluster": {"worker": [worker]}, "node": 0, "first": 0, "reference": 1, "min_workers": 1}
+            conn.sendall((json.dumps({"start": start}) + "\n").encode())
+            begin = time.monotonic()
+            agent.wait(timeout=NODE_TIMEOUT_SECONDS + 30)
+            waited = time.monotonic() - begin
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+            server.close()
+    out = (tmp_path / "agent.log").read_text()
+    assert agent.returncode == 1 and "the rendezvous is gone (node 0's agent or host stopped answering)" in out, out
+    assert len(_tasks(out)) == 1 and NODE_TIMEOUT_SECONDS <= waited < NODE_TIMEOUT_SECONDS + 20, (waited, out)
+    left = [line for line in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+            if line.endswith(str(tmp_path))]
+    assert not left  # its worker stopped
+
+
 def test_too_few_nodes_fail_at_the_timeout_naming_how_many(tmp_path):
     begin = time.monotonic()
     codes, outs = _run_agents(tmp_path, 1, extra=("--rendezvous-timeout", "3"))

@@ -26,11 +26,7 @@ _lock = threading.Lock()
 class InputPosition:
     """The global step a `distribute` input's next iterator starts at, on this worker."""
 
-    def __init__(self, *, steps: int | None, replicas_per_worker: int, exact: bool) -> None:
-        self.steps = steps
-        """Global steps in one epoch of the input (None: an infinite input)."""
-        self.replicas_per_worker = replicas_per_worker
-        """Per-replica batches this worker's pipeline yields per global step."""
+    def __init__(self, *, exact: bool) -> None:
         self.exact = exact
         """Whether each epoch's order can be built again in a new process (no unseeded shuffle)."""
         self.offset = 0
@@ -38,12 +34,22 @@ class InputPosition:
         self.layout: dict = {}
         """How the steps are made (`layout_of`): what a resume in the middle of an epoch must find again."""
         self.plan: Any = None
-        """This worker's `ShardPlan`."""
+        """This worker's `ShardPlan` (None until `distribute` has made it)."""
         self.num_elements: int | None = None
         """Examples in one epoch of the input (None: infinite)."""
         self.masked = 0
         """Examples of the first epoch, in the job's order, that the next iterator carries at weight 0 (trained
         before a resume that changed the global batch: `rescaled_resume`)."""
+
+    @property
+    def steps(self) -> int | None:
+        """Global steps in one epoch of the input (None: an infinite input, or no plan yet)."""
+        return None if self.plan is None else self.plan.steps
+
+    @property
+    def replicas_per_worker(self) -> int:
+        """Per-replica batches this worker's pipeline yields per global step."""
+        return 1 if self.plan is None else self.plan.replicas_per_worker
 
     def start_at(self, epoch: int, step: int = 0, steps_per_epoch: int | None = None, masked: int = 0) -> None:
         """Starts the next iterator at ``step`` of ``epoch``, with ``fit``'s ``steps_per_epoch``

@@ -269,7 +269,7 @@ def distribute(source: Any, strategy: Any, global_batch_size: int, **options: An
     plans = []
     # Unseeded, a shuffle's order cannot be built again in another process: no exact resume.
     exact = not config.shuffle_buffer or config.seed is not None
-    position = InputPosition(steps=None, replicas_per_worker=1, exact=exact)
+    position = InputPosition(exact=exact)
 
     def dataset_fn(context):
         context = own_shard or context
@@ -286,7 +286,6 @@ def distribute(source: Any, strategy: Any, global_batch_size: int, **options: An
         return _unsharded(_from_position(epoch_dataset, position, weighted)).prefetch(tf.data.AUTOTUNE)
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
-    position.steps, position.replicas_per_worker = plans[0].steps, plans[0].replicas_per_worker
     position.layout, position.plan, position.num_elements = layout_of(plans[0]), plans[0], sizes.num_elements
     if elastic is not None:
         position.layout.update(scale_lr=True, learning_rate_factor=elastic.learning_rate_factor(topology.num_workers))
