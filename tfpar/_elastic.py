@@ -20,10 +20,10 @@ import subprocess
 from collections import Counter
 
 from tfpar._checks import check_choice, check_int, check_number
-from tfpar._task_env import ELASTIC_VARIABLE, GROW_REQUEST
+from tfpar._task_env import BACKUP_MARK, ELASTIC_VARIABLE, FAULT_TOLERANCE_MARK, GROW_REQUEST
 
-__all__ = ["DISCOVERY_PERIOD_SECONDS", "ELASTIC_BATCHES", "SCALING_RULES", "Discovery", "ElasticBatch", "Membership",
-           "MembershipChange", "change_line", "parse_host_lines", "rule_factor", "withdraw"]
+__all__ = ["DISCOVERY_PERIOD_SECONDS", "ELASTIC_BATCHES", "SCALING_RULES", "Discovery", "ElasticBatch", "GrowRequest",
+           "Membership", "MembershipChange", "change_line", "parse_host_lines", "rule_factor"]
 
 DISCOVERY_PERIOD_SECONDS = 1.0
 """How often a running elastic job asks discovery again (Horovod's period too)."""
@@ -192,12 +192,47 @@ def change_line(before: list, after: list, world_size: int, unit: str = "workers
         (f" ({'; '.join(parts)})" if parts else "") + f"; world size {world_size}"
 
 
-def withdraw(state: str) -> None:
-    """Removes an elastic launch's grow request from its folder ``state``: FaultTolerance's chief stops waiting."""
-    try:
-        os.remove(os.path.join(state, GROW_REQUEST))
-    except FileNotFoundError:
-        pass
+class GrowRequest:
+    """An elastic launch's request to FaultTolerance's chief, whose launch folder is ``state``, for a backup to grow
+    the job from (`GROW_REQUEST`): after its next backup the chief marks it (`BACKUP_MARK`) and waits to be
+    stopped. Made with none standing; ``say`` prints the launcher's lines."""
+
+    def __init__(self, state: str, say) -> None:
+        self.state, self.say = state, say
+        self.requested: float | None = None
+        """The request's time, once written."""
+        self.said_no_backup = False
+        self.withdraw()
+
+    def ask(self, what: str) -> None:
+        """Asks for the backup, once, saying ``what`` came; a command that makes no FaultTolerance backup is not
+        asked (a restart would start training over), which is said once."""
+        if self.requested is not None:
+            return
+        if not os.path.exists(os.path.join(self.state, FAULT_TOLERANCE_MARK)):
+            if not self.said_no_backup:
+                self.say("not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a restart "
+                         "would start training over")
+                self.said_no_backup = True
+            return
+        request = os.path.join(self.state, GROW_REQUEST)
+        with open(request, "w"):
+            pass
+        self.requested = os.path.getmtime(request)
+        self.say(f"{what}; growing the job after its next backup")
+
+    def backed_up(self) -> bool:
+        """Whether the chief has marked a backup since the request (False with none standing)."""
+        mark = os.path.join(self.state, BACKUP_MARK)
+        return self.requested is not None and os.path.exists(mark) and os.path.getmtime(mark) >= self.requested
+
+    def withdraw(self) -> None:
+        """Removes the request: the chief stops waiting."""
+        try:
+            os.remove(os.path.join(self.state, GROW_REQUEST))
+        except FileNotFoundError:
+            pass
+        self.requested = None
 
 
 SCALING_RULES = ("linear", "sqrt")

@@ -30,10 +30,9 @@ import socket
 import tempfile
 import time
 
-from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, ElasticBatch, Membership, MembershipChange, withdraw
+from tfpar._elastic import DISCOVERY_PERIOD_SECONDS, Discovery, ElasticBatch, GrowRequest, Membership, MembershipChange
 from tfpar._processes import LaunchError
-from tfpar._task_env import (BACKUP_MARK, ELASTIC_VARIABLE, FAULT_TOLERANCE_MARK, GROW_REQUEST, RESTART_VARIABLE,
-                             STATE_VARIABLE)
+from tfpar._task_env import ELASTIC_VARIABLE, RESTART_VARIABLE, STATE_VARIABLE
 from tfpar.launch import LaunchOptions, _local_job, _run_tasks, warn_without_backup
 
 __all__ = ["run_elastic"]
@@ -56,7 +55,6 @@ def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, mem
             if change:
                 options.say(f"{change} at {time.monotonic() - start:.1f} s")
             cluster, tasks = _local_job({"worker": len(slots)})
-            withdraw(state)  # a new job: nobody waits
             watch = _Watch(discovery, membership, state, options)
             told = ElasticBatch(membership.reference, membership.min_workers, batch)
             run = dataclasses.replace(options, watch=watch, env={
@@ -104,16 +102,13 @@ class _Watch:
     that backup is marked."""
 
     def __init__(self, discovery, membership, state, options):
-        self.discovery, self.membership, self.state, self.options = discovery, membership, state, options
+        self.discovery, self.membership, self.options = discovery, membership, options
         self.next_look = time.monotonic() + DISCOVERY_PERIOD_SECONDS
-        self.request = os.path.join(state, GROW_REQUEST)
-        self.requested = None  # the request's time, once written
-        self.said_no_backup = False
+        self.grow = GrowRequest(state, options.say)  # a new job: nobody waits
         self.said_error = None
 
     def __call__(self):
-        mark = os.path.join(self.state, BACKUP_MARK)
-        if self.requested is not None and os.path.exists(mark) and os.path.getmtime(mark) >= self.requested:
+        if self.grow.backed_up():
             raise MembershipChange(f"{self.more} more worker slot(s) and a backup to start them from")
         if time.monotonic() < self.next_look:
             return
@@ -133,23 +128,9 @@ class _Watch:
             raise MembershipChange(f"{', '.join(gone)} left {self.discovery.source}")
         self.more = len(slots) - len(members)
         if self.more <= 0:
-            if self.requested is not None:
-                withdraw(self.state)
-                self.requested = None
-            return
-        if self.requested is not None:
-            return
-        if not os.path.exists(os.path.join(self.state, FAULT_TOLERANCE_MARK)):
-            if not self.said_no_backup:
-                self.options.say("not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a "
-                                 "restart would start training over")
-                self.said_no_backup = True
-            return
-        with open(self.request, "w"):
-            pass
-        self.requested = os.path.getmtime(self.request)
-        self.options.say(f"{self.more} more worker slot(s) in {self.discovery.source}; growing the job after "
-                         "its next backup")
+            self.grow.withdraw()
+        else:
+            self.grow.ask(f"{self.more} more worker slot(s) in {self.discovery.source}")
 
 
 def run_elastic_nodes(command: list, options: LaunchOptions, *, master_addr: str, master_port: int,

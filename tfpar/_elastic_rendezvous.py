@@ -23,16 +23,14 @@ Pure Python: one JSON line a message each way (`tfpar._rendezvous.Link`), keepal
 
 import dataclasses
 import errno
-import os
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable
 
-from tfpar._elastic import change_line, withdraw
+from tfpar._elastic import GrowRequest, change_line
 from tfpar._rendezvous import Link, RendezvousError, address
-from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST
 
 __all__ = ["LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "Coordinator", "parse_nnodes"]
 
@@ -87,8 +85,8 @@ class Coordinator:
         self.pending: list = []  # (link, host, since): connected, no hello yet
         self.members: list = []
         self.round, self.phase, self.since, self.last_join = -1, "forming", time.monotonic(), time.monotonic()
-        self.blamed = self.said_waiting = self.said_no_backup = False
-        self.requested = None  # the grow request's time
+        self.blamed = self.said_waiting = False
+        self.grow = GrowRequest(state, say)
         self.thread = threading.Thread(target=self._serve, daemon=True, name="tfpar-elastic-rendezvous")
         self.thread.start()
 
@@ -242,7 +240,7 @@ class Coordinator:
             self.said_waiting = True
 
     def _start(self, nodes):
-        self._withdraw()  # a new round: nobody waits
+        self.grow.withdraw()  # a new round: nobody waits
         self.round += 1
         before = [a.name for a in self.members]
         workers = [address(a.host, p) for a in nodes for p in a.ports]
@@ -261,28 +259,11 @@ class Coordinator:
             return self._end({"exit": 0})
         waiting = [a for a in self.agents if a not in self.members]
         if not waiting or len(self.members) >= self.high:
-            return self._withdraw()
-        mark = os.path.join(self.state, BACKUP_MARK)
-        if self.requested is not None:
-            if os.path.exists(mark) and os.path.getmtime(mark) >= self.requested:
-                self._stop(f"{', '.join(a.name for a in waiting)} joined, and the chief backed up to start from")
-            return
-        if not os.path.exists(os.path.join(self.state, FAULT_TOLERANCE_MARK)):
-            if not self.said_no_backup:
-                self.say("not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a restart "
-                         "would start training over")
-                self.said_no_backup = True
-            return
-        request = os.path.join(self.state, GROW_REQUEST)
-        with open(request, "w"):
-            pass
-        self.requested = os.path.getmtime(request)
-        self.say(f"{', '.join(a.name for a in waiting)} joined; growing the job after its next backup")
-
-    def _withdraw(self):
-        if self.requested is not None:
-            withdraw(self.state)
-            self.requested = None
+            return self.grow.withdraw()
+        names = ", ".join(a.name for a in waiting)
+        if self.grow.backed_up():
+            return self._stop(f"{names} joined, and the chief backed up to start from")
+        self.grow.ask(f"{names} joined")
 
     def _end(self, message):
         for agent in sorted(self.agents, key=lambda a: a.own):  # the hosting agent last: it exits once told

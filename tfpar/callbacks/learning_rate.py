@@ -20,7 +20,6 @@ __all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosin
            "exponential_decay", "rescale_learning_rate", "scaled_learning_rate", "step_decay"]
 
 
-
 def scaled_learning_rate(base_learning_rate: float, global_batch: float, base_batch: float = 1,
                          rule: str = "linear") -> float:
     """The learning rate for ``global_batch`` of a rate tuned at ``base_batch``, by a scaling rule.
