@@ -52,6 +52,8 @@ class ParallelismSpec:
     """"pipeline": each stage split over this many devices (``plan="auto"``)."""
     zero_stage: int = 0
     """"data_parallel" and "horovod": the optimizer state sharded over the replicas (ZeRO stage 1 or 2)."""
+    gradient_accumulation_steps: int = 1
+    """"data_parallel" and "horovod": each replica's gradients summed over this many steps, applied once."""
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
@@ -65,6 +67,12 @@ class ParallelismSpec:
                 f"zero_stage shards the optimizer state of data_parallel's and horovod's replicas. Received: strategy "
                 f"{self.kind!r} with zero_stage={self.zero_stage}. Use --strategy data_parallel or horovod, or leave "
                 "zero_stage out.")
+        if self.gradient_accumulation_steps != 1 and self.kind not in ("data_parallel", "horovod"):
+            raise ValueError(
+                f"gradient_accumulation_steps accumulates data_parallel's and horovod's gradients. Received: strategy "
+                f"{self.kind!r} with gradient_accumulation_steps={self.gradient_accumulation_steps}. Use --strategy "
+                "data_parallel or horovod, or leave it at 1.")
+        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
         check_int("replicas", self.replicas, 1)
         check_int("microbatches", self.microbatches, 1)
         check_int("tensor_parallel", self.tensor_parallel, 1)
@@ -76,6 +84,9 @@ class ParallelismSpec:
         if self.num_packs:  # the one-host all-reduce that packs on any device
             options["all_reduce"] = "hierarchical"
         options.update({"zero_stage": self.zero_stage} if self.zero_stage else {})
+        if self.gradient_accumulation_steps > 1:
+            name = "backward_passes_per_step" if self.kind == "horovod" else "gradient_accumulation_steps"
+            options[name] = self.gradient_accumulation_steps
         return options
 
     def _pipeline_options(self):

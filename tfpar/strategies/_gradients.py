@@ -17,16 +17,17 @@ import threading
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras_of, tf
+from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._microbatches import elastic_microbatches, split_into_microbatches
 
 __all__ = ["COMPRESSIONS", "GRADIENT_CHECKS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction",
-           "check_compression", "compress",
+           "check_compression", "compress", "count_updates",
            "decompress", "gradient_variables", "mark_keras3_gradient_reduction", "marked_variables"]
 
 COMPRESSIONS = ("none", "bf16", "fp16")
 """Gradient compression on the wire: "bf16" keeps float32's range with 8 bits of mantissa; "fp16"
-keeps 11 bits in a range up to 65504 (loss scaling keeps scaled gradients in it)."""
-_WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
+keeps 11 bits in a range up to 65504 (loss scaling keeps scaled gradients in it). A sparse gradient
+(an Embedding's) sends its rows in 16 bits and its indices as they are (`tfpar.strategies._sparse`)."""
 
 _log = logging.getLogger(__name__)
 
@@ -51,26 +52,28 @@ def check_compression(value, op=None):
     return value
 
 
-def _cast(value, dtype):
+def _cast(value, dtype, compression):
     # On the value's own device: the strategy's batch reduction packs its values together only
     # when their devices match their destinations'.
     with tf.device(value.device):
-        if isinstance(value, tf.IndexedSlices):
-            return tf.IndexedSlices(tf.cast(value.values, dtype), value.indices, value.dense_shape)
+        if sparse.is_sparse(value):
+            if value.dtype == tf.float32:
+                return sparse.to_wire(value, compression)
+            return sparse.from_wire(value, compression, dtype)
         return tf.cast(value, dtype)
 
 
 def compress(tensors, compression):
     """``tensors`` (dense or IndexedSlices) cast for the wire; float32 only, others as they are."""
-    wire = _WIRE_DTYPES.get(compression)
+    wire = sparse.WIRE_DTYPES.get(compression)
     if wire is None:
         return list(tensors)
-    return [_cast(t, wire) if t.dtype == tf.float32 else t for t in tensors]
+    return [_cast(t, wire, compression) if t.dtype == tf.float32 else t for t in tensors]
 
 
-def decompress(tensors, originals):
-    """``tensors`` back in their ``originals``' dtypes."""
-    return [t if t.dtype == o.dtype else _cast(t, o.dtype) for t, o in zip(tensors, originals)]
+def decompress(tensors, originals, compression):
+    """``tensors``, reduced after `compress`, back in their ``originals``' dtypes."""
+    return [t if t.dtype == o.dtype else _cast(t, o.dtype, compression) for t, o in zip(tensors, originals)]
 
 
 def gradient_variables(reduce_op, value_destination_pairs):
@@ -127,6 +130,15 @@ def mark_keras3_gradient_reduction(model, arguments=None):
             object.__setattr__(each, "_all_reduce_sum_gradients", _marking(each._all_reduce_sum_gradients))
 
 
+def count_updates(model, arguments=None):
+    """After ``compile`` under gradient accumulation: the optimizer's ``iterations`` counts updates
+    (`GradientAccumulator.count_updates`)."""
+    accumulator = getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(accumulator, GradientAccumulator) and optimizer is not None:
+        accumulator.count_updates(optimizer)
+
+
 def _steps_per_epoch(arguments):
     """The steps ``fit`` takes per epoch, where its arguments say (else None)."""
     if arguments.get("steps_per_epoch"):
@@ -160,8 +172,8 @@ def warn_about_remainder(model, arguments):
 
 
 
-GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("fit", "before", warn_about_remainder),
-                   ("fit", "before", split_into_microbatches))
+GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("compile", "after", count_updates),
+                   ("fit", "before", warn_about_remainder), ("fit", "before", split_into_microbatches))
 """The model checks of a strategy whose replicas compress or accumulate their gradients."""
 
 
@@ -170,8 +182,11 @@ class GradientAccumulator:
 
     Every step adds each replica's gradients to buffers on its device; every N-th step the
     buffers' averages are all-reduced, the optimizer applies them, and the buffers are cleared.
-    On the other steps nothing is sent and the optimizer's variable updates are skipped (its
-    ``iterations`` still counts every step, as in Horovod and Keras 3's own accumulation).
+    On the other steps nothing is sent and the optimizer's variable updates are skipped, its
+    ``iterations`` included (`count_updates`): it counts updates, as Keras 3's own accumulation's
+    ``iterations``, PyTorch's and DeepSpeed's optimizer steps do, so that Adam's bias correction and
+    a learning-rate schedule see one step of N times the batch. (Horovod's backward_passes_per_step
+    counts every step: Adam then trains otherwise than on the N-times batch.)
     """
 
     def __init__(self, steps):
@@ -180,6 +195,7 @@ class GradientAccumulator:
         self._counter = self._start = None
         self.boundary = None  # the current step's "apply now" flag, while tracing it
         self.targets = set()  # refs of the variables that flag governs
+        self.counters = set()  # refs of the optimizers' step counters, which it governs too
 
     def _buffer(self, var, device):
         key = (var.ref(), device)
@@ -255,9 +271,20 @@ class GradientAccumulator:
         self.targets = {v.ref() for v in variables}
         return tf.cond(boundary, reduce_and_clear, lambda: [tf.zeros_like(b) for b in flat])
 
+    def count_updates(self, optimizer):
+        """``optimizer``'s ``iterations`` (and those of the one a loss-scale optimizer wraps) move at
+        the boundaries only."""
+        for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+            for name in ("iterations", "_iterations"):
+                counter = getattr(each, name, None)
+                if counter is not None and not isinstance(counter, tf.Variable):
+                    counter = getattr(counter, "value", None)  # Keras 3 wraps a tf.Variable
+                if isinstance(counter, tf.Variable):
+                    self.counters.add(counter.ref())
+
     def governs(self, var):
         """Whether the update of ``var`` is skipped between boundaries."""
-        return self.boundary is not None and var.ref() in self.targets
+        return self.boundary is not None and (var.ref() in self.targets or var.ref() in self.counters)
 
 
 class AccumulatedUpdates:
@@ -300,7 +327,7 @@ class GradientReduction(AccumulatedUpdates):
         wire = [_compat.PerReplica(tuple(compress(parts, self._compression))) for parts in per_replica]
         reduced = super()._batch_reduce_to(
             reduce_op, [(w, d) for w, (_, d) in zip(wire, value_destination_pairs)], options)
-        return [_compat.mirrored(tuple(decompress(self._parts(r), parts)))
+        return [_compat.mirrored(tuple(decompress(self._parts(r), parts, self._compression)))
                 for r, parts in zip(reduced, per_replica)]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):

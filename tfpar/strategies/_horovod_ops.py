@@ -4,6 +4,7 @@ ZeRO's reduce-scatter and all-gather over the ranks (gradient accumulation, shar
 
 from tfpar import _compat
 from tfpar._keras import tf
+from tfpar.strategies import _sparse as sparse
 
 __all__ = ["XLA_OPS_BUILT", "HorovodAllReduce", "HorovodChunks", "uses_nccl_reducescatter"]
 
@@ -26,6 +27,7 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         self._size = hvd.size()
         self._compression = hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
         self._bf16 = config.compression == "bf16"
+        self._wire = None if config.compression == "none" else config.compression
         self._op = config.op
 
     def _local(self, value):
@@ -56,6 +58,19 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         sizes = [t.shape.num_elements() for t in tensors]
         return [tf.cast(tf.reshape(part, t.shape), t.dtype) for part, t in zip(tf.split(total, sizes), tensors)]
 
+    def _allgather_sparse(self, slices, args):
+        """A sparse gradient's all-reduce with compression: every rank's rows in 16 bits (bf16 as its
+        bits: Horovod takes no bf16) and their indices, gathered; the rows back in float32, where the
+        optimizer sums them."""
+        hvd = self._hvd
+        wire = sparse.to_wire(slices, self._wire, carrier=tf.int16)
+        values = hvd.allgather(wire.values)
+        indices = hvd.allgather(wire.indices)
+        gathered = sparse.from_wire(tf.IndexedSlices(values, indices, slices.dense_shape), self._wire, slices.dtype)
+        if args["op"] == hvd.Average:
+            return tf.IndexedSlices(gathered.values / self._size, gathered.indices, gathered.dense_shape)
+        return gathered
+
     def allreduce(self, reduce_op, tensors, gradients=False):
         """All-reduces a list of local tensors (dense or IndexedSlices) across ranks; ``gradients``:
         they are the optimizer's gradients (scaled for Sum and Adasum, and compressed)."""
@@ -74,7 +89,9 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         for i, t in enumerate(tensors):
             if isinstance(t, tf.IndexedSlices) and "prescale_factor" in args:
                 t = tf.convert_to_tensor(t)  # Horovod scales dense tensors only
-            if isinstance(t, tf.IndexedSlices) or args["op"] == hvd.Adasum:
+            if isinstance(t, tf.IndexedSlices) and gradients and self._wire is not None:
+                out[i] = self._allgather_sparse(t, args)
+            elif isinstance(t, tf.IndexedSlices) or args["op"] == hvd.Adasum:
                 # hvd.grouped_allreduce fails for Adasum in 0.28.1 (it reads an
                 # unbound name on that path); one allreduce per tensor works.
                 out[i] = hvd.allreduce(t, compression=compression, **args)
@@ -120,9 +137,10 @@ class HorovodChunks:
         self.size, self.owned = ops._size, [ops._hvd.rank()]
         self.nccl = uses_nccl_reducescatter(device, ops._hvd.nccl_built())
 
-    def reduce_scatter(self, flat, c, summed):
+    def reduce_scatter(self, flat, c, summed, name=None):
         """This rank's flat gradients -> ``([its chunk of their sum over the ranks], [bytes sent])``;
-        already summed ones are only cut."""
+        already summed ones are only cut. ``name``: the collective's, one per reduce-scatter of a step."""
+        name = name or "tfpar_zero_gradients"
         hvd, (j,) = self.ops._hvd, self.owned
         if summed or self.size == 1:
             return [flat[0][j * c:(j + 1) * c]], [0]
@@ -130,10 +148,10 @@ class HorovodChunks:
         fp16 = self.ops._compression is hvd.Compression.fp16
         width = 2 if fp16 or self.ops._bf16 else 4
         if self.nccl and not self.ops._bf16:
-            mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name="tfpar_zero_gradients", **args)
+            mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name=name, **args)
             return [mine], [width * c * (self.size - 1)]
         sent = tf.cast(flat[0], tf.float16 if fp16 else tf.bfloat16 if self.ops._bf16 else tf.float32)
-        got = hvd.alltoall(tf.bitcast(sent, tf.int16) if self.ops._bf16 else sent, name="tfpar_zero_gradients")
+        got = hvd.alltoall(tf.bitcast(sent, tf.int16) if self.ops._bf16 else sent, name=name)
         got = tf.bitcast(got, tf.bfloat16) if self.ops._bf16 else got
         mine = tf.reduce_sum(tf.cast(tf.reshape(got, [self.size, c]), tf.float32), 0)
         return [mine * args.get("prescale_factor", 1.0)], [width * c * (self.size - 1)]

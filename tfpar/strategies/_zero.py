@@ -25,9 +25,11 @@ import math
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int
 from tfpar._keras import is_keras3, tf
-from tfpar.optimizers import LAMB, LARS
+from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._zero_comms import chunks_for
+from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
+from tfpar.strategies._zero_rules import RULES, sharding_refusal
 
 __all__ = ["RULES", "ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state",
            "sharding_refusal"]
@@ -35,35 +37,9 @@ __all__ = ["RULES", "ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shar
 ZERO_STAGES = (0, 1, 2)
 """0: every replica holds the whole optimizer state; 1: each holds the slots of its chunk; 2: also
 only its chunk of the reduced gradients (the same as 1 without accumulation)."""
-RULES = ("SGD", "Adam", "AdamW")
-"""The optimizers whose update is element by element, so that a chunk updates as the whole would."""
-
-
 def check_zero_stage(stage):
     """A strategy config's ``zero_stage``, checked."""
     return check_choice("zero_stage", check_int("zero_stage", stage, 0), ZERO_STAGES)
-
-
-def sharding_refusal(optimizer) -> str | None:
-    """Why ``optimizer`` cannot have its state sharded, or None."""
-    name = type(optimizer).__name__
-    module = type(optimizer).__module__.split(".")[0]
-    if isinstance(optimizer, (LARS, LAMB)):
-        return (f"{name} scales each layer's step by the layer's norms (its trust ratio), and a chunk holds parts of "
-                "several layers; train it with zero_stage=0")
-    if name not in RULES or module not in ("keras", "tf_keras"):
-        return (f"{type(optimizer).__module__}.{name} has no element-wise rule here ({', '.join(RULES)} "
-                "of either Keras have): a chunk of its parameters would not update as the whole does")
-    for option in ("use_ema", "clipnorm"):
-        if getattr(optimizer, option, None):
-            return (f"{option}={getattr(optimizer, option)!r} needs each whole variable (a chunk holds parts of "
-                    "several); use global_clipnorm= to clip, or zero_stage=0")
-    if getattr(optimizer, "gradient_accumulation_steps", None):
-        return ("the optimizer's own gradient_accumulation_steps; use DataParallel's "
-                "gradient_accumulation_steps with zero_stage=0, or none")
-    if getattr(optimizer, "loss_scale_factor", None):
-        return "loss_scale_factor; leave it None"
-    return None
 
 
 class ShardedOptimizer:
@@ -91,9 +67,10 @@ class ShardedOptimizer:
             self.slot_names = ["momentum"] if optimizer.momentum else []
         else:  # Adam, AdamW
             self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
+        self.moment_squares = is_keras3(optimizer) and self.name != "SGD"  # see tfpar.strategies._sparse
         # each local replica's slots, and its chunk's weight decay (1) or not (0)
         self.slots, self.decay_masks = [], [None] * len(self.devices)
-        decayed = [1.0 if _weight_decay(optimizer) and optimizer._use_weight_decay(v) else 0.0 for v in variables]
+        decayed = [1.0 if rules.weight_decay(optimizer) and optimizer._userules.weight_decay(v) else 0.0 for v in variables]
         self.decay_all = bool(decayed) and min(decayed) == 1.0
         with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
             mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
@@ -140,22 +117,51 @@ class ShardedOptimizer:
         return self.strategy.experimental_local_results(value)[k]
 
     def _flat(self, tensors):
-        return tf.pad(tf.concat([tf.reshape(t, [-1]) for t in tensors], 0), [[0, self.padding]])
+        """``tensors`` (one per variable, in order) as one flat vector padded to N chunks."""
+        parts = [tf.reshape(t, [size]) for t, size in zip(tensors, self.sizes)]
+        return tf.pad(tf.concat(parts, 0), [[0, self.padding]])
+
+    def _gradients(self, grads, k, of=sparse.dense):
+        """Local replica ``k``'s flat gradients (``of`` each: summed rows, or their squares)."""
+        return self._flat([tf.zeros(v.shape) if g is None else of(self._local(g, k), v.shape)
+                           for g, v in zip(grads, self.variables)])
+
+    def _squared_rows(self, grads):
+        """Whether this step needs a sparse gradient's sums of squared rows (`tfpar.strategies._sparse`):
+        Keras 3's Adam or a global norm takes them where rows are not accumulated."""
+        rows = [g is not None and sparse.is_sparse(self._local(g, 0)) for g in grads]
+        if any(rows) and getattr(self.optimizer, "clipvalue", None):
+            raise ValueError(
+                f"zero_stage={self.stage} cannot clip a sparse gradient by value: the optimizer clips each "
+                "looked-up row before duplicates are summed, and a chunk holds the summed rows. Received: "
+                f"clipvalue={self.optimizer.clipvalue!r} with an Embedding's (sparse) gradient. Use "
+                "global_clipnorm=, or zero_stage=0.")
+        uses = self.moment_squares or getattr(self.optimizer, "global_clipnorm", None)
+        if not (any(rows) and uses and self.window == 1):
+            return None
+        return [1.0 if r else 0.0 for r in rows]
 
     def _step(self, strategy, grads, summed=False):
-        flat = []
+        rows = self._squared_rows(grads)
+        flat, squares = [], []
         for k, device in enumerate(self.devices):
             with tf.device(device):
-                flat.append(self._flat([tf.zeros(v.shape) if g is None else tf.convert_to_tensor(self._local(g, k))
-                                        for g, v in zip(grads, self.variables)]))
+                flat.append(self._gradients(grads, k))
+                if rows is not None:
+                    squares.append(self._gradients(grads, k, sparse.row_squares))
         if self.window == 1:
-            writes = self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed))
+            chunks, sent = self.comm.reduce_scatter(flat, self.chunk, summed)
+            if rows is not None:
+                squares, more = self.comm.reduce_scatter(squares, self.chunk, summed, "tfpar_zero_row_squares")
+                sent = [a + b for a, b in zip(sent, more)]
+                squares = list(zip(squares, self._chunks_of(rows)))
+            writes = self._counted(self._apply(chunks, sent, squares or None))
         elif self.strategy_accumulates:
             # a tf_keras loss-scale optimizer reduced them through the strategy, which accumulates them
             # (its sums, all-reduced at its boundary, zeros between): applied at its boundary only
             def apply_summed():
-                with tf.control_dependencies(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed))):
-                    return tf.constant(True)
+                self._counted(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed)))
+                return tf.constant(True)
 
             writes = [tf.cond(strategy.extended._accumulator.boundary, apply_summed, lambda: tf.constant(False))]
         else:  # accumulated: stage 1 sums each replica's gradients, stage 2 the reduced chunks; applied every window-th step
@@ -168,27 +174,41 @@ class ShardedOptimizer:
                 means = [b.read_value() / self.window for b in self.accumulated]
                 applied = self._apply(*self.comm.reduce_scatter(means, self.chunk, summed)) if self.stage == 1 else \
                     self._apply(means, sent)
-                with tf.control_dependencies(applied):
+                with tf.control_dependencies(self._counted(applied)):
                     cleared = [b.assign(tf.zeros_like(b)) for b in self.accumulated]
                 with tf.control_dependencies(cleared):
                     return tf.constant(True)
 
             writes = [tf.cond(boundary, apply, lambda: tf.constant(False))]
         with tf.control_dependencies(writes):
-            return self.optimizer.iterations.assign_add(1)
+            return tf.identity(self.optimizer.iterations)
 
-    def _apply(self, chunks, sent):
+    def _counted(self, writes):
+        """``writes`` of an update, then the optimizer's ``iterations`` counting it: it counts updates,
+        so an accumulated window's bias correction and schedule are one step's of its whole batch."""
+        with tf.control_dependencies(writes):
+            return [self.optimizer.iterations.assign_add(1)]
+
+    def _chunks_of(self, values):
+        """This process's chunks of the flat vector of ``values`` (one number per variable)."""
+        whole = self._flat([tf.fill([size], value) for size, value in zip(self.sizes, values)])
+        return [whole[j * self.chunk:(j + 1) * self.chunk] for j in self.comm.owned]
+
+    def _apply(self, chunks, sent, squares=None):
         """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their reduce-scatter
-        sent), all-gathered into every local copy of the weights; returns the writes."""
+        sent; ``squares``: each chunk's sums of squared sparse rows and where they apply, or None),
+        all-gathered into every local copy of the weights; returns the writes."""
         c = self.chunk
-        chunks = self._clipped(chunks)
+        chunks, squares = rules.clipped(self.optimizer, chunks, squares, self.comm.total)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)
         updated = []
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
             with tf.device(device):
                 params = self._flat([self._local(v, k) for v in self.variables])[j * c:(j + 1) * c]
-                updated.append(self._rule(k, params, chunks[k], lr, step))
+                square = rules.squared(chunks[k], squares[k] if squares and self.moment_squares else None)
+                updated.append(rules.update(self.optimizer, self.slots[k], params, chunks[k], square, lr, step,
+                                            self.decay_masks[k], self.decay_all))
         wholes, gathered = self.comm.all_gather(updated)
         writes = []
         for k, device in enumerate(self.devices):
@@ -197,39 +217,6 @@ class ShardedOptimizer:
                     writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
         self.sent_bytes = [a + b for a, b in zip(sent, gathered)]  # per local replica and update, from the shapes
         return writes
-
-    def _clipped(self, chunks):
-        o = self.optimizer
-        if getattr(o, "clipvalue", None):
-            chunks = [tf.clip_by_value(g, -o.clipvalue, o.clipvalue) for g in chunks]
-        if getattr(o, "global_clipnorm", None):  # the norm over every replica's chunk
-            norm = tf.sqrt(self.comm.total([tf.reduce_sum(tf.square(g)) for g in chunks]))
-            scale = o.global_clipnorm / tf.maximum(norm, o.global_clipnorm)
-            chunks = [g * scale for g in chunks]
-        return chunks
-
-    def _rule(self, k, p, g, lr, step):
-        """The optimizer's update of local replica ``k``'s chunk ``p`` (its weight decay first, as both Kerases do)."""
-        o, slots = self.optimizer, self.slots[k]
-        decay = _weight_decay(o)
-        if decay and self.decay_masks[k] is not None:
-            p = p - p * decay * lr * self.decay_masks[k]
-        elif self.decay_all:
-            p = p - p * decay * lr
-        if self.name == "SGD":
-            if not o.momentum:
-                return p - g * lr
-            m = slots["momentum"].assign(slots["momentum"] * o.momentum - g * lr)
-            return p + (m * o.momentum - g * lr if o.nesterov else m)
-        b1, b2 = tf.cast(o.beta_1, tf.float32), tf.cast(o.beta_2, tf.float32)
-        b1_power, b2_power = tf.pow(b1, step), tf.pow(b2, step)
-        alpha = lr * tf.sqrt(1 - b2_power) / (1 - b1_power)
-        epsilon = o.epsilon * tf.sqrt(1 - b2_power) if getattr(o, "adaptive_epsilon", False) else o.epsilon
-        m = slots["m"].assign_add((g - slots["m"]) * (1 - b1))
-        v = slots["v"].assign_add((tf.square(g) - slots["v"]) * (1 - b2))
-        if "v_hat" in slots:
-            v = slots["v_hat"].assign(tf.maximum(slots["v_hat"], v))
-        return p - (m * alpha) / (tf.sqrt(v) + epsilon)
 
     def plain_slots(self) -> list:
         """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both
@@ -282,10 +269,6 @@ def _window(strategy):
     (DataParallel's and Horovod's option, times an elastic job's micro-batches)."""
     accumulator = getattr(getattr(strategy, "extended", None), "_accumulator", None)
     return accumulator.steps if accumulator is not None else 1
-
-
-def _weight_decay(optimizer):
-    return float(getattr(optimizer, "weight_decay", None) or 0.0)
 
 
 def shard_optimizer_state(model, arguments=None):

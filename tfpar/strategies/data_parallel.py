@@ -169,6 +169,7 @@ class DataParallel(Parallelism):
 
     config: DataParallelConfig
     num_replicas_in_sync: int  # tf.distribute.Strategy's, on the concrete classes
+    experimental_local_results: Any
     extended: Any
     _TF_BASE = ""
 
@@ -187,6 +188,26 @@ class DataParallel(Parallelism):
     def model_checks(self) -> tuple:
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
         return (*super().model_checks(), *GRADIENT_CHECKS, ("compile", "after", shard_optimizer_state))
+
+    def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
+        """`tf.distribute.Strategy.reduce`, also for a nest, for scalars with an axis, and for values
+        that cannot be summed.
+
+        Keras 3's ``fit`` reduces the first batch, a nest, with MEAN to build the model, and each
+        step's scalar metrics with ``axis=0`` (TensorFlow issue 72388). TensorFlow's multi-worker
+        reduce takes one tensor and refuses ``axis=0`` on a scalar; no strategy can add booleans (a
+        KerasHub model's ``padding_mask``). So a nest is reduced leaf by leaf, a scalar, which has no
+        axis to reduce along, across the replicas alone, and a boolean or string leaf is the first
+        local replica's (Keras only reads its shape).
+        """
+        if tf.nest.is_nested(value):
+            return tf.nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axis), value)
+        local = self.experimental_local_results(value)[0]
+        if tf.as_dtype(getattr(local, "dtype", tf.float32)) in (tf.bool, tf.string):
+            return local
+        if axis is not None and tf.TensorShape(getattr(local, "shape", ())).rank == 0:
+            axis = None
+        return super().reduce(reduce_op, value, axis)  # type: ignore[misc]  # the concrete classes' strategy
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """Returns a readable summary of the strategy.
@@ -297,22 +318,6 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
                 "it starts this worker's server. Create the strategy first, at "
                 f"the top of the script. (TensorFlow said: {e})"
             ) from None
-
-    def reduce(self, reduce_op, value, axis):
-        """`tf.distribute.Strategy.reduce`, also for a nest of values and for scalars with an axis.
-
-        TensorFlow's multi-worker reduce takes one tensor and refuses ``axis=0`` on a scalar;
-        MirroredStrategy takes both. Keras 3's ``fit`` relies on them (it reduces the first
-        batch, a nest, to build the model, and each step's scalar metrics with ``axis=0``;
-        TensorFlow issue 72388), so here a nest is reduced leaf by leaf, and a scalar, which
-        has no axis to reduce along, across the replicas alone, as MirroredStrategy does.
-        """
-        if tf.nest.is_nested(value):
-            return tf.nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axis), value)
-        local = self.experimental_local_results(value)[0]
-        if axis is not None and tf.TensorShape(getattr(local, "shape", ())).rank == 0:
-            axis = None
-        return super().reduce(reduce_op, value, axis)
 
     def _implementation(self):
         return ALL_REDUCES[self.config.all_reduce].multi_worker(_has_gpus())
