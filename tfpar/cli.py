@@ -102,6 +102,9 @@ def _parser():
                              "(default 1); tensor_parallel: the degree (default 2)")
     verify.add_argument("--tensor-parallel", type=_int, default=1, help="pipeline: each stage split over N devices")
     verify.add_argument("--zero-stage", type=_int, default=0, help="data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2)")
+    verify.add_argument("--paths", default=None,
+                        help="data_parallel, horovod: one row per gradient path instead ('all', or names: "
+                             "plain, bf16, fp16, zero1, zero2, accumulate, mixed_float16, pairs as bf16+zero1)")
     verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
     verify.add_argument("--batch-size", type=_int, default=None, help="global batch (default 32 per replica)")
     verify.add_argument("--tolerance", type=float, default=1e-5,
@@ -290,7 +293,7 @@ def _verify(args, command_line=None):
     model_fn, data_fn = load_function(args.model, "--model"), load_function(args.data, "--data")
     report = verify(model_fn, data_fn, strategy=args.strategy, replicas=args.replicas, steps=args.steps,
                     global_batch_size=args.batch_size, tolerance=args.tolerance, seed=args.seed,
-                    tensor_parallel=args.tensor_parallel, zero_stage=args.zero_stage)
+                    tensor_parallel=args.tensor_parallel, zero_stage=args.zero_stage, paths=args.paths)
     if report.chief:  # one report per job
         print(report.describe(), flush=True)
     return 0 if report.passed else 1

@@ -24,18 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._factory import STRATEGIES, ParallelismSpec
 from tfpar._parallelism import check_model_fn
-from tfpar.quantization import _exact_ranges as exact_ranges
+from tfpar.verify._causes import causes, loss_scale_finding
 
 __all__ = ["VariableDifference", "VerifyReport", "load_function", "verify"]
-
-_RANDOM_LAYERS = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianDropout",
-                  "GaussianNoise", "AlphaDropout", "RandomFlip", "RandomRotation", "RandomZoom",
-                  "RandomTranslation", "RandomCrop", "RandomContrast", "RandomBrightness")
-
 
 @dataclasses.dataclass(frozen=True)
 class VariableDifference:
@@ -111,7 +105,8 @@ def load_function(spec: str, parameter: str) -> Callable:
 
 def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy: str = "data_parallel",
            replicas: int | None = None, steps: int = 10, global_batch_size: int | None = None,
-           tolerance: float = 1e-5, seed: int = 0, tensor_parallel: int = 1, zero_stage: int = 0) -> "VerifyReport":
+           tolerance: float = 1e-5, seed: int = 0, tensor_parallel: int = 1, zero_stage: int = 0,
+           paths: Any = None) -> Any:
     """Trains ``steps`` steps on one replica and under ``strategy``; returns a `VerifyReport`.
 
     Args:
@@ -128,6 +123,9 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
         steps: steps on each side, >= 1.
         tensor_parallel: "pipeline": each stage split over this many devices (``plan="auto"``).
         zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2).
+        paths: "data_parallel", "horovod": instead of one comparison, one per gradient path
+            ("all", or names of `tfpar.verify._paths.PATHS`, a list or comma-separated); returns a
+            `tfpar.verify._paths.PathsReport` of one row per path.
         global_batch_size: examples per step (default 32 per replica).
         tolerance: the largest absolute difference a variable may show, > 0.
         seed: the Keras seed before each build.
@@ -157,6 +155,8 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
     if tensor_parallel != 1 and strategy != "pipeline":
         raise ValueError(f"tensor_parallel splits a pipeline's stages. Received: tensor_parallel={tensor_parallel} with "
                          f"strategy {strategy!r}. Use --strategy pipeline, or --strategy tensor_parallel alone.")
+    if paths is not None:
+        return _verify_paths(model_fn, data_fn, strategy, replicas, steps, global_batch_size, tolerance, seed, paths)
     if strategy == "pipeline":
         spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time", tensor_parallel=tensor_parallel)
     else:
@@ -165,12 +165,36 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
     return _Comparison(model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed).run()
 
 
+def _verify_paths(model_fn, data_fn, strategy, replicas, steps, global_batch_size, tolerance, seed, paths):
+    """`verify` of each gradient path (`tfpar.verify._paths`), the one-replica runs shared."""
+    from tfpar.verify._paths import PathsReport, compare_paths
+
+    if strategy not in ("data_parallel", "horovod"):
+        raise ValueError(f"paths are the gradient paths of data_parallel and horovod. Received: strategy "
+                         f"{strategy!r} with paths={paths!r}. Use --strategy data_parallel or horovod.")
+    references: dict = {}
+
+    def compare(path):
+        parallelism = ParallelismSpec(kind=strategy, devices=replicas, **path.options()).build()
+        comparison = _Comparison(model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed,
+                                 path.accumulation, references)
+        return comparison.run(), comparison.weights
+
+    rows, description, chief = compare_paths(paths, compare, tolerance)
+    return PathsReport(description, steps, rows, chief)
+
+
 class _Comparison:
-    def __init__(self, model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed):
+    def __init__(self, model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed, accumulation=1,
+                 references=None):
+        """``accumulation``: the parallelism applies every that many steps, so the one-replica run takes
+        steps of that many global batches; ``references``: one-replica runs kept for other comparisons."""
         self.model_fn, self.data_fn, self.parallelism = model_fn, data_fn, parallelism
         self.steps, self.tolerance, self.seed = steps, tolerance, seed
         self.replicas = parallelism.num_replicas_in_sync
         self.batch = global_batch_size or 32 * self.replicas
+        self.accumulation = accumulation
+        self.references = {} if references is None else references
         check_int("global_batch_size", self.batch, 1)
 
     def run(self):
@@ -190,17 +214,15 @@ class _Comparison:
             return tf.data.Dataset.from_tensor_slices(arrays)
 
         padded = count % self.batch  # real examples in a padded last step (0: none padded)
-        reference = self._build_reference()
-        start = reference.get_weights()
-        ref_history = reference.fit(examples().batch(self.batch), epochs=1, steps_per_epoch=steps, shuffle=False,
-                                    verbose=0).history
+        reference, start, ref_history = self._reference(examples, steps)
         model, trained = self._build_distributed(start)
         from tfpar.data import distribute
 
         train = distribute(examples, self.parallelism, self.batch)
         history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, shuffle=False,
                             verbose=0).history
-        layer_causes, anywhere = self._causes(reference, padded)
+        self.weights = (start, reference.get_weights(), trained())  # for a path's row
+        layer_causes, anywhere = causes(reference, self.parallelism, self.batch, padded, self.accumulation)
         variables = []
         for variable, mine, theirs in zip(reference.weights, reference.get_weights(), trained()):
             own = layer_causes.get(id(variable), [])
@@ -208,10 +230,32 @@ class _Comparison:
                 getattr(variable, "path", None) or variable.name,
                 float(np.max(np.abs(np.asarray(mine, np.float64) - np.asarray(theirs, np.float64)), initial=0.0)),
                 tuple(own + [c for c in anywhere if c not in own])))
-        findings = _loss_scale_finding(reference.optimizer, model.optimizer)
+        findings = loss_scale_finding(reference.optimizer, model.optimizer)
         if all(v.max_difference <= self.tolerance for v in variables):  # else the metrics follow the weights
             findings += self._metrics(ref_history, history, padded)
         return VerifyReport(description, steps, self.tolerance, tuple(variables), tuple(findings), chief)
+
+    def _reference(self, examples, steps):
+        """The one-replica model, its initial weights and its history, trained (once per global batch
+        and precision policy: kept in ``references``)."""
+        from tfpar.precision import current
+
+        key = (self.batch * self.accumulation, steps, current())
+        if key not in self.references:
+            if steps % self.accumulation:
+                raise ValueError(
+                    f"{self.accumulation} accumulated steps are compared with one step of {self.accumulation} "
+                    f"global batches, so steps must be a multiple of {self.accumulation}. Received: "
+                    f"steps={steps}. Use steps={steps + self.accumulation - steps % self.accumulation}.")
+            reference = self._build_reference()
+            start = reference.get_weights()
+            batch, count = key[0], steps // self.accumulation
+            if self.accumulation > 1 and _accumulates_itself(reference, self.accumulation):
+                batch, count = self.batch, steps
+            history = reference.fit(examples().batch(batch), epochs=1, steps_per_epoch=count, shuffle=False,
+                                    verbose=0).history
+            self.references[key] = (reference, start, history)
+        return self.references[key]
 
     def _build_reference(self):
         _seed(self.seed)
@@ -246,47 +290,6 @@ class _Comparison:
             model.set_weights(start)
         return model, model.get_weights
 
-    def _causes(self, model, padded):
-        """{id(variable): [causes of its own layer]} and the model's causes for every variable."""
-        from tfpar._keras import all_layers, keras_of
-        from tfpar._topology import topology_of
-
-        k = keras_of(model)
-        microbatches = getattr(getattr(self.parallelism, "config", None), "num_microbatches", 1)
-        split = self.replicas > 1 or microbatches > 1
-        per = "microbatch" if microbatches > 1 else "replica"
-        own, anywhere = {}, []
-        strategy = self.parallelism.input_strategy
-        topology = topology_of(strategy)
-        if topology.coordinator and topology.num_workers > 1:
-            anywhere.append(f"asynchronous training: the parameter servers apply each of the "
-                            f"{topology.num_workers} workers' steps as it comes, computed from stale "
-                            "weights, and the workers take their batches in the order they finish; with one "
-                            "worker (--replicas 1) it must match")
-        for layer in all_layers(model):
-            cause = None
-            kind = type(layer).__name__
-            if isinstance(layer, k.layers.BatchNormalization) and split and not getattr(layer, "synchronized", False):
-                fix = ("a pipeline cannot share them" if per == "microbatch"
-                       else "use BatchNormalization(synchronized=True)")
-                cause = (f"BatchNormalization statistics taken per {per} (layer {layer.name!r}): each {per} "
-                         f"normalizes its own examples; {fix}")
-            elif isinstance(layer, k.layers.BatchNormalization) and padded:
-                cause = (f"BatchNormalization statistics count padding (layer {layer.name!r}): the last step "
-                         f"holds {padded} examples padded to {self.batch}, and sample weights do not reach batch "
-                         "statistics; feed whole batches (tfpar.data.distribute(..., remainder='drop'))")
-            elif kind in _RANDOM_LAYERS:
-                cause = _random_layer_cause(layer, split, per)
-            elif kind.startswith("QuantizeWrapper") and self.replicas > 1 and not exact_ranges.enabled(layer):
-                cause = (f"QAT ranges taken per replica (layer {layer.name!r}): each replica's fake-quant "
-                         "min/max follow its own examples and are averaged over the replicas; "
-                         "tfpar.quantization.quantize(model, ranges='exact') takes them over the global batch")
-            if cause:
-                anywhere.append(cause)
-                for variable in layer.weights:
-                    own[id(variable)] = [cause]
-        return own, anywhere
-
     def _metrics(self, reference, history, remainder):
         findings = []
         for name in sorted(set(reference) & set(history) - {"loss"}):
@@ -297,6 +300,23 @@ class _Comparison:
                        if remainder else "no cause tfpar can detect")
                 findings.append(f"DIFF metric {name!r}: {a:.6g} on one replica, {b:.6g} distributed; likely: {why}")
         return findings
+
+
+def _accumulates_itself(model, steps):
+    """Keras 3: ``model`` compiled again with its optimizer's own ``gradient_accumulation_steps``, the
+    reference for a strategy's accumulation (`tfpar.verify._paths`); returns whether it was. tf_keras
+    has no such option: there one step of the larger batch is the reference."""
+    from tfpar._keras import is_keras3, keras_of
+
+    if not is_keras3(model):
+        return False
+    k, optimizer = keras_of(model), model.optimizer
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    accumulating = type(inner).from_config({**inner.get_config(), "gradient_accumulation_steps": steps})
+    if inner is not optimizer:
+        accumulating = k.optimizers.LossScaleOptimizer(accumulating)
+    model.compile(optimizer=accumulating, loss=model.loss)
+    return True
 
 
 def _seed(seed):
@@ -318,31 +338,3 @@ def _examples(data, tf):
         return tf.data.Dataset.from_tensor_slices(tuple(data))
     raise TypeError("data_fn must return (x, y) or (x, y, sample_weight) arrays, or an unbatched tf.data.Dataset. "
                     f"Received: a {type(data).__name__}.")
-
-
-def _random_layer_cause(layer, split, per):
-    seed = getattr(layer, "seed", None)
-    if seed is None:
-        return (f"random layer {layer.name!r} ({type(layer).__name__}) draws without a fixed seed, so the two runs "
-                f"draw different numbers: give it seed=..., or leave it out to verify")
-    noise_shape = getattr(layer, "noise_shape", None)
-    shared = noise_shape is not None and noise_shape[0] == 1 and _compat.random_generator_type(layer) == "stateless"
-    if split and not shared:
-        return (f"random layer {layer.name!r} ({type(layer).__name__}) draws per {per}: a {per} of B examples draws "
-                "what one device draws for the first B of the whole batch; use a mask shared across the batch "
-                "(noise_shape=(1, ...), rng_type='stateless'), or leave it out to verify")
-    return None
-
-
-def _loss_scale_finding(reference, distributed):
-    """A finding when the two optimizers' loss scales disagree (a skip on one side only), else []."""
-    from tfpar.precision import loss_scale_of
-
-    mine, theirs = loss_scale_of(reference), loss_scale_of(distributed)
-    if mine is None or theirs is None:
-        return []
-    mine, theirs = float(np.asarray(mine)), float(np.asarray(theirs))
-    if mine == theirs:
-        return []
-    return [f"DIFF loss-scale skips differ: one replica ended with loss scale {mine:g}, the distribution with "
-            f"{theirs:g} (a step was skipped on one side only: an overflow in one replica's gradients)"]
