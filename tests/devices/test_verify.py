@@ -7,7 +7,8 @@ import pytest
 
 import tfpar
 from tests.models import equivalence_data, verify_model
-from tfpar.verify import VerifyReport, _loss_scale_finding, load_function, verify
+from tfpar.verify import VerifyReport, load_function, verify
+from tfpar.verify._causes import loss_scale_finding as _loss_scale_finding
 
 
 def _causes(report):

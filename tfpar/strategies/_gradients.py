@@ -272,15 +272,13 @@ class GradientAccumulator:
         return tf.cond(boundary, reduce_and_clear, lambda: [tf.zeros_like(b) for b in flat])
 
     def count_updates(self, optimizer):
-        """``optimizer``'s ``iterations`` (and those of the one a loss-scale optimizer wraps) move at
-        the boundaries only."""
-        for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-            for name in ("iterations", "_iterations"):
-                counter = getattr(each, name, None)
-                if counter is not None and not isinstance(counter, tf.Variable):
-                    counter = getattr(counter, "value", None)  # Keras 3 wraps a tf.Variable
-                if isinstance(counter, tf.Variable):
-                    self.counters.add(counter.ref())
+        """``optimizer``'s ``iterations`` (those of the one a loss-scale optimizer wraps, which both
+        Kerases' ``iterations`` name and which counts where the gradients are reduced) move at the
+        boundaries only."""
+        counter = getattr(optimizer, "inner_optimizer", optimizer).iterations
+        if not isinstance(counter, tf.Variable):
+            counter = counter.value  # Keras 3 wraps a tf.Variable
+        self.counters.add(counter.ref())
 
     def governs(self, var):
         """Whether the update of ``var`` is skipped between boundaries."""

@@ -11,9 +11,9 @@ step. A step still holds the same examples, so positions, backups and exactly-on
   batch (a subclass's ``train_step`` too), so the loss, loss scaling and metrics are what it computes.
   Each slice's loss is its mean and the accumulator averages the ``k``: with equal slices, the mean over
   the replica's batch, as the full job computes it (BatchNormalization sees the smaller slices).
-- The optimizer's ``iterations`` counts one step, not ``k`` (it is put back after each of the first ``k - 1``
-  calls; the last counts as the whole step does, or not where a loss scale skips it), so a learning-rate
-  schedule follows the full job's.
+- The optimizer's ``iterations`` counts one step, not ``k``: it counts the accumulator's updates
+  (`GradientAccumulator.count_updates`), and the ``k`` calls make one window, so a learning-rate schedule
+  follows the full job's (a loss scale's skip counts none).
 - A loss scale that finds one micro-batch's gradients non-finite skips the whole step (its window of the
   accumulator dropped, `GradientAccumulator.settle`), as it would skip the step unsplit. A micro-batch's
   loss is the mean over fewer examples, so its scaled gradients are larger and may overflow where the whole
@@ -54,15 +54,11 @@ def split_into_microbatches(model, arguments):
 
     def train_step(data):
         context = tf.distribute.get_replica_context()
-        iterations = model.optimizer.iterations
-        before, logs = tf.convert_to_tensor(iterations), None
+        logs = None
         context.merge_call(lambda _: accumulator.begin_step())
         for index in range(count):
             logs = step(tf.nest.map_structure(lambda t: _slice(t, index, count), data))
-            if index < count - 1:  # the accumulator applies once: the optimizer counts the last call alone
-                iterations.assign(before)
-        dropped = context.merge_call(lambda _: accumulator.settle(count))
-        iterations.assign(tf.where(dropped, before, tf.convert_to_tensor(iterations)))  # a skip counts none
+        context.merge_call(lambda _: accumulator.settle(count))
         return logs
 
     object.__setattr__(model, "train_step", train_step)  # past Keras' attribute tracking

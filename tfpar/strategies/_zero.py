@@ -70,7 +70,7 @@ class ShardedOptimizer:
         self.moment_squares = is_keras3(optimizer) and self.name != "SGD"  # see tfpar.strategies._sparse
         # each local replica's slots, and its chunk's weight decay (1) or not (0)
         self.slots, self.decay_masks = [], [None] * len(self.devices)
-        decayed = [1.0 if rules.weight_decay(optimizer) and optimizer._userules.weight_decay(v) else 0.0 for v in variables]
+        decayed = [1.0 if rules.weight_decay(optimizer) and optimizer._use_weight_decay(v) else 0.0 for v in variables]
         self.decay_all = bool(decayed) and min(decayed) == 1.0
         with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
             mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
