@@ -38,3 +38,21 @@ def test_a_model_that_differs_exits_1_naming_the_cause():
     assert result.returncode == 1, result.output[-4000:]
     assert "[1] BatchNormalization statistics taken per replica (layer 'batch_normalization')" in result.output
     assert "FAILED: differs from one replica" in result.output
+
+
+def test_every_gradient_path_of_horovod_ranks_trains_like_one_device(horovod_installed):
+    """`tfpar verify --paths all` under 2 Horovod ranks, one job for the 20 paths, on the text model
+    (Embedding, self-attention, LayerNormalization) of tests/gradient_paths.py under Keras 3: the
+    same rows as on one host (tests/devices/test_gradient_paths.py)."""
+    result = run_command(tfpar_command("launch", "--horovod", "-n", "2", "--", *tfpar_command("verify"),
+                                       "--strategy", "horovod", "--model", "tests.gradient_paths:text_keras3",
+                                       "--data", "tests.gradient_paths:text_data", "--batch-size", "16",
+                                       "--steps", "4", "--paths", "all"), timeout=400, env={"PYTHONPATH": ROOT})
+    rows = [line.split(":", 1)[1].split() for line in result.output.splitlines()
+            if line.startswith("[0]<stdout>:  ") and ("  ok  " in line or "  DIFF  " in line)]
+    verdicts = {row[0]: row[1] for row in rows}
+    assert len(verdicts) == 20, result.output[-4000:]
+    # the one-replica reference skips a step for an overflow the ranks' halved gradients do not reach
+    assert verdicts.pop("accumulate+mixed_float16") == "DIFF"
+    assert set(verdicts.values()) == {"ok"}, result.output[-4000:]
+    assert result.returncode == 1  # verify's exit code: a path differs

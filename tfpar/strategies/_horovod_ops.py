@@ -137,10 +137,9 @@ class HorovodChunks:
         self.size, self.owned = ops._size, [ops._hvd.rank()]
         self.nccl = uses_nccl_reducescatter(device, ops._hvd.nccl_built())
 
-    def reduce_scatter(self, flat, c, summed, name=None):
+    def reduce_scatter(self, flat, c, summed):
         """This rank's flat gradients -> ``([its chunk of their sum over the ranks], [bytes sent])``;
-        already summed ones are only cut. ``name``: the collective's, one per reduce-scatter of a step."""
-        name = name or "tfpar_zero_gradients"
+        already summed ones are only cut."""
         hvd, (j,) = self.ops._hvd, self.owned
         if summed or self.size == 1:
             return [flat[0][j * c:(j + 1) * c]], [0]
@@ -148,10 +147,10 @@ class HorovodChunks:
         fp16 = self.ops._compression is hvd.Compression.fp16
         width = 2 if fp16 or self.ops._bf16 else 4
         if self.nccl and not self.ops._bf16:
-            mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name=name, **args)
+            mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name="tfpar_zero_gradients", **args)
             return [mine], [width * c * (self.size - 1)]
         sent = tf.cast(flat[0], tf.float16 if fp16 else tf.bfloat16 if self.ops._bf16 else tf.float32)
-        got = hvd.alltoall(tf.bitcast(sent, tf.int16) if self.ops._bf16 else sent, name=name)
+        got = hvd.alltoall(tf.bitcast(sent, tf.int16) if self.ops._bf16 else sent, name="tfpar_zero_gradients")
         got = tf.bitcast(got, tf.bfloat16) if self.ops._bf16 else got
         mine = tf.reduce_sum(tf.cast(tf.reshape(got, [self.size, c]), tf.float32), 0)
         return [mine * args.get("prescale_factor", 1.0)], [width * c * (self.size - 1)]

@@ -149,13 +149,11 @@ class ShardedOptimizer:
                 flat.append(self._gradients(grads, k))
                 if rows is not None:
                     squares.append(self._gradients(grads, k, sparse.row_squares))
-        if self.window == 1:
-            chunks, sent = self.comm.reduce_scatter(flat, self.chunk, summed)
-            if rows is not None:
-                squares, more = self.comm.reduce_scatter(squares, self.chunk, summed, "tfpar_zero_row_squares")
-                sent = [a + b for a, b in zip(sent, more)]
-                squares = list(zip(squares, self._chunks_of(rows)))
-            writes = self._counted(self._apply(chunks, sent, squares or None))
+        if self.window == 1 and rows is not None:
+            chunks, squares, sent = self._reduce_scatter_with_squares(flat, squares, summed)
+            writes = self._counted(self._apply(chunks, sent, list(zip(squares, self._chunks_of(rows)))))
+        elif self.window == 1:
+            writes = self._counted(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed)))
         elif self.strategy_accumulates:
             # a tf_keras loss-scale optimizer reduced them through the strategy, which accumulates them
             # (its sums, all-reduced at its boundary, zeros between): applied at its boundary only
@@ -182,6 +180,17 @@ class ShardedOptimizer:
             writes = [tf.cond(boundary, apply, lambda: tf.constant(False))]
         with tf.control_dependencies(writes):
             return tf.identity(self.optimizer.iterations)
+
+    def _reduce_scatter_with_squares(self, flat, squares, summed):
+        """Each replica's flat gradients and sums of squared sparse rows, reduce-scattered as one: chunk
+        j of both travels together (one collective, so every engine runs them in one order)."""
+        c, n = self.chunk, self.comm.size
+        both = []
+        for device, g, sq in zip(self.devices, flat, squares):
+            with tf.device(device):
+                both.append(tf.reshape(tf.concat([tf.reshape(g, [n, c]), tf.reshape(sq, [n, c])], 1), [-1]))
+        reduced, sent = self.comm.reduce_scatter(both, 2 * c, summed)
+        return [r[:c] for r in reduced], [r[c:] for r in reduced], sent
 
     def _counted(self, writes):
         """``writes`` of an update, then the optimizer's ``iterations`` counting it: it counts updates,

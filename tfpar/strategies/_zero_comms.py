@@ -1,8 +1,8 @@
 """ZeRO's collectives (`tfpar.strategies._zero`), one class per engine, each with the same four
 methods over this process's replicas (lists, one entry per local replica):
 
-- ``reduce_scatter(flat, c, summed, name)``: each replica's flat gradients (N chunks of ``c``) -> chunk
-  j of their sum on the replica that owns it, and the bytes each sent (``name``: Horovod's collective);
+- ``reduce_scatter(flat, c, summed)``: each replica's flat gradients (N chunks of ``c``) -> chunk j
+  of their sum on the replica that owns it, and the bytes each sent;
 - ``all_gather(updated)``: the updated chunks -> every chunk, in order, on each replica;
 - ``total(values)``: the sum over all replicas of one value each;
 - ``gather(pieces, lengths, name)``: every replica's piece (of ``lengths[j]`` elements for replica j,
@@ -53,7 +53,7 @@ class OneHostChunks:
         self.size, self.owned = len(self.devices), list(range(len(self.devices)))
         self.wire = _WIRE.get(compression)
 
-    def reduce_scatter(self, flat, c, summed, name=None):
+    def reduce_scatter(self, flat, c, summed):
         chunks, sent = [], [0] * self.size
         for j, device in enumerate(self.devices):
             parts = []
@@ -109,7 +109,7 @@ class CollectiveChunks:
         self._previous = (graph, out)
         return out
 
-    def reduce_scatter(self, flat, c, summed, name=None):
+    def reduce_scatter(self, flat, c, summed):
         if summed:
             return [f[j * c:(j + 1) * c] for f, j in zip(flat, self.owned)], [0] * len(flat)
         wire = self.wire or tf.float32
