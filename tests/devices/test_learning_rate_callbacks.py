@@ -19,8 +19,8 @@ class _Recorder(keras.callbacks.Callback):
         self.rates.append(float(keras.backend.get_value(self.model.optimizer.learning_rate)))
 
 
-def _fit(callbacks, epochs=3, lr=0.1, n=32, global_batch=8):
-    strategy = tfpar.DataParallel()
+def _fit(callbacks, epochs=3, lr=0.1, n=32, global_batch=8, accumulation=1):
+    strategy = tfpar.DataParallel(gradient_accumulation_steps=accumulation)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
         model.compile(keras.optimizers.SGD(lr), "mse")
@@ -37,6 +37,15 @@ def test_warmup_climbs_linearly_to_the_rate_times_replicas():
     expected = [0.1 * (1 + min(t, 4) / 4) for t in range(12)]  # 2 replicas: 0.1 -> 0.2
     np.testing.assert_allclose(rates, expected, rtol=1e-6)
     assert history.history["lr"] == pytest.approx([0.175, 0.2, 0.2])  # the rate of each epoch's last step
+
+
+def test_warmup_counts_fits_steps_when_the_optimizer_counts_accumulated_updates():
+    """Under accumulation of 2 the optimizer's iterations count updates: a warm-up of 4 steps is 2
+    updates, and the rate moves at each update (the rate between two updates is not applied)."""
+    rates, history = _fit([LearningRateWarmup(warmup_steps=4)], accumulation=2)
+    expected = [0.1 * (1 + min(2 * (t // 2), 4) / 4) for t in range(12)]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    assert history.history["lr"] == pytest.approx([0.15, 0.2, 0.2])
 
 
 def test_warmup_in_epochs_with_an_explicit_scale():

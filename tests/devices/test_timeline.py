@@ -20,9 +20,11 @@ def _fit(model, parallelism, path, epochs=2, examples=96, batch=16, exchange=Fal
     return train.steps_per_epoch * epochs
 
 
-@pytest.mark.parametrize("exchange", [False, True])
-def test_each_step_shows_its_phases_in_order_within_it(any_keras, exchange, tmp_path):
-    strategy = tfpar.DataParallel()
+@pytest.mark.parametrize("exchange,accumulation", [(False, 1), (True, 1), (True, 2)])
+def test_each_step_shows_its_phases_in_order_within_it(any_keras, exchange, accumulation, tmp_path):
+    """Every step, with accumulation too (the optimizer's iterations then count updates, and two
+    steps share one: the trace counts steps)."""
+    strategy = tfpar.DataParallel(gradient_accumulation_steps=accumulation)
     model = strategy.build(lambda: verify_model(k=any_keras))
     steps = _fit(model, strategy, tmp_path / "timeline.json", exchange=exchange)
     tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))

@@ -1,8 +1,9 @@
 """Learning-rate callbacks for distributed runs: warm-up by the linear scaling rule, schedules.
 
-Both count steps with the optimizer's ``iterations`` (a mirrored variable, the
-same on every worker) and epochs from Keras, so every worker sets the same rate
-at the same step, under every tfpar strategy (their Horovod counterparts are
+Both count ``fit``'s steps from the optimizer's ``iterations`` (a mirrored variable, the same on
+every worker; under gradient accumulation it counts updates, each of
+`tfpar.strategies._windows.steps_per_update` steps) and epochs from Keras, so every worker sets
+the same rate at the same step, under every tfpar strategy (their Horovod counterparts are
 ``LearningRateWarmupCallback`` and ``LearningRateScheduleCallback``).
 """
 
@@ -14,7 +15,7 @@ from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._elastic import SCALING_RULES, rule_factor
 from tfpar._keras import keras
-from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print, steps_trained
 
 __all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "elastic_learning_rate",
            "exponential_decay", "rescale_learning_rate", "scaled_learning_rate", "step_decay"]
@@ -250,7 +251,7 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self._done:
             return
-        step = int(keras.backend.get_value(self.model.optimizer.iterations))
+        step = steps_trained(self.model)
         fraction = min(step, self._length) / self._length
         _set_rate(self.model, self._base + (self._target - self._base) * fraction, self.momentum_correction)
         if step >= self._length:

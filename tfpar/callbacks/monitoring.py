@@ -18,7 +18,7 @@ from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names, check_number
 from tfpar._keras import keras, tf
 from tfpar._topology import topology_of
-from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print, steps_trained
 
 __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
 
@@ -154,9 +154,10 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         check_choice("check", check, ("batch", "epoch"))
         self.check = check
         self.stopped_at_step = None
-        """The optimizer step at which the guard stopped training, or None."""
+        """The training step at which the guard stopped training, or None (``fit``'s steps,
+        counted from the optimizer's ``iterations``: under accumulation, updates x their steps)."""
         self.restored_step = None
-        """The optimizer step whose starting weights were put back (its loss was finite), or None."""
+        """The training step whose starting weights were put back (its loss was finite), or None."""
 
     def on_train_begin(self, logs=None):
         self.stopped_at_step = self.restored_step = None
@@ -169,10 +170,10 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             self._restore = [_copier(weights, buffer) for buffer in self._buffers]
             self._buffers_for = [id(w) for w in weights]
         self._next, self._good, self._good_step = 0, None, None
-        self._step = self._optimizer_step()  # counted on the host from here: no read per step
+        self._step = self._steps_trained()  # counted on the host from here: no read per step
 
-    def _optimizer_step(self):
-        return int(self.model.optimizer.iterations.numpy())
+    def _steps_trained(self):
+        return steps_trained(self.model)
 
     def _snapshot(self, started_at):
         self._copies[self._next]()  # the weights this step (or epoch) starts from
@@ -186,7 +187,7 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             self._good, self._good_step = self._next, self._started_at
             self._next = 1 - self._next
             return
-        self.stopped_at_step = self._step if self._per_batch else self._optimizer_step()
+        self.stopped_at_step = self._step if self._per_batch else self._steps_trained()
         self.model.stop_training = True
         if self._good is not None:
             self._restore[self._good]()
@@ -208,7 +209,7 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if not self._per_batch:
-            self._snapshot(self._optimizer_step() + 1)
+            self._snapshot(self._steps_trained() + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._per_batch:

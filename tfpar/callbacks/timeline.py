@@ -20,7 +20,7 @@ Horovod rank) is a process, with these tracks:
 With ``steps_per_execution`` N, a ``step`` is one call of the training function, N steps, and
 its ``compute`` spans them all. The in-step times are ``tf.timestamp()`` ops in the training
 function (tfpar puts them there when ``fit`` gets a Timeline); steps and workers are matched by
-the optimizer's step counter. All
+a count of the steps (not the optimizer's ``iterations``, which count updates). All
 times are the host's wall clock: workers on one machine share it; across machines they are as
 close as the machines' clocks. Under a ParameterServer, Keras calls no batch hooks and the steps
 run on the workers: the trace has the chief's epochs only.
@@ -81,7 +81,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if path is None and os.environ.get(TIMELINE_VARIABLE):
             path = os.path.join(os.environ[TIMELINE_VARIABLE], "timeline.json")
         self.path = check_writable(path, "path")
-        self._stamps = None
+        self._stamps = self._steps = None
 
     # --- in the training function (installed when fit begins) ---
     def install(self, model: Any) -> None:
@@ -89,7 +89,9 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if self._stamps is None:
             with tf.device("/cpu:0"):
                 self._stamps = _compat.ResourceVariable(_empty(), trainable=False, name="tfpar_timeline")
-        stamps, optimizer = self._stamps, model.optimizer
+        if getattr(self, "_steps", None) is None:
+            self._steps = _step_counter(model.distribute_strategy)
+        stamps, optimizer, steps = self._stamps, model.optimizer, self._steps
 
         traced = threading.local()  # the step a replica's thread traces: its counter, its gradients' time
 
@@ -100,7 +102,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         train_step, apply_gradients = model.train_step, optimizer.apply_gradients
 
         def timed_train_step(data):
-            step = tf.cast(tf.identity(optimizer.iterations), tf.float64)
+            step = tf.cast(steps.assign_add(1), tf.float64)
             traced.grads = tf.constant(-np.inf, tf.float64)
             arrived = now_after(data)
             with tf.control_dependencies([arrived]):
@@ -227,6 +229,15 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         workers = _gather(strategy, np.array(self._events, np.float64).reshape(-1, 4))
         if strategy.extended.should_checkpoint:
             write_atomically(self.path, json.dumps(_trace(workers, self._tracks, self._labels, self._schedule)))
+
+
+def _step_counter(strategy):
+    """The training steps traced so far: one variable of ``strategy``'s replicas, which each step's
+    first replica counts, so that every replica keys its step's row alike (the optimizer's
+    ``iterations`` counts updates: under accumulation several steps share one)."""
+    with strategy.scope():
+        return tf.Variable(0, dtype=tf.int64, trainable=False, name="tfpar_timeline_steps",
+                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
 def _loss_scale(optimizer):

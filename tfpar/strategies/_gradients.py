@@ -11,14 +11,13 @@ compiled with (`mark_keras3_gradient_reduction`, on that optimizer instance).
 """
 
 import functools
-import logging
-import math
 import threading
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras_of, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._microbatches import elastic_microbatches, split_into_microbatches
+from tfpar.strategies._windows import warn_about_remainder
 
 __all__ = ["COMPRESSIONS", "GRADIENT_CHECKS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction",
            "check_compression", "compress", "count_updates",
@@ -28,8 +27,6 @@ COMPRESSIONS = ("none", "bf16", "fp16")
 """Gradient compression on the wire: "bf16" keeps float32's range with 8 bits of mantissa; "fp16"
 keeps 11 bits in a range up to 65504 (loss scaling keeps scaled gradients in it). A sparse gradient
 (an Embedding's) sends its rows in 16 bits and its indices as they are (`tfpar.strategies._sparse`)."""
-
-_log = logging.getLogger(__name__)
 
 # The optimizer's gradient reduction in progress (Keras 3): the variables whose gradients the next
 # batch reduction carries. Set by each replica's thread and read in the merge_call, which runs in
@@ -132,44 +129,25 @@ def mark_keras3_gradient_reduction(model, arguments=None):
 
 def count_updates(model, arguments=None):
     """After ``compile`` under gradient accumulation: the optimizer's ``iterations`` counts updates
-    (`GradientAccumulator.count_updates`)."""
+    (`GradientAccumulator.count_updates`).
+
+    Raises:
+        ValueError: the optimizer accumulates too (Keras 3's ``gradient_accumulation_steps``).
+    """
     accumulator = getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
     optimizer = getattr(model, "optimizer", None)
-    if isinstance(accumulator, GradientAccumulator) and optimizer is not None:
-        accumulator.count_updates(optimizer)
-
-
-def _steps_per_epoch(arguments):
-    """The steps ``fit`` takes per epoch, where its arguments say (else None)."""
-    if arguments.get("steps_per_epoch"):
-        return int(arguments["steps_per_epoch"])
-    x = arguments.get("x")
-    if isinstance(x, tf.data.Dataset):
-        cardinality = int(x.cardinality())
-        return cardinality if cardinality > 0 else None
-    if hasattr(x, "shape") and len(getattr(x, "shape", ())) > 0 and x.shape[0] is not None:
-        return math.ceil(int(x.shape[0]) / (arguments.get("batch_size") or 32))
-    return None
-
-
-def warn_about_remainder(model, arguments):
-    """Before ``fit``: says what becomes of the steps of an epoch that do not fill an accumulation
-    window (the window does not restart at an epoch: they are carried into the next epoch's)."""
-    accumulator = getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
-    if not isinstance(accumulator, GradientAccumulator):
+    if not isinstance(accumulator, GradientAccumulator) or optimizer is None:
         return
-    microbatches = getattr(model.distribute_strategy.extended, "_microbatches", 1)  # calls of one step
-    steps, window = _steps_per_epoch(arguments), accumulator.steps // microbatches
-    if steps is None or steps % window == 0:
-        return
-    remainder = steps % window
-    multiples = " or ".join(str(m) for m in (steps - remainder, steps - remainder + window) if m > 0)
-    _log.warning(
-        "fit runs %d steps per epoch, not a multiple of the %d steps accumulated per update: the "
-        "last %d step(s) of each epoch are carried into the next epoch's first update, which mixes "
-        "two epochs, and after the last epoch they are left unapplied. Use steps_per_epoch=%s to "
-        "keep every update within an epoch.", steps, window, remainder, multiples)
-
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    own = getattr(inner, "gradient_accumulation_steps", None)
+    if own:
+        raise ValueError(
+            "The strategy accumulates gradients and so does the optimizer: each would wait for "
+            f"the other's window. Received: optimizer gradient_accumulation_steps={own!r} under a "
+            "strategy that accumulates. Accumulate in one place: the strategy's "
+            "gradient_accumulation_steps (backward_passes_per_step for HorovodStrategy), or the "
+            "optimizer's alone.")
+    accumulator.count_updates(optimizer)
 
 
 GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("compile", "after", count_updates),
@@ -281,8 +259,19 @@ class GradientAccumulator:
         self.counters.add(counter.ref())
 
     def governs(self, var):
-        """Whether the update of ``var`` is skipped between boundaries."""
-        return self.boundary is not None and (var.ref() in self.targets or var.ref() in self.counters)
+        """Whether the update of ``var`` is skipped between boundaries: in the step being traced
+        only (not in a function traced later, a checkpoint's restore)."""
+        if self.boundary is None or not _traced_within(self.boundary.graph):
+            return False
+        return var.ref() in self.targets or var.ref() in self.counters
+
+
+def _traced_within(graph):
+    """Whether the function being traced is ``graph`` or one nested in it (a branch of a cond)."""
+    current = tf.compat.v1.get_default_graph()
+    while current is not None and current is not graph:
+        current = getattr(current, "outer_graph", None)
+    return current is graph
 
 
 class AccumulatedUpdates:

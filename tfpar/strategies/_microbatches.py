@@ -13,7 +13,7 @@ step. A step still holds the same examples, so positions, backups and exactly-on
   the replica's batch, as the full job computes it (BatchNormalization sees the smaller slices).
 - The optimizer's ``iterations`` counts one step, not ``k``: it counts the accumulator's updates
   (`GradientAccumulator.count_updates`), and the ``k`` calls make one window, so a learning-rate schedule
-  follows the full job's (a loss scale's skip counts none).
+  follows the full job's (a window whose update the loss scale skips counts none).
 - A loss scale that finds one micro-batch's gradients non-finite skips the whole step (its window of the
   accumulator dropped, `GradientAccumulator.settle`), as it would skip the step unsplit. A micro-batch's
   loss is the mean over fewer examples, so its scaled gradients are larger and may overflow where the whole
