@@ -195,7 +195,8 @@ def _kernels(output):
 @pytest.fixture(scope="module")
 def one_step():
     """{"op:compression": {rank: kernel}}: every gloo case of one step, in one horovodrun."""
-    cases = ["average:none", "sum:none", "average:fp16", "average:bf16"]
+    cases = ["average:none", "sum:none", "average:fp16", "average:bf16", "average:none:embedding",
+             "sum:none:embedding"]
     result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_one_step.py"), *cases)
     assert result.returncode == 0, result.output[-4000:]
     kernels = _kernels(result.output)
@@ -279,6 +280,15 @@ def _assert_one_sgd_step(kernels, expected):
 @pytest.mark.parametrize("op, expected", [("average", (A + B) / 2), ("sum", A + B)], ids=["average", "sum"])
 def test_one_step_applies_the_reduction_rule_to_known_gradients(one_step, op, expected):
     _assert_one_sgd_step(one_step[f"{op}:none"], expected)
+
+
+@pytest.mark.parametrize("op, expected", [("average", [0.5, 0.25, 0.25]), ("sum", [1.0, 0.5, 0.5])],
+                         ids=["average", "sum"])
+def test_a_sparse_gradient_takes_the_reduction_rule_of_a_dense_one(one_step, op, expected):
+    """An Embedding's sparse gradient, densified for op="sum" (Horovod scales dense tensors only):
+    the loss is the mean of a rank's 2 looked-up rows over 2 replicas, so each lookup's gradient is
+    1/4; row 0 is looked up on both ranks, rows 1 and 2 on one each. "sum" is twice "average"."""
+    _assert_one_sgd_step(one_step[f"{op}:none:embedding"], np.array(expected))
 
 
 def test_one_step_of_adasum_over_mpi_applies_its_combination_rule():

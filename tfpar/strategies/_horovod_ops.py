@@ -84,11 +84,13 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
             return list(tensors)
         hvd, args = self._hvd, self._reduce_args(reduce_op, gradients)
         compression = self._compression if gradients else hvd.Compression.none
+        tensors = list(tensors)
         out = list(tensors)
         grouped = []
         for i, t in enumerate(tensors):
             if isinstance(t, tf.IndexedSlices) and "prescale_factor" in args:
-                t = tf.convert_to_tensor(t)  # Horovod scales dense tensors only
+                tensors[i] = tf.convert_to_tensor(t)  # Horovod scales dense tensors only
+                t = tensors[i]
             if isinstance(t, tf.IndexedSlices) and gradients and self._wire is not None:
                 out[i] = self._allgather_sparse(t, args)
             elif isinstance(t, tf.IndexedSlices) or args["op"] == hvd.Adasum:
@@ -137,21 +139,25 @@ class HorovodChunks:
         self.size, self.owned = ops._size, [ops._hvd.rank()]
         self.nccl = uses_nccl_reducescatter(device, ops._hvd.nccl_built())
 
-    def reduce_scatter(self, flat, c, summed):
+    def reduce_scatter(self, flat, c, summed, full=False):
         """This rank's flat gradients -> ``([its chunk of their sum over the ranks], [bytes sent])``;
-        already summed ones are only cut."""
+        already summed ones are only cut (``full``: sent in float32 whatever the compression)."""
         hvd, (j,) = self.ops._hvd, self.owned
         if summed or self.size == 1:
             return [flat[0][j * c:(j + 1) * c]], [0]
         args = self.ops._reduce_args(tf.distribute.ReduceOp.SUM, gradients=True)
-        fp16 = self.ops._compression is hvd.Compression.fp16
-        width = 2 if fp16 or self.ops._bf16 else 4
-        if self.nccl and not self.ops._bf16:
-            mine = hvd.reducescatter(flat[0], compression=self.ops._compression, name="tfpar_zero_gradients", **args)
+        fp16 = not full and self.ops._compression is hvd.Compression.fp16
+        bf16 = not full and self.ops._bf16
+        width = 2 if fp16 or bf16 else 4
+        if self.nccl and not bf16:
+            compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+            mine = hvd.reducescatter(flat[0], compression=compression, name="tfpar_zero_gradients",
+                                     **args)
             return [mine], [width * c * (self.size - 1)]
-        sent = tf.cast(flat[0], tf.float16 if fp16 else tf.bfloat16 if self.ops._bf16 else tf.float32)
-        got = hvd.alltoall(tf.bitcast(sent, tf.int16) if self.ops._bf16 else sent, name="tfpar_zero_gradients")
-        got = tf.bitcast(got, tf.bfloat16) if self.ops._bf16 else got
+        sent = tf.cast(flat[0], tf.float16 if fp16 else tf.bfloat16 if bf16 else tf.float32)
+        wire = tf.bitcast(sent, tf.int16) if bf16 else sent
+        got = hvd.alltoall(wire, name="tfpar_zero_gradients")
+        got = tf.bitcast(got, tf.bfloat16) if bf16 else got
         mine = tf.reduce_sum(tf.cast(tf.reshape(got, [self.size, c]), tf.float32), 0)
         return [mine * args.get("prescale_factor", 1.0)], [width * c * (self.size - 1)]
 

@@ -31,8 +31,9 @@ def is_sparse(gradient) -> bool:
 
 
 def to_wire(gradient, compression, carrier=tf.float16):
-    """A float32 sparse ``gradient`` with its values in ``compression``'s 16 bits, its indices as they
-    are; bf16 values as their bits in a ``carrier`` tensor (a 16-bit type the engine's gather takes)."""
+    """A float32 sparse ``gradient`` with its values in ``compression``'s 16 bits, its indices as
+    they are; bf16 values as their bits in a ``carrier`` tensor (a 16-bit type the engine's gather
+    takes)."""
     values = tf.cast(gradient.values, WIRE_DTYPES[compression])
     if values.dtype == tf.bfloat16:
         values = tf.bitcast(values, carrier)

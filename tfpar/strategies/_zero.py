@@ -12,12 +12,20 @@ optimizer slots of its chunk only, and updates only its chunk:
 
 Steps 1 and 3 move the bytes of one all-reduce, each engine its own way
 (`tfpar.strategies._zero_comms`: one host's devices, TensorFlow's workers, Horovod's ranks). The
-update is the optimizer's own rule, written here once for both Kerases (`RULES`: SGD with momentum
-or Nesterov, Adam with AMSGrad, AdamW), with its learning rate (and schedule), weight decay and
-exclusions, and clipping by value or by the global norm over all chunks. An
-optimizer with another rule is refused with the reason. A LossScaleOptimizer wraps the sharded
-update (its overflow check agreed over the replicas), and checkpoints hold the whole state in the
-unsharded optimizer's layout (`tfpar.strategies._zero_checkpoint`).
+update is the optimizer's own rule, written once for both Kerases in
+`tfpar.strategies._zero_rules` (its ``RULES``: SGD with momentum or Nesterov, Adam with AMSGrad,
+AdamW), with its learning rate (and schedule), weight decay and exclusions, and clipping by value
+or by the global norm over all chunks. An optimizer with another rule is refused with the reason.
+A LossScaleOptimizer wraps the sharded update (its overflow check agreed over the replicas), and
+checkpoints hold the whole state in the unsharded optimizer's layout
+(`tfpar.strategies._zero_checkpoint`).
+
+A sparse gradient's sums of squared rows, which Keras 3's Adam and a global norm take
+(`tfpar.strategies._sparse`), travel with the gradients in the same reduce-scatter (one
+collective, so that every engine runs a step's collectives in one order), which then sends twice
+the bytes. fp16's range would flush those squares (1e-8 and less) to zero, so under fp16
+compression that reduce-scatter, gradients included, travels in float32: 4 times fp16's bytes.
+bf16 keeps float32's range and stays 16-bit.
 """
 
 import math
@@ -26,17 +34,17 @@ from tfpar import _compat
 from tfpar._checks import check_choice, check_int
 from tfpar._keras import is_keras3, tf
 from tfpar.strategies import _sparse as sparse
-from tfpar.strategies._zero_comms import chunks_for
 from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
-from tfpar.strategies._zero_rules import RULES, sharding_refusal
+from tfpar.strategies._zero_comms import chunks_for
 
-__all__ = ["RULES", "ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state",
-           "sharding_refusal"]
+__all__ = ["ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state"]
 
 ZERO_STAGES = (0, 1, 2)
 """0: every replica holds the whole optimizer state; 1: each holds the slots of its chunk; 2: also
 only its chunk of the reduced gradients (the same as 1 without accumulation)."""
+
+
 def check_zero_stage(stage):
     """A strategy config's ``zero_stage``, checked."""
     return check_choice("zero_stage", check_int("zero_stage", stage, 0), ZERO_STAGES)
@@ -68,6 +76,9 @@ class ShardedOptimizer:
         else:  # Adam, AdamW
             self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
         self.moment_squares = is_keras3(optimizer) and self.name != "SGD"  # see tfpar.strategies._sparse
+        # fp16 would flush squared rows to zero: their reduce-scatter travels in float32 there
+        compression = getattr(getattr(strategy, "config", None), "compression", "none")
+        self.squares_in_float32 = compression == "fp16"
         # each local replica's slots, and its chunk's weight decay (1) or not (0)
         self.slots, self.decay_masks = [], [None] * len(self.devices)
         decayed = [1.0 if rules.weight_decay(optimizer) and optimizer._use_weight_decay(v) else 0.0 for v in variables]
@@ -189,7 +200,7 @@ class ShardedOptimizer:
         for device, g, sq in zip(self.devices, flat, squares):
             with tf.device(device):
                 both.append(tf.reshape(tf.concat([tf.reshape(g, [n, c]), tf.reshape(sq, [n, c])], 1), [-1]))
-        reduced, sent = self.comm.reduce_scatter(both, 2 * c, summed)
+        reduced, sent = self.comm.reduce_scatter(both, 2 * c, summed, full=self.squares_in_float32)
         return [r[:c] for r in reduced], [r[c:] for r in reduced], sent
 
     def _counted(self, writes):
@@ -293,10 +304,11 @@ def shard_optimizer_state(model, arguments=None):
     if not stage or outer is None:
         return
     optimizer = getattr(outer, "inner_optimizer", outer)  # the one a LossScaleOptimizer wraps: its update is sharded
-    refusal = sharding_refusal(optimizer)
+    refusal = rules.sharding_refusal(optimizer)
     if refusal:
         raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
-                         f"{type(optimizer).__name__}. Use {' or '.join(RULES)}, or zero_stage=0.")
+                         f"{type(optimizer).__name__}. Use {' or '.join(rules.RULES)}, "
+                         "or zero_stage=0.")
     keras3 = is_keras3(optimizer)
     if keras3:  # Keras 3 would build every slot before the first step
         optimizer.built = True

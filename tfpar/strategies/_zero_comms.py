@@ -1,8 +1,9 @@
 """ZeRO's collectives (`tfpar.strategies._zero`), one class per engine, each with the same four
 methods over this process's replicas (lists, one entry per local replica):
 
-- ``reduce_scatter(flat, c, summed)``: each replica's flat gradients (N chunks of ``c``) -> chunk j
-  of their sum on the replica that owns it, and the bytes each sent;
+- ``reduce_scatter(flat, c, summed, full=False)``: each replica's flat gradients (N chunks of
+  ``c``) -> chunk j of their sum on the replica that owns it, and the bytes each sent (``full``:
+  in float32 whatever the compression);
 - ``all_gather(updated)``: the updated chunks -> every chunk, in order, on each replica;
 - ``total(values)``: the sum over all replicas of one value each;
 - ``gather(pieces, lengths, name)``: every replica's piece (of ``lengths[j]`` elements for replica j,
@@ -18,6 +19,7 @@ import itertools
 from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.strategies._horovod_ops import HorovodChunks
+from tfpar.strategies._sparse import WIRE_DTYPES
 
 __all__ = ["GROUP_KEY", "CollectiveChunks", "OneHostChunks", "chunks_for"]
 
@@ -25,7 +27,6 @@ GROUP_KEY = 0x7F5B
 """ZeRO's collective group across workers: apart from the groups TensorFlow's strategies number
 from 1 and from the pipeline's workers (`tfpar.pipeline.workers.GROUP_KEY`)."""
 
-_WIRE = {"bf16": tf.bfloat16, "fp16": tf.float16}
 _KEYS = itertools.count(1)
 """The group's instance keys, one per collective built in this process (a key names one collective for
 the process's life): the same on every worker, which build the same ops in the same order."""
@@ -51,16 +52,17 @@ class OneHostChunks:
     def __init__(self, devices, compression="none"):
         self.devices = list(devices)
         self.size, self.owned = len(self.devices), list(range(len(self.devices)))
-        self.wire = _WIRE.get(compression)
+        self.wire = WIRE_DTYPES.get(compression)
 
-    def reduce_scatter(self, flat, c, summed):
+    def reduce_scatter(self, flat, c, summed, full=False):
         chunks, sent = [], [0] * self.size
+        wire = None if full else self.wire
         for j, device in enumerate(self.devices):
             parts = []
             for k in range(self.size) if not summed else [j]:
                 with tf.device(self.devices[k]):
                     part = flat[k][j * c:(j + 1) * c]
-                    parts.append(tf.cast(part, self.wire) if self.wire is not None and k != j else part)
+                    parts.append(tf.cast(part, wire) if wire is not None and k != j else part)
                 sent[k] += 0 if k == j else parts[-1].dtype.size * parts[-1].shape.num_elements()
             with tf.device(device):
                 chunks.append(tf.add_n([tf.cast(part, tf.float32) for part in parts]))
@@ -94,7 +96,7 @@ class CollectiveChunks:
         self.devices = list(strategy.extended.worker_devices)
         self.size = strategy.num_replicas_in_sync
         self.owned = [worker_index * len(self.devices) + k for k in range(len(self.devices))]
-        self.wire, self.timeout = _WIRE.get(compression), timeout or 0
+        self.wire, self.timeout = WIRE_DTYPES.get(compression), timeout or 0
         self._previous: tuple = (None, [])  # the last collective's graph and outputs
 
     def _each(self, op, values):
@@ -109,10 +111,10 @@ class CollectiveChunks:
         self._previous = (graph, out)
         return out
 
-    def reduce_scatter(self, flat, c, summed):
+    def reduce_scatter(self, flat, c, summed, full=False):
         if summed:
             return [f[j * c:(j + 1) * c] for f, j in zip(flat, self.owned)], [0] * len(flat)
-        wire = self.wire or tf.float32
+        wire = tf.float32 if full or self.wire is None else self.wire
         got = self._each(_compat.collective_all_to_all, [tf.reshape(tf.cast(f, wire), [self.size, c]) for f in flat])
         chunks = []
         for device, received in zip(self.devices, got):
