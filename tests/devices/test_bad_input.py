@@ -76,6 +76,16 @@ def _k3():
     return keras3
 
 
+def _accumulated_twice():
+    """A Keras 3 optimizer that accumulates itself, compiled under a strategy that accumulates
+    (Keras 3 loaded before the scope, as a user's script does: `tfpar._owned`)."""
+    keras3 = _k3()
+    strategy = tfpar.DataParallel(gradient_accumulation_steps=2)
+    with strategy.scope():
+        model = _keras3_model()
+        model.compile(keras3.optimizers.SGD(gradient_accumulation_steps=3), "mse")
+
+
 def _keras3_model():
     keras3 = _k3()
     return keras3.Sequential([keras3.layers.Input((4,)), keras3.layers.Dense(3), keras3.layers.Dense(2)])
@@ -223,6 +233,8 @@ ROWS = {
                                        ["callbacks[1]", "Keras 3 callback", "tf_keras.callbacks.EarlyStopping"]),
     "keras3-model-tf-keras-optimizer": (lambda tmp: tfpar.DataParallel().build(lambda: _k3().Sequential(
         [_k3().layers.Dense(2)])).compile(keras.optimizers.SGD(), "mse"), TypeError, ["optimizer", "tf_keras.src.optimizers", "keras.optimizers.SGD"]),
+    "accumulated-twice-keras3": (lambda tmp: _accumulated_twice(), ValueError,
+                                 ["gradient_accumulation_steps=3", "Accumulate in one place"]),
     "precision-after-keras3-model": (lambda tmp: _compiled_after_use(_k3()), ValueError,
                                      ["'early'", "built under the dtype policy 'float32'", "'mixed_bfloat16'"]),
     "precision-after-tf-keras-model": (lambda tmp: _compiled_after_use(keras), ValueError,
@@ -339,6 +351,10 @@ def test_a_strategy_name_outside_the_vocabulary_is_a_usage_error_listing_the_nam
      "steps must be an int >= 1. Received: steps=0"),
     (["verify", "--model", "tfpar.demo", "--data", "tfpar.demo:digits_dataset"],
      "--model takes module:function. Received: --model='tfpar.demo'"),
+    (["verify", "--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dataset",
+      "--paths", "all", "--steps", "3"], "Received: steps=3. Use steps=4"),
+    (["verify", "--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dataset",
+      "--paths", "zero1", "--zero-stage", "2"], "Received: zero_stage=2 with paths='zero1'"),
     (["tune", "--space", '{"per_replica_batch": []}'], "The tune axis 'per_replica_batch' is empty"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_flags_of_the_training_commands_are_refused_before_any_training(args, message, capsys):

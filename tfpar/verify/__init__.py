@@ -156,6 +156,9 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
         raise ValueError(f"tensor_parallel splits a pipeline's stages. Received: tensor_parallel={tensor_parallel} with "
                          f"strategy {strategy!r}. Use --strategy pipeline, or --strategy tensor_parallel alone.")
     if paths is not None:
+        from tfpar.verify._paths import check_paths
+
+        check_paths(paths, steps, zero_stage)
         return _verify_paths(model_fn, data_fn, strategy, replicas, steps, global_batch_size, tolerance, seed, paths)
     if strategy == "pipeline":
         spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time", tensor_parallel=tensor_parallel)

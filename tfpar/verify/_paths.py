@@ -1,4 +1,5 @@
-"""The gradient paths of the data-parallel strategies, and `verify`'s comparison of each with one replica.
+"""The gradient paths of the data-parallel strategies, and `verify`'s comparison of each with one
+replica.
 
 A *path* is what happens to the gradients between the backward pass and the update: sent as they are
 ("plain"), cast to 16 bits for the wire ("bf16", "fp16"), reduce-scattered to shard the optimizer
@@ -18,8 +19,8 @@ element whose gradient nearly cancels over the replicas, and which the cast then
 good part of a step; on an Embedding most rows are such. Measured with Adam(1e-2), 4 steps, 2
 replicas (tests/gradient_paths.py): bf16 0.002 on the text model and the image model, but 0.15 to
 0.18 for bf16 with accumulation on the text model (its embedding's accumulated rows cast to bf16 and
-summed in bf16); fp16 at most 0.013, mixed_float16 at most 0.013. A maximum over elements would not be a fair
-measure.
+summed in bf16); fp16 at most 0.013, mixed_float16 at most 0.013. A maximum over elements would not
+be a fair measure.
 """
 
 import dataclasses
@@ -27,7 +28,7 @@ import itertools
 
 import numpy as np
 
-__all__ = ["PATHS", "GradientPath", "PathRow", "PathsReport", "paths_from"]
+__all__ = ["PATHS", "GradientPath", "PathRow", "PathsReport", "check_paths", "paths_from"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +93,41 @@ def paths_from(value) -> list:
     Raises:
         ValueError: a name that is not in `PATHS`, or none at all.
     """
-    names = list(PATHS) if value == "all" else [n.strip() for n in (value.split(",") if isinstance(value, str)
-                                                                    else value) if n.strip()]
+    if value == "all":
+        names = list(PATHS)
+    else:
+        given = value.split(",") if isinstance(value, str) else value
+        names = [n.strip() for n in given if n.strip()]
     unknown = [n for n in names if n not in PATHS]
     if unknown or not names:
-        raise ValueError(f"paths takes 'all' or names of {sorted(PATHS)}. Received: paths={value!r}. "
-                         "Use --paths all, or e.g. --paths plain,zero1,bf16+zero2.")
+        raise ValueError(
+            f"paths takes 'all' or names of {sorted(PATHS)}. Received: paths={value!r}. "
+            "Use --paths all, or e.g. --paths plain,zero1,bf16+zero2.")
     return [PATHS[n] for n in names]
+
+
+def check_paths(value, steps, zero_stage=0) -> list:
+    """``value``'s paths (`paths_from`), checked against ``verify``'s other arguments, before any
+    run.
+
+    Raises:
+        ValueError: a ``zero_stage`` beside them (each path sets its own), or ``steps`` that an
+            accumulating path cannot compare (not a multiple of its accumulated steps).
+    """
+    paths = paths_from(value)
+    if zero_stage:
+        raise ValueError(
+            "paths set the ZeRO stage of each path (zero1, zero2). Received: "
+            f"zero_stage={zero_stage} with paths={value!r}. Drop --zero-stage, and name the zero1 "
+            "or zero2 paths.")
+    window = max(p.accumulation for p in paths)
+    if steps % window:
+        names = [p.name for p in paths if p.accumulation > 1]
+        raise ValueError(
+            f"paths {', '.join(names)} accumulate {window} steps per update, compared with one "
+            f"step of {window} global batches, so steps must be a multiple of {window}. "
+            f"Received: steps={steps}. Use steps={steps + window - steps % window}.")
+    return paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +144,8 @@ class PathRow:
 
 @dataclasses.dataclass(frozen=True)
 class PathsReport:
-    """`verify`'s rows for several paths; ``passed`` when none differs (a refusal is not a difference)."""
+    """`verify`'s rows for several paths; ``passed`` when none differs (a refusal is not a
+    difference)."""
 
     description: str
     steps: int
@@ -128,13 +158,16 @@ class PathsReport:
 
     def describe(self) -> str:
         width = max(len(row.path) for row in self.rows)
-        lines = [self.description, f"each path after {self.steps} steps against one replica, from the same weights "
-                 "and batches (largest |difference| of a weight; relative error of the whole update):"]
+        lines = [self.description,
+                 f"each path after {self.steps} steps against one replica, from the same weights "
+                 "and batches (largest |difference| of a weight; relative error of the whole "
+                 "update):"]
         for row in self.rows:
             if row.verdict == "refused":
                 lines.append(f"  {row.path:<{width}}  refused  {row.detail}")
                 continue
-            lines.append(f"  {row.path:<{width}}  {row.verdict:<7}  max |difference| {row.max_difference:.3g}  "
+            lines.append(f"  {row.path:<{width}}  {row.verdict:<7}  "
+                         f"max |difference| {row.max_difference:.3g}  "
                          f"update error {row.relative_error:.3g}  (bound: {row.bound})"
                          + (f"  {row.detail}" if row.detail else ""))
         lines.append("PASSED: every path trains like one replica" if self.passed
@@ -144,8 +177,10 @@ class PathsReport:
 
 def relative_update_error(start, reference, distributed) -> float:
     """The norm of the two updates' difference over the norm of the reference's update."""
-    gap = [np.ravel(np.asarray(b, np.float64) - np.asarray(a, np.float64)) for a, b in zip(reference, distributed)]
-    step = [np.ravel(np.asarray(a, np.float64) - np.asarray(s, np.float64)) for s, a in zip(start, reference)]
+    gap = [np.ravel(np.asarray(b, np.float64) - np.asarray(a, np.float64))
+           for a, b in zip(reference, distributed)]
+    step = [np.ravel(np.asarray(a, np.float64) - np.asarray(s, np.float64))
+            for s, a in zip(start, reference)]
     moved = float(np.linalg.norm(np.concatenate(step))) if step else 0.0
     return float(np.linalg.norm(np.concatenate(gap))) / moved if moved else 0.0
 
@@ -170,12 +205,14 @@ def compare_paths(value, compare, tolerance) -> tuple:
     """``(rows, description, chief)``: each path of ``value`` (see `paths_from`) compared by
     ``compare(path)``, which returns its `VerifyReport` and the weights `row_of` reads, under the
     path's precision policy. A path tfpar's own code refuses (a ValueError or TypeError raised in
-    tfpar, before or at the first step) is a "refused" row with the reason; any other error is raised."""
+    tfpar, before or at the first step) is a "refused" row with the reason; any other error is
+    raised."""
     import warnings
 
-    from tfpar.precision import PrecisionWarning, use
+    from tfpar.precision import PrecisionWarning, current, use
 
     rows, description, chief = [], "", True
+    previous = current()
     for path in paths_from(value):
         try:
             with warnings.catch_warnings():
@@ -189,7 +226,7 @@ def compare_paths(value, compare, tolerance) -> tuple:
             rows.append(PathRow(path.name, "refused", detail=refusal))
             continue
         finally:
-            use("float32")
+            use(previous)
         description = description or report.description.splitlines()[0]
         chief = report.chief
         start, reference, distributed = weights
@@ -198,15 +235,17 @@ def compare_paths(value, compare, tolerance) -> tuple:
 
 
 def _refusal(error) -> str | None:
-    """tfpar's own refusal in ``error`` (raised by a line of tfpar, saying what it received), or None.
-    An error raised while Keras traces a step comes wrapped, its frames listed in its message."""
+    """tfpar's own refusal in ``error`` (raised by a line of tfpar, saying what it received), or
+    None. An error raised while Keras traces a step comes wrapped, its frames listed in its
+    message."""
     import os
     import re
     import traceback
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     message = str(error)
-    files = re.findall(r'File "([^"]+)"', message) or [f.filename for f in traceback.extract_tb(error.__traceback__)]
+    files = (re.findall(r'File "([^"]+)"', message)
+             or [f.filename for f in traceback.extract_tb(error.__traceback__)])
     if not files or not os.path.abspath(files[-1]).startswith(root) or "Received:" not in message:
         return None
     return re.split(r"(?:ValueError|TypeError): ", message)[-1].strip()
