@@ -1,8 +1,8 @@
 """Every gradient path of `DataParallel` against one device, on the layers users use (issue 47):
 `tfpar verify --paths all` on the text model (Embedding, self-attention, LayerNormalization, Dense)
 and the image model (Conv2D, synchronized BatchNormalization) of tests/gradient_paths.py, both
-Kerases, 2 replicas of this process; and KerasHub's GPT-2 under ZeRO and bf16. Across workers:
-tests/multiproc/test_gradient_paths.py."""
+Kerases, 2 replicas of this process; and KerasHub's GPT-2, BERT, Llama and Gemma under ZeRO and
+bf16. Horovod's ranks: tests/multiproc/test_verify.py."""
 
 import numpy as np
 import pytest
@@ -70,42 +70,60 @@ def test_a_path_tfpar_refuses_is_a_row_with_the_reason():
     assert "Received: clipvalue=0.5" in zero.detail and "Use global_clipnorm=, or zero_stage=0" in zero.detail
 
 
-def _gpt2():
+def _keras_hub(name):
+    """KerasHub's task model ``name`` (tiny config: 2 blocks, hidden 16, random weights, no
+    preprocessor), compiled as its users compile it, and a batch of 48 examples for it."""
     import keras
     import keras_hub
 
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16,
-                                             intermediate_dim=32, max_sequence_length=16, dropout=0.0)
-    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
-def test_keras_hub_gpt2_trains_like_one_device_under_zero_and_bf16():
-    """KerasHub's GPT2CausalLM (tiny config, random weights), its boolean padding mask as its
-    preprocessor makes it, fit as its users fit it: ZeRO failed at the first step (a gradient of
-    unknown static shape), and Keras 3's first-batch reduction of the mask under 2 replicas."""
+    models = keras_hub.models
     ids = np.random.default_rng(0).integers(0, 64, size=(48, 8)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
     y = np.roll(ids, -1, axis=1)
+    sizes = {"vocabulary_size": 64, "num_layers": 2, "hidden_dim": 16, "intermediate_dim": 32}
+    if name == "gpt2":
+        backbone = models.GPT2Backbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
+        model = models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    elif name == "bert":
+        backbone = models.BertBackbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
+        model = models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None, dropout=0.0)
+        x["segment_ids"] = np.zeros_like(ids)
+        y = ids[:, 0] % 2
+    elif name == "llama":
+        backbone = models.LlamaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1)
+        model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    else:
+        backbone = models.GemmaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1, head_dim=8)
+        model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, x, y
 
-    def trained(strategy, start=None):
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gemma"])
+def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
+    """KerasHub's task models, their boolean padding mask as their preprocessors make it, fit as
+    their users fit them, 3 steps of Adam: ZeRO failed at the first step on GPT-2 (a gradient of
+    unknown static shape), and Keras 3's first-batch reduction of the mask under 2 replicas."""
+    import keras
+
+    def trained(strategy, start):
         with strategy.scope():
-            model = _gpt2()
-        if start is not None:
-            model.set_weights(start)
+            model, x, y = _keras_hub(name)
+        model.set_weights(start)
         model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # 3 steps
         return model
 
+    keras.utils.set_random_seed(0)
     one = tfpar.DataParallel(devices=["/cpu:0"])
     with one.scope():
-        start = _gpt2().get_weights()
+        start = _keras_hub(name)[0].get_weights()
     reference = trained(one, start).get_weights()
     for options, bound in [({}, 1e-5), ({"zero_stage": 1}, 1e-5), ({"zero_stage": 2}, 1e-5),
                            ({"compression": "bf16"}, None)]:
         weights = trained(tfpar.DataParallel(**options), start).get_weights()
         if bound is not None:
-            assert max(float(np.abs(a - b).max()) for a, b in zip(reference, weights)) <= bound, options
+            largest = max(float(np.abs(a - b).max()) for a, b in zip(reference, weights))
+            assert largest <= bound, (options, largest)
             continue
         error = relative_update_error(start, reference, weights)
         assert 0 < error <= PATHS["bf16"].bound, error
