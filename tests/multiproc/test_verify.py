@@ -3,6 +3,7 @@
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
+from tests.gradient_paths import EXPECTED_DIFFERENCES
 
 DEMO = ["--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dataset", "--steps", "4"]
 VERIFY = [*tfpar_command("verify"), *DEMO]
@@ -40,6 +41,35 @@ def test_a_model_that_differs_exits_1_naming_the_cause():
     assert "FAILED: differs from one replica" in result.output
 
 
+def _path_verdicts(output):
+    """{path: verdict} of the rows the chief printed (tfpar launch's ``[worker 0]`` prefix, or
+    horovodrun's ``[0]<stdout>:``)."""
+    verdicts = {}
+    for line in output.splitlines():
+        for prefix in ("[worker 0] ", "[0]<stdout>:"):
+            row = line[len(prefix):].split() if line.startswith(prefix) else []
+            if len(row) > 1 and row[1] in ("ok", "DIFF"):
+                verdicts[row[0]] = row[1]
+    return verdicts
+
+
+@pytest.mark.parametrize("shape, keras", [("text", "keras3"), ("image", "tf_keras")])
+def test_every_gradient_path_of_two_workers_trains_like_one_device(shape, keras):
+    """`tfpar verify --paths all` over 2 workers of `tfpar launch` (a MultiWorkerDataParallel per path
+    in one job: the second keeps the server and the collectives the first started, with keys of
+    its own), both Kerases, both shapes: the rows of one host (tests/devices/test_gradient_paths.py)."""
+    result = run_command(tfpar_command("launch", "-n", "2", "--", *tfpar_command("verify"),
+                                       "--model", f"tests.gradient_paths:{shape}_{keras}",
+                                       "--data", f"tests.gradient_paths:{shape}_data", "--batch-size", "16",
+                                       "--steps", "4", "--paths", "all"), timeout=400, env={"PYTHONPATH": ROOT})
+    verdicts = _path_verdicts(result.output)
+    assert len(verdicts) == 20, result.output[-4000:]
+    for path, verdict in verdicts.items():
+        expected = "DIFF" if (shape, keras, path) in EXPECTED_DIFFERENCES else "ok"
+        assert verdict == expected, (path, result.output[-4000:])
+    assert result.returncode == 1  # verify's exit code: a path differs (as on one host)
+
+
 def test_every_gradient_path_of_horovod_ranks_trains_like_one_device(horovod_installed):
     """`tfpar verify --paths all` under 2 Horovod ranks, one job for the 20 paths, on the text model
     (Embedding, self-attention, LayerNormalization) of tests/gradient_paths.py under Keras 3: the
@@ -48,9 +78,7 @@ def test_every_gradient_path_of_horovod_ranks_trains_like_one_device(horovod_ins
                                        "--strategy", "horovod", "--model", "tests.gradient_paths:text_keras3",
                                        "--data", "tests.gradient_paths:text_data", "--batch-size", "16",
                                        "--steps", "4", "--paths", "all"), timeout=400, env={"PYTHONPATH": ROOT})
-    rows = [line.split(":", 1)[1].split() for line in result.output.splitlines()
-            if line.startswith("[0]<stdout>:  ") and ("  ok  " in line or "  DIFF  " in line)]
-    verdicts = {row[0]: row[1] for row in rows}
+    verdicts = _path_verdicts(result.output)
     assert len(verdicts) == 20, result.output[-4000:]
     # the one-replica reference skips a step for an overflow the ranks' halved gradients do not reach
     assert verdicts.pop("accumulate+mixed_float16") == "DIFF"

@@ -57,6 +57,39 @@ def test_mirrored_strategy_members():
     assert not isinstance(own, tf.distribute.DistributedValues)
 
 
+def test_multi_worker_collective_set_up_still_reads_what_tfpar_sets():
+    """A second multi-worker DataParallel keeps the first one's server: TensorFlow still starts it
+    only where ``_std_server_started`` is unset, and keeps the server def it was started with."""
+    from tensorflow.python.eager import context
+
+    source = inspect.getsource(_compat.CollectiveAllReduceExtended._initialize_multi_worker)
+    assert 'getattr(self, "_std_server_started", False)' in source
+    assert "collective_key_base" in source
+    assert hasattr(context.context(), "_collective_ops_server_def")
+    cluster = tf.train.ClusterSpec({"worker": ["127.0.0.1:1"]}).as_cluster_def()
+    assert not _compat.collective_server_started(cluster, "worker", 0)  # this process started none
+    extended = type("Extended", (), {})()
+    _compat.keep_collective_server(extended)
+    assert extended._std_server_started is True
+
+
+def test_keras_hub_fit_is_still_a_wrapper_of_keras_fit():
+    """KerasHub's PipelineModel.fit, which tfpar steps past for a distributed dataset: still there,
+    still refusing what is neither arrays nor a dataset it can map, with Keras' fit under it."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from keras_hub.src.utils.pipeline_model import PipelineModel
+
+    assert "fit" in vars(PipelineModel) and "preprocess_samples" in inspect.getsource(PipelineModel.fit)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=8, num_layers=1, num_heads=1, hidden_dim=4,
+                                             intermediate_dim=4, max_sequence_length=4)
+    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    strategy = tfpar.DataParallel()
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
+    fit = _compat.keras_hub_fit(model, dataset)
+    assert fit is not None and fit is not PipelineModel.fit and fit.__name__ == "fit"
+    assert _compat.keras_hub_fit(model, tf.data.Dataset.range(4)) is None  # KerasHub's own takes it
+
+
 def test_distributed_dataset_builders_take_the_arguments_tfpar_passes():
     single = inspect.signature(_compat.get_distributed_dataset).parameters
     assert list(single)[:3] == ["dataset", "input_workers", "strategy"] and "options" in single

@@ -20,6 +20,10 @@ from tensorflow.python.trackable import base as _trackable_base
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
 
+from tfpar._compat.collectives import (collective_all_gather, collective_all_reduce, collective_all_to_all,
+                                       collective_server_started, keep_collective_server,
+                                       set_collective_key_base)
+from tfpar._compat.keras_hub import keras_hub_fit
 from tfpar._compat.graph import graph_steps, is_graph_network, keras_layer_of, layer_nodes_in, node_layer
 
 __all__ = [
@@ -28,7 +32,7 @@ __all__ = [
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
     "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "collective_all_to_all", "keras_layer_of", "layer_nodes_in",
-    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
+    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "keras_hub_fit", "collective_server_started", "keep_collective_server", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
 
@@ -78,12 +82,6 @@ def in_xla_context():
 def unwrap_initial_value(initial):
     """A checkpoint-restored initial value (CheckpointInitialValue) as the tensor inside it."""
     return getattr(initial, "wrapped_value", initial)
-
-
-def set_collective_key_base(strategy, base):
-    """Gives a MirroredStrategy its own collective keys, read by its __init__: two strategies in one
-    process otherwise share group key 1 (TensorFlow's own tests do this; no public option)."""
-    strategy._collective_key_base = base
 
 
 def cross_device_ops_of(strategy):
@@ -287,29 +285,6 @@ def current_learning_rate(optimizer):
         return optimizer._get_current_learning_rate()
     optimizer._compute_current_learning_rate()
     return optimizer.learning_rate
-
-
-def collective_all_reduce(t, **keys):
-    """TensorFlow's collective all-reduce (a sum) of ``t`` among the group's workers (the op
-    MultiWorkerMirroredStrategy runs; no public form outside a strategy)."""
-    from tensorflow.python.ops import collective_ops
-
-    return collective_ops.all_reduce_v2(t, merge_op="Add", final_op="Id", **keys)
-
-
-def collective_all_gather(t, **keys):
-    """TensorFlow's collective all-gather of ``t`` along its first axis among the group's workers."""
-    from tensorflow.python.ops import collective_ops
-
-    return collective_ops.all_gather_v2(t, **keys)
-
-
-def collective_all_to_all(t, **keys):
-    """TensorFlow's collective all-to-all among the group's members: ``t``'s first axis, of the
-    group's size, is split, and member j receives every member's row j, in member order."""
-    from tensorflow.python.ops import collective_ops
-
-    return collective_ops.all_to_all_v2(t, **keys)
 
 
 def random_generator_type(layer):

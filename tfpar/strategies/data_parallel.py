@@ -236,21 +236,23 @@ class DataParallel(Parallelism):
         return "\n".join(lines)
 
 
+_KEY_BASES = itertools.count(100_000, 100_000)
+"""Each DataParallel's collective keys: they must not repeat between strategies of one process. Two
+MirroredStrategy objects both start at group key 1 and the second one's all-reduce meets the first
+one's tensors ("Shape mismatch in the collective instance"); two MultiWorkerMirroredStrategy ones
+meet a broadcast where a reduction was expected. TensorFlow's own tests shift the base by 100000
+per strategy. Every worker of a job makes its strategies in the same order, so their keys agree."""
+
+
 class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     """`DataParallel` on one host: a `tf.distribute.MirroredStrategy`."""
 
     _TF_BASE = "MirroredStrategy"
-    # Collective keys must not repeat between strategies of one process: two
-    # MirroredStrategy objects both start at group key 1 and the second one's
-    # all-reduce meets the first one's tensors ("Shape mismatch in the
-    # collective instance"). TensorFlow's own tests shift the base by 100000
-    # per strategy; every DataParallel gets its own base the same way.
-    _key_bases = itertools.count(100_000, 100_000)
 
     def __init__(self, config: DataParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = self._config_for(config, kwargs)
         _require_gpus(self.config)
-        _compat.set_collective_key_base(self, next(self._key_bases))
+        _compat.set_collective_key_base(self, next(_KEY_BASES))
         devices = self.config.devices or _default_devices()
         # MirroredStrategy's own __init__ would build a plain MirroredExtended.
         tf.distribute.Strategy.__init__(self, _MirroredExtended(
@@ -272,7 +274,15 @@ class _MirroredExtended(GradientReduction, _compat.MirroredExtended):
 
 
 class _CollectiveExtended(GradientReduction, _compat.CollectiveAllReduceExtended):
-    """MultiWorkerMirroredStrategy's extended, with the same."""
+    """MultiWorkerMirroredStrategy's extended, with the same. A second one in a process of the same
+    cluster (``tfpar verify --paths``: a strategy per path) keeps the server the first started."""
+
+    def __init__(self, container_strategy, config, **kwargs):
+        resolver = kwargs["cluster_resolver"]
+        cluster = resolver.cluster_spec().as_cluster_def()
+        if _compat.collective_server_started(cluster, resolver.task_type, resolver.task_id):
+            _compat.keep_collective_server(self)
+        super().__init__(container_strategy, config, **kwargs)
 
 
 def _default_devices():
@@ -300,6 +310,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
             task_id=cluster.task_index,
             rpc_layer="grpc",
         )
+        _compat.set_collective_key_base(self, next(_KEY_BASES))
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=self.config.bytes_per_pack,
             timeout_seconds=self.config.timeout_seconds,
