@@ -65,7 +65,8 @@ def _run(model, method, args, kwargs):
     """Keras' ``method`` of ``model``'s class, with ``model``'s checks around it.
 
     A before-check gets ``(model, arguments)``, ``arguments`` mapping the method's parameters to
-    this call's values; a value it replaces there is what the method gets. It may raise to refuse."""
+    this call's values; a value it replaces there is what the method gets. It may raise to refuse.
+    A KerasHub task model's ``fit`` of a distributed dataset is Keras' own (`_keras_method`)."""
     original = getattr(type(model), method)
     checks = [c for c in (*checks_of(model), *_process_checks) if c[0] == method]
     try:
@@ -78,7 +79,10 @@ def _run(model, method, args, kwargs):
     for _, when, check in checks:
         if when == "before":
             check(model, arguments)
-    if any(arguments[name] is not value for name, value in given.items()):
+    keras_method = _keras_method(model, method, arguments)
+    if keras_method is not None:
+        result = keras_method(model, **_keywords(bound))
+    elif any(arguments[name] is not value for name, value in given.items()):
         result = original(*bound.args, **bound.kwargs)  # a check replaced an argument
     else:
         result = original(model, *args, **kwargs)
@@ -86,6 +90,27 @@ def _run(model, method, args, kwargs):
         if when == "after":
             check(model, arguments)
     return result
+
+
+def _keras_method(model, method, arguments):
+    """Keras' ``fit`` where a KerasHub task model's own would refuse a distributed dataset (it takes
+    arrays and datasets it can map its preprocessor over), else None."""
+    if method != "fit":
+        return None
+    from tfpar import _compat
+
+    return _compat.keras_hub_fit(model, arguments.get("x"))
+
+
+def _keywords(bound):
+    """A bound call's arguments as keywords (its ``**kwargs`` spread), the model left out."""
+    keywords = {}
+    for name, value in list(bound.arguments.items())[1:]:
+        if bound.signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            keywords.update(value)
+        else:
+            keywords[name] = value
+    return keywords
 
 
 def _method(name):

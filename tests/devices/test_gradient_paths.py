@@ -2,25 +2,16 @@
 `tfpar verify --paths all` on the text model (Embedding, self-attention, LayerNormalization, Dense)
 and the image model (Conv2D, synchronized BatchNormalization) of tests/gradient_paths.py, both
 Kerases, 2 replicas of this process; and KerasHub's GPT-2, BERT, Llama and Gemma under ZeRO and
-bf16. Horovod's ranks: tests/multiproc/test_verify.py."""
+bf16. Workers and Horovod's ranks: tests/multiproc/test_verify.py."""
 
 import numpy as np
 import pytest
 
 import tfpar
 from tests import gradient_paths as models
+from tests.gradient_paths import EXPECTED_DIFFERENCES
 from tfpar.verify._paths import PATHS, relative_update_error
 
-EXPECTED_DIFFERENCES = {
-    ("image", "tf_keras", "accumulate"): "BatchNormalization statistics taken per accumulated step",
-    ("image", "tf_keras", "zero1+accumulate"): "BatchNormalization statistics taken per accumulated step",
-    ("image", "tf_keras", "zero2+accumulate"): "BatchNormalization statistics taken per accumulated step",
-    ("image", "tf_keras", "accumulate+mixed_float16"): "BatchNormalization statistics taken per accumulated step",
-    # The one-replica reference (Keras 3's own accumulation inside its LossScaleOptimizer) skips a step
-    # for an overflow that the 2 replicas' halved gradients do not reach: said, not hidden.
-    ("text", "keras3", "accumulate+mixed_float16"): "loss-scale skips differ",
-}
-"""The rows that differ by what they are, each with the reason verify gives."""
 
 
 @pytest.mark.parametrize("shape", ["text", "image"])
@@ -70,35 +61,6 @@ def test_a_path_tfpar_refuses_is_a_row_with_the_reason():
     assert "Received: clipvalue=0.5" in zero.detail and "Use global_clipnorm=, or zero_stage=0" in zero.detail
 
 
-def _keras_hub(name):
-    """KerasHub's task model ``name`` (tiny config: 2 blocks, hidden 16, random weights, no
-    preprocessor), compiled as its users compile it, and a batch of 48 examples for it."""
-    import keras
-    import keras_hub
-
-    models = keras_hub.models
-    ids = np.random.default_rng(0).integers(0, 64, size=(48, 8)).astype("int32")
-    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
-    y = np.roll(ids, -1, axis=1)
-    sizes = {"vocabulary_size": 64, "num_layers": 2, "hidden_dim": 16, "intermediate_dim": 32}
-    if name == "gpt2":
-        backbone = models.GPT2Backbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
-        model = models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    elif name == "bert":
-        backbone = models.BertBackbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
-        model = models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None, dropout=0.0)
-        x["segment_ids"] = np.zeros_like(ids)
-        y = ids[:, 0] % 2
-    elif name == "llama":
-        backbone = models.LlamaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1)
-        model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-    else:
-        backbone = models.GemmaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1, head_dim=8)
-        model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model, x, y
-
-
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gemma"])
 def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
     """KerasHub's task models, their boolean padding mask as their preprocessors make it, fit as
@@ -108,7 +70,7 @@ def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
 
     def trained(strategy, start):
         with strategy.scope():
-            model, x, y = _keras_hub(name)
+            model, x, y = models.keras_hub_task(name)
         model.set_weights(start)
         model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # 3 steps
         return model
@@ -116,7 +78,7 @@ def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
     keras.utils.set_random_seed(0)
     one = tfpar.DataParallel(devices=["/cpu:0"])
     with one.scope():
-        start = _keras_hub(name)[0].get_weights()
+        start = models.keras_hub_task(name)[0].get_weights()
     reference = trained(one, start).get_weights()
     for options, bound in [({}, 1e-5), ({"zero_stage": 1}, 1e-5), ({"zero_stage": 2}, 1e-5),
                            ({"compression": "bf16"}, None)]:
@@ -127,3 +89,40 @@ def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
             continue
         error = relative_update_error(start, reference, weights)
         assert 0 < error <= PATHS["bf16"].bound, error
+
+
+def test_verify_paths_on_a_keras_hub_model_as_the_docs_show():
+    """`tfpar verify --paths` on KerasHub's GPT2CausalLM fed by `tfpar.data.distribute` (KerasHub's
+    own fit takes no distributed dataset: tfpar calls Keras' fit under it). The docs' page shows
+    all 20 paths ok (108 s here); CI runs one path of each kind: float32, sharded with accumulation,
+    16-bit, mixed."""
+    paths = ["plain", "zero2+accumulate", "bf16", "mixed_float16"]
+    report = tfpar.verify.verify(models.gpt2_keras_hub, models.gpt2_data, steps=4, global_batch_size=16,
+                                 paths=paths)
+    assert [row.path for row in report.rows] == paths
+    assert {row.verdict for row in report.rows} == {"ok"} and report.passed, report.describe()
+
+
+def test_a_keras_hub_preprocessor_goes_into_the_input_pipeline_as_the_refusal_says():
+    """A KerasHub task model with a preprocessor cannot map it over a distributed dataset: refused
+    at fit with the fix; done as it says (the preprocessor mapped before tfpar.data.distribute, the
+    model's set to None), the model trains on the distributed strings."""
+    import keras_hub
+    import tensorflow as tf
+
+    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "Ġ": 3, "Ġa": 4, "Ġb": 5}
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=["Ġ a", "Ġ b"])
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer=tokenizer, sequence_length=8)
+    strategy = tfpar.DataParallel()
+    with strategy.scope():
+        model, _, _ = models.keras_hub_task("gpt2")
+        model.preprocessor = preprocessor
+    text = tf.data.Dataset.from_tensor_slices(["a b", "b a b", "a a", "b"] * 4)
+    train = tfpar.data.distribute(text, strategy, 8)
+    with pytest.raises(ValueError, match=r"Received: a GPT2CausalLM with preprocessor GPT2CausalLMPreprocessor"):
+        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, verbose=0)
+    train = tfpar.data.distribute(text.map(preprocessor), strategy, 8)
+    model.preprocessor = None
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
+    assert int(model.optimizer.iterations.numpy()) == 2 * train.steps_per_epoch == 4
