@@ -42,6 +42,25 @@ def test_accumulating_n_steps_trains_like_one_step_of_n_times_the_batch(any_kera
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+def test_accumulation_runs_eagerly_as_in_a_function_and_then_lets_assignments_through(any_keras):
+    """``run_eagerly=True`` trains as the traced step does (3 steps of 2 accumulated: one update,
+    a window left open), and after it an assignment of the weights is not held for a boundary."""
+    x, y = _data(48)
+    trained = []
+    for eagerly in (False, True):
+        strategy = tfpar.DataParallel(gradient_accumulation_steps=2)
+        with strategy.scope():
+            model = _mlp(any_keras)
+            model.compile(any_keras.optimizers.SGD(0.1, momentum=0.9), "mse", run_eagerly=eagerly)
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == 1
+        trained.append(model.get_weights())
+    for a, b in zip(*trained):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    model.set_weights([np.full_like(w, 5.0) for w in trained[0]])
+    assert all((w == 5.0).all() for w in model.get_weights())
+
+
 @pytest.mark.parametrize("compression, relative", [("bf16", 2.0 ** -8), ("fp16", 2.0 ** -10)])
 def test_compressed_update_is_within_the_rounding_of_the_float32_one(any_keras, compression, relative):
     """One SGD step where both replicas see the same 8 examples (so the all-reduce adds two equal

@@ -113,17 +113,20 @@ def test_nan_guard_restores_weights_whose_loss_was_finite(check, any_keras):
     assert model.get_weights()[0][0, 0] == pytest.approx((-9.0) ** (guard.restored_step - 1), rel=1e-5)
 
 
-def test_nan_guard_counts_fits_steps_under_gradient_accumulation():
+@pytest.mark.parametrize("check", ["batch", "epoch"])
+def test_nan_guard_counts_fits_steps_under_gradient_accumulation(check):
     """With 2 steps accumulated per update the optimizer's iterations count updates: the guard still
-    names fit's steps. The weights move every 2nd step, so the loss of step 2j+1 is 81^j, and the
-    21st distinct loss, at step 41, overflows (as at step 21 without accumulation)."""
+    names fit's steps, the one in an open window too. The weights move every 2nd step, so the loss
+    of step 2j+1 is 81^j, and the 21st distinct loss, at step 41, overflows (as at step 21 without
+    accumulation)."""
     strategy = tfpar.DataParallel(gradient_accumulation_steps=2)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(
             1, use_bias=False, kernel_initializer="ones")])
         model.compile(keras.optimizers.SGD(5.0), "mse")
-    x, y = np.ones((8, 1), "float32"), np.zeros((8, 1), "float32")
-    guard = NaNGuard()
+    x = np.ones((8, 1), "float32")
+    y = np.zeros((8, 1), "float32")
+    guard = NaNGuard(check=check)
     history = model.fit(x, y, batch_size=8, epochs=60, shuffle=False, verbose=0, callbacks=[guard])
     assert guard.stopped_at_step == len(history.history["loss"]) == 41
     assert guard.restored_step == 40 and int(model.optimizer.iterations.numpy()) == 20

@@ -198,3 +198,20 @@ def test_horovods_reduce_scatter_is_nccls_only_on_a_gpu_with_nccl(device, nccl, 
     from tfpar.strategies._horovod_ops import uses_nccl_reducescatter
 
     assert uses_nccl_reducescatter(device, nccl) is expected
+
+
+def test_the_reduce_scatter_of_squared_rows_stays_float32_under_fp16():
+    """Keras 3's Adam takes a sparse gradient's squared rows, 1e-8 and less, which fp16 flushes to
+    zero: the other replica's half is lost (each keeps its own part in float32). ZeRO's
+    reduce-scatter that carries them (``full=True``) sends float32, 4 bytes an element, and sums
+    them exactly; the gradients' own stay 2 bytes."""
+    import tensorflow as tf
+
+    from tfpar.strategies._zero_comms import OneHostChunks
+
+    chunks = OneHostChunks(["/cpu:0", "/cpu:1"], "fp16")
+    flat = [tf.fill([4], 1e-8), tf.fill([4], 1e-8)]
+    for full, expected, width in [(False, 1e-8, 2), (True, 2e-8, 4)]:
+        reduced, sent = chunks.reduce_scatter(flat, 2, False, full=full)
+        np.testing.assert_allclose([r.numpy() for r in reduced], expected, rtol=1e-6)
+        assert sent == [width * 2, width * 2]

@@ -2,21 +2,13 @@
 refuses them (ParameterServer), and printing once, on the chief, the way Keras prints."""
 
 from tfpar import _compat
-from tfpar._keras import keras
 from tfpar._topology import topology_of
-from tfpar.strategies._windows import steps_per_update
 
 
 def chief_print(model, message):
     """Prints ``message`` on the chief only, through Keras' printer (quiet where Keras is)."""
     if model.distribute_strategy.extended.should_checkpoint:
         _compat.print_msg(message)
-
-
-def steps_trained(model) -> int:
-    """The training steps ``model``'s optimizer has taken: its ``iterations``, which count updates,
-    times ``fit``'s steps per update (more than 1 under gradient accumulation)."""
-    return int(keras.backend.get_value(model.optimizer.iterations)) * steps_per_update(model)
 
 
 def coordinator_strategy():

@@ -15,7 +15,8 @@ from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._elastic import SCALING_RULES, rule_factor
 from tfpar._keras import keras
-from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print, steps_trained
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
+from tfpar.strategies._windows import steps_trained
 
 __all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "elastic_learning_rate",
            "exponential_decay", "rescale_learning_rate", "scaled_learning_rate", "step_decay"]

@@ -18,7 +18,8 @@ from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names, check_number
 from tfpar._keras import keras, tf
 from tfpar._topology import topology_of
-from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print, steps_trained
+from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
+from tfpar.strategies._windows import steps_trained
 
 __all__ = ["MetricAverage", "NaNGuard", "Throughput", "num_workers"]
 
@@ -154,8 +155,8 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         check_choice("check", check, ("batch", "epoch"))
         self.check = check
         self.stopped_at_step = None
-        """The training step at which the guard stopped training, or None (``fit``'s steps,
-        counted from the optimizer's ``iterations``: under accumulation, updates x their steps)."""
+        """The training step at which the guard stopped training, or None (``fit``'s steps, under
+        gradient accumulation too, where the optimizer's ``iterations`` count updates)."""
         self.restored_step = None
         """The training step whose starting weights were put back (its loss was finite), or None."""
 

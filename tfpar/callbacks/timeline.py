@@ -81,7 +81,9 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if path is None and os.environ.get(TIMELINE_VARIABLE):
             path = os.path.join(os.environ[TIMELINE_VARIABLE], "timeline.json")
         self.path = check_writable(path, "path")
-        self._stamps = self._steps = None
+        self._stamps = None
+        self._steps = None
+        self._steps_strategy = None
 
     # --- in the training function (installed when fit begins) ---
     def install(self, model: Any) -> None:
@@ -89,9 +91,13 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if self._stamps is None:
             with tf.device("/cpu:0"):
                 self._stamps = _compat.ResourceVariable(_empty(), trainable=False, name="tfpar_timeline")
-        if getattr(self, "_steps", None) is None:
-            self._steps = _step_counter(model.distribute_strategy)
-        stamps, optimizer, steps = self._stamps, model.optimizer, self._steps
+        strategy = model.distribute_strategy
+        if self._steps is None or self._steps_strategy is not strategy:  # a counter per strategy
+            self._steps = _step_counter(strategy)
+            self._steps_strategy = strategy
+        stamps = self._stamps
+        optimizer = model.optimizer
+        steps = self._steps
 
         traced = threading.local()  # the step a replica's thread traces: its counter, its gradients' time
 

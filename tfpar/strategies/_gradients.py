@@ -17,7 +17,7 @@ from tfpar import _compat
 from tfpar._keras import is_keras3, keras_of, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._microbatches import elastic_microbatches, split_into_microbatches
-from tfpar.strategies._windows import warn_about_remainder
+from tfpar.strategies._windows import count_updates, warn_about_remainder
 
 __all__ = ["COMPRESSIONS", "GRADIENT_CHECKS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction",
            "check_compression", "compress", "count_updates",
@@ -125,29 +125,6 @@ def mark_keras3_gradient_reduction(model, arguments=None):
     for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
         if isinstance(each, optimizer_class) and not getattr(each._all_reduce_sum_gradients, "_tfpar_marked", False):
             object.__setattr__(each, "_all_reduce_sum_gradients", _marking(each._all_reduce_sum_gradients))
-
-
-def count_updates(model, arguments=None):
-    """After ``compile`` under gradient accumulation: the optimizer's ``iterations`` counts updates
-    (`GradientAccumulator.count_updates`).
-
-    Raises:
-        ValueError: the optimizer accumulates too (Keras 3's ``gradient_accumulation_steps``).
-    """
-    accumulator = getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
-    optimizer = getattr(model, "optimizer", None)
-    if not isinstance(accumulator, GradientAccumulator) or optimizer is None:
-        return
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    own = getattr(inner, "gradient_accumulation_steps", None)
-    if own:
-        raise ValueError(
-            "The strategy accumulates gradients and so does the optimizer: each would wait for "
-            f"the other's window. Received: optimizer gradient_accumulation_steps={own!r} under a "
-            "strategy that accumulates. Accumulate in one place: the strategy's "
-            "gradient_accumulation_steps (backward_passes_per_step for HorovodStrategy), or the "
-            "optimizer's alone.")
-    accumulator.count_updates(optimizer)
 
 
 GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("compile", "after", count_updates),
@@ -259,11 +236,22 @@ class GradientAccumulator:
         self.counters.add(counter.ref())
 
     def governs(self, var):
-        """Whether the update of ``var`` is skipped between boundaries: in the step being traced
-        only (not in a function traced later, a checkpoint's restore)."""
-        if self.boundary is None or not _traced_within(self.boundary.graph):
+        """Whether the update of ``var`` is skipped between boundaries: in the step that set the
+        boundary only (not in a function traced later, a checkpoint's restore, nor in an
+        assignment after an eager step)."""
+        if self.boundary is None:
             return False
-        return var.ref() in self.targets or var.ref() in self.counters
+        if tf.is_symbolic_tensor(self.boundary):
+            within = _traced_within(self.boundary.graph)
+        else:  # an eager step (run_eagerly): until its last update (`step_done`)
+            within = tf.executing_eagerly()
+        return within and (var.ref() in self.targets or var.ref() in self.counters)
+
+    def step_done(self, var):
+        """After the update of ``var``: in an eager step the optimizer's step counter is the
+        step's last update, so the step's boundary is let go."""
+        if var.ref() in self.counters and not tf.is_symbolic_tensor(self.boundary):
+            self.boundary = None
 
 
 def _traced_within(graph):
@@ -287,7 +275,9 @@ class AccumulatedUpdates:
             super(AccumulatedUpdates, self)._update(var, fn, args, kwargs, group=True)
             return tf.constant(True)
 
-        return tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))
+        applied = tf.cond(accumulator.boundary, apply, lambda: tf.constant(False))
+        accumulator.step_done(var)
+        return applied
 
 
 class GradientReduction(AccumulatedUpdates):

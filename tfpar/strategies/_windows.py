@@ -11,12 +11,13 @@ import math
 
 from tfpar._keras import tf
 
-__all__ = ["steps_per_update", "warn_about_remainder"]
+__all__ = ["accumulator_of", "count_updates", "steps_per_update", "steps_trained",
+           "warn_about_remainder"]
 
 _log = logging.getLogger(__name__)
 
 
-def _accumulator(model):
+def accumulator_of(model):
     """``model``'s strategy's `GradientAccumulator`, or None."""
     return getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
 
@@ -24,7 +25,7 @@ def _accumulator(model):
 def steps_per_update(model) -> int:
     """``fit``'s steps per update of ``model``'s optimizer: its strategy's accumulation window, or
     the window of Keras 3's optimizer's own ``gradient_accumulation_steps``; 1 without either."""
-    accumulator = _accumulator(model)
+    accumulator = accumulator_of(model)
     if accumulator is not None:
         microbatches = getattr(model.distribute_strategy.extended, "_microbatches", 1)
         # an elastic job's micro-batches are one step's calls
@@ -32,6 +33,71 @@ def steps_per_update(model) -> int:
     optimizer = getattr(model, "optimizer", None)
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+
+
+def steps_trained(model) -> int:
+    """The training steps (``fit``'s batches) ``model``'s optimizer has taken: its ``iterations``,
+    which count updates, times the steps per update, and the steps of the window under way."""
+    optimizer = model.optimizer
+    window = steps_per_update(model)
+    updates = int(tf.convert_to_tensor(optimizer.iterations))
+    return updates * window + _steps_into_window(model, window)
+
+
+def _steps_into_window(model, window):
+    """The steps taken since the last update: from the counter of the calls that accumulate
+    (ZeRO's own, the strategy's accumulator's, or Keras 3's optimizer's every-step count)."""
+    if window == 1:
+        return 0
+    accumulator = accumulator_of(model)
+    if accumulator is None:  # Keras 3's own accumulation: its _iterations count every step
+        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        return int(tf.convert_to_tensor(inner._iterations)) % window
+    calls_per_step = getattr(model.distribute_strategy.extended, "_microbatches", 1)
+    sharded = getattr(model, "_tfpar_zero", None)
+    counter = getattr(sharded, "counter", None)  # ZeRO accumulating in its own buffers
+    if counter is None:
+        counter = accumulator.counter()
+    calls = int(tf.convert_to_tensor(counter))
+    return (calls % (window * calls_per_step)) // calls_per_step
+
+
+def count_updates(model, arguments=None):
+    """After ``compile`` under gradient accumulation: the optimizer's ``iterations`` counts updates
+    (`GradientAccumulator.count_updates`).
+
+    Raises:
+        ValueError: the optimizer accumulates too (Keras 3's ``gradient_accumulation_steps``).
+    """
+    accumulator = accumulator_of(model)
+    optimizer = getattr(model, "optimizer", None)
+    if accumulator is None or optimizer is None:
+        return
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    own = getattr(inner, "gradient_accumulation_steps", None)
+    if own:
+        raise ValueError(_accumulated_twice(model, own, accumulator.steps))
+    accumulator.count_updates(optimizer)
+
+
+def _accumulated_twice(model, own, calls):
+    """The refusal of an optimizer that accumulates ``own`` steps under a strategy whose
+    accumulator applies every ``calls`` calls (an elastic job's micro-batches included)."""
+    microbatches = getattr(model.distribute_strategy.extended, "_microbatches", 1)
+    received = (f"Received: optimizer gradient_accumulation_steps={own!r} under a strategy that "
+                f"applies every {calls} calls")
+    if microbatches == calls:  # only the elastic job's micro-batches
+        return (
+            "This elastic job runs on fewer workers than its reference, so each replica computes "
+            f"its batch in {microbatches} micro-batches accumulated by the strategy, and the "
+            f"optimizer accumulates too: each would wait for the other's window. {received}. "
+            "Launch with --elastic-batch grow, or accumulate with the strategy's "
+            "gradient_accumulation_steps instead of the optimizer's.")
+    return (
+        "The strategy accumulates gradients and so does the optimizer: each would wait for the "
+        f"other's window. {received}. Accumulate in one place: the strategy's "
+        "gradient_accumulation_steps (backward_passes_per_step for HorovodStrategy), or the "
+        "optimizer's alone.")
 
 
 def _steps_per_epoch(arguments):
@@ -50,7 +116,7 @@ def _steps_per_epoch(arguments):
 def warn_about_remainder(model, arguments):
     """Before ``fit``: says what becomes of the steps of an epoch that do not fill an accumulation
     window (the window does not restart at an epoch: they are carried into the next epoch's)."""
-    if _accumulator(model) is None:
+    if accumulator_of(model) is None:
         return
     steps = _steps_per_epoch(arguments)
     window = steps_per_update(model)

@@ -96,7 +96,8 @@ class CollectiveChunks:
         self.devices = list(strategy.extended.worker_devices)
         self.size = strategy.num_replicas_in_sync
         self.owned = [worker_index * len(self.devices) + k for k in range(len(self.devices))]
-        self.wire, self.timeout = WIRE_DTYPES.get(compression), timeout or 0
+        self.wire = WIRE_DTYPES.get(compression)
+        self.timeout = timeout or 0
         self._previous: tuple = (None, [])  # the last collective's graph and outputs
 
     def _each(self, op, values):

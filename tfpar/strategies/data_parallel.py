@@ -278,10 +278,7 @@ class _CollectiveExtended(GradientReduction, _compat.CollectiveAllReduceExtended
     cluster (``tfpar verify --paths``: a strategy per path) keeps the server the first started."""
 
     def __init__(self, container_strategy, config, **kwargs):
-        resolver = kwargs["cluster_resolver"]
-        cluster = resolver.cluster_spec().as_cluster_def()
-        if _compat.collective_server_started(cluster, resolver.task_type, resolver.task_id):
-            _compat.keep_collective_server(self)
+        _compat.keep_started_collective_server(self, kwargs["cluster_resolver"])
         super().__init__(container_strategy, config, **kwargs)
 
 
