@@ -8,13 +8,14 @@ import importlib
 
 import numpy as np
 
+_PER_ACCUMULATED_STEP = "BatchNormalization statistics taken per accumulated step"
 EXPECTED_DIFFERENCES = {
-    ("image", "tf_keras", "accumulate"): "BatchNormalization statistics taken per accumulated step",
-    ("image", "tf_keras", "zero1+accumulate"): "BatchNormalization statistics taken per accumulated step",
-    ("image", "tf_keras", "zero2+accumulate"): "BatchNormalization statistics taken per accumulated step",
-    ("image", "tf_keras", "accumulate+mixed_float16"): "BatchNormalization statistics taken per accumulated step",
-    # The one-replica reference (Keras 3's own accumulation inside its LossScaleOptimizer) skips a step
-    # for an overflow that the 2 replicas' halved gradients do not reach: said, not hidden.
+    ("image", "tf_keras", "accumulate"): _PER_ACCUMULATED_STEP,
+    ("image", "tf_keras", "zero1+accumulate"): _PER_ACCUMULATED_STEP,
+    ("image", "tf_keras", "zero2+accumulate"): _PER_ACCUMULATED_STEP,
+    ("image", "tf_keras", "accumulate+mixed_float16"): _PER_ACCUMULATED_STEP,
+    # The one-replica reference (Keras 3's own accumulation inside its LossScaleOptimizer) skips a
+    # step for an overflow that the 2 replicas' halved gradients do not reach: said, not hidden.
     ("text", "keras3", "accumulate+mixed_float16"): "loss-scale skips differ",
 }
 """The rows that differ by what they are, each with the reason verify gives."""
@@ -96,16 +97,19 @@ def keras_hub_task(name, examples=48):
         model = models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     elif name == "bert":
         backbone = models.BertBackbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
-        model = models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None, dropout=0.0)
+        model = models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None,
+                                          dropout=0.0)
         x["segment_ids"] = np.zeros_like(ids)
         y = ids[:, 0] % 2
     elif name == "llama":
         backbone = models.LlamaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1)
         model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)
     else:
-        backbone = models.GemmaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1, head_dim=8)
+        backbone = models.GemmaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1,
+                                         head_dim=8)
         model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(keras.optimizers.Adam(1e-2), loss)
     return model, x, y
 
 
@@ -115,7 +119,8 @@ def gpt2_keras_hub():
 
 
 def gpt2_data():
-    """Its examples as GPT-2's preprocessor gives them: ``({token_ids, padding_mask}, next tokens)``."""
+    """Its examples as GPT-2's preprocessor gives them: ``({token_ids, padding_mask}, next
+    tokens)``."""
     import tensorflow as tf
 
     _, x, y = keras_hub_task("gpt2", examples=64)

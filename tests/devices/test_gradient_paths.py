@@ -9,10 +9,7 @@ import pytest
 
 import tfpar
 from tests import gradient_paths as models
-from tests.gradient_paths import EXPECTED_DIFFERENCES
 from tfpar.verify._paths import PATHS, relative_update_error
-
-
 
 @pytest.mark.parametrize("shape", ["text", "image"])
 def test_every_gradient_path_trains_like_one_device(any_keras, shape):
@@ -22,17 +19,20 @@ def test_every_gradient_path_trains_like_one_device(any_keras, shape):
     rows = {row.path: row for row in report.rows}
     assert list(rows) == list(PATHS) and len(rows) == 20
     for path, row in rows.items():
-        expected = EXPECTED_DIFFERENCES.get((shape, name, path))
+        expected = models.EXPECTED_DIFFERENCES.get((shape, name, path))
         if expected:
             assert row.verdict == "DIFF" and expected in row.detail, (path, row)
             continue
         assert row.verdict == "ok", (path, row)
         if PATHS[path].bound is None:
             assert row.max_difference <= 1e-5, (path, row)
+        elif (shape, name) == ("text", "keras3") and path.startswith("fp16+zero"):
+            # Keras 3's Adam's squared rows keep that reduce-scatter float32 (fp16 flushed them)
+            assert row.relative_error < 1e-4, (path, row)
         else:  # 16-bit: it was cast (not equal), and within its documented bound
             assert 0 < row.relative_error <= PATHS[path].bound, (path, row)
-    assert report.describe().splitlines()[-1].startswith("PASSED" if not any(
-        k[:2] == (shape, name) for k in EXPECTED_DIFFERENCES) else "FAILED")
+    differs = any(k[:2] == (shape, name) for k in models.EXPECTED_DIFFERENCES)
+    assert report.describe().splitlines()[-1].startswith("FAILED" if differs else "PASSED")
 
 
 def test_bad_paths_are_refused():
@@ -40,7 +40,24 @@ def test_bad_paths_are_refused():
         tfpar.verify.verify(models.text_tf_keras, models.text_data, paths="zero3")
     with pytest.raises(ValueError, match=r"paths are the gradient paths of data_parallel and horovod. Received: "
                                          r"strategy 'pipeline'"):
-        tfpar.verify.verify(models.text_tf_keras, models.text_data, strategy="pipeline", paths="all")
+        tfpar.verify.verify(models.text_tf_keras, models.text_data, strategy="pipeline",
+                            paths="all", steps=3)
+
+
+def test_the_callers_precision_policy_is_put_back():
+    """Each path sets its own policy; afterwards both Kerases' are the caller's again."""
+    import keras
+
+    from tfpar.precision import use
+
+    use("mixed_bfloat16")
+    try:
+        tfpar.verify.verify(models.text_tf_keras, models.text_data, steps=2, global_batch_size=16,
+                            paths="plain,mixed_float16")
+        assert tfpar.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    finally:
+        use("float32")
 
 
 def test_a_path_tfpar_refuses_is_a_row_with_the_reason():
@@ -97,8 +114,8 @@ def test_verify_paths_on_a_keras_hub_model_as_the_docs_show():
     all 20 paths ok (108 s here); CI runs one path of each kind: float32, sharded with accumulation,
     16-bit, mixed."""
     paths = ["plain", "zero2+accumulate", "bf16", "mixed_float16"]
-    report = tfpar.verify.verify(models.gpt2_keras_hub, models.gpt2_data, steps=4, global_batch_size=16,
-                                 paths=paths)
+    report = tfpar.verify.verify(models.gpt2_keras_hub, models.gpt2_data, steps=4,
+                                 global_batch_size=16, paths=paths)
     assert [row.path for row in report.rows] == paths
     assert {row.verdict for row in report.rows} == {"ok"} and report.passed, report.describe()
 

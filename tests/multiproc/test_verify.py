@@ -53,34 +53,30 @@ def _path_verdicts(output):
     return verdicts
 
 
-@pytest.mark.parametrize("shape, keras", [("text", "keras3"), ("image", "tf_keras")])
-def test_every_gradient_path_of_two_workers_trains_like_one_device(shape, keras):
-    """`tfpar verify --paths all` over 2 workers of `tfpar launch` (a MultiWorkerDataParallel per path
-    in one job: the second keeps the server and the collectives the first started, with keys of
-    its own), both Kerases, both shapes: the rows of one host (tests/devices/test_gradient_paths.py)."""
-    result = run_command(tfpar_command("launch", "-n", "2", "--", *tfpar_command("verify"),
-                                       "--model", f"tests.gradient_paths:{shape}_{keras}",
-                                       "--data", f"tests.gradient_paths:{shape}_data", "--batch-size", "16",
-                                       "--steps", "4", "--paths", "all"), timeout=400, env={"PYTHONPATH": ROOT})
+ENGINES = [("workers", "text", "keras3"), ("workers", "image", "tf_keras"),
+           ("horovod", "text", "keras3")]
+
+
+@pytest.mark.parametrize("engine, shape, keras", ENGINES)
+def test_every_gradient_path_trains_like_one_device_across_processes(engine, shape, keras, request):
+    """`tfpar verify --paths all`, one job for the 20 paths: over 2 workers of `tfpar launch` (a
+    MultiWorkerDataParallel per path: the second keeps the server the first started, with
+    collective keys of its own), both Kerases and shapes, and under 2 Horovod ranks. The rows of
+    one host (tests/devices/test_gradient_paths.py), the same that differ."""
+    launcher = ["-n", "2"]
+    strategy = []
+    if engine == "horovod":
+        request.getfixturevalue("horovod_installed")
+        launcher = ["--horovod", "-n", "2"]
+        strategy = ["--strategy", "horovod"]
+    model = ["--model", f"tests.gradient_paths:{shape}_{keras}",
+             "--data", f"tests.gradient_paths:{shape}_data"]
+    command = tfpar_command("launch", *launcher, "--", *tfpar_command("verify"), *strategy, *model,
+                            "--batch-size", "16", "--steps", "4", "--paths", "all")
+    result = run_command(command, timeout=400, env={"PYTHONPATH": ROOT})
     verdicts = _path_verdicts(result.output)
     assert len(verdicts) == 20, result.output[-4000:]
     for path, verdict in verdicts.items():
         expected = "DIFF" if (shape, keras, path) in EXPECTED_DIFFERENCES else "ok"
         assert verdict == expected, (path, result.output[-4000:])
     assert result.returncode == 1  # verify's exit code: a path differs (as on one host)
-
-
-def test_every_gradient_path_of_horovod_ranks_trains_like_one_device(horovod_installed):
-    """`tfpar verify --paths all` under 2 Horovod ranks, one job for the 20 paths, on the text model
-    (Embedding, self-attention, LayerNormalization) of tests/gradient_paths.py under Keras 3: the
-    same rows as on one host (tests/devices/test_gradient_paths.py)."""
-    result = run_command(tfpar_command("launch", "--horovod", "-n", "2", "--", *tfpar_command("verify"),
-                                       "--strategy", "horovod", "--model", "tests.gradient_paths:text_keras3",
-                                       "--data", "tests.gradient_paths:text_data", "--batch-size", "16",
-                                       "--steps", "4", "--paths", "all"), timeout=400, env={"PYTHONPATH": ROOT})
-    verdicts = _path_verdicts(result.output)
-    assert len(verdicts) == 20, result.output[-4000:]
-    # the one-replica reference skips a step for an overflow the ranks' halved gradients do not reach
-    assert verdicts.pop("accumulate+mixed_float16") == "DIFF"
-    assert set(verdicts.values()) == {"ok"}, result.output[-4000:]
-    assert result.returncode == 1  # verify's exit code: a path differs

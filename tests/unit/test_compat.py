@@ -66,11 +66,11 @@ def test_multi_worker_collective_set_up_still_reads_what_tfpar_sets():
     assert 'getattr(self, "_std_server_started", False)' in source
     assert "collective_key_base" in source
     assert hasattr(context.context(), "_collective_ops_server_def")
-    cluster = tf.train.ClusterSpec({"worker": ["127.0.0.1:1"]}).as_cluster_def()
-    assert not _compat.collective_server_started(cluster, "worker", 0)  # this process started none
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["127.0.0.1:1"]}), task_type="worker", task_id=0)
     extended = type("Extended", (), {})()
-    _compat.keep_collective_server(extended)
-    assert extended._std_server_started is True
+    assert not _compat.keep_started_collective_server(extended, resolver)  # none started here
+    assert not hasattr(extended, "_std_server_started")
 
 
 def test_keras_hub_fit_is_still_a_wrapper_of_keras_fit():
@@ -79,9 +79,11 @@ def test_keras_hub_fit_is_still_a_wrapper_of_keras_fit():
     keras_hub = pytest.importorskip("keras_hub")
     from keras_hub.src.utils.pipeline_model import PipelineModel
 
-    assert "fit" in vars(PipelineModel) and "preprocess_samples" in inspect.getsource(PipelineModel.fit)
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=8, num_layers=1, num_heads=1, hidden_dim=4,
-                                             intermediate_dim=4, max_sequence_length=4)
+    assert "fit" in vars(PipelineModel)
+    assert "preprocess_samples" in inspect.getsource(PipelineModel.fit)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=8, num_layers=1, num_heads=1,
+                                             hidden_dim=4, intermediate_dim=4,
+                                             max_sequence_length=4)
     model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     strategy = tfpar.DataParallel()
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))

@@ -20,11 +20,11 @@ from tensorflow.python.trackable import base as _trackable_base
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
 
-from tfpar._compat.collectives import (collective_all_gather, collective_all_reduce, collective_all_to_all,
-                                       collective_server_started, keep_collective_server,
+from tfpar._compat.collectives import (collective_all_gather, collective_all_reduce,
+                                       collective_all_to_all, keep_started_collective_server,
                                        set_collective_key_base)
-from tfpar._compat.keras_hub import keras_hub_fit
 from tfpar._compat.graph import graph_steps, is_graph_network, keras_layer_of, layer_nodes_in, node_layer
+from tfpar._compat.keras_hub import keras_hub_fit
 
 __all__ = [
     "CROSS_DEVICE_OPS_HOOKS", "CollectiveAllReduceExtended", "DatasetCreatorAdapter", "KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "MIRRORED_EXTENDED_HOOKS", "Mirrored", "MirroredExtended",
@@ -32,7 +32,9 @@ __all__ = [
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
     "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "collective_all_to_all", "keras_layer_of", "layer_nodes_in",
-    "ps_num_workers", "replace_data_adapter", "set_collective_key_base", "keras_hub_fit", "collective_server_started", "keep_collective_server", "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
+    "ps_num_workers", "replace_data_adapter", "set_collective_key_base",
+    "keras_hub_fit", "keep_started_collective_server",
+    "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
 

@@ -9,20 +9,25 @@ def set_collective_key_base(strategy, base):
     strategy._collective_key_base = base
 
 
-def collective_server_started(cluster_def, job_name, task_index):
-    """Whether this process enabled TensorFlow's collective ops as ``job_name`` ``task_index`` of
-    ``cluster_def`` (a MultiWorkerMirroredStrategy does at its first construction; no getter)."""
+def keep_started_collective_server(extended, resolver):
+    """Before a CollectiveAllReduceExtended's __init__: where this process already enabled
+    TensorFlow's collective ops as the same task of the same cluster (a MultiWorkerMirroredStrategy
+    does at its first construction), the extended neither enables them again (that resets the
+    collectives its peers are running) nor, where the coordination service watches the workers,
+    starts a health check of its own (as TensorFlow decides where it starts the server). Returns
+    whether the server was kept."""
     from tensorflow.python.eager import context
 
     started = context.context()._collective_ops_server_def
-    return (started is not None and started.cluster == cluster_def and started.job_name == job_name
-            and started.task_index == task_index)
-
-
-def keep_collective_server(extended):
-    """Before a CollectiveAllReduceExtended's __init__: this process's server is started, so it
-    does not enable collective ops again (that resets the collectives its peers are running)."""
+    cluster = resolver.cluster_spec().as_cluster_def()
+    if started is None or started.cluster != cluster:
+        return False
+    if (started.job_name, started.task_index) != (resolver.task_type, resolver.task_id):
+        return False
     extended._std_server_started = True
+    if context.context().coordination_service:
+        extended._enable_check_health = False
+    return True
 
 
 def collective_all_reduce(t, **keys):
@@ -34,7 +39,8 @@ def collective_all_reduce(t, **keys):
 
 
 def collective_all_gather(t, **keys):
-    """TensorFlow's collective all-gather of ``t`` along its first axis among the group's workers."""
+    """TensorFlow's collective all-gather of ``t`` along its first axis among the group's
+    workers."""
     from tensorflow.python.ops import collective_ops
 
     return collective_ops.all_gather_v2(t, **keys)

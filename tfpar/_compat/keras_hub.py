@@ -24,11 +24,11 @@ def keras_hub_fit(model, x):
     preprocessor = getattr(model, "preprocessor", None)
     if preprocessor is not None:
         raise ValueError(
-            "KerasHub's fit maps the model's preprocessor over its input, and a distributed dataset "
-            f"(tfpar.data.distribute's) cannot be mapped. Received: a {type(model).__name__} with "
-            f"preprocessor {type(preprocessor).__name__} and a distributed dataset. Map it in the "
-            "input pipeline before tfpar.data.distribute (dataset.map(model.preprocessor)), then "
-            "set model.preprocessor = None.")
+            "KerasHub's fit maps the model's preprocessor over its input, and a distributed "
+            "dataset (tfpar.data.distribute's) cannot be mapped. Received: a "
+            f"{type(model).__name__} with preprocessor {type(preprocessor).__name__} and a "
+            "distributed dataset. Map it in the input pipeline before tfpar.data.distribute "
+            "(dataset.map(model.preprocessor)), then set model.preprocessor = None.")
     classes = type(model).__mro__
     for cls in classes[classes.index(pipeline) + 1:]:
         if "fit" in vars(cls):

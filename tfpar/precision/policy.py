@@ -22,17 +22,19 @@ Examples:
     'mixed_bfloat16'
 """
 
+import contextlib
 import functools
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice
 from tfpar._keras import is_keras3, keras, keras3, keras_of, tf
 
-__all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current", "loss_scale_of", "use"]
+__all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current",
+           "kept_policy", "loss_scale_of", "use"]
 
 POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 """Names `use` accepts."""
@@ -114,6 +116,21 @@ def use(policy: str = "auto", *, strict: bool = False) -> str:
     _state["strict"] = strict
     _check_compiles(policy != "float32")
     return policy
+
+
+@contextlib.contextmanager
+def kept_policy() -> Iterator[None]:
+    """Puts back on exit both Kerases' global policies, `use`'s strictness and its compile checks
+    as they were on entry (``tfpar verify --paths`` sets a policy per path)."""
+    policies = (keras.mixed_precision.global_policy(), keras3().mixed_precision.global_policy())
+    strict = _state["strict"]
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(policies[0])
+        keras3().mixed_precision.set_global_policy(policies[1])
+        _state["strict"] = strict
+        _check_compiles(any(p.name != "float32" for p in policies))
 
 
 def _check_compiles(on):

@@ -156,10 +156,8 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
         raise ValueError(f"tensor_parallel splits a pipeline's stages. Received: tensor_parallel={tensor_parallel} with "
                          f"strategy {strategy!r}. Use --strategy pipeline, or --strategy tensor_parallel alone.")
     if paths is not None:
-        from tfpar.verify._paths import check_paths
-
-        check_paths(paths, steps, zero_stage)
-        return _verify_paths(model_fn, data_fn, strategy, replicas, steps, global_batch_size, tolerance, seed, paths)
+        return _verify_paths(model_fn, data_fn, strategy, replicas, steps, global_batch_size,
+                             tolerance, seed, paths, zero_stage)
     if strategy == "pipeline":
         spec = ParallelismSpec(kind="pipeline", replicas=replicas or 1, balance="time", tensor_parallel=tensor_parallel)
     else:
@@ -168,13 +166,15 @@ def verify(model_fn: Callable[[], Any], data_fn: Callable[[], Any], *, strategy:
     return _Comparison(model_fn, data_fn, parallelism, steps, global_batch_size, tolerance, seed).run()
 
 
-def _verify_paths(model_fn, data_fn, strategy, replicas, steps, global_batch_size, tolerance, seed, paths):
+def _verify_paths(model_fn, data_fn, strategy, replicas, steps, global_batch_size, tolerance, seed,
+                  paths, zero_stage):
     """`verify` of each gradient path (`tfpar.verify._paths`), the one-replica runs shared."""
-    from tfpar.verify._paths import PathsReport, compare_paths
+    from tfpar.verify._paths import PathsReport, check_paths, compare_paths
 
     if strategy not in ("data_parallel", "horovod"):
         raise ValueError(f"paths are the gradient paths of data_parallel and horovod. Received: strategy "
                          f"{strategy!r} with paths={paths!r}. Use --strategy data_parallel or horovod.")
+    check_paths(paths, steps, zero_stage)
     references: dict = {}
 
     def compare(path):
@@ -245,11 +245,12 @@ class _Comparison:
 
         key = (self.batch * self.accumulation, steps, current())
         if key not in self.references:
-            if steps % self.accumulation:
+            if steps % self.accumulation:  # the data held fewer examples than steps x batch
                 raise ValueError(
-                    f"{self.accumulation} accumulated steps are compared with one step of {self.accumulation} "
-                    f"global batches, so steps must be a multiple of {self.accumulation}. Received: "
-                    f"steps={steps}. Use steps={steps + self.accumulation - steps % self.accumulation}.")
+                    f"{self.accumulation} accumulated steps are compared with one step of "
+                    f"{self.accumulation} global batches, and the data gives {steps} steps of "
+                    f"{self.batch}. Received: data for steps={steps}. Give data for a multiple of "
+                    f"{self.accumulation} steps.")
             reference = self._build_reference()
             start = reference.get_weights()
             batch, count = key[0], steps // self.accumulation

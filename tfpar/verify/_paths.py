@@ -209,28 +209,29 @@ def compare_paths(value, compare, tolerance) -> tuple:
     raised."""
     import warnings
 
-    from tfpar.precision import PrecisionWarning, current, use
+    from tfpar.precision import PrecisionWarning, use
+    from tfpar.precision.policy import kept_policy
 
-    rows, description, chief = [], "", True
-    previous = current()
-    for path in paths_from(value):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", PrecisionWarning)  # mixed_float16 emulated on a CPU
-                use(path.precision)
-            report, weights = compare(path)
-        except (ValueError, TypeError) as e:
-            refusal = _refusal(e)
-            if refusal is None:
-                raise
-            rows.append(PathRow(path.name, "refused", detail=refusal))
-            continue
-        finally:
-            use(previous)
-        description = description or report.description.splitlines()[0]
-        chief = report.chief
-        start, reference, distributed = weights
-        rows.append(row_of(path, report, start, reference, distributed, tolerance))
+    rows = []
+    description = ""
+    chief = True
+    with kept_policy():  # the caller's policy back at the end, whatever happens
+        for path in paths_from(value):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", PrecisionWarning)  # mixed_float16 on a CPU
+                    use(path.precision)
+                report, weights = compare(path)
+            except (ValueError, TypeError) as e:
+                refusal = _refusal(e)
+                if refusal is None:
+                    raise
+                rows.append(PathRow(path.name, "refused", detail=refusal))
+                continue
+            description = description or report.description.splitlines()[0]
+            chief = report.chief
+            start, reference, distributed = weights
+            rows.append(row_of(path, report, start, reference, distributed, tolerance))
     return tuple(rows), description, chief
 
 

@@ -18,7 +18,8 @@ import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
 
 cases = sys.argv[1:]
-strategies = [HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1]) for case in cases]
+strategies = [HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1])
+              for case in cases]
 
 import tensorflow as tf  # noqa: E402
 
