@@ -50,6 +50,19 @@ def print_step_times(timed, steps_per_epoch):
     return step
 
 
+def machine_keys():
+    """``cpu=`` the CPU's vector extensions tfpar's speed depends on (and ``onednn_isa=`` where
+    ONEDNN_MAX_CPU_ISA caps the instructions TensorFlow's oneDNN kernels use), for a RESULT line:
+    a ratio is read with the CPU it was measured on."""
+    import os
+
+    from tfpar.doctor import vector_extensions
+
+    keys = f"cpu={'+'.join(vector_extensions()) or 'none'}"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return f"{keys} onednn_isa={cap}" if cap else keys
+
+
 def bus_bandwidth(nbytes, workers, seconds):
     """An all-reduce's bus bandwidth (bytes/s): each byte crosses 2 (n-1)/n links (NCCL's definition)."""
     return nbytes * 2 * (workers - 1) / workers / seconds

@@ -5,7 +5,7 @@ import json
 import os
 import platform
 
-__all__ = ["cpu_lines", "horovod_keras_report", "horovod_report", "report"]
+__all__ = ["cpu_lines", "horovod_keras_report", "horovod_report", "report", "vector_extensions"]
 
 # The CPU's vector instructions that decide how fast tfpar's float32, bfloat16 and int8 paths run.
 _VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
@@ -92,6 +92,15 @@ def job_lines():
             for name, pid, address, port in listeners]
 
 
+def vector_extensions(flags: set[str] | None = None) -> list[str]:
+    """The CPU's vector instructions among those tfpar's speed depends on (default: from
+    /proc/cpuinfo), in the order of `cpu_lines`."""
+    from tfpar.precision.policy import _cpu_flags
+
+    flags = _cpu_flags() if flags is None else set(flags)
+    return [flag for flag in _VECTOR_FLAGS if flag in flags]
+
+
 def cpu_lines(flags: set[str] | None = None) -> list[str]:
     """What the CPU computes natively, and what follows for int8 TFLite and for precision 'auto'.
 
@@ -101,7 +110,7 @@ def cpu_lines(flags: set[str] | None = None) -> list[str]:
     from tfpar.precision.policy import _cpu_flags, choose
 
     flags = _cpu_flags() if flags is None else set(flags)
-    present = [flag for flag in _VECTOR_FLAGS if flag in flags]
+    present = vector_extensions(flags)
     dot = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
     if dot:
         int8 = f"int8 dot products in hardware ({', '.join(dot)})"
