@@ -73,6 +73,15 @@ def test_multi_worker_collective_set_up_still_reads_what_tfpar_sets():
     assert not hasattr(extended, "_std_server_started")
 
 
+def test_a_keras3_optimizer_still_counts_every_step_where_it_accumulates():
+    import keras as keras3
+
+    optimizer = keras3.optimizers.SGD(gradient_accumulation_steps=2)
+    optimizer.build([keras3.Variable(1.0)])
+    assert int(_compat.optimizer_steps(optimizer)) == 0
+    assert "floor_divide(" in inspect.getsource(type(optimizer).iterations.fget)  # iterations: updates
+
+
 def test_keras_hub_fit_is_still_a_wrapper_of_keras_fit():
     """KerasHub's PipelineModel.fit, which tfpar steps past for a distributed dataset: still there,
     still refusing what is neither arrays nor a dataset it can map, with Keras' fit under it."""

@@ -33,7 +33,7 @@ __all__ = [
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
     "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "collective_all_to_all", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base",
-    "keras_hub_fit", "keep_started_collective_server",
+    "keras_hub_fit", "keep_started_collective_server", "optimizer_steps",
     "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
@@ -84,6 +84,12 @@ def in_xla_context():
 def unwrap_initial_value(initial):
     """A checkpoint-restored initial value (CheckpointInitialValue) as the tensor inside it."""
     return getattr(initial, "wrapped_value", initial)
+
+
+def optimizer_steps(optimizer):
+    """Every step a Keras 3 optimizer took, those its own ``gradient_accumulation_steps``
+    accumulated included (its ``_iterations``; the public ``iterations`` counts updates)."""
+    return optimizer._iterations
 
 
 def cross_device_ops_of(strategy):

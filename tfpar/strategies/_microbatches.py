@@ -22,6 +22,7 @@ step. A step still holds the same examples, so positions, backups and exactly-on
 
 from tfpar._elastic import ElasticBatch
 from tfpar._keras import tf
+from tfpar.strategies._windows import accumulator_of, calls_per_step
 
 __all__ = ["elastic_microbatches", "split_into_microbatches"]
 
@@ -47,10 +48,11 @@ def elastic_microbatches(cluster) -> int:
 def split_into_microbatches(model, arguments):
     """Before ``fit``: under a strategy whose ``extended._microbatches`` is above 1, ``model``'s
     ``train_step`` becomes that many calls of its own on slices of the replica's batch (once per model)."""
-    count = getattr(getattr(model.distribute_strategy, "extended", None), "_microbatches", 1)
+    count = calls_per_step(model.distribute_strategy)
     if count <= 1 or model.__dict__.get(_MARK) == count:
         return
-    step, accumulator = model.train_step, model.distribute_strategy.extended._accumulator
+    step = model.train_step
+    accumulator = accumulator_of(model.distribute_strategy)
 
     def train_step(data):
         context = tf.distribute.get_replica_context()

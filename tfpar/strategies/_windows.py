@@ -9,29 +9,39 @@ counts updates, not ``fit``'s steps: ``iterations * steps_per_update(model)`` is
 import logging
 import math
 
+from tfpar import _compat
 from tfpar._keras import tf
 
-__all__ = ["accumulator_of", "count_updates", "steps_per_update", "steps_trained",
+__all__ = ["accumulator_of", "calls_per_step", "count_updates", "steps_per_update", "steps_trained",
            "warn_about_remainder"]
 
 _log = logging.getLogger(__name__)
 
 
-def accumulator_of(model):
-    """``model``'s strategy's `GradientAccumulator`, or None."""
-    return getattr(getattr(model.distribute_strategy, "extended", None), "_accumulator", None)
+def accumulator_of(strategy):
+    """``strategy``'s `GradientAccumulator`, or None."""
+    return getattr(getattr(strategy, "extended", None), "_accumulator", None)
+
+
+def calls_per_step(strategy) -> int:
+    """The calls of the model's ``train_step`` in one step of ``fit`` under ``strategy``: an
+    elastic job's micro-batches, else 1."""
+    return getattr(getattr(strategy, "extended", None), "_microbatches", 1)
+
+
+def _inner(optimizer):
+    """The optimizer a loss-scale optimizer wraps, or ``optimizer``."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def steps_per_update(model) -> int:
     """``fit``'s steps per update of ``model``'s optimizer: its strategy's accumulation window, or
     the window of Keras 3's optimizer's own ``gradient_accumulation_steps``; 1 without either."""
-    accumulator = accumulator_of(model)
+    strategy = model.distribute_strategy
+    accumulator = accumulator_of(strategy)
     if accumulator is not None:
-        microbatches = getattr(model.distribute_strategy.extended, "_microbatches", 1)
-        # an elastic job's micro-batches are one step's calls
-        return accumulator.steps // microbatches
-    optimizer = getattr(model, "optimizer", None)
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+        return accumulator.steps // calls_per_step(strategy)
+    optimizer = _inner(getattr(model, "optimizer", None))
     return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 
 
@@ -49,17 +59,16 @@ def _steps_into_window(model, window):
     (ZeRO's own, the strategy's accumulator's, or Keras 3's optimizer's every-step count)."""
     if window == 1:
         return 0
-    accumulator = accumulator_of(model)
-    if accumulator is None:  # Keras 3's own accumulation: its _iterations count every step
-        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        return int(tf.convert_to_tensor(inner._iterations)) % window
-    calls_per_step = getattr(model.distribute_strategy.extended, "_microbatches", 1)
+    accumulator = accumulator_of(model.distribute_strategy)
+    if accumulator is None:  # Keras 3's own accumulation
+        return int(tf.convert_to_tensor(_compat.optimizer_steps(_inner(model.optimizer)))) % window
+    calls = calls_per_step(model.distribute_strategy)
     sharded = getattr(model, "_tfpar_zero", None)
     counter = getattr(sharded, "counter", None)  # ZeRO accumulating in its own buffers
     if counter is None:
         counter = accumulator.counter()
-    calls = int(tf.convert_to_tensor(counter))
-    return (calls % (window * calls_per_step)) // calls_per_step
+    counted = int(tf.convert_to_tensor(counter))
+    return (counted % (window * calls)) // calls
 
 
 def count_updates(model, arguments=None):
@@ -69,12 +78,11 @@ def count_updates(model, arguments=None):
     Raises:
         ValueError: the optimizer accumulates too (Keras 3's ``gradient_accumulation_steps``).
     """
-    accumulator = accumulator_of(model)
+    accumulator = accumulator_of(model.distribute_strategy)
     optimizer = getattr(model, "optimizer", None)
     if accumulator is None or optimizer is None:
         return
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    own = getattr(inner, "gradient_accumulation_steps", None)
+    own = getattr(_inner(optimizer), "gradient_accumulation_steps", None)
     if own:
         raise ValueError(_accumulated_twice(model, own, accumulator.steps))
     accumulator.count_updates(optimizer)
@@ -83,7 +91,7 @@ def count_updates(model, arguments=None):
 def _accumulated_twice(model, own, calls):
     """The refusal of an optimizer that accumulates ``own`` steps under a strategy whose
     accumulator applies every ``calls`` calls (an elastic job's micro-batches included)."""
-    microbatches = getattr(model.distribute_strategy.extended, "_microbatches", 1)
+    microbatches = calls_per_step(model.distribute_strategy)
     received = (f"Received: optimizer gradient_accumulation_steps={own!r} under a strategy that "
                 f"applies every {calls} calls")
     if microbatches == calls:  # only the elastic job's micro-batches
@@ -116,7 +124,7 @@ def _steps_per_epoch(arguments):
 def warn_about_remainder(model, arguments):
     """Before ``fit``: says what becomes of the steps of an epoch that do not fill an accumulation
     window (the window does not restart at an epoch: they are carried into the next epoch's)."""
-    if accumulator_of(model) is None:
+    if accumulator_of(model.distribute_strategy) is None:
         return
     steps = _steps_per_epoch(arguments)
     window = steps_per_update(model)

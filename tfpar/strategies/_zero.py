@@ -36,6 +36,7 @@ from tfpar._keras import is_keras3, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
+from tfpar.strategies._windows import accumulator_of
 from tfpar.strategies._zero_comms import chunks_for
 
 __all__ = ["ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state"]
@@ -285,9 +286,9 @@ def _tf_variable(variable):
 
 
 def _window(strategy):
-    """The optimizer calls a strategy accumulates gradients over, or 1: its `GradientAccumulator`'s window
-    (DataParallel's and Horovod's option, times an elastic job's micro-batches)."""
-    accumulator = getattr(getattr(strategy, "extended", None), "_accumulator", None)
+    """The optimizer calls a strategy accumulates gradients over, or 1: its `GradientAccumulator`'s
+    window (DataParallel's and Horovod's option, times an elastic job's micro-batches)."""
+    accumulator = accumulator_of(strategy)
     return accumulator.steps if accumulator is not None else 1
 
 
