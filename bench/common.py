@@ -51,14 +51,17 @@ def print_step_times(timed, steps_per_epoch):
 
 
 def machine_keys():
-    """``cpu=`` the CPU's vector extensions tfpar's speed depends on (and ``onednn_isa=`` where
-    ONEDNN_MAX_CPU_ISA caps the instructions TensorFlow's oneDNN kernels use), for a RESULT line:
-    a ratio is read with the CPU it was measured on."""
+    """``cpu=`` the CPU's vector extensions tfpar's speed depends on, ``onednn=`` whether
+    TensorFlow runs its oneDNN kernels (on by default only where the CPU has its neural-network
+    instructions; else Eigen's) and ``onednn_isa=`` where ONEDNN_MAX_CPU_ISA caps them, for a
+    RESULT line: a ratio is read with the CPU and the kernels it was measured on."""
     import os
 
+    from tfpar import _compat
     from tfpar.doctor import vector_extensions
 
     keys = f"cpu={'+'.join(vector_extensions()) or 'none'}"
+    keys += f" onednn={'on' if _compat.onednn_enabled() else 'off'}"
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     return f"{keys} onednn_isa={cap}" if cap else keys
 

@@ -76,6 +76,9 @@ def owned_model_checks():
 
 @contextlib.contextmanager
 def _owning(scope):
+    from tfpar import _compat
+
+    _compat.keep_malloc_policy()  # before the strategy's input pipeline pins glibc's threshold
     with _owned.discovering(), scope as strategy:
         yield strategy
 

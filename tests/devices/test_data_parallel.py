@@ -1,6 +1,7 @@
 """DataParallel on 2 virtual CPU devices in this process."""
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -198,3 +199,19 @@ def test_an_all_reduce_is_one_entry_of_the_table(monkeypatch):
     with pytest.raises(ValueError, match=r"all_reduce='to_first_device' works on one host only; .* Use 'auto', "
                                          r"'nccl' or 'ring'\."):
         DataParallel(cluster=cluster, all_reduce="to_first_device")
+
+
+def test_fit_under_a_tfpar_strategy_reuses_freed_memory_where_tf_distribute_maps_it_anew():
+    """The first iterator of a distributed dataset pins glibc's mmap threshold to 128 KiB (a
+    TensorFlow patch for Python 3.11), so a step under bare MirroredStrategy takes every block
+    above it from the kernel anew: page faults that doubled a step of Eigen's kernels. tfpar's
+    strategies give glibc back its thresholds (`_compat.keep_malloc_policy`). A fresh process."""
+    script = os.path.join(os.path.dirname(__file__), "..", "multiproc", "scripts", "malloc_policy.py")
+    result = run_command([sys.executable, script], timeout=240, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert result.returncode == 0, result.output[-4000:]
+    faults = json.loads(result.output.strip().splitlines()[-1])
+    assert faults["onednn"] is False  # _compat.onednn_enabled reads TF_ENABLE_ONEDNN_OPTS=0
+    assert faults["mirrored_faults_per_step"] > 1000, (
+        f"{faults}: TensorFlow no longer pins the threshold; keep_malloc_policy can go")
+    # 1 to 400 a step here (a thread's heap still growing), against 13,000
+    assert faults["tfpar_faults_per_step"] * 10 < faults["mirrored_faults_per_step"], faults

@@ -20,6 +20,7 @@ from tensorflow.python.trackable import base as _trackable_base
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
 
+from tfpar._compat.allocator import keep_malloc_policy, onednn_enabled
 from tfpar._compat.collectives import (collective_all_gather, collective_all_reduce,
                                        collective_all_to_all, keep_started_collective_server,
                                        set_collective_key_base)
@@ -34,6 +35,7 @@ __all__ = [
     "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "collective_all_to_all", "keras_layer_of", "layer_nodes_in",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base",
     "keras_hub_fit", "keep_started_collective_server", "optimizer_steps",
+    "keep_malloc_policy", "onednn_enabled",
     "stop_removing_functions", "tfmot_can_cluster", "tfmot_quant_ops",
     "tf_keras_model_class", "tf_keras_resume_point", "tfmot_wrapper_classes", "unwrap_initial_value",
 ]
