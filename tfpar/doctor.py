@@ -122,6 +122,26 @@ def cpu_lines(flags: set[str] | None = None) -> list[str]:
             f"precision:   'auto' picks {policy}: {reason}"]
 
 
+def kernels_line(enabled: bool | None = None) -> str:
+    """Which kernels TensorFlow runs here: oneDNN's, on by default only on CPUs with neural-network
+    instructions, else Eigen's, whose step a bare tf.distribute strategy's input iterator doubles
+    in page faults (tfpar's strategies undo its cause: `tfpar._compat.keep_malloc_policy`).
+
+    Args:
+        enabled: whether oneDNN runs (default: this process's TensorFlow).
+    """
+    from tfpar import _compat
+
+    if enabled is None:
+        enabled = _compat.onednn_enabled()
+    if enabled:
+        return "kernels:     oneDNN's (TF_ENABLE_ONEDNN_OPTS=0 turns them off)"
+    return ("kernels:     Eigen's (TensorFlow turns oneDNN on by default only on CPUs with AVX-512 "
+            "VNNI or BF16, AVX-VNNI or AMX; TF_ENABLE_ONEDNN_OPTS=1 tries it here). Here a bare "
+            "tf.distribute strategy's step spends as long again in page faults; tfpar's strategies' "
+            "do not")
+
+
 def report() -> list[str]:
     """Returns the doctor's lines."""
     from tfpar._keras import keras, tf
@@ -134,6 +154,7 @@ def report() -> list[str]:
         f"devices:     {len(gpus)} GPU(s), {len(tf.config.list_physical_devices('CPU'))} CPU(s), "
         f"{os.cpu_count()} cores",
         *cpu_lines(),
+        kernels_line(),
     ]
     lines += job_lines()
     hv = horovod_report()

@@ -46,6 +46,15 @@ def test_doctor_says_what_the_cpu_computes_natively(flags, vector, int8, policy)
     assert precision.startswith(f"precision:   'auto' picks {policy}: ")
 
 
+def test_doctor_says_which_kernels_tensorflow_runs():
+    from tfpar import _compat
+    from tfpar.doctor import kernels_line
+
+    assert kernels_line(True).startswith("kernels:     oneDNN's")
+    assert "TF_ENABLE_ONEDNN_OPTS=1 tries it here" in kernels_line(False)
+    assert kernels_line() == kernels_line(_compat.onednn_enabled())
+
+
 def test_use_sets_the_keras_policy_and_auto_follows_the_hardware(any_keras):
     assert tfpar.precision.use("auto") == choose()[0] == any_keras.mixed_precision.global_policy().name
     assert tfpar.precision.use("mixed_bfloat16") == "mixed_bfloat16"

@@ -90,4 +90,5 @@ def test_doctor_reports_versions_and_devices(doctor):
     assert re.search(r"^devices:\s+\d+ GPU\(s\), \d+ CPU\(s\), \d+ cores", result.output, re.M)
     assert re.search(r"^cpu:\s+.*(int8 dot products in hardware|no int8 dot-product instructions)", result.output, re.M)
     assert re.search(r"^precision:\s+'auto' picks (float32|mixed_bfloat16): ", result.output, re.M)  # no GPU here
+    assert re.search(r"^kernels:\s+(oneDNN's|Eigen's) ", result.output, re.M)
     assert re.search(r"^horovod:\s+", result.output, re.M)  # its state either way (test_horovod.py: installed)
