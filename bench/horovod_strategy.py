@@ -4,7 +4,10 @@
 
 Last line:
     RESULT horovod overhead=<x> busbw_ratio=<y> keras=<strategy's>/<recipe's> cpu=<extensions>
-    [onednn_isa=<ONEDNN_MAX_CPU_ISA, where set>]
+    onednn=<on|off> [onednn_isa=<ONEDNN_MAX_CPU_ISA, where set>]
+
+TF_ENABLE_ONEDNN_OPTS=0 runs it on TensorFlow's Eigen kernels, what TensorFlow runs by default on a
+CPU without AVX-512 VNNI or BF16 or AMX (an AVX2-only one).
 
 - overhead: median step time of HorovodStrategy in model.fit ÷ the plain Horovod
   recipe (a tf.function loop with hvd.DistributedGradientTape), same 66k-parameter
