@@ -346,3 +346,19 @@ def test_the_graph_walk_gives_each_layer_s_arguments_from_the_computed_values(an
             assert list(args[0]) == ["x", "h"], args
         values.update({key: "h" if layer.name == "attention" else "out" for key in outputs_of})
     assert [values[key] for key in output_keys] == ["out"]
+
+
+@pytest.mark.parametrize("environment, expected", [
+    ({}, [(-3, 32 * 2**20), (-1, 64 * 2**20)]),  # the ceiling of glibc's dynamic rule
+    ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, [(-3, 1048576)]),  # the user's, which TF replaced
+    ({"MALLOC_TRIM_THRESHOLD_": "0"}, []),  # the user chose glibc's fixed policy: 128 KiB stays
+])
+def test_the_malloc_thresholds_set_after_tensorflow_keep_what_the_user_chose(monkeypatch, environment,
+                                                                           expected):
+    from tfpar._compat import allocator
+
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert allocator._thresholds() == expected

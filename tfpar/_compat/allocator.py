@@ -65,10 +65,13 @@ def keep_malloc_policy():
     """Once per process, before a strategy's input pipeline: where TensorFlow would pin glibc's
     mmap threshold (Linux with glibc, Python 3.11+), it does so now, and the thresholds of
     `_thresholds` are set after it. Elsewhere (another C library, an allocator preloaded in
-    glibc's place: mallopt is then a no-op or refused), nothing changes."""
+    glibc's place: mallopt is then a no-op or refused), nothing changes; in graph mode it waits
+    for an eager call."""
+    import tensorflow as tf
+
     global _kept
     with _lock:
-        if _kept:
+        if _kept or not tf.executing_eagerly():  # a graph (TF1) cannot run the dataset now
             return
         _kept = True
         if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
