@@ -138,8 +138,8 @@ def kernels_line(enabled: bool | None = None) -> str:
         return "kernels:     oneDNN's (TF_ENABLE_ONEDNN_OPTS=0 turns them off)"
     return ("kernels:     Eigen's (TensorFlow turns oneDNN on by default only on CPUs with AVX-512 "
             "VNNI or BF16, AVX-VNNI or AMX; TF_ENABLE_ONEDNN_OPTS=1 tries it here). Here a bare "
-            "tf.distribute strategy's step spends as long again in page faults; tfpar's strategies' "
-            "do not")
+            "tf.distribute strategy's step can spend as long again in page faults; "
+            "tfpar's strategies do not")
 
 
 def report() -> list[str]:

@@ -1,7 +1,7 @@
 """The C library's allocation policy under TensorFlow's input pipelines, and whether TensorFlow
 runs its oneDNN kernels (part of `tfpar._compat`, which re-exports these).
 
-The first ``GeneratorDataset`` kernel a Python 3.11+ process builds calls
+The first ``GeneratorDataset`` kernel a process builds calls
 ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` once for the process (against a memory growth with Python
 generators; its log line says M_TRIM_THRESHOLD). tf.distribute builds one for the iterator of
 every distributed dataset (its ``MultiDeviceIterator``), so every strategy's ``fit`` has it and a
@@ -37,10 +37,11 @@ def _let_tensorflow_patch_now():
     sets TensorFlow's threshold; it is never set again after."""
     import tensorflow as tf
 
-    nothing = tf.data.Dataset.from_generator(lambda: iter(()),
-                                             output_signature=tf.TensorSpec([], tf.int32))
-    for _ in nothing:
-        pass
+    with tf.device("/cpu:0"):
+        nothing = tf.data.Dataset.from_generator(lambda: iter(()),
+                                                 output_signature=tf.TensorSpec([], tf.int32))
+        for _ in nothing:
+            pass
 
 
 def _mallopt(param, value):
@@ -63,7 +64,7 @@ def _thresholds():
 
 def keep_malloc_policy():
     """Once per process, before a strategy's input pipeline: where TensorFlow would pin glibc's
-    mmap threshold (Linux with glibc, Python 3.11+), it does so now, and the thresholds of
+    mmap threshold (Linux with glibc), it does so now, and the thresholds of
     `_thresholds` are set after it. Elsewhere (another C library, an allocator preloaded in
     glibc's place: mallopt is then a no-op or refused), nothing changes; in graph mode it waits
     for an eager call."""
@@ -76,9 +77,12 @@ def keep_malloc_policy():
         _kept = True
         if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
             return
-        if sys.version_info < (3, 11):
+        try:
+            _let_tensorflow_patch_now()
+        except Exception as error:  # an optimisation: the strategy still works without it
+            _log.warning("tfpar could not keep glibc's allocation policy (%s): under TensorFlow's "
+                         "Eigen kernels a step may spend longer in page faults", error)
             return
-        _let_tensorflow_patch_now()
         for param, value in _thresholds():
             if not _mallopt(param, value):
                 _log.debug("mallopt(%d, %d) was refused; the C library keeps its policy", param,
