@@ -61,8 +61,9 @@ def trained(tmp_path_factory):
     return runs
 
 
-def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96):
-    """The same model trained in this process (DataParallel on 2 virtual devices, or one device)."""
+def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96, history=None):
+    """The same model trained in this process (DataParallel on 2 virtual devices, or one device);
+    ``history``: a dict that takes fit's history (with a strategy)."""
     import tensorflow as tf
 
     import tfpar
@@ -75,7 +76,9 @@ def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96):
         model = equivalence_model()
         compile_for_equivalence(model)
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
-    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0)
+    logs = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0)
+    if history is not None:
+        history.update(logs.history)
     return model.get_weights()
 
 
@@ -85,11 +88,16 @@ def test_two_ranks_end_identical_and_equal_to_data_parallel(trained):
     (rank0, rank1), logs, output = trained["average"]
     for a, b in zip(rank0, rank1):
         np.testing.assert_array_equal(a, b)
-    reference = _reference(strategy=tfpar.DataParallel())
+    history = {}
+    reference = _reference(strategy=tfpar.DataParallel(), history=history)
     for a, b in zip(rank0, reference):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    # Metrics are global: both ranks log the same numbers (per-rank ones through MetricAverage).
+    # Metrics are global: both ranks log the same numbers (per-rank ones through MetricAverage),
+    # DataParallel's, though their all-reduces wait for the gradients to travel in their cycle.
     assert logs[0] == logs[1]
+    np.testing.assert_allclose(logs[0]["loss"], history["loss"], rtol=1e-5)
+    reads = json.loads((trained["folder"] / "average" / "reads_0.json").read_text())
+    assert reads["metrics"] >= 2 and reads["after_gradients"] == reads["metrics"], reads
     assert logs[0]["rank_number"] == [1.5, 1.5] and all(e > 0 for e in logs[0]["examples_per_second"])
     assert "workers:    2 (this is rank 1" in output and "8 per replica, 16 global" in output
 

@@ -12,7 +12,8 @@ ring all-reduce over Gloo, MPI or NCCL) across ``hvd.size()`` processes. So in
 - every variable starts from rank 0's value (broadcast when it is created,
   optimizer state included);
 - metrics are Keras' SyncOnRead variables, reduced through Horovod when read,
-  so the numbers every rank prints are the global ones;
+  so the numbers every rank prints are the global ones (in a step, in the
+  gradients' Horovod cycle);
 - input given to ``fit`` (or `tfpar.data.distribute`) is sharded by rank;
 - only rank 0 writes checkpoints (``should_checkpoint``) and prints Keras'
   progress bars.

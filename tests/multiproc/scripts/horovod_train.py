@@ -6,7 +6,9 @@ Usage: horovod_train.py OUT_DIR CASE [CASE ...], a CASE being
 case trains its own strategy and model in turn, in the same processes (one TensorFlow and one
 Horovod start for them all), and writes to OUT_DIR/NAME: start_<r>.npz and local_start_<r>.npz (the
 weights after creation, and those the rank drew alone), rank_<r>.npz (the trained weights),
-rank_<r>.json (the history), describe_<r>.txt (the strategy's description); with a ZERO_STAGE, every
+rank_<r>.json (the history), describe_<r>.txt (the strategy's description), reads_<r>.json
+(tf_keras: of the Horovod all-reduces of metrics in fit's traced step, how many wait for the
+step's gradients); with a ZERO_STAGE, every
 rank also writes the weights with the optimizer state, ckpt_<r> (tf_keras: TF format, Keras 3:
 .weights.h5), as ZeRO needs: each rank holds a part of the state.
 """
@@ -29,6 +31,30 @@ strategies = [HorovodStrategy(op=op, compression=compression, backward_passes_pe
 import tensorflow as tf  # noqa: E402
 
 from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, zero_optimizer  # noqa: E402
+
+
+def metric_reads(model):
+    """{"metrics": the Horovod all-reduces in fit's traced step that read a metric's variable,
+    "after_gradients": how many of them have the step's gradients among their inputs' ancestors}."""
+    graphs = [step.graph for step in model.train_function._list_all_concrete_functions()]
+    reads = [op for graph in graphs for op in graph.get_operations()
+             if op.type.startswith("Horovod") and any(t.op.type == "ReadVariableOp" for t in op.inputs)]
+    return {"metrics": len(reads), "after_gradients": sum(map(_after_gradients, reads))}
+
+
+def _after_gradients(op):
+    seen = set()
+    stack = [op]
+    while stack:
+        current = stack.pop()
+        if current.name.startswith("gradient_tape/"):
+            return True
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent.name not in seen:
+                seen.add(parent.name)
+                stack.append(parent)
+    return False
+
 
 for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zero, optimizer) in zip(strategies, cases):
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
@@ -62,6 +88,9 @@ for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zer
     np.savez(os.path.join(folder, f"rank_{rank}.npz"), *model.get_weights())
     if int(zero):
         model.save_weights(os.path.join(folder, f"ckpt_{rank}" + (".weights.h5" if keras_version == "3" else "")))
+    if keras_version == "2":
+        with open(os.path.join(folder, f"reads_{rank}.json"), "w") as f:
+            json.dump(metric_reads(model), f)
     with open(os.path.join(folder, f"rank_{rank}.json"), "w") as f:
         json.dump({key: [float(v) for v in values] for key, values in history.history.items()}, f)
     print(f"CASE DONE {name} rank {rank}", flush=True)
