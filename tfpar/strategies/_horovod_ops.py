@@ -85,9 +85,9 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
                 "jit_compile=False (the default).")
         if self._size == 1:
             return list(tensors)
-        if gradients and not tf.executing_eagerly():
-            graph = tf.compat.v1.get_default_graph()
-            self._gradient_ops[graph] = [t.op.name for t in tensors]
+        graph = tf.compat.v1.get_default_graph()
+        if gradients and graph.building_function:  # a traced step (not eager, not a TF1 graph)
+            self._gradient_ops[graph] = [t.op.name for t in tensors if t.graph is graph]
         hvd, args = self._hvd, self._reduce_args(reduce_op, gradients)
         compression = self._compression if gradients else hvd.Compression.none
         tensors = list(tensors)
@@ -121,14 +121,14 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
             return self.allreduce(reduce_op, [self._local(per_replica_value)])[0]
 
     def _after_gradients(self):
-        """The ops of the gradients this graph all-reduces (none outside a graph, or before them).
+        """The ops of the gradients this traced function all-reduces (none elsewhere, or before).
 
-        A value reduced later in the same step (the metrics ``fit`` reads after each step) then
-        reaches Horovod together with the gradients and travels in their cycle: one negotiation
-        and one fused all-reduce a step. Sent on its own as soon as it exists (after the forward
-        pass), it takes a cycle of its own amid the backward pass, about 2 ms a step on 2 ranks
-        here (bench/horovod_strategy.py). The gradients were built first, so they cannot depend
-        on the value: no cycle in the graph."""
+        A value reduced later in the same function (the metrics tf_keras' ``fit`` reads after each
+        step) then reaches Horovod with the gradients and shares their cycle. Sent as soon as it
+        exists (after the forward pass), it took a cycle of its own amid the backward pass.
+        Where the gradients are all-reduced in a branch of their own (gradient accumulation,
+        Keras 3's loss scaling), the value is not held back. The gradients were built first, so
+        they cannot depend on the value: no cycle in the graph."""
         graph = tf.compat.v1.get_default_graph()
         names = self._gradient_ops.get(graph, [])
         return [graph.get_operation_by_name(name) for name in names]

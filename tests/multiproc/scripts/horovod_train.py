@@ -38,11 +38,16 @@ def metric_reads(model):
     "after_gradients": how many of them have the step's gradients among their inputs' ancestors}."""
     graphs = [step.graph for step in model.train_function._list_all_concrete_functions()]
     reads = [op for graph in graphs for op in graph.get_operations()
-             if op.type.startswith("Horovod") and any(t.op.type == "ReadVariableOp" for t in op.inputs)]
+             if op.type.startswith("Horovod") and _reads_a_variable(op)]
     return {"metrics": len(reads), "after_gradients": sum(map(_after_gradients, reads))}
 
 
+def _reads_a_variable(op):
+    return any(t.op.type == "ReadVariableOp" for t in op.inputs)
+
+
 def _after_gradients(op):
+    """Whether ``op`` has one of the step's gradients ("gradient_tape/...") among its ancestors."""
     seen = set()
     stack = [op]
     while stack:
