@@ -31,7 +31,8 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         self._bf16 = config.compression == "bf16"
         self._wire = None if config.compression == "none" else config.compression
         self._op = config.op
-        self._gradient_ops = weakref.WeakKeyDictionary()  # graph -> names of its gradients' ops
+        # graph -> the names of its gradients' ops (names: an op would keep its graph alive)
+        self._gradient_ops = weakref.WeakKeyDictionary()
 
     def _local(self, value):
         if isinstance(value, tf.distribute.DistributedValues):

@@ -1,16 +1,16 @@
 """Trains the equivalence model under HorovodStrategy, once per case, in one job of ranks.
 
 Usage: horovod_train.py OUT_DIR CASE [CASE ...], a CASE being
-``NAME:GLOBAL_BATCH:EPOCHS:EXAMPLES:OP:COMPRESSION:BACKWARD_PASSES:KERAS[:ZERO_STAGE:OPTIMIZER]`` (KERAS
-2: tf_keras, 3: Keras 3; OPTIMIZER one of tests.models.ZERO_OPTIMIZERS or LAYERWISE_OPTIMIZERS, "-": SGD with momentum). Each
-case trains its own strategy and model in turn, in the same processes (one TensorFlow and one
-Horovod start for them all), and writes to OUT_DIR/NAME: start_<r>.npz and local_start_<r>.npz (the
-weights after creation, and those the rank drew alone), rank_<r>.npz (the trained weights),
-rank_<r>.json (the history), describe_<r>.txt (the strategy's description), reads_<r>.json
-(tf_keras: of the Horovod all-reduces of metrics in fit's traced step, how many wait for the
-step's gradients); with a ZERO_STAGE, every
-rank also writes the weights with the optimizer state, ckpt_<r> (tf_keras: TF format, Keras 3:
-.weights.h5), as ZeRO needs: each rank holds a part of the state.
+``NAME:GLOBAL_BATCH:EPOCHS:EXAMPLES:OP:COMPRESSION:BACKWARD_PASSES:KERAS[:ZERO_STAGE:OPTIMIZER]``
+(KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of tests.models.ZERO_OPTIMIZERS or
+LAYERWISE_OPTIMIZERS, "-": SGD with momentum). Each case trains its own strategy and model in turn,
+in the same processes (one TensorFlow and one Horovod start for them all), and writes to
+OUT_DIR/NAME: start_<r>.npz and local_start_<r>.npz (the weights after creation, and those the rank
+drew alone), rank_<r>.npz (the trained weights), rank_<r>.json (the history), describe_<r>.txt (the
+strategy's description), reads_<r>.json (tf_keras: of the Horovod all-reduces of metrics in fit's
+traced step, how many wait for the step's gradients); with a ZERO_STAGE, every rank also writes the
+weights with the optimizer state, ckpt_<r> (tf_keras: TF format, Keras 3: .weights.h5), as ZeRO
+needs: each rank holds a part of the state.
 """
 
 import importlib
