@@ -18,8 +18,9 @@ import numpy as np
 
 from tfpar._keras import tf
 from tfpar.tensor_parallel.ops import Sharded, computing_devices, copy_to, gather_from, reduce_from, timed
+from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
 
-__all__ = ["layer_class", "split_error"]
+__all__ = ["kind_of", "layer_class", "split_error"]
 
 NOT_ELEMENTWISE = ("softmax", "log_softmax")
 _LARGE_NEGATIVE = -1e9  # what both Kerases' masked softmax adds where the mask is 0 (float32)
@@ -29,6 +30,12 @@ def _einsum_parts(equation):
     inputs, output = equation.split("->")
     x, kernel = inputs.split(",")
     return x, kernel, output
+
+
+def kind_of(layer: Any, style: str, keras_module: Any) -> str | None:
+    """The Keras class name of ``layer`` among those ``style`` splits, or None."""
+    kinds = LAYERS_OF_STYLE[style]
+    return next((k for k in kinds if isinstance(layer, getattr(keras_module.layers, k))), None)
 
 
 def split_error(layer: Any, style: str, degree: int, kind: str) -> str | None:
@@ -284,6 +291,8 @@ class _Embedding(_Shards):
         self._init_shards(source, devices)
         self.rows = self._source_shapes[0][0] // self.degree
         self._add("embeddings", 0, 0, getattr(source, "embeddings_regularizer", None))
+        if len(self._source_shapes) > 1:  # an untied ReversibleEmbedding's [hidden, vocab] kernel
+            self._add("reverse_embeddings", 1, 1)
 
     def tp_call(self, ids, training=None):
         ids = tf.cast(ids, tf.int32)
@@ -293,6 +302,23 @@ class _Embedding(_Shards):
             with tf.device(device):
                 parts.append(timed(i, self.name, ids, functools.partial(self._lookup, ids, tables[i], i)))
         return reduce_from(parts, devices, f"{self.name} all-reduce")
+
+    def reverse_call(self, x, dtype=None):
+        """The logits over the vocabulary (a ``ReversibleEmbedding`` called with ``reverse=True``):
+        each device's columns from its rows of the table, gathered."""
+        dtype = dtype or self.compute_dtype
+        devices = computing_devices(self.devices)
+        inputs = copy_to(tf.cast(x, dtype), devices, f"{self.name} all-reduce")
+        tied = len(self._slots) == 1
+        variables, _ = self._slots[0 if tied else 1]
+        parts = []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                table = tf.cast(variables[i], dtype)
+                axes = [[inputs[i].shape.rank - 1], [1 if tied else 0]]
+                logits = functools.partial(tf.tensordot, inputs[i], table, axes)
+                parts.append(timed(i, self.name, inputs[i], logits))
+        return gather_from(Sharded(parts, devices))
 
     def _lookup(self, ids, table, i):
         """The ids in this device's rows, looked up; zeros for the others."""

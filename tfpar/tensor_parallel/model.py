@@ -15,9 +15,9 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import all_layers, is_keras3, keras, keras3, tf
 from tfpar.optimizers import LAMB, LARS
-from tfpar.tensor_parallel.layers import _Shards, layer_class, split_error
+from tfpar.tensor_parallel.layers import _Shards, kind_of, layer_class, split_error
+from tfpar.tensor_parallel.nested import keeping_split, paired, plain_weights_back, split_in_place
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
-from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
 
 __all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "bytes_by_device", "describe_bytes",
            "split_outputs"]
@@ -30,11 +30,6 @@ def _elementwise(layer, keras_module):
     if not isinstance(layer, tuple(getattr(keras_module.layers, n) for n in ELEMENTWISE)):
         return False
     return layer.get_config().get("activation") not in ("softmax", "log_softmax")
-
-
-def kind_of(layer: Any, style: str, keras_module: Any) -> str | None:
-    """The Keras class name of ``layer`` among those ``style`` splits, or None."""
-    return next((k for k in LAYERS_OF_STYLE[style] if isinstance(layer, getattr(keras_module.layers, k))), None)
 
 
 def _graph_index(model):
@@ -169,6 +164,8 @@ class TensorParallelModel:
     _keras = None
     _source: Any  # the model it was split from (set untracked in __init__)
     _graph: Any  # its copy's layer graph (_compat.graph_steps), untracked
+    _splits: dict | None  # {path: split layer} where split in place, untracked
+    _twins: dict | None  # {path in the source: its copy's layer} where split in place, untracked
     _trace_labels: list  # (device index, label) per row of device_trace, untracked
     weights: list  # Keras' (the concrete class is a keras.Model)
 
@@ -179,27 +176,18 @@ class TensorParallelModel:
 
     def __init__(self, source, styles, devices):
         super().__init__(name=f"{source.name}_tensor_parallel")
-        k = self._keras
-        kept = split_outputs(source, styles, k)
-
-        def clone(layer):
-            if layer.name in styles:
-                style = styles[layer.name]
-                cls = layer_class(k, kind_of(layer, style, k))
-                return cls(layer, style, devices, keep_split=layer.name in kept)
-            return layer.__class__.from_config(layer.get_config())
-
+        nested = any("/" in path for path in styles)  # a layer inside another: split where it sits
         with tf.device(devices[0]):  # the replicated layers live on the home device
-            inner = k.models.clone_model(source, clone_function=clone)
-        for layer in source.layers:
-            if layer.weights:
-                copy = inner.get_layer(layer.name)
-                (copy.load if isinstance(copy, _Shards) else copy.set_weights)(layer.get_weights())
+            inner = _copy(source) if nested else _clone_split(source, styles, devices, self._keras)
+        twins = paired(source, inner) if nested else None
+        splits = split_in_place(twins, styles, devices, self._keras) if nested else None
         self.inner = inner
         self.devices = list(devices)
         self.styles = dict(styles)
         self.__dict__["_source"] = source  # not tracked: its weights are copied, not shared
-        self.__dict__["_graph"] = _compat.graph_steps(inner)
+        self.__dict__["_splits"] = splits  # {path: split layer} where split in place, else None
+        self.__dict__["_twins"] = twins  # {path in source: its copy's layer}
+        self.__dict__["_graph"] = None if nested else _compat.graph_steps(inner)
         self.__dict__["_trace_labels"] = []  # (device index, label) of each row of device_trace, set when traced
         with tf.device("/cpu:0"):
             # The last training step's work on each device, a row per layer part and all-reduce: (start, end).
@@ -208,6 +196,9 @@ class TensorParallelModel:
 
     @tf.autograph.experimental.do_not_convert  # a plain walk over the layer graph, built as it is
     def call(self, inputs: Any, training: bool | None = None) -> Any:
+        if self._graph is None:  # split in place: the copy calls its split layers itself
+            with keeping_split():
+                return self.inner(inputs, training=training)
         input_keys, steps, output_keys = self._graph
         values = dict(zip(input_keys, tf.nest.flatten(inputs)))
         for layer, in_keys, out_keys, fill in steps:
@@ -256,6 +247,9 @@ class TensorParallelModel:
 
     def plain_model(self) -> Any:
         """The original model with this model's current weights; save or use it as usual."""
+        if self._twins is not None and self._splits is not None:
+            plain_weights_back(self._source, self._twins, self._splits)
+            return self._source
         for layer in self._source.layers:
             if layer.weights:
                 copy = self.inner.get_layer(layer.name)
@@ -270,6 +264,32 @@ class TensorParallelModel:
     def get_config(self) -> dict:
         raise NotImplementedError("Save plain_model() instead: a TensorParallelModel is rebuilt with "
                                   "TensorParallel.shard(model).")
+
+
+def _clone_split(source, styles, devices, k):
+    """A clone of the functional ``source`` whose planned top-level layers are split layers."""
+    kept = split_outputs(source, styles, k)
+
+    def clone(layer):
+        if layer.name in styles:
+            style = styles[layer.name]
+            cls = layer_class(k, kind_of(layer, style, k))
+            return cls(layer, style, devices, keep_split=layer.name in kept)
+        return layer.__class__.from_config(layer.get_config())
+
+    inner = k.models.clone_model(source, clone_function=clone)
+    for layer in source.layers:
+        if layer.weights:
+            copy = inner.get_layer(layer.name)
+            (copy.load if isinstance(copy, _Shards) else copy.set_weights)(layer.get_weights())
+    return inner
+
+
+def _copy(source):
+    """``source`` built again from its config, with its weights (its layers' calls as written)."""
+    copy = type(source).from_config(source.get_config())
+    copy.set_weights(source.get_weights())
+    return copy
 
 
 def bytes_by_device(weights: list, optimizer: Any = None) -> dict[str, dict[str, int]]:

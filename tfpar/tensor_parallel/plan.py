@@ -74,6 +74,6 @@ def match_plan(plan: Mapping[str, str], layer_names: Sequence[str]) -> dict[str,
     if unused:
         raise ValueError(
             f"plan names layer(s) the model does not have: {unused}. Received: plan={dict(plan)!r}. "
-            f"The model's layers: {list(layer_names)}. Name a layer of the model itself (a layer "
-            "inside a nested model cannot be planned: build the model flat), or fix the pattern.")
+            f"The model's layers: {list(layer_names)}. Name a layer by its path from the model "
+            "down (e.g. 'backbone/transformer_layer_0/self_attention'), or fix the pattern.")
     return styles

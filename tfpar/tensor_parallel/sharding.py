@@ -14,8 +14,9 @@ from tfpar._checks import check_int, config_from
 from tfpar._keras import check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
-from tfpar.tensor_parallel.layers import split_error
-from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, describe_bytes, kind_of
+from tfpar.tensor_parallel.layers import kind_of, split_error
+from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, describe_bytes
+from tfpar.tensor_parallel.nested import layer_tree, nested_auto_plan
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan
 
 __all__ = ["TensorParallel", "TensorParallelConfig"]
@@ -168,16 +169,18 @@ def planned_styles(model: Any, degree: int, plan: Any) -> dict[str, str]:
     """
     k = keras_of(model)
     if plan == "auto":
-        styles = auto_plan(model, degree, k)
+        nested = nested_auto_plan(model, degree, k)  # {} when every candidate is a top-level layer
+        styles = nested or auto_plan(model, degree, k)
         if not styles:
             raise ValueError(
                 f"plan='auto' found no layer of {model.name!r} to split {degree} ways: no "
                 "MultiHeadAttention, Embedding or Dense pair whose size the degree divides. Received: "
                 f"degree={degree}. Name the layers in plan=, or use another degree.")
         return styles
-    styles = match_plan(plan, [layer.name for layer in model.layers])
+    tree = layer_tree(model)
+    styles = match_plan(plan, list(tree))
     for name, style in styles.items():
-        layer = model.get_layer(name)
+        layer = tree[name]
         kind = kind_of(layer, style, k)
         if kind is None:
             raise ValueError(

@@ -1,0 +1,279 @@
+"""Tensor parallelism inside layers: split the layers a model's own layers hold, wherever they sit.
+
+A layer is named by its path in the model's layer tree, the names from the outer model down:
+``"gpt2_backbone/transformer_layer_0/self_attention"`` (a top-level layer's path is its name). This
+reaches layers inside subclassed layers (KerasHub's decoder and encoder blocks) and inside nested
+models (a task model around its backbone), which a walk over the model's functional graph cannot.
+
+The split model is a copy of the user's (built from its config, then given its weights). In the
+copy each planned layer keeps its place, so whatever calls it (a functional graph, a subclassed
+layer's ``call``, a second use such as a tied embedding's ``reverse=True``) still does: the layer
+drops its own weights, holds the split layer (`layers.py`) instead, and its ``call`` goes there.
+Between layers the activations are whole tensors, as the callers expect. A column layer's output is
+gathered, and the gathered tensor is remembered (`keeping_split`): a row layer called on exactly
+that tensor takes the parts instead, so in a traced step the gather has no reader and TensorFlow
+never runs it (an MLP pair: one reduction forward, one backward, as in Megatron-LM). Any other use
+of a split activation reads the gathered tensor: correct, at the price of the gather.
+"""
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from tfpar._keras import tf
+from tfpar.tensor_parallel.layers import kind_of, layer_class, split_error
+from tfpar.tensor_parallel.ops import GATHER, Sharded
+
+__all__ = ["keeping_split", "layer_tree", "nested_auto_plan", "paired", "plain_weights_back",
+           "split_in_place"]
+
+ELEMENTWISE_OPS = frozenset({
+    "Identity", "Cast", "Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Erf", "Exp",
+    "Neg", "Square", "Sqrt", "Rsqrt", "Mul", "AddV2", "Add", "Sub", "RealDiv", "Pow", "Maximum",
+    "Minimum", "Gelu", "LeakyRelu", "IdentityN"})
+"""TensorFlow ops that act on each element alone (with scalars): a gated feed-forward's product of
+two column layers' outputs reaches its output projection through these."""
+
+_KEPT = threading.local()
+
+
+def layer_tree(model: Any) -> dict[str, Any]:
+    """``{path: layer}`` of every layer ``model`` holds, at any depth, each layer once (at its first
+    path), input layers left out."""
+    tree: dict[str, Any] = {}
+    seen = {id(model)}
+
+    def walk(layer, prefix):
+        for sub in layer._flatten_layers(include_self=False, recursive=False):
+            if id(sub) in seen or type(sub).__name__ == "InputLayer":
+                continue
+            seen.add(id(sub))
+            path = f"{prefix}{sub.name}"
+            tree[path] = sub
+            walk(sub, f"{path}/")
+
+    walk(model, "")
+    return tree
+
+
+def nested_auto_plan(model: Any, degree: int, keras_module: Any) -> dict[str, str]:
+    """Megatron's plan over ``model``'s whole layer tree: each MultiHeadAttention (and subclass) by
+    heads, each Embedding (a tied ``ReversibleEmbedding`` too) by vocabulary, and each Dense whose
+    input is made, through element-wise ops only, from other Dense layers' outputs as a row layer
+    after those column layers (an MLP pair; a gated one: the gate and the up projection by columns).
+    The pairs are read from a trace of the model's forward pass."""
+    tree = layer_tree(model)
+    plan: dict[str, str] = {}
+    inside: list[str] = []  # the planned layers' own sublayers are theirs
+
+    def fits(layer, style):
+        kind = kind_of(layer, style, keras_module)
+        return kind is not None and split_error(layer, style, degree, kind) is None
+
+    for path, layer in tree.items():
+        if _within(path, inside):
+            continue
+        for style in ("heads", "vocab"):
+            if fits(layer, style):
+                plan[path] = style
+                inside.append(path)
+                break
+    dense = {}
+    for path, layer in tree.items():
+        if kind_of(layer, "column", keras_module) and not _within(path, inside):
+            dense[path] = layer
+    if not any("/" in path for path in [*plan, *dense]):
+        return {}  # nothing inside another layer: the functional graph's plan (`model.auto_plan`)
+    for row, columns in _dense_links(model, dense):
+        if row in plan or any(plan.get(c) == "row" for c in columns):
+            continue
+        if fits(dense[row], "row") and all(fits(dense[c], "column") for c in columns):
+            plan.update({c: "column" for c in columns})
+            plan[row] = "row"
+    return plan
+
+
+def _within(path, outers):
+    """Whether the layer at ``path`` is inside one of the layers at ``outers``."""
+    return any(path.startswith(f"{outer}/") for outer in outers)
+
+
+def _dense_links(model, dense):
+    """``[(row path, [column paths])]`` in call order: each Dense layer of ``dense`` whose input
+    comes, through `ELEMENTWISE_OPS` alone, from the outputs of other layers of ``dense``."""
+    calls: list = []
+    for path, layer in dense.items():
+        original = layer.call
+
+        def recorded(*args, _path=path, _call=original, **kwargs):
+            out = _call(*args, **kwargs)
+            calls.append((_path, args[0], out))
+            return out
+
+        layer.call = recorded
+    try:
+        specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), model.input)
+        tf.function(lambda inputs: model(inputs, training=False)).get_concrete_function(specs)
+    finally:
+        for path, layer in dense.items():
+            del layer.call
+    made_by = {id(out): path for path, _, out in calls}
+
+    def sources(tensor):
+        if id(tensor) in made_by:
+            return [made_by[id(tensor)]]
+        if tensor.op.type not in ELEMENTWISE_OPS:
+            return None
+        found: list = []
+        for t in tensor.op.inputs:
+            if t.shape.rank == 0 or t.op.type == "Const":
+                continue
+            more = sources(t)
+            if more is None:
+                return None
+            found += [p for p in more if p not in found]
+        return found or None
+
+    links = {}
+    for path, x, _ in calls:
+        columns = sources(x)
+        if columns and path not in columns and path not in links:
+            links[path] = columns
+    return list(links.items())
+
+
+@contextlib.contextmanager
+def keeping_split() -> Iterator[None]:
+    """Inside it, a column layer's gathered output is remembered with its parts, for a row layer."""
+    previous = getattr(_KEPT, "tensors", None)
+    _KEPT.tensors = {}
+    try:
+        yield
+    finally:
+        _KEPT.tensors = previous
+
+
+def _gathered(sharded):
+    """The parts side by side, remembered: unread, TensorFlow prunes the gather."""
+    with tf.device(sharded.devices[0]):
+        whole = tf.concat(sharded.parts, axis=-1, name=GATHER)
+    kept = getattr(_KEPT, "tensors", None)
+    if kept is not None:
+        kept[id(whole)] = (whole, sharded)
+    return whole
+
+
+def _split_input(x):
+    kept = getattr(_KEPT, "tensors", None) or {}
+    entry = kept.get(id(x))
+    return entry[1] if entry is not None and entry[0] is x else x
+
+
+def _dense_call(split):
+    def call(inputs, training=None, **kwargs):
+        if split.style == "column":
+            return _gathered(split.tp_call(inputs, training=training))
+        x = _split_input(inputs)
+        if not isinstance(x, Sharded):
+            return split.call(x, training=training)  # a whole input: each device its columns
+        return split.tp_call(x, training=training)
+    return call
+
+
+def _attention_call(layer, split):
+    def call(query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
+             attention_mask=None, return_attention_scores=False, training=None,
+             use_causal_mask=False, cache=None, cache_update_index=None):
+        if cache is not None or cache_update_index is not None:
+            raise ValueError(
+                f"layer {layer.name!r} is split by heads, and generating with a key/value cache is "
+                f"not split. Received: cache={'a tensor' if cache is not None else None}, "
+                f"cache_update_index={cache_update_index!r}. Generate with the trained model's "
+                "plain_model().")
+        if any(m is not None for m in (query_mask, value_mask, key_mask)):  # Keras' own rule
+            attention_mask = layer._compute_attention_mask(
+                query, value, query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
+                attention_mask=attention_mask, use_causal_mask=use_causal_mask)
+            use_causal_mask = False
+        return split.tp_call(
+            query, value, key=key, attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+            training=training, return_attention_scores=return_attention_scores)
+    return call
+
+
+def _embedding_call(layer, split):
+    def call(inputs, reverse=False, **kwargs):
+        if not reverse:
+            return split.tp_call(inputs)
+        logits = split.reverse_call(inputs, getattr(layer, "reverse_dtype", None))
+        cap = getattr(layer, "logit_soft_cap", None)
+        return logits if cap is None else tf.tanh(logits / cap) * cap
+    return call
+
+
+def paired(source: Any, copy: Any) -> dict[str, Any]:
+    """``{path in source: the same layer of copy}``, ``copy`` being ``source`` built again from its
+    config: the trees are walked in the same order (the names Keras gives differ by a number)."""
+    ours = list(layer_tree(source).items())
+    theirs = list(layer_tree(copy).values())
+    if len(ours) != len(theirs) or any(type(a) is not type(b) for (_, a), b in zip(ours, theirs)):
+        raise ValueError(
+            f"model {source.name!r} built again from its get_config() holds other layers than the "
+            "model itself, so its layers cannot be split where they sit. Make the model's "
+            "get_config() (and its custom layers') return every argument of __init__.")
+    return {path: twin for (path, _), twin in zip(ours, theirs)}
+
+
+def split_in_place(twins: dict, styles: dict[str, str], devices: list, keras_module: Any) -> dict:
+    """Splits the copy's planned layers (``twins``: `paired`, taken before) where they sit: each
+    drops its weights (and sublayers) and calls the split layer it now holds. Returns
+    ``{path: split layer}``."""
+    splits = {}
+    for path, style in styles.items():
+        layer = twins[path]
+        kind = kind_of(layer, style, keras_module)
+        split = layer_class(keras_module, kind)(layer, style, devices, keep_split=True)
+        split.load(layer.get_weights())
+        _drop_state(layer)
+        if hasattr(layer, "_tracker"):  # Keras 3 locks a built layer's state
+            layer._tracker.unlock()
+        layer.tp_split = split  # tracked: the layer's weights are now the split layer's
+        if kind in ("Dense", "EinsumDense"):
+            layer.call = _dense_call(split)
+        elif kind == "MultiHeadAttention":
+            layer.call = _attention_call(layer, split)
+        else:
+            layer.call = _embedding_call(layer, split)
+        splits[path] = split
+    return splits
+
+
+def _drop_state(layer):
+    """Forgets ``layer``'s own variables and sublayers (Keras 3's lists; tf_keras' otherwise)."""
+    for name in ("_trainable_variables", "_non_trainable_variables", "_layers",
+                 "_trainable_weights", "_non_trainable_weights"):
+        held = getattr(layer, name, None)
+        if isinstance(held, list):
+            held.clear()
+
+
+def plain_weights_back(source: Any, twins: dict[str, Any], splits: dict[str, Any]) -> None:
+    """Copies the copy's weights into ``source``, layer by layer (``twins``: `paired`): a split
+    layer's whole (`full_weights`), every other layer's own."""
+    for path, layer in layer_tree(source).items():
+        if _within(path, splits):
+            continue
+        if path in splits:
+            layer.set_weights(splits[path].full_weights())
+            continue
+        own = _own_variables(layer)
+        for variable, value in zip(own, _own_variables(twins[path])):
+            variable.assign(value)
+
+
+def _own_variables(layer):
+    held = getattr(layer, "_trainable_variables", None)
+    if held is None:  # tf_keras
+        return list(layer._trainable_weights) + list(layer._non_trainable_weights)
+    return list(held) + list(layer._non_trainable_variables)
