@@ -11,16 +11,21 @@ from tfpar.tensor_parallel import TensorParallel
 from tfpar.tensor_parallel.ops import GATHER, count_communication
 
 BLOCKS = 2  # keras_hub_task's num_layers
-# What the default plan splits in each block, by the path's end; and the embedding, by vocabulary.
+# What the default plan splits in each block (by the path inside the block); and the embedding.
+_LLAMA_ATTENTION = {f"self_attention/{name}": "column" for name in ("query", "key", "value")}
+_GEMMA_ATTENTION = {f"attention/{name}": "column" for name in ("query", "key", "value")}
 SPLIT_IN_EACH_BLOCK = {
     "gpt2": {"self_attention": "heads", "feedforward_intermediate_dense": "column",
              "feedforward_output_dense": "row"},
     "bert": {"self_attention_layer": "heads", "feedforward_intermediate_dense": "column",
              "feedforward_output_dense": "row"},
-    # Their attention layers are KerasHub's own (grouped-query, rotary): not split yet (issue 48).
-    "llama": {"feedforward_gate_dense": "column", "feedforward_intermediate_dense": "column",
+    # KerasHub's own attention (grouped-query, rotary): its projections, gathered around the
+    # attention itself; the gated MLP: the gate and up projections by columns, down by rows.
+    "llama": {**_LLAMA_ATTENTION, "self_attention/attention_output": "row",
+              "feedforward_gate_dense": "column", "feedforward_intermediate_dense": "column",
               "feedforward_output_dense": "row"},
-    "gemma": {"ffw_gating": "column", "ffw_gating_2": "column", "ffw_linear": "row"},
+    "gemma": {**_GEMMA_ATTENTION, "attention/attention_output": "row", "ffw_gating": "column",
+              "ffw_gating_2": "column", "ffw_linear": "row"},
 }
 
 
@@ -44,8 +49,8 @@ def test_keras_hub_task_models_split_inside_their_blocks_and_train_like_one_devi
     blocks = {}
     for path, style in split.styles.items():
         parts = path.split("/")
-        if len(parts) == 3:  # backbone/block/layer
-            blocks.setdefault(parts[1], {})[parts[2]] = style
+        if len(parts) >= 3:  # backbone/block/layer...
+            blocks.setdefault(parts[1], {})["/".join(parts[2:])] = style
     assert len(blocks) == BLOCKS, split.styles
     assert all(block == SPLIT_IN_EACH_BLOCK[name] for block in blocks.values()), split.styles
     embeddings = [p for p, style in split.styles.items() if style == "vocab"]

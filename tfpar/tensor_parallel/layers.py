@@ -38,6 +38,14 @@ def kind_of(layer: Any, style: str, keras_module: Any) -> str | None:
     return next((k for k in kinds if isinstance(layer, getattr(keras_module.layers, k))), None)
 
 
+def _row_axis(equation):
+    """The kernel's axis a row split cuts: the one contracted with the input's last axis (Dense: 0)."""
+    if equation is None:
+        return 0
+    x, kernel, _ = _einsum_parts(equation)
+    return kernel.index(x[-1])
+
+
 def split_error(layer: Any, style: str, degree: int, kind: str) -> str | None:
     """Why ``layer`` cannot be split ``degree`` ways in ``style``, or None. ``kind`` is its class name."""
     config, name = layer.get_config(), layer.name
@@ -48,14 +56,15 @@ def split_error(layer: Any, style: str, degree: int, kind: str) -> str | None:
             if style == "column" and not (k[-1] == out[-1] and k[-1] not in x):
                 return (f"layer {name!r} (EinsumDense {config['equation']!r}) cannot be split by columns: its kernel's "
                         "last axis is not the output's last axis. Split it by rows, or leave it replicated.")
-            if style == "row" and not (k[0] == x[-1] and k[0] not in out):
-                return (f"layer {name!r} (EinsumDense {config['equation']!r}) cannot be split by rows: its kernel's "
-                        "first axis is not the input's last, contracted axis. Split it by columns, or leave it replicated.")
+            if style == "row" and not (x[-1] in k and x[-1] not in out):
+                return (f"layer {name!r} (EinsumDense {config['equation']!r}) cannot be split by rows: the "
+                        "input's last axis is not contracted with the kernel. Split it by columns, or leave "
+                        "it replicated.")
             bias_axes = config.get("bias_axes") or ""
             if style == "column" and bias_axes and bias_axes[-1] != out[-1]:
                 return (f"layer {name!r} (EinsumDense, bias_axes={bias_axes!r}) has a bias that does not follow the "
                         "output's last axis, so its columns cannot be split. Leave it replicated.")
-        axis = -1 if style == "column" else 0
+        axis = -1 if style == "column" else _row_axis(config.get("equation"))
         if kernel[axis] % degree:
             what = "output columns (units)" if style == "column" else "input rows"
             return (f"layer {name!r} has {kernel[axis]} {what}, which the tensor-parallel degree does not divide. "
@@ -157,7 +166,8 @@ class _Dense(_Shards):
         self._init_shards(source, devices)
         regularizers = (getattr(source, "kernel_regularizer", None), getattr(source, "bias_regularizer", None))
         column = style == "column"
-        self._add("kernel", 0, len(self._source_shapes[0]) - 1 if column else 0, regularizers[0])
+        kernel_axis = len(self._source_shapes[0]) - 1 if column else _row_axis(self.equation)
+        self._add("kernel", 0, kernel_axis, regularizers[0])
         self.has_bias = len(self._source_shapes) > 1
         if self.has_bias:
             self._add("bias", 1, len(self._source_shapes[1]) - 1 if column else None, regularizers[1])

@@ -28,13 +28,6 @@ from tfpar.tensor_parallel.ops import GATHER, Sharded
 __all__ = ["keeping_split", "layer_tree", "nested_auto_plan", "paired", "plain_weights_back",
            "split_in_place"]
 
-ELEMENTWISE_OPS = frozenset({
-    "Identity", "Cast", "Relu", "Relu6", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Erf", "Exp",
-    "Neg", "Square", "Sqrt", "Rsqrt", "Mul", "AddV2", "Add", "Sub", "RealDiv", "Pow", "Maximum",
-    "Minimum", "Gelu", "LeakyRelu", "IdentityN"})
-"""TensorFlow ops that act on each element alone (with scalars): a gated feed-forward's product of
-two column layers' outputs reaches its output projection through these."""
-
 _KEPT = threading.local()
 
 
@@ -59,10 +52,11 @@ def layer_tree(model: Any) -> dict[str, Any]:
 
 def nested_auto_plan(model: Any, degree: int, keras_module: Any) -> dict[str, str]:
     """Megatron's plan over ``model``'s whole layer tree: each MultiHeadAttention (and subclass) by
-    heads, each Embedding (a tied ``ReversibleEmbedding`` too) by vocabulary, and each Dense whose
-    input is made, through element-wise ops only, from other Dense layers' outputs as a row layer
-    after those column layers (an MLP pair; a gated one: the gate and the up projection by columns).
-    The pairs are read from a trace of the model's forward pass."""
+    heads, each Embedding (a tied ``ReversibleEmbedding`` too) by vocabulary, and each Dense or
+    EinsumDense whose input the layer calling it computes from other such layers' outputs as a row
+    layer after those column layers: an MLP's pair, a gated MLP's gate and up projections and its
+    down projection, a custom attention's query, key and value and its output projection. The links
+    are read from a trace of the model's forward pass (`_dense_links`)."""
     tree = layer_tree(model)
     plan: dict[str, str] = {}
     inside: list[str] = []  # the planned layers' own sublayers are theirs
@@ -100,15 +94,17 @@ def _within(path, outers):
 
 
 def _dense_links(model, dense):
-    """``[(row path, [column paths])]`` in call order: each Dense layer of ``dense`` whose input
-    comes, through `ELEMENTWISE_OPS` alone, from the outputs of other layers of ``dense``."""
+    """``[(row path, [column paths])]`` in call order: each Dense layer of ``dense`` whose input is
+    computed, inside the layer that calls it (its name scope), from other ``dense`` layers' outputs:
+    an MLP's pair, a gated MLP's three, an attention's query, key and value and its output."""
     calls: list = []
     for path, layer in dense.items():
         original = layer.call
 
         def recorded(*args, _path=path, _call=original, **kwargs):
             out = _call(*args, **kwargs)
-            calls.append((_path, args[0], out))
+            caller = tf.get_current_name_scope().rsplit("/", 1)[0]  # this layer's own scope dropped
+            calls.append((_path, args[0], out, f"{caller}/"))
             return out
 
         layer.call = recorded
@@ -118,29 +114,32 @@ def _dense_links(model, dense):
     finally:
         for path, layer in dense.items():
             del layer.call
-    made_by = {id(out): path for path, _, out in calls}
-
-    def sources(tensor):
-        if id(tensor) in made_by:
-            return [made_by[id(tensor)]]
-        if tensor.op.type not in ELEMENTWISE_OPS:
-            return None
-        found: list = []
-        for t in tensor.op.inputs:
-            if t.shape.rank == 0 or t.op.type == "Const":
-                continue
-            more = sources(t)
-            if more is None:
-                return None
-            found += [p for p in more if p not in found]
-        return found or None
-
+    made_by = {id(out): path for path, _, out, _ in calls}
     links = {}
-    for path, x, _ in calls:
-        columns = sources(x)
+    for path, x, _, scope in calls:
+        columns = _sources(x, scope, made_by)
         if columns and path not in columns and path not in links:
             links[path] = columns
     return list(links.items())
+
+
+def _sources(tensor, scope, made_by):
+    """The paths of the layers (``made_by``: output id -> path) whose outputs ``tensor`` is computed
+    from by ops inside ``scope``, in the order met."""
+    found: list = []
+    seen = set()
+    pending = [tensor]
+    while pending:
+        t = pending.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if id(t) in made_by:
+            if made_by[id(t)] not in found:
+                found.append(made_by[id(t)])
+        elif t.op.name.startswith(scope):
+            pending.extend(t.op.inputs)
+    return found
 
 
 @contextlib.contextmanager
