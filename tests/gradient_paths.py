@@ -81,9 +81,10 @@ def image_data():
     return rng.normal(size=(64, 8, 8, 1)).astype("float32"), rng.integers(0, 3, size=64)
 
 
-def keras_hub_task(name, examples=48):
+def keras_hub_task(name, examples=48, kv_heads=1):
     """KerasHub's task model ``name`` (tiny config: 2 blocks, hidden 16, random weights, no
-    preprocessor), compiled as its users compile it, and ``examples`` examples for it."""
+    preprocessor; Llama's and Gemma's ``kv_heads`` key/value heads for their 2 query heads),
+    compiled as its users compile it, and ``examples`` examples for it."""
     import keras
     import keras_hub
 
@@ -102,10 +103,10 @@ def keras_hub_task(name, examples=48):
         x["segment_ids"] = np.zeros_like(ids)
         y = ids[:, 0] % 2
     elif name == "llama":
-        backbone = models.LlamaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1)
+        backbone = models.LlamaBackbone(**sizes, num_query_heads=2, num_key_value_heads=kv_heads)
         model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)
     else:
-        backbone = models.GemmaBackbone(**sizes, num_query_heads=2, num_key_value_heads=1,
+        backbone = models.GemmaBackbone(**sizes, num_query_heads=2, num_key_value_heads=kv_heads,
                                          head_dim=8)
         model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

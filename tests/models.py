@@ -386,6 +386,19 @@ def train_tensor_parallel_pair(name, degree, optimizer, k=keras, epochs=2, split
     return plain.get_weights(), split_model.plain_model().get_weights(), split_model, initial
 
 
+def traced_training_step(model, loss, x, y):
+    """The graph of one training step of ``model`` (forward, ``loss``, gradients), traced."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        return tape.gradient(value, model.trainable_variables)
+
+    return step.get_concrete_function(x, y).graph
+
+
 def weight_differences(model, a, b, optimizer):
     """{weight name: largest difference between the weight lists ``a`` and ``b`` of ``model``}. With
     Adam the attention's key bias is left out: its gradient is exactly 0 in exact arithmetic (a

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import tfpar
-from tests.models import tensor_parallel_models, train_tensor_parallel_pair, weight_differences
+from tests.models import (tensor_parallel_models, traced_training_step, train_tensor_parallel_pair,
+                          weight_differences)
 from tfpar.tensor_parallel import TensorParallel
 from tfpar.tensor_parallel.ops import count_communication
 
@@ -51,8 +52,6 @@ def test_a_transformer_step_holds_two_reductions_forward_and_two_backward_per_bl
     """Megatron's count, from the ops of a traced training step: the attention's and the MLP's
     all-reduce forward, and the backward all-reduce of each one's input; no gather in between.
     The embedding's (by vocabulary) is one more forward reduction, before the blocks."""
-    import tensorflow as tf
-
     from tfpar._tokens import TRANSFORMER_PLAN, token_data, transformer
 
     k = any_keras
@@ -61,14 +60,7 @@ def test_a_transformer_step_holds_two_reductions_forward_and_two_backward_per_bl
         transformer(k, vocab=16, length=6, dim=8, heads=4, blocks=blocks))
     x, y = token_data(4, vocab=16, length=6)
     loss = k.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, split(x, training=True))
-        return tape.gradient(value, split.trainable_variables)
-
-    counts = count_communication(step.get_concrete_function(x, y).graph.as_graph_def())
+    counts = count_communication(traced_training_step(split, loss, x, y).as_graph_def())
     assert counts == {"tp_allreduce_forward": 2 * blocks + 1, "tp_allreduce_backward": 2 * blocks,
                       "tp_allgather": 0}
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests.gradient_paths import keras_hub_task
+from tests.models import traced_training_step
 from tfpar.tensor_parallel import TensorParallel
 from tfpar.tensor_parallel.ops import GATHER, count_communication
 
@@ -29,12 +30,13 @@ SPLIT_IN_EACH_BLOCK = {
 }
 
 
-def _split_and_one_device(name):
+def _split_and_one_device(name, tp=None, kv_heads=1):
     """(split model, plain model's weights after 3 steps on one device, x, y)."""
     import keras
 
-    model, x, y = keras_hub_task(name, examples=12)
-    split = TensorParallel(degree=2).shard(model)  # the model itself is left as it is
+    keras.utils.set_random_seed(0)
+    model, x, y = keras_hub_task(name, examples=12, kv_heads=kv_heads)
+    split = (tp or TensorParallel(degree=2)).shard(model)  # the model itself is left as it is
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     one_device = model.get_weights()
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -46,13 +48,7 @@ def _split_and_one_device(name):
 @pytest.mark.parametrize("name", list(SPLIT_IN_EACH_BLOCK))
 def test_keras_hub_task_models_split_inside_their_blocks_and_train_like_one_device(name):
     split, one_device, x, _ = _split_and_one_device(name)
-    blocks = {}
-    for path, style in split.styles.items():
-        parts = path.split("/")
-        if len(parts) >= 3:  # backbone/block/layer...
-            blocks.setdefault(parts[1], {})["/".join(parts[2:])] = style
-    assert len(blocks) == BLOCKS, split.styles
-    assert all(block == SPLIT_IN_EACH_BLOCK[name] for block in blocks.values()), split.styles
+    assert _styles_by_block(split) == [SPLIT_IN_EACH_BLOCK[name]] * BLOCKS, split.styles
     embeddings = [p for p, style in split.styles.items() if style == "vocab"]
     assert any(path.endswith("/token_embedding") for path in embeddings), split.styles
     held = split.device_bytes()
@@ -61,10 +57,24 @@ def test_keras_hub_task_models_split_inside_their_blocks_and_train_like_one_devi
     predicted = split.predict(x, verbose=0)
     plain = split.plain_model()
     trained = plain.get_weights()
+    _assert_equal_weights(trained, one_device)
+    np.testing.assert_allclose(plain.predict(x, verbose=0), predicted, atol=1e-5)
+
+
+def _styles_by_block(split):
+    """Per block of the backbone, in order: {path inside the block: style}."""
+    blocks: dict = {}
+    for path, style in split.styles.items():
+        parts = path.split("/")
+        if len(parts) >= 3:  # backbone/block/layer...
+            blocks.setdefault(parts[1], {})["/".join(parts[2:])] = style
+    return list(blocks.values())
+
+
+def _assert_equal_weights(trained, one_device):
     assert len(trained) == len(one_device) > 0
     differences = [float(np.max(np.abs(a - b))) for a, b in zip(trained, one_device)]
     assert max(differences) <= 1e-5, differences
-    np.testing.assert_allclose(plain.predict(x, verbose=0), predicted, atol=1e-5)
 
 
 def test_a_gpt2_step_holds_megatron_s_two_reductions_forward_and_two_backward_per_block():
@@ -73,19 +83,11 @@ def test_a_gpt2_step_holds_megatron_s_two_reductions_forward_and_two_backward_pe
     (the lookup's sum forward; the logits' input backward). The MLP's gathered activation has no
     reader, so TensorFlow never runs that gather; the logits' gather is the one that runs."""
     import keras
-    import tensorflow as tf
 
     model, x, y = keras_hub_task("gpt2", examples=4)
     split = TensorParallel(degree=2).shard(model)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, split(x, training=True))
-        return tape.gradient(value, split.trainable_variables)
-
-    graph = step.get_concrete_function(x, y).graph
+    graph = traced_training_step(split, loss, x, y)
     counts = count_communication(graph.as_graph_def())
     assert counts["tp_allreduce_forward"] == 2 * BLOCKS + 1
     assert counts["tp_allreduce_backward"] == 2 * BLOCKS + 1
@@ -97,7 +99,8 @@ def test_a_gpt2_step_holds_megatron_s_two_reductions_forward_and_two_backward_pe
 
 @pytest.mark.parametrize("plan, message", [
     ({".*/no_such_layer": "column"}, r"plan names layer\(s\) the model does not have: \['\.\*/no_"),
-    ({".*transformer_layer_0/self_attention": "column"}, "is a CachedMultiHeadAttention, and style"),
+    ({".*transformer_layer_0/self_attention": "column"},
+     "is a CachedMultiHeadAttention, and style"),
     ({".*transformer_layer_0/feedforward_output_dense": "row"}, None),
 ])
 def test_a_plan_names_layers_inside_blocks_by_their_paths(plan, message):
@@ -110,3 +113,75 @@ def test_a_plan_names_layers_inside_blocks_by_their_paths(plan, message):
         return
     with pytest.raises(ValueError, match=message):
         tp.shard(model)
+
+
+def _model_parallel(backbone, shape=(1, 2)):
+    """``keras.distribution.ModelParallel`` as a Keras 3 script for JAX writes it, with the
+    backbone's own layout map."""
+    import keras
+
+    mesh = keras.distribution.DeviceMesh(shape=shape, axis_names=("batch", "model"),
+                                         devices=[f"cpu:{i}" for i in range(shape[0] * shape[1])])
+    layout_map = backbone.get_layout_map(mesh)
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+
+
+# The backbones' own layouts: Llama's splits its query, key and value by the hidden axis (rows),
+# Gemma's by heads (its kernels' axis 0); both the attention output by heads, the MLP as Megatron.
+LAYOUT_STYLES = {
+    "llama": {**{f"self_attention/{name}": "row" for name in ("query", "key", "value")},
+              "self_attention/attention_output": "row:0", "feedforward_gate_dense": "column",
+              "feedforward_intermediate_dense": "column", "feedforward_output_dense": "row"},
+    "gemma": {**{f"attention/{name}": "column:0" for name in ("query", "key", "value")},
+              "attention/attention_output": "row:0", "ffw_gating": "column",
+              "ffw_gating_2": "column", "ffw_linear": "row"},
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUT_STYLES))
+def test_the_backbone_s_own_layout_map_splits_every_block_and_trains_like_one_device(name):
+    import keras_hub
+
+    backbones = {"llama": keras_hub.models.LlamaBackbone, "gemma": keras_hub.models.GemmaBackbone}
+    tp = TensorParallel.from_distribution(_model_parallel(backbones[name]))
+    assert tp.config.degree == 2  # the mesh's model axis
+    split, one_device, _, _ = _split_and_one_device(name, tp, kv_heads=2)
+    assert _styles_by_block(split) == [LAYOUT_STYLES[name]] * BLOCKS, split.styles
+    _assert_equal_weights(split.plain_model().get_weights(), one_device)
+
+
+def _layout(entries, shape=(1, 2)):
+    import keras
+
+    mesh = keras.distribution.DeviceMesh(shape=shape, axis_names=("batch", "model"),
+                                         devices=[f"cpu:{i}" for i in range(shape[0] * shape[1])])
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for key, axes in entries.items():
+        layout_map[key] = axes
+    return layout_map
+
+
+@pytest.mark.parametrize("entries, shape, message", [
+    ({"no_such_layer/kernel": ("model", None)}, (1, 2),
+     r"The layout map names variables the model does not have: \['no_such_layer/kernel'\]"),
+    ({"token_embedding/embeddings": (None, "model")}, (1, 2),
+     r"variable 'token_embedding/embeddings' \(layout \(None, 'model'\)\) splits an embedding"),
+    ({"transformer_layer_0/feedforward_output_dense/bias": ("model",)}, (1, 2),
+     "belongs to Dense 'feedforward_output_dense'; tfpar splits the kernels"),
+    ({"token_embedding/embeddings": ("model", None)}, (2, 2),
+     r"The LayoutMap mesh's 'batch' axis is 2: data-parallel replicas, one per worker"),
+])
+def test_a_layout_tfpar_cannot_realise_is_refused_naming_the_variable(entries, shape, message):
+    model, _, _ = keras_hub_task("gpt2", examples=4)
+    with pytest.raises(ValueError, match=message):
+        TensorParallel(plan=_layout(entries, shape)).shard(model)
+
+
+def test_a_degree_against_the_mesh_and_a_distribution_that_is_not_model_parallel_are_refused():
+    import keras
+
+    with pytest.raises(ValueError, match=r"degree is the LayoutMap mesh's model axis \(2\)"):
+        TensorParallel(plan=_layout({"token_embedding/embeddings": ("model", None)}), degree=4)
+    data_parallel = keras.distribution.DataParallel(devices=["cpu:0", "cpu:1"])
+    with pytest.raises(TypeError, match="from_distribution takes a keras.distribution.Model"):
+        TensorParallel.from_distribution(data_parallel)

@@ -48,6 +48,8 @@ EXPECT = {
                                               "mesh:       data 1 x pipeline 2 x tensor 2",
                                               "PASSED: trains like one replica"],
     "check_coverage(": ["missing: 0", "duplicated: 0"],
+    "TensorParallel.from_distribution(distribution)": [
+        "TensorParallel (mesh: data 1 x pipeline 1 x tensor 2)", "/attention/query': 'column:0'", "Epoch 2/2"],
     "# gpt2_check.py": ["parameters, 64 examples"],
     "tfpar.optimizers.LAMB(2e-3": ["LAMB steps: 4"],
     "scaled_learning_rate(5e-3": ["rate at batch 1024: 0.02"],

@@ -10,7 +10,8 @@ from tests.conftest import ROOT
 PURE = frozenset({"tfpar._checks", "tfpar._files", "tfpar._timeline_files", "tfpar._heartbeat", "tfpar._task_env",
                   "tfpar._processes", "tfpar._loopback", "tfpar._lazy", "tfpar._addresses", "tfpar._slurm",
                   "tfpar._job", "tfpar._supervisor", "tfpar._node", "tfpar._elastic", "tfpar._rendezvous", "tfpar._elastic_rendezvous", "tfpar.cluster", "tfpar.pipeline.schedule",
-                  "tfpar.pipeline.simulation", "tfpar.data.plan", "tfpar.data.batching", "tfpar.tensor_parallel.plan"})
+                  "tfpar.pipeline.simulation", "tfpar.data.plan", "tfpar.data.batching",
+                  "tfpar.tensor_parallel.plan", "tfpar.tensor_parallel.rules"})
 """Layer 1: planning and protocol, no TensorFlow (tests/unit/test_public_names.py loads them)."""
 
 LAYERS = {

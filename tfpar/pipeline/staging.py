@@ -75,7 +75,10 @@ class PipelineConfig:
         check_int("num_microbatches", self.num_microbatches, 1)
         check_int("replicas", self.replicas, 1)
         check_int("tensor_parallel", self.tensor_parallel, 1)
-        if self.tensor_parallel > 1 and self.tensor_plan != "auto":
+        from tfpar.tensor_parallel.layouts import is_layout_map
+
+        named = self.tensor_plan != "auto" and not is_layout_map(self.tensor_plan)
+        if self.tensor_parallel > 1 and named:
             from tfpar.tensor_parallel.plan import match_plan
 
             if not isinstance(self.tensor_plan, Mapping):

@@ -18,82 +18,12 @@ import numpy as np
 
 from tfpar._keras import tf
 from tfpar.tensor_parallel.ops import Sharded, computing_devices, copy_to, gather_from, reduce_from, timed
-from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE
+from tfpar.tensor_parallel.plan import parse_style
+from tfpar.tensor_parallel.rules import dense_split
 
-__all__ = ["kind_of", "layer_class", "split_error"]
+__all__ = ["layer_class"]
 
-NOT_ELEMENTWISE = ("softmax", "log_softmax")
 _LARGE_NEGATIVE = -1e9  # what both Kerases' masked softmax adds where the mask is 0 (float32)
-
-
-def _einsum_parts(equation):
-    inputs, output = equation.split("->")
-    x, kernel = inputs.split(",")
-    return x, kernel, output
-
-
-def kind_of(layer: Any, style: str, keras_module: Any) -> str | None:
-    """The Keras class name of ``layer`` among those ``style`` splits, or None."""
-    kinds = LAYERS_OF_STYLE[style]
-    return next((k for k in kinds if isinstance(layer, getattr(keras_module.layers, k))), None)
-
-
-def _row_axis(equation):
-    """The kernel's axis a row split cuts: the one contracted with the input's last axis (Dense: 0)."""
-    if equation is None:
-        return 0
-    x, kernel, _ = _einsum_parts(equation)
-    return kernel.index(x[-1])
-
-
-def split_error(layer: Any, style: str, degree: int, kind: str) -> str | None:
-    """Why ``layer`` cannot be split ``degree`` ways in ``style``, or None. ``kind`` is its class name."""
-    config, name = layer.get_config(), layer.name
-    if kind in ("Dense", "EinsumDense"):
-        kernel = tuple(layer.kernel.shape)
-        if kind == "EinsumDense":
-            x, k, out = _einsum_parts(config["equation"])
-            if style == "column" and not (k[-1] == out[-1] and k[-1] not in x):
-                return (f"layer {name!r} (EinsumDense {config['equation']!r}) cannot be split by columns: its kernel's "
-                        "last axis is not the output's last axis. Split it by rows, or leave it replicated.")
-            if style == "row" and not (x[-1] in k and x[-1] not in out):
-                return (f"layer {name!r} (EinsumDense {config['equation']!r}) cannot be split by rows: the "
-                        "input's last axis is not contracted with the kernel. Split it by columns, or leave "
-                        "it replicated.")
-            bias_axes = config.get("bias_axes") or ""
-            if style == "column" and bias_axes and bias_axes[-1] != out[-1]:
-                return (f"layer {name!r} (EinsumDense, bias_axes={bias_axes!r}) has a bias that does not follow the "
-                        "output's last axis, so its columns cannot be split. Leave it replicated.")
-        axis = -1 if style == "column" else _row_axis(config.get("equation"))
-        if kernel[axis] % degree:
-            what = "output columns (units)" if style == "column" else "input rows"
-            return (f"layer {name!r} has {kernel[axis]} {what}, which the tensor-parallel degree does not divide. "
-                    f"Received: degree={degree}. Use a degree that divides {kernel[axis]}, or leave {name!r} out of the plan.")
-        if style == "column" and config.get("activation") in NOT_ELEMENTWISE:
-            return (f"layer {name!r} ends in activation={config['activation']!r}, which mixes the columns a device "
-                    "holds with the others'. Split it by rows, or move the activation to its own layer.")
-        return None
-    if kind == "MultiHeadAttention":
-        if config["num_heads"] % degree:
-            return (f"layer {name!r} has num_heads={config['num_heads']}, which the tensor-parallel degree does not "
-                    f"divide. Received: degree={degree}. Use a degree that divides {config['num_heads']}.")
-        unsupported = {key: config.get(key) for key in ("output_shape", "attention_axes")
-                       if config.get(key) is not None and not (key == "attention_axes" and tuple(config[key]) == (1,))}
-        if getattr(layer, "_gate_dense", None) is not None:
-            unsupported["gate"] = True
-        if unsupported:
-            return (f"layer {name!r} (MultiHeadAttention) is split by heads only with its default output and "
-                    f"attention axes. Received: {unsupported}. Leave it out of the plan.")
-        return None
-    if kind == "Embedding":
-        if config["input_dim"] % degree:
-            return (f"layer {name!r} has a vocabulary of input_dim={config['input_dim']}, which the tensor-parallel "
-                    f"degree does not divide. Received: degree={degree}. Pad the vocabulary to a multiple of {degree}.")
-        if config.get("mask_zero"):
-            return (f"layer {name!r} has mask_zero=True: a tensor-parallel model does not carry Keras masks. Pass "
-                    "attention_mask= to the attention instead, or leave it out of the plan.")
-        return None
-    return None
 
 
 class _Shards:
@@ -159,18 +89,18 @@ class _Dense(_Shards):
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
         super().__init__(name=source.name, dtype=source.dtype_policy, **kwargs)
         config = source.get_config()
-        self.style, self.keep_split = style, keep_split
+        self.style = parse_style(style)[0]
+        self.keep_split = keep_split
         self.equation = config.get("equation")  # None: a Dense (its kernel is [inputs, units])
         self.activation = source.activation
         self._activation_name = config.get("activation")
         self._init_shards(source, devices)
-        regularizers = (getattr(source, "kernel_regularizer", None), getattr(source, "bias_regularizer", None))
-        column = style == "column"
-        kernel_axis = len(self._source_shapes[0]) - 1 if column else _row_axis(self.equation)
-        self._add("kernel", 0, kernel_axis, regularizers[0])
+        cut = dense_split(config, len(self._source_shapes[0]), style)
+        self.split_axis = cut.activation_axis  # the output's (by columns) or the input's (by rows)
+        self._add("kernel", 0, cut.kernel_axis, getattr(source, "kernel_regularizer", None))
         self.has_bias = len(self._source_shapes) > 1
         if self.has_bias:
-            self._add("bias", 1, len(self._source_shapes[1]) - 1 if column else None, regularizers[1])
+            self._add("bias", 1, cut.bias_axis, getattr(source, "bias_regularizer", None))
 
     def tp_call(self, x, training=None):
         kernels, devices = self._parts(0), computing_devices(self.devices)
@@ -184,8 +114,12 @@ class _Dense(_Shards):
                 with tf.device(device):
                     parts.append(timed(i, self.name, inputs[i], functools.partial(
                         self._column_part, inputs[i], kernels[i], biases[i])))
-            out = Sharded(parts, devices)
+            out = Sharded(parts, devices, self.split_axis)
             return out if self.keep_split else self.activation(gather_from(out))
+        if not isinstance(x, Sharded) or x.axis != self.split_axis:  # each device takes its block
+            whole = gather_from(x) if isinstance(x, Sharded) else x
+            blocks = tf.split(whole, self.degree, axis=self.split_axis)
+            x = Sharded(blocks, devices, self.split_axis)
         parts = []
         for i, device in enumerate(devices):
             with tf.device(device):
@@ -206,11 +140,6 @@ class _Dense(_Shards):
         if self.equation is not None:
             return tf.einsum(self.equation, x, kernel)
         return tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]]) if x.shape.rank > 2 else tf.matmul(x, kernel)
-
-    def call(self, x, training=None):
-        if self.style == "row" and not isinstance(x, Sharded):  # alone: the input split by columns
-            x = Sharded(tf.split(x, self.degree, axis=-1), computing_devices(self.devices))
-        return super().call(x, training=training)
 
 
 _ATTENTION_WEIGHT = re.compile(r"(query|key|value|attention_output)/(kernel|bias)")

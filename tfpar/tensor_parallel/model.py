@@ -15,9 +15,10 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import all_layers, is_keras3, keras, keras3, tf
 from tfpar.optimizers import LAMB, LARS
-from tfpar.tensor_parallel.layers import _Shards, kind_of, layer_class, split_error
+from tfpar.tensor_parallel.layers import _Shards, layer_class
 from tfpar.tensor_parallel.nested import keeping_split, paired, plain_weights_back, split_in_place
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
+from tfpar.tensor_parallel.rules import kind_of, split_error
 
 __all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "bytes_by_device", "describe_bytes",
            "split_outputs"]
@@ -176,7 +177,8 @@ class TensorParallelModel:
 
     def __init__(self, source, styles, devices):
         super().__init__(name=f"{source.name}_tensor_parallel")
-        nested = any("/" in path for path in styles)  # a layer inside another: split where it sits
+        # A layer inside another, or a kernel axis named: split where it sits (`nested.py`).
+        nested = any("/" in path or ":" in style for path, style in styles.items())
         with tf.device(devices[0]):  # the replicated layers live on the home device
             inner = _copy(source) if nested else _clone_split(source, styles, devices, self._keras)
         twins = paired(source, inner) if nested else None

@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from tfpar._keras import tf
-from tfpar.tensor_parallel.layers import kind_of, layer_class, split_error
-from tfpar.tensor_parallel.ops import GATHER, Sharded
+from tfpar.tensor_parallel.layers import layer_class
+from tfpar.tensor_parallel.ops import GATHER
+from tfpar.tensor_parallel.rules import kind_of, split_error
 
 __all__ = ["keeping_split", "layer_tree", "nested_auto_plan", "paired", "plain_weights_back",
            "split_in_place"]
@@ -156,7 +157,7 @@ def keeping_split() -> Iterator[None]:
 def _gathered(sharded):
     """The parts side by side, remembered: unread, TensorFlow prunes the gather."""
     with tf.device(sharded.devices[0]):
-        whole = tf.concat(sharded.parts, axis=-1, name=GATHER)
+        whole = tf.concat(sharded.parts, axis=sharded.axis, name=GATHER)
     kept = getattr(_KEPT, "tensors", None)
     if kept is not None:
         kept[id(whole)] = (whole, sharded)
@@ -173,10 +174,7 @@ def _dense_call(split):
     def call(inputs, training=None, **kwargs):
         if split.style == "column":
             return _gathered(split.tp_call(inputs, training=training))
-        x = _split_input(inputs)
-        if not isinstance(x, Sharded):
-            return split.call(x, training=training)  # a whole input: each device its columns
-        return split.tp_call(x, training=training)
+        return split.tp_call(_split_input(inputs), training=training)  # whole: each its block
     return call
 
 

@@ -80,11 +80,13 @@ def computing_devices(own: list[str]) -> list[str]:
 
 class Sharded:
     """An activation split over the tensor-parallel devices: ``parts[i]`` on ``devices[i]``, the
-    blocks of its last axis in order. It flows from a column layer to the row layer that sums it."""
+    blocks of its ``axis`` (counted from the end; the last by default) in order. It flows from a
+    column layer to the row layer that sums it."""
 
-    def __init__(self, parts: Sequence, devices: Sequence[str]) -> None:
+    def __init__(self, parts: Sequence, devices: Sequence[str], axis: int = -1) -> None:
         self.parts = list(parts)
         self.devices = list(devices)
+        self.axis = axis
 
     def map(self, fn: Callable[[Any], Any]) -> "Sharded":
         """``fn`` applied to each part on its device (an element-wise layer)."""
@@ -92,7 +94,7 @@ class Sharded:
         for part, device in zip(self.parts, self.devices):
             with tf.device(device):
                 parts.append(fn(part))
-        return Sharded(parts, self.devices)
+        return Sharded(parts, self.devices, self.axis)
 
 
 def copy_to(x: Any, devices: Sequence[str], label: str = "all-reduce") -> list:
@@ -141,9 +143,10 @@ def reduce_from(parts: Sequence, devices: Sequence[str], label: str = "all-reduc
 
 
 def gather_from(sharded: Sharded) -> Any:
-    """The parts side by side along the last axis, on the home device (an all-gather)."""
+    """The parts side by side along their axis, on the home device (an all-gather)."""
     with tf.device(sharded.devices[0]):
-        return timed(0, "all-gather", sharded.parts, lambda: tf.concat(sharded.parts, axis=-1, name=GATHER))
+        return timed(0, "all-gather", sharded.parts,
+                     lambda: tf.concat(sharded.parts, axis=sharded.axis, name=GATHER))
 
 
 def count_communication(graph_def: Any) -> dict[str, int]:

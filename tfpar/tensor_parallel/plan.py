@@ -24,7 +24,7 @@ Examples:
 import re
 from collections.abc import Mapping, Sequence
 
-__all__ = ["STYLES", "LAYERS_OF_STYLE", "match_plan"]
+__all__ = ["STYLES", "LAYERS_OF_STYLE", "match_plan", "parse_style"]
 
 STYLES = ("column", "row", "heads", "vocab")
 """The ways a layer can be split over the tensor-parallel devices."""
@@ -36,6 +36,27 @@ LAYERS_OF_STYLE = {
     "vocab": ("Embedding",),
 }
 """The Keras layer classes each style can split."""
+
+
+def parse_style(style: str) -> tuple[str, int | None]:
+    """``(style, kernel axis or None)`` of a style: ``"column:1"`` splits a Dense or EinsumDense's
+    kernel on its axis 1 (by columns).
+
+    Examples:
+        >>> parse_style("row:0")
+        ('row', 0)
+        >>> parse_style("heads")
+        ('heads', None)
+
+    Raises:
+        ValueError: an unknown style, or an axis on a style that has none.
+    """
+    base, separator, axis = style.partition(":")
+    with_axis = bool(separator)
+    if base not in STYLES or (with_axis and (base not in ("column", "row") or not axis.isdigit())):
+        raise ValueError(f"Unknown tensor-parallel style. Received: {style!r}. Valid styles: "
+                         f"{STYLES}, or 'column:<kernel axis>' / 'row:<kernel axis>'.")
+    return base, int(axis) if axis else None
 
 
 def match_plan(plan: Mapping[str, str], layer_names: Sequence[str]) -> dict[str, str]:
@@ -55,8 +76,12 @@ def match_plan(plan: Mapping[str, str], layer_names: Sequence[str]) -> dict[str,
     for key, style in plan.items():
         if not isinstance(key, str) or not isinstance(style, str):
             raise TypeError(f"plan maps layer names (str) to styles (str). Received: {key!r}: {style!r}.")
-        if style not in STYLES:
-            raise ValueError(f"plan[{key!r}] is an unknown style. Received: {style!r}. Valid styles: {STYLES}.")
+        try:
+            parse_style(style)
+        except ValueError:
+            message = (f"plan[{key!r}] is an unknown style. Received: {style!r}. Valid styles: "
+                       f"{STYLES}, or 'column:<kernel axis>' / 'row:<kernel axis>'.")
+            raise ValueError(message) from None
         try:
             patterns.append((key, re.compile(key), style))
         except re.error as error:

@@ -6,7 +6,6 @@ unchanged; each device holds 1/degree of each planned layer's weights and of the
 """
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from tfpar import _owned
@@ -14,10 +13,11 @@ from tfpar._checks import check_int, config_from
 from tfpar._keras import check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
-from tfpar.tensor_parallel.layers import kind_of, split_error
+from tfpar.tensor_parallel.rules import kind_of, split_error
 from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, describe_bytes
 from tfpar.tensor_parallel.nested import layer_tree, nested_auto_plan
-from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan
+from tfpar.tensor_parallel.layouts import is_layout_map, model_axis_of, styles_from_layouts
+from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan, parse_style
 
 __all__ = ["TensorParallel", "TensorParallelConfig"]
 
@@ -26,21 +26,36 @@ __all__ = ["TensorParallel", "TensorParallelConfig"]
 class TensorParallelConfig:
     """Configuration of `TensorParallel`, validated when built."""
 
-    plan: Mapping[str, str] | str = "auto"
-    """Layer name (or a regular expression matched against whole names) -> style: "column", "row"
-    (Dense, EinsumDense), "heads" (MultiHeadAttention) or "vocab" (Embedding); unplanned layers are
-    replicated. "auto": every MultiHeadAttention by heads, every Embedding by vocabulary, and each
-    Dense that feeds one Dense (through activations or dropout) as a column/row pair, where the
-    degree divides them."""
-    degree: int = 2
-    """T: the devices each planned layer is split over."""
+    plan: Any = "auto"
+    """Layer path (its name at the top level; ``"backbone/block_0/attention"`` inside) or a regular
+    expression matched against whole paths -> style: "column", "row" (Dense, EinsumDense; or
+    "column:<kernel axis>"), "heads" (MultiHeadAttention) or "vocab" (Embedding); unplanned layers
+    are replicated. "auto": every MultiHeadAttention by heads, every Embedding by vocabulary, and
+    the Dense layers an MLP or an attention pairs as columns then rows, at any depth, where the
+    degree divides them. Or a ``keras.distribution.LayoutMap`` (KerasHub's
+    ``Backbone.get_layout_map(mesh)``): its layouts over the mesh's model axis (`layouts.py`)."""
+    degree: int | None = None
+    """T: the devices each planned layer is split over (default: 2, or a LayoutMap mesh's model
+    axis)."""
+    batch_axis: str = "batch"
+    """With a LayoutMap plan: its mesh's data-parallel axis (1, or one per worker of the job)."""
     devices: tuple | None = None
     """Device names (default: the first ``degree`` GPUs, else logical CPU devices); the first is the
     home device, where the replicated layers run."""
 
     def __post_init__(self):
+        if is_layout_map(self.plan):
+            _, size = model_axis_of(self.plan.device_mesh, self.batch_axis)
+            if self.degree not in (None, size):
+                raise ValueError(
+                    f"degree is the LayoutMap mesh's model axis ({size}) when plan is a LayoutMap. "
+                    f"Received: degree={self.degree!r}. Leave degree out, or make the mesh's model "
+                    f"axis {self.degree}.")
+            object.__setattr__(self, "degree", size)
+        elif self.degree is None:
+            object.__setattr__(self, "degree", 2)
         check_int("degree", self.degree, 1)
-        if self.plan != "auto":
+        if self.plan != "auto" and not is_layout_map(self.plan):
             match_plan(self.plan, list(self.plan))  # its types and styles; the layers are checked by shard()
         if self.devices is not None:
             from tfpar.devices import check_devices
@@ -76,6 +91,22 @@ class TensorParallel(PlacesItself):
 
     CONFIG = TensorParallelConfig
 
+    @classmethod
+    def from_distribution(cls, distribution: Any, **kwargs: Any) -> "TensorParallel":
+        """`TensorParallel` from a ``keras.distribution.ModelParallel`` as a Keras 3 script for JAX
+        builds it: its layout map is the plan, its mesh's model axis the degree, its batch axis
+        the data-parallel replicas (the workers of ``tfpar launch``).
+
+        Raises:
+            TypeError: not a ``ModelParallel``.
+        """
+        layout_map = getattr(distribution, "_layout_map", None)
+        if type(distribution).__name__ != "ModelParallel" or not is_layout_map(layout_map):
+            raise TypeError(
+                "from_distribution takes a keras.distribution.ModelParallel(layout_map=...). "
+                f"Received: {distribution!r}. For data parallelism alone use tfpar.DataParallel.")
+        return cls(plan=layout_map, batch_axis=distribution.batch_dim_name, **kwargs)
+
     def __init__(self, config: TensorParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = c = config_from(TensorParallelConfig, config, kwargs)
         from tfpar.pipeline import Pipeline
@@ -85,6 +116,8 @@ class TensorParallel(PlacesItself):
         across = Pipeline(num_stages=1, num_microbatches=1, tensor_parallel=c.degree, tensor_plan=c.plan,
                           devices=c.devices)
         self._across = across if across.workers else None
+        if is_layout_map(c.plan):
+            _check_batch_axis(c.plan.device_mesh, c.batch_axis, across.workers)
 
     @property
     def num_replicas_in_sync(self):
@@ -115,7 +148,7 @@ class TensorParallel(PlacesItself):
 
     def styles(self, model: Any) -> dict[str, str]:
         """``{layer name: style}`` of ``model``'s planned layers, each checked (`planned_styles`)."""
-        return planned_styles(model, self.config.degree, self.config.plan)
+        return planned_styles(model, self.config.degree, self.config.plan, self.config.batch_axis)
 
     def split(self, model: Any) -> Any:
         """`shard`."""
@@ -159,7 +192,7 @@ class TensorParallel(PlacesItself):
         return "\n".join(lines)
 
 
-def planned_styles(model: Any, degree: int, plan: Any) -> dict[str, str]:
+def planned_styles(model: Any, degree: int, plan: Any, batch_axis: str = "batch") -> dict[str, str]:
     """``{layer name: style}`` of ``model``'s planned layers for ``plan`` ("auto" or layer name or pattern ->
     style) over ``degree`` devices, each checked.
 
@@ -168,6 +201,9 @@ def planned_styles(model: Any, degree: int, plan: Any) -> dict[str, str]:
             degree does not divide.
     """
     k = keras_of(model)
+    if is_layout_map(plan):
+        axis, _ = model_axis_of(plan.device_mesh, batch_axis)
+        return _checked(model, styles_from_layouts(model, plan, axis, k), degree, k)
     if plan == "auto":
         nested = nested_auto_plan(model, degree, k)  # {} when every candidate is a top-level layer
         styles = nested or auto_plan(model, degree, k)
@@ -177,17 +213,37 @@ def planned_styles(model: Any, degree: int, plan: Any) -> dict[str, str]:
                 "MultiHeadAttention, Embedding or Dense pair whose size the degree divides. Received: "
                 f"degree={degree}. Name the layers in plan=, or use another degree.")
         return styles
+    return _checked(model, match_plan(plan, list(layer_tree(model))), degree, k)
+
+
+def _checked(model, styles, degree, k):
+    """``styles`` ({layer path: style}), each checked against its layer."""
     tree = layer_tree(model)
-    styles = match_plan(plan, list(tree))
     for name, style in styles.items():
         layer = tree[name]
         kind = kind_of(layer, style, k)
         if kind is None:
+            kind_name = type(layer).__name__
+            fitting = [s for s, kinds in LAYERS_OF_STYLE.items() if kind_name in kinds]
             raise ValueError(
-                f"layer {name!r} is a {type(layer).__name__}, and style {style!r} splits "
-                f"{' or '.join(LAYERS_OF_STYLE[style])} layers. Received: plan[{name!r}]={style!r}. Use a style "
-                f"for a {type(layer).__name__} ({[s for s, kinds in LAYERS_OF_STYLE.items() if type(layer).__name__ in kinds] or 'none: leave it replicated'}).")
+                f"layer {name!r} is a {kind_name}, and style {style!r} splits "
+                f"{' or '.join(LAYERS_OF_STYLE[parse_style(style)[0]])} layers. Received: "
+                f"plan[{name!r}]={style!r}. Use a style for a {kind_name} "
+                f"({fitting or 'none: leave it replicated'}).")
         error = split_error(layer, style, degree, kind)
         if error:
             raise ValueError(error)
     return styles
+
+
+def _check_batch_axis(mesh, batch_axis, workers):
+    """A LayoutMap mesh's batch axis must be 1 or the job's workers (each one replica)."""
+    if batch_axis not in mesh.axis_names:
+        return
+    size = mesh.shape[list(mesh.axis_names).index(batch_axis)]
+    count = workers.num_workers if workers else 1
+    if size not in (1, count):
+        raise ValueError(
+            f"The LayoutMap mesh's {batch_axis!r} axis is {size}: data-parallel replicas, one per "
+            f"worker of tfpar launch. Received: a job of {count} worker(s). Make that axis "
+            f"{count}, or launch as many workers.")
