@@ -185,3 +185,22 @@ def test_a_degree_against_the_mesh_and_a_distribution_that_is_not_model_parallel
     data_parallel = keras.distribution.DataParallel(devices=["cpu:0", "cpu:1"])
     with pytest.raises(TypeError, match="from_distribution takes a keras.distribution.Model"):
         TensorParallel.from_distribution(data_parallel)
+
+
+def test_the_plain_gpt2_saves_and_loads_with_the_split_model_s_weights(tmp_path):
+    """`plain_model()` gives back KerasHub's own GPT2CausalLM, which Keras saves and loads."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model, x, y = keras_hub_task("gpt2", examples=8)
+    split = TensorParallel(degree=2).shard(model)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    split.compile(keras.optimizers.Adam(1e-2), loss)
+    split.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    predicted = split.predict(x, verbose=0)
+    plain = split.plain_model()
+    assert plain is model
+    plain.save(tmp_path / "gpt2.keras")
+    loaded = keras.saving.load_model(tmp_path / "gpt2.keras")
+    assert type(loaded) is type(model)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, atol=1e-5)
