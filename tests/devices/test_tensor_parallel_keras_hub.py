@@ -204,3 +204,12 @@ def test_the_plain_gpt2_saves_and_loads_with_the_split_model_s_weights(tmp_path)
     loaded = keras.saving.load_model(tmp_path / "gpt2.keras")
     assert type(loaded) is type(model)
     np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, atol=1e-5)
+
+
+def test_a_layout_map_for_a_tf_keras_model_is_refused():
+    import tfpar
+    from tfpar._tokens import transformer
+
+    model = transformer(tfpar.keras, blocks=1)  # tf_keras
+    with pytest.raises(TypeError, match="A LayoutMap plan names Keras 3 variables by their paths"):
+        TensorParallel(plan=_layout({"embed/embeddings": ("model", None)})).shard(model)

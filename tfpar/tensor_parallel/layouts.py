@@ -20,7 +20,7 @@ why.
 import re
 from typing import Any
 
-from tfpar.tensor_parallel.nested import layer_tree
+from tfpar.tensor_parallel.nested import layer_tree, own_variables
 from tfpar.tensor_parallel.plan import STYLES
 
 __all__ = ["is_layout_map", "model_axis_of", "styles_from_layouts"]
@@ -56,13 +56,20 @@ def styles_from_layouts(model: Any, layout_map: Any, model_axis: str, keras_modu
     ``model_axis``.
 
     Raises:
+        TypeError: a model whose variables have no paths (tf_keras).
         ValueError: a key that matches no variable of the model, or a layout tfpar cannot realise.
     """
+    weights = model.weights
+    if not weights or not hasattr(weights[0], "path"):
+        raise TypeError(
+            "A LayoutMap plan names Keras 3 variables by their paths. Received: model "
+            f"{model.name!r}, whose variables have no paths (a tf_keras model, or none built). "
+            "Build the model with Keras 3, or give plan= a dict of layer names to styles.")
     keys = list(layout_map.keys())
     used: set = set()
     styles: dict[str, str] = {}
     for path, layer in layer_tree(model).items():
-        for variable in _own_weights(layer):
+        for variable in own_variables(layer):
             key = _matching_key(keys, variable.path)
             if key is None:
                 continue
@@ -82,16 +89,9 @@ def styles_from_layouts(model: Any, layout_map: Any, model_axis: str, keras_modu
         raise ValueError(
             f"The layout map names variables the model does not have: {unused}. Received: a "
             f"LayoutMap for model {model.name!r}. Its variables are named like "
-            f"{[v.path for v in model.weights[:3]]}. Fix the patterns, or make the layout map "
+            f"{[v.path for v in weights[:3]]}. Fix the patterns, or make the layout map "
             "for this model.")
     return styles
-
-
-def _own_weights(layer):
-    held = getattr(layer, "_trainable_variables", None)
-    if held is None:
-        return []  # tf_keras: no LayoutMap, no variable paths
-    return list(held) + list(layer._non_trainable_variables)
 
 
 def _matching_key(keys, path):

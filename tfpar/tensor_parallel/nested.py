@@ -26,8 +26,8 @@ from tfpar.tensor_parallel.layers import layer_class
 from tfpar.tensor_parallel.ops import GATHER
 from tfpar.tensor_parallel.rules import kind_of, split_error
 
-__all__ = ["keeping_split", "layer_tree", "nested_auto_plan", "paired", "plain_weights_back",
-           "split_in_place"]
+__all__ = ["keeping_split", "layer_tree", "nested_auto_plan", "own_variables", "paired",
+           "plain_weights_back", "split_in_place"]
 
 _KEPT = threading.local()
 
@@ -264,12 +264,13 @@ def plain_weights_back(source: Any, twins: dict[str, Any], splits: dict[str, Any
         if path in splits:
             layer.set_weights(splits[path].full_weights())
             continue
-        own = _own_variables(layer)
-        for variable, value in zip(own, _own_variables(twins[path])):
+        own = own_variables(layer)
+        for variable, value in zip(own, own_variables(twins[path])):
             variable.assign(value)
 
 
-def _own_variables(layer):
+def own_variables(layer: Any) -> list:
+    """``layer``'s own variables, its sublayers' left out (Keras 3's lists, else tf_keras')."""
     held = getattr(layer, "_trainable_variables", None)
     if held is None:  # tf_keras
         return list(layer._trainable_weights) + list(layer._non_trainable_weights)
