@@ -95,7 +95,7 @@ class _Dense(_Shards):
         self.activation = source.activation
         self._activation_name = config.get("activation")
         self._init_shards(source, devices)
-        cut = dense_split(config, len(self._source_shapes[0]), style)
+        cut = dense_split(config, style)
         self.split_axis = cut.activation_axis  # the output's (by columns) or the input's (by rows)
         self._add("kernel", 0, cut.kernel_axis, getattr(source, "kernel_regularizer", None))
         self.has_bias = len(self._source_shapes) > 1

@@ -22,6 +22,7 @@ from typing import Any
 
 from tfpar.tensor_parallel.nested import layer_tree, own_variables
 from tfpar.tensor_parallel.plan import STYLES
+from tfpar.tensor_parallel.rules import einsum_parts
 
 __all__ = ["is_layout_map", "model_axis_of", "styles_from_layouts"]
 
@@ -131,8 +132,7 @@ def _dense_style(layer, axis, where):
     equation = layer.get_config().get("equation")
     if equation is None:
         return "column" if axis == 1 else "row"
-    inputs, out = equation.split("->")
-    x, kernel = inputs.split(",")
+    x, kernel, out = einsum_parts(equation)
     letter = kernel[axis]
     if letter in out and letter not in x:
         return "column" if axis == len(kernel) - 1 and letter == out[-1] else f"column:{axis}"

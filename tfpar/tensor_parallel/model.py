@@ -18,7 +18,7 @@ from tfpar.optimizers import LAMB, LARS
 from tfpar.tensor_parallel.layers import _Shards, layer_class
 from tfpar.tensor_parallel.nested import keeping_split, paired, plain_weights_back, split_in_place
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
-from tfpar.tensor_parallel.rules import kind_of, split_error
+from tfpar.tensor_parallel.rules import NOT_ELEMENTWISE, kind_of, split_error
 
 __all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "bytes_by_device", "describe_bytes",
            "split_outputs"]
@@ -30,7 +30,7 @@ ELEMENTWISE = ("Activation", "Dropout", "ReLU", "LeakyReLU", "ELU")
 def _elementwise(layer, keras_module):
     if not isinstance(layer, tuple(getattr(keras_module.layers, n) for n in ELEMENTWISE)):
         return False
-    return layer.get_config().get("activation") not in ("softmax", "log_softmax")
+    return layer.get_config().get("activation") not in NOT_ELEMENTWISE
 
 
 def _graph_index(model):

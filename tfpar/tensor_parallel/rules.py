@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, parse_style
 
-__all__ = ["DenseSplit", "dense_split", "kind_of", "split_error"]
+__all__ = ["NOT_ELEMENTWISE", "DenseSplit", "dense_split", "einsum_parts", "kind_of", "split_error"]
 
 NOT_ELEMENTWISE = ("softmax", "log_softmax")
 
@@ -30,7 +30,8 @@ class DenseSplit(NamedTuple):
     """The bias' axis split with it (counted from the end), or None: the bias is kept whole."""
 
 
-def _einsum_parts(equation):
+def einsum_parts(equation: str) -> tuple[str, str, str]:
+    """(input, kernel, output) subscripts of an EinsumDense equation."""
     inputs, output = equation.split("->")
     x, kernel = inputs.split(",")
     return x, kernel, output
@@ -42,7 +43,7 @@ def kind_of(layer: Any, style: str, keras_module: Any) -> str | None:
     return next((k for k in kinds if isinstance(layer, getattr(keras_module.layers, k))), None)
 
 
-def dense_split(config: dict, kernel_rank: int, style: str) -> DenseSplit:
+def dense_split(config: dict, style: str) -> DenseSplit:
     """Where ``style`` ("column" or "row", maybe with a kernel axis) cuts a Dense (``config`` with
     no "equation") or an EinsumDense; `split_error` says first whether it can."""
     base, axis = parse_style(style)
@@ -51,7 +52,7 @@ def dense_split(config: dict, kernel_rank: int, style: str) -> DenseSplit:
         if base == "column":
             return DenseSplit(1, -1, -1)
         return DenseSplit(0, -1, None)
-    x, kernel, out = _einsum_parts(equation)
+    x, kernel, out = einsum_parts(equation)
     if axis is None:
         axis = len(kernel) - 1 if base == "column" else kernel.index(x[-1])
     letter = kernel[axis]
@@ -84,7 +85,7 @@ def _dense_error(layer, config, style, degree):
                 f"Received: style {style!r}. Name an axis below {len(kernel)}.")
     equation = config.get("equation")
     if equation is not None:
-        x, k, out = _einsum_parts(equation)
+        x, k, out = einsum_parts(equation)
         letter = k[axis] if axis is not None else None
         if base == "column" and axis is None and not (k[-1] == out[-1] and k[-1] not in x):
             return (f"layer {name!r} (EinsumDense {equation!r}) cannot be split by columns: its "
@@ -106,7 +107,7 @@ def _dense_error(layer, config, style, degree):
     elif axis is not None and axis != (1 if base == "column" else 0):
         return (f"layer {name!r} (Dense) splits its kernel's axis 1 by columns and 0 by rows. "
                 f"Received: style {style!r}. Use 'column' or 'row'.")
-    cut = dense_split(config, len(kernel), style).kernel_axis
+    cut = dense_split(config, style).kernel_axis
     if kernel[cut] % degree:
         what = "output columns (units)" if base == "column" else "input rows"
         return (f"layer {name!r} has {kernel[cut]} {what}, which the tensor-parallel degree does "
