@@ -362,6 +362,19 @@ def tensor_parallel_models(k=keras, examples=32):
     }
 
 
+def case_model(layout, k, examples):
+    """``(model, x, y)`` of a model-parallel case across workers: KerasHub's GPT-2 for layout
+    "gpt2" (`tests.gradient_paths.keras_hub_task`, seed 0), else the transformer block of
+    `tensor_parallel_models`."""
+    if layout == "gpt2":
+        from tests.gradient_paths import keras_hub_task
+
+        k.utils.set_random_seed(0)
+        return keras_hub_task("gpt2", examples)
+    model, x, y, _ = tensor_parallel_models(k, examples)["block"]
+    return model, x, y
+
+
 def train_tensor_parallel_pair(name, degree, optimizer, k=keras, epochs=2, split=None):
     """The ``name`` model of `tensor_parallel_models` trained plain and split from the same weights:
     (plain weights, the split model's plain_model() weights, split model). ``split(model, plan)``
@@ -397,6 +410,22 @@ def traced_training_step(model, loss, x, y):
         return tape.gradient(value, model.trainable_variables)
 
     return step.get_concrete_function(x, y).graph
+
+
+def variable_bytes_made_by(function):
+    """``(function(), bytes of the floating-point variables it made that are alive after it)``;
+    scalars (a step trace's counters) and integer ones (seeds) left out."""
+    import gc
+
+    import tensorflow as tf
+
+    gc.collect()
+    before = {id(v) for v in gc.get_objects() if isinstance(v, tf.Variable)}
+    result = function()
+    gc.collect()
+    made = [v for v in gc.get_objects() if isinstance(v, tf.Variable) and id(v) not in before]
+    return result, sum((v.shape.num_elements() or 0) * v.dtype.size for v in made
+                  if v.shape.rank and v.dtype.is_floating)
 
 
 def weight_differences(model, a, b, optimizer):

@@ -9,7 +9,7 @@ import pytest
 
 import tfpar
 from tests.models import (tensor_parallel_models, traced_training_step, train_tensor_parallel_pair,
-                          weight_differences)
+                          variable_bytes_made_by, weight_differences)
 from tfpar.tensor_parallel import TensorParallel
 from tfpar.tensor_parallel.ops import count_communication
 
@@ -130,6 +130,9 @@ def test_a_bad_plan_is_refused_at_once_naming_the_layer_the_value_and_the_fix(pl
     ({"degree": 4}, ValueError, "Tensor parallelism over degree=4 devices needs 4 devices. Received: 2"),
     ({"degree": 0}, ValueError, "degree"),
     ({"plan": ["up"]}, TypeError, "plan must be a non-empty dict from layer names"),
+    ({"plan": None}, TypeError, "plan must be a non-empty dict from layer names"),
+    ({"degree": "2"}, TypeError, "degree"),
+    ({"batch_axis": 0}, TypeError, "batch_axis names a mesh axis (a str). Received: batch_axis=0."),
     ({"plan": {"(": "column"}}, ValueError, "is neither a layer name nor a valid regular expression"),
     ({"devices": ["/cpu:0", "/cpu:0"]}, ValueError, "devices must be distinct"),
 ])
@@ -208,3 +211,62 @@ def test_an_einsum_dense_pair_splits_by_columns_and_rows_and_trains_like_the_pla
     odd = k.Model(inputs, k.layers.EinsumDense("ab,cb->ac", output_shape=4, name="odd")(inputs))
     with pytest.raises(ValueError, match=r"layer 'odd' \(EinsumDense 'ab,cb->ac'\) cannot be split by columns"):
         TensorParallel(degree=2, plan={"odd": "column"}).shard(odd)
+
+
+def test_keras_tutorial_subclassed_layers_split_inside_and_train_like_one_device(any_keras):
+    """Keras' "Text classification with Transformer" as the tutorial writes it (subclassed layers,
+    no get_config, not registered): the default plan reaches into its blocks, the split model
+    trains where the model trains on one device, and no full copy of a split weight stays alive."""
+    from tests.keras_tutorial import tutorial_data, tutorial_model
+
+    k = any_keras
+    model = tutorial_model(k)
+    split, made = variable_bytes_made_by(lambda: TensorParallel(degree=2).shard(model))
+    held = split.device_bytes()
+    assert sum(h["weights"] for h in held.values()) == made
+    styles = sorted(split.styles.values())
+    assert styles == ["column", "heads", "row", "vocab", "vocab"], split.styles
+    assert held["/CPU:1"]["weights"] > 0
+
+    x, y = tutorial_data()
+    one_device = tutorial_model(k)
+    for m in (split, one_device):
+        m.compile(k.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    trained = split.plain_model().get_weights()
+    assert max(float(np.abs(a - b).max()) for a, b in zip(trained, model.get_weights())) == 0
+    assert max(float(np.abs(a - b).max()) for a, b in zip(trained, one_device.get_weights())) < 1e-5
+
+
+
+def test_a_frozen_layer_stays_frozen_and_lora_or_quantized_layers_are_refused(any_keras):
+    """A layer the user froze is split frozen (the one-device run does not train it either); Keras
+    3's LoRA and quantized layers, whose kernels are factors or integers, are refused by name and
+    left replicated by the default plan."""
+    k = any_keras
+    trained = []
+    for split in (True, False):
+        model, x, y, plan = tensor_parallel_models(k)["mlp"]
+        model.get_layer("up").trainable = False
+        frozen = model.get_layer("up").get_weights()
+        run = TensorParallel(degree=2, plan=plan).shard(model) if split else model
+        loss = k.losses.SparseCategoricalCrossentropy(from_logits=True)
+        run.compile(k.optimizers.SGD(0.1, momentum=0.9), loss)
+        run.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        trained.append(run.plain_model().get_weights() if split else run.get_weights())
+        for a, b in zip(model.get_layer("up").get_weights(), frozen):
+            np.testing.assert_array_equal(a, b)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(*trained)) < 1e-5
+    if not hasattr(k, "ops"):
+        return  # LoRA and quantize() are Keras 3's
+    model, _, _, plan = tensor_parallel_models(k)["mlp"]
+    model.get_layer("up").enable_lora(2)
+    with pytest.raises(ValueError, match="layer 'up' has LoRA enabled, and tensor parallelism"):
+        TensorParallel(degree=2, plan=plan).shard(model)
+    model, _, _, plan = tensor_parallel_models(k)["mlp"]
+    model.get_layer("down").quantize("int8")
+    with pytest.raises(ValueError, match=r"layer 'down' has quantized \(int8\)"):
+        TensorParallel(degree=2, plan=plan).shard(model)
+    from tfpar.tensor_parallel.sharding import auto_styles
+
+    assert auto_styles(model, 2) == {}  # the pair is left whole: its row layer is quantized

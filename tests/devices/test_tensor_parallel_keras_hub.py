@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.gradient_paths import keras_hub_task
-from tests.models import traced_training_step
+from tests.models import traced_training_step, variable_bytes_made_by
 from tfpar.tensor_parallel import TensorParallel
 from tfpar.tensor_parallel.ops import GATHER, count_communication
 
@@ -164,6 +164,8 @@ def _layout(entries, shape=(1, 2)):
 @pytest.mark.parametrize("entries, shape, message", [
     ({"no_such_layer/kernel": ("model", None)}, (1, 2),
      r"The layout map names variables the model does not have: \['no_such_layer/kernel'\]"),
+    ({"token_embedding/embeddings": (None, None)}, (1, 2),
+     r"The layout map splits no variable of 'gpt2_causal_lm\w*' over the mesh's model axis"),
     ({"token_embedding/embeddings": (None, "model")}, (1, 2),
      r"variable 'token_embedding/embeddings' \(layout \(None, 'model'\)\) splits an embedding"),
     ({"transformer_layer_0/feedforward_output_dense/bias": ("model",)}, (1, 2),
@@ -177,7 +179,7 @@ def test_a_layout_tfpar_cannot_realise_is_refused_naming_the_variable(entries, s
         TensorParallel(plan=_layout(entries, shape)).shard(model)
 
 
-def test_a_degree_against_the_mesh_and_a_distribution_that_is_not_model_parallel_are_refused():
+def test_a_degree_against_the_mesh_a_batch_only_mesh_and_a_distribution_as_plan_are_refused():
     import keras
 
     with pytest.raises(ValueError, match=r"degree is the LayoutMap mesh's model axis \(2\)"):
@@ -185,15 +187,24 @@ def test_a_degree_against_the_mesh_and_a_distribution_that_is_not_model_parallel
     data_parallel = keras.distribution.DataParallel(devices=["cpu:0", "cpu:1"])
     with pytest.raises(TypeError, match="from_distribution takes a keras.distribution.Model"):
         TensorParallel.from_distribution(data_parallel)
+    with pytest.raises(TypeError, match="For a keras.distribution.ModelParallel use "
+                                        r"TensorParallel.from_distribution\(distribution\)"):
+        TensorParallel(plan=data_parallel)
+    batch_only = keras.distribution.DeviceMesh(shape=(2,), axis_names=("batch",),
+                                               devices=["cpu:0", "cpu:1"])
+    with pytest.raises(ValueError, match="The mesh has only the batch axis 'batch': no model axis"):
+        TensorParallel(plan=keras.distribution.LayoutMap(batch_only))
 
 
 def test_the_plain_gpt2_saves_and_loads_with_the_split_model_s_weights(tmp_path):
-    """`plain_model()` gives back KerasHub's own GPT2CausalLM, which Keras saves and loads."""
+    """`plain_model()` gives back KerasHub's own GPT2CausalLM, which Keras saves and loads; the
+    split model holds its parts and no whole copy of a split weight besides."""
     import keras
 
     keras.utils.set_random_seed(0)
     model, x, y = keras_hub_task("gpt2", examples=8)
-    split = TensorParallel(degree=2).shard(model)
+    split, made = variable_bytes_made_by(lambda: TensorParallel(degree=2).shard(model))
+    assert made == sum(held["weights"] for held in split.device_bytes().values())  # no full copy
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     split.compile(keras.optimizers.Adam(1e-2), loss)
     split.fit(x, y, batch_size=4, epochs=1, verbose=0)

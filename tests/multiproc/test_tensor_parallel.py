@@ -27,13 +27,15 @@ def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_mod
 
 # Each layout once (the CI budget): both Kerases and both optimizers among them, and Horovod's ranks
 # run 2 x 2 x 2 again below. 40 examples: a last global batch of 8, padded by tfpar.data.
-CASES = ["pipeline:tf_keras:adam", "tensor:keras:adam", "pipeline_tensor:keras:sgd", "tensor_alone:tf_keras:sgd:40"]
+CASES = ["pipeline:tf_keras:adam", "gpt2:keras:adam", "pipeline_tensor:keras:sgd",
+         "tensor_alone:tf_keras:sgd:40"]
 
 
 def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_device(tmp_path):
     """`tfpar launch -n 2`, each worker with 4 virtual devices: pipeline x data (2 stages), tensor x
-    data (T = 2, as a one-stage pipeline and as TensorParallel written alone) and 2 x 2 x 2, each fed
-    by tfpar.data, against the plain model trained on one device on the same global batches."""
+    data (T = 2, TensorParallel written alone: on KerasHub's GPT-2, split inside its blocks, and on
+    the block with a padded last batch) and 2 x 2 x 2, each fed by tfpar.data, against the plain
+    model trained on one device on the same global batches."""
     from tests.conftest import ROOT, run_command, tfpar_command
 
     script = os.path.join(SCRIPTS, "model_parallel_workers.py")
@@ -42,6 +44,13 @@ def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_devi
     assert result.returncode == 0, result.output[-4000:]
     assert "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)" in result.output
     assert re.search(r"/CPU:3: weights [0-9,]+ B, optimizer [0-9,]+ B \(\d+% of one device's", result.output)
+    styles = re.search(r"gpt2 styles: (.*)", result.output).group(1)  # split inside every block
+    inside = [("self_attention", "heads"), ("feedforward_intermediate_dense", "column"),
+              ("feedforward_output_dense", "row")]
+    for block in range(2):
+        for path, style in inside:
+            planned = f"('gpt2_backbone/transformer_layer_{block}/{path}', '{style}')"
+            assert planned in styles, styles
     _assert_like_one_device(tmp_path, CASES)
 
 
@@ -65,7 +74,7 @@ def _assert_like_one_device(tmp_path, cases, workers=2):
 
     import numpy as np
 
-    from tests.models import load_arrays, tensor_parallel_models, weight_differences
+    from tests.models import case_model, load_arrays, weight_differences
 
     for case in cases:
         layout, keras_name, optimizer, *examples = case.split(":")
@@ -74,7 +83,7 @@ def _assert_like_one_device(tmp_path, cases, workers=2):
         for a, b in zip(trained[0], trained[-1]):
             np.testing.assert_array_equal(a, b)  # the replicas agree exactly: worker 1 started from worker 0's
         k = importlib.import_module(keras_name)
-        plain, x, y, _ = tensor_parallel_models(k, int(examples[0]) if examples else 32)["block"]
+        plain, x, y = case_model(layout, k, int(examples[0]) if examples else 32)
         plain.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
                       k.losses.SparseCategoricalCrossentropy(from_logits=True))
         initial = plain.get_weights()

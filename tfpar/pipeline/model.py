@@ -21,6 +21,7 @@ from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar.pipeline.executor import add_gradients, run_replica
 from tfpar.tensor_parallel.model import TensorParallelModel, build_optimizer_beside_variables
+from tfpar.tensor_parallel.nested import rebuilt
 from tfpar.tensor_parallel.ops import placed_on
 
 _log = logging.getLogger(__name__)
@@ -67,9 +68,7 @@ class PipelineModel:
                 stages.append(TensorParallelModel(sub, tensor_styles[k], list(self._stage_devices(0, k))))
                 continue
             with tf.device(self._device(0, k)):  # the chunk's variables live on its stage's device
-                clone = self._keras.models.clone_model(sub)
-                clone.set_weights(sub.get_weights())
-            stages.append(clone)
+                stages.append(self._copy(sub, source))
         self.stages = stages
         # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
         by_layer = schedule.splits_backward and not recompute and tensor_styles is None
@@ -93,6 +92,15 @@ class PipelineModel:
             self.device_trace = tf.Variable(tf.zeros([len(self._trace_keys()), 2], tf.float64),
                                               trainable=False, name="device_trace")
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
+
+    def _copy(self, sub, source):
+        """A chunk's copy with its weights: Keras' clone of a cut, or the whole model (one stage)
+        built again from its config, as a task model around its backbone does not clone."""
+        if sub is source:
+            return rebuilt(source, self._keras)
+        clone = self._keras.models.clone_model(sub)
+        clone.set_weights(sub.get_weights())
+        return clone
 
     def _stage_devices(self, replica, chunk):
         """The devices of the stage a chunk runs on, in that replica: one, or its tensor-parallel ones."""

@@ -87,7 +87,8 @@ class Partition:
     stages: tuple
     """`StageInfo` per stage."""
     models: tuple
-    """Per stage, a functional model (of the original's Keras) sharing the original layers."""
+    """Per stage, a functional model (of the original's Keras) sharing the original layers (with
+    one stage, the original model)."""
     balance: str
 
     def describe(self) -> str:
@@ -239,12 +240,21 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
     stages, models = [], []
     for k in range(num_stages):
         chunk = layers[bounds[k]:bounds[k + 1]]
-        inputs = model.inputs if k == 0 else layers[bounds[k] - 1].output
-        outputs = chunk[-1].output
-        models.append(keras_of(model).Model(inputs, outputs, name=f"{model.name}_stage{k}"))
+        models.append(_stage_model(model, layers, bounds, k))
         stages.append(StageInfo(k, tuple(layer.name for layer in chunk),
                                 sum(layer.count_params() for layer in chunk), sum(costs[bounds[k]:bounds[k + 1]])))
     return Partition(tuple(stages), tuple(models), balance)
+
+
+def _stage_model(model, layers, bounds, k):
+    """Stage ``k``'s functional model, sharing ``model``'s layers. One stage is the model itself:
+    its last layer's first output need not be the model's (a task model ends in a layer its backbone
+    also calls, as GPT-2's tied embedding)."""
+    if len(bounds) == 2:
+        return model
+    inputs = model.inputs if k == 0 else layers[bounds[k] - 1].output
+    outputs = layers[bounds[k + 1] - 1].output
+    return keras_of(model).Model(inputs, outputs, name=f"{model.name}_stage{k}")
 
 
 def _explicit_cuts(cut_points, names, valid, num_stages, model_name):

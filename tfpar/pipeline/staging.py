@@ -58,6 +58,8 @@ class PipelineConfig:
     tensor_plan: object = "auto"
     """With ``tensor_parallel`` > 1: the plan (`tfpar.tensor_parallel.TensorParallelConfig.plan`);
     "auto" finds each stage's splits within it."""
+    tensor_batch_axis: str = "batch"
+    """With a ``keras.distribution.LayoutMap`` as ``tensor_plan``: its mesh's data-parallel axis."""
     span_workers: bool = False
     """Under a job of several workers (TF_CONFIG: ``tfpar launch``, ``--hosts``, SLURM, a TFJob), place
     the stages over every worker's devices, worker by worker (`tfpar.pipeline.spanning`): worker 0
@@ -224,16 +226,17 @@ class Pipeline(PlacesItself):
         c = self.config
         if c.tensor_parallel == 1:
             return None
-        from tfpar.tensor_parallel.model import auto_plan
-        from tfpar.tensor_parallel.sharding import planned_styles
+        from tfpar.tensor_parallel.sharding import auto_styles, planned_styles
 
         if c.tensor_plan == "auto":
-            chunks = [auto_plan(chunk, c.tensor_parallel, keras_of(chunk)) for chunk in partition.models]
+            chunks = [auto_styles(chunk, c.tensor_parallel) for chunk in partition.models]
             if not any(chunks):
                 planned_styles(model, c.tensor_parallel, c.tensor_plan)  # its refusal: nothing to split
             return chunks
-        styles = planned_styles(model, c.tensor_parallel, c.tensor_plan)
-        return [{name: style for name, style in styles.items() if name in {layer.name for layer in chunk.layers}}
+        styles = planned_styles(model, c.tensor_parallel, c.tensor_plan, c.tensor_batch_axis)
+        # A path's first name is the chunk's top-level layer that holds it.
+        return [{path: style for path, style in styles.items()
+                 if path.split("/")[0] in {layer.name for layer in chunk.layers}}
                 for chunk in partition.models]
 
     def _partition(self, model):

@@ -87,7 +87,8 @@ class _Dense(_Shards):
     or by rows (its input arrives split)."""
 
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
-        super().__init__(name=source.name, dtype=source.dtype_policy, **kwargs)
+        super().__init__(name=source.name, dtype=source.dtype_policy, trainable=source.trainable,
+                         **kwargs)
         config = source.get_config()
         self.style = parse_style(style)[0]
         self.keep_split = keep_split
@@ -149,7 +150,8 @@ class _Attention(_Shards):
     """MultiHeadAttention split by heads: Q, K, V by columns, the output projection by rows."""
 
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
-        super().__init__(name=source.name, dtype=source.dtype_policy, **kwargs)
+        super().__init__(name=source.name, dtype=source.dtype_policy, trainable=source.trainable,
+                         **kwargs)
         config = source.get_config()
         self.key_dim = config["key_dim"]
         self.dropout = config.get("dropout") or 0.0
@@ -226,7 +228,8 @@ class _Embedding(_Shards):
     """Embedding split by vocabulary: each device looks up the ids in its rows, and the parts are summed."""
 
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
-        super().__init__(name=source.name, dtype=source.dtype_policy, **kwargs)
+        super().__init__(name=source.name, dtype=source.dtype_policy, trainable=source.trainable,
+                         **kwargs)
         self._init_shards(source, devices)
         self.rows = self._source_shapes[0][0] // self.degree
         self._add("embeddings", 0, 0, getattr(source, "embeddings_regularizer", None))

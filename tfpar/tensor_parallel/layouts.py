@@ -37,10 +37,16 @@ def model_axis_of(mesh: Any, batch_axis: str | None = "batch") -> tuple[str, int
     ``batch_axis``.
 
     Raises:
-        ValueError: a mesh of more than two axes, or of two without ``batch_axis``.
+        ValueError: a mesh of the batch axis alone, of more than two axes, or of two without
+            ``batch_axis``.
     """
     names = list(mesh.axis_names)
     shape = list(mesh.shape)
+    if names == [batch_axis]:
+        raise ValueError(
+            f"The mesh has only the batch axis {batch_axis!r}: no model axis to split layers over. "
+            f"Received: a DeviceMesh with axes {names} (shape {shape}). Use tfpar.DataParallel, "
+            "or DeviceMesh(shape=(workers, degree), axis_names=('batch', 'model')).")
     if len(names) == 1:
         return names[0], shape[0]
     others = [n for n in names if n != batch_axis]

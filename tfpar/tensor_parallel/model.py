@@ -16,7 +16,8 @@ from tfpar import _compat
 from tfpar._keras import all_layers, is_keras3, keras, keras3, tf
 from tfpar.optimizers import LAMB, LARS
 from tfpar.tensor_parallel.layers import _Shards, layer_class
-from tfpar.tensor_parallel.nested import keeping_split, paired, plain_weights_back, split_in_place
+from tfpar.tensor_parallel.nested import (keeping_split, paired, plain_weights_back, rebuilt,
+                                          split_in_place)
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.rules import NOT_ELEMENTWISE, kind_of, split_error
 
@@ -180,7 +181,10 @@ class TensorParallelModel:
         # A layer inside another, or a kernel axis named: split where it sits (`nested.py`).
         nested = any("/" in path or ":" in style for path, style in styles.items())
         with tf.device(devices[0]):  # the replicated layers live on the home device
-            inner = _copy(source) if nested else _clone_split(source, styles, devices, self._keras)
+            if nested:
+                inner = rebuilt(source, self._keras)
+            else:
+                inner = _clone_split(source, styles, devices, self._keras)
         twins = paired(source, inner) if nested else None
         splits = split_in_place(twins, styles, devices, self._keras) if nested else None
         self.inner = inner
@@ -285,13 +289,6 @@ def _clone_split(source, styles, devices, k):
             copy = inner.get_layer(layer.name)
             (copy.load if isinstance(copy, _Shards) else copy.set_weights)(layer.get_weights())
     return inner
-
-
-def _copy(source):
-    """``source`` built again from its config, with its weights (its layers' calls as written)."""
-    copy = type(source).from_config(source.get_config())
-    copy.set_weights(source.get_weights())
-    return copy
 
 
 def bytes_by_device(weights: list, optimizer: Any = None) -> dict[str, dict[str, int]]:

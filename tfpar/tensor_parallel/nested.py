@@ -18,7 +18,7 @@ of a split activation reads the gathered tensor: correct, at the price of the ga
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 from tfpar._keras import tf
@@ -27,7 +27,7 @@ from tfpar.tensor_parallel.ops import GATHER
 from tfpar.tensor_parallel.rules import kind_of, split_error
 
 __all__ = ["keeping_split", "layer_tree", "nested_auto_plan", "own_variables", "paired",
-           "plain_weights_back", "split_in_place"]
+           "plain_weights_back", "rebuilt", "split_in_place"]
 
 _KEPT = threading.local()
 
@@ -209,6 +209,30 @@ def _embedding_call(layer, split):
     return call
 
 
+def rebuilt(source: Any, keras_module: Any) -> Any:
+    """``source`` built again from its config, with its weights (its layers' calls as written).
+    Its own custom classes are given to Keras by name, so that a layer the user defined and did not
+    register (as Keras' tutorials write them) is found.
+
+    Raises:
+        ValueError: the model cannot be built from its config.
+    """
+    layers = [source, *layer_tree(source).values()]
+    classes = {type(layer).__name__: type(layer) for layer in layers}
+    try:
+        with keras_module.utils.custom_object_scope(classes):
+            copy = type(source).from_config(source.get_config())
+    except (TypeError, ValueError, NotImplementedError) as error:
+        raise ValueError(
+            f"Tensor parallelism splits a layer inside {source.name!r} in a copy of the model "
+            f"built from its get_config(), and building it failed: {error} Give each custom layer a "
+            "get_config() that returns the arguments of its __init__.") from error
+    copy.set_weights(source.get_weights())
+    if hasattr(copy, "_compiled_trainable_state"):  # a KerasHub task compiles itself when built
+        del copy._compiled_trainable_state  # {layer: trainable}: it would keep the split layers
+    return copy
+
+
 def paired(source: Any, copy: Any) -> dict[str, Any]:
     """``{path in source: the same layer of copy}``, ``copy`` being ``source`` built again from its
     config: the trees are walked in the same order (the names Keras gives differ by a number)."""
@@ -225,7 +249,7 @@ def paired(source: Any, copy: Any) -> dict[str, Any]:
 def split_in_place(twins: dict, styles: dict[str, str], devices: list, keras_module: Any) -> dict:
     """Splits the copy's planned layers (``twins``: `paired`, taken before) where they sit: each
     drops its weights (and sublayers) and calls the split layer it now holds. Returns
-    ``{path: split layer}``."""
+    ``{path: split layer}``; the dropped sublayers leave ``twins``, so that nothing holds them."""
     splits = {}
     for path, style in styles.items():
         layer = twins[path]
@@ -243,16 +267,39 @@ def split_in_place(twins: dict, styles: dict[str, str], devices: list, keras_mod
         else:
             layer.call = _embedding_call(layer, split)
         splits[path] = split
+    for path in [p for p in twins if _within(p, splits)]:
+        del twins[path]
     return splits
 
 
+_TRACKING = (
+    "_trainable_variables", "_non_trainable_variables", "_layers",  # Keras 3's
+    "_trainable_weights", "_non_trainable_weights", "_self_tracked_trackables",  # tf_keras'
+    "_self_unconditional_checkpoint_dependencies", "_self_unconditional_dependency_names",
+    "_obj_reference_counts_dict",
+)
+"""Where a layer keeps its variables and sublayers besides its attributes."""
+
+
 def _drop_state(layer):
-    """Forgets ``layer``'s own variables and sublayers (Keras 3's lists; tf_keras' otherwise)."""
-    for name in ("_trainable_variables", "_non_trainable_variables", "_layers",
-                 "_trainable_weights", "_non_trainable_weights"):
+    """Lets go of ``layer``'s own variables and sublayers, so that their memory is freed: its
+    tracking lists (Keras 3's; tf_keras' and its checkpoint dependencies) and the attributes that
+    hold them (a Dense's kernel, an attention's projections)."""
+    for name in _TRACKING:
         held = getattr(layer, name, None)
-        if isinstance(held, list):
+        if isinstance(held, (list, MutableMapping)):
             held.clear()
+    for name, value in list(vars(layer).items()):
+        if _holds_state(value):
+            object.__setattr__(layer, name, None)
+
+
+def _holds_state(value):
+    """Whether ``value`` is a variable or a layer (Keras 3's or tf_keras')."""
+    if isinstance(value, tf.Variable):
+        return True
+    kinds = {cls.__name__ for cls in type(value).__mro__}
+    return bool(kinds & {"Variable", "KerasVariable", "Layer"})
 
 
 def plain_weights_back(source: Any, twins: dict[str, Any], splits: dict[str, Any]) -> None:

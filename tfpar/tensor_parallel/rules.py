@@ -67,12 +67,31 @@ def dense_split(config: dict, style: str) -> DenseSplit:
 def split_error(layer: Any, style: str, degree: int, kind: str) -> str | None:
     """Why ``layer`` (class ``kind``) cannot be split ``degree`` ways in ``style``, or None."""
     config = layer.get_config()
+    adapted = _adapted_error(layer)
+    if adapted:
+        return adapted
     if kind in ("Dense", "EinsumDense"):
         return _dense_error(layer, config, style, degree)
     if kind == "MultiHeadAttention":
         return _attention_error(layer, config, degree)
     if kind == "Embedding":
         return _embedding_error(layer, config, degree)
+    return None
+
+
+def _adapted_error(layer):
+    """Why a layer with LoRA or quantized weights (Keras 3's ``enable_lora``, ``quantize``; in it
+    or a sublayer) cannot be split, or None: tfpar splits float kernels, not their factors or
+    scales."""
+    for part in [layer, *layer._flatten_layers(include_self=False)]:
+        mode = getattr(part, "quantization_mode", None)
+        if getattr(part, "lora_enabled", False) or mode:
+            what = f"quantized ({mode})" if mode else "LoRA enabled"
+            where = "" if part is layer else f" in {part.name!r}"
+            return (f"layer {layer.name!r} has {what}{where}, "
+                    "and tensor parallelism splits float kernels, not their LoRA factors or "
+                    "quantization scales. Split the model before enable_lora() or quantize(), or "
+                    "leave the layer replicated.")
     return None
 
 

@@ -6,6 +6,7 @@ unchanged; each device holds 1/degree of each planned layer's weights and of the
 """
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from tfpar import _owned
@@ -44,6 +45,16 @@ class TensorParallelConfig:
     home device, where the replicated layers run."""
 
     def __post_init__(self):
+        if not isinstance(self.batch_axis, str):
+            raise TypeError(f"batch_axis names a mesh axis (a str). Received: "
+                            f"batch_axis={self.batch_axis!r}.")
+        if self.degree is not None:
+            check_int("degree", self.degree, 1)
+        if type(self.plan).__name__ in ("ModelParallel", "DataParallel", "DeviceMesh"):
+            raise TypeError(
+                f"plan takes a LayoutMap, a dict of layer paths to styles, or 'auto'. Received: "
+                f"plan={self.plan!r}. For a keras.distribution.ModelParallel use "
+                "TensorParallel.from_distribution(distribution); for its layouts, plan=layout_map.")
         if is_layout_map(self.plan):
             _, size = model_axis_of(self.plan.device_mesh, self.batch_axis)
             if self.degree not in (None, size):
@@ -54,9 +65,9 @@ class TensorParallelConfig:
             object.__setattr__(self, "degree", size)
         elif self.degree is None:
             object.__setattr__(self, "degree", 2)
-        check_int("degree", self.degree, 1)
         if self.plan != "auto" and not is_layout_map(self.plan):
-            match_plan(self.plan, list(self.plan))  # its types and styles; the layers are checked by shard()
+            keys = list(self.plan) if isinstance(self.plan, Mapping) else []
+            match_plan(self.plan, keys)  # its types and styles; the layers are checked by shard()
         if self.devices is not None:
             from tfpar.devices import check_devices
 
@@ -114,7 +125,7 @@ class TensorParallel(PlacesItself):
         # Across workers (TF_CONFIG), each worker's split model is a data-parallel replica: the
         # pipeline's replicas, with one stage.
         across = Pipeline(num_stages=1, num_microbatches=1, tensor_parallel=c.degree, tensor_plan=c.plan,
-                          devices=c.devices)
+                          tensor_batch_axis=c.batch_axis, devices=c.devices)
         self._across = across if across.workers else None
         if is_layout_map(c.plan):
             _check_batch_axis(c.plan.device_mesh, c.batch_axis, across.workers)
@@ -203,10 +214,16 @@ def planned_styles(model: Any, degree: int, plan: Any, batch_axis: str = "batch"
     k = keras_of(model)
     if is_layout_map(plan):
         axis, _ = model_axis_of(plan.device_mesh, batch_axis)
-        return _checked(model, styles_from_layouts(model, plan, axis, k), degree, k)
+        styles = styles_from_layouts(model, plan, axis, k)
+        if not styles:
+            raise ValueError(
+                f"The layout map splits no variable of {model.name!r} over the mesh's model axis "
+                f"{axis!r}: every weight would be whole on every device. Received: layouts "
+                f"{ {key: tuple(plan[key].axes) for key in plan.keys()} }. Put {axis!r} in the "
+                "layouts of the kernels to split, or use tfpar.DataParallel.")
+        return _checked(model, styles, degree, k)
     if plan == "auto":
-        nested = nested_auto_plan(model, degree, k)  # {} when every candidate is a top-level layer
-        styles = nested or auto_plan(model, degree, k)
+        styles = auto_styles(model, degree)
         if not styles:
             raise ValueError(
                 f"plan='auto' found no layer of {model.name!r} to split {degree} ways: no "
@@ -214,6 +231,14 @@ def planned_styles(model: Any, degree: int, plan: Any, batch_axis: str = "batch"
                 f"degree={degree}. Name the layers in plan=, or use another degree.")
         return styles
     return _checked(model, match_plan(plan, list(layer_tree(model))), degree, k)
+
+
+def auto_styles(model: Any, degree: int) -> dict[str, str]:
+    """The default plan's ``{layer path: style}`` for ``model`` over ``degree`` devices; ``{}`` when
+    it finds nothing to split."""
+    k = keras_of(model)
+    nested = nested_auto_plan(model, degree, k)  # {} when every candidate is a top-level layer
+    return nested or auto_plan(model, degree, k)
 
 
 def _checked(model, styles, degree, k):

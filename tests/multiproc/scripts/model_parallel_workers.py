@@ -8,6 +8,9 @@ The span layouts (alone in a job) are one pipeline over both workers (``span_wor
 worker (Megatron's layout: tensor inside a host, pipeline across hosts). Worker 0 trains and writes
 worker_0.npz; worker 1 serves its devices and ends with worker 0.
 
+"gpt2" is KerasHub's GPT2CausalLM (tiny) under ``TensorParallel(degree=2)`` with its default plan:
+tensor x data, each block's attention and MLP split inside its decoder block.
+
 Usage: model_parallel_workers.py OUT CASE[,CASE ...] where CASE is LAYOUT:KERAS:OPTIMIZER[:EXAMPLES]
 (default 32 examples: 2 whole global batches of 16; 40: a last step of 8 examples, padded).
 """
@@ -39,17 +42,20 @@ tensor_alone = None if spanning else tfpar.tensor_parallel.TensorParallel(degree
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import tensor_parallel_models  # noqa: E402
+from tests.models import case_model  # noqa: E402
 
 index = next(iter(parallelisms.values())).topology.worker_index  # under tfpar launch or horovodrun
 for layout, keras_name, optimizer, *examples in cases:
     k = importlib.import_module(keras_name)
-    model, x, y, plan = tensor_parallel_models(k, int(examples[0]) if examples else 32)["block"]
+    model, x, y = case_model(layout, k, int(examples[0]) if examples else 32)
     if index == 1:
         model.set_weights([w + 0.5 for w in model.get_weights()])
-    parallelism = tensor_alone if layout == "tensor_alone" else parallelisms[layout]
-    split = parallelism.shard(model) if layout == "tensor_alone" else parallelism.stage(model)
+    alone = layout in ("tensor_alone", "gpt2")
+    parallelism = tensor_alone if alone else parallelisms[layout]
+    split = parallelism.shard(model) if alone else parallelism.stage(model)
     print(parallelism.describe(global_batch_size=16, model=split), flush=True)
+    if layout == "gpt2":  # the one-stage pipeline each worker runs: its split layers
+        print(f"gpt2 styles: {sorted(split.stages[0].styles.items())}", flush=True)
     split.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
                   k.losses.SparseCategoricalCrossentropy(from_logits=True))
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, 16)
