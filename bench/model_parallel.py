@@ -8,7 +8,9 @@ One process with 4 virtual CPU devices. The model is `tfpar._tokens.transformer`
 Last line:
     RESULT model_parallel tp2_bytes_ratio=<a> tp4_bytes_ratio=<b> tp2_step_ratio=<c> pp_dp_weak_scaling=<w>
            pp_span_step_ratio=<s> reductions_per_block=<F>/<B> tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n>
-           largest_tp2=<n> largest_tp4=<n>
+           largest_tp2=<n> largest_tp4=<n> llama_params=<n> llama_tp2_bytes_ratio=<a>
+           llama_tp4_bytes_ratio=<b> llama_tp2_bytes_expected=<d> llama_tp4_bytes_expected=<e>
+           llama_tp2_step_ratio=<c>
 
 - tpT_bytes_ratio: the most any device holds (weights and Adam's slots, from where each variable
   lives) ÷ what one device holds unsplit; tpT_bytes_expected: 1/T of the planned layers plus the
@@ -26,6 +28,10 @@ Last line:
   Above 1 is the cost of the crossing; here the 2 workers also share the 2 cores;
 - reductions_per_block: all-reduces forward/backward per block, counted from the ops of a traced
   training step (Megatron-LM: 2/2);
+- llama_*: the same figures for KerasHub's LlamaCausalLM (56 M parameters, random weights; 8
+  blocks, width 512, 8 query and 4 key/value heads, vocabulary 32,000, untied), split by its
+  backbone's own ``LlamaBackbone.get_layout_map(mesh)``: the bytes over 2 and 4 devices, and its
+  step split over 2 ÷ on one device (batch 4 of 32 tokens);
 - largest_tpT: the most parameters of this architecture that fit a 16 GiB device with Adam in
   float32 (16 bytes a parameter: weights, gradient and two slots), from the measured split.
 """
@@ -97,6 +103,7 @@ def main():
     models = {"plain": compiled(transformer(k, **timed_size)),
               "tp2": compiled(TensorParallel(degree=2, plan=TRANSFORMER_PLAN).shard(transformer(k, **timed_size)))}
     step = step_times(models, x, y, batch, rounds=1 if opts.quick else 2)
+    llama = keras_hub_llama(opts.quick)
     weak, span = pipeline_jobs(opts.quick)
     largest = {1: BUDGET / BYTES_PER_PARAMETER}
     largest.update({t: BUDGET / BYTES_PER_PARAMETER / ratios[t] for t in ratios})
@@ -107,7 +114,69 @@ def main():
           f"pp_span_step_ratio={span:.3f} "
           f"reductions_per_block={forward:g}/{backward:g} "
           f"tp2_bytes_expected={expected[2]:.3f} tp4_bytes_expected={expected[4]:.3f} "
-          f"largest_tp1={largest[1]:.3g} largest_tp2={largest[2]:.3g} largest_tp4={largest[4]:.3g}", flush=True)
+          f"largest_tp1={largest[1]:.3g} largest_tp2={largest[2]:.3g} largest_tp4={largest[4]:.3g} "
+          f"llama_params={llama['params']} llama_tp2_bytes_ratio={llama['tp2_bytes']:.3f} "
+          f"llama_tp4_bytes_ratio={llama['tp4_bytes']:.3f} "
+          f"llama_tp2_bytes_expected={llama['tp2_expected']:.3f} "
+          f"llama_tp4_bytes_expected={llama['tp4_expected']:.3f} "
+          f"llama_tp2_step_ratio={llama['tp2_step']:.3f}", flush=True)
+
+
+def keras_hub_llama(quick):
+    """KerasHub's LlamaCausalLM (random weights; 8 blocks, width 512, 8 query and 4 key/value
+    heads, MLP 1408, vocabulary 32,000, untied: 56 M parameters) split by its backbone's own
+    ``get_layout_map`` over 2 and 4 devices: {"params", "tpT_bytes", "tpT_expected",
+    "tp2_step"}. The bytes as for the transformer; the step ratio on the same model, batch 4 of
+    32 tokens."""
+    import keras
+    import keras_hub
+    import numpy as np
+
+    from tfpar.tensor_parallel import TensorParallel
+    from tfpar.tensor_parallel.nested import layer_tree
+
+    size = dict(vocabulary_size=32000, num_layers=8, hidden_dim=512, intermediate_dim=1408,
+                num_query_heads=8, num_key_value_heads=4)
+    if quick:
+        size.update(vocabulary_size=2000, num_layers=2, hidden_dim=128, intermediate_dim=256)
+    batch, length, steps = 4, 32, 2 if quick else 4
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.LlamaBackbone(**size)
+    plain = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    ids = np.random.default_rng(0).integers(0, size["vocabulary_size"], (batch * steps, length))
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
+    y = np.roll(ids, -1, axis=1)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def compiled(model):
+        model.compile(keras.optimizers.Adam(1e-3), loss)
+        model.optimizer.build(model.trainable_variables)
+        return model
+
+    compiled(plain)
+    params = plain.count_params()
+    whole = 3 * 4 * params  # float32 weights and Adam's two slots
+    figures = {"params": params}
+    split = {}
+    for degree in (2, 4):
+        mesh = keras.distribution.DeviceMesh((1, degree), ("batch", "model"),
+                                             devices=[f"cpu:{i}" for i in range(degree)])
+        tp = TensorParallel(plan=keras_hub.models.LlamaBackbone.get_layout_map(mesh))
+        model = compiled(tp.shard(plain))
+        held = model.device_bytes()
+        tree = layer_tree(plain)
+        planned = sum(v.shape.num_elements() for path in model.styles for v in tree[path].weights
+                      if len(v.shape) > 1)
+        figures[f"tp{degree}_bytes"] = max(sum(h.values()) for h in held.values()) / whole
+        figures[f"tp{degree}_expected"] = (planned / degree + params - planned) / params
+        print(f"Llama {params / 1e6:.1f} M, T={degree}: "
+              + ", ".join(f"{d} {sum(h.values()):,} B" for d, h in held.items())
+              + f"; most {figures[f'tp{degree}_bytes']:.3f} of one device "
+              f"(plan: {figures[f'tp{degree}_expected']:.3f})", flush=True)
+        split[degree] = model
+    step = step_times({"llama": plain, "llama_tp2": split[2]}, x, y, batch, rounds=1)
+    figures["tp2_step"] = step["llama_tp2"] / step["llama"]
+    return figures
 
 
 def step_times(models, x, y, batch, rounds):
@@ -116,7 +185,9 @@ def step_times(models, x, y, batch, rounds):
     import statistics
     import time
 
-    class Steps(tfpar.keras.callbacks.Callback):
+    from tfpar._keras import keras_of
+
+    class Steps(keras_of(next(iter(models.values()))).callbacks.Callback):  # the models' Keras
         def on_train_batch_begin(self, batch, logs=None):
             self.start = time.perf_counter()
 
