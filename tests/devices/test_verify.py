@@ -164,3 +164,19 @@ def test_tensor_parallel_is_refused_for_a_strategy_whose_stages_it_cannot_split(
     with pytest.raises(ValueError, match=r"tensor_parallel splits a pipeline's stages. Received: tensor_parallel=2 "
                                          r"with strategy 'data_parallel'"):
         verify(compiled_model, digits_dataset, strategy="data_parallel", tensor_parallel=2)
+
+
+def test_tensor_parallel_verifies_a_keras_hub_model_split_inside_its_blocks():
+    """`tfpar verify --strategy tensor_parallel --model tests.gradient_paths:gpt2_keras_hub --data
+    tests.gradient_paths:gpt2_data`: KerasHub's GPT-2 split by the default plan (inside its
+    decoder blocks) against one device, weight by weight."""
+    model_fn = load_function("tests.gradient_paths:gpt2_keras_hub", "model")
+    data_fn = load_function("tests.gradient_paths:gpt2_data", "data")
+    report = verify(model_fn, data_fn, strategy="tensor_parallel", steps=3, global_batch_size=8)
+    assert report.passed, report.describe()
+    assert "/transformer_layer_1/self_attention': 'heads'" in report.describe()  # split inside
+    assert "/CPU:1: weights" in report.describe()
+    assert len(report.variables) == len(model_fn().weights)
+    names = " ".join(v.name for v in report.variables)
+    assert "transformer_layer_1/self_attention/query/kernel" in names
+    assert "transformer_layer_1/feedforward_output_dense/kernel" in names

@@ -26,7 +26,7 @@ import numpy as np
 
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._factory import STRATEGIES, ParallelismSpec
-from tfpar._parallelism import check_model_fn
+from tfpar._parallelism import PlacesItself, check_model_fn
 from tfpar.verify._causes import causes, loss_scale_finding
 
 __all__ = ["VariableDifference", "VerifyReport", "load_function", "verify"]
@@ -219,6 +219,8 @@ class _Comparison:
         padded = count % self.batch  # real examples in a padded last step (0: none padded)
         reference, start, ref_history = self._reference(examples, steps)
         model, trained = self._build_distributed(start)
+        if isinstance(self.parallelism, PlacesItself):  # what it split, and each device's bytes
+            description = self.parallelism.describe(global_batch_size=self.batch, model=model)
         from tfpar.data import distribute
 
         train = distribute(examples, self.parallelism, self.batch)
@@ -278,8 +280,6 @@ class _Comparison:
     def _build_distributed(self, start):
         """The model under the parallelism, from ``start``; returns it and a function that gives
         its weights in the reference's order."""
-        from tfpar._parallelism import PlacesItself
-
         _seed(self.seed)
         if isinstance(self.parallelism, PlacesItself):  # the pipeline, tensor parallelism: they split a built model
             plain = self.model_fn()
