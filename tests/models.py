@@ -363,10 +363,10 @@ def tensor_parallel_models(k=keras, examples=32):
 
 
 def case_model(layout, k, examples):
-    """``(model, x, y)`` of a model-parallel case across workers: KerasHub's GPT-2 for layout
-    "gpt2" (`tests.gradient_paths.keras_hub_task`, seed 0), else the transformer block of
+    """``(model, x, y)`` of a model-parallel case across workers: KerasHub's GPT-2 for a layout
+    "gpt2..." (`tests.gradient_paths.keras_hub_task`, seed 0), else the transformer block of
     `tensor_parallel_models`."""
-    if layout == "gpt2":
+    if layout.startswith("gpt2"):
         from tests.gradient_paths import keras_hub_task
 
         k.utils.set_random_seed(0)

@@ -51,6 +51,7 @@ EXPECT = {
     "TensorParallel.from_distribution(distribution)": [
         "TensorParallel (mesh: data 1 x pipeline 1 x tensor 2)", "/attention/query': 'column:0'", "Epoch 2/2"],
     "# gpt2_check.py": ["parameters, 64 examples"],
+    "model = pipeline.stage(gpt2)": ["stage 0:", "transformer_layer_1", "Epoch 2/2"],
     "tfpar.optimizers.LAMB(2e-3": ["LAMB steps: 4"],
     "scaled_learning_rate(5e-3": ["rate at batch 1024: 0.02"],
     "DataParallel(zero_stage=1)": ["zero:       stage 1: each replica keeps and updates 1/2 of the optimizer state",

@@ -27,15 +27,16 @@ def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_mod
 
 # Each layout once (the CI budget): both Kerases and both optimizers among them, and Horovod's ranks
 # run 2 x 2 x 2 again below. 40 examples: a last global batch of 8, padded by tfpar.data.
-CASES = ["pipeline:tf_keras:adam", "gpt2:keras:adam", "pipeline_tensor:keras:sgd",
+CASES = ["pipeline:tf_keras:adam", "gpt2:keras:adam", "gpt2_pipeline_tensor:keras:sgd",
          "tensor_alone:tf_keras:sgd:40"]
 
 
 def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_device(tmp_path):
     """`tfpar launch -n 2`, each worker with 4 virtual devices: pipeline x data (2 stages), tensor x
     data (T = 2, TensorParallel written alone: on KerasHub's GPT-2, split inside its blocks, and on
-    the block with a padded last batch) and 2 x 2 x 2, each fed by tfpar.data, against the plain
-    model trained on one device on the same global batches."""
+    the block with a padded last batch) and 2 x 2 x 2 on GPT-2 (cut between its backbone's blocks,
+    each stage split), each fed by tfpar.data, against the plain model trained on one device on
+    the same global batches."""
     from tests.conftest import ROOT, run_command, tfpar_command
 
     script = os.path.join(SCRIPTS, "model_parallel_workers.py")

@@ -24,7 +24,8 @@ from tfpar._compat.allocator import keep_malloc_policy, onednn_enabled
 from tfpar._compat.collectives import (collective_all_gather, collective_all_reduce,
                                        collective_all_to_all, keep_started_collective_server,
                                        set_collective_key_base)
-from tfpar._compat.graph import graph_steps, is_graph_network, keras_layer_of, layer_nodes_in, node_layer
+from tfpar._compat.graph import (graph_steps, is_graph_network, keras_layer_of, layer_nodes_in, node_layer,
+                                output_structure)
 from tfpar._compat.keras_hub import keras_hub_fit
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "PerReplica", "ResourceVariable", "Trackable", "mirrored", "current_learning_rate", "cross_device_ops_of", "get_distributed_dataset", "get_distributed_datasets_from_function",
     "assign_moving_average", "fit_arguments", "flatten_layers", "given_learning_rate", "keras3_compute_loss",
     "keras3_data_adapter_class", "keras3_loss_tracker", "keras3_trainer_class", "ray_resources_per_worker",
-    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "collective_all_to_all", "keras_layer_of", "layer_nodes_in",
+    "take_logs_as_they_are", "keras3_start_at_epoch", "keras3_tf_optimizer_class", "in_xla_context", "print_msg", "is_graph_network", "graph_steps", "node_layer", "collective_all_reduce", "collective_all_gather", "collective_all_to_all", "keras_layer_of", "layer_nodes_in", "output_structure",
     "ps_num_workers", "replace_data_adapter", "set_collective_key_base",
     "keras_hub_fit", "keep_started_collective_server", "optimizer_steps",
     "keep_malloc_policy", "onednn_enabled",

@@ -55,6 +55,13 @@ def graph_steps(model):
     return [id(t) for t in graph.inputs], steps, [id(t) for t in graph.outputs]
 
 
+def output_structure(model):
+    """A Functional model's outputs as it returns them (a tensor, a list, a dict): Keras 3 keeps
+    them in _outputs_struct, tf_keras in _nested_outputs."""
+    graph = model if hasattr(model, "_nested_outputs") else _keras3_graph(model)
+    return graph._nested_outputs if hasattr(graph, "_nested_outputs") else graph._outputs_struct
+
+
 def node_layer(node):
     """The layer a node calls (``.layer`` in tf_keras, ``.operation`` in Keras 3)."""
     return node.layer if hasattr(node, "layer") else node.operation

@@ -15,10 +15,11 @@ the whole chunk.
 from collections.abc import Sequence
 from typing import Any
 
+from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.pipeline.schedule import BACKWARD, FORWARD, WEIGHT
 
-__all__ = ["ReplicaStep", "add_gradients", "run_replica"]
+__all__ = ["ReplicaStep", "add_gradients", "chain_layers", "floats", "run_replica", "run_stage"]
 
 
 def add_gradients(a: Any, b: Any) -> Any:
@@ -29,6 +30,24 @@ def add_gradients(a: Any, b: Any) -> Any:
         return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
                                 a.dense_shape)
     return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def chain_layers(stage: Any, keras_module: Any) -> list | None:
+    """The layers of a chunk in order if each takes the previous one's output only (else None:
+    several inputs or calls, or a chunk that is not a functional graph)."""
+    if not _compat.is_graph_network(stage) or len(stage.inputs) != 1 or len(stage.outputs) != 1:
+        return None
+    layers = [layer for layer in stage.layers
+              if not isinstance(layer, keras_module.layers.InputLayer)]
+    previous = stage.inputs[0]
+    for layer in layers:
+        try:
+            if layer.input is not previous:
+                return None
+        except (AttributeError, ValueError):  # several inputs or calls
+            return None
+        previous = layer.output
+    return layers if previous is stage.outputs[0] else None
 
 
 def run_replica(model: Any, replica: int, xs: Sequence, ys: Sequence, weights: Sequence | None, predictions: dict,
@@ -69,7 +88,9 @@ class ReplicaStep:
         return self.replica * self.model.schedule.num_microbatches + i
 
     def _inputs(self, k, i):
-        return self.xs[self._index(i)] if k == 0 else tf.identity(self.saved[(k - 1, i)][1])
+        if k == 0:
+            return self.xs[self._index(i)]
+        return tf.nest.map_structure(tf.identity, self.saved[(k - 1, i)][1])
 
     def _loss(self, outputs, i):
         """The microbatch's loss (kept for the metric) and its prediction, from the last chunk."""
@@ -93,9 +114,9 @@ class ReplicaStep:
             return [outputs]
         with tf.GradientTape(persistent=self.split) as tape:
             if k > 0:
-                tape.watch(inputs)
-            outputs = self.model._run_stage(k, inputs)
-            objective = [outputs]
+                tape.watch(floats(inputs))
+            outputs = run_stage(self.model.stages[k], inputs, self.model._recompute[k])
+            objective = floats(outputs)
             if k == self.last:
                 # The loss (and its metric) includes every stage's regularization, as the plain
                 # model's does; the gradient here reaches only this stage's variables: the other
@@ -104,7 +125,7 @@ class ReplicaStep:
             elif self.model.stages[k].losses:
                 objective.append(self.model._scaled(tf.add_n(self.model.stages[k].losses) * self.scale))
         self.saved[(k, i)] = (tape, outputs, inputs, objective)
-        return [outputs]
+        return tf.nest.flatten(outputs)
 
     def _forward_layers(self, k, inputs):
         """A chain chunk's forward, one persistent tape per layer: [(layer, tape, input, output,
@@ -123,10 +144,13 @@ class ReplicaStep:
     def backward(self, k: int, i: int) -> list:
         if self.model._chains[k] is not None:  # B, layer by layer
             pieces, outputs, inputs, head = self.saved.pop((k, i))
-            gradient = head[0].gradient(head[1], outputs) if head is not None else self.upstream.pop((k + 1, i))
+            if head is not None:
+                gradient = head[0].gradient(head[1], outputs)
+            else:
+                gradient = self.upstream.pop((k + 1, i))[0]  # a chain's input is one tensor
             self.pending[(k, i)], gradient = _backward_layers(pieces, gradient, needs_input=k > 0)
             if k > 0:
-                self.upstream[(k, i)] = gradient
+                self.upstream[(k, i)] = [gradient]
                 return [gradient]
             return [self.pending[(k, i)][-1][1]]  # chunk 0: its last B
         tape, outputs, inputs, objective = self.saved.pop((k, i))
@@ -134,22 +158,26 @@ class ReplicaStep:
         if self.split:  # B: the input gradient only; W comes later
             self.pending[(k, i)] = (tape, objective, output_gradients)
             if k > 0:
-                self.upstream[(k, i)] = tape.gradient(objective, inputs, output_gradients=output_gradients)
-                return [self.upstream[(k, i)]]
+                watched = floats(inputs)
+                found = tape.gradient(objective, watched, output_gradients=output_gradients)
+                self.upstream[(k, i)] = _zero_filled(found, watched)
+                return self.upstream[(k, i)]
             return list(output_gradients or objective)
-        sources = self.model.stages[k].trainable_variables + ([inputs] if k > 0 else [])
-        result = tape.gradient(objective, sources, output_gradients=output_gradients)
+        variables = self.model.stages[k].trainable_variables
+        watched = floats(inputs) if k > 0 else []
+        result = tape.gradient(objective, variables + watched, output_gradients=output_gradients)
         if k > 0:
-            self.upstream[(k, i)] = result.pop()
-        grads = self._add(k, result)
-        return [self.upstream[(k, i)]] if k > 0 else grads
+            self.upstream[(k, i)] = _zero_filled(result[len(variables):], watched)
+        grads = self._add(k, result[:len(variables)])
+        return self.upstream[(k, i)] if k > 0 else grads
 
     def _output_gradients(self, objective, k, i):
         """What a chunk's backward starts from: the next chunk's input gradient (none for the last
         chunk, whose objective is the loss), and 1 for its regularization terms."""
         if k == self.last:
             return None
-        return [self.upstream.pop((k + 1, i))] + [tf.ones_like(term) for term in objective[1:]]
+        upstream = list(self.upstream.pop((k + 1, i)))
+        return upstream + [tf.ones_like(term) for term in objective[len(upstream):]]
 
     # --- W ---
     def weight(self, k: int, i: int) -> list:
@@ -178,6 +206,43 @@ class ReplicaStep:
         self.sums[(self.replica, k)] = result if previous is None else [
             a if g is None else g if a is None else add_gradients(a, g) for a, g in zip(previous, result)]
         return [g for g in result if g is not None]
+
+
+def run_stage(stage: Any, x: Any, recompute: bool) -> Any:
+    """A chunk's forward in training; with ``recompute``, its activations are recomputed in the
+    backward pass (`tf.recompute_grad`) from its floating-point inputs, and only its floating-point
+    outputs carry gradients (ids and masks cross a cut as they are)."""
+    if not recompute:
+        return stage(x, training=True)
+    flat = tf.nest.flatten(x)
+    at = [i for i, t in enumerate(flat) if t.dtype.is_floating]
+    first: list = []  # the forward's outputs, whole (the recomputation's are only differentiated)
+
+    def run(*inputs):
+        parts = list(flat)
+        for i, t in zip(at, inputs):
+            parts[i] = t
+        out = stage(tf.nest.pack_sequence_as(x, parts), training=True)
+        if not first:
+            first.append(out)
+        return floats(out)
+
+    differentiable = iter(tf.recompute_grad(run)(*[flat[i] for i in at]))
+    whole = tf.nest.flatten(first[0])
+    return tf.nest.pack_sequence_as(first[0], [next(differentiable) if t.dtype.is_floating else t
+                                               for t in whole])
+
+
+def floats(structure: Any) -> list:
+    """The floating-point tensors of a stage's inputs or outputs: what gradients flow through (a
+    padding mask or token ids cross a cut too, and have none)."""
+    return [t for t in tf.nest.flatten(structure) if t.dtype.is_floating]
+
+
+def _zero_filled(gradients, tensors):
+    """``gradients`` of ``tensors`` with zeros where a tensor had none (it did not reach the
+    objective): the previous chunk's backward starts from them, and None there would mean ones."""
+    return [tf.zeros_like(t) if g is None else g for g, t in zip(gradients, tensors)]
 
 
 def _backward_layers(pieces, gradient, needs_input):

@@ -19,7 +19,8 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar.pipeline.executor import add_gradients, run_replica
+from tfpar.pipeline.executor import add_gradients, chain_layers, run_replica
+from tfpar.pipeline.flat import FlatChunk, copy_back, staged_copy, tied_gradients
 from tfpar.tensor_parallel.model import TensorParallelModel, build_optimizer_beside_variables
 from tfpar.tensor_parallel.nested import rebuilt
 from tfpar.tensor_parallel.ops import placed_on
@@ -27,6 +28,12 @@ from tfpar.tensor_parallel.ops import placed_on
 _log = logging.getLogger(__name__)
 
 __all__ = ["PipelineModel"]
+
+
+def _looks_up(stage, keras_module):
+    """Whether a stage holds an Embedding (at any depth)."""
+    embedding = keras_module.layers.Embedding
+    return any(isinstance(layer, embedding) for layer in stage._flatten_layers(include_self=False))
 
 
 def _split(structure, parts):
@@ -48,6 +55,7 @@ class PipelineModel:
     """
 
     _source: Any  # the model it was staged from (set untracked in __init__)
+    _copies: list | None  # flattened stages: what ties each to the source (`flat.StageCopy`)
 
     _keras = None  # the Keras module of the concrete class
 
@@ -63,16 +71,35 @@ class PipelineModel:
         self.schedule = schedule
         self.recompute = recompute
         stages = []
+        copies = []  # flattened stages: each a StageCopy of the source
         for k, sub in enumerate(partition.models):
+            if isinstance(sub, FlatChunk):
+                styles = tensor_styles[k] if tensor_styles is not None else None
+                with tf.device(self._device(0, k)):
+                    copies.append(staged_copy(source, sub, self._keras, styles,
+                                              list(self._stage_devices(0, k))))
+                stages.append(copies[-1].stage)
+                continue
             if tensor_styles is not None:  # the chunk's layers split over its stage's devices
                 stages.append(TensorParallelModel(sub, tensor_styles[k], list(self._stage_devices(0, k))))
                 continue
             with tf.device(self._device(0, k)):  # the chunk's variables live on its stage's device
                 stages.append(self._copy(sub, source))
         self.stages = stages
+        # tf.recompute_grad gives a looked-up table a dense gradient, and Adam then moves the rows
+        # no example used: a stage with an Embedding runs without recomputation.
+        lookups = [k for k, stage in enumerate(stages)
+                   if recompute and _looks_up(stage, self._keras)]
+        if lookups:
+            _log.warning("recompute: stage(s) %s hold an Embedding, whose gradient (the rows "
+                         "looked up) tf.recompute_grad would make dense, updating every row under "
+                         "Adam: they keep their activations; the others recompute theirs.", lookups)
+        self.__dict__["_recompute"] = [recompute and k not in lookups for k in range(len(stages))]
+        self.__dict__["_copies"] = copies or None  # what ties each flattened stage to the source
         # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
         by_layer = schedule.splits_backward and not recompute and tensor_styles is None
-        self.__dict__["_chains"] = [self._chain(stage) if by_layer else None for stage in stages]
+        self.__dict__["_chains"] = [chain_layers(stage, self._keras) if by_layer else None
+                                    for stage in stages]
         unsplit = [k for k, chain in enumerate(self._chains) if chain is None]
         if by_layer and unsplit:
             _log.warning("%s: chunk(s) %s are not a chain of one-input layers, so their weight pass (W) "
@@ -141,6 +168,9 @@ class PipelineModel:
 
     def plain_model(self) -> Any:
         """The original model with the pipeline's current weights; save or use it as usual."""
+        if self._copies is not None:
+            copy_back(self._source, self._copies)
+            return self._source
         for stage, sub in zip(self.stages, self.partition.models):
             if isinstance(stage, TensorParallelModel):
                 stage.plain_model()  # into sub's layers, which are the source's
@@ -156,27 +186,6 @@ class PipelineModel:
     def get_config(self):
         raise NotImplementedError("Save plain_model() instead: a PipelineModel is rebuilt with "
                                   "Pipeline.stage(model).")
-
-    def _chain(self, stage):
-        """The layers of a chunk in order if each takes the previous one's output only (else None)."""
-        layers = [layer for layer in stage.layers if not isinstance(layer, self._keras.layers.InputLayer)]
-        if len(stage.inputs) != 1 or len(stage.outputs) != 1:
-            return None
-        previous = stage.inputs[0]
-        for layer in layers:
-            try:
-                if layer.input is not previous:
-                    return None
-            except (AttributeError, ValueError):  # several inputs or calls
-                return None
-            previous = layer.output
-        return layers if previous is stage.outputs[0] else None
-
-    def _run_stage(self, k, x):
-        stage = self.stages[k]
-        if self.recompute:
-            return tf.recompute_grad(lambda t: stage(t, training=True))(x)
-        return stage(x, training=True)
 
     @tf.autograph.experimental.do_not_convert  # plain graph building: Python loops over the schedule
     def train_step(self, data):
@@ -250,6 +259,8 @@ class PipelineModel:
                     parts = [sums[(r, k)][n] for r in range(len(self.grid)) if sums[(r, k)][n] is not None]
                     if parts:
                         pairs.append((functools.reduce(add_gradients, parts), variable))
+        if self._copies is not None:  # a weight two flattened stages hold: both take its sum
+            pairs = tied_gradients(self._copies, pairs)
         if self._workers is not None:  # and over the workers' replicas
             pairs = list(zip(self._workers.sum([g for g, _ in pairs]), [v for _, v in pairs]))
         return pairs

@@ -20,9 +20,11 @@ from typing import Any
 from tfpar import _compat
 from tfpar._checks import check_choice
 from tfpar._keras import check_keras_model, keras_of, tf
+from tfpar.pipeline.flat import (FlatChunk, flat_costs, flat_graph, named_cuts, nests_a_model,
+                                 step_cost)
 
-__all__ = ["Partition", "StageInfo", "balanced_cuts", "measure_layer_costs", "partition_model",
-           "valid_cut_points"]
+__all__ = ["Partition", "StageInfo", "balanced_cuts", "cut_positions", "measure_layer_costs",
+           "partition_model", "valid_cut_points"]
 
 
 def balanced_cuts(costs: Sequence[float], num_stages: int, allowed: Sequence[int] | None = None) -> list[int]:
@@ -88,7 +90,7 @@ class Partition:
     """`StageInfo` per stage."""
     models: tuple
     """Per stage, a functional model (of the original's Keras) sharing the original layers (with
-    one stage, the original model)."""
+    one stage, the original model); for a model that nests a model, a `flat.FlatChunk` each."""
     balance: str
 
     def describe(self) -> str:
@@ -141,6 +143,14 @@ def valid_cut_points(model: Any) -> list[str]:
         if not crossing and len(tf.nest.flatten(layer.output)) == 1 and last_use.get(k, -1) > k:
             valid.append(layer.name)
     return valid
+
+
+def cut_positions(model: Any) -> list:
+    """Where "auto" may cut ``model``: the layers of `valid_cut_points`, or, for a model that nests
+    a model, the positions of its flattened graph before each step with weights."""
+    if _compat.is_graph_network(model) and nests_a_model(model):
+        return flat_costs(model, "params", None)[2]
+    return valid_cut_points(model)
 
 
 def measure_layer_costs(model: Any, batch_size: int = 32, repeats: int = 10) -> dict[str, float]:
@@ -210,6 +220,8 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
         ValueError: a subclassed model, too many stages, a cut that names no layer or
             where more than one tensor crosses.
     """
+    if num_stages > 1 and _compat.is_graph_network(model) and nests_a_model(model):
+        return _flat_partition(model, num_stages, cut_points, balance, layer_costs)
     layers = _graph_layers(model)
     names = [layer.name for layer in layers]
     if num_stages > len(layers):
@@ -244,6 +256,39 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
         stages.append(StageInfo(k, tuple(layer.name for layer in chunk),
                                 sum(layer.count_params() for layer in chunk), sum(costs[bounds[k]:bounds[k + 1]])))
     return Partition(tuple(stages), tuple(models), balance)
+
+
+def _flat_partition(model, num_stages, cut_points, balance, layer_costs):
+    """A model that nests a model, cut between the steps of its flattened graph (`flat.py`)."""
+    check_choice("balance", balance, ("params", "time"))
+    names, costs, allowed = flat_costs(model, balance, layer_costs)
+    if cut_points == "auto":
+        cuts = balanced_cuts(costs, num_stages, allowed)
+    else:
+        cuts = named_cuts(names, cut_points, model.name)
+        if len(cuts) != num_stages - 1:
+            raise ValueError(f"num_stages={num_stages} needs {num_stages - 1} cut point(s). "
+                             f"Received: cut_points={list(cut_points)!r}.")
+    bounds = [0, *cuts, len(names)]
+    stages, chunks = [], []
+    for k in range(num_stages):
+        start, end = bounds[k], bounds[k + 1]
+        taken = [name for name, cost in zip(names[start:end], costs[start:end]) if cost]
+        chunks.append(FlatChunk(start, end, k == 0, k == num_stages - 1))
+        stages.append(StageInfo(k, tuple(taken), 0, sum(costs[start:end])))
+    parameters = _flat_parameters(model, bounds)
+    stages = [dataclasses.replace(stage, parameters=p) for stage, p in zip(stages, parameters)]
+    return Partition(tuple(stages), tuple(chunks), balance)
+
+
+def _flat_parameters(model, bounds):
+    """Each flattened stage's parameters, a layer used by two stages counted in each."""
+    _, steps, _ = flat_graph(model)
+    counts = []
+    for start, end in zip(bounds, bounds[1:]):
+        layers = {id(layer): layer for layer, _, _, _ in steps[start:end]}
+        counts.append(int(sum(step_cost(layer) for layer in layers.values())))
+    return counts
 
 
 def _stage_model(model, layers, bounds, k):

@@ -18,7 +18,7 @@ from tfpar._keras import all_layers, check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
 from tfpar.pipeline.model import PipelineModel
-from tfpar.pipeline.partition import partition_model, valid_cut_points
+from tfpar.pipeline.partition import cut_positions, partition_model
 from tfpar.pipeline.schedule import SCHEDULES, make_schedule
 from tfpar.pipeline.workers import Workers
 
@@ -209,15 +209,16 @@ class Pipeline(PlacesItself):
         """
         check_keras_model(model)
         c = self.config
+        partition = self._partition(model)  # the cut and the plan first: wrong whatever the devices
+        styles = self._tensor_styles(model, partition)
         grid = self.devices()
-        partition = self._partition(model)
         if any(isinstance(layer, keras_of(model).layers.BatchNormalization) for layer in all_layers(model)):
             _log.warning("%s has BatchNormalization: in a pipeline its batch statistics come from "
                          "each microbatch (the batch / %d examples), as with a smaller batch, and "
                          "its moving averages are updated once per microbatch.", model.name,
                          c.num_microbatches * c.replicas)
         staged = PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute,
-                               tensor_styles=self._tensor_styles(model, partition), workers=self.workers)
+                               tensor_styles=styles, workers=self.workers)
         return _owned.own(staged, self.model_checks())
 
     def _tensor_styles(self, model, partition):
@@ -226,7 +227,12 @@ class Pipeline(PlacesItself):
         c = self.config
         if c.tensor_parallel == 1:
             return None
+        from tfpar.pipeline.flat import FlatChunk, chunk_styles
         from tfpar.tensor_parallel.sharding import auto_styles, planned_styles
+
+        if any(isinstance(chunk, FlatChunk) for chunk in partition.models):  # split where they sit
+            styles = planned_styles(model, c.tensor_parallel, c.tensor_plan, c.tensor_batch_axis)
+            return [chunk_styles(model, chunk, styles) for chunk in partition.models]
 
         if c.tensor_plan == "auto":
             chunks = [auto_styles(chunk, c.tensor_parallel) for chunk in partition.models]
@@ -244,7 +250,7 @@ class Pipeline(PlacesItself):
         c, v = self.config, self.schedule.virtual_stages
         if v == 1:
             return partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
-        cuts = len(valid_cut_points(model)) if c.cut_points == "auto" else len(c.cut_points)
+        cuts = len(cut_positions(model)) if c.cut_points == "auto" else len(c.cut_points)
         if c.num_stages * v > cuts + 1:
             valid = [k for k in range(2, (cuts + 1) // c.num_stages + 1)]
             raise ValueError(
@@ -281,6 +287,7 @@ class Pipeline(PlacesItself):
         if isinstance(model, PipelineModel) and c.tensor_parallel > 1:  # what each device holds
             from tfpar.tensor_parallel.model import bytes_by_device, describe_bytes
 
-            weights = [w for stage in model.stages for w in stage.inner.weights]
+            # A split stage's own (its inner model's, not its step trace); a flattened stage's.
+            weights = [w for stage in model.stages for w in getattr(stage, "inner", stage).weights]
             lines += describe_bytes(bytes_by_device(weights, getattr(model, "optimizer", None)))
         return "\n".join(lines)

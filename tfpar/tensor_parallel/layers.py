@@ -60,6 +60,13 @@ class _Shards:
             for variable, part in zip(variables, parts):
                 variable.assign(part)
 
+    def variable_parts(self):
+        """``(position of the source layer's weight, part or None, variable)`` of each variable it
+        holds: a part of a weight split over the devices, or a weight whole (None)."""
+        for position, (variables, axis) in enumerate(self._slots):
+            for part, variable in enumerate(variables):
+                yield position, None if axis is None else part, variable
+
     def full_weights(self):
         """The weights whole, in the source layer's order (for its ``set_weights``)."""
         out = []

@@ -26,7 +26,7 @@ from tfpar.tensor_parallel.layers import layer_class
 from tfpar.tensor_parallel.ops import GATHER
 from tfpar.tensor_parallel.rules import kind_of, split_error
 
-__all__ = ["keeping_split", "layer_tree", "nested_auto_plan", "own_variables", "paired",
+__all__ = ["drop_state", "keeping_split", "layer_tree", "nested_auto_plan", "own_variables", "paired",
            "plain_weights_back", "rebuilt", "split_in_place"]
 
 _KEPT = threading.local()
@@ -256,7 +256,7 @@ def split_in_place(twins: dict, styles: dict[str, str], devices: list, keras_mod
         kind = kind_of(layer, style, keras_module)
         split = layer_class(keras_module, kind)(layer, style, devices, keep_split=True)
         split.load(layer.get_weights())
-        _drop_state(layer)
+        drop_state(layer)
         if hasattr(layer, "_tracker"):  # Keras 3 locks a built layer's state
             layer._tracker.unlock()
         layer.tp_split = split  # tracked: the layer's weights are now the split layer's
@@ -281,7 +281,7 @@ _TRACKING = (
 """Where a layer keeps its variables and sublayers besides its attributes."""
 
 
-def _drop_state(layer):
+def drop_state(layer: Any) -> None:
     """Lets go of ``layer``'s own variables and sublayers, so that their memory is freed: its
     tracking lists (Keras 3's; tf_keras' and its checkpoint dependencies) and the attributes that
     hold them (a Dense's kernel, an attention's projections)."""

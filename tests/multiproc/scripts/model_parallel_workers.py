@@ -9,7 +9,9 @@ worker (Megatron's layout: tensor inside a host, pipeline across hosts). Worker 
 worker_0.npz; worker 1 serves its devices and ends with worker 0.
 
 "gpt2" is KerasHub's GPT2CausalLM (tiny) under ``TensorParallel(degree=2)`` with its default plan:
-tensor x data, each block's attention and MLP split inside its decoder block.
+tensor x data, each block's attention and MLP split inside its decoder block; "gpt2_<layout>" is
+GPT-2 under that layout's pipeline ("gpt2_pipeline_tensor": cut between its backbone's blocks,
+each stage split 2 ways, on each worker: 2 x 2 x 2).
 
 Usage: model_parallel_workers.py OUT CASE[,CASE ...] where CASE is LAYOUT:KERAS:OPTIMIZER[:EXAMPLES]
 (default 32 examples: 2 whole global batches of 16; 40: a last step of 8 examples, padded).
@@ -51,7 +53,7 @@ for layout, keras_name, optimizer, *examples in cases:
     if index == 1:
         model.set_weights([w + 0.5 for w in model.get_weights()])
     alone = layout in ("tensor_alone", "gpt2")
-    parallelism = tensor_alone if alone else parallelisms[layout]
+    parallelism = tensor_alone if alone else parallelisms[layout.removeprefix("gpt2_")]
     split = parallelism.shard(model) if alone else parallelism.stage(model)
     print(parallelism.describe(global_batch_size=16, model=split), flush=True)
     if layout == "gpt2":  # the one-stage pipeline each worker runs: its split layers
