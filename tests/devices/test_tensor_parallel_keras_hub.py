@@ -30,6 +30,16 @@ SPLIT_IN_EACH_BLOCK = {
 }
 
 
+# The split column outputs a block's own code reads whole: Llama's and Gemma's attention computes
+# on its query, key and value itself (rotary, grouped heads), and their gated MLP multiplies the
+# gate and up projections before the down one. GPT-2's and BERT's MLP pass theirs to the row layer
+# in parts: nothing is gathered.
+READ_WHOLE = {"gpt2": set(), "bert": set(),
+              "llama": {"query", "key", "value", "feedforward_gate_dense",
+                        "feedforward_intermediate_dense"},
+              "gemma": {"query", "key", "value", "ffw_gating", "ffw_gating_2"}}
+
+
 def _split_and_one_device(name, tp=None, kv_heads=1):
     """(split model, plain model's weights after 3 steps on one device, x, y)."""
     import keras
@@ -53,6 +63,12 @@ def test_keras_hub_task_models_split_inside_their_blocks_and_train_like_one_devi
     assert any(path.endswith("/token_embedding") for path in embeddings), split.styles
     held = split.device_bytes()
     assert len(held) == 2 and all(h["weights"] > 0 and h["optimizer"] > 0 for h in held.values())
+    # What a block's own code reads whole (an all-gather each), said by describe() and timed.
+    gathered = {layer for layer, _ in split.gathers()}
+    assert gathered == READ_WHOLE[name], split.gathers()
+    assert ("gathered:" in TensorParallel(degree=2).describe(model=split)) == bool(gathered)
+    timed = {label for _, label in split.device_trace_labels() if label.endswith(" all-gather")}
+    assert timed == {f"{layer} all-gather" for layer in gathered}
 
     predicted = split.predict(x, verbose=0)
     plain = split.plain_model()

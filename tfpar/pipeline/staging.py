@@ -285,7 +285,7 @@ class Pipeline(PlacesItself):
             lines.append(model.partition.describe() if isinstance(model, PipelineModel)
                          else f"  model:      {model.name}, {model.count_params():,} parameters")
         if isinstance(model, PipelineModel) and c.tensor_parallel > 1:  # what each device holds
-            from tfpar.tensor_parallel.model import bytes_by_device, describe_bytes
+            from tfpar.tensor_parallel.accounting import bytes_by_device, describe_bytes
 
             # A split stage's own (its inner model's, not its step trace); a flattened stage's.
             weights = [w for stage in model.stages for w in getattr(stage, "inner", stage).weights]

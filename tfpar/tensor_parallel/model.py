@@ -16,13 +16,13 @@ from tfpar import _compat
 from tfpar._keras import all_layers, is_keras3, keras, keras3, tf
 from tfpar.optimizers import LAMB, LARS
 from tfpar.tensor_parallel.layers import _Shards, layer_class
-from tfpar.tensor_parallel.nested import (keeping_split, paired, plain_weights_back, rebuilt,
-                                          split_in_place)
+from tfpar.tensor_parallel.accounting import bytes_by_device
+from tfpar.tensor_parallel.calls import keeping_split
+from tfpar.tensor_parallel.nested import paired, plain_weights_back, rebuilt, split_in_place
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.rules import NOT_ELEMENTWISE, kind_of, split_error
 
-__all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "bytes_by_device", "describe_bytes",
-           "split_outputs"]
+__all__ = ["TensorParallelModel", "auto_plan", "build_optimizer_beside_variables", "split_outputs"]
 
 ELEMENTWISE = ("Activation", "Dropout", "ReLU", "LeakyReLU", "ELU")
 """Layers a split activation passes through part by part (an Activation other than softmax)."""
@@ -169,6 +169,7 @@ class TensorParallelModel:
     _splits: dict | None  # {path: split layer} where split in place, untracked
     _twins: dict | None  # {path in the source: its copy's layer} where split in place, untracked
     _trace_labels: list  # (device index, label) per row of device_trace, untracked
+    _gathers: list  # (layer name, shape) of each column output a traced call reads whole
     weights: list  # Keras' (the concrete class is a keras.Model)
 
     def __new__(cls, source=None, *args, **kwargs):
@@ -194,6 +195,7 @@ class TensorParallelModel:
         self.__dict__["_splits"] = splits  # {path: split layer} where split in place, else None
         self.__dict__["_twins"] = twins  # {path in source: its copy's layer}
         self.__dict__["_graph"] = None if nested else _compat.graph_steps(inner)
+        self.__dict__["_gathers"] = []  # (layer, shape) of each gather the traced call reads
         self.__dict__["_trace_labels"] = []  # (device index, label) of each row of device_trace, set when traced
         with tf.device("/cpu:0"):
             # The last training step's work on each device, a row per layer part and all-reduce: (start, end).
@@ -203,7 +205,7 @@ class TensorParallelModel:
     @tf.autograph.experimental.do_not_convert  # a plain walk over the layer graph, built as it is
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         if self._graph is None:  # split in place: the copy calls its split layers itself
-            with keeping_split():
+            with keeping_split(self._gathers):
                 return self.inner(inputs, training=training)
         input_keys, steps, output_keys = self._graph
         values = dict(zip(input_keys, tf.nest.flatten(inputs)))
@@ -262,6 +264,12 @@ class TensorParallelModel:
                 layer.set_weights(copy.full_weights() if isinstance(copy, _Shards) else copy.get_weights())
         return self._source
 
+    def gathers(self) -> list[tuple[str, tuple]]:
+        """``(layer name, shape)`` of each split column layer's output that the traced step reads
+        whole (a custom layer's code between projections, not a row layer): each costs an
+        all-gather. Known once the model is traced (after ``fit`` starts, or a ``predict``)."""
+        return list(self._gathers)
+
     def device_bytes(self) -> dict[str, dict[str, int]]:
         """Bytes each device holds: ``{device: {"weights": ..., "optimizer": ...}}``, from where each
         variable lives."""
@@ -289,37 +297,6 @@ def _clone_split(source, styles, devices, k):
             copy = inner.get_layer(layer.name)
             (copy.load if isinstance(copy, _Shards) else copy.set_weights)(layer.get_weights())
     return inner
-
-
-def bytes_by_device(weights: list, optimizer: Any = None) -> dict[str, dict[str, int]]:
-    """``{device: {"weights": bytes, "optimizer": bytes}}`` of ``weights`` and ``optimizer``'s slots,
-    from where each variable lives."""
-    held: dict = {}
-    groups = [("weights", weights)]
-    if optimizer is not None:
-        groups.append(("optimizer", [v for v in optimizer.variables if tuple(v.shape)]))
-    for group, variables in groups:
-        for variable in variables:
-            value = getattr(variable, "value", None)  # Keras 3's variable holds a tf.Variable (tf's: a method)
-            value = variable if value is None or callable(value) else value
-            device = tf.DeviceSpec.from_string(value.device)
-            entry = held.setdefault(f"/{device.device_type}:{device.device_index}", {"weights": 0, "optimizer": 0})
-            entry[group] += _nbytes(variable)
-    return held
-
-
-def describe_bytes(held: dict[str, dict[str, int]]) -> list[str]:
-    """`bytes_by_device`'s figures as `describe()` lines, each device against one device's total."""
-    total = sum(sum(h.values()) for h in held.values())
-    return [f"  {device}: weights {h['weights']:,} B, optimizer {h['optimizer']:,} B "
-            f"({sum(h.values()) / total:.0%} of one device's {total:,} B)" for device, h in held.items()]
-
-
-def _nbytes(variable):
-    n = tf.as_dtype(variable.dtype).size
-    for d in variable.shape:
-        n *= int(d)
-    return n
 
 
 class _TfKerasTensorParallelModel(TensorParallelModel, keras.Model):

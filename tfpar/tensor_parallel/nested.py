@@ -9,27 +9,20 @@ The split model is a copy of the user's (built from its config, then given its w
 copy each planned layer keeps its place, so whatever calls it (a functional graph, a subclassed
 layer's ``call``, a second use such as a tied embedding's ``reverse=True``) still does: the layer
 drops its own weights, holds the split layer (`layers.py`) instead, and its ``call`` goes there.
-Between layers the activations are whole tensors, as the callers expect. A column layer's output is
-gathered, and the gathered tensor is remembered (`keeping_split`): a row layer called on exactly
-that tensor takes the parts instead, so in a traced step the gather has no reader and TensorFlow
-never runs it (an MLP pair: one reduction forward, one backward, as in Megatron-LM). Any other use
-of a split activation reads the gathered tensor: correct, at the price of the gather.
+Between layers the activations are whole tensors, as the callers expect; what a split layer's call
+does, and how an MLP pair still costs one reduction forward and one backward, is `calls.py`.
 """
 
-import contextlib
-import threading
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 from tfpar._keras import tf
+from tfpar.tensor_parallel.calls import split_call
 from tfpar.tensor_parallel.layers import layer_class
-from tfpar.tensor_parallel.ops import GATHER
 from tfpar.tensor_parallel.rules import kind_of, split_error
 
-__all__ = ["drop_state", "keeping_split", "layer_tree", "nested_auto_plan", "own_variables", "paired",
+__all__ = ["drop_state", "layer_tree", "nested_auto_plan", "own_variables", "paired",
            "plain_weights_back", "rebuilt", "split_in_place"]
-
-_KEPT = threading.local()
 
 
 def layer_tree(model: Any) -> dict[str, Any]:
@@ -143,72 +136,6 @@ def _sources(tensor, scope, made_by):
     return found
 
 
-@contextlib.contextmanager
-def keeping_split() -> Iterator[None]:
-    """Inside it, a column layer's gathered output is remembered with its parts, for a row layer."""
-    previous = getattr(_KEPT, "tensors", None)
-    _KEPT.tensors = {}
-    try:
-        yield
-    finally:
-        _KEPT.tensors = previous
-
-
-def _gathered(sharded):
-    """The parts side by side, remembered: unread, TensorFlow prunes the gather."""
-    with tf.device(sharded.devices[0]):
-        whole = tf.concat(sharded.parts, axis=sharded.axis, name=GATHER)
-    kept = getattr(_KEPT, "tensors", None)
-    if kept is not None:
-        kept[id(whole)] = (whole, sharded)
-    return whole
-
-
-def _split_input(x):
-    kept = getattr(_KEPT, "tensors", None) or {}
-    entry = kept.get(id(x))
-    return entry[1] if entry is not None and entry[0] is x else x
-
-
-def _dense_call(split):
-    def call(inputs, training=None, **kwargs):
-        if split.style == "column":
-            return _gathered(split.tp_call(inputs, training=training))
-        return split.tp_call(_split_input(inputs), training=training)  # whole: each its block
-    return call
-
-
-def _attention_call(layer, split):
-    def call(query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
-             attention_mask=None, return_attention_scores=False, training=None,
-             use_causal_mask=False, cache=None, cache_update_index=None):
-        if cache is not None or cache_update_index is not None:
-            raise ValueError(
-                f"layer {layer.name!r} is split by heads, and generating with a key/value cache is "
-                f"not split. Received: cache={'a tensor' if cache is not None else None}, "
-                f"cache_update_index={cache_update_index!r}. Generate with the trained model's "
-                "plain_model().")
-        if any(m is not None for m in (query_mask, value_mask, key_mask)):  # Keras' own rule
-            attention_mask = layer._compute_attention_mask(
-                query, value, query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
-                attention_mask=attention_mask, use_causal_mask=use_causal_mask)
-            use_causal_mask = False
-        return split.tp_call(
-            query, value, key=key, attention_mask=attention_mask, use_causal_mask=use_causal_mask,
-            training=training, return_attention_scores=return_attention_scores)
-    return call
-
-
-def _embedding_call(layer, split):
-    def call(inputs, reverse=False, **kwargs):
-        if not reverse:
-            return split.tp_call(inputs)
-        logits = split.reverse_call(inputs, getattr(layer, "reverse_dtype", None))
-        cap = getattr(layer, "logit_soft_cap", None)
-        return logits if cap is None else tf.tanh(logits / cap) * cap
-    return call
-
-
 def rebuilt(source: Any, keras_module: Any) -> Any:
     """``source`` built again from its config, with its weights (its layers' calls as written).
     Its own custom classes are given to Keras by name, so that a layer the user defined and did not
@@ -260,12 +187,7 @@ def split_in_place(twins: dict, styles: dict[str, str], devices: list, keras_mod
         if hasattr(layer, "_tracker"):  # Keras 3 locks a built layer's state
             layer._tracker.unlock()
         layer.tp_split = split  # tracked: the layer's weights are now the split layer's
-        if kind in ("Dense", "EinsumDense"):
-            layer.call = _dense_call(split)
-        elif kind == "MultiHeadAttention":
-            layer.call = _attention_call(layer, split)
-        else:
-            layer.call = _embedding_call(layer, split)
+        layer.call = split_call(layer, split, kind)
         splits[path] = split
     for path in [p for p in twins if _within(p, splits)]:
         del twins[path]

@@ -22,7 +22,8 @@ from typing import Any
 from tfpar._keras import tf
 
 __all__ = ["BACKWARD_REDUCTION", "FORWARD_REDUCTION", "GATHER", "Sharded", "computing_devices", "copy_to",
-           "count_communication", "gather_from", "placed_on", "recording", "reduce_from", "timed"]
+           "count_communication", "gather_from", "placed_on", "recording", "recording_events", "reduce_from",
+           "timed"]
 
 FORWARD_REDUCTION = "tp_allreduce_forward"
 BACKWARD_REDUCTION = "tp_allreduce_backward"
@@ -44,6 +45,11 @@ def recording(events: list) -> Iterator[None]:
         yield
     finally:
         _RECORDING.events = previous
+
+
+def recording_events() -> list | None:
+    """The list `recording` appends to, or None outside it."""
+    return getattr(_RECORDING, "events", None)
 
 
 def timed(device_index: int, label: str, inputs: Any, compute: Callable[[], Any]) -> Any:

@@ -15,7 +15,8 @@ from tfpar._keras import check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
 from tfpar.tensor_parallel.rules import kind_of, split_error
-from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan, describe_bytes
+from tfpar.tensor_parallel.accounting import describe_bytes, describe_gathers
+from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan
 from tfpar.tensor_parallel.nested import layer_tree, nested_auto_plan
 from tfpar.tensor_parallel.layouts import is_layout_map, model_axis_of, styles_from_layouts
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan, parse_style
@@ -200,6 +201,7 @@ class TensorParallel(PlacesItself):
         if isinstance(model, TensorParallelModel):
             lines[2] = f"  plan:       {model.styles}"
             lines += describe_bytes(model.device_bytes())
+            lines += describe_gathers(model.gathers())
         return "\n".join(lines)
 
 
