@@ -1,12 +1,16 @@
 """`TensorParallelModel`: a Keras model whose planned layers are split over T devices.
 
-It is built from the user's model by `tfpar.tensor_parallel.TensorParallel.shard`: a copy of the
-model (Keras' ``clone_model``) in which each planned layer is replaced by its split layer
-(`layers.py`) and every other layer is a copy on the home device, all with the model's weights.
-Its ``call`` walks the copy's layer graph itself, so that a column layer's split output reaches the
-row layer after it (through element-wise layers, run on each device) without being gathered: the
-MLP pair costs one reduction forward and one backward, as in Megatron-LM. Training is Keras' own
-``train_step``: the conjugate operators (`ops.py`) carry the gradients.
+It is built from the user's model by `tfpar.tensor_parallel.TensorParallel.shard` in one of two
+ways. When every planned layer is a top-level layer of a functional model: a copy of the model
+(Keras' ``clone_model``) in which each planned layer is replaced by its split layer (`layers.py`)
+and every other layer is a copy on the home device, all with the model's weights; its ``call``
+walks the copy's layer graph itself, so that a column layer's split output reaches the row layer
+after it (through element-wise layers, run on each device) without being gathered. When a planned
+layer sits inside another layer or a nested model (a path with "/"), or a style names a kernel
+axis: a copy built from the model's config whose planned layers are split where they sit
+(`nested.py`, `calls.py`). Either way an MLP pair costs one reduction forward and one backward, as
+in Megatron-LM. Training is Keras' own ``train_step``: the conjugate operators (`ops.py`) carry
+the gradients.
 """
 
 import functools

@@ -92,13 +92,16 @@ def _dense_links(model, dense):
     computed, inside the layer that calls it (its name scope), from other ``dense`` layers' outputs:
     an MLP's pair, a gated MLP's three, an attention's query, key and value and its output."""
     calls: list = []
+    own = {path: vars(layer)["call"] for path, layer in dense.items() if "call" in vars(layer)}
     for path, layer in dense.items():
         original = layer.call
 
         def recorded(*args, _path=path, _call=original, **kwargs):
             out = _call(*args, **kwargs)
             caller = tf.get_current_name_scope().rsplit("/", 1)[0]  # this layer's own scope dropped
-            calls.append((_path, args[0], out, f"{caller}/"))
+            x = args[0] if args else kwargs.get("inputs")
+            if x is not None:
+                calls.append((_path, x, out, f"{caller}/"))
             return out
 
         layer.call = recorded
@@ -106,8 +109,11 @@ def _dense_links(model, dense):
         specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), model.input)
         tf.function(lambda inputs: model(inputs, training=False)).get_concrete_function(specs)
     finally:
-        for path, layer in dense.items():
-            del layer.call
+        for path, layer in dense.items():  # as they were: a call of the instance's own is kept
+            if path in own:
+                layer.call = own[path]
+            else:
+                del layer.call
     made_by = {id(out): path for path, _, out, _ in calls}
     links = {}
     for path, x, _, scope in calls:

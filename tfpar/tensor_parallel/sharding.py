@@ -174,7 +174,8 @@ class TensorParallel(PlacesItself):
 
         Raises:
             TypeError: not a Keras model.
-            ValueError: a subclassed model, or a plan that does not fit it (see `styles`), or too few devices.
+            ValueError: a subclassed model, a plan that does not fit it (see `styles`), a model
+                that its config does not build again (a plan inside it), or too few devices.
         """
         check_keras_model(model)
         from tfpar import _compat
@@ -206,12 +207,14 @@ class TensorParallel(PlacesItself):
 
 
 def planned_styles(model: Any, degree: int, plan: Any, batch_axis: str = "batch") -> dict[str, str]:
-    """``{layer name: style}`` of ``model``'s planned layers for ``plan`` ("auto" or layer name or pattern ->
-    style) over ``degree`` devices, each checked.
+    """``{layer path: style}`` of ``model``'s planned layers for ``plan`` ("auto", layer path or
+    pattern -> style, or a ``keras.distribution.LayoutMap`` read along the mesh axis that is not
+    ``batch_axis``) over ``degree`` devices, each checked.
 
     Raises:
+        TypeError: a LayoutMap for a model whose variables have no paths (tf_keras).
         ValueError: a plan key that names no layer, a layer the style cannot split, a size the
-            degree does not divide.
+            degree does not divide, a layout tfpar cannot realise or one that splits nothing.
     """
     k = keras_of(model)
     if is_layout_map(plan):
