@@ -56,7 +56,8 @@ def test_a_task_model_is_cut_between_its_backbone_s_blocks_and_trains_like_one_d
     ("gpt2", {"schedule": "zb-h1"}),
     ("gpt2", {"schedule": "interleaved", "virtual_stages": 2}),
     ("bert", {"recompute": True}),  # its second stage recomputes; the first holds the embeddings
-], ids=["zb-h1", "interleaved", "recompute"])
+    ("llama", {"balance": "time"}),  # each block's forward and backward measured
+], ids=["zb-h1", "interleaved", "recompute", "time"])
 def test_the_schedules_and_recomputation_cut_task_models_like_one_device(name, options, caplog):
     staged, trained, one_device = _staged_and_one_device(name, **options)
     assert _largest(trained, one_device) < 1e-5
@@ -64,6 +65,10 @@ def test_the_schedules_and_recomputation_cut_task_models_like_one_device(name, o
         assert len(staged.stages) == 4
     if options.get("recompute"):  # an embedding's stage keeps its activations, and says so
         assert "recompute: stage(s) [0] hold an Embedding" in caplog.text
+    if options.get("balance"):  # cut between the blocks, the measured seconds as the costs
+        first, second = staged.partition.stages
+        assert "transformer_layer_0" in first.layers and "transformer_layer_1" in second.layers
+        assert 0 < first.cost < 10 and 0 < second.cost < 10
 
 
 def test_the_staged_gpt2_saves_and_loads_as_keras_hub_s_model(tmp_path):
@@ -115,7 +120,7 @@ def test_a_functional_model_around_a_functional_model_is_cut_inside_under_both_k
      "cut point 'no_such_layer' names no call of a layer"),
     ({"cut_points": "transformer_layer_0"}, TypeError,
      "cut_points must be 'auto' or a list of layer names"),
-    ({"balance": "time"}, ValueError,
+    ({"balance": "time", "layer_costs": {"transformer_layer_0": 1.0}}, ValueError,
      "balance='time' on 'gpt2_causal_lm', which nests a model, needs"),
 ])
 def test_a_cut_tfpar_cannot_make_is_refused_before_anything_is_built(options, error, message):

@@ -27,8 +27,9 @@ from tfpar.tensor_parallel.calls import keeping_split
 from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired, plain_weights_back,
                                           rebuilt, split_in_place)
 
-__all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "copy_back", "crossing", "flat_costs",
-           "flat_graph", "named_cuts", "nests_a_model", "staged_copy", "step_cost", "tied_gradients"]
+__all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "copy_back", "crossing",
+           "flat_costs", "flat_graph", "named_cuts", "nests_a_model", "stage_parameters",
+           "staged_copy", "step_cost", "tied_gradients"]
 
 
 def nests_a_model(model: Any) -> bool:
@@ -115,8 +116,9 @@ def step_cost(layer: Any) -> float:
 
 def flat_costs(model: Any, balance: str, layer_costs: dict | None) -> tuple[list, list, list]:
     """``(names, costs, allowed)`` of the flattened ``model``'s steps: each step's layer name and
-    cost (its parameters, or ``layer_costs`` by layer name with ``balance="time"``), and where a
-    stage may start: before a step with weights, so that each stage holds some.
+    cost (its parameters, or ``layer_costs`` by layer name with ``balance="time"``, shared between
+    a layer's calls), and where a stage may start: before a step with weights, so that each stage
+    holds some.
 
     Raises:
         ValueError: ``balance="time"`` without a cost for each layer with weights.
@@ -131,18 +133,22 @@ def flat_costs(model: Any, balance: str, layer_costs: dict | None) -> tuple[list
                 f"balance='time' on {model.name!r}, which nests a model, needs layer_costs with "
                 f"a cost for each layer its stages run. Received: missing {missing}. Give "
                 "layer_costs for those layers, or use balance='params'.")
-        costs = [float((layer_costs or {}).get(n, 0.0)) if w else 0.0 for n, w in zip(names, weighted)]
+        given = layer_costs or {}
+        # A layer called twice (a tied embedding) has its cost shared between its calls.
+        costs = [float(given.get(n, 0.0)) / names.count(n) if w else 0.0
+                 for n, w in zip(names, weighted)]
     else:
         costs = [step_cost(layer) for layer, _, _, _ in steps]
     return names, costs, [i for i in range(1, len(steps)) if weighted[i]]
 
 
-def named_cuts(names: list, cut_points: Any, model_name: str) -> list:
+def named_cuts(names: list, cut_points: Any, num_stages: int, model_name: str) -> list:
     """Where stages start when ``cut_points`` names the layers after which they begin.
 
     Raises:
         TypeError: ``cut_points`` is not a list of names.
-        ValueError: a name that is no step's layer, or more than one step's.
+        ValueError: a name that is no step's layer, or more than one step's; not
+            ``num_stages - 1`` names.
     """
     if isinstance(cut_points, str) or not all(isinstance(c, str) for c in cut_points):
         raise TypeError("cut_points must be 'auto' or a list of layer names. Received: "
@@ -155,6 +161,9 @@ def named_cuts(names: list, cut_points: Any, model_name: str) -> list:
                 f"of a layer in {model_name!r} (its nested models included). Received: "
                 f"cut_points={list(cut_points)!r}. Name layers among {sorted(set(names) - {''})}.")
         cuts.append(names.index(name) + 1)
+    if len(cuts) != num_stages - 1:
+        raise ValueError(f"num_stages={num_stages} needs {num_stages - 1} cut point(s). "
+                         f"Received: cut_points={list(cut_points)!r}.")
     return sorted(cuts)
 
 
@@ -167,6 +176,16 @@ def chunk_styles(model: Any, chunk: "FlatChunk", styles: dict) -> dict:
               if id(layer) in path_of}
     return {path: style for path, style in styles.items()
             if path in called or any(path.startswith(f"{c}/") for c in called)}
+
+
+def stage_parameters(model: Any, bounds: list) -> list:
+    """Each flattened stage's parameters, a layer used by two stages counted in each."""
+    _, steps, _ = flat_graph(model)
+    counts = []
+    for start, end in zip(bounds, bounds[1:]):
+        layers = {id(layer): layer for layer, _, _, _ in steps[start:end]}
+        counts.append(int(sum(step_cost(layer) for layer in layers.values())))
+    return counts
 
 
 @dataclasses.dataclass(frozen=True)

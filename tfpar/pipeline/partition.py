@@ -21,7 +21,7 @@ from tfpar import _compat
 from tfpar._checks import check_choice
 from tfpar._keras import check_keras_model, keras_of, tf
 from tfpar.pipeline.flat import (FlatChunk, flat_costs, flat_graph, named_cuts, nests_a_model,
-                                 step_cost)
+                                 stage_parameters, step_cost)
 
 __all__ = ["Partition", "StageInfo", "balanced_cuts", "cut_positions", "measure_layer_costs",
            "partition_model", "valid_cut_points"]
@@ -154,40 +154,75 @@ def cut_positions(model: Any) -> list:
 
 
 def measure_layer_costs(model: Any, batch_size: int = 32, repeats: int = 10) -> dict[str, float]:
-    """Seconds each layer takes for a forward and backward pass on a random batch.
+    """Seconds each layer takes for a forward and backward pass on a random batch (of sequences
+    of 16 where the input's length is not fixed).
 
     The layers' inputs come from one pass of the whole model; each layer is then
     timed alone (median of ``repeats``), in a `tf.function`, on the default device,
-    less the time of calling an empty `tf.function`.
+    less the time of calling an empty `tf.function`. A model that nests a model: the layers of
+    its flattened graph (`flat.py`), a layer called twice timed in both calls.
 
     Returns:
         Layer name -> seconds.
     """
+    sample = _sample(model, batch_size)
+    if _compat.is_graph_network(model) and nests_a_model(model):
+        calls = _flat_calls(model, sample)
+    else:
+        calls = _layer_calls(model, sample)
+    costs: dict = {}
+    for layer, args, kwargs in calls:
+
+        @tf.function
+        def step(args, layer=layer, kwargs=kwargs):
+            watched = [t for t in tf.nest.flatten(args) if t.dtype.is_floating]
+            with tf.GradientTape() as tape:
+                tape.watch(watched)
+                out = layer(*args, **kwargs)
+            return tape.gradient(out, watched + layer.trainable_variables)
+
+        costs[layer.name] = costs.get(layer.name, 0.0) + _median_seconds(step, args, repeats)
+    # Less what calling any tf.function costs, which small layers would otherwise all share.
+    floor = _median_seconds(tf.function(lambda args: tf.identity(args)), sample[0], repeats)
+    return {name: max(cost - floor, 1e-7) for name, cost in costs.items()}
+
+
+def _sample(model, batch_size, length=16):
+    """A random batch for ``model``'s inputs: normal floats, zero ids and masks."""
+    sample = []
+    for tensor in model.inputs:
+        dtype = tf.as_dtype(tensor.dtype)  # a name in Keras 3
+        shape = [batch_size] + [length if d is None else d for d in tensor.shape[1:]]
+        random = dtype.is_floating
+        sample.append(tf.random.normal(shape, dtype=dtype) if random else tf.zeros(shape, dtype))
+    return sample
+
+
+def _layer_calls(model, sample):
+    """(layer, args, kwargs) of each top-level layer, its inputs from one pass of the model."""
     layers = _graph_layers(model)
-    dtypes = [tf.as_dtype(t.dtype) for t in model.inputs]  # a name in Keras 3
-    sample = [tf.random.normal([batch_size, *t.shape[1:]], dtype=d) if d.is_floating
-              else tf.zeros([batch_size, *t.shape[1:]], d) for t, d in zip(model.inputs, dtypes)]
     probe = keras_of(model).Model(model.inputs, [layer.output for layer in layers])
     outputs = dict(zip((id(layer) for layer in layers), probe(sample, training=False)))
     for tensor, value in zip(model.inputs, sample):  # the input layers "output" the sample
         outputs[id(_compat.keras_layer_of(tensor))] = value
-    costs = {}
+    calls = []
     for layer in layers:
         parents = [outputs[id(_compat.node_layer(node))] for node in _nodes_in(model, layer)[0].parent_nodes]
-        args = parents[0] if len(parents) == 1 else parents
+        calls.append((layer, (parents[0] if len(parents) == 1 else parents,), {"training": True}))
+    return calls
 
-        @tf.function
-        def step(args, layer=layer):
-            with tf.GradientTape() as tape:
-                tape.watch([t for t in tf.nest.flatten(args) if t.dtype.is_floating])
-                out = layer(args, training=True)
-            return tape.gradient(out, [t for t in tf.nest.flatten(args) if t.dtype.is_floating]
-                                 + layer.trainable_variables)
 
-        costs[layer.name] = _median_seconds(step, args, repeats)
-    # Less what calling any tf.function costs, which small layers would otherwise all share.
-    floor = _median_seconds(tf.function(lambda args: tf.identity(args)), sample[0], repeats)
-    return {name: max(cost - floor, 1e-7) for name, cost in costs.items()}
+def _flat_calls(model, sample):
+    """(layer, args, kwargs) of each step with weights of the flattened graph, from one pass."""
+    input_keys, steps, _ = flat_graph(model)
+    values = dict(zip(input_keys, sample))
+    calls = []
+    for layer, _, outputs, fill in steps:
+        args, kwargs = fill(values)
+        values.update(zip(outputs, tf.nest.flatten(layer(*args, **kwargs))))
+        if step_cost(layer):
+            calls.append((layer, tuple(args), kwargs))
+    return calls
 
 
 def _median_seconds(fn, args, repeats):
@@ -261,34 +296,22 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
 def _flat_partition(model, num_stages, cut_points, balance, layer_costs):
     """A model that nests a model, cut between the steps of its flattened graph (`flat.py`)."""
     check_choice("balance", balance, ("params", "time"))
+    if balance == "time" and layer_costs is None:
+        layer_costs = measure_layer_costs(model)
     names, costs, allowed = flat_costs(model, balance, layer_costs)
     if cut_points == "auto":
         cuts = balanced_cuts(costs, num_stages, allowed)
     else:
-        cuts = named_cuts(names, cut_points, model.name)
-        if len(cuts) != num_stages - 1:
-            raise ValueError(f"num_stages={num_stages} needs {num_stages - 1} cut point(s). "
-                             f"Received: cut_points={list(cut_points)!r}.")
+        cuts = named_cuts(names, cut_points, num_stages, model.name)
     bounds = [0, *cuts, len(names)]
+    parameters = stage_parameters(model, bounds)
     stages, chunks = [], []
     for k in range(num_stages):
         start, end = bounds[k], bounds[k + 1]
-        taken = [name for name, cost in zip(names[start:end], costs[start:end]) if cost]
+        taken = tuple(name for name, cost in zip(names[start:end], costs[start:end]) if cost)
         chunks.append(FlatChunk(start, end, k == 0, k == num_stages - 1))
-        stages.append(StageInfo(k, tuple(taken), 0, sum(costs[start:end])))
-    parameters = _flat_parameters(model, bounds)
-    stages = [dataclasses.replace(stage, parameters=p) for stage, p in zip(stages, parameters)]
+        stages.append(StageInfo(k, taken, parameters[k], sum(costs[start:end])))
     return Partition(tuple(stages), tuple(chunks), balance)
-
-
-def _flat_parameters(model, bounds):
-    """Each flattened stage's parameters, a layer used by two stages counted in each."""
-    _, steps, _ = flat_graph(model)
-    counts = []
-    for start, end in zip(bounds, bounds[1:]):
-        layers = {id(layer): layer for layer, _, _, _ in steps[start:end]}
-        counts.append(int(sum(step_cost(layer) for layer in layers.values())))
-    return counts
 
 
 def _stage_model(model, layers, bounds, k):
