@@ -113,7 +113,7 @@ def _embedding_call(layer, split):
     return call
 
 
-def split_call(layer: Any, split: Any, kind: str) -> Any:
+def split_call(layer: Any, split: Any, kind: str | None) -> Any:
     """The ``call`` that ``layer`` (of Keras class ``kind``), split in place, takes: its split
     layer's."""
     if kind in ("Dense", "EinsumDense"):
