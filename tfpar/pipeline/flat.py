@@ -24,8 +24,8 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.tensor_parallel.calls import keeping_split
-from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired, plain_weights_back,
-                                          rebuilt, split_in_place)
+from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired,
+                                          plain_weights_back, rebuilt, split_in_place)
 
 __all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "copy_back", "crossing",
            "flat_costs", "flat_graph", "named_cuts", "nests_a_model", "stage_parameters",
