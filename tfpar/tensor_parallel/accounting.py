@@ -10,18 +10,20 @@ __all__ = ["bytes_by_device", "describe_bytes", "describe_gathers"]
 
 
 def bytes_by_device(weights: list, optimizer: Any = None) -> dict[str, dict[str, int]]:
-    """``{device: {"weights": bytes, "optimizer": bytes}}`` of ``weights`` and ``optimizer``'s slots,
-    from where each variable lives."""
+    """``{device: {"weights": bytes, "optimizer": bytes}}`` of ``weights`` and ``optimizer``'s
+    slots, from where each variable lives."""
     held: dict = {}
     groups = [("weights", weights)]
     if optimizer is not None:
         groups.append(("optimizer", [v for v in optimizer.variables if tuple(v.shape)]))
     for group, variables in groups:
         for variable in variables:
-            value = getattr(variable, "value", None)  # Keras 3's variable holds a tf.Variable (tf's: a method)
+            # Keras 3's variable holds a tf.Variable in .value (tf's .value is a method)
+            value = getattr(variable, "value", None)
             value = variable if value is None or callable(value) else value
             device = tf.DeviceSpec.from_string(value.device)
-            entry = held.setdefault(f"/{device.device_type}:{device.device_index}", {"weights": 0, "optimizer": 0})
+            name = f"/{device.device_type}:{device.device_index}"
+            entry = held.setdefault(name, {"weights": 0, "optimizer": 0})
             entry[group] += _nbytes(variable)
     return held
 
@@ -30,7 +32,8 @@ def describe_bytes(held: dict[str, dict[str, int]]) -> list[str]:
     """`bytes_by_device`'s figures as `describe()` lines, each device against one device's total."""
     total = sum(sum(h.values()) for h in held.values())
     return [f"  {device}: weights {h['weights']:,} B, optimizer {h['optimizer']:,} B "
-            f"({sum(h.values()) / total:.0%} of one device's {total:,} B)" for device, h in held.items()]
+            f"({sum(h.values()) / total:.0%} of one device's {total:,} B)"
+            for device, h in held.items()]
 
 
 def describe_gathers(gathers: list) -> list[str]:
