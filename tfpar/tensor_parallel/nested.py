@@ -157,8 +157,9 @@ def rebuilt(source: Any, keras_module: Any) -> Any:
             copy = type(source).from_config(source.get_config())
     except (TypeError, ValueError, NotImplementedError) as error:
         raise ValueError(
-            f"Tensor parallelism and pipelines split a model inside {source.name!r} in a copy "
-            f"built from its get_config(), and building it failed: {error} Give each custom "
+            f"tfpar splits {source.name!r} (inside its layers, or into the stages of a model "
+            f"that nests a model) in a copy built from its get_config(), and building it failed: "
+            f"{error} Give each custom "
             "layer a get_config() that returns the arguments of its __init__.") from error
     copy.set_weights(source.get_weights())
     if hasattr(copy, "_compiled_trainable_state"):  # a KerasHub task compiles itself when built
