@@ -102,6 +102,12 @@ def keras_hub_task(name, examples=48, kv_heads=1):
                                           dropout=0.0)
         x["segment_ids"] = np.zeros_like(ids)
         y = ids[:, 0] % 2
+    elif name == "bert_masked_lm":  # its head holds the backbone's embedding (tied logits)
+        backbone = models.BertBackbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
+        model = models.BertMaskedLM(backbone=backbone, preprocessor=None)
+        x["segment_ids"] = np.zeros_like(ids)
+        x["mask_positions"] = np.tile(np.array([[1, 3]], "int32"), (examples, 1))
+        y = ids[:, [1, 3]]
     elif name == "llama":
         backbone = models.LlamaBackbone(**sizes, num_query_heads=2, num_key_value_heads=kv_heads)
         model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)

@@ -11,7 +11,7 @@ from tests.gradient_paths import keras_hub_task
 from tfpar.pipeline import Pipeline
 
 BLOCKS = {"gpt2": "transformer_layer", "bert": "transformer_layer", "llama": "transformer_layer",
-          "gemma": "decoder_block"}
+          "gemma": "decoder_block", "bert_masked_lm": "transformer_layer"}
 
 
 def _staged_and_one_device(name, **options):
@@ -113,11 +113,25 @@ def test_a_functional_model_around_a_functional_model_is_cut_inside_under_both_k
     assert _largest(*runs) < 1e-5
 
 
+def test_a_global_norm_clip_of_a_tied_embedding_is_refused_at_compile():
+    """GPT-2's tied embedding has a copy in the first and the last stage: a global norm would count
+    its gradient twice, so the step would differ from the plain model's."""
+    import keras
+
+    tfpar.configure_devices(2)
+    model, _, _ = keras_hub_task("gpt2", examples=4)
+    staged = Pipeline(num_stages=2, num_microbatches=2).stage(model)
+    with pytest.raises(ValueError, match="global_clipnorm would count its gradient twice"):
+        staged.compile(keras.optimizers.Adam(1e-2, global_clipnorm=1.0), "mse")
+
+
 @pytest.mark.parametrize("options, error, message", [
     ({"tensor_parallel": 2, "tensor_plan": {"no_such_layer": "column"}}, ValueError,
      "plan names layer(s) the model does not have: ['no_such_layer']"),
     ({"cut_points": ["no_such_layer"]}, ValueError,
      "cut point 'no_such_layer' names no call of a layer"),
+    ({"cut_points": ["transformer_layer_0", "transformer_layer_0"], "num_stages": 3}, ValueError,
+     "cut_points must name distinct layers before the last"),
     ({"cut_points": "transformer_layer_0"}, TypeError,
      "cut_points must be 'auto' or a list of layer names"),
     ({"balance": "time", "layer_costs": {"transformer_layer_0": 1.0}}, ValueError,

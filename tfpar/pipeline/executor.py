@@ -12,6 +12,7 @@ gradient; in any other chunk (or with ``recompute``) both are calls of one persi
 the whole chunk.
 """
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,10 @@ from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.pipeline.schedule import BACKWARD, FORWARD, WEIGHT
 
-__all__ = ["ReplicaStep", "add_gradients", "chain_layers", "floats", "run_replica", "run_stage"]
+__all__ = ["ReplicaStep", "add_gradients", "chain_layers", "floats", "recomputed", "run_replica",
+           "run_stage"]
+
+_log = logging.getLogger(__name__)
 
 
 def add_gradients(a: Any, b: Any) -> Any:
@@ -206,6 +210,20 @@ class ReplicaStep:
         self.sums[(self.replica, k)] = result if previous is None else [
             a if g is None else g if a is None else add_gradients(a, g) for a, g in zip(previous, result)]
         return [g for g in result if g is not None]
+
+
+def recomputed(stages: list, recompute: bool, keras_module: Any) -> list:
+    """Per stage, whether it recomputes its activations: with ``recompute``, each stage but one
+    that holds an Embedding (tf.recompute_grad gives a looked-up table a dense gradient, and Adam
+    then moves the rows no example used); those are named in a warning."""
+    embedding = keras_module.layers.Embedding
+    lookups = [k for k, stage in enumerate(stages) if recompute and any(
+        isinstance(layer, embedding) for layer in stage._flatten_layers(include_self=False))]
+    if lookups:
+        _log.warning("recompute: stage(s) %s hold an Embedding, whose gradient (the rows "
+                     "looked up) tf.recompute_grad would make dense, updating every row under "
+                     "Adam: they keep their activations; the others recompute theirs.", lookups)
+    return [recompute and k not in lookups for k in range(len(stages))]
 
 
 def run_stage(stage: Any, x: Any, recompute: bool) -> Any:

@@ -18,18 +18,17 @@ stay equal, as Megatron-LM keeps its first and last stages' embeddings.
 """
 
 import dataclasses
-import functools
 from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.tensor_parallel.calls import keeping_split
-from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired,
-                                          plain_weights_back, rebuilt, split_in_place)
+from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired, rebuilt,
+                                          split_in_place)
 
-__all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "copy_back", "crossing",
-           "flat_costs", "flat_graph", "named_cuts", "nests_a_model", "stage_parameters",
-           "staged_copy", "step_cost", "tied_gradients"]
+__all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "crossing", "flat_costs",
+           "flat_graph", "named_cuts", "nests_a_model", "stage_parameters", "staged_copy",
+           "step_cost"]
 
 
 def nests_a_model(model: Any) -> bool:
@@ -124,7 +123,7 @@ def flat_costs(model: Any, balance: str, layer_costs: dict | None) -> tuple[list
         ValueError: ``balance="time"`` without a cost for each layer with weights.
     """
     _, steps, _ = flat_graph(model)
-    names = [getattr(layer, "name", "") for layer, _, _, _ in steps]
+    names = [layer.name if hasattr(layer, "count_params") else "" for layer, _, _, _ in steps]
     weighted = [bool(step_cost(layer)) for layer, _, _, _ in steps]
     if balance == "time":
         missing = sorted({n for n, w in zip(names, weighted) if w} - set(layer_costs or {}))
@@ -161,6 +160,9 @@ def named_cuts(names: list, cut_points: Any, num_stages: int, model_name: str) -
                 f"of a layer in {model_name!r} (its nested models included). Received: "
                 f"cut_points={list(cut_points)!r}. Name layers among {sorted(set(names) - {''})}.")
         cuts.append(names.index(name) + 1)
+    if len(set(cuts)) != len(cuts) or max(cuts, default=0) >= len(names):
+        raise ValueError(f"cut_points must name distinct layers before the last, each stage "
+                         f"non-empty. Received: cut_points={list(cut_points)!r}.")
     if len(cuts) != num_stages - 1:
         raise ValueError(f"num_stages={num_stages} needs {num_stages - 1} cut point(s). "
                          f"Received: cut_points={list(cut_points)!r}.")
@@ -170,12 +172,11 @@ def named_cuts(names: list, cut_points: Any, num_stages: int, model_name: str) -
 def chunk_styles(model: Any, chunk: "FlatChunk", styles: dict) -> dict:
     """The part of ``styles`` ({layer path: style}, over the whole ``model``) that the layers a
     flattened stage calls hold (a tied embedding's style goes to each stage that calls it)."""
-    path_of = {id(layer): path for path, layer in layer_tree(model).items()}
     _, steps, _ = flat_graph(model)
-    called = {path_of[id(layer)] for layer, _, _, _ in steps[chunk.start:chunk.end]
-              if id(layer) in path_of}
-    return {path: style for path, style in styles.items()
-            if path in called or any(path.startswith(f"{c}/") for c in called)}
+    held = _held([layer for layer, _, _, _ in steps[chunk.start:chunk.end]
+                  if hasattr(layer, "_flatten_layers")])
+    tree = layer_tree(model)
+    return {path: style for path, style in styles.items() if id(tree[path]) in held}
 
 
 def stage_parameters(model: Any, bounds: list) -> list:
@@ -248,13 +249,17 @@ class StageCopy:
 
 
 def _release_others(copy, used):
-    """Lets the copy's layers that no step of the stage calls (nor holds) free their weights."""
-    tree = layer_tree(copy)
-    kept = {path for path, layer in tree.items() if any(layer is u for u in used)}
-    for path, layer in tree.items():
-        inside = any(path.startswith(f"{k}/") for k in kept)
-        if path not in kept and not inside and own_variables(layer):
+    """Lets the copy's layers that no step of the stage calls, nor holds at any depth (a head that
+    holds the backbone's embedding), free their weights."""
+    kept = _held(used)
+    for layer in layer_tree(copy).values():
+        if id(layer) not in kept and own_variables(layer):
             drop_state(layer)
+
+
+def _held(layers):
+    """The ids of ``layers`` and of every layer they hold, at any depth."""
+    return {id(sub) for layer in layers for sub in layer._flatten_layers(include_self=True)}
 
 
 class FlatStage:
@@ -295,28 +300,3 @@ def _stage_class(keras_module):
     if keras_module not in _CLASSES:
         _CLASSES[keras_module] = type("FlatStage", (FlatStage, keras_module.Model), {})
     return _CLASSES[keras_module]
-
-
-def tied_gradients(copies: list, pairs: list) -> list:
-    """``pairs`` ((gradient, variable), summed over microbatches) with each weight (or part) that
-    several stages hold (``copies``: `StageCopy` per stage) given the sum of its copies'
-    gradients, in every copy, also one its own stage does not use (an untied embedding's output
-    table in the first stage), so that the copies take the same steps."""
-    from tfpar.pipeline.executor import add_gradients
-
-    key_of = {}
-    for held in copies:
-        key_of.update(held.keys)
-    gradients: dict = {}
-    for gradient, variable in pairs:
-        gradients.setdefault(key_of[id(variable)], []).append(gradient)
-    summed = {key: functools.reduce(add_gradients, found) for key, found in gradients.items()}
-    return [(summed[key_of[id(v)]], v) for held in copies for v in held.stage.trainable_variables
-            if key_of[id(v)] in summed]
-
-
-def copy_back(source: Any, copies: list) -> None:
-    """Assigns ``source``'s weights from the stages' copies: a split layer's whole, every other
-    layer's own (a layer two stages hold is equal in both)."""
-    for held in copies:
-        plain_weights_back(source, held.twins, held.splits)

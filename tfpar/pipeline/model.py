@@ -19,8 +19,9 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar.pipeline.executor import add_gradients, chain_layers, run_replica
-from tfpar.pipeline.flat import FlatChunk, copy_back, staged_copy, tied_gradients
+from tfpar.pipeline.executor import add_gradients, chain_layers, recomputed, run_replica
+from tfpar.pipeline.copies import check_tied, copy_back, tied_gradients
+from tfpar.pipeline.flat import FlatChunk, staged_copy
 from tfpar.tensor_parallel.model import TensorParallelModel, build_optimizer_beside_variables
 from tfpar.tensor_parallel.nested import rebuilt
 from tfpar.tensor_parallel.ops import placed_on
@@ -28,12 +29,6 @@ from tfpar.tensor_parallel.ops import placed_on
 _log = logging.getLogger(__name__)
 
 __all__ = ["PipelineModel"]
-
-
-def _looks_up(stage, keras_module):
-    """Whether a stage holds an Embedding (at any depth)."""
-    embedding = keras_module.layers.Embedding
-    return any(isinstance(layer, embedding) for layer in stage._flatten_layers(include_self=False))
 
 
 def _split(structure, parts):
@@ -56,6 +51,7 @@ class PipelineModel:
 
     _source: Any  # the model it was staged from (set untracked in __init__)
     _copies: list | None  # flattened stages: what ties each to the source (`flat.StageCopy`)
+    optimizer: Any  # Keras' (the concrete class is a keras.Model)
 
     _keras = None  # the Keras module of the concrete class
 
@@ -86,15 +82,7 @@ class PipelineModel:
             with tf.device(self._device(0, k)):  # the chunk's variables live on its stage's device
                 stages.append(self._copy(sub, source))
         self.stages = stages
-        # tf.recompute_grad gives a looked-up table a dense gradient, and Adam then moves the rows
-        # no example used: a stage with an Embedding runs without recomputation.
-        lookups = [k for k, stage in enumerate(stages)
-                   if recompute and _looks_up(stage, self._keras)]
-        if lookups:
-            _log.warning("recompute: stage(s) %s hold an Embedding, whose gradient (the rows "
-                         "looked up) tf.recompute_grad would make dense, updating every row under "
-                         "Adam: they keep their activations; the others recompute theirs.", lookups)
-        self.__dict__["_recompute"] = [recompute and k not in lookups for k in range(len(stages))]
+        self.__dict__["_recompute"] = recomputed(stages, recompute, self._keras)
         self.__dict__["_copies"] = copies or None  # what ties each flattened stage to the source
         # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
         by_layer = schedule.splits_backward and not recompute and tensor_styles is None
@@ -181,6 +169,8 @@ class PipelineModel:
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Keras' ``compile``; then the optimizer's slots are made next to their variables."""
         super().compile(*args, **kwargs)  # type: ignore[misc]  # keras.Model's, after this mixin
+        if self._copies is not None:
+            check_tied(self._copies, self.optimizer)
         build_optimizer_beside_variables(self)
 
     def get_config(self):
