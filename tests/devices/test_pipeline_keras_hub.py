@@ -113,6 +113,20 @@ def test_a_functional_model_around_a_functional_model_is_cut_inside_under_both_k
     assert _largest(*runs) < 1e-5
 
 
+def test_a_tf_keras_backbone_called_with_training_false_is_refused():
+    """tf_keras keeps the recorded training=False of Keras' fine-tuning recipe; the stages would
+    run the backbone in training mode."""
+    import tf_keras as k
+
+    tfpar.configure_devices(2)
+    inputs = k.Input((8,))
+    backbone = k.Model(inputs, k.layers.Dense(4, name="block")(inputs), name="backbone")
+    outer = k.Input((8,))
+    model = k.Model(outer, k.layers.Dense(2, name="head")(backbone(outer, training=False)))
+    with pytest.raises(ValueError, match="with training=False, which tf_keras keeps"):
+        Pipeline(num_stages=2, num_microbatches=2).stage(model)
+
+
 def test_a_global_norm_clip_of_a_tied_embedding_is_refused_at_compile():
     """GPT-2's tied embedding has a copy in the first and the last stage: a global norm would count
     its gradient twice, so the step would differ from the plain model's."""

@@ -21,7 +21,7 @@ import dataclasses
 from typing import Any
 
 from tfpar import _compat
-from tfpar._keras import tf
+from tfpar._keras import is_keras3, tf
 from tfpar.tensor_parallel.calls import keeping_split
 from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired, rebuilt,
                                           split_in_place)
@@ -79,11 +79,26 @@ def flat_graph(model: Any) -> tuple[list, list, list]:
                 "a model called once. Received: a shared nested model. Call it once, or stage "
                 f"{layer.name!r} alone.")
         called.add(id(layer))
+        _check_training(model, layer, fill, inputs)
         inner_inputs, inner_steps, inner_outputs = flat_graph(layer)
         flat.append((_Bind(), inputs, inner_inputs, fill))
         flat.extend(inner_steps)
         flat.append((_Alias(), inner_outputs, outputs, _reader(inner_outputs)))
     return input_keys, flat, output_keys
+
+
+def _check_training(model, nested, fill, inputs):
+    """tf_keras keeps a nested model's recorded ``training=`` (Keras' fine-tuning recipe:
+    BatchNormalization in inference mode); the flattened stages run in training mode: refused.
+    (Keras 3 passes the outer call's ``training`` on, as the stages do.)"""
+    _, kwargs = fill({key: None for key in inputs})
+    if kwargs.get("training") is not None and not is_keras3(model):
+        raise ValueError(
+            f"{model.name!r} calls its nested model {nested.name!r} with "
+            f"training={kwargs['training']!r}, which tf_keras keeps, and a pipeline's stages run "
+            "its layers in training mode. Received: a nested call with training set. Call it "
+            "without training= (freeze its layers with trainable=False), or build the model with "
+            "Keras 3.")
 
 
 def _reader(keys):
