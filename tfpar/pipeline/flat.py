@@ -32,7 +32,10 @@ __all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "crossing", "f
 
 
 def nests_a_model(model: Any) -> bool:
-    """Whether ``model``'s graph calls a Sequential or Functional model (a backbone)."""
+    """Whether ``model`` is a Sequential or Functional model whose graph calls another (a
+    backbone)."""
+    if not _compat.is_graph_network(model):
+        return False
     _, steps, _ = _compat.graph_steps(model)
     return any(_is_model(layer) for layer, _, _, _ in steps)
 
@@ -297,7 +300,7 @@ class FlatStage:
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         values = dict(zip(self._input_keys, tf.nest.flatten(inputs)))
         with keeping_split():  # a split column layer's output reaches its row layer in parts
-            for layer, keys, outputs, fill in self._steps:
+            for layer, _, outputs, fill in self._steps:
                 args, kwargs = fill(values)
                 result = layer(*args, **kwargs)
                 values.update(zip(outputs, tf.nest.flatten(result)))

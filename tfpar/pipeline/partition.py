@@ -148,7 +148,7 @@ def valid_cut_points(model: Any) -> list[str]:
 def cut_positions(model: Any) -> list:
     """Where "auto" may cut ``model``: the layers of `valid_cut_points`, or, for a model that nests
     a model, the positions of its flattened graph before each step with weights."""
-    if _compat.is_graph_network(model) and nests_a_model(model):
+    if nests_a_model(model):
         return flat_costs(model, "params", None)[2]
     return valid_cut_points(model)
 
@@ -166,7 +166,7 @@ def measure_layer_costs(model: Any, batch_size: int = 32, repeats: int = 10) -> 
         Layer name -> seconds.
     """
     sample = _sample(model, batch_size)
-    if _compat.is_graph_network(model) and nests_a_model(model):
+    if nests_a_model(model):
         calls = _flat_calls(model, sample)
     else:
         calls = _layer_calls(model, sample)
@@ -256,7 +256,7 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
         ValueError: a subclassed model, too many stages, a cut that names no layer or
             where more than one tensor crosses.
     """
-    if num_stages > 1 and _compat.is_graph_network(model) and nests_a_model(model):
+    if num_stages > 1 and nests_a_model(model):
         return _flat_partition(model, num_stages, cut_points, balance, layer_costs)
     layers = _graph_layers(model)
     names = [layer.name for layer in layers]
