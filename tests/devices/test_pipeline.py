@@ -229,7 +229,8 @@ def test_balance_by_measured_time_cuts_where_the_time_is(any_keras):
     """A 64x64 convolution is slow but small (1.8k parameters); the Dense after it is large
     (16.6k) but quick. By parameters the first stage takes the Dense too; by measured time the
     convolution is a stage of its own."""
-    from tfpar.pipeline.partition import measure_layer_costs, partition_model
+    from tfpar.pipeline.costs import measure_layer_costs
+    from tfpar.pipeline.partition import partition_model
 
     keras = any_keras
     keras.utils.set_random_seed(0)

@@ -148,6 +148,7 @@ def test_a_global_norm_clip_of_a_tied_embedding_is_refused_at_compile():
      "cut_points must name distinct layers before the last"),
     ({"cut_points": "transformer_layer_0"}, TypeError,
      "cut_points must be 'auto' or a list of layer names"),
+    ({"cut_points": 1}, TypeError, "Received: cut_points=1."),
     ({"balance": "time", "layer_costs": {"transformer_layer_0": 1.0}}, ValueError,
      "balance='time' on 'gpt2_causal_lm', which nests a model, needs"),
 ])

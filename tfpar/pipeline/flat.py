@@ -21,14 +21,14 @@ import dataclasses
 from typing import Any
 
 from tfpar import _compat
-from tfpar._keras import is_keras3, tf
+from tfpar._keras import check_keras_model, is_keras3, keras_of, tf
 from tfpar.tensor_parallel.calls import keeping_split
 from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired, rebuilt,
                                           split_in_place)
 
 __all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "crossing", "flat_costs",
-           "flat_graph", "named_cuts", "nests_a_model", "stage_parameters", "staged_copy",
-           "step_cost"]
+           "flat_graph", "graph_layers", "named_cuts", "nests_a_model", "stage_parameters",
+           "staged_copy", "step_cost"]
 
 
 def nests_a_model(model: Any) -> bool:
@@ -60,6 +60,23 @@ class _Alias:
 
     def __call__(self, *tensors):
         return tensors
+
+
+def graph_layers(model: Any) -> list:
+    """The model's non-input layers in topological order, checked to be cuttable."""
+    check_keras_model(model)
+    if not _compat.is_graph_network(model):
+        raise ValueError(
+            f"Cannot cut the subclassed model {model.name!r} ({type(model).__name__}) into stages: "
+            "its call() is Python code, so tfpar cannot see where one layer's output feeds the next. "
+            "Write it as a Sequential or Functional model (keras.Input ... keras.Model(inputs, "
+            "outputs)); a subclassed layer inside such a model is fine.")
+    layers = [layer for layer in model.layers if not isinstance(layer, keras_of(model).layers.InputLayer)]
+    for layer in layers:
+        if len(_compat.layer_nodes_in(model, layer)) != 1:
+            raise ValueError(f"Layer {layer.name!r} is called more than once in {model.name!r}; "
+                             "tfpar cannot place a shared layer on one stage. Use separate layers.")
+    return layers
 
 
 def flat_graph(model: Any) -> tuple[list, list, list]:
@@ -163,13 +180,9 @@ def named_cuts(names: list, cut_points: Any, num_stages: int, model_name: str) -
     """Where stages start when ``cut_points`` names the layers after which they begin.
 
     Raises:
-        TypeError: ``cut_points`` is not a list of names.
         ValueError: a name that is no step's layer, or more than one step's; not
             ``num_stages - 1`` names.
     """
-    if isinstance(cut_points, str) or not all(isinstance(c, str) for c in cut_points):
-        raise TypeError("cut_points must be 'auto' or a list of layer names. Received: "
-                        f"{cut_points!r}.")
     cuts = []
     for name in cut_points:
         if names.count(name) != 1:

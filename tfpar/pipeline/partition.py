@@ -12,19 +12,18 @@ Examples:
 """
 
 import dataclasses
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice
-from tfpar._keras import check_keras_model, keras_of, tf
-from tfpar.pipeline.flat import (FlatChunk, flat_costs, flat_graph, named_cuts, nests_a_model,
-                                 stage_parameters, step_cost)
+from tfpar._keras import keras_of, tf
+from tfpar.pipeline.costs import measure_layer_costs
+from tfpar.pipeline.flat import (FlatChunk, flat_costs, graph_layers, named_cuts, nests_a_model,
+                                 stage_parameters)
 
-__all__ = ["Partition", "StageInfo", "balanced_cuts", "cut_positions", "measure_layer_costs",
-           "partition_model", "valid_cut_points"]
+__all__ = ["Partition", "StageInfo", "balanced_cuts", "check_cut_points", "cut_positions",
+           "measure_layer_costs", "partition_model", "valid_cut_points"]
 
 
 def balanced_cuts(costs: Sequence[float], num_stages: int, allowed: Sequence[int] | None = None) -> list[int]:
@@ -104,36 +103,14 @@ class Partition:
         return "\n".join(lines)
 
 
-def _graph_layers(model):
-    """The model's non-input layers in topological order, checked to be cuttable."""
-    check_keras_model(model)
-    if not _compat.is_graph_network(model):
-        raise ValueError(
-            f"Cannot cut the subclassed model {model.name!r} ({type(model).__name__}) into stages: "
-            "its call() is Python code, so tfpar cannot see where one layer's output feeds the next. "
-            "Write it as a Sequential or Functional model (keras.Input ... keras.Model(inputs, "
-            "outputs)); a subclassed layer inside such a model is fine.")
-    layers = [layer for layer in model.layers if not isinstance(layer, keras_of(model).layers.InputLayer)]
-    for layer in layers:
-        if len(_nodes_in(model, layer)) != 1:
-            raise ValueError(f"Layer {layer.name!r} is called more than once in {model.name!r}; "
-                             "tfpar cannot place a shared layer on one stage. Use separate layers.")
-    return layers
-
-
-def _nodes_in(model, layer):
-    """The nodes (calls) of ``layer`` that belong to ``model``'s graph."""
-    return _compat.layer_nodes_in(model, layer)
-
-
 def valid_cut_points(model: Any) -> list[str]:
     """Names of the layers after which exactly one tensor (that layer's output) flows on."""
-    layers = _graph_layers(model)
+    layers = graph_layers(model)
     position = {id(layer): k for k, layer in enumerate(layers)}
     # last_use[k]: the last position that consumes the output of layer k (-1: model inputs).
     last_use: dict = {}
     for k, layer in enumerate(layers):
-        node = _nodes_in(model, layer)[0]
+        node = _compat.layer_nodes_in(model, layer)[0]
         for inbound in node.parent_nodes:
             source = position.get(id(_compat.node_layer(inbound)), -1)
             last_use[source] = max(last_use.get(source, -1), k)
@@ -153,89 +130,6 @@ def cut_positions(model: Any) -> list:
     return valid_cut_points(model)
 
 
-def measure_layer_costs(model: Any, batch_size: int = 32, repeats: int = 10) -> dict[str, float]:
-    """Seconds each layer takes for a forward and backward pass on a random batch (of sequences
-    of 16 where the input's length is not fixed).
-
-    The layers' inputs come from one pass of the whole model; each layer is then
-    timed alone (median of ``repeats``), in a `tf.function`, on the default device,
-    less the time of calling an empty `tf.function`. A model that nests a model: the layers of
-    its flattened graph (`flat.py`), a layer called twice timed in both calls.
-
-    Returns:
-        Layer name -> seconds.
-    """
-    sample = _sample(model, batch_size)
-    if nests_a_model(model):
-        calls = _flat_calls(model, sample)
-    else:
-        calls = _layer_calls(model, sample)
-    costs: dict = {}
-    for layer, args, kwargs in calls:
-
-        @tf.function
-        def step(args, layer=layer, kwargs=kwargs):
-            watched = [t for t in tf.nest.flatten(args) if t.dtype.is_floating]
-            with tf.GradientTape() as tape:
-                tape.watch(watched)
-                out = layer(*args, **kwargs)
-            return tape.gradient(out, watched + layer.trainable_variables)
-
-        costs[layer.name] = costs.get(layer.name, 0.0) + _median_seconds(step, args, repeats)
-    # Less what calling any tf.function costs, which small layers would otherwise all share.
-    floor = _median_seconds(tf.function(lambda args: tf.identity(args)), sample[0], repeats)
-    return {name: max(cost - floor, 1e-7) for name, cost in costs.items()}
-
-
-def _sample(model, batch_size, length=16):
-    """A random batch for ``model``'s inputs: normal floats, zero ids and masks."""
-    sample = []
-    for tensor in model.inputs:
-        dtype = tf.as_dtype(tensor.dtype)  # a name in Keras 3
-        shape = [batch_size] + [length if d is None else d for d in tensor.shape[1:]]
-        random = dtype.is_floating
-        sample.append(tf.random.normal(shape, dtype=dtype) if random else tf.zeros(shape, dtype))
-    return sample
-
-
-def _layer_calls(model, sample):
-    """(layer, args, kwargs) of each top-level layer, its inputs from one pass of the model."""
-    layers = _graph_layers(model)
-    probe = keras_of(model).Model(model.inputs, [layer.output for layer in layers])
-    outputs = dict(zip((id(layer) for layer in layers), probe(sample, training=False)))
-    for tensor, value in zip(model.inputs, sample):  # the input layers "output" the sample
-        outputs[id(_compat.keras_layer_of(tensor))] = value
-    calls = []
-    for layer in layers:
-        parents = [outputs[id(_compat.node_layer(node))] for node in _nodes_in(model, layer)[0].parent_nodes]
-        calls.append((layer, (parents[0] if len(parents) == 1 else parents,), {"training": True}))
-    return calls
-
-
-def _flat_calls(model, sample):
-    """(layer, args, kwargs) of each step with weights of the flattened graph, from one pass."""
-    input_keys, steps, _ = flat_graph(model)
-    values = dict(zip(input_keys, sample))
-    calls = []
-    for layer, _, outputs, fill in steps:
-        args, kwargs = fill(values)
-        values.update(zip(outputs, tf.nest.flatten(layer(*args, **kwargs))))
-        if step_cost(layer):
-            calls.append((layer, tuple(args), kwargs))
-    return calls
-
-
-def _median_seconds(fn, args, repeats):
-    fn(args)  # trace
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn(args)  # an embedding's gradient is IndexedSlices: its parts, each fetched
-        tf.nest.map_structure(lambda t: None if t is None else t.numpy(), result, expand_composites=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balance: str = "params",
                     layer_costs: dict | None = None) -> "Partition":
     """Cuts ``model`` into ``num_stages`` stages.
@@ -246,19 +140,21 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
         cut_points: "auto", or the names of the ``num_stages - 1`` layers after which
             a new stage begins.
         balance: "params" (parameter count) or "time" (``layer_costs``, or measured
-            with `measure_layer_costs` when None).
+            with `tfpar.pipeline.costs.measure_layer_costs` when None).
         layer_costs: with ``balance="time"``: layer name -> cost (e.g. seconds).
 
     Returns:
         A `Partition`.
 
     Raises:
+        TypeError: ``cut_points`` is neither "auto" nor a list of names.
         ValueError: a subclassed model, too many stages, a cut that names no layer or
             where more than one tensor crosses.
     """
+    check_cut_points(cut_points)
     if num_stages > 1 and nests_a_model(model):
         return _flat_partition(model, num_stages, cut_points, balance, layer_costs)
-    layers = _graph_layers(model)
+    layers = graph_layers(model)
     names = [layer.name for layer in layers]
     if num_stages > len(layers):
         raise ValueError(f"num_stages={num_stages} is more than the {len(layers)} layers of "
@@ -326,9 +222,17 @@ def _stage_model(model, layers, bounds, k):
     return keras_of(model).Model(inputs, outputs, name=f"{model.name}_stage{k}")
 
 
+def check_cut_points(cut_points: Any) -> None:
+    """Raises TypeError unless ``cut_points`` is "auto" or a list (or tuple) of layer names."""
+    if cut_points == "auto":
+        return
+    names = isinstance(cut_points, (list, tuple)) and all(isinstance(c, str) for c in cut_points)
+    if not names:
+        raise TypeError("cut_points must be 'auto' or a list of layer names. "
+                        f"Received: cut_points={cut_points!r}.")
+
+
 def _explicit_cuts(cut_points, names, valid, num_stages, model_name):
-    if isinstance(cut_points, str) or not all(isinstance(c, str) for c in cut_points):
-        raise TypeError(f"cut_points must be 'auto' or a list of layer names. Received: {cut_points!r}.")
     if len(cut_points) != num_stages - 1:
         raise ValueError(f"{num_stages} stages need {num_stages - 1} cut point(s). "
                          f"Received: cut_points={list(cut_points)}.")

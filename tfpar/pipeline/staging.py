@@ -18,7 +18,7 @@ from tfpar._keras import all_layers, check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
 from tfpar.pipeline.model import PipelineModel
-from tfpar.pipeline.partition import cut_positions, partition_model
+from tfpar.pipeline.partition import check_cut_points, cut_positions, partition_model
 from tfpar.pipeline.schedule import SCHEDULES, make_schedule
 from tfpar.pipeline.workers import Workers
 
@@ -77,6 +77,7 @@ class PipelineConfig:
         check_int("num_microbatches", self.num_microbatches, 1)
         check_int("replicas", self.replicas, 1)
         check_int("tensor_parallel", self.tensor_parallel, 1)
+        check_cut_points(self.cut_points)
         from tfpar.tensor_parallel.layouts import is_layout_map
 
         named = self.tensor_plan != "auto" and not is_layout_map(self.tensor_plan)
