@@ -23,7 +23,7 @@ tfpar.configure_devices(1 if span else 2)
 pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, span_workers=span)  # first: it joins the job
 import tensorflow as tf  # noqa: E402
 
-from tfpar._tokens import token_data, transformer  # noqa: E402
+from tfpar.demo.tokens import token_data, transformer  # noqa: E402
 
 workers = pipeline.topology.num_workers
 x, y = token_data(per_worker * workers * steps, vocab=256, length=32)

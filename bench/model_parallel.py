@@ -2,7 +2,7 @@
 
     python bench/model_parallel.py [--quick]
 
-One process with 4 virtual CPU devices. The model is `tfpar._tokens.transformer` (4 blocks; width
+One process with 4 virtual CPU devices. The model is `tfpar.demo.tokens.transformer` (4 blocks; width
 256, 8 heads, MLP 1024, vocabulary 512, 32 tokens), trained with Adam.
 
 Last line:
@@ -54,9 +54,13 @@ def main():
     tfpar.configure_devices(4)
     import tensorflow as tf
 
-    from tfpar._tokens import TRANSFORMER_PLAN, token_data, transformer
+    from tfpar.demo.tokens import TRANSFORMER_PLAN, token_data, transformer
     from tfpar.tensor_parallel import TensorParallel
-    from tfpar.tensor_parallel.ops import BACKWARD_REDUCTION, FORWARD_REDUCTION, count_communication
+    from tfpar.tensor_parallel.ops import (
+        BACKWARD_REDUCTION,
+        FORWARD_REDUCTION,
+        count_communication,
+    )
 
     k = tfpar.keras
     size = dict(vocab=512, length=32, dim=256, heads=8, blocks=4, hidden=1024)

@@ -15,9 +15,9 @@ import sys
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Every process the tests start keeps its servers on loopback (tfpar._loopback): a test that
+# Every process the tests start keeps its servers on loopback (tfpar._local.loopback): a test that
 # checks what tfpar itself does without it removes LD_PRELOAD for its child.
-from tfpar import _loopback  # noqa: E402
+from tfpar._local import loopback as _loopback  # noqa: E402
 
 os.environ.update(_loopback.child_env(dict(os.environ)))
 

@@ -341,7 +341,7 @@ def tensor_parallel_models(k=keras, examples=32):
     """name -> (model, inputs, labels, plan): an MLP, a transformer block (attention + MLP +
     LayerNorm + residuals, after an embedding so that its input has a gradient) and an embedding
     model, each with the plan that splits it (Keras ``k``)."""
-    from tfpar._tokens import TRANSFORMER_PLAN, token_data, transformer
+    from tfpar.demo.tokens import TRANSFORMER_PLAN, token_data, transformer
 
     rng = np.random.default_rng(0)
     k.utils.set_random_seed(3)

@@ -47,7 +47,9 @@ __getattr__, __dir__, __all__ = _exports(__name__, {
                      "verify")),  # submodules
 })
 
-from tfpar._task_env import ELASTIC_VARIABLE as _ELASTIC, HEARTBEAT_VARIABLE as _HEARTBEAT, TIMELINE_VARIABLE as _TIMELINE
+from tfpar._tasks.env import ELASTIC_VARIABLE as _ELASTIC
+from tfpar._tasks.env import HEARTBEAT_VARIABLE as _HEARTBEAT
+from tfpar._tasks.env import TIMELINE_VARIABLE as _TIMELINE
 
 if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):  # a task of `tfpar launch` with those options
 

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from tfpar._checks import whole_number as _int
-from tfpar._elastic import ELASTIC_BATCHES
-from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError
+from tfpar._local.processes import DEFAULT_GRACE_SECONDS, LaunchError
+from tfpar._tasks.elastic_batch import ELASTIC_BATCHES
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -41,8 +41,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 def _parser():
     from tfpar import __version__
     from tfpar._factory import STRATEGIES
-    from tfpar._rendezvous import DEFAULT_MASTER_PORT
     from tfpar.cluster import ROLES
+    from tfpar.launch.rendezvous.static import DEFAULT_MASTER_PORT
 
     codes = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())
     parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for Keras models (tf_keras and Keras 3).",
@@ -209,7 +209,7 @@ def _parser():
 
 
 def _launch(args, command_line=None):
-    from tfpar._backends import backend_for
+    from tfpar.launch.backends import backend_for
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.timeline is not None:
@@ -219,7 +219,7 @@ def _launch(args, command_line=None):
 
 def _timeline_folder(folder, horovod):
     """--timeline DIR: made if missing and checked writable now; the tasks inherit $TFPAR_TIMELINE."""
-    from tfpar._timeline_files import TIMELINE_VARIABLE, timeline_in
+    from tfpar._tasks.timeline_files import TIMELINE_VARIABLE, timeline_in
 
     folder = os.path.dirname(timeline_in(folder, "--timeline"))
     os.environ[TIMELINE_VARIABLE] = folder
@@ -257,7 +257,7 @@ def _demo(args, command_line=None):
             argv.append("--quiet")
         if args.report:
             argv += ["--report", os.path.abspath(args.report)]
-        from tfpar._backends import Horovod
+        from tfpar.launch.backends import Horovod
 
         return Horovod().run(args, argv)
     if args.strategy == "parameter_server" and command_line is not None:
@@ -302,7 +302,7 @@ def _verify(args, command_line=None):
 def _keep_servers_on_loopback(command_line):
     """Runs this command again with tfpar's loopback library, so that the servers this process
     starts (the chief of a local parameter-server cluster) listen on loopback only."""
-    from tfpar import _loopback
+    from tfpar._local import loopback as _loopback
 
     if not _loopback.active():
         _loopback.start_again_with_library([sys.executable, "-m", "tfpar.cli", *command_line])

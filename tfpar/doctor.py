@@ -82,7 +82,7 @@ def job_lines():
     """One line per port a running tfpar job listens on (read from /proc: nothing is sent)."""
     import ipaddress
 
-    from tfpar._loopback import job_listeners
+    from tfpar._local.loopback import job_listeners
 
     listeners = job_listeners()
     if not listeners:

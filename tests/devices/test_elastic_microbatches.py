@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 import tfpar
-from tfpar._elastic import ElasticBatch
-from tfpar._task_env import ELASTIC_VARIABLE
+from tfpar._tasks.elastic_batch import ElasticBatch
+from tfpar._tasks.env import ELASTIC_VARIABLE
 from tfpar.data.resume import check_elastic_batch
 
 

@@ -42,8 +42,12 @@ def test_bad_options(kwargs, match):
 
 @needs_horovod
 def test_one_rank_trains_like_one_device():
+    from tests.models import (
+        compile_for_equivalence,
+        equivalence_data,
+        equivalence_model,
+    )
     from tfpar.strategies.horovod import HorovodStrategy
-    from tests.models import compile_for_equivalence, equivalence_data, equivalence_model
 
     strategy = HorovodStrategy()
     assert isinstance(strategy, tf.distribute.Strategy) and strategy.num_replicas_in_sync == 1
@@ -84,13 +88,16 @@ def test_describe_counts_a_keras3_model():
 
 
 def test_horovods_distributed_optimizer_for_keras3_wraps_the_optimizer_it_is_given():
-    """tfpar/_horovod_keras3.py, which the installer adds to Horovod, in this process: a Keras 3
+    """tfpar/install_horovod/_copied_into_horovod/keras3.py, which the installer adds to Horovod, in this process: a Keras 3
     optimizer is recognized (a tf_keras one is not), the copy keeps its class name and config, its
     apply hands every gradient to the all-reduce with the tf.Variable each Keras 3 variable holds,
     and an unsupported backward_passes_per_step is refused naming the fix."""
     import keras as keras3
 
-    from tfpar._horovod_keras3 import distributed_optimizer, is_keras3_optimizer
+    from tfpar.install_horovod._copied_into_horovod.keras3 import (
+        distributed_optimizer,
+        is_keras3_optimizer,
+    )
 
     assert is_keras3_optimizer(keras3.optimizers.SGD(0.1)) and not is_keras3_optimizer(keras.optimizers.SGD(0.1))
     seen = []

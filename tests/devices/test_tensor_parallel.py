@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 import tfpar
-from tests.models import (tensor_parallel_models, traced_training_step, train_tensor_parallel_pair,
-                          variable_bytes_made_by, weight_differences)
+from tests.models import (
+    tensor_parallel_models,
+    traced_training_step,
+    train_tensor_parallel_pair,
+    variable_bytes_made_by,
+    weight_differences,
+)
 from tfpar.tensor_parallel import TensorParallel
 from tfpar.tensor_parallel.ops import count_communication
 
@@ -52,7 +57,7 @@ def test_a_transformer_step_holds_two_reductions_forward_and_two_backward_per_bl
     """Megatron's count, from the ops of a traced training step: the attention's and the MLP's
     all-reduce forward, and the backward all-reduce of each one's input; no gather in between.
     The embedding's (by vocabulary) is one more forward reduction, before the blocks."""
-    from tfpar._tokens import TRANSFORMER_PLAN, token_data, transformer
+    from tfpar.demo.tokens import TRANSFORMER_PLAN, token_data, transformer
 
     k = any_keras
     blocks = 3
@@ -66,7 +71,7 @@ def test_a_transformer_step_holds_two_reductions_forward_and_two_backward_per_bl
 
 
 def test_auto_plan_finds_megatron_s_splits_and_a_gathered_column_layer_still_trains(any_keras):
-    from tfpar._tokens import transformer
+    from tfpar.demo.tokens import transformer
     from tfpar.tensor_parallel.model import auto_plan
 
     k = any_keras

@@ -235,7 +235,7 @@ def test_the_plain_gpt2_saves_and_loads_with_the_split_model_s_weights(tmp_path)
 
 def test_a_layout_map_for_a_tf_keras_model_is_refused():
     import tfpar
-    from tfpar._tokens import transformer
+    from tfpar.demo.tokens import transformer
 
     model = transformer(tfpar.keras, blocks=1)  # tf_keras
     with pytest.raises(TypeError, match="A LayoutMap plan names Keras 3 variables by their paths"):

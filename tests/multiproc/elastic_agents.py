@@ -15,7 +15,7 @@ SCRIPT = os.path.join(ROOT, "tests", "multiproc", "scripts", "exactly_once.py")
 
 def run_agents(folder, batch, timeout=420.0):
     """Runs the job with its backup and records in ``folder``; returns (each agent's exit code, its output)."""
-    from tfpar._addresses import free_ports
+    from tfpar.cluster.addresses import free_ports
 
     records = os.path.join(folder, "records")
     os.makedirs(records, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Scripts written for that API, in the shape of Horovod's examples, run unchanged under
 ``horovodrun -np 2 -H localhost:2 --gloo`` with nothing in the environment: the build picks
-tf_keras by itself (`tfpar._horovod_keras`). Real processes, bounded in time.
+tf_keras by itself (`tfpar.install_horovod._copied_into_horovod.keras`). Real processes, bounded in time.
 """
 
 import json
@@ -100,9 +100,9 @@ def test_synthetic_benchmark_shaped_keras_script_runs_unchanged(tmp_path, option
     assert all(np.isfinite(w).all() for w in final[0])
 
 
-# The selection itself (tfpar/_horovod_keras.py, copied into Horovod by the installer) runs
+# The selection itself (tfpar/install_horovod/_copied_into_horovod/keras.py, copied into Horovod by the installer) runs
 # without Horovod: each case in a fresh process, as the order of imports is the point.
-_SELECT = "import tfpar._horovod_keras as m; print('selected', m.keras.Model.__module__.split('.')[0])"
+_SELECT = "import tfpar.install_horovod._copied_into_horovod.keras as m; print('selected', m.keras.Model.__module__.split('.')[0])"
 
 
 @pytest.mark.parametrize("code, env, expected", [

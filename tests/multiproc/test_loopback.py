@@ -1,6 +1,6 @@
 """Local jobs listen on loopback only; a process tfpar did not start says which ports it opens.
 
-What listens is read from /proc/net/tcp and tcp6 (`tfpar._loopback.listening`): no test sends
+What listens is read from /proc/net/tcp and tcp6 (`tfpar._local.loopback.listening`): no test sends
 anything to a non-loopback address.
 """
 
@@ -19,7 +19,7 @@ from tests.conftest import ROOT, run_command, tfpar_command
 _CHIEF = """
 import json, os, time
 import tensorflow as tf
-from tfpar._loopback import listening
+from tfpar._local.loopback import listening
 config = json.loads(os.environ["TF_CONFIG"])
 cluster = config["cluster"]
 server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="chief", task_index=0, start=True)
@@ -117,7 +117,7 @@ def _piped(script, timeout=180):
 
 
 def test_a_parameter_server_chief_that_cannot_be_started_again_is_refused_before_any_server_starts():
-    code, output = _piped("from tfpar._loopback import _children\n"
+    code, output = _piped("from tfpar._local.loopback import _children\n"
                           "from tfpar.strategies.parameter_server import ParameterServer\n"
                           "try:\n"
                           "    ParameterServer.local(num_workers=1, num_ps=1)\n"
@@ -135,7 +135,7 @@ def test_a_parameter_server_chief_that_opts_in_names_its_open_port():
     chief's own server, in that process, cannot, and one warning says so."""
     code, output = _piped("import json, tfpar\n"
                           "from tfpar.strategies.parameter_server import ParameterServer\n"
-                          "from tfpar._loopback import listening\n"
+                          "from tfpar._local.loopback import listening\n"
                           "s = ParameterServer.local(num_workers=1, num_ps=1, listen_on_all_interfaces=True)\n"
                           "c = s.config.cluster.cluster\n"
                           "ports = {int(a.rsplit(':', 1)[1]): r for r in c for a in c[r]}\n"
@@ -187,7 +187,7 @@ def test_doctor_lists_what_a_running_local_job_listens_on():
 _ONE_RANK = """
 import json, os
 from tfpar.strategies.horovod import HorovodStrategy
-from tfpar._loopback import _listen_rows
+from tfpar._local.loopback import _listen_rows
 strategy = HorovodStrategy()
 
 def sockets(pid):

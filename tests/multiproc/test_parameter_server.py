@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, run_json_script, tfpar_command
+from tests.conftest import (
+    ROOT,
+    USER_SHELL,
+    docs_command,
+    run_command,
+    run_json_script,
+    tfpar_command,
+)
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -60,7 +67,7 @@ def test_local_cluster_trains_places_and_shards_variables():
     assert {address for address, _ in report["listening_while_running"]} == {"127.0.0.1"}
     # The servers stop by themselves within a second of the coordinator's exit.
     deadline = time.monotonic() + 15
-    while "tfpar._server" in run_command(["ps", "ax"], timeout=30).output:
+    while "tfpar._local.server" in run_command(["ps", "ax"], timeout=30).output:
         assert time.monotonic() < deadline, "the local ps/worker servers outlived their coordinator"
         time.sleep(0.5)
 

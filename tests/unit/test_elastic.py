@@ -10,7 +10,9 @@ import textwrap
 import pytest
 
 from tests.conftest import run_command, tfpar_command
-from tfpar._elastic import Discovery, ElasticBatch, Membership, parse_host_lines
+from tfpar._tasks.elastic_batch import ElasticBatch
+from tfpar.launch.elastic.discovery import Discovery, parse_host_lines
+from tfpar.launch.elastic.membership import Membership
 
 PY = sys.executable
 

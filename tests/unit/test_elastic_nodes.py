@@ -15,8 +15,8 @@ import time
 import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
-from tfpar._addresses import free_ports
-from tfpar._elastic_rendezvous import Coordinator, parse_nnodes
+from tfpar.cluster.addresses import free_ports
+from tfpar.launch.rendezvous.elastic import Coordinator, parse_nnodes
 
 PY = sys.executable
 # Each worker prints its place and round; in round 0 it then does what $WORKER_ROUND0 says of its index:
@@ -137,7 +137,7 @@ def test_a_rendezvous_host_that_stops_answering_ends_the_job_on_the_agent(tmp_pa
     """The other side of the node timeout: the rendezvous (here a bare socket, so that it can fall silent while
     its connection stays open, as a frozen or cut-off host's does) starts the agent's worker, then says nothing.
     After the node timeout the agent stops its worker and fails, naming why."""
-    from tfpar._elastic_rendezvous import NODE_TIMEOUT_SECONDS
+    from tfpar.launch.rendezvous.elastic import NODE_TIMEOUT_SECONDS
 
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]

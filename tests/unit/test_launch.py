@@ -180,8 +180,8 @@ def test_bad_launch_arguments(args, match):
     (["--max-workers", "2", "--hosts", "a,b", "--task-index", "0"], "elastic"),  # which refuses --hosts, naming it
 ])
 def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backend):
-    from tfpar._backends import BACKENDS, backend_for
     from tfpar.cli import _parser
+    from tfpar.launch.backends import BACKENDS, backend_for
 
     args = _parser().parse_args(["launch", *argv, "--", PY, "-c", "pass"])
     assert backend_for(args).name == backend
@@ -189,8 +189,8 @@ def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backe
 
 
 def test_the_supervisor_gives_heartbeat_files_in_its_folder_and_merges_horovods_timeline_on_exit(tmp_path):
-    from tfpar._supervisor import Supervisor
-    from tfpar._task_env import HEARTBEAT_VARIABLE, TIMELINE_VARIABLE
+    from tfpar._tasks.env import HEARTBEAT_VARIABLE, TIMELINE_VARIABLE
+    from tfpar.launch.supervisor import Supervisor
 
     said = []
     with Supervisor(None, said.append) as quiet:

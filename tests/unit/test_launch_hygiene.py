@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-import tfpar._job as job_module
+import tfpar.launch.job as job_module
 from tests.conftest import ROOT, run_command, tfpar_command
 from tfpar.launch import LaunchError, Task, run_tasks
 
@@ -240,7 +240,7 @@ def test_a_stopped_tasks_stacks_are_dumped_by_its_main_thread_where_it_stopped()
     """The launcher's stack request reaches the main thread (tgkill), which faulthandler then dumps
     where it stopped, with the process's other threads; a process-directed signal could run the dump
     on another thread while the main thread ran on (it crashed a frozen Horovod rank once)."""
-    from tfpar._heartbeat import STACK_SIGNAL, dump_stacks
+    from tfpar._tasks.heartbeat import STACK_SIGNAL, dump_stacks
 
     code = ("import faulthandler, os, signal, threading, time\n"
             f"faulthandler.register({int(STACK_SIGNAL)}, all_threads=True)\n"

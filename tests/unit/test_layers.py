@@ -7,23 +7,47 @@ import os
 
 from tests.conftest import ROOT
 
-PURE = frozenset({"tfpar._checks", "tfpar._files", "tfpar._timeline_files", "tfpar._heartbeat", "tfpar._task_env",
-                  "tfpar._processes", "tfpar._loopback", "tfpar._lazy", "tfpar._addresses", "tfpar._slurm",
-                  "tfpar._job", "tfpar._supervisor", "tfpar._node", "tfpar._elastic", "tfpar._rendezvous", "tfpar._elastic_rendezvous", "tfpar.cluster", "tfpar.pipeline.schedule",
-                  "tfpar.pipeline.simulation", "tfpar.data.plan", "tfpar.data.batching",
-                  "tfpar.tensor_parallel.plan", "tfpar.tensor_parallel.rules"})
+PURE = frozenset({
+    "tfpar._checks",
+    "tfpar._files",
+    "tfpar._lazy",
+    "tfpar._tasks",
+    "tfpar._tasks.env",
+    "tfpar._tasks.heartbeat",
+    "tfpar._tasks.timeline_files",
+    "tfpar._tasks.elastic_batch",
+    "tfpar._local",
+    "tfpar._local.processes",
+    "tfpar._local.loopback",
+    "tfpar.cluster",
+    "tfpar.cluster.addresses",
+    "tfpar.cluster.slurm",
+    "tfpar.launch.job",
+    "tfpar.launch.supervisor",
+    "tfpar.launch.node",
+    "tfpar.launch.rendezvous",
+    "tfpar.launch.rendezvous.static",
+    "tfpar.launch.rendezvous.elastic",
+    "tfpar.launch.elastic",
+    "tfpar.launch.elastic.discovery",
+    "tfpar.launch.elastic.membership",
+    "tfpar.pipeline.schedule",
+    "tfpar.pipeline.simulation",
+    "tfpar.data.plan",
+    "tfpar.data.batching",
+    "tfpar.tensor_parallel.plan",
+    "tfpar.tensor_parallel.rules",
+})
 """Layer 1: planning and protocol, no TensorFlow (tests/unit/test_public_names.py loads them)."""
 
 LAYERS = {
     2: ("tfpar._keras", "tfpar._compat", "tfpar._owned"),
-    3: ("tfpar.devices", "tfpar.precision", "tfpar.optimizers", "tfpar._topology", "tfpar._server", "tfpar._horovod_keras",
-        "tfpar._horovod_keras3"),
+    3: ("tfpar.devices", "tfpar.precision", "tfpar.optimizers", "tfpar._topology", "tfpar._local.server"),
     4: ("tfpar._parallelism", "tfpar.strategies", "tfpar.pipeline", "tfpar.tensor_parallel", "tfpar.data",
         "tfpar.quantization"),
     5: ("tfpar.callbacks", "tfpar._factory", "tfpar.integrations"),
-    6: ("tfpar", "tfpar.__main__", "tfpar.launch", "tfpar._elastic_launch", "tfpar._backends", "tfpar.cli", "tfpar.demo", "tfpar._tokens", "tfpar.verify",
-        "tfpar.tune", "tfpar.report", "tfpar.doctor", "tfpar.install_horovod", "tfpar._install_cache", "tfpar._horovod_build",
-        "tfpar._horovod_patches"),
+    6: ("tfpar", "tfpar.__main__", "tfpar.launch", "tfpar.cli", "tfpar.demo", "tfpar.verify", "tfpar.tune",
+        "tfpar.report", "tfpar.doctor", "tfpar.install_horovod"),
 }
 """Layers 2 to 6 of ARCHITECTURE.md: the modules (and packages, with their modules) of each."""
 
@@ -110,7 +134,7 @@ def _cycles(graph):
 
 def test_the_walk_sees_lazy_imports_and_reads_submodule_imports_as_modules():
     graph = _imports()
-    assert "tfpar._timeline_files" in graph["tfpar.cli"]  # imported inside a function
+    assert "tfpar._tasks.timeline_files" in graph["tfpar.cli"]  # imported inside a function
     assert "tfpar.quantization.deploy" in graph["tfpar.quantization.export"]  # from tfpar.quantization import deploy
     assert "tfpar.quantization" not in graph["tfpar.quantization.export"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]

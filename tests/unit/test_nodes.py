@@ -13,8 +13,8 @@ import time
 import pytest
 
 from tests.conftest import run_command, tfpar_command
-from tfpar._addresses import free_ports
-from tfpar._node import visible_gpus, worker_envs
+from tfpar.cluster.addresses import free_ports
+from tfpar.launch.node import visible_gpus, worker_envs
 
 PY = sys.executable
 PRINT_TASK = ("import json, os; t = json.loads(os.environ['TF_CONFIG']); "

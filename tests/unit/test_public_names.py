@@ -132,3 +132,24 @@ def test_help_of_a_strategy_lists_its_options(name, options):
     text = pydoc.render_doc(getattr(tfpar, name), renderer=pydoc.plaintext)
     header = next(line for line in text.splitlines() if f"{name}(config" in line)
     assert "**kwargs" not in header and all(option in header for option in options), header
+
+
+@pytest.mark.parametrize("path", [
+    "tfpar.launch.launch", "tfpar.launch.LaunchOptions", "tfpar.launch.LaunchError", "tfpar.launch.Task",
+    "tfpar.launch.run_tasks", "tfpar.cluster.ClusterInfo", "tfpar.cluster.free_ports",
+    "tfpar.cluster.expand_hostlist", "tfpar.install_horovod.main", "tfpar.demo.run_demo",
+    "tfpar.demo.transformer",
+])
+def test_the_public_paths_the_docs_show_lead_where_they_did_before_the_launcher_got_its_rooms(path):
+    module_name, _, name = path.rpartition(".")
+    assert callable(getattr(importlib.import_module(module_name), name))
+
+
+def test_python_m_tfpar_install_horovod_still_runs_the_installer():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tfpar.install_horovod", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m tfpar.install_horovod")

@@ -8,8 +8,8 @@ made it: give its ``fit`` ``tfpar.callbacks.Heartbeat()`` (or ``Timeline()``) by
 
 import os
 
-from tfpar._heartbeat import HEARTBEAT_VARIABLE
-from tfpar._timeline_files import TIMELINE_VARIABLE
+from tfpar._tasks.heartbeat import HEARTBEAT_VARIABLE
+from tfpar._tasks.timeline_files import TIMELINE_VARIABLE
 from tfpar.callbacks.heartbeat import Heartbeat
 from tfpar.callbacks.timeline import Timeline
 

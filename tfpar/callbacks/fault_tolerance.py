@@ -8,13 +8,18 @@ import warnings
 
 from tfpar import _compat
 from tfpar._checks import check_number
-from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar._files import write_atomically
-from tfpar._task_env import BACKUP_MARK, FAULT_TOLERANCE_MARK, GROW_REQUEST, STATE_VARIABLE
+from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar._parallelism import sum_over_workers
-from tfpar.cluster import ClusterInfo
+from tfpar._tasks.env import (
+    BACKUP_MARK,
+    FAULT_TOLERANCE_MARK,
+    GROW_REQUEST,
+    STATE_VARIABLE,
+)
 from tfpar.callbacks._hooks import chief_print
 from tfpar.callbacks.learning_rate import rescale_learning_rate
+from tfpar.cluster import ClusterInfo
 from tfpar.data.resume import position_of, rescaled_resume
 
 __all__ = ["FaultTolerance"]
@@ -240,7 +245,7 @@ def _tell_the_launcher(mark=FAULT_TOLERANCE_MARK):
 
 def _backed_up(last):
     """After the chief's backup: marks it for the launcher; if an elastic launch waits to grow the job and
-    training goes on after this backup (not ``last``), waits to be stopped (`tfpar._task_env.GROW_REQUEST`)."""
+    training goes on after this backup (not ``last``), waits to be stopped (`tfpar._tasks.env.GROW_REQUEST`)."""
     folder = os.environ.get(STATE_VARIABLE)
     if not folder:
         return

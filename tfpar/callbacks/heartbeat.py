@@ -16,8 +16,8 @@ import time
 
 from tfpar import _compat
 from tfpar._checks import check_number
-from tfpar._heartbeat import HEARTBEAT_VARIABLE, STACK_SIGNAL, heartbeat_path
 from tfpar._keras import keras
+from tfpar._tasks.heartbeat import HEARTBEAT_VARIABLE, STACK_SIGNAL, heartbeat_path
 
 __all__ = ["Heartbeat"]
 

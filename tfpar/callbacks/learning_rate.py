@@ -13,8 +13,8 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
-from tfpar._elastic import SCALING_RULES, rule_factor
 from tfpar._keras import keras
+from tfpar._tasks.elastic_batch import SCALING_RULES, rule_factor
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 from tfpar.strategies._windows import steps_trained
 
@@ -85,8 +85,8 @@ def rescale_learning_rate(model: Any, factor: float, applied: float | None = Non
 def elastic_learning_rate(model: Any, arguments: dict) -> None:
     """Before ``fit`` in a worker of an elastic launch under ``--elastic-batch scale-lr``: `tfpar.data.distribute`
     gave each replica the reference's per-replica batch, so the global batch follows the workers; the
-    optimizer's rate follows it by the scaling rule (`tfpar._elastic.ElasticBatch.learning_rate_factor`)."""
-    from tfpar._elastic import ElasticBatch
+    optimizer's rate follows it by the scaling rule (`tfpar._tasks.elastic_batch.ElasticBatch.learning_rate_factor`)."""
+    from tfpar._tasks.elastic_batch import ElasticBatch
     from tfpar.data.resume import position_of
 
     setting, position = ElasticBatch.from_env(), position_of(arguments.get("x"))

@@ -41,7 +41,12 @@ from tfpar import _compat
 from tfpar._files import write_atomically
 from tfpar._keras import keras, tf
 from tfpar._parallelism import sum_over_workers
-from tfpar._timeline_files import TIMELINE_VARIABLE, check_writable, merge_horovod_timeline, timeline_in
+from tfpar._tasks.timeline_files import (
+    TIMELINE_VARIABLE,
+    check_writable,
+    merge_horovod_timeline,
+    timeline_in,
+)
 from tfpar._topology import topology_of
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
 

@@ -149,9 +149,9 @@ def start_where_fit_starts(model: Any, arguments: dict) -> None:
 
 def check_elastic_batch(model: Any, arguments: dict) -> None:
     """Before ``fit`` in a worker of an elastic launch: a `distribute` input's global batch must divide over
-    every number of workers the job may resize to (`tfpar._elastic.ElasticBatch.check_global_batch`), in
+    every number of workers the job may resize to (`tfpar._tasks.elastic_batch.ElasticBatch.check_global_batch`), in
     micro-batches where the model's strategy computes them, so that no resize fails when it happens."""
-    from tfpar._elastic import ElasticBatch
+    from tfpar._tasks.elastic_batch import ElasticBatch
 
     setting, position = ElasticBatch.from_env(), position_of(arguments.get("x"))
     if setting is None or position is None or "global_batch_size" not in position.layout or setting.scales_learning_rate:

@@ -15,8 +15,8 @@ import random
 from typing import Any
 
 from tfpar._checks import check_choice, check_int, check_number
-from tfpar._elastic import ElasticBatch
 from tfpar._keras import tf
+from tfpar._tasks.elastic_batch import ElasticBatch
 from tfpar._topology import topology_of
 from tfpar.data.batching import per_replica_batch_size
 from tfpar.data.padding import batch, weigh_examples

@@ -47,7 +47,7 @@ def join_spanning(timeout_seconds: float) -> Any:
             "(or --hosts, SLURM, a TFJob), or leave span_workers False.")
     workers = [address for _, _, address in _training_tasks(info.training_cluster)]
     if info.worker_index != 0:
-        from tfpar._server import serve
+        from tfpar._local.server import serve
 
         cpu = tf.config.list_physical_devices("CPU")[0]
         count = len(tf.config.get_logical_device_configuration(cpu) or [None])  # tfpar.configure_devices(N)

@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 
-from tfpar import _loopback as loopback
-from tfpar._processes import stop_groups
+from tfpar._local import loopback
+from tfpar._local.processes import stop_groups
 from tfpar.cluster import ClusterInfo
 
 __all__ = ["RESTART_NOTICE", "refuse_open_ports", "start_server", "stop_servers",
@@ -21,12 +21,12 @@ _log = logging.getLogger("tfpar.parameter_server")
 
 
 def start_server(cluster, role, index, **popen_kwargs):
-    """One ``python -m tfpar._server`` child for a task of ``cluster``; it exits with this process."""
+    """One ``python -m tfpar._local.server`` child for a task of ``cluster``; it exits with this process."""
     info = ClusterInfo(cluster=cluster, task_type=role, task_index=index)
     popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
     popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
     return subprocess.Popen(
-        [sys.executable, "-m", "tfpar._server"],
+        [sys.executable, "-m", "tfpar._local.server"],
         env=loopback.child_env({**os.environ, "TF_CONFIG": info.to_tf_config(),
                                 "TFPAR_SERVER_PARENT_PID": str(os.getpid())}),  # loopback-only servers
         start_new_session=True, **popen_kwargs)

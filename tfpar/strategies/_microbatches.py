@@ -1,7 +1,7 @@
 """An elastic job's micro-batches: the global batch kept on fewer workers without larger per-replica batches.
 
 An elastic ``tfpar launch`` tells each worker how many workers the global batch was divided for
-(`tfpar._elastic.ElasticBatch`). On fewer, `tfpar.data.distribute` still deals each step the whole
+(`tfpar._tasks.elastic_batch.ElasticBatch`). On fewer, `tfpar.data.distribute` still deals each step the whole
 global batch, so each replica's batch grows; under ``--elastic-batch accumulate`` (the default) a
 `DataParallel` replica computes it in ``k`` micro-batches, none larger than the full job's per-replica
 batch, and the strategy's `GradientAccumulator` applies their averaged gradients once, at the end of the
@@ -20,8 +20,8 @@ step. A step still holds the same examples, so positions, backups and exactly-on
   batch's would not: then the loss scale halves one step earlier than it would have.
 """
 
-from tfpar._elastic import ElasticBatch
 from tfpar._keras import tf
+from tfpar._tasks.elastic_batch import ElasticBatch
 from tfpar.strategies._windows import accumulator_of, calls_per_step
 
 __all__ = ["elastic_microbatches", "split_into_microbatches"]

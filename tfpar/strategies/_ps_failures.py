@@ -1,11 +1,11 @@
 """What goes wrong between a parameter-server coordinator and its cluster: a task that does not
-answer at the start (`wait_for_addresses`, from `tfpar._addresses`), and a ps lost during training
+answer at the start (`wait_for_addresses`, from `tfpar.cluster.addresses`), and a ps lost during training
 (`lost_ps_error`)."""
 
 import re
 
-from tfpar._addresses import ClusterUnreachableError, accepts, wait_for_addresses
 from tfpar._keras import tf
+from tfpar.cluster.addresses import ClusterUnreachableError, accepts, wait_for_addresses
 
 __all__ = ["ClusterUnreachableError", "ParameterServerLostError", "lost_ps_error", "wait_for_addresses"]
 

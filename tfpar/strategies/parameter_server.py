@@ -18,16 +18,25 @@ import os
 from typing import Any
 
 from tfpar import _compat
-from tfpar import _loopback as loopback
 from tfpar._checks import check_int, check_number, config_from
 from tfpar._keras import all_layers, keras_of, tf
+from tfpar._local import loopback
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster, refuse_evaluator
 from tfpar.strategies._describe import batch_and_model_lines
-from tfpar.strategies._ps_failures import (ClusterUnreachableError, ParameterServerLostError, lost_ps_error,
-                                           wait_for_addresses)
-from tfpar.strategies._local_servers import (RESTART_NOTICE, refuse_open_ports, start_server, stop_servers,
-                                             warn_if_the_chief_listens_on_all_interfaces)
+from tfpar.strategies._local_servers import (
+    RESTART_NOTICE,
+    refuse_open_ports,
+    start_server,
+    stop_servers,
+    warn_if_the_chief_listens_on_all_interfaces,
+)
+from tfpar.strategies._ps_failures import (
+    ClusterUnreachableError,
+    ParameterServerLostError,
+    lost_ps_error,
+    wait_for_addresses,
+)
 
 __all__ = [
     "ClusterUnreachableError",
@@ -145,7 +154,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         if cluster.task_type in ("ps", "worker"):
             # One script for every task, as a TFJob runs it: a ps or worker task serves here until
             # the job ends (it never returns); the chief goes on and trains.
-            from tfpar._server import serve
+            from tfpar._local.server import serve
 
             serve(cluster)
             raise SystemExit(0)

@@ -44,10 +44,18 @@ from collections.abc import Callable
 from typing import Any
 
 from tfpar._checks import check_int, check_names, check_number
-from tfpar._processes import LaunchError, ProcessGroups, forwarding_signals
+from tfpar._local.processes import LaunchError, ProcessGroups, forwarding_signals
 from tfpar.tune.result import TuneResult
-from tfpar.tune.space import (AXES, CHOICE_AXES, DEFAULTS, check_space, logged_metrics, parse_target, trial_configs,
-                              workers_space)
+from tfpar.tune.space import (
+    AXES,
+    CHOICE_AXES,
+    DEFAULTS,
+    check_space,
+    logged_metrics,
+    parse_target,
+    trial_configs,
+    workers_space,
+)
 
 __all__ = ["AXES", "CHOICE_AXES", "DEFAULTS", "TuneResult", "check_space", "tune", "workers_space"]
 

@@ -65,7 +65,7 @@ resolver_report = {"cluster": strategy.cluster_resolver.cluster_spec().as_dict()
                    "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id]}
 local_cluster = strategy.config.cluster.cluster
 ports = {int(a.rsplit(":", 1)[1]): role for role in ("chief", "ps", "worker") for a in local_cluster[role]}
-from tfpar._loopback import listening  # noqa: E402  (reads /proc/net/tcp*: nothing is sent)
+from tfpar._local.loopback import listening  # noqa: E402  (reads /proc/net/tcp*: nothing is sent)
 
 running = [(address, ports[port]) for address, port in sorted(set(listening())) if port in ports]
 # shutdown(): every server process it started has exited, and nothing listens at their addresses.

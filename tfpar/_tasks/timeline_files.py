@@ -6,7 +6,7 @@ import json
 import os
 
 from tfpar._files import write_atomically
-from tfpar._task_env import TIMELINE_VARIABLE
+from tfpar._tasks.env import TIMELINE_VARIABLE
 
 __all__ = ["TIMELINE_VARIABLE", "check_writable", "merge_horovod_timeline", "timeline_in"]
 

@@ -1,6 +1,6 @@
 """A TensorFlow server for one task of TF_CONFIG (a ps or a worker of a PS cluster).
 
-    TF_CONFIG=... python -m tfpar._server
+    TF_CONFIG=... python -m tfpar._local.server
 
 Used by `tfpar launch --ps`, `ParameterServer.local()`, and `ParameterServer()` made in a ps or
 worker task (a TFJob's pods all run one script). It serves until killed,
@@ -18,7 +18,7 @@ def main():
 
     info = ClusterInfo.from_tf_config()
     if info is None:
-        sys.exit("tfpar._server needs TF_CONFIG naming this task")
+        sys.exit("tfpar._local.server needs TF_CONFIG naming this task")
     serve(info)
 
 
@@ -34,7 +34,7 @@ def serve(info, device_count=None, while_answers=None, wait_seconds=60.0):
 
     import tensorflow as tf
 
-    from tfpar._heartbeat import STACK_SIGNAL
+    from tfpar._tasks.heartbeat import STACK_SIGNAL
 
     faulthandler.register(STACK_SIGNAL, all_threads=True)
 
@@ -42,7 +42,7 @@ def serve(info, device_count=None, while_answers=None, wait_seconds=60.0):
         tf.train.ClusterSpec(info.cluster), job_name=info.task_type, task_index=info.task_index,
         protocol="grpc", start=True,
         config=None if device_count is None else tf.compat.v1.ConfigProto(device_count=device_count))
-    from tfpar import _loopback
+    from tfpar._local import loopback as _loopback
 
     name = f"{info.task_type} {info.task_index}"
     warning = _loopback.warning_unless_active(f"tfpar server {name}", [info.address.rsplit(":", 1)[1]])
@@ -61,7 +61,11 @@ def serve(info, device_count=None, while_answers=None, wait_seconds=60.0):
 
 
 def _serve_while_answering(address, wait_seconds):
-    from tfpar._addresses import ClusterUnreachableError, accepts, wait_for_addresses
+    from tfpar.cluster.addresses import (
+        ClusterUnreachableError,
+        accepts,
+        wait_for_addresses,
+    )
 
     try:
         wait_for_addresses([address], wait_seconds)

@@ -13,8 +13,8 @@ import signal
 import statistics
 import time
 
-from tfpar._processes import LaunchError, stat_fields
-from tfpar._task_env import HEARTBEAT_VARIABLE
+from tfpar._local.processes import LaunchError, stat_fields
+from tfpar._tasks.env import HEARTBEAT_VARIABLE
 
 __all__ = ["HEARTBEAT_VARIABLE", "STACK_SIGNAL", "Beat", "Hang", "Watch", "dump_stacks", "hang_error", "heartbeat_path",
            "process_state", "read_heartbeat"]

@@ -25,11 +25,11 @@ class InstallError(RuntimeError):
     """A step of the install failed; the message says which and what to do."""
 
 
-def say(message):
+def say(message: str) -> None:
     print(f"tfpar install-horovod: {message}", flush=True)
 
 
-def sha256_of(path):
+def sha256_of(path: str) -> str:
     """The hex sha256 of a file's bytes."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -38,7 +38,7 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def check_sha256(path, expected, what, fix):
+def check_sha256(path: str, expected: str, what: str, fix: str) -> None:
     actual = sha256_of(path)
     if actual != expected:
         raise InstallError(
@@ -89,7 +89,7 @@ def cached_wheel(entry: str) -> str | None:
     return wheel
 
 
-def build_into_cache(entry, build, note=None):
+def build_into_cache(entry: str, build: Callable[[str], Any], note: dict | None = None) -> str:
     """Runs ``build(folder)`` in a temporary folder beside ``entry``, then renames it into place.
 
     The wheel's sha256 (and ``note``, a dict) is recorded in ``wheel.json`` before the rename, so an entry is

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 __all__ = ["expand_hostlist", "slurm_gpu_env", "slurm_port", "slurm_workers", "started_by_srun"]
 
 
-def slurm_workers(environ=None, port=None):
+def slurm_workers(environ: Mapping[str, str] | None = None,
+                  port: int | None = None) -> tuple[list[str], int]:
     """``(addresses, index)``: the workers of a job started by ``srun``, one a SLURM task, and this
     task's place among them (`tfpar.cluster.ClusterInfo.from_slurm` says how they are laid out).
 

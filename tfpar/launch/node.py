@@ -13,6 +13,7 @@ import glob
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 
 __all__ = ["CPU_DEVICES_VARIABLE", "visible_gpus", "worker_envs"]
 
@@ -20,7 +21,7 @@ CPU_DEVICES_VARIABLE = "TFPAR_NUM_CPU_DEVICES"
 """The virtual CPU devices `tfpar.configure_devices` makes when there is no GPU."""
 
 
-def visible_gpus(environ=None, driver_gpus=None):
+def visible_gpus(environ: Mapping[str, str] | None = None, driver_gpus: int | None = None) -> list[str]:
     """The GPU ids this host's workers may use: ``CUDA_VISIBLE_DEVICES`` when it is set (an empty
     value hides every GPU), else one id per GPU the NVIDIA driver lists, else none.
 
@@ -46,7 +47,8 @@ def _driver_gpu_count():
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
-def worker_envs(nproc_per_node, environ=None, driver_gpus=None):
+def worker_envs(nproc_per_node: int, environ: Mapping[str, str] | None = None,
+                driver_gpus: int | None = None) -> tuple[list[dict], str | None]:
     """The environment each of this host's ``nproc_per_node`` workers gets, in local-rank order,
     and a warning (or None).
 

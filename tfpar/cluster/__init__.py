@@ -1,8 +1,8 @@
 """Cluster descriptions: TF_CONFIG read, validated and written, and the cluster of a SLURM job.
 
 Pure Python, no TensorFlow import: the launcher and the strategies share it. The addresses of
-tasks (``--hosts``, free ports, clusters on one host) are `tfpar._addresses`; SLURM's layout of
-tasks is `tfpar._slurm`; their public names are exported here too.
+tasks (``--hosts``, free ports, clusters on one host) are `tfpar.cluster.addresses`; SLURM's layout of
+tasks is `tfpar.cluster.slurm`; their public names are exported here too.
 """
 
 import dataclasses
@@ -11,8 +11,20 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tfpar._addresses import DEFAULT_PORT, free_ports, is_loopback_cluster, local_cluster, parse_hosts
-from tfpar._slurm import expand_hostlist, slurm_gpu_env, slurm_port, slurm_workers, started_by_srun
+from tfpar.cluster.addresses import (
+    DEFAULT_PORT,
+    free_ports,
+    is_loopback_cluster,
+    local_cluster,
+    parse_hosts,
+)
+from tfpar.cluster.slurm import (
+    expand_hostlist,
+    slurm_gpu_env,
+    slurm_port,
+    slurm_workers,
+    started_by_srun,
+)
 
 __all__ = [
     "ClusterInfo",

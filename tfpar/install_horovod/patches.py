@@ -15,11 +15,16 @@ import hashlib
 import os
 import re
 
-from tfpar._install_cache import InstallError
+from tfpar.install_horovod.cache import InstallError
 
-# tfpar's modules copied into the Horovod package: {path in the sdist: the module in tfpar/}
-ADDED_MODULES = {"horovod/_tfpar_keras.py": "_horovod_keras.py", "horovod/_tfpar_build.py": "_horovod_build.py",
-                 "horovod/_tfpar_keras3.py": "_horovod_keras3.py"}
+__all__ = ["ADDED_MODULES", "PATCHES", "REF_PATCHES", "apply_patches", "patch_id"]
+
+# tfpar's modules copied into the Horovod package: {path in the sdist: the file in tfpar/install_horovod/}
+ADDED_MODULES = {
+    "horovod/_tfpar_keras.py": "_copied_into_horovod/keras.py",
+    "horovod/_tfpar_build.py": "_copied_into_horovod/build.py",
+    "horovod/_tfpar_keras3.py": "_copied_into_horovod/keras3.py",
+}
 _SYNC_BN_LAZY = '''\
 def __getattr__(name):  # tfpar: imported on first use, so that tf.keras stays unresolved
     if name == "SyncBatchNormalization":
@@ -114,7 +119,7 @@ def _added_source(module):
         return f.read()
 
 
-def patch_id():
+def patch_id() -> str:
     """A digest of every change: new patches, a new build (the cache entry and the build note carry it)."""
     changes = repr((PATCHES, REF_PATCHES)) + "".join(map(_added_source, ADDED_MODULES.values()))
     return hashlib.sha256(changes.encode()).hexdigest()[:12]
@@ -125,7 +130,7 @@ def _mismatch(what, path, found, version):
                         f"{version}; check the file by hand before building another.")
 
 
-def apply_patches(source_dir, version):
+def apply_patches(source_dir: str, version: str) -> list[str]:
     """Applies every change to the sdist extracted in ``source_dir``.
 
     Raises:

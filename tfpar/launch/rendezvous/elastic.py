@@ -1,6 +1,6 @@
 """``tfpar launch --nnodes MIN:MAX``: the rendezvous of an elastic job across hosts, as torchrun's c10d one.
 
-Every host runs the same line: an *agent* (`tfpar._elastic_launch.run_elastic_nodes`) that keeps one connection
+Every host runs the same line: an *agent* (`tfpar.launch.elastic.agent.run_elastic_nodes`) that keeps one connection
 to the rendezvous. The first agent on the host ``--master-addr`` names hosts it (it binds ``--master-port``;
 the others there and elsewhere connect). The rendezvous forms *rounds*, each one cluster of the agents that are
 ready, and starts them all on it:
@@ -18,7 +18,7 @@ ready, and starts them all on it:
   ``--elastic-timeout`` after): every agent fails, naming how many there were.
 - The hosting agent's loss ends the job, as the loss of torchrun's c10d store host does.
 
-Pure Python: one JSON line a message each way (`tfpar._rendezvous.Link`), keepalives from both ends.
+Pure Python: one JSON line a message each way (`tfpar.launch.rendezvous.static.Link`), keepalives from both ends.
 """
 
 import dataclasses
@@ -28,9 +28,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from tfpar._elastic import GrowRequest, change_line
-from tfpar._rendezvous import Link, RendezvousError, address
+from tfpar.launch.elastic.membership import GrowRequest, change_line
+from tfpar.launch.rendezvous.static import Link, RendezvousError, address
 
 __all__ = ["LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "Coordinator", "parse_nnodes"]
 
@@ -41,7 +42,7 @@ LAST_CALL_SECONDS = 3.0
 _HELLO_SECONDS = 10.0
 
 
-def parse_nnodes(value) -> tuple[int, int]:
+def parse_nnodes(value: str) -> tuple[int, int]:
     """(MIN, MAX) from ``--nnodes K`` (K, K) or ``--nnodes MIN:MAX``.
 
     Raises:
@@ -91,7 +92,7 @@ class Coordinator:
         self.thread.start()
 
     @classmethod
-    def host(cls, master_addr, master_port, **kwargs) -> "Coordinator | None":
+    def host(cls, master_addr: str, master_port: int, **kwargs: Any) -> "Coordinator | None":
         """The rendezvous, if this host is ``master_addr`` and no agent here hosts it yet; else None."""
         try:
             server = socket.create_server((master_addr, master_port), backlog=64)

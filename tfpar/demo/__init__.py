@@ -14,15 +14,15 @@ import numpy as np
 
 from tfpar._checks import check_choice, check_int, default_epochs
 from tfpar._factory import STRATEGIES, ParallelismSpec
-from tfpar._tokens import token_data, transformer
 from tfpar._keras import keras, keras3, tf
 from tfpar._topology import topology_of
 from tfpar.data import distribute
+from tfpar.demo.tokens import token_data, transformer
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_validation_dataset", "token_data", "transformer", "compiled_model", "compress_chain", "default_epochs",
            "DIGITS_FILE", "digits_dataset", "load_digits", "run_demo"]
 
-DIGITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_data", "digits.npz")
+DIGITS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_data", "digits.npz")
 """The digits: ``images`` (uint8, 1797 x 8 x 8, in 0..16) and ``target`` (uint8), an ``.npz`` as Keras'
 ``mnist.npz`` (tfpar/_data/README.md says where they come from)."""
 

@@ -8,15 +8,15 @@ on TensorFlow 2.21. This command:
 
 1. downloads the sdist with pip (or takes ``--sdist FILE``) and checks its sha256
    against the one pinned here before anything is extracted;
-2. applies tfpar's patches (`tfpar._horovod_patches`), each checked to match exactly
+2. applies tfpar's patches (`tfpar.install_horovod.patches`), each checked to match exactly
    (another Horovod fails loudly instead of building something half-patched):
    - ``xla_mpi_ops.cc`` is compiled for TensorFlow 2.6 to 2.18 only: later wheels lack
      the XLA headers it includes (so ``jit_compile=True`` cannot reach Horovod's ops);
    - ``horovod.tensorflow.keras`` runs on tf_keras instead of Keras 3 (see
-     `tfpar._horovod_keras`), and ``horovod.tensorflow`` loads ``SyncBatchNormalization``
+     `tfpar.install_horovod._copied_into_horovod.keras`), and ``horovod.tensorflow`` loads ``SyncBatchNormalization``
      on first use so that importing it leaves ``tf.keras`` unresolved;
    - ``horovodrun`` takes what the build has (Gloo, MPI, NCCL) from the note the install
-     writes (`tfpar._horovod_build`) instead of a new process that imports TensorFlow at
+     writes (`tfpar.install_horovod._copied_into_horovod.build`) instead of a new process that imports TensorFlow at
      every start (about 8 s of CPU);
    - ``horovod.tensorflow`` takes Keras 3 variables (its ``.ref()`` calls) and
      ``SyncBatchNormalization`` runs on Keras 3 too (no ``fused``, Keras 3's ``_moments``);
@@ -45,10 +45,16 @@ import tempfile
 from collections.abc import Sequence
 
 from tfpar._checks import check_choice, check_number
-from tfpar._horovod_patches import ADDED_MODULES, PATCHES, REF_PATCHES, patch_id
-from tfpar._horovod_patches import apply_patches as _apply_patches
-from tfpar._install_cache import InstallError, cache_lock, cached_wheel, check_sha256, wheel_for
-from tfpar._install_cache import say as _say
+from tfpar.install_horovod.cache import (
+    InstallError,
+    cache_lock,
+    cached_wheel,
+    check_sha256,
+    wheel_for,
+)
+from tfpar.install_horovod.cache import say as _say
+from tfpar.install_horovod.patches import ADDED_MODULES, PATCHES, REF_PATCHES, patch_id
+from tfpar.install_horovod.patches import apply_patches as _apply_patches
 
 __all__ = ["InstallError", "PATCH_ID", "SDIST_SHA256", "VERSION", "cache_lock", "cached_wheel", "fetch_sdist",
            "install", "main", "wheel_for"]
@@ -133,7 +139,7 @@ def installed_ok(mpi_expected):
 
 
 def apply_patches(source_dir):
-    """Applies tfpar's changes (`tfpar._horovod_patches`); raises InstallError unless each matches exactly."""
+    """Applies tfpar's changes (`tfpar.install_horovod.patches`); raises InstallError unless each matches exactly."""
     patched = _apply_patches(source_dir, VERSION)
     _say(f"patched {len(patched)} files and added {', '.join(ADDED_MODULES)} (patch set {PATCH_ID})")
 
@@ -177,7 +183,7 @@ def _build_from_sdist(sdist):
 
 def write_build_note(tf_version):
     """Records what this build was made against, for `tfpar doctor` and `installed_ok`, and what
-    each extension was built with, for horovodrun (`tfpar._horovod_build`)."""
+    each extension was built with, for horovodrun (`tfpar.install_horovod._copied_into_horovod.build`)."""
     note = json.dumps({"tensorflow": tf_version, "xla_ops_guarded": True, "keras": "tf_keras",
                        "patches": PATCH_ID, "builder": "tfpar install-horovod"})
     subprocess.run([sys.executable, "-c", "import json, sys, horovod._tfpar_build as b; b.write(json.loads(sys.argv[1]))",
@@ -263,6 +269,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

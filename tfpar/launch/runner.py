@@ -1,14 +1,6 @@
-"""``tfpar launch``: start a job's processes with the right roles and TF_CONFIG.
-
-On one machine, ``launch(cmd, roles={"worker": 2})`` starts every task on
-127.0.0.1 with free ports. On several machines each one runs
-``tfpar launch --hosts a:2222,b:2222 --task-index K -- cmd``, which starts
-just its own task. Every output line is prefixed with its task
-(``[worker 1] ...``); Ctrl-C is forwarded to every task; when a task fails
-the others are stopped and the launcher exits non-zero naming it.
-
-Pure Python: the launcher never imports TensorFlow, so it starts at once.
-"""
+"""How a job runs: its options (`LaunchOptions`), its tasks started and supervised, restarted on
+fresh ports when one fails, and the per-node and elastic jobs built on that. The public names
+are `tfpar.launch`'s. Pure Python: the launcher never imports TensorFlow."""
 
 import dataclasses
 import json
@@ -19,13 +11,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tfpar import _loopback as loopback
 from tfpar._checks import check_int, check_number
-from tfpar._job import SERVER_COMMAND, Job, Task, describe_exit, local_tasks
-from tfpar._processes import DEFAULT_GRACE_SECONDS, LaunchError, check_command, forwarding_signals, run_command
-from tfpar._supervisor import Supervisor
-from tfpar._task_env import FAULT_TOLERANCE_MARK, RESTART_VARIABLE, STATE_VARIABLE
+from tfpar._local import loopback
+from tfpar._local.processes import (
+    DEFAULT_GRACE_SECONDS,
+    LaunchError,
+    check_command,
+    forwarding_signals,
+    run_command,
+)
+from tfpar._tasks.env import FAULT_TOLERANCE_MARK, RESTART_VARIABLE, STATE_VARIABLE
 from tfpar.cluster import ClusterInfo, is_loopback_cluster, validate_cluster
+from tfpar.launch.job import SERVER_COMMAND, Job, Task, describe_exit, local_tasks
+from tfpar.launch.supervisor import Supervisor
 
 __all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "LaunchOptions", "RESTART_VARIABLE", "SERVER_COMMAND",
            "STATE_VARIABLE", "Task", "check_command", "launch", "load_cluster_file", "local_tasks", "run_command",
@@ -53,8 +51,8 @@ class LaunchOptions:
     poll_seconds: float = 0.05
     """How often the launcher looks at its tasks."""
     watch: Any = None
-    """An elastic job's membership watch (`tfpar._elastic_launch`): called at each look, it raises
-    `tfpar._elastic.MembershipChange` to have the running job stopped."""
+    """An elastic job's membership watch (`tfpar.launch.elastic`): called at each look, it raises
+    `tfpar.launch.elastic.membership.MembershipChange` to have the running job stopped."""
 
     def __post_init__(self):
         check_int("max_restarts", self.max_restarts, 0, " (how many times a failed job is started again)")
@@ -85,23 +83,23 @@ def run_tasks(command: Sequence[str], cluster: dict, tasks: Sequence[Task], *, e
     is left in those groups (a worker's background children too) is stopped,
     and a watchdog process stops them if the launcher itself is killed. When
     every address of ``cluster`` is on this machine, the tasks' servers listen
-    on loopback only (`tfpar._loopback`); otherwise the launcher names the ports
+    on loopback only (`tfpar._local.loopback`); otherwise the launcher names the ports
     its tasks open on all interfaces.
 
     With ``heartbeat_timeout`` (seconds), each task's ``fit``/``evaluate``/``predict`` reports its
     steps (`tfpar.callbacks.Heartbeat`); a task that makes no step for that long is named, its
     stacks are dumped, and the job is stopped (`LaunchError`, code 124). At the end the launcher
-    prints each task's mean step time against the median (stragglers); see `tfpar._supervisor`.
+    prints each task's mean step time against the median (stragglers); see `tfpar.launch.supervisor`.
 
     Raises:
         LaunchError: a task failed, hung or could not start, or the launcher was interrupted.
     """
     options = LaunchOptions(env=env, out=out, grace_seconds=grace_seconds, poll_seconds=poll_seconds,
                             heartbeat_timeout=heartbeat_timeout)
-    return _run_tasks(command, cluster, tasks, options)
+    return run_job(command, cluster, tasks, options)
 
 
-def _run_tasks(command, cluster, tasks, options):
+def run_job(command, cluster, tasks, options):
     check_command(command, options.grace_seconds, len(tasks))
     env = options.env
     local = is_loopback_cluster(cluster)
@@ -187,7 +185,7 @@ def launch(command: Sequence[str], *, num_workers: int | None = None, num_ps: in
             the servers are stopped when the chief finishes.
         nproc_per_node: local mode, instead of ``num_workers``: this many workers, each with its own
             GPUs (``CUDA_VISIBLE_DEVICES``) or, without a GPU, its own virtual CPU device
-            (`tfpar._node.worker_envs`), as torchrun's and horovodrun's users expect.
+            (`tfpar.launch.node.worker_envs`), as torchrun's and horovodrun's users expect.
         cluster: a cluster dict for a multi-host job (with ``task`` or ``tasks``).
         task: this machine's `Task` in ``cluster``.
         tasks: this machine's tasks in ``cluster``, when it runs several (``--nproc-per-node``).
@@ -209,7 +207,7 @@ def launch(command: Sequence[str], *, num_workers: int | None = None, num_ps: in
         LaunchError: when a task fails (after ``max_restarts`` restarts: the last failure).
 
     Examples:
-        >>> from tfpar.launch import launch
+        >>> from tfpar.launch.runner import launch
         >>> launch(["python", "train.py"], num_workers=2)  # doctest: +SKIP
     """
     options = LaunchOptions(env=env, out=out, grace_seconds=grace_seconds, max_restarts=max_restarts,
@@ -248,12 +246,12 @@ def launch(command: Sequence[str], *, num_workers: int | None = None, num_ps: in
         check_command(command, grace_seconds, num_workers + num_ps + (1 if num_ps else 0))
         roles = {"chief": 1, "worker": num_workers, "ps": num_ps} if num_ps else {"worker": num_workers}
         return _run_restarting(command, roles, options, worker_envs)
-    return _run_tasks(command, cluster, tasks, options)
+    return run_job(command, cluster, tasks, options)
 
 
 def _per_node_workers(num_workers, num_ps, nproc_per_node, options):
     """(the number of workers, each one's device environment) for ``nproc_per_node``."""
-    from tfpar._node import worker_envs
+    from tfpar.launch.node import worker_envs
 
     check_int("nproc_per_node", nproc_per_node, 1, " (workers on this host, one per GPU)")
     if num_workers is not None:
@@ -276,7 +274,7 @@ def task_env_pairs(env):
     return tuple(sorted(env.items()))
 
 
-def _local_job(roles, worker_envs=None):
+def local_job(roles, worker_envs=None):
     cluster, tasks = local_tasks(roles)
     if "ps" in roles:  # ps and workers serve; the chief runs the command
         tasks = [dataclasses.replace(t, serves=t.task_type != "chief") for t in tasks]
@@ -293,10 +291,10 @@ def _run_restarting(command, roles, options, worker_envs=None):
     restarts, start = options.max_restarts, time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
         for attempt in range(restarts + 1):
-            cluster, tasks = _local_job(roles, worker_envs)
+            cluster, tasks = local_job(roles, worker_envs)
             run = dataclasses.replace(options, env={**options.env, RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state})
             try:
-                return _run_tasks(command, cluster, tasks, run)
+                return run_job(command, cluster, tasks, run)
             except LaunchError as error:
                 if error.task is None or attempt == restarts:  # interrupted, or out of restarts
                     if attempt and error.task is not None:

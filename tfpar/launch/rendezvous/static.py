@@ -10,7 +10,7 @@ sent to every node that joined.
 
 Pure Python: the launcher never imports TensorFlow. One JSON line each way; anything else on the
 port is answered with an error and ignored. `Link` is the lasting connection of an elastic job's agents
-to their rendezvous (`tfpar._elastic_rendezvous`).
+to their rendezvous (`tfpar.launch.rendezvous.elastic`).
 """
 
 import json
@@ -18,8 +18,10 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
-from tfpar._addresses import free_ports
+from tfpar.cluster.addresses import free_ports
 
 __all__ = ["DEFAULT_MASTER_PORT", "KEEPALIVE_SECONDS", "Link", "RendezvousError", "address", "connect", "rendezvous"]
 
@@ -34,7 +36,7 @@ class RendezvousError(ValueError):
     """The nodes could not agree on a cluster (missing, duplicated or disagreeing nodes)."""
 
 
-def address(host, port):
+def address(host: str, port: int) -> str:
     """``host:port``, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -126,7 +128,8 @@ class _Coordinator:
         return None
 
 
-def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, timeout=300.0):
+def rendezvous(*, master_addr: str, master_port: int, nnodes: int, node_rank: int, nproc_per_node: int,
+               timeout: float = 300.0) -> tuple[dict, list[int]]:
     """Joins the rendezvous; returns (cluster, the worker indices of this node's tasks).
 
     Raises:
@@ -163,7 +166,8 @@ def rendezvous(*, master_addr, master_port, nnodes, node_rank, nproc_per_node, t
     return cluster, list(range(first, first + nproc_per_node))
 
 
-def connect(master_addr, master_port, deadline, timeout, ended):
+def connect(master_addr: str, master_port: int, deadline: float, timeout: float,
+            ended: Callable[[], Any]) -> socket.socket:
     """A connection to node 0, tried until ``deadline`` (node 0 may start after this node), or until
     ``ended()`` returns the error that ended the rendezvous."""
     while True:

@@ -17,7 +17,7 @@ GROW_REQUEST = "grow"
 so the job restarts larger from that backup and no step is trained twice."""
 ELASTIC_VARIABLE = "TFPAR_ELASTIC"
 """Set in every worker of an elastic launch: JSON ``{"reference_workers": R, "min_workers": M, "batch": B}``
-(`tfpar._elastic.ElasticBatch`): how the global batch is kept when the job has fewer than R workers."""
+(`tfpar._tasks.elastic_batch.ElasticBatch`): how the global batch is kept when the job has fewer than R workers."""
 HEARTBEAT_VARIABLE = "TFPAR_HEARTBEAT_FILE"
 """The file a task's heartbeat goes to; set by ``tfpar launch --heartbeat-timeout``."""
 TIMELINE_VARIABLE = "TFPAR_TIMELINE"

@@ -1,5 +1,5 @@
 """The back-ends of ``tfpar launch``: how a job's tasks are started, one small class each, all
-watched by one `tfpar._supervisor.Supervisor` (heartbeats, step times, the timeline merge).
+watched by one `tfpar.launch.supervisor.Supervisor` (heartbeats, step times, the timeline merge).
 
 | back-end   | chosen by                  | starts                                              |
 |------------|----------------------------|-----------------------------------------------------|
@@ -17,11 +17,12 @@ is the table ``tfpar launch`` walks: the first chosen one runs. Pure Python, no 
 
 import os
 import shutil
+from argparse import Namespace
 
 from tfpar._checks import check_number
-from tfpar._processes import DEFAULT_GRACE_SECONDS, run_command
-from tfpar._supervisor import Supervisor
-from tfpar.launch import Task, launch, load_cluster_file
+from tfpar._local.processes import DEFAULT_GRACE_SECONDS, run_command
+from tfpar.launch.runner import Task, launch, load_cluster_file
+from tfpar.launch.supervisor import Supervisor
 
 __all__ = ["BACKENDS", "Backend", "Elastic", "Horovod", "Hosts", "Local", "Nodes", "Slurm", "backend_for"]
 
@@ -31,18 +32,18 @@ class Backend:
 
     name = ""
 
-    def chosen(self, args):
+    def chosen(self, args: Namespace) -> bool:
         """Whether the command line asks for this back-end."""
         raise NotImplementedError
 
-    def check(self, args, command):
+    def check(self, args: Namespace, command: list[str]) -> None:
         """Raises ValueError, naming the option, for what this back-end cannot take."""
 
-    def start(self, args, command):
+    def start(self, args: Namespace, command: list[str]) -> int:
         """Runs the job; returns its exit code (0) or raises `tfpar.launch.LaunchError`."""
         raise NotImplementedError
 
-    def run(self, args, command):
+    def run(self, args: Namespace, command: list[str]) -> int:
         """`check`, then `start`."""
         self.check(args, command)
         return self.start(args, command)
@@ -54,10 +55,10 @@ class Horovod(Backend):
 
     name = "horovod"
 
-    def chosen(self, args):
+    def chosen(self, args: Namespace) -> bool:
         return args.horovod
 
-    def check(self, args, command):
+    def check(self, args: Namespace, command: list[str]) -> None:
         if getattr(args, "nproc_per_node", None) is not None and args.workers is None:  # (tfpar demo's args have none)
             args.workers = args.nproc_per_node  # horovodrun pins one GPU per local rank itself
         if args.hosts or args.cluster:
@@ -76,9 +77,9 @@ class Horovod(Backend):
 
             raise ValueError(f"tfpar launch --horovod needs horovodrun, which is not on PATH. {INSTALL_HINT}")
 
-    def start(self, args, command):
+    def start(self, args: Namespace, command: list[str]) -> int:
         n = str(args.workers)
-        argv = [shutil.which("horovodrun"), "-np", n, "-H", f"localhost:{n}", "--gloo", *command]
+        argv = [shutil.which("horovodrun") or "horovodrun", "-np", n, "-H", f"localhost:{n}", "--gloo", *command]
 
         def say(message):
             print(f"tfpar launch: {message}", flush=True)
@@ -96,10 +97,10 @@ class Slurm(Backend):
 
     name = "slurm"
 
-    def chosen(self, args):
+    def chosen(self, args: Namespace) -> bool:
         return args.slurm and not (args.hosts and args.cluster)  # that mistake is Hosts' to name
 
-    def check(self, args, command):
+    def check(self, args: Namespace, command: list[str]) -> None:
         given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
                                           ("--task-index", args.task_index), ("--ps", args.ps or None),
                                           ("--max-restarts", args.max_restarts or None),
@@ -109,7 +110,7 @@ class Slurm(Backend):
             raise ValueError(f"--slurm takes the cluster from SLURM. Received: --slurm with {', '.join(given)}. "
                              "Leave those out (srun starts one task per worker).")
 
-    def start(self, args, command):
+    def start(self, args: Namespace, command: list[str]) -> int:
         from tfpar.cluster import ClusterInfo, slurm_gpu_env
 
         info = ClusterInfo.from_slurm()
@@ -120,18 +121,18 @@ class Slurm(Backend):
 
 class Nodes(Backend):
     """``--nnodes K --node-rank R --master-addr A``: K identical hosts, ``--nproc-per-node`` workers
-    each, their addresses agreed through node 0 (`tfpar._rendezvous`), as torchrun's users start a job.
+    each, their addresses agreed through node 0 (`tfpar.launch.rendezvous.static`), as torchrun's users start a job.
     ``--nnodes MIN:MAX``: an elastic job on MIN to MAX hosts, the same line on each, no ``--node-rank``
-    (`tfpar._elastic_rendezvous`)."""
+    (`tfpar.launch.rendezvous.elastic`)."""
 
     name = "nodes"
 
-    def chosen(self, args):
+    def chosen(self, args: Namespace) -> bool:
         return args.nnodes is not None
 
-    def check(self, args, command):
+    def check(self, args: Namespace, command: list[str]) -> None:
         from tfpar._checks import check_int
-        from tfpar._elastic_rendezvous import parse_nnodes
+        from tfpar.launch.rendezvous.elastic import parse_nnodes
 
         self.elastic = ":" in str(args.nnodes)
         given = [flag for flag, value in (("-n", args.workers), ("--hosts", args.hosts), ("--cluster", args.cluster),
@@ -174,14 +175,14 @@ class Nodes(Backend):
         check_number("--rendezvous-timeout", args.rendezvous_timeout, above=0)
         check_number("--elastic-timeout", args.elastic_timeout, above=0, hint=" (seconds to wait for MIN nodes)")
 
-    def start(self, args, command):
-        from tfpar._rendezvous import rendezvous
+    def start(self, args: Namespace, command: list[str]) -> int:
+        from tfpar.launch.rendezvous.static import rendezvous
 
         nproc = 1 if args.nproc_per_node is None else args.nproc_per_node
         envs = _worker_envs(nproc)  # refused before the rendezvous: too few GPUs
         if self.elastic:
-            from tfpar._elastic_launch import run_elastic_nodes
-            from tfpar.launch import LaunchOptions
+            from tfpar.launch.elastic.agent import run_elastic_nodes
+            from tfpar.launch.runner import LaunchOptions
 
             options = LaunchOptions(grace_seconds=args.grace, max_restarts=args.max_restarts,
                                     heartbeat_timeout=args.heartbeat_timeout)
@@ -202,14 +203,14 @@ class Hosts(Backend):
 
     name = "hosts"
 
-    def chosen(self, args):
+    def chosen(self, args: Namespace) -> bool:
         return bool(args.hosts or args.cluster)
 
-    def check(self, args, command):
+    def check(self, args: Namespace, command: list[str]) -> None:
         if args.hosts and args.cluster:
             raise ValueError("Give --hosts or --cluster, not both.")
 
-    def start(self, args, command):
+    def start(self, args: Namespace, command: list[str]) -> int:
         from tfpar.cluster import parse_hosts
 
         cluster = {"worker": parse_hosts(args.hosts)} if args.hosts else load_cluster_file(args.cluster)
@@ -249,8 +250,8 @@ class Hosts(Backend):
 
 
 def _worker_envs(nproc_per_node):
-    """This host's workers' device environments (`tfpar._node.worker_envs`), its warning printed."""
-    from tfpar._node import worker_envs
+    """This host's workers' device environments (`tfpar.launch.node.worker_envs`), its warning printed."""
+    from tfpar.launch.node import worker_envs
 
     envs, warning = worker_envs(nproc_per_node)
     if warning:
@@ -260,23 +261,24 @@ def _worker_envs(nproc_per_node):
 
 def _worker_tasks(first_index, envs):
     """This host's worker tasks, numbered from ``first_index``, each with its environment."""
-    from tfpar.launch import task_env_pairs
+    from tfpar.launch.runner import task_env_pairs
 
     return [Task(task_type="worker", task_index=first_index + i, env=task_env_pairs(env)) for i, env in enumerate(envs)]
 
 
 class Elastic(Backend):
     """``--min-workers``/``--max-workers``/``--host-discovery-script``/``--host-discovery-file``: a local job
-    whose workers may change (`tfpar._elastic_launch`)."""
+    whose workers may change (`tfpar.launch.elastic`)."""
 
     name = "elastic"
 
-    def chosen(self, args):
+    def chosen(self, args: Namespace) -> bool:
         return any(v is not None for v in (args.min_workers, args.max_workers, args.host_discovery_script,
                                            args.host_discovery_file))
 
-    def check(self, args, command):
-        from tfpar._elastic import Discovery, Membership
+    def check(self, args: Namespace, command: list[str]) -> None:
+        from tfpar.launch.elastic.discovery import Discovery
+        from tfpar.launch.elastic.membership import Membership
 
         for flag, given in (("--task-index", args.task_index is not None), ("--hosts", args.hosts),
                             ("--cluster", args.cluster), ("--nnodes", args.nnodes is not None), ("--slurm", args.slurm),
@@ -301,9 +303,9 @@ class Elastic(Backend):
         self.discovery.hosts()  # its output checked now, before any worker starts
         check_number("elastic_timeout", args.elastic_timeout, above=0, hint=" (seconds to wait for --min-workers)")
 
-    def start(self, args, command):
-        from tfpar._elastic_launch import run_elastic
-        from tfpar.launch import LaunchOptions
+    def start(self, args: Namespace, command: list[str]) -> int:
+        from tfpar.launch.elastic.local import run_elastic
+        from tfpar.launch.runner import LaunchOptions
 
         options = LaunchOptions(grace_seconds=args.grace, max_restarts=args.max_restarts,
                                 heartbeat_timeout=args.heartbeat_timeout)
@@ -315,17 +317,17 @@ class Local(Backend):
 
     name = "local"
 
-    def chosen(self, args):
+    def chosen(self, args: Namespace) -> bool:
         return True
 
-    def check(self, args, command):
+    def check(self, args: Namespace, command: list[str]) -> None:
         if args.workers is None and args.nproc_per_node is None:
             raise ValueError(
                 "Say how many local workers to start, or which cluster to join. "
                 "Received: neither -n nor --hosts/--cluster. Write e.g. "
                 "`tfpar launch -n 2 -- python train.py`.")
 
-    def start(self, args, command):
+    def start(self, args: Namespace, command: list[str]) -> int:
         return launch(command, num_workers=args.workers, num_ps=args.ps, nproc_per_node=args.nproc_per_node,
                       grace_seconds=args.grace, max_restarts=args.max_restarts,
                       heartbeat_timeout=args.heartbeat_timeout)
@@ -335,6 +337,6 @@ BACKENDS = (Elastic(), Horovod(), Slurm(), Nodes(), Hosts(), Local())
 """The back-ends, in the order ``tfpar launch`` asks them: the first `chosen` runs the job."""
 
 
-def backend_for(args):
+def backend_for(args: Namespace) -> Backend:
     """The back-end the command line ``args`` chose."""
     return next(backend for backend in BACKENDS if backend.chosen(args))

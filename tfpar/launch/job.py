@@ -7,15 +7,15 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from tfpar._checks import check_choice, check_int
-from tfpar._processes import LaunchError, ProcessGroups
+from tfpar._local.processes import LaunchError, ProcessGroups
 from tfpar.cluster import ROLES, ClusterInfo, local_cluster
 
 __all__ = ["SERVER_COMMAND", "Job", "Task", "describe_exit", "local_tasks"]
 
-SERVER_COMMAND = (sys.executable, "-m", "tfpar._server")
+SERVER_COMMAND = (sys.executable, "-m", "tfpar._local.server")
 """What a serving task runs: a TensorFlow server for its TF_CONFIG task."""
 
 
@@ -33,7 +33,7 @@ class Task:
     job's command tasks finish, and its death does not end the job."""
     env: tuple = ()
     """(name, value) pairs of its own environment, on top of the job's (its GPUs with
-    ``--nproc-per-node``: `tfpar._node.worker_envs`)."""
+    ``--nproc-per-node``: `tfpar.launch.node.worker_envs`)."""
 
     @property
     def name(self):
@@ -74,7 +74,8 @@ class Job:
         self.pumps = []
         self.groups = ProcessGroups(grace_seconds)
 
-    def start(self, command, cluster, tasks, env, received=(), task_env=lambda name: {}):
+    def start(self, command: list[str], cluster: dict, tasks: Sequence["Task"], env: Mapping[str, str],
+              received: Sequence[int] = (), task_env: Callable[[str], dict] = lambda name: {}) -> None:
         """Starts every task (its environment: ``env``, its TF_CONFIG and ``task_env(its name)``); on a
         failure to start, stops those started and raises LaunchError.
 
@@ -121,24 +122,24 @@ class Job:
             self._write(prefix + raw.decode("utf-8", "replace").rstrip("\n") + "\n")
         proc.stdout.close()
 
-    def say(self, message):
+    def say(self, message: str) -> None:
         self._write(f"tfpar launch: {message}\n")
 
-    def signal_all(self, sig):
+    def signal_all(self, sig: int) -> None:
         self.groups.send(sig)
 
-    def stop(self, first=signal.SIGTERM):
+    def stop(self, first: int | None = signal.SIGTERM) -> None:
         """``first`` to every task's group (None: already sent), SIGKILL after the grace period."""
         self.groups.stop(first if first is not None else 0)
         for proc in self.procs.values():
             proc.wait()
         self.drain()
 
-    def drain(self):
+    def drain(self) -> None:
         for pump in self.pumps:
             pump.join(timeout=5)
 
-    def close(self):
+    def close(self) -> None:
         """Nothing of the job is left: every group (grandchildren too) ended, the watchdog released."""
         self.groups.close()
         for proc in self.procs.values():
@@ -146,7 +147,7 @@ class Job:
         self.drain()
 
 
-def describe_exit(code):
+def describe_exit(code: int) -> str:
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"

@@ -1,4 +1,4 @@
-"""What ``tfpar launch`` watches over a job, whichever back-end started its tasks (`tfpar._backends`):
+"""What ``tfpar launch`` watches over a job, whichever back-end started its tasks (`tfpar.launch.backends`):
 their heartbeats, their step times and the timeline. Pure Python, no TensorFlow.
 
 - With ``heartbeat_timeout``, each task gets a heartbeat file (``TFPAR_HEARTBEAT_FILE``, from
@@ -11,11 +11,13 @@ their heartbeats, their step times and the timeline. Pure Python, no TensorFlow.
 
 import os
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 from tfpar._checks import check_number
-from tfpar._heartbeat import HEARTBEAT_VARIABLE, Watch, hang_error
-from tfpar._task_env import TIMELINE_VARIABLE
-from tfpar._timeline_files import merge_horovod_timeline
+from tfpar._tasks.env import TIMELINE_VARIABLE
+from tfpar._tasks.heartbeat import HEARTBEAT_VARIABLE, Watch, hang_error
+from tfpar._tasks.timeline_files import merge_horovod_timeline
 
 __all__ = ["Supervisor"]
 
@@ -57,14 +59,15 @@ class Supervisor:
         """Whether the tasks' heartbeats are watched."""
         return self._watch is not None
 
-    def task_env(self, name):
+    def task_env(self, name: str) -> dict[str, str]:
         """``{TFPAR_HEARTBEAT_FILE: ...}`` for the task called ``name`` (``"{rank}"`` in it: Horovod
         fills in each rank), or ``{}`` without heartbeats."""
         if self._watch is None:
             return {}
         return {HEARTBEAT_VARIABLE: os.path.join(self._folder.name, name.replace(" ", "-"))}
 
-    def check(self, others=None, task_of=lambda name: None):
+    def check(self, others: dict[str, int] | None = None,
+              task_of: Callable[[str], Any] = lambda name: None) -> None:
         """Raises the `LaunchError` (code 124) of a stalled task, once it named it and dumped its
         stacks; ``others``: name -> pid of the running tasks without a heartbeat (a ps server)."""
         if self._watch is None:
@@ -73,7 +76,7 @@ class Supervisor:
         if hang is not None:
             raise hang_error(hang, self.say, task=task_of(hang.name))
 
-    def finish(self, what="task"):
+    def finish(self, what: str = "task") -> None:
         """After a job that succeeded: each task's mean step time against the median."""
         steps = self._watch.step_times() if self._watch is not None else None
         if steps:

@@ -3,7 +3,7 @@
 `ProcessGroups` keeps the process group of every child and a watchdog process that stops
 them if the launcher dies, however it dies (SIGKILL included):
 
-    python -m tfpar._processes GRACE_SECONDS   (lines on stdin: "+PGID", "-PGID", "exit")
+    python -m tfpar._local.processes GRACE_SECONDS   (lines on stdin: "+PGID", "-PGID", "exit")
 
 `ProcessGroups` starts one, in a session of its own, and writes to it the process group of
 every child it starts. The pipe's write end lives only in the launcher (children are started
@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tfpar import _loopback as loopback
 from tfpar._checks import check_number
+from tfpar._local import loopback
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "FORWARDED_SIGNALS", "LaunchError", "ProcessGroups", "check_command",
            "forwarding_signals", "group_alive", "run_command", "signal_group", "stop_groups", "tree_groups"]
@@ -127,7 +127,7 @@ class ProcessGroups:
         self._seen = set()
         self._lock = threading.RLock()  # a signal handler may send while the main thread holds it
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "tfpar._processes", repr(float(grace_seconds))],
+            [sys.executable, "-m", "tfpar._local.processes", repr(float(grace_seconds))],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, text=True)
 
     def _tell(self, line):
