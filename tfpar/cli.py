@@ -7,8 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from tfpar._checks import whole_number as _int
-from tfpar._local.processes import DEFAULT_GRACE_SECONDS, LaunchError
-from tfpar._tasks.elastic_batch import ELASTIC_BATCHES
+from tfpar._local.processes import LaunchError
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -41,8 +40,6 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 def _parser():
     from tfpar import __version__
     from tfpar._factory import STRATEGIES
-    from tfpar.cluster import ROLES
-    from tfpar.launch.rendezvous.static import DEFAULT_MASTER_PORT
 
     codes = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())
     parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for Keras models (tf_keras and Keras 3).",
@@ -122,71 +119,10 @@ def _parser():
         description="Local: tfpar launch -n 2 -- python train.py. Several hosts: on host K run "
                     "tfpar launch --hosts a:2222,b:2222 --task-index K -- python train.py.",
     )
-    run.set_defaults(func=_launch)
-    run.add_argument("-n", "--workers", type=_int, default=None,
-                     help="number of local workers on 127.0.0.1, sharing this host's devices")
-    run.add_argument("--nproc-per-node", type=_int, default=None, metavar="N",
-                     help="N workers on this host, each with its own GPUs (CUDA_VISIBLE_DEVICES) or, without a GPU, "
-                          "its own virtual CPU device; with --hosts or --nnodes, N on every host")
-    run.add_argument("--nnodes", default=None, metavar="K|MIN:MAX",
-                     help="K identical hosts: run the same line on each with its --node-rank; node 0 (at "
-                          "--master-addr) tells every node the others' addresses. MIN:MAX: an elastic job, the same "
-                          "line on every host (no --node-rank); it goes on with at least MIN when hosts are lost and "
-                          "grows back to MAX as they join, restarting every worker from FaultTolerance's backup")
-    run.add_argument("--node-rank", type=_int, default=None, metavar="R",
-                     help="with --nnodes K: this host, 0 to K-1")
-    run.add_argument("--master-addr", default=None, metavar="HOST",
-                     help="with --nnodes: node 0's address, reachable from every node")
-    run.add_argument("--master-port", type=_int, default=DEFAULT_MASTER_PORT, help="with --nnodes: node 0's port")
-    run.add_argument("--rendezvous-timeout", type=float, default=300.0,
-                     help="with --nnodes: seconds to wait for every node to join (MIN:MAX: for MIN)")
-    run.add_argument("--ps", type=_int, default=0,
-                     help="parameter-server job: this many ps tasks, -n worker servers, and a chief "
-                          "that runs the command")
-    run.add_argument("--hosts", help="comma-separated host[:port] list (port 2222 when left out), one worker each, "
-                                      "or --nproc-per-node each on consecutive ports")
-    run.add_argument("--cluster", help="JSON file with the cluster ({\"worker\": [...], ...})")
-    run.add_argument("--task-type", default="worker", choices=ROLES, help="this machine's role (multi-host)")
-    run.add_argument("--task-index", type=_int, default=None,
-                     help="this machine's index in its role (multi-host)")
-    run.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS,
-                     help="seconds a stopped task gets before SIGKILL")
-    run.add_argument("--max-restarts", type=_int, default=0,
-                     help="local jobs: when a task fails, stop the others and start the job again on "
-                          "fresh ports, up to this many times (training resumes from FaultTolerance's backup); "
-                          "elastic jobs: the failures of one worker's slot (--nnodes MIN:MAX: of one node's workers) before "
-                          "it is dropped")
-    run.add_argument("--min-workers", type=_int, default=None, metavar="N",
-                     help="an elastic local job: it trains on with at least N workers when it loses some (default 1)")
-    run.add_argument("--max-workers", type=_int, default=None, metavar="N",
-                     help="an elastic local job: at most N workers; it grows back to them when capacity returns")
-    run.add_argument("--host-discovery-script", default=None, metavar="PATH",
-                     help="an elastic local job: an executable printing host:slots lines (Horovod's), run again "
-                          "every second; a worker a slot")
-    run.add_argument("--host-discovery-file", default=None, metavar="PATH",
-                     help="an elastic local job: a file of host:slots lines, read again every second")
-    run.add_argument("--elastic-timeout", type=float, default=600.0,
-                     help="an elastic job: seconds to wait for --min-workers slots (--nnodes MIN:MAX: MIN nodes) "
-                          "before failing")
-    run.add_argument("--elastic-batch", default="accumulate", choices=ELASTIC_BATCHES,
-                     help="an elastic job on fewer workers than --max-workers (else the most it has had; --nnodes MIN:MAX: "
-                          "MAX nodes'): keep the "
-                          "global batch by computing each replica's batch in micro-batches of the full job's size and "
-                          "accumulating their gradients (DataParallel), or by larger per-replica batches (grow); or keep "
-                          "each replica's batch, the global batch following the workers, and scale the learning rate "
-                          "with it by the linear rule (scale-lr) or the square root (scale-lr-sqrt)")
-    run.add_argument("--heartbeat-timeout", type=float, default=None,
-                     help="seconds a task may make no training step before it is named hung, its stacks are "
-                          "dumped and the job is stopped (or restarted under --max-restarts)")
-    run.add_argument("--timeline", metavar="DIR", default=None,
-                     help="every fit of the job writes DIR/timeline.json: a Chrome trace of all workers' steps "
-                          "(tfpar.callbacks.Timeline); with --horovod, Horovod's own DIR/horovod_timeline.json too")
-    run.add_argument("--slurm", action="store_true",
-                     help="join the SLURM job this srun task belongs to (one worker per task; the "
-                          "cluster comes from SLURM_JOB_NODELIST, SLURM_NTASKS, SLURM_PROCID)")
-    run.add_argument("--horovod", action="store_true",
-                     help="start a Horovod job instead (horovodrun --gloo, -n local ranks)")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- program and arguments")
+    from tfpar.launch import command as launch_command
+
+    launch_command.add_arguments(run)
+    run.set_defaults(func=lambda args, command_line=None: launch_command.run(args))
 
     tune = sub.add_parser("tune", help="run short trials over a search space; report the fastest, or the first to a --target",
                           description="tfpar tune --space '{\"per_replica_batch\": [16, 64], "
@@ -208,25 +144,6 @@ def _parser():
     return parser
 
 
-def _launch(args, command_line=None):
-    from tfpar.launch.backends import backend_for
-
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if args.timeline is not None:
-        _timeline_folder(args.timeline, horovod=args.horovod)
-    return backend_for(args).run(args, command)
-
-
-def _timeline_folder(folder, horovod):
-    """--timeline DIR: made if missing and checked writable now; the tasks inherit $TFPAR_TIMELINE."""
-    from tfpar._tasks.timeline_files import TIMELINE_VARIABLE, timeline_in
-
-    folder = os.path.dirname(timeline_in(folder, "--timeline"))
-    os.environ[TIMELINE_VARIABLE] = folder
-    if horovod:
-        os.environ.setdefault("HOROVOD_TIMELINE", os.path.join(folder, "horovod_timeline.json"))
-
-
 def _doctor(args=None, command_line=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfpar.doctor import report
@@ -243,7 +160,6 @@ def _demo(args, command_line=None):
         args.epochs = default_epochs(8)
     if args.strategy == "horovod" and "HOROVOD_RANK" not in os.environ:
         # Start the ranks (one per --devices, default 2) and run this same demo in each.
-        args.workers, args.hosts, args.cluster = args.devices or 2, None, None
         from tfpar._factory import ParallelismSpec
 
         spec = ParallelismSpec(kind="horovod", compression=args.compression, zero_stage=args.zero_stage)
@@ -258,8 +174,9 @@ def _demo(args, command_line=None):
         if args.report:
             argv += ["--report", os.path.abspath(args.report)]
         from tfpar.launch.backends import Horovod
+        from tfpar.launch.config import LaunchConfig
 
-        return Horovod().run(args, argv)
+        return Horovod().run(LaunchConfig(command=tuple(argv), horovod=True, workers=args.devices or 2))
     if args.strategy == "parameter_server" and command_line is not None:
         _keep_servers_on_loopback(command_line)
     from tfpar.demo import run_demo

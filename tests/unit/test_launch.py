@@ -182,9 +182,11 @@ def test_bad_launch_arguments(args, match):
 def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backend):
     from tfpar.cli import _parser
     from tfpar.launch.backends import BACKENDS, backend_for
+    from tfpar.launch.command import config_from_args
 
-    args = _parser().parse_args(["launch", *argv, "--", PY, "-c", "pass"])
-    assert backend_for(args).name == backend
+    config = config_from_args(_parser().parse_args(["launch", *argv, "--", PY, "-c", "pass"]))
+    assert config.command == (PY, "-c", "pass")
+    assert backend_for(config).name == backend
     assert [b.name for b in BACKENDS] == ["elastic", "horovod", "slurm", "nodes", "hosts", "local"]
 
 
@@ -211,3 +213,29 @@ def test_the_supervisor_gives_heartbeat_files_in_its_folder_and_merges_horovods_
     assert any(e.get("args", {}).get("name") == "Horovod allreduce.grad" for e in merged), merged
     with pytest.raises(ValueError, match=r"heartbeat_timeout.*Received: heartbeat_timeout=0"):
         Supervisor(0, said.append)
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"command": "python train.py"}, TypeError, r"command must be a list of strings.*Received: command='python"),
+    ({"task_type": "boss"}, ValueError, r"task_type.*'boss'"),
+    ({"nnodes": "3:1"}, ValueError, r"--nnodes MIN:MAX needs MIN <= MAX. Received: --nnodes 3:1"),
+    ({"elastic_batch": "double"}, ValueError, r"elastic_batch.*'double'"),
+    ({"grace": 0}, ValueError, r"grace must be a number > 0. Received: grace=0"),
+])
+def test_a_launch_config_refuses_a_bad_value_when_made(options, error, match):
+    from tfpar.launch.config import LaunchConfig
+
+    with pytest.raises(error, match=match):
+        LaunchConfig(**{"command": (PY, "-c", "pass"), **options})
+
+
+def test_the_launch_options_are_grouped_by_the_back_end_that_reads_them():
+    from tfpar.cli import _parser
+
+    launch = _parser()._subparsers._group_actions[0].choices["launch"]
+    groups = {group.title: [a.dest for a in group._group_actions] for group in launch._action_groups}
+    assert groups["several identical hosts (--nnodes, as torchrun)"] == [
+        "nnodes", "node_rank", "master_addr", "master_port", "rendezvous_timeout"]
+    assert "elastic_batch" in groups["an elastic job (--min-workers, --max-workers, --nnodes MIN:MAX)"]
+    assert groups["SLURM and Horovod"] == ["slurm", "horovod"]
+    assert "several hosts, each named (--hosts, --cluster)" in launch.format_help()
