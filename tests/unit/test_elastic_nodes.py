@@ -16,7 +16,17 @@ import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
 from tfpar.cluster.addresses import free_ports
-from tfpar.launch.rendezvous.elastic import Coordinator, parse_nnodes
+from tfpar.launch.rendezvous.elastic import Coordinator, Phase, parse_nnodes
+from tfpar.launch.rendezvous.protocol import (
+    Alive,
+    Hello,
+    Ready,
+    Renew,
+    Start,
+    Stop,
+    decode,
+    encode,
+)
 
 PY = sys.executable
 # Each worker prints its place and round; in round 0 it then does what $WORKER_ROUND0 says of its index:
@@ -146,10 +156,11 @@ def test_a_rendezvous_host_that_stops_answering_ends_the_job_on_the_agent(tmp_pa
         try:
             server.settimeout(30)
             conn, _ = server.accept()
-            hello = json.loads(conn.makefile("r").readline())["hello"]
-            worker = f"127.0.0.1:{hello['ports'][0]}"
-            start = {"round": 0, "cluster": {"worker": [worker]}, "node": 0, "first": 0, "reference": 1, "min_workers": 1}
-            conn.sendall((json.dumps({"start": start}) + "\n").encode())
+            hello = decode(conn.makefile("rb").readline())
+            assert isinstance(hello, Hello), hello
+            worker = f"127.0.0.1:{hello.ports[0]}"
+            conn.sendall(encode(Start(round=0, cluster={"worker": [worker]}, node=0, first=0, reference=1,
+                                      min_workers=1)))
             begin = time.monotonic()
             agent.wait(timeout=NODE_TIMEOUT_SECONDS + 30)
             waited = time.monotonic() - begin
@@ -187,24 +198,23 @@ def test_a_silent_agent_is_dropped_and_the_others_are_stopped():
     try:
         for name in ("alive[1]", "silent[2]"):
             clients.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-            hello = {"name": name, "nnodes": [1, 2], "nproc": 1, "ports": free_ports(1), "token": None}
-            clients[-1].sendall((json.dumps({"hello": hello}) + "\n").encode())
-        reader = clients[0].makefile("r")
-        start = json.loads(reader.readline())["start"]
-        assert (start["round"], start["node"], len(start["cluster"]["worker"])) == (0, 0, 2)
+            clients[-1].sendall(encode(Hello(name=name, nnodes=(1, 2), nproc=1, ports=tuple(free_ports(1)))))
+        reader = clients[0].makefile("rb")
+        start = decode(reader.readline())
+        assert (start.round, start.node, len(start.cluster["worker"])) == (0, 0, 2)
         begin = time.monotonic()
         while True:  # the live one keeps answering; the silent one says nothing more
-            clients[0].sendall(b'{"alive": 1}\n')
-            message = json.loads(reader.readline())
-            if "stop" in message:
+            clients[0].sendall(encode(Alive()))
+            message = decode(reader.readline())
+            if isinstance(message, Stop):
                 break
-        assert message["stop"] == "silent[2] left (silent for 1.5 s)"
+        assert message.why == "silent[2] left (silent for 1.5 s)"
         assert 1.5 <= time.monotonic() - begin < 10
         assert said == ["2 node(s); world size 2", "silent[2] left (silent for 1.5 s); stopping every node's workers"]
     finally:
         for client in clients:
             client.close()
-        coordinator.phase = "ended"
+        coordinator.phase = Phase.ENDED
         coordinator.close()
 
 
@@ -219,18 +229,17 @@ def test_two_agents_of_one_host_that_picked_one_port_are_told_to_pick_again():
     try:
         for name in ("first[1]", "second[2]"):
             clients.append(socket.create_connection(("127.0.0.1", server.getsockname()[1]), timeout=10))
-            hello = {"name": name, "nnodes": [2, 2], "nproc": 1, "ports": [port], "token": None}
-            clients[-1].sendall((json.dumps({"hello": hello}) + "\n").encode())
-        readers = [c.makefile("r") for c in clients]
-        assert json.loads(readers[1].readline()) == {"renew": 1}
+            clients[-1].sendall(encode(Hello(name=name, nnodes=(2, 2), nproc=1, ports=(port,))))
+        readers = [c.makefile("rb") for c in clients]
+        assert decode(readers[1].readline()) == Renew()
         other = free_ports(1)[0]
-        clients[1].sendall((json.dumps({"ready": [other]}) + "\n").encode())
-        starts = [json.loads(r.readline())["start"] for r in readers]
-        assert starts[0]["cluster"] == starts[1]["cluster"] == {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{other}"]}
+        clients[1].sendall(encode(Ready((other,))))
+        starts = [decode(r.readline()) for r in readers]
+        assert starts[0].cluster == starts[1].cluster == {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{other}"]}
     finally:
         for client in clients:
             client.close()
-        coordinator.phase = "ended"
+        coordinator.phase = Phase.ENDED
         coordinator.close()
 
 
@@ -273,3 +282,44 @@ def test_a_node_started_with_other_sizes_is_refused_by_the_rendezvous(tmp_path):
     assert odd.returncode == 1 and "--nnodes 1:2 --nproc-per-node 2, and the job with --nnodes 1:2 --nproc-per-node 1: " \
                                    "give every node the same" in odd.output, odd.output
     assert node0.returncode == 0 and len(_tasks(out)) == 1, out
+
+
+@pytest.mark.parametrize("message", [
+    Hello(name="host[1]", nnodes=(1, 3), nproc=2, ports=(40001, 40002), token="abc"), Ready((40001,), "worker 1 failed"),
+    Start(round=2, cluster={"worker": ["127.0.0.1:40001"]}, node=0, first=0, reference=3, min_workers=1),
+    Stop("a node left"), Renew(), Alive(),
+], ids=lambda message: type(message).__name__)
+def test_each_message_of_the_elastic_protocol_reads_back_as_it_was_sent(message):
+    line = encode(message)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode(line) == message
+
+
+@pytest.mark.parametrize("line, why", [
+    (b"not json", "not JSON"),
+    (b'{"ready": [1]}', "no kind of message this rendezvous knows"),  # the old spelling
+    (b'{"kind": "ready", "ports": [1], "colour": "red"}', "Ready has no field(s) ['colour']"),
+    (b'{"kind": "start", "round": 0}', "Start: "),
+])
+def test_a_line_that_is_no_message_is_read_as_invalid_naming_why(line, why):
+    from tfpar.launch.rendezvous.protocol import Invalid
+
+    message = decode(line)
+    assert isinstance(message, Invalid) and message.why.startswith(why), message
+
+
+def test_the_rendezvous_moves_only_between_the_phases_its_table_allows():
+    from tfpar.launch.rendezvous.elastic import TRANSITIONS
+
+    assert {phase for phase in Phase if not TRANSITIONS[phase]} == {Phase.ENDED}
+    assert all(Phase.ENDED in TRANSITIONS[phase] for phase in Phase if phase is not Phase.ENDED)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    coordinator = Coordinator(server, nnodes=(1, 1), nproc=1, state="/nonexistent", say=lambda line: None,
+                              max_restarts=0, timeouts=(30, 30))
+    try:
+        with pytest.raises(RuntimeError, match="cannot go from forming to stopping"):
+            coordinator._move(Phase.STOPPING)
+    finally:
+        coordinator.phase = Phase.ENDED
+        coordinator.close()

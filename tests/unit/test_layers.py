@@ -27,6 +27,7 @@ PURE = frozenset({
     "tfpar.launch.node",
     "tfpar.launch.rendezvous",
     "tfpar.launch.rendezvous.static",
+    "tfpar.launch.rendezvous.protocol",
     "tfpar.launch.rendezvous.elastic",
     "tfpar.launch.elastic",
     "tfpar.launch.elastic.discovery",

@@ -18,10 +18,12 @@ ready, and starts them all on it:
   ``--elastic-timeout`` after): every agent fails, naming how many there were.
 - The hosting agent's loss ends the job, as the loss of torchrun's c10d store host does.
 
-Pure Python: one JSON line a message each way (`tfpar.launch.rendezvous.static.Link`), keepalives from both ends.
+The round's life is a `Phase`: forming, running, stopping (back to forming) and ended, each move one of
+`TRANSITIONS`. Pure Python: the messages of `tfpar.launch.rendezvous.protocol`, one JSON line each.
 """
 
 import dataclasses
+import enum
 import errno
 import secrets
 import socket
@@ -31,9 +33,22 @@ from collections.abc import Callable
 from typing import Any
 
 from tfpar.launch.elastic.membership import GrowRequest, change_line
-from tfpar.launch.rendezvous.static import Link, RendezvousError, address
+from tfpar.launch.rendezvous.protocol import (
+    Done,
+    Drop,
+    Ended,
+    Hello,
+    Leave,
+    Link,
+    Ready,
+    Renew,
+    Start,
+    Stop,
+    Wait,
+)
+from tfpar.launch.rendezvous.static import RendezvousError, address
 
-__all__ = ["LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "Coordinator", "parse_nnodes"]
+__all__ = ["LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "TRANSITIONS", "Coordinator", "Phase", "parse_nnodes"]
 
 NODE_TIMEOUT_SECONDS = 15.0
 """An agent (or the rendezvous, for an agent) silent this long is gone: torchrun's 3 missed keepalives of 5 s."""
@@ -56,6 +71,28 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     if low > high:
         raise ValueError(f"--nnodes MIN:MAX needs MIN <= MAX. Received: --nnodes {value}. Write --nnodes {high}:{low}.")
     return low, high
+
+
+class Phase(enum.Enum):
+    """Where the rendezvous stands."""
+
+    FORMING = "forming"
+    """Waiting for enough ready agents to start a round."""
+    RUNNING = "running"
+    """A round's workers run."""
+    STOPPING = "stopping"
+    """A round's workers are being stopped; the next round forms once every member is ready."""
+    ENDED = "ended"
+    """Every agent was told how the job ended."""
+
+
+TRANSITIONS = {
+    Phase.FORMING: {Phase.RUNNING, Phase.ENDED},
+    Phase.RUNNING: {Phase.STOPPING, Phase.ENDED},
+    Phase.STOPPING: {Phase.FORMING, Phase.ENDED},
+    Phase.ENDED: set(),
+}
+"""The moves the rendezvous may make from each phase."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -85,7 +122,9 @@ class Coordinator:
         self.agents: list = []
         self.pending: list = []  # (link, host, since): connected, no hello yet
         self.members: list = []
-        self.round, self.phase, self.since, self.last_join = -1, "forming", time.monotonic(), time.monotonic()
+        self.round = -1
+        self.phase = Phase.FORMING
+        self.since = self.last_join = time.monotonic()
         self.blamed = self.said_waiting = False
         self.grow = GrowRequest(state, say)
         self.thread = threading.Thread(target=self._serve, daemon=True, name="tfpar-elastic-rendezvous")
@@ -110,15 +149,16 @@ class Coordinator:
 
     def _serve(self):
         try:
-            while self.phase != "ended":
+            steps = {Phase.FORMING: self._forming, Phase.RUNNING: self._running, Phase.STOPPING: self._stopping}
+            while self.phase is not Phase.ENDED:
                 self._accept()
                 for agent in sorted(self.agents, key=lambda a: not a.link.closed):  # a loss before the echoes it caused
                     self._hear(agent)
-                if self.phase != "ended":
-                    getattr(self, f"_{self.phase}")()
+                if self.phase is not Phase.ENDED:
+                    steps[self.phase]()
                 time.sleep(0.05)
         except Exception as error:  # every agent is told, then the job ends
-            self._end({"error": f"the rendezvous failed: {error!r}"})
+            self._end(Ended(f"the rendezvous failed: {error!r}"))
         finally:
             self.server.close()
             deadline = time.monotonic() + 2  # each agent closes its end once told; then this one's closing resets nothing
@@ -140,24 +180,24 @@ class Coordinator:
             if hello is None and not link.closed and time.monotonic() - since < _HELLO_SECONDS:
                 continue
             self.pending.remove(item)
-            problem = self._join(link, host, (hello or {}).get("hello"))
+            problem = self._join(link, host, hello)
             if problem:
-                link.send({"error": problem})
+                link.send(Ended(problem))
                 link.close()
 
     def _join(self, link, host, hello):
         """Adds an agent; returns why it is refused, if it is."""
-        if not (isinstance(hello, dict) and isinstance(hello.get("ports"), list) and isinstance(hello.get("name"), str)):
+        if not isinstance(hello, Hello):
             return "not a tfpar rendezvous message"
-        if tuple(hello.get("nnodes", ())) != (self.low, self.high) or hello.get("nproc") != self.nproc:
-            return (f"{hello['name']} was started with --nnodes {':'.join(map(str, hello.get('nnodes', ())))} "
-                    f"--nproc-per-node {hello.get('nproc')}, and the job with --nnodes {self.low}:{self.high} "
+        if tuple(hello.nnodes) != (self.low, self.high) or hello.nproc != self.nproc:
+            return (f"{hello.name} was started with --nnodes {':'.join(map(str, hello.nnodes))} "
+                    f"--nproc-per-node {hello.nproc}, and the job with --nnodes {self.low}:{self.high} "
                     f"--nproc-per-node {self.nproc}: give every node the same")
-        agent = _Agent(link, hello["name"], host, hello.get("token") == self.token, hello["ports"])
+        agent = _Agent(link, hello.name, host, hello.token == self.token, list(hello.ports))
         self.agents.append(agent)
         self.last_join = time.monotonic()
-        if self.phase == "running":
-            link.send({"wait": f"the job runs on {len(self.members)} node(s); this one joins at its next restart"})
+        if self.phase is Phase.RUNNING:
+            link.send(Wait(f"the job runs on {len(self.members)} node(s); this one joins at its next restart"))
         return None
 
     def _hear(self, agent):
@@ -165,16 +205,17 @@ class Coordinator:
             message = agent.link.receive(0)
             if message is None:
                 break
-            if "ready" in message:
-                agent.ports, agent.done = message["ready"], False
-                if message.get("failed"):
-                    self._failed(agent, message["failed"])
+            if isinstance(message, Ready):
+                agent.ports = list(message.ports)
+                agent.done = False
+                if message.failed:
+                    self._failed(agent, message.failed)
                     if agent not in self.agents:  # dropped for it
                         return None
-            elif "done" in message:
+            elif isinstance(message, Done):
                 agent.done = True
-            elif "leave" in message:
-                return self._lost(agent, message["leave"])
+            elif isinstance(message, Leave):
+                return self._lost(agent, message.why)
         if agent.link.closed:
             self._lost(agent, "its connection closed")
         elif agent.link.silent_for() > self.node_timeout:
@@ -184,14 +225,14 @@ class Coordinator:
         self.agents.remove(agent)
         agent.link.close()
         if agent.own:
-            return self._end({"error": f"node 0 ({agent.name}), which hosts the rendezvous, left ({why}): the job "
-                                       "ends with it, as torchrun's does with its store's host"})
-        if agent in self.members and self.phase == "running":
+            return self._end(Ended(f"node 0 ({agent.name}), which hosts the rendezvous, left ({why}): the job "
+                                   "ends with it, as torchrun's does with its store's host"))
+        if agent in self.members and self.phase is Phase.RUNNING:
             return self._stop(f"{agent.name} left ({why})")
         self.say(f"{agent.name} left ({why})")
 
     def _failed(self, agent, reason):
-        if self.phase != "running" or agent not in self.members:
+        if self.phase is not Phase.RUNNING or agent not in self.members:
             return
         if not self.blamed:  # the first failure of a round is the cause; the others' are its echo
             self.blamed = True
@@ -199,22 +240,22 @@ class Coordinator:
             if agent.failures > self.max_restarts:
                 why = f"its workers failed {agent.failures} time(s), more than --max-restarts {self.max_restarts}"
                 if agent.own:
-                    return self._end({"error": f"node 0 ({agent.name}): {reason}; {why}"})
-                agent.link.send({"drop": f"{reason}; {why}"})
+                    return self._end(Ended(f"node 0 ({agent.name}): {reason}; {why}"))
+                agent.link.send(Drop(f"{reason}; {why}"))
                 self.agents.remove(agent)
                 return self._stop(f"{agent.name}: {reason}; dropped: {why}")
         self._stop(f"{agent.name}: {reason}")
 
     def _stop(self, reason):
         self.say(f"{reason}; stopping every node's workers")
-        self.phase, self.since = "stopping", time.monotonic()  # a grow request stays until the workers are stopped
+        self._move(Phase.STOPPING)  # a grow request stays until the workers are stopped
         for agent in self.members:
             if agent in self.agents and agent.ports is None:  # its workers run, or are done
-                agent.link.send({"stop": reason})
+                agent.link.send(Stop(reason))
 
     def _stopping(self):
         if all(a.ports is not None for a in self.members if a in self.agents):
-            self.phase, self.since = "forming", time.monotonic()
+            self._move(Phase.FORMING)
 
     def _forming(self):
         order = {id(a): i for i, a in enumerate(self.members)}
@@ -224,7 +265,7 @@ class Coordinator:
         for agent in ready:  # agents of one host may have picked one free port: the later one picks again
             mine = {(agent.host, p) for p in agent.ports}
             if mine & taken or len(mine) < len(agent.ports):
-                agent.link.send({"renew": 1})
+                agent.link.send(Renew())
                 agent.ports = None
                 return
             taken |= mine
@@ -234,8 +275,8 @@ class Coordinator:
             return self._start(ready[:self.high])
         timeout = self.timeouts[self.round >= 0]
         if len(ready) < self.low and now - self.since >= timeout:
-            return self._end({"error": f"{len(ready)} node(s) for {timeout:g} s, fewer than --nnodes {self.low}:"
-                                       f"{self.high} needs"})
+            return self._end(Ended(f"{len(ready)} node(s) for {timeout:g} s, fewer than --nnodes {self.low}:"
+                                   f"{self.high} needs"))
         if len(ready) < self.low and not self.said_waiting and now - self.since >= self.last_call:
             self.say(f"{len(ready)} node(s) ready, fewer than {self.low}; waiting up to {timeout:g} s for more")
             self.said_waiting = True
@@ -249,15 +290,17 @@ class Coordinator:
         if line:
             self.say(line)
         for rank, agent in enumerate(nodes):
-            agent.link.send({"start": {"round": self.round, "cluster": {"worker": workers}, "node": rank,
-                                       "first": rank * self.nproc, "reference": self.high * self.nproc,
-                                       "min_workers": self.low * self.nproc}})
-            agent.ports, agent.done = None, False
-        self.members, self.phase, self.blamed, self.said_waiting = nodes, "running", False, False
+            agent.link.send(Start(round=self.round, cluster={"worker": workers}, node=rank, first=rank * self.nproc,
+                                  reference=self.high * self.nproc, min_workers=self.low * self.nproc))
+            agent.ports = None
+            agent.done = False
+        self.members = nodes
+        self.blamed = self.said_waiting = False
+        self._move(Phase.RUNNING)
 
     def _running(self):
         if all(a.done for a in self.members):
-            return self._end({"exit": 0})
+            return self._end(Ended())
         waiting = [a for a in self.agents if a not in self.members]
         if not waiting or len(self.members) >= self.high:
             return self.grow.withdraw()
@@ -267,6 +310,15 @@ class Coordinator:
         self.grow.ask(f"{names} joined")
 
     def _end(self, message):
+        if self.phase is Phase.ENDED:  # every agent was told already
+            return
         for agent in sorted(self.agents, key=lambda a: a.own):  # the hosting agent last: it exits once told
             agent.link.send(message)
-        self.phase = "ended"
+        self._move(Phase.ENDED)
+
+    def _move(self, phase):
+        """The one way the phase changes: a move `TRANSITIONS` allows, its time noted."""
+        if phase not in TRANSITIONS[self.phase]:
+            raise RuntimeError(f"the rendezvous cannot go from {self.phase.value} to {phase.value}")
+        self.phase = phase
+        self.since = time.monotonic()

@@ -9,12 +9,11 @@ nodes claiming one rank, or nodes disagreeing on K end the rendezvous with an er
 sent to every node that joined.
 
 Pure Python: the launcher never imports TensorFlow. One JSON line each way; anything else on the
-port is answered with an error and ignored. `Link` is the lasting connection of an elastic job's agents
-to their rendezvous (`tfpar.launch.rendezvous.elastic`).
+port is answered with an error and ignored. An elastic job's agents keep a lasting connection to
+their rendezvous instead (`tfpar.launch.rendezvous.protocol`).
 """
 
 import json
-import queue
 import socket
 import threading
 import time
@@ -23,13 +22,11 @@ from typing import Any
 
 from tfpar.cluster.addresses import free_ports
 
-__all__ = ["DEFAULT_MASTER_PORT", "KEEPALIVE_SECONDS", "Link", "RendezvousError", "address", "connect", "rendezvous"]
+__all__ = ["DEFAULT_MASTER_PORT", "RendezvousError", "address", "connect", "rendezvous"]
 
 DEFAULT_MASTER_PORT = 29500
 """torchrun's default ``--master-port``."""
 _MAX_MESSAGE = 1 << 16
-KEEPALIVE_SECONDS = 1.0
-"""How often each end of a `Link` says it is alive."""
 
 
 class RendezvousError(ValueError):
@@ -182,70 +179,3 @@ def connect(master_addr: str, master_port: int, deadline: float, timeout: float,
                     f"{timeout:g} s ({error}). Start node 0 on the host --master-addr names (--node-rank 0; in an "
                     "elastic job, any node there).") from None
             time.sleep(0.2)
-
-
-class Link:
-    """One connection between an agent and the rendezvous, either end: JSON lines read on a thread into a queue
-    (keepalives only note the time), a keepalive sent every `KEEPALIVE_SECONDS`."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.heard, self.closed = sock, time.monotonic(), False
-        self.messages: queue.Queue = queue.Queue()
-        self._lock, self._ended = threading.Lock(), threading.Event()
-        sock.settimeout(None)
-        threading.Thread(target=self._read, daemon=True, name="tfpar-link-read").start()
-        threading.Thread(target=self._keepalive, daemon=True, name="tfpar-link-alive").start()
-
-    def _read(self):
-        buffer = b""
-        try:
-            while len(buffer) <= _MAX_MESSAGE:
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    break
-                self.heard, buffer = time.monotonic(), buffer + chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    message = json.loads(line)
-                    if not isinstance(message, dict):
-                        raise ValueError("not a message")
-                    if "alive" not in message:
-                        self.messages.put(message)
-        except (OSError, ValueError):
-            pass
-        self.closed = True
-        self.messages.put(None)  # wakes whoever waits
-
-    def _keepalive(self):
-        while not self._ended.wait(KEEPALIVE_SECONDS):
-            self.send({"alive": 1})
-
-    def send(self, message: dict) -> bool:
-        """Sends ``message``; False if the other end is gone."""
-        with self._lock:
-            try:
-                self.sock.sendall((json.dumps(message) + "\n").encode("utf-8"))
-                return True
-            except OSError:
-                self.closed = True
-                return False
-
-    def receive(self, timeout: float) -> dict | None:
-        """The next message within ``timeout`` seconds (0: only one already here); None if there is none yet,
-        or the connection closed (`closed`)."""
-        try:
-            return self.messages.get(timeout=timeout) if timeout > 0 else self.messages.get_nowait()
-        except queue.Empty:
-            return None
-
-    def silent_for(self) -> float:
-        return time.monotonic() - self.heard
-
-    def close(self) -> None:
-        self._ended.set()
-        self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
