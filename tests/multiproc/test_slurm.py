@@ -3,8 +3,6 @@
 by `HorovodStrategy` over ``srun --mpi=pmix``."""
 
 import os
-import random
-import socket
 import sys
 
 import numpy as np
@@ -14,23 +12,15 @@ from tests.conftest import ROOT, tfpar_command
 from tests.models import (assert_started_from_worker_0, assert_trained_together_like_one_device, load_arrays,
                           one_device_weights)
 from tests.slurm_cluster import SlurmCluster, ensure_slurm
+from tfpar.cluster.addresses import free_ports
 
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 def _free_consecutive_ports(count):
-    """A first port whose next ``count - 1`` ports are free too, on 127.0.0.1."""
-    for _ in range(50):
-        base = random.randint(30000, 60000 - count)
-        try:
-            sockets = [socket.create_server(("127.0.0.1", base + i)) for i in range(count)]
-        except OSError:
-            continue
-        for s in sockets:
-            s.close()
-        return base
-    raise RuntimeError("no consecutive free ports on 127.0.0.1")
+    """A first port whose next ``count - 1`` ports are free too, on 127.0.0.1, outside the ephemeral range."""
+    return free_ports(count, consecutive=True)[0]
 
 
 @pytest.fixture(scope="module")

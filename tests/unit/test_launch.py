@@ -50,6 +50,31 @@ def test_failed_worker_stops_the_others_and_is_named(tmp_path):
         os.kill(survivor, 0)
 
 
+def test_a_port_taken_before_its_server_binds_it_starts_the_job_again_on_fresh_ports(tmp_path):
+    """Another program binds worker 1's port between the launcher's choice and the worker's own bind (here the
+    worker's first run does it itself, with a real socket): the job starts again on fresh ports, counting no
+    restart (--max-restarts 0), and says why; every port it chose lies outside the ephemeral range."""
+    from tfpar.cluster.addresses import ephemeral_ports
+
+    marker = tmp_path / "taken"
+    result = run_command(tfpar_command("launch", "-n", "2", "--grace", "5", "--", *_script(
+        "import socket\n"
+        "address = json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][task['index']]\n"
+        "host, port = address.rsplit(':', 1)\n"
+        f"if task['index'] == 1 and not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    thief = socket.create_server((host, int(port)))\n"
+        "server = socket.create_server((host, int(port)))\n"
+        "print('serving on', port)\n")), timeout=60)
+    assert result.returncode == 0, result.output
+    assert result.output.count("worker 1's port was taken by another process after tfpar chose it; starting the "
+                               "job again on fresh ports") == 1, result.output
+    assert "Address already in use" in result.output and "restart 1 of" not in result.output
+    ports = [int(line.rsplit(" ", 1)[1]) for line in result.output.splitlines() if "serving on" in line]
+    low, high = ephemeral_ports()
+    assert len(ports) >= 2 and not any(low <= port <= high for port in ports), ports
+
+
 def test_the_last_restart_failing_gives_up_with_its_code_and_names_it():
     """--max-restarts 1, worker 1 SIGKILLed in both runs: one restart, warned that no
     FaultTolerance backup was made, then the job ends with the last failure's code, named."""

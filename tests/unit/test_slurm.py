@@ -45,7 +45,8 @@ def test_tasks_are_laid_out_block_by_block_with_a_port_per_local_task():
 
 
 def test_the_port_comes_from_the_job_id_unless_set():
-    assert slurm_port({"SLURM_JOB_ID": "123456"}) == 20000 + 123456 % 20000
+    assert slurm_port({"SLURM_JOB_ID": "123456"}) == 20000 + 123456 % 12000
+    assert max(slurm_port({"SLURM_JOB_ID": str(job)}) for job in range(24000)) + 64 < 32768  # not ephemeral
     assert slurm_port({"SLURM_JOB_ID": "1", "TFPAR_SLURM_PORT": "5555"}) == 5555
 
 

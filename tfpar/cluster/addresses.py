@@ -2,12 +2,13 @@
 Pure Python: the launcher, the strategies and the tests share it.
 """
 
+import random
 import socket
 import time
 from collections.abc import Mapping, Sequence
 
-__all__ = ["DEFAULT_PORT", "ClusterUnreachableError", "accepts", "free_ports", "is_loopback_cluster", "local_cluster",
-           "parse_hosts", "wait_for_addresses"]
+__all__ = ["DEFAULT_PORT", "LOWEST_FREE_PORT", "ClusterUnreachableError", "accepts", "ephemeral_ports", "free_ports",
+           "is_loopback_cluster", "local_cluster", "parse_hosts", "wait_for_addresses"]
 
 DEFAULT_PORT = 2222
 """The port a ``--hosts`` entry without one gets (TensorFlow's usual)."""
@@ -44,22 +45,66 @@ def wait_for_addresses(addresses: Sequence[str], timeout_seconds: float) -> None
             time.sleep(0.2)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Returns ``count`` distinct TCP ports that are free on ``host`` now.
+LOWEST_FREE_PORT = 10000
+"""The lowest port `free_ports` picks: below it lie the well-known ports and most services'."""
+_EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default net.ipv4.ip_local_port_range
 
-    The sockets are held open until all ports are chosen so that no port is
-    returned twice; another program may still take one before it is used.
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range this machine hands out for outgoing connections (and ``bind`` to port 0):
+    ``net.ipv4.ip_local_port_range``, or Linux's default where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(part) for part in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def free_ports(count: int, host: str = "127.0.0.1", consecutive: bool = False) -> list[int]:
+    """Returns ``count`` distinct TCP ports that are free on ``host`` now (``consecutive``: a run of
+    them), chosen at random outside `ephemeral_ports`.
+
+    Outside that range no outgoing connection of any process here takes a port between its
+    choice and the bind of the server it is for; the sockets are held until every port is chosen,
+    so that none is returned twice. A program that binds that very port may still take it first:
+    `tfpar launch` then starts the job again on others (`port_taken`).
+
+    Raises:
+        OSError: fewer than ``count`` such ports are free.
     """
+    low, high = ephemeral_ports()
+    span = count if consecutive else 1
+    starts = [port for port in range(LOWEST_FREE_PORT, 65536 - span + 1) if port + span - 1 < low or port > high]
+    held: list = []
+    try:
+        for start in random.Random().sample(starts, len(starts)):  # seeded afresh: not the user's seed
+            held += _bound(range(start, start + span), host)
+            if len(held) >= count:
+                return [sock.getsockname()[1] for sock in held[:count]]
+    finally:
+        _close(held)
+    raise OSError(f"Fewer than {count} free ports on {host} between {LOWEST_FREE_PORT} and 65535 outside "
+                  f"the ephemeral range {low}-{high}.")
+
+
+def _bound(ports, host):
+    """Sockets bound to every port of ``ports`` on ``host``, or [] (none kept) if one is taken."""
     sockets = []
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, port))
+        return sockets
+    except OSError:
+        _close(sockets)
+        return []
+
+
+def _close(sockets):
+    for sock in sockets:
+        sock.close()
 
 
 def local_cluster(roles: Mapping[str, int], host: str = "127.0.0.1") -> dict[str, list[str]]:

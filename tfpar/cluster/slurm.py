@@ -80,12 +80,14 @@ def slurm_gpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def slurm_port(environ: Mapping[str, str] | None = None) -> int:
-    """The first port of a SLURM job's tasks on each node: 20000 + (``SLURM_JOB_ID`` mod 20000),
-    so that two jobs sharing a node use other ports; ``TFPAR_SLURM_PORT`` overrides it."""
+    """The first port of a SLURM job's tasks on each node: 20000 + (``SLURM_JOB_ID`` mod 12000),
+    so that two jobs sharing a node use other ports, all below the range Linux hands out for
+    outgoing connections (32768 and up), where another process could take one before its server
+    binds it; ``TFPAR_SLURM_PORT`` overrides it."""
     env = os.environ if environ is None else environ
     if env.get("TFPAR_SLURM_PORT"):
         return _slurm_int(env, "TFPAR_SLURM_PORT", 1)
-    return 20000 + _slurm_int(env, "SLURM_JOB_ID", 0) % 20000
+    return 20000 + _slurm_int(env, "SLURM_JOB_ID", 0) % 12000
 
 
 def _slurm_int(env, name, minimum):

@@ -3,6 +3,7 @@ pumped, their process groups stopped together. Pure Python: `tfpar.launch` super
 """
 
 import dataclasses
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from tfpar._checks import check_choice, check_int
 from tfpar._local.processes import LaunchError, ProcessGroups
 from tfpar.cluster import ROLES, ClusterInfo, local_cluster
 
-__all__ = ["SERVER_COMMAND", "Job", "Task", "describe_exit", "local_tasks"]
+__all__ = ["PORT_TAKEN", "SERVER_COMMAND", "Job", "Task", "describe_exit", "local_tasks"]
 
 SERVER_COMMAND = (sys.executable, "-m", "tfpar._local.server")
 """What a serving task runs: a TensorFlow server for its TF_CONFIG task."""
@@ -63,11 +64,17 @@ def local_tasks(roles: Mapping[str, int]) -> tuple[dict[str, list[str]], list[Ta
     return cluster, tasks
 
 
+PORT_TAKEN = re.compile(r"Address already in use|Could not start gRPC server|Failed to add port")
+"""What a task prints when its server cannot bind its port (TensorFlow's gRPC server, a socket)."""
+
+
 class Job:
     """The running processes of a job, their output pumps and their process groups."""
 
     def __init__(self, out, grace_seconds):
         self.out = out
+        self.port_taken: set = set()
+        """The tasks whose output said their port was taken."""
         self.out_closed = False
         self.lock = threading.Lock()
         self.procs = {}
@@ -119,7 +126,10 @@ class Job:
         prefix = f"[{task.name}] "
         # Read to the end even when nobody reads our output: a task must never block on a full pipe.
         for raw in iter(proc.stdout.readline, b""):
-            self._write(prefix + raw.decode("utf-8", "replace").rstrip("\n") + "\n")
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if PORT_TAKEN.search(line):
+                self.port_taken.add(task)
+            self._write(prefix + line + "\n")
         proc.stdout.close()
 
     def say(self, message: str) -> None:

@@ -25,6 +25,10 @@ from tfpar.cluster import ClusterInfo, is_loopback_cluster, validate_cluster
 from tfpar.launch.job import SERVER_COMMAND, Job, Task, describe_exit, local_tasks
 from tfpar.launch.supervisor import Supervisor
 
+PORT_RETRIES = 3
+"""How many times a local job starts again on fresh ports when a task's port was taken before its
+server bound it (`tfpar.launch.job.PORT_TAKEN`); these starts count against no ``max_restarts``."""
+
 __all__ = ["FAULT_TOLERANCE_MARK", "LaunchError", "LaunchOptions", "RESTART_VARIABLE", "SERVER_COMMAND",
            "STATE_VARIABLE", "Task", "check_command", "launch", "load_cluster_file", "local_tasks", "run_command",
            "run_tasks"]
@@ -117,6 +121,10 @@ def run_job(command, cluster, tasks, options):
         try:
             job.start(list(command), cluster, tasks, env, received, supervisor.task_env)
             code = _supervise(job, supervisor, received, options)
+        except LaunchError as error:
+            job.close()
+            error.port_taken = error.task in job.port_taken
+            raise
         finally:
             job.close()  # whatever the way out: no task, and nothing a task started, is left
         supervisor.finish()
@@ -289,13 +297,20 @@ def _run_restarting(command, roles, options, worker_envs=None):
     import tempfile
 
     restarts, start = options.max_restarts, time.monotonic()
+    taken = 0
     with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
-        for attempt in range(restarts + 1):
+        attempt = 0
+        while True:
             cluster, tasks = local_job(roles, worker_envs)
             run = dataclasses.replace(options, env={**options.env, RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state})
             try:
                 return run_job(command, cluster, tasks, run)
             except LaunchError as error:
+                if error.port_taken and taken < PORT_RETRIES:  # not the job's fault: no restart counted
+                    taken += 1
+                    options.say(f"{error.task.name}'s port was taken by another process after tfpar chose it; "
+                                "starting the job again on fresh ports")
+                    continue
                 if error.task is None or attempt == restarts:  # interrupted, or out of restarts
                     if attempt and error.task is not None:
                         options.say(f"giving up after {restarts} restart(s); the last failure: {error}")
@@ -304,6 +319,7 @@ def _run_restarting(command, roles, options, worker_envs=None):
                             f"starting the {len(tasks)} task(s) again on fresh ports")
                 if attempt == 0:
                     warn_without_backup(state, options)
+                attempt += 1
 
 
 def warn_without_backup(state: str, options: LaunchOptions) -> bool:
