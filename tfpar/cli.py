@@ -39,7 +39,6 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 def _parser():
     from tfpar import __version__
-    from tfpar._factory import STRATEGIES
 
     codes = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())
     parser = argparse.ArgumentParser(prog="tfpar", description="Distributed training for Keras models (tf_keras and Keras 3).",
@@ -47,6 +46,14 @@ def _parser():
     parser.add_argument("--version", action="version", version=f"tfpar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=_HelpFormatter)
+    for add in (_demo_parser, _verify_parser, _report_parser, _launch_parser, _tune_parser, _doctor_parser,
+                _install_parser):
+        add(sub)
+    return parser
+
+
+def _demo_parser(sub):
+    from tfpar._factory import STRATEGIES
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits (a small transformer on "
                                        "generated tokens under tensor_parallel)")
@@ -82,6 +89,10 @@ def _parser():
     demo.add_argument("--report", metavar="DIR", default=None,
                       help="write the run's timeline and plots (tfpar report) to DIR, and say where")
 
+
+def _verify_parser(sub):
+    from tfpar._factory import STRATEGIES
+
     verify = sub.add_parser(
         "verify", help="prove a model trains under a distribution as on one replica",
         description="K steps on one replica and K steps under --strategy, from the same weights and "
@@ -108,11 +119,15 @@ def _parser():
                         help="largest absolute difference per variable (default 1e-5)")
     verify.add_argument("--seed", type=_int, default=0, help="Keras seed before each build (default 0)")
 
+
+def _report_parser(sub):
     plots = sub.add_parser("report", help="PNG plots of a run from its timeline (tfpar launch --timeline DIR)")
     plots.set_defaults(func=_report)
     plots.add_argument("run_dir", help="the run's folder (its timeline.json)")
     plots.add_argument("--out", default=None, help="where the PNG files go (default: the run's folder)")
 
+
+def _launch_parser(sub):
     run = sub.add_parser(
         "launch",
         help="start a job's processes with TF_CONFIG",
@@ -124,6 +139,8 @@ def _parser():
     launch_command.add_arguments(run)
     run.set_defaults(func=lambda args, command_line=None: launch_command.run(args))
 
+
+def _tune_parser(sub):
     tune = sub.add_parser("tune", help="run short trials over a search space; report the fastest, or the first to a --target",
                           description="tfpar tune --space '{\"per_replica_batch\": [16, 64], "
                                       "\"steps_per_execution\": [1, 4]}' (default: the demo's model and data)")
@@ -132,8 +149,13 @@ def _parser():
     tune_command.add_arguments(tune)
     tune.set_defaults(func=lambda args, command_line=None: tune_command.run(args))
 
+
+def _doctor_parser(sub):
     sub.add_parser("doctor", help="versions, devices, the CPU's vector instructions and whether Horovod "
                                   "(and its Keras API) is usable").set_defaults(func=_doctor)
+
+
+def _install_parser(sub):
     from tfpar import install_horovod
 
     install = sub.add_parser("install-horovod", help=f"build Horovod {install_horovod.VERSION} against this "
@@ -141,7 +163,6 @@ def _parser():
                              description=install_horovod.__doc__)
     install_horovod.add_arguments(install)
     install.set_defaults(func=lambda args, command_line=None: install_horovod.run(args))
-    return parser
 
 
 def _doctor(args=None, command_line=None):

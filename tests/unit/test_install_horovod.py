@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
 from tfpar import install_horovod as ih
+from tfpar.install_horovod import patches
 
 
 def _tarball(path, size=20_000):
@@ -164,7 +165,7 @@ def test_bad_arguments(kwargs, match, tmp_path):
 
 
 def test_a_patch_that_does_not_match_fails_loudly(tmp_path):
-    path, old, _ = ih.PATCHES[0]
+    path, old, _ = patches.PATCHES[0]
     target = tmp_path / path
     target.parent.mkdir(parents=True)
     target.write_text(old + old)
@@ -175,33 +176,33 @@ def test_a_patch_that_does_not_match_fails_loudly(tmp_path):
 def _sdist_shaped_tree(folder, ref_calls=0):
     """Each patch's text once in its file, and each REF_PATCHES file's count of ``v<i>.ref()`` calls
     (plus ``ref_calls``)."""
-    for path, old, _ in ih.PATCHES:
+    for path, old, _ in patches.PATCHES:
         target = folder / path
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "a", encoding="utf-8") as f:
             f.write("# before\n" + old + "# after\n")
-    for path, count in ih.REF_PATCHES:
+    for path, count in patches.REF_PATCHES:
         with open(folder / path, "a", encoding="utf-8") as f:
             f.write("".join(f"refs.add(v{i}.ref())\n" for i in range(count + ref_calls)))
 
 
 def test_a_ref_patch_with_another_count_fails_loudly_and_writes_nothing(tmp_path):
     _sdist_shaped_tree(tmp_path, ref_calls=1)
-    before = {path: (tmp_path / path).read_text() for path, _, _ in ih.PATCHES}
-    path, count = ih.REF_PATCHES[0]
+    before = {path: (tmp_path / path).read_text() for path, _, _ in patches.PATCHES}
+    path, count = patches.REF_PATCHES[0]
     with pytest.raises(ih.InstallError, match=rf"`<name>.ref\(\)` {count} times in {path}, found it {count + 1} time"):
         ih.apply_patches(str(tmp_path))
-    assert {path: (tmp_path / path).read_text() for path, _, _ in ih.PATCHES} == before
+    assert {path: (tmp_path / path).read_text() for path, _, _ in patches.PATCHES} == before
 
 
 def test_patches_apply_to_a_tree_shaped_like_the_sdist(tmp_path):
     _sdist_shaped_tree(tmp_path)
     (tmp_path / "horovod").mkdir(exist_ok=True)
     ih.apply_patches(str(tmp_path))
-    for path, old, new in ih.PATCHES:
+    for path, old, new in patches.PATCHES:
         text = (tmp_path / path).read_text()
         assert new in text and text.count(old) == 0 or old in new
-    for path, count in ih.REF_PATCHES:
+    for path, count in patches.REF_PATCHES:
         text = (tmp_path / path).read_text()
         assert ".ref()" not in text and text.count("_tfpar_ref(v") == count
     for path, module in ih.ADDED_MODULES.items():

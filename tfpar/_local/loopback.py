@@ -21,8 +21,18 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["LIBRARY_NAME", "active", "build_error", "child_env", "job_listeners", "library", "listening",
-           "open_ports_warning", "start_again_with_library", "warning_unless_active"]
+__all__ = [
+    "LIBRARY_NAME",
+    "active",
+    "build_error",
+    "child_env",
+    "job_listeners",
+    "library",
+    "listening",
+    "open_ports_warning",
+    "start_again_with_library",
+    "warning_unless_active",
+]
 
 LIBRARY_NAME = "libtfpar_loopback.so"
 
@@ -102,13 +112,19 @@ def _build():
             f.write(_SOURCE)
         built = os.path.join(tmp, LIBRARY_NAME)
         try:
-            done = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", built, source, "-ldl"],
-                                  capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                [compiler, "-shared", "-fPIC", "-O2", "-o", built, source, "-ldl"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return {"error": f"{compiler} failed: {e}"}
         if done.returncode != 0:
             return {"error": f"{compiler} failed: {(done.stderr or done.stdout).strip()[-300:]}"}
-        os.replace(built, path)  # a whole library or none: a concurrent build renames the same bytes
+        os.replace(
+            built, path
+        )  # a whole library or none: a concurrent build renames the same bytes
     return {"path": path}
 
 
@@ -117,7 +133,9 @@ def child_env(env):
     path = library()
     if path is None:
         return env
-    others = [p for p in env.get("LD_PRELOAD", "").split() if p and os.path.basename(p) != LIBRARY_NAME]
+    others = [
+        p for p in env.get("LD_PRELOAD", "").split() if p and os.path.basename(p) != LIBRARY_NAME
+    ]
     return {**env, "LD_PRELOAD": " ".join([path, *others])}
 
 
@@ -145,12 +163,19 @@ def start_again_with_library(argv=None, say=None):
     if os.environ.get(RESTARTED_VARIABLE):
         return "this process was already started again with the library, and the library is not loaded in it"
     if argv is None:
-        if hasattr(sys, "ps1") or sys.flags.interactive or "ipykernel" in sys.modules or sys.argv[0] in ("", "-"):
+        if (
+            hasattr(sys, "ps1")
+            or sys.flags.interactive
+            or "ipykernel" in sys.modules
+            or sys.argv[0] in ("", "-")
+        ):
             return "an interactive session (a notebook, the Python prompt, a script read from stdin) cannot be started again"
         children = _children()
         if children:
-            return (f"this process already runs {len(children)} process(es) of its own (pid {', '.join(map(str, children[:5]))}), "
-                    "which starting it again would leave behind")
+            return (
+                f"this process already runs {len(children)} process(es) of its own (pid {', '.join(map(str, children[:5]))}), "
+                "which starting it again would leave behind"
+            )
         argv = list(sys.orig_argv)
     if say:
         print(say, file=sys.stderr)
@@ -190,17 +215,23 @@ def build_error():
 
 def open_ports_warning(what, ports, reason):
     """The one line naming the ports ``what`` opens on every interface, and why."""
-    return (f"WARNING: {what} listens on all interfaces, port(s) {', '.join(map(str, ports))}, without "
-            f"authentication ({reason}): anyone who can reach them can run code in this job. Run it "
-            "on a trusted network or firewall these ports (README, Security).")
+    return (
+        f"WARNING: {what} listens on all interfaces, port(s) {', '.join(map(str, ports))}, without "
+        f"authentication ({reason}): anyone who can reach them can run code in this job. Run it "
+        "on a trusted network or firewall these ports (README, Security)."
+    )
 
 
 def warning_unless_active(what, ports):
     """`open_ports_warning` for this process, or None when its binds are kept to loopback."""
     if active():
         return None
-    return open_ports_warning(what, ports, "its process runs without tfpar's loopback library: a "
-                              "multi-host job, or one not started by tfpar")
+    return open_ports_warning(
+        what,
+        ports,
+        "its process runs without tfpar's loopback library: a "
+        "multi-host job, or one not started by tfpar",
+    )
 
 
 def listening(pid="self"):

@@ -28,8 +28,19 @@ from typing import Any
 from tfpar._checks import check_number
 from tfpar._local import loopback
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "FORWARDED_SIGNALS", "LaunchError", "ProcessGroups", "check_command",
-           "forwarding_signals", "group_alive", "run_command", "signal_group", "stop_groups", "tree_groups"]
+__all__ = [
+    "DEFAULT_GRACE_SECONDS",
+    "FORWARDED_SIGNALS",
+    "LaunchError",
+    "ProcessGroups",
+    "check_command",
+    "forwarding_signals",
+    "group_alive",
+    "run_command",
+    "signal_group",
+    "stop_groups",
+    "tree_groups",
+]
 
 DEFAULT_GRACE_SECONDS = 10.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -128,7 +139,11 @@ class ProcessGroups:
         self._lock = threading.RLock()  # a signal handler may send while the main thread holds it
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "tfpar._local.processes", repr(float(grace_seconds))],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+        )
 
     def _tell(self, line):
         try:
@@ -196,14 +211,21 @@ def check_command(command: Sequence[str], grace_seconds: float, num_tasks: int =
     if not command:
         raise ValueError(
             "Nothing to launch. Received: an empty command. Write e.g. "
-            "`tfpar launch -n 2 -- python train.py`.")
-    check_number("grace_seconds", grace_seconds, minimum=0, hint=" It is how long a stopped task may take "
-                 "to exit before SIGKILL, e.g. --grace 10.")
+            "`tfpar launch -n 2 -- python train.py`."
+        )
+    check_number(
+        "grace_seconds",
+        grace_seconds,
+        minimum=0,
+        hint=" It is how long a stopped task may take to exit before SIGKILL, e.g. --grace 10.",
+    )
     program = str(command[0])
     if shutil.which(program) is None:
         where = "is not an executable file" if os.sep in program else "is not on PATH"
-        raise ValueError(f"The command {program!r} {where}. Received: {' '.join(map(str, command))!r}. "
-                         "Check its spelling, or give its full path.")
+        raise ValueError(
+            f"The command {program!r} {where}. Received: {' '.join(map(str, command))!r}. "
+            "Check its spelling, or give its full path."
+        )
     # Per task the launcher holds an output pipe (two ends while it starts) and, while it picks
     # free ports, a socket; plus what Python itself holds.
     needed = 3 * num_tasks + 32
@@ -212,7 +234,8 @@ def check_command(command: Sequence[str], grace_seconds: float, num_tasks: int =
         raise ValueError(
             f"{num_tasks} tasks need about {needed} open files in the launcher, and this shell allows "
             f"{soft} (ulimit -n). Received: {num_tasks} tasks. Raise the limit (ulimit -n 4096) or "
-            "start fewer tasks.")
+            "start fewer tasks."
+        )
 
 
 @contextlib.contextmanager
@@ -234,8 +257,14 @@ def forwarding_signals(forward):
             signal.signal(sig, old)
 
 
-def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                poll_seconds: float = 0.05, check: Callable[[], None] | None = None) -> int:
+def run_command(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    poll_seconds: float = 0.05,
+    check: Callable[[], None] | None = None,
+) -> int:
     """Runs one local command that starts a job itself (``horovodrun``) and returns its exit status.
 
     As with `run_tasks`: it runs in a process group of its own with loopback-only
@@ -252,8 +281,12 @@ def run_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None, gr
     try:
         with forwarding_signals(groups.send) as received:
             try:
-                proc = subprocess.Popen(argv, env=loopback.child_env(dict(os.environ if env is None else env)),
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                proc = subprocess.Popen(
+                    argv,
+                    env=loopback.child_env(dict(os.environ if env is None else env)),
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             except OSError as e:
                 raise LaunchError(f"could not start {argv[0]}: {e}") from None
             groups.add(proc.pid)

@@ -39,15 +39,26 @@ def serve(info, device_count=None, while_answers=None, wait_seconds=60.0):
     faulthandler.register(STACK_SIGNAL, all_threads=True)
 
     server = tf.distribute.Server(
-        tf.train.ClusterSpec(info.cluster), job_name=info.task_type, task_index=info.task_index,
-        protocol="grpc", start=True,
-        config=None if device_count is None else tf.compat.v1.ConfigProto(device_count=device_count))
+        tf.train.ClusterSpec(info.cluster),
+        job_name=info.task_type,
+        task_index=info.task_index,
+        protocol="grpc",
+        start=True,
+        config=None
+        if device_count is None
+        else tf.compat.v1.ConfigProto(device_count=device_count),
+    )
     from tfpar._local import loopback as _loopback
 
     name = f"{info.task_type} {info.task_index}"
-    warning = _loopback.warning_unless_active(f"tfpar server {name}", [info.address.rsplit(":", 1)[1]])
-    print(f"tfpar server: {name} serving at {info.address}"
-          + (" (loopback only)" if warning is None else f"\n{warning}"), flush=True)
+    warning = _loopback.warning_unless_active(
+        f"tfpar server {name}", [info.address.rsplit(":", 1)[1]]
+    )
+    print(
+        f"tfpar server: {name} serving at {info.address}"
+        + (" (loopback only)" if warning is None else f"\n{warning}"),
+        flush=True,
+    )
     if while_answers is not None:
         _serve_while_answering(while_answers, wait_seconds)
         return

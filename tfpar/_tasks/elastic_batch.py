@@ -99,12 +99,16 @@ class ElasticBatch:
         if self.scales_learning_rate:
             how = f"{self.reference_workers} workers x {replicas_per_worker} replica(s), each size keeping that per-replica batch"
         else:
-            how = " x ".join(["workers", f"{replicas_per_worker} replica(s)"] + (["micro-batches"] if self.batch == "accumulate" else []))
+            how = " x ".join(
+                ["workers", f"{replicas_per_worker} replica(s)"]
+                + (["micro-batches"] if self.batch == "accumulate" else [])
+            )
         raise ValueError(
             f"This elastic job trains on {self.min_workers} to {self.reference_workers} workers, and its global "
             f"batch does not divide into equal parts ({how}) on {', '.join(f'{w} ({parts[w]} parts)' for w in bad)}"
             f" worker(s): a resize there would fail. Received: global_batch_size={global_batch_size}. Use a "
-            f"multiple of {multiple} (e.g. {fit}), or narrow --min-workers/--max-workers.")
+            f"multiple of {multiple} (e.g. {fit}), or narrow --min-workers/--max-workers."
+        )
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -1,7 +1,16 @@
 """What ``tfpar launch`` tells the tasks it starts, through their environment (no imports: ``import
 tfpar`` reads it)."""
 
-__all__ = ["BACKUP_MARK", "ELASTIC_VARIABLE", "FAULT_TOLERANCE_MARK", "GROW_REQUEST", "HEARTBEAT_VARIABLE", "RESTART_VARIABLE", "STATE_VARIABLE", "TIMELINE_VARIABLE"]
+__all__ = [
+    "BACKUP_MARK",
+    "ELASTIC_VARIABLE",
+    "FAULT_TOLERANCE_MARK",
+    "GROW_REQUEST",
+    "HEARTBEAT_VARIABLE",
+    "RESTART_VARIABLE",
+    "STATE_VARIABLE",
+    "TIMELINE_VARIABLE",
+]
 
 RESTART_VARIABLE = "TFPAR_RESTART_COUNT"
 """Set in every task: how many times `launch` has restarted the job (0 on the first run)."""

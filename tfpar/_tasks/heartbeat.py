@@ -16,8 +16,18 @@ import time
 from tfpar._local.processes import LaunchError, stat_fields
 from tfpar._tasks.env import HEARTBEAT_VARIABLE
 
-__all__ = ["HEARTBEAT_VARIABLE", "STACK_SIGNAL", "Beat", "Hang", "Watch", "dump_stacks", "hang_error", "heartbeat_path",
-           "process_state", "read_heartbeat"]
+__all__ = [
+    "HEARTBEAT_VARIABLE",
+    "STACK_SIGNAL",
+    "Beat",
+    "Hang",
+    "Watch",
+    "dump_stacks",
+    "hang_error",
+    "heartbeat_path",
+    "process_state",
+    "read_heartbeat",
+]
 
 STACK_SIGNAL = signal.SIGUSR1
 """On this signal a task with a heartbeat writes every thread's stack to its stderr."""
@@ -90,8 +100,16 @@ class Watch:
         in a collective).
         """
         now = time.time() if now is None else now
-        beats = {name: beat for name, beat in self.beats().items() if process_state(beat.pid) not in (None, "Z")}
-        stalled = {name: beat for name, beat in beats.items() if beat.busy and now - beat.time > self.timeout}
+        beats = {
+            name: beat
+            for name, beat in self.beats().items()
+            if process_state(beat.pid) not in (None, "Z")
+        }
+        stalled = {
+            name: beat
+            for name, beat in beats.items()
+            if beat.busy and now - beat.time > self.timeout
+        }
         if not stalled:
             return None
         pids = {**{name: beat.pid for name, beat in beats.items()}, **(others or {})}
@@ -103,17 +121,25 @@ class Watch:
             why = f"made no step since step {stalled[name].steps}"
         own = f"its last step {now - beats[name].time:.1f} s ago, " if name in beats else ""
         since = now - max(beat.time for beat in stalled.values())
-        message = (f"{name} {why}: {own}the job's last step {since:.1f} s ago (--heartbeat-timeout "
-                   f"{self.timeout:g}); stalled: {', '.join(stalled)}. Its stacks follow; then the job is stopped")
+        message = (
+            f"{name} {why}: {own}the job's last step {since:.1f} s ago (--heartbeat-timeout "
+            f"{self.timeout:g}); stalled: {', '.join(stalled)}. Its stacks follow; then the job is stopped"
+        )
         return Hang(name, pids[name], why, message)
 
     def step_times(self):
         """``"<task> <ms> (<ratio to the median>x), ..."``: each task's mean step time, or None."""
-        times = {name: beat.step_seconds / beat.steps for name, beat in self.beats().items() if beat.steps}
+        times = {
+            name: beat.step_seconds / beat.steps
+            for name, beat in self.beats().items()
+            if beat.steps
+        }
         if not times:
             return None
         median = statistics.median(times.values())
-        return ", ".join(f"{name} {1000 * t:.1f} ms ({t / median:.2f}x)" for name, t in times.items())
+        return ", ".join(
+            f"{name} {1000 * t:.1f} ms ({t / median:.2f}x)" for name, t in times.items()
+        )
 
 
 def dump_stacks(pid):

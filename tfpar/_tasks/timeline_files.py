@@ -14,21 +14,27 @@ __all__ = ["TIMELINE_VARIABLE", "check_writable", "merge_horovod_timeline", "tim
 def check_writable(path: str | os.PathLike | None, parameter: str) -> str | os.PathLike:
     """``path`` as given, once its folder is known to exist and take a new file; else ValueError."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise ValueError(f"Timeline needs a file to write. Received: {parameter}={path!r}. Pass a path, or start "
-                         f"the job with `tfpar launch --timeline DIR` (it sets ${TIMELINE_VARIABLE}).")
+        raise ValueError(
+            f"Timeline needs a file to write. Received: {parameter}={path!r}. Pass a path, or start "
+            f"the job with `tfpar launch --timeline DIR` (it sets ${TIMELINE_VARIABLE})."
+        )
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise ValueError(f"{parameter} is a folder. Received: {parameter}={path!r}. Name a file in it, e.g. "
-                         f"{os.path.join(path, 'timeline.json')!r}.")
+        raise ValueError(
+            f"{parameter} is a folder. Received: {parameter}={path!r}. Name a file in it, e.g. "
+            f"{os.path.join(path, 'timeline.json')!r}."
+        )
     try:
         probe = os.path.join(folder, f".tfpar-timeline-{os.getpid()}")
         with open(probe, "w"):
             pass
         os.remove(probe)
     except OSError as e:
-        raise ValueError(f"{parameter} cannot be written ({e.strerror}: {folder}). Received: {parameter}={path!r}. "
-                         "Create the folder, or choose one this process may write to.") from None
+        raise ValueError(
+            f"{parameter} cannot be written ({e.strerror}: {folder}). Received: {parameter}={path!r}. "
+            "Create the folder, or choose one this process may write to."
+        ) from None
     return path
 
 
@@ -39,8 +45,10 @@ def timeline_in(folder: str | os.PathLike, parameter: str) -> str:
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"{parameter} cannot make {folder} ({e.strerror}). Received: {parameter}={folder!r}. "
-                         "Choose a folder this user may write to.") from None
+        raise ValueError(
+            f"{parameter} cannot make {folder} ({e.strerror}). Received: {parameter}={folder!r}. "
+            "Choose a folder this user may write to."
+        ) from None
     return str(check_writable(os.path.join(folder, "timeline.json"), parameter))
 
 
@@ -48,7 +56,10 @@ def merge_horovod_timeline(folder: str) -> bool:
     """Adds Horovod's own timeline (``HOROVOD_TIMELINE``: FOLDER/horovod_timeline.json, one process
     per tensor, times from its start) to FOLDER/timeline.json, on the same clock: after the job
     (``tfpar launch --horovod --timeline``). Returns whether it merged."""
-    ours, theirs = os.path.join(folder, "timeline.json"), os.path.join(folder, "horovod_timeline.json")
+    ours, theirs = (
+        os.path.join(folder, "timeline.json"),
+        os.path.join(folder, "horovod_timeline.json"),
+    )
     if not (os.path.exists(ours) and os.path.exists(theirs)):
         return False
     with open(theirs) as f:
@@ -56,8 +67,14 @@ def merge_horovod_timeline(folder: str) -> bool:
     if not text.endswith("]"):  # a job cut short leaves the array open
         text += "]"
     horovod = json.loads(text)
-    start = next((e["args"]["start_time_since_epoch_in_micros"] for e in horovod
-                  if "start_time_since_epoch_in_micros" in e.get("args", {})), None)
+    start = next(
+        (
+            e["args"]["start_time_since_epoch_in_micros"]
+            for e in horovod
+            if "start_time_since_epoch_in_micros" in e.get("args", {})
+        ),
+        None,
+    )
     if start is None:
         return False
     with open(ours) as f:

@@ -63,7 +63,7 @@ class ClusterInfo:
             raise ValueError(
                 f"The task type must be one the cluster names "
                 f"({sorted(self.cluster)}). Received: task type "
-                f"{self.task_type!r}. Fix the \"task\" entry of TF_CONFIG."
+                f'{self.task_type!r}. Fix the "task" entry of TF_CONFIG.'
             )
         size = len(self.cluster[self.task_type])
         if (
@@ -74,7 +74,7 @@ class ClusterInfo:
             raise ValueError(
                 f"The task index must be an int in [0, {size}) since the "
                 f"cluster has {size} {self.task_type!r} task(s). Received: "
-                f"task index {self.task_index!r}. Fix the \"task\" entry of "
+                f'task index {self.task_index!r}. Fix the "task" entry of '
                 "TF_CONFIG (or --task-index)."
             )
 
@@ -149,15 +149,21 @@ class ClusterInfo:
             )
         cluster = config["cluster"]
         validate_cluster(cluster)
-        if "index" not in task and len(cluster.get(task["type"], ()) if isinstance(task["type"], str) else ()) > 1:
+        if (
+            "index" not in task
+            and len(cluster.get(task["type"], ()) if isinstance(task["type"], str) else ()) > 1
+        ):
             # Without it every task of that type would be index 0: several chiefs, one address.
             raise ValueError(
                 f'TF_CONFIG must give this task\'s "index": the cluster has {len(cluster[task["type"]])} '
-                f'{task["type"]!r} tasks. Received: TF_CONFIG={raw!r}. Add e.g. "index": 1.')
+                f'{task["type"]!r} tasks. Received: TF_CONFIG={raw!r}. Add e.g. "index": 1.'
+            )
         return cls(cluster=cluster, task_type=task["type"], task_index=task.get("index", 0))
 
     @classmethod
-    def from_slurm(cls, environ: Mapping[str, str] | None = None, port: int | None = None) -> "ClusterInfo":
+    def from_slurm(
+        cls, environ: Mapping[str, str] | None = None, port: int | None = None
+    ) -> "ClusterInfo":
         """The cluster of a job started by ``srun``, one worker per SLURM task.
 
         Tasks are laid out over ``SLURM_JOB_NODELIST`` as SLURM's default (block) distribution
@@ -187,7 +193,8 @@ def refuse_evaluator(info: "ClusterInfo", strategy: str) -> None:
             f"the job. Received: TF_CONFIG task {{'type': 'evaluator', 'index': {info.task_index}}}. "
             "In that task, build the model without a strategy and run "
             "keras.utils.SidecarEvaluator(model, data, checkpoint_dir=...).start() over the chief's "
-            "checkpoints, or leave the Evaluator replica out of the TFJob.")
+            "checkpoints, or leave the Evaluator replica out of the TFJob."
+        )
 
 
 def validate_cluster(cluster: Any) -> None:
@@ -206,26 +213,40 @@ def validate_cluster(cluster: Any) -> None:
                 f"Unknown task type {role!r} in the cluster. Received: "
                 f"{cluster!r}. Task types are {list(ROLES)}."
             )
-        if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) for a in addresses):
+        if (
+            not isinstance(addresses, list)
+            or not addresses
+            or not all(isinstance(a, str) for a in addresses)
+        ):
             raise ValueError(
                 f"Cluster entry {role!r} must be a non-empty list of 'host:port' "
                 f"strings. Received: {role!r}: {addresses!r}. Write {example}."
             )
         for index, address in enumerate(addresses):
             host, colon, port = address.rpartition(":")
-            if not colon or not host.strip("[] ") or not port.isdigit() or not 1 <= int(port) <= 65535:
+            if (
+                not colon
+                or not host.strip("[] ")
+                or not port.isdigit()
+                or not 1 <= int(port) <= 65535
+            ):
                 raise ValueError(
                     f"Each address must be 'host:port' with a port in 1..65535. Received: {role} "
-                    f"{index} at {address!r}. Write e.g. 'host1:2222'.")
+                    f"{index} at {address!r}. Write e.g. 'host1:2222'."
+                )
             if address in seen:
                 raise ValueError(
                     f"Two tasks have one address: {seen[address]} and {role} {index} at {address!r}. "
-                    "Received: a cluster that names it twice. Give each task its own host:port.")
+                    "Received: a cluster that names it twice. Give each task its own host:port."
+                )
             seen[address] = f"{role} {index}"
     for role in ("chief", "evaluator"):
         if len(cluster.get(role, ())) > 1:
             raise ValueError(
                 f"A cluster has at most one {role}. Received: {len(cluster[role])} ({cluster[role]}). "
-                f"Make the others workers.")
+                f"Make the others workers."
+            )
     if not cluster.get("chief") and not cluster.get("worker"):
-        raise ValueError(f"A cluster needs a chief or a worker to train. Received: {cluster!r}. Write {example}.")
+        raise ValueError(
+            f"A cluster needs a chief or a worker to train. Received: {cluster!r}. Write {example}."
+        )

@@ -7,8 +7,18 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 
-__all__ = ["DEFAULT_PORT", "LOWEST_FREE_PORT", "ClusterUnreachableError", "accepts", "ephemeral_ports", "free_ports",
-           "is_loopback_cluster", "local_cluster", "parse_hosts", "wait_for_addresses"]
+__all__ = [
+    "DEFAULT_PORT",
+    "LOWEST_FREE_PORT",
+    "ClusterUnreachableError",
+    "accepts",
+    "ephemeral_ports",
+    "free_ports",
+    "is_loopback_cluster",
+    "local_cluster",
+    "parse_hosts",
+    "wait_for_addresses",
+]
 
 DEFAULT_PORT = 2222
 """The port a ``--hosts`` entry without one gets (TensorFlow's usual)."""
@@ -41,7 +51,8 @@ def wait_for_addresses(addresses: Sequence[str], timeout_seconds: float) -> None
                 raise ClusterUnreachableError(
                     f"Cannot reach {address} after waiting {timeout_seconds:g} s. Check that the "
                     "task runs there and the address in TF_CONFIG is right, or raise "
-                    "connect_timeout_seconds.")
+                    "connect_timeout_seconds."
+                )
             time.sleep(0.2)
 
 
@@ -75,17 +86,25 @@ def free_ports(count: int, host: str = "127.0.0.1", consecutive: bool = False) -
     """
     low, high = ephemeral_ports()
     span = count if consecutive else 1
-    starts = [port for port in range(LOWEST_FREE_PORT, 65536 - span + 1) if port + span - 1 < low or port > high]
+    starts = [
+        port
+        for port in range(LOWEST_FREE_PORT, 65536 - span + 1)
+        if port + span - 1 < low or port > high
+    ]
     held: list = []
     try:
-        for start in random.Random().sample(starts, len(starts)):  # seeded afresh: not the user's seed
+        for start in random.Random().sample(
+            starts, len(starts)
+        ):  # seeded afresh: not the user's seed
             held += _bound(range(start, start + span), host)
             if len(held) >= count:
                 return [sock.getsockname()[1] for sock in held[:count]]
     finally:
         _close(held)
-    raise OSError(f"Fewer than {count} free ports on {host} between {LOWEST_FREE_PORT} and 65535 outside "
-                  f"the ephemeral range {low}-{high}.")
+    raise OSError(
+        f"Fewer than {count} free ports on {host} between {LOWEST_FREE_PORT} and 65535 outside "
+        f"the ephemeral range {low}-{high}."
+    )
 
 
 def _bound(ports, host):
@@ -160,10 +179,13 @@ def parse_hosts(hosts: str, default_port: int = DEFAULT_PORT) -> list[str]:
                 f"Each host must be 'name' or 'name:port' with a port in "
                 f"1..65535. Received: {entry!r} in --hosts {hosts!r}."
             )
-        if int(port) < 1024:  # horovodrun's host:slots ("a:4"), read as a port, would bind a privileged one
+        if (
+            int(port) < 1024
+        ):  # horovodrun's host:slots ("a:4"), read as a port, would bind a privileged one
             raise ValueError(
                 f"--hosts takes host:port, and port {port} is below 1024. Received: {entry!r} in --hosts "
                 f"{hosts!r}. horovodrun writes host:slots (-H a:4); in tfpar that is --hosts {host} with "
-                f"--nproc-per-node {port}, or one host:port entry per worker, e.g. {host}:2222,{host}:2223.")
+                f"--nproc-per-node {port}, or one host:port entry per worker, e.g. {host}:2222,{host}:2223."
+            )
         out.append(f"{host}:{port}")
     return out

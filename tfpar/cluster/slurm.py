@@ -10,8 +10,9 @@ from collections.abc import Mapping
 __all__ = ["expand_hostlist", "slurm_gpu_env", "slurm_port", "slurm_workers", "started_by_srun"]
 
 
-def slurm_workers(environ: Mapping[str, str] | None = None,
-                  port: int | None = None) -> tuple[list[str], int]:
+def slurm_workers(
+    environ: Mapping[str, str] | None = None, port: int | None = None
+) -> tuple[list[str], int]:
     """``(addresses, index)``: the workers of a job started by ``srun``, one a SLURM task, and this
     task's place among them (`tfpar.cluster.ClusterInfo.from_slurm` says how they are laid out).
 
@@ -19,19 +20,23 @@ def slurm_workers(environ: Mapping[str, str] | None = None,
         ValueError: a variable is missing, cannot be parsed, or disagrees with the others.
     """
     env = os.environ if environ is None else environ
-    missing = [name for name in ("SLURM_JOB_NODELIST", "SLURM_NTASKS", "SLURM_PROCID")
-               if not env.get(name)]
+    missing = [
+        name for name in ("SLURM_JOB_NODELIST", "SLURM_NTASKS", "SLURM_PROCID") if not env.get(name)
+    ]
     if missing:
         raise ValueError(
             f"A SLURM cluster needs {', '.join(missing)}, which srun sets for each task. Received: "
             f"{', '.join(f'{name}={env.get(name)!r}' for name in missing)}. Start the job with srun "
-            "(e.g. srun --ntasks-per-node=1 tfpar launch --slurm -- python train.py).")
+            "(e.g. srun --ntasks-per-node=1 tfpar launch --slurm -- python train.py)."
+        )
     nodes = expand_hostlist(env["SLURM_JOB_NODELIST"])
     ntasks = _slurm_int(env, "SLURM_NTASKS", 1)
     procid = _slurm_int(env, "SLURM_PROCID", 0)
     if procid >= ntasks:
-        raise ValueError(f"SLURM_PROCID must be below SLURM_NTASKS. Received: SLURM_PROCID={procid}, "
-                         f"SLURM_NTASKS={ntasks}.")
+        raise ValueError(
+            f"SLURM_PROCID must be below SLURM_NTASKS. Received: SLURM_PROCID={procid}, "
+            f"SLURM_NTASKS={ntasks}."
+        )
     per_node = _tasks_per_node(env, nodes, ntasks)
     base = slurm_port(env) if port is None else port
     addresses, node_of = [], []
@@ -48,7 +53,8 @@ def slurm_workers(environ: Mapping[str, str] | None = None,
                 f"{env['SLURM_JOB_NODELIST']!r} and SLURM_TASKS_PER_NODE="
                 f"{env.get('SLURM_TASKS_PER_NODE')!r}, which put task {procid} on {node} as "
                 f"local task {local} ({name}={expected}). tfpar expects SLURM's default block "
-                "distribution: leave out --distribution, or set TF_CONFIG yourself.")
+                "distribution: leave out --distribution, or set TF_CONFIG yourself."
+            )
     return addresses, procid
 
 
@@ -75,7 +81,8 @@ def slurm_gpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         raise ValueError(
             f"SLURM_LOCALID={local} has no GPU of its own: CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} "
             f"lists {len(visible)}. Received: more tasks on the node than GPUs. Ask for as many "
-            "tasks per node as GPUs (--ntasks-per-node, --gpus-per-task=1).")
+            "tasks per node as GPUs (--ntasks-per-node, --gpus-per-task=1)."
+        )
     return {"CUDA_VISIBLE_DEVICES": visible[local].strip()}
 
 
@@ -108,7 +115,9 @@ def _tasks_per_node(env, nodes, ntasks):
         for part in raw.split(","):
             match = _COUNTS.match(part.strip())
             if not match:
-                raise ValueError(f"SLURM_TASKS_PER_NODE must read like '2(x3),1'. Received: {raw!r}.")
+                raise ValueError(
+                    f"SLURM_TASKS_PER_NODE must read like '2(x3),1'. Received: {raw!r}."
+                )
             counts += [int(match.group(1))] * int(match.group(2) or 1)
     elif ntasks % len(nodes) == 0:
         counts = [ntasks // len(nodes)] * len(nodes)
@@ -116,13 +125,15 @@ def _tasks_per_node(env, nodes, ntasks):
         raise ValueError(
             f"SLURM_NTASKS={ntasks} does not spread evenly over the {len(nodes)} nodes of "
             f"SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r}, and SLURM_TASKS_PER_NODE is unset. "
-            "Set it (srun does), or use --ntasks-per-node.")
+            "Set it (srun does), or use --ntasks-per-node."
+        )
     if len(counts) != len(nodes) or sum(counts) != ntasks:
         raise ValueError(
             f"SLURM_NTASKS={ntasks} disagrees with the node list: SLURM_JOB_NODELIST="
             f"{env['SLURM_JOB_NODELIST']!r} has {len(nodes)} node(s) and SLURM_TASKS_PER_NODE="
             f"{raw!r} places {sum(counts)} task(s) on {len(counts)} node(s). Use the variables "
-            "of one srun step.")
+            "of one srun step."
+        )
     return counts
 
 
@@ -137,22 +148,30 @@ def expand_hostlist(text: str) -> list[str]:
         ValueError: an empty list, unbalanced brackets, or a range that is not ``lo-hi``, lo <= hi.
     """
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"The node list must name at least one node. Received: node list {text!r}.")
+        raise ValueError(
+            f"The node list must name at least one node. Received: node list {text!r}."
+        )
     names, item, depth = [], "", 0
     for char in text.strip() + ",":  # split on the commas outside brackets
         depth += {"[": 1, "]": -1}.get(char, 0)
         if depth not in (0, 1):
-            raise ValueError(f"Cannot parse the node list: nested or unbalanced brackets. Received: node list "
-                             f"{text!r}. Write it as SLURM does, e.g. 'node[01-03,07]' or 'a[1-2],b3'.")
+            raise ValueError(
+                f"Cannot parse the node list: nested or unbalanced brackets. Received: node list "
+                f"{text!r}. Write it as SLURM does, e.g. 'node[01-03,07]' or 'a[1-2],b3'."
+            )
         if char == "," and depth == 0:
             if not item:
-                raise ValueError(f"Cannot parse the node list: an empty entry. Received: node list {text!r}.")
+                raise ValueError(
+                    f"Cannot parse the node list: an empty entry. Received: node list {text!r}."
+                )
             names += _expand_item(item, text)
             item = ""
         else:
             item += char
     if depth:
-        raise ValueError(f"Cannot parse the node list: a '[' is not closed. Received: node list {text!r}.")
+        raise ValueError(
+            f"Cannot parse the node list: a '[' is not closed. Received: node list {text!r}."
+        )
     return names
 
 
@@ -162,7 +181,9 @@ def _expand_item(item, text):
     while position < len(item):
         match = _HOSTLIST_ITEM.match(item, position)
         if match.end() == position:
-            raise ValueError(f"Cannot parse the node list at {item[position:]!r}. Received: node list {text!r}.")
+            raise ValueError(
+                f"Cannot parse the node list at {item[position:]!r}. Received: node list {text!r}."
+            )
         prefix, ranges = match.group(1), match.group(2)
         parts.append([prefix])
         if ranges is not None:
@@ -177,8 +198,10 @@ def _expand_ranges(ranges, text):
         low, _, high = piece.strip().partition("-")
         high = high or low
         if not (low.isdigit() and high.isdigit()) or int(low) > int(high):
-            raise ValueError(f"Cannot parse the node list: {piece!r} is not a number or a range lo-hi "
-                             f"with lo <= hi. Received: node list {text!r}.")
+            raise ValueError(
+                f"Cannot parse the node list: {piece!r} is not a number or a range lo-hi "
+                f"with lo <= hi. Received: node list {text!r}."
+            )
         width = len(low) if low.startswith("0") else 0  # node[01-10]: keep the zero padding
         out += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
     return out

@@ -17,6 +17,7 @@ from tfpar._factory import STRATEGIES, ParallelismSpec
 from tfpar._keras import keras, keras3, tf
 from tfpar._topology import topology_of
 from tfpar.data import distribute
+from tfpar.demo.compression import compress_and_export, compress_chain, quantize_and_export
 from tfpar.demo.tokens import token_data, transformer
 
 __all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_validation_dataset", "token_data", "transformer", "compiled_model", "compress_chain", "default_epochs",
@@ -25,11 +26,6 @@ __all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_validation_dataset
 DIGITS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_data", "digits.npz")
 """The digits: ``images`` (uint8, 1797 x 8 x 8, in 0..16) and ``target`` (uint8), an ``.npz`` as Keras'
 ``mnist.npz`` (tfpar/_data/README.md says where they come from)."""
-
-QAT_EPOCHS = 3
-"""Epochs of quantization-aware fine-tuning after the float training (``--qat``), and of each
-stage of ``--compress``'s chain."""
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DemoResult:
@@ -150,18 +146,7 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
         ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the
             number of replicas, or Keras 3 with a strategy or --qat that needs tf_keras.
     """
-    check_choice("strategy", strategy, STRATEGIES, what="demo strategy")
-    check_int("epochs", epochs, 1)
-    check_choice("keras_version", keras_version, (2, 3))
-    flags = " ".join(flag for flag, on in (("--qat", qat), ("--compress", compress)) if on)
-    if flags and strategy not in ("data_parallel", "horovod"):
-        raise ValueError(f"{flags} runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
-    if keras_version == 3 and (strategy == "parameter_server" or flags):
-        raise ValueError(
-            "--keras 3 runs with --strategy data_parallel, horovod, pipeline or tensor_parallel, without --qat or --compress: "
-            "parameter servers in fit and TFMOT's compression need tf_keras (README, Keras 3 and tf_keras). "
-            f"Received: --keras 3 --strategy {strategy}{' ' + flags if flags else ''}. Leave out --keras 3 "
-            "for those.")
+    _check_options(strategy, epochs, keras_version, qat, compress)
     k = keras3() if keras_version == 3 else keras
     timeline = None
     if report_dir is not None:
@@ -193,141 +178,102 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
         )
     replicas_in_step = parallelism.num_replicas_in_sync
     global_batch_size = global_batch_size or 32 * replicas_in_step
-    description = parallelism.describe(global_batch_size=global_batch_size, model=model)
-    description += f"\n  precision:  {policy}"
-    description += f"\n  keras:      {'Keras 3' if keras_version == 3 else 'tf_keras'} {k.__version__}"
+    description = _description(parallelism, global_batch_size, model, policy, k, keras_version)
     print_fn(description)
     # Functions, not datasets: parameter-server workers build their input themselves.
     train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), parallelism,
                        global_batch_size, shuffle_buffer=len(x_train), seed=0)
     val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), parallelism, global_batch_size)
-    from tfpar.callbacks import LearningRateWarmup, PipelineBubble, Throughput
-    from tfpar.pipeline import PipelineModel
-
-    # The linear scaling rule: Adam's rate is learning_rate for the whole global batch, reached
-    # over 2 warm-up epochs from learning_rate / replicas; the throughput shows in the progress bar.
-    callbacks = [LearningRateWarmup(warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas_in_step,
-                                           scale=replicas_in_step),
-                 Throughput(global_batch_size)]
-    pipelined = isinstance(model, PipelineModel)
-    if pipelined:
-        callbacks.append(PipelineBubble())
-    if timeline is not None:
-        callbacks.append(timeline)
+    callbacks = _callbacks(model, epochs, learning_rate, replicas_in_step, global_batch_size, timeline)
     history = model.fit(
         train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,
         validation_data=val.dataset, validation_steps=val.steps_per_epoch,
         callbacks=callbacks, verbose=verbose,
         shuffle=False,  # tfpar.data shuffled it; Keras 3 warns that it cannot shuffle a dataset
     )
-    # Epoch times from Throughput's step_time, without the first epoch (it traces).
-    step_times = history.history["step_time"]
-    steady = [t * train.steps_per_epoch for t in (step_times[1:] or step_times)]
-    notes: tuple[str, ...] = () if not pipelined else (
-        f"bubble: measured {history.history['bubble'][-1]:.3f} "
-        f"(theory {history.history['bubble_theory'][-1]:.3f})",)
-    if timeline is not None and chief and report_dir is not None:
-        from tfpar.report import report
-
-        notes += (f"timeline: {timeline.path} (open it in https://ui.perfetto.dev)",
-                  *(f"plot:     {path}" for path in report(report_dir)))
+    notes = _training_notes(history, timeline if chief else None, report_dir)
     if qat or compress:
-        precision_module.use("float32")  # QAT emulates int8 in float32
-        with dist.scope():
-            float_model = build_model()  # rebuilt in float32 (the training may have been mixed)
-            float_model.set_weights(model.get_weights())
-    if qat:
-        notes += _quantize_and_export(float_model, dist, train, val, x_train, (x_val, y_val), learning_rate,
-                                      verbose, chief)
-    if compress:
-        notes += _compress_and_export(float_model, dist, train, x_train, (x_val, y_val), learning_rate,
-                                      verbose, chief)
+        float_model = _float_copy(model, dist, precision_module)
+        run = (dist, train, x_train, (x_val, y_val), learning_rate, verbose, chief)
+        notes += quantize_and_export(float_model, val, *run) if qat else ()
+        notes += compress_and_export(float_model, *run) if compress else ()
     result = DemoResult(
         strategy=description,
         epochs=epochs,
         val_accuracy=float(history.history["val_accuracy"][-1]),
-        examples_per_second=len(x_train) * len(steady) / sum(steady),
+        examples_per_second=_examples_per_second(history, len(x_train), train.steps_per_epoch),
         notes=notes,
     )
     print_fn(result.describe())
     return result
 
 
-def _quantize_and_export(float_model, dist, train, val, x_train, validation, learning_rate, verbose, chief):
-    """QAT fine-tuning of the trained ``float_model``, then float and int8 TFLite files compared."""
-    import os
-    import tempfile
+def _description(parallelism, global_batch_size, model, policy, k, keras_version):
+    """What runs: the parallelism's description, the precision policy and the Keras."""
+    keras_name = "Keras 3" if keras_version == 3 else "tf_keras"
+    return (parallelism.describe(global_batch_size=global_batch_size, model=model)
+            + f"\n  precision:  {policy}\n  keras:      {keras_name} {k.__version__}")
 
-    from tfpar.quantization import export_tflite, quantize
 
+def _examples_per_second(history, examples, steps_per_epoch):
+    """From Throughput's step times, the first epoch (it traces) left out when there are others."""
+    step_times = history.history["step_time"]
+    steady = [t * steps_per_epoch for t in (step_times[1:] or step_times)]
+    return examples * len(steady) / sum(steady)
+
+
+def _check_options(strategy, epochs, keras_version, qat, compress):
+    """Refuses, before anything is built, what the demo cannot run."""
+    check_choice("strategy", strategy, STRATEGIES, what="demo strategy")
+    check_int("epochs", epochs, 1)
+    check_choice("keras_version", keras_version, (2, 3))
+    flags = " ".join(flag for flag, on in (("--qat", qat), ("--compress", compress)) if on)
+    if flags and strategy not in ("data_parallel", "horovod"):
+        raise ValueError(f"{flags} runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
+    if keras_version == 3 and (strategy == "parameter_server" or flags):
+        raise ValueError(
+            "--keras 3 runs with --strategy data_parallel, horovod, pipeline or tensor_parallel, without --qat or --compress: "
+            "parameter servers in fit and TFMOT's compression need tf_keras (README, Keras 3 and tf_keras). "
+            f"Received: --keras 3 --strategy {strategy}{' ' + flags if flags else ''}. Leave out --keras 3 "
+            "for those.")
+
+
+def _callbacks(model, epochs, learning_rate, replicas, global_batch_size, timeline):
+    """The demo's callbacks. The linear scaling rule: Adam's rate is ``learning_rate`` for the whole
+    global batch, reached over 2 warm-up epochs from ``learning_rate / replicas``; the throughput
+    shows in the progress bar; a pipeline's bubble is measured."""
+    from tfpar.callbacks import LearningRateWarmup, PipelineBubble, Throughput
+    from tfpar.pipeline import PipelineModel
+
+    callbacks = [LearningRateWarmup(warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas, scale=replicas),
+                 Throughput(global_batch_size)]
+    if isinstance(model, PipelineModel):
+        callbacks.append(PipelineBubble())
+    if timeline is not None:
+        callbacks.append(timeline)
+    return callbacks
+
+
+def _training_notes(history, timeline, report_dir):
+    """The summary's lines on the training: a pipeline's bubble, and the chief's ``timeline`` and
+    plots (None elsewhere)."""
+    notes: tuple[str, ...] = ()
+    if "bubble" in history.history:
+        notes += (f"bubble: measured {history.history['bubble'][-1]:.3f} "
+                  f"(theory {history.history['bubble_theory'][-1]:.3f})",)
+    if timeline is not None and report_dir is not None:
+        from tfpar.report import report
+
+        notes += (f"timeline: {timeline.path} (open it in https://ui.perfetto.dev)",
+                  *(f"plot:     {path}" for path in report(report_dir)))
+    return notes
+
+
+def _float_copy(model, dist, precision_module):
+    """``model`` rebuilt in float32 with its trained weights (the training may have been mixed):
+    quantization-aware training emulates int8 in float32."""
+    precision_module.use("float32")
     with dist.scope():
-        qat_model = quantize(float_model)
-        qat_model.compile(optimizer=keras.optimizers.Adam(learning_rate / 4),
-                          loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
-    qat_model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=QAT_EPOCHS,
-                  validation_data=val.dataset, validation_steps=val.steps_per_epoch, verbose=verbose)
-    if not chief:
-        return ()
-    x_val, y_val = validation
-    lines = []
-    with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
-        exports = {
-            "float32": export_tflite(float_model, os.path.join(folder, "digits_float.tflite"), int8=False),
-            "int8 (QAT)": export_tflite(qat_model, os.path.join(folder, "digits_int8.tflite"),
-                                        representative_data=x_train[:200]),
-        }
-        for name, export in exports.items():
-            accuracy = export.accuracy(x_val, y_val)
-            lines.append(f"TFLite {name:<11} accuracy {accuracy:.4f}, {export.size_bytes:,} bytes "
-                         f"({os.path.basename(export.path)})")
-    ratio = exports["float32"].size_bytes / exports["int8 (QAT)"].size_bytes
-    return (*lines, f"TFLite size ratio float/int8: {ratio:.2f}")
-
-
-def compress_chain(float_model: Any, strategy: Any, train: Any, *, sparsity: float = 0.75, clusters: int = 16,
-                   epochs: int = QAT_EPOCHS, learning_rate: float = 1e-3, verbose: int = 0) -> Any:
-    """TFMOT's collaborative optimization of a trained float model, under ``strategy``: pruning
-    to ``sparsity`` (reached after ``epochs - 1`` epochs), clustering into ``clusters`` values per
-    kernel that keeps the zeros, then QAT that keeps both; ``epochs`` epochs each, on ``train``
-    (a `tfpar.data.distribute` result). Returns the QAT model, ready for `export_tflite`."""
-    from tfpar.quantization import cluster, prune, quantize
-
-    def fit(model, callbacks=()):
-        with strategy.scope():
-            model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
-                          weighted_metrics=["accuracy"])
-        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, callbacks=list(callbacks),
-                  verbose=verbose)
-        return model
-
-    steps = train.steps_per_epoch
-    with strategy.scope():
-        pruned, callbacks = prune(float_model, sparsity, end_step=max(1, (epochs - 1) * steps),
-                                  frequency=max(1, steps // 4))
-    fit(pruned, callbacks)
-    with strategy.scope():
-        clustered = fit(cluster(pruned, clusters, preserve_sparsity=True))
-    with strategy.scope():
-        return fit(quantize(clustered, preserve=("clusters", "sparsity")))
-
-
-def _compress_and_export(float_model, dist, train, x_train, validation, learning_rate, verbose, chief):
-    """`compress_chain` on the trained ``float_model``, exported with its deployment report."""
-    import os
-    import tempfile
-
-    from tfpar.quantization import export_tflite
-    from tfpar.quantization.deploy import AccuracyDropError
-
-    compressed = compress_chain(float_model, dist, train, learning_rate=learning_rate / 2, verbose=verbose)
-    if not chief:
-        return ()
-    with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
-        try:
-            export = export_tflite(compressed, os.path.join(folder, "digits_compressed.tflite"),
-                                   representative_data=x_train[:200], compress=True, validation_data=validation,
-                                   reference=float_model, max_accuracy_drop=0.01)
-        except AccuracyDropError as refused:
-            return ("compressed (pruned 75 %, 16 clusters, int8): refused", *str(refused).splitlines())
-    return ("compressed (pruned 75 %, 16 clusters, int8), against the float model:",
-            *export.report.describe().splitlines())
+        float_model = build_model()
+        float_model.set_weights(model.get_weights())
+    return float_model

@@ -53,7 +53,7 @@ from tfpar.install_horovod.cache import (
     wheel_for,
 )
 from tfpar.install_horovod.cache import say as _say
-from tfpar.install_horovod.patches import ADDED_MODULES, PATCHES, REF_PATCHES, patch_id
+from tfpar.install_horovod.patches import ADDED_MODULES, patch_id
 from tfpar.install_horovod.patches import apply_patches as _apply_patches
 
 __all__ = ["InstallError", "PATCH_ID", "SDIST_SHA256", "VERSION", "cache_lock", "cached_wheel", "fetch_sdist",

@@ -10,21 +10,11 @@ the others are stopped and the launcher exits non-zero naming it.
 Pure Python: the launcher never imports TensorFlow, so it starts at once.
 """
 
-from tfpar.launch.runner import (
-    FAULT_TOLERANCE_MARK,
-    RESTART_VARIABLE,
-    SERVER_COMMAND,
-    STATE_VARIABLE,
-    LaunchError,
-    LaunchOptions,
-    Task,
-    check_command,
-    launch,
-    load_cluster_file,
-    local_tasks,
-    run_command,
-    run_tasks,
-)
+from tfpar._local.processes import LaunchError, check_command, run_command
+from tfpar._tasks.env import FAULT_TOLERANCE_MARK, RESTART_VARIABLE, STATE_VARIABLE
+from tfpar.launch.api import launch, load_cluster_file
+from tfpar.launch.job import SERVER_COMMAND, Task, local_tasks
+from tfpar.launch.runner import LaunchOptions, run_tasks
 
 __all__ = [
     "FAULT_TOLERANCE_MARK",

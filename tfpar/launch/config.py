@@ -56,12 +56,16 @@ class LaunchConfig:
 
     def __post_init__(self):
         if isinstance(self.command, str) or not all(isinstance(part, str) for part in self.command):
-            raise TypeError("command must be a list of strings (the program and its arguments). "
-                            f"Received: command={self.command!r}.")
+            raise TypeError(
+                "command must be a list of strings (the program and its arguments). "
+                f"Received: command={self.command!r}."
+            )
         object.__setattr__(self, "command", tuple(self.command))
         check_choice("task_type", self.task_type, ROLES)
         check_choice("elastic_batch", self.elastic_batch, ELASTIC_BATCHES)
-        check_number("grace", self.grace, above=0, hint=" (seconds a stopped task gets before SIGKILL)")
+        check_number(
+            "grace", self.grace, above=0, hint=" (seconds a stopped task gets before SIGKILL)"
+        )
         if self.nnodes is not None:
             object.__setattr__(self, "node_range", parse_nnodes(self.nnodes))
 
@@ -73,7 +77,12 @@ class LaunchConfig:
     @property
     def elastic(self) -> bool:
         """An elastic local job: a fewest or most workers, or a host discovery, given."""
-        given = (self.min_workers, self.max_workers, self.host_discovery_script, self.host_discovery_file)
+        given = (
+            self.min_workers,
+            self.max_workers,
+            self.host_discovery_script,
+            self.host_discovery_file,
+        )
         return any(value is not None for value in given)
 
     @property
@@ -84,5 +93,8 @@ class LaunchConfig:
 
     def options(self) -> LaunchOptions:
         """The supervision options every job run by `tfpar.launch.runner` takes."""
-        return LaunchOptions(grace_seconds=self.grace, max_restarts=self.max_restarts,
-                             heartbeat_timeout=self.heartbeat_timeout)
+        return LaunchOptions(
+            grace_seconds=self.grace,
+            max_restarts=self.max_restarts,
+            heartbeat_timeout=self.heartbeat_timeout,
+        )

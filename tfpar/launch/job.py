@@ -81,8 +81,15 @@ class Job:
         self.pumps = []
         self.groups = ProcessGroups(grace_seconds)
 
-    def start(self, command: list[str], cluster: dict, tasks: Sequence["Task"], env: Mapping[str, str],
-              received: Sequence[int] = (), task_env: Callable[[str], dict] = lambda name: {}) -> None:
+    def start(
+        self,
+        command: list[str],
+        cluster: dict,
+        tasks: Sequence["Task"],
+        env: Mapping[str, str],
+        received: Sequence[int] = (),
+        task_env: Callable[[str], dict] = lambda name: {},
+    ) -> None:
         """Starts every task (its environment: ``env``, its TF_CONFIG and ``task_env(its name)``); on a
         failure to start, stops those started and raises LaunchError.
 
@@ -91,21 +98,30 @@ class Job:
         for task in tasks:
             if received:
                 return
-            info = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
+            info = ClusterInfo(
+                cluster=cluster, task_type=task.task_type, task_index=task.task_index
+            )
             child_env = {**env, **dict(task.env)}
-            child_env.update(TF_CONFIG=info.to_tf_config(), PYTHONUNBUFFERED="1", **task_env(task.name))
+            child_env.update(
+                TF_CONFIG=info.to_tf_config(), PYTHONUNBUFFERED="1", **task_env(task.name)
+            )
             argv = list(SERVER_COMMAND) if task.serves else command
             try:
                 proc = subprocess.Popen(
-                    argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    argv,
+                    env=child_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own group: our signals reach it only when we forward them
                 )
             except OSError as e:
                 self.close()
-                raise LaunchError(f"could not start {task.name} ({argv[0]}): {e}. The "
-                                  f"{len(self.procs)} task(s) already started were stopped.",
-                                  task=task) from None
+                raise LaunchError(
+                    f"could not start {task.name} ({argv[0]}): {e}. The "
+                    f"{len(self.procs)} task(s) already started were stopped.",
+                    task=task,
+                ) from None
             self.procs[task] = proc
             self.groups.add(proc.pid)
             pump = threading.Thread(target=self._pump, args=(task, proc), daemon=True)

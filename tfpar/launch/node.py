@@ -21,14 +21,20 @@ CPU_DEVICES_VARIABLE = "TFPAR_NUM_CPU_DEVICES"
 """The virtual CPU devices `tfpar.configure_devices` makes when there is no GPU."""
 
 
-def visible_gpus(environ: Mapping[str, str] | None = None, driver_gpus: int | None = None) -> list[str]:
+def visible_gpus(
+    environ: Mapping[str, str] | None = None, driver_gpus: int | None = None
+) -> list[str]:
     """The GPU ids this host's workers may use: ``CUDA_VISIBLE_DEVICES`` when it is set (an empty
     value hides every GPU), else one id per GPU the NVIDIA driver lists, else none.
 
     ``driver_gpus`` (a count) stands in for the driver's answer (tests)."""
     env = os.environ if environ is None else environ
     if "CUDA_VISIBLE_DEVICES" in env:
-        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip() and g.strip() != "-1"]
+        return [
+            g.strip()
+            for g in env["CUDA_VISIBLE_DEVICES"].split(",")
+            if g.strip() and g.strip() != "-1"
+        ]
     count = _driver_gpu_count() if driver_gpus is None else driver_gpus
     return [str(i) for i in range(count)]
 
@@ -41,14 +47,17 @@ def _driver_gpu_count():
     if smi is None:
         return 0
     try:
-        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+        listing = subprocess.run(
+            [smi, "-L"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
-def worker_envs(nproc_per_node: int, environ: Mapping[str, str] | None = None,
-                driver_gpus: int | None = None) -> tuple[list[dict], str | None]:
+def worker_envs(
+    nproc_per_node: int, environ: Mapping[str, str] | None = None, driver_gpus: int | None = None
+) -> tuple[list[dict], str | None]:
     """The environment each of this host's ``nproc_per_node`` workers gets, in local-rank order,
     and a warning (or None).
 
@@ -63,7 +72,10 @@ def worker_envs(nproc_per_node: int, environ: Mapping[str, str] | None = None,
     """
     env = os.environ if environ is None else environ
     gpus = visible_gpus(env, driver_gpus)
-    local = [{"LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(nproc_per_node)} for i in range(nproc_per_node)]
+    local = [
+        {"LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(nproc_per_node)}
+        for i in range(nproc_per_node)
+    ]
     if not gpus:
         total = env.get(CPU_DEVICES_VARIABLE, "")
         share = max(1, int(total) // nproc_per_node) if total.strip().isdigit() else 1
@@ -72,11 +84,17 @@ def worker_envs(nproc_per_node: int, environ: Mapping[str, str] | None = None,
         raise ValueError(
             f"--nproc-per-node {nproc_per_node} gives each worker its own GPU, and this host has "
             f"{len(gpus)} ({','.join(gpus)}). Received: more workers than GPUs. Use --nproc-per-node "
-            f"{len(gpus)}, or -n {nproc_per_node} to start workers that share every GPU.")
+            f"{len(gpus)}, or -n {nproc_per_node} to start workers that share every GPU."
+        )
     each = len(gpus) // nproc_per_node
     warning = None
     if len(gpus) % nproc_per_node:
-        unused = gpus[each * nproc_per_node:]
-        warning = (f"warning: {len(gpus)} GPUs for {nproc_per_node} workers: {each} each, and GPU(s) "
-                   f"{','.join(unused)} left unused")
-    return [{**e, "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * each:(i + 1) * each])} for i, e in enumerate(local)], warning
+        unused = gpus[each * nproc_per_node :]
+        warning = (
+            f"warning: {len(gpus)} GPUs for {nproc_per_node} workers: {each} each, and GPU(s) "
+            f"{','.join(unused)} left unused"
+        )
+    return [
+        {**e, "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * each : (i + 1) * each])}
+        for i, e in enumerate(local)
+    ], warning

@@ -35,8 +35,13 @@ class Supervisor:
     """
 
     def __init__(self, heartbeat_timeout, say, env=None):
-        check_number("heartbeat_timeout", heartbeat_timeout, above=0, allow_none=True,
-                     hint=" (seconds a task may make no step)")
+        check_number(
+            "heartbeat_timeout",
+            heartbeat_timeout,
+            above=0,
+            allow_none=True,
+            hint=" (seconds a task may make no step)",
+        )
         self.heartbeat_timeout, self.say = heartbeat_timeout, say
         self._timeline = (os.environ if env is None else env).get(TIMELINE_VARIABLE)
         self._folder = self._watch = None
@@ -66,8 +71,11 @@ class Supervisor:
             return {}
         return {HEARTBEAT_VARIABLE: os.path.join(self._folder.name, name.replace(" ", "-"))}
 
-    def check(self, others: dict[str, int] | None = None,
-              task_of: Callable[[str], Any] = lambda name: None) -> None:
+    def check(
+        self,
+        others: dict[str, int] | None = None,
+        task_of: Callable[[str], Any] = lambda name: None,
+    ) -> None:
         """Raises the `LaunchError` (code 124) of a stalled task, once it named it and dumped its
         stacks; ``others``: name -> pid of the running tasks without a heartbeat (a ps server)."""
         if self._watch is None:

@@ -297,7 +297,7 @@ class _TfKerasPipelineModel(PipelineModel, keras.Model):
     def _microbatch_loss(self, y, y_pred, sample_weight):
         # compiled_loss also adds the microbatch to the loss metric (equal microbatches: the mean).
         return self.compiled_loss(y, y_pred, sample_weight,
-                                  regularization_losses=[l for stage in self.stages for l in stage.losses])
+                                  regularization_losses=[loss for stage in self.stages for loss in stage.losses])
 
     def _scaled(self, loss):
         if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):

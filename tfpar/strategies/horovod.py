@@ -28,27 +28,17 @@ import os
 from typing import Any
 
 from tfpar import _compat
+from tfpar._local import loopback
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
-from tfpar._local import loopback
 from tfpar._parallelism import Parallelism
 from tfpar._topology import Topology
+from tfpar.strategies._started_by import SLURM_MPI_MARKERS, refuse_elastic_horovodrun, started_by_horovod
 from tfpar.strategies._describe import batch_and_model_lines, zero_lines
-from tfpar.strategies._gradients import (
-    COMPRESSIONS,
-    GRADIENT_CHECKS,
-    AccumulatedUpdates,
-    GradientAccumulator,
-    check_compression,
-    gradient_variables,
-    marked_variables,
-)
+from tfpar.strategies._gradients import (COMPRESSIONS, GRADIENT_CHECKS, AccumulatedUpdates, GradientAccumulator,
+                                         check_compression,
+                                         gradient_variables, marked_variables)
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
-from tfpar.strategies._started_by import (
-    SLURM_MPI_MARKERS,
-    refuse_elastic_horovodrun,
-    started_by_horovod,
-)
 from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
 
 __all__ = ["HOROVOD_OPS", "COMPRESSIONS", "XLA_OPS_BUILT", "HorovodConfig", "HorovodStrategy", "import_horovod"]

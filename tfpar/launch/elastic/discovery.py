@@ -38,13 +38,16 @@ def parse_host_lines(text: str, source: str) -> dict[str, int]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        host, _, slots = line.rpartition(":") if ":" in line and not line.endswith("]") else (line, "", "1")
+        host, _, slots = (
+            line.rpartition(":") if ":" in line and not line.endswith("]") else (line, "", "1")
+        )
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]  # [::1]:2
         if not host or any(c.isspace() for c in host) or not slots.isdigit() or int(slots) < 1:
             raise ValueError(
                 f"{source} printed line {number} that is not host:slots. Received: {raw!r}. Each line names a "
-                "host and how many workers it takes, as Horovod's host discovery does: e.g. 'localhost:2'.")
+                "host and how many workers it takes, as Horovod's host discovery does: e.g. 'localhost:2'."
+            )
         hosts[host] += int(slots)
     return dict(hosts)
 
@@ -69,18 +72,26 @@ class Discovery:
         if self.script is not None and self.file is not None:
             raise ValueError(
                 "Give a host discovery script or a file, not both. Received: --host-discovery-script "
-                f"{self.script} and --host-discovery-file {self.file}.")
+                f"{self.script} and --host-discovery-file {self.file}."
+            )
         if self.script is not None:
             if not os.path.isfile(self.script):
-                raise ValueError(f"The host discovery script does not exist. Received: --host-discovery-script "
-                                 f"{self.script}. Give the path of an executable that prints host:slots lines.")
-            if not os.stat(self.script).st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH) or \
-                    not os.access(self.script, os.X_OK):
-                raise ValueError(f"The host discovery script is not executable. Received: --host-discovery-script "
-                                 f"{self.script}. Run `chmod +x {self.script}` (Horovod needs it executable too).")
+                raise ValueError(
+                    f"The host discovery script does not exist. Received: --host-discovery-script "
+                    f"{self.script}. Give the path of an executable that prints host:slots lines."
+                )
+            if not os.stat(self.script).st_mode & (
+                stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+            ) or not os.access(self.script, os.X_OK):
+                raise ValueError(
+                    f"The host discovery script is not executable. Received: --host-discovery-script "
+                    f"{self.script}. Run `chmod +x {self.script}` (Horovod needs it executable too)."
+                )
         if self.file is not None and not os.path.isfile(self.file):
-            raise ValueError(f"The host discovery file does not exist. Received: --host-discovery-file {self.file}. "
-                             "Give a file of host:slots lines (it is read again while the job runs).")
+            raise ValueError(
+                f"The host discovery file does not exist. Received: --host-discovery-file {self.file}. "
+                "Give a file of host:slots lines (it is read again while the job runs)."
+            )
 
     @property
     def source(self):
@@ -99,12 +110,21 @@ class Discovery:
             return {"localhost": self.fixed}
         if self.script is not None:
             try:
-                done = subprocess.run([os.path.abspath(self.script)], capture_output=True, text=True,
-                                      timeout=SCRIPT_TIMEOUT_SECONDS, check=False)
+                done = subprocess.run(
+                    [os.path.abspath(self.script)],
+                    capture_output=True,
+                    text=True,
+                    timeout=SCRIPT_TIMEOUT_SECONDS,
+                    check=False,
+                )
             except subprocess.TimeoutExpired:
-                raise ValueError(f"{self.source} did not answer within {SCRIPT_TIMEOUT_SECONDS:g} s.") from None
+                raise ValueError(
+                    f"{self.source} did not answer within {SCRIPT_TIMEOUT_SECONDS:g} s."
+                ) from None
             if done.returncode:
-                raise ValueError(f"{self.source} exited with code {done.returncode}: {done.stderr.strip()[-500:]}")
+                raise ValueError(
+                    f"{self.source} exited with code {done.returncode}: {done.stderr.strip()[-500:]}"
+                )
             text = done.stdout
         else:
             with open(str(self.file), encoding="utf-8") as f:
@@ -116,5 +136,6 @@ class Discovery:
                 f"{self.source} lists hosts other than this machine: {others}. Received: {hosts}. An elastic "
                 "tfpar launch starts its workers on this machine (name it localhost, 127.0.0.1 or its host name); "
                 "across machines, run tfpar launch --nnodes MIN:MAX --master-addr HOST on each, or Horovod's elastic "
-                "mode (horovodrun --host-discovery-script).")
+                "mode (horovodrun --host-discovery-script)."
+            )
         return hosts

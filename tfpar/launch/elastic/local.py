@@ -31,15 +31,22 @@ import time
 from tfpar._local.processes import LaunchError
 from tfpar._tasks.elastic_batch import ElasticBatch
 from tfpar._tasks.env import ELASTIC_VARIABLE, RESTART_VARIABLE, STATE_VARIABLE
+from tfpar.launch.api import local_job
 from tfpar.launch.elastic.discovery import DISCOVERY_PERIOD_SECONDS, Discovery
 from tfpar.launch.elastic.membership import GrowRequest, Membership, MembershipChange
-from tfpar.launch.runner import LaunchOptions, local_job, run_job, warn_without_backup
+from tfpar.launch.runner import LaunchOptions, run_job, warn_without_backup
 
 __all__ = ["run_elastic"]
 
 
-def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, membership: Membership,
-                elastic_timeout: float = 600.0, batch: str = "accumulate") -> int:
+def run_elastic(
+    command: list,
+    options: LaunchOptions,
+    discovery: Discovery,
+    membership: Membership,
+    elastic_timeout: float = 600.0,
+    batch: str = "accumulate",
+) -> int:
     """Runs ``command`` as an elastic local job until it succeeds; returns 0. ``batch``: one of
     `tfpar._tasks.elastic_batch.ELASTIC_BATCHES`.
 
@@ -57,9 +64,16 @@ def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, mem
             cluster, tasks = local_job({"worker": len(slots)})
             watch = _Watch(discovery, membership, state, options)
             told = ElasticBatch(membership.reference, membership.min_workers, batch)
-            run = dataclasses.replace(options, watch=watch, env={
-                **(options.env or {}), RESTART_VARIABLE: str(attempt), STATE_VARIABLE: state,
-                ELASTIC_VARIABLE: told.to_env()})
+            run = dataclasses.replace(
+                options,
+                watch=watch,
+                env={
+                    **(options.env or {}),
+                    RESTART_VARIABLE: str(attempt),
+                    STATE_VARIABLE: state,
+                    ELASTIC_VARIABLE: told.to_env(),
+                },
+            )
             try:
                 return run_job(command, cluster, tasks, run)
             except MembershipChange as reason:
@@ -68,7 +82,9 @@ def run_elastic(command: list, options: LaunchOptions, discovery: Discovery, mem
                 if error.task is None:  # interrupted
                     raise
                 dropped = membership.failed(error.task.task_index)
-                options.say(f"{error}" + (f"; {dropped}" if dropped else "; restarting the workers"))
+                options.say(
+                    f"{error}" + (f"; {dropped}" if dropped else "; restarting the workers")
+                )
                 warned = warned or warn_without_backup(state, options)
     raise AssertionError("itertools.count() ended")
 
@@ -79,7 +95,9 @@ def _enough_slots(discovery, membership, elastic_timeout, options):
     while True:
         try:
             slots, error = membership.slots(discovery.hosts()), None
-        except ValueError as failed:  # caught half-written, or failing once: asked again until the deadline
+        except (
+            ValueError
+        ) as failed:  # caught half-written, or failing once: asked again until the deadline
             slots, error = [], failed
         if len(slots) >= membership.min_workers:
             return slots
@@ -87,10 +105,13 @@ def _enough_slots(discovery, membership, elastic_timeout, options):
             raise LaunchError(
                 f"{len(slots)} worker slot(s) for {elastic_timeout:g} s, fewer than --min-workers "
                 f"{membership.min_workers}: {error or discovery.source + ' lists too few'} (or their workers "
-                "failed too often)")
+                "failed too often)"
+            )
         if not said:
-            options.say(f"{len(slots)} worker slot(s), fewer than --min-workers {membership.min_workers}; "
-                        f"waiting up to {elastic_timeout:g} s for {discovery.source} to list more")
+            options.say(
+                f"{len(slots)} worker slot(s), fewer than --min-workers {membership.min_workers}; "
+                f"waiting up to {elastic_timeout:g} s for {discovery.source} to list more"
+            )
             said = True
         time.sleep(DISCOVERY_PERIOD_SECONDS)
 
@@ -109,16 +130,22 @@ class _Watch:
 
     def __call__(self):
         if self.grow.backed_up():
-            raise MembershipChange(f"{self.more} more worker slot(s) and a backup to start them from")
+            raise MembershipChange(
+                f"{self.more} more worker slot(s) and a backup to start them from"
+            )
         if time.monotonic() < self.next_look:
             return
         self.next_look = time.monotonic() + DISCOVERY_PERIOD_SECONDS
         members = self.membership.members
         try:
             hosts = self.discovery.hosts()
-        except ValueError as error:  # a file caught half-written, a script that failed once: the job goes on
+        except (
+            ValueError
+        ) as error:  # a file caught half-written, a script that failed once: the job goes on
             if str(error) != self.said_error:
-                self.options.say(f"{error}; the job goes on with its {len(members)} worker(s), asking again")
+                self.options.say(
+                    f"{error}; the job goes on with its {len(members)} worker(s), asking again"
+                )
                 self.said_error = str(error)
             return
         self.said_error = None

@@ -20,13 +20,27 @@ class Membership:
 
     def __init__(self, min_workers: int, max_workers: int | None, max_restarts: int) -> None:
         check_int("min_workers", min_workers, 1, " (the fewest workers the job trains with)")
-        check_number("max_workers", max_workers, minimum=1, integer=True, allow_none=True,
-                     hint=" (the most workers the job trains with)")
+        check_number(
+            "max_workers",
+            max_workers,
+            minimum=1,
+            integer=True,
+            allow_none=True,
+            hint=" (the most workers the job trains with)",
+        )
         if max_workers is not None and min_workers > max_workers:
-            raise ValueError(f"min_workers must not exceed max_workers. Received: --min-workers {min_workers} "
-                             f"--max-workers {max_workers}.")
-        check_int("max_restarts", max_restarts, 0, " (failures of one worker's slot before it is dropped)")
-        self.min_workers, self.max_workers, self.max_restarts = min_workers, max_workers, max_restarts
+            raise ValueError(
+                f"min_workers must not exceed max_workers. Received: --min-workers {min_workers} "
+                f"--max-workers {max_workers}."
+            )
+        check_int(
+            "max_restarts", max_restarts, 0, " (failures of one worker's slot before it is dropped)"
+        )
+        self.min_workers, self.max_workers, self.max_restarts = (
+            min_workers,
+            max_workers,
+            max_restarts,
+        )
         self.failures: Counter = Counter()
         self.dropped: set = set()
         self.members: list = []
@@ -46,7 +60,7 @@ class Membership:
         self.dropped &= set(listed)
         self.failures = Counter({s: n for s, n in self.failures.items() if s in listed})
         usable = [s for s in listed if s not in self.dropped]
-        return usable[:self.max_workers] if self.max_workers is not None else usable
+        return usable[: self.max_workers] if self.max_workers is not None else usable
 
     def failed(self, worker: int) -> str | None:
         """Counts a failure of worker ``worker``; returns a message if its slot is dropped for it."""
@@ -54,8 +68,10 @@ class Membership:
         self.failures[slot] += 1
         if self.failures[slot] > self.max_restarts:
             self.dropped.add(slot)
-            return (f"{slot} dropped: its worker failed {self.failures[slot]} time(s), more than --max-restarts "
-                    f"{self.max_restarts}")
+            return (
+                f"{slot} dropped: its worker failed {self.failures[slot]} time(s), more than --max-restarts "
+                f"{self.max_restarts}"
+            )
         return None
 
     def change(self, slots: list[str]) -> str | None:
@@ -74,8 +90,15 @@ def change_line(before: list, after: list, world_size: int, unit: str = "workers
     joined = [s for s in after if s not in before]
     parts = [f"left: {', '.join(left)}"] if left else []
     parts += [f"joined: {', '.join(joined)}"] if joined and before else []
-    return (f"{unit} {len(before)} -> {len(after)}" if before else f"{len(after)} {unit.rstrip('s')}(s)") + \
-        (f" ({'; '.join(parts)})" if parts else "") + f"; world size {world_size}"
+    return (
+        (
+            f"{unit} {len(before)} -> {len(after)}"
+            if before
+            else f"{len(after)} {unit.rstrip('s')}(s)"
+        )
+        + (f" ({'; '.join(parts)})" if parts else "")
+        + f"; world size {world_size}"
+    )
 
 
 class GrowRequest:
@@ -97,8 +120,10 @@ class GrowRequest:
             return
         if not os.path.exists(os.path.join(self.state, FAULT_TOLERANCE_MARK)):
             if not self.said_no_backup:
-                self.say("not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a restart "
-                         "would start training over")
+                self.say(
+                    "not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a restart "
+                    "would start training over"
+                )
                 self.said_no_backup = True
             return
         request = os.path.join(self.state, GROW_REQUEST)
@@ -110,7 +135,11 @@ class GrowRequest:
     def backed_up(self) -> bool:
         """Whether the chief has marked a backup since the request (False with none standing)."""
         mark = os.path.join(self.state, BACKUP_MARK)
-        return self.requested is not None and os.path.exists(mark) and os.path.getmtime(mark) >= self.requested
+        return (
+            self.requested is not None
+            and os.path.exists(mark)
+            and os.path.getmtime(mark) >= self.requested
+        )
 
     def withdraw(self) -> None:
         """Removes the request: the chief stops waiting."""

@@ -16,8 +16,25 @@ import socket
 import threading
 import time
 
-__all__ = ["KEEPALIVE_SECONDS", "Alive", "Done", "Drop", "Ended", "Hello", "Invalid", "Leave", "Link",
-           "Message", "Ready", "Renew", "Start", "Stop", "Wait", "decode", "encode"]
+__all__ = [
+    "KEEPALIVE_SECONDS",
+    "Alive",
+    "Done",
+    "Drop",
+    "Ended",
+    "Hello",
+    "Invalid",
+    "Leave",
+    "Link",
+    "Message",
+    "Ready",
+    "Renew",
+    "Start",
+    "Stop",
+    "Wait",
+    "decode",
+    "encode",
+]
 
 KEEPALIVE_SECONDS = 1.0
 """How often each end of a `Link` says it is alive."""
@@ -116,8 +133,10 @@ class Invalid:
 
 
 Message = Hello | Ready | Done | Leave | Wait | Start | Stop | Renew | Drop | Ended | Alive
-_KINDS: dict[str, type] = {kind.__name__.lower(): kind
-                           for kind in (Hello, Ready, Done, Leave, Wait, Start, Stop, Renew, Drop, Ended, Alive)}
+_KINDS: dict[str, type] = {
+    kind.__name__.lower(): kind
+    for kind in (Hello, Ready, Done, Leave, Wait, Start, Stop, Renew, Drop, Ended, Alive)
+}
 _TUPLES = {"nnodes", "ports"}  # JSON has lists only
 
 

@@ -63,12 +63,15 @@ class _Coordinator:
 
     def __init__(self, master_addr, master_port, nnodes, timeout):
         try:
-            self.server = socket.create_server((master_addr, master_port), backlog=max(16, 2 * nnodes))
+            self.server = socket.create_server(
+                (master_addr, master_port), backlog=max(16, 2 * nnodes)
+            )
         except OSError as error:
             raise RendezvousError(
                 f"Node 0 coordinates the rendezvous on --master-addr {master_addr} --master-port {master_port}, "
                 f"and cannot listen there: {error}. Received: an address that is not this host's, or a port in "
-                "use. Run node 0 on the host --master-addr names, with a free --master-port.") from None
+                "use. Run node 0 on the host --master-addr names, with a free --master-port."
+            ) from None
         self.nnodes, self.timeout = nnodes, timeout
         self.error = None
         self.thread = threading.Thread(target=self._serve, daemon=True, name="tfpar-rendezvous")
@@ -86,12 +89,18 @@ class _Coordinator:
                 except TimeoutError:
                     if time.monotonic() >= deadline:
                         missing = sorted(set(range(self.nnodes)) - set(joined))
-                        problem = (f"node(s) {', '.join(map(str, missing))} of {self.nnodes} did not join the "
-                                   f"rendezvous within {self.timeout:g} s")
+                        problem = (
+                            f"node(s) {', '.join(map(str, missing))} of {self.nnodes} did not join the "
+                            f"rendezvous within {self.timeout:g} s"
+                        )
                     continue
                 problem = self._join(conn, peer[0], joined, deadline)
             if problem is None:
-                workers = [address(joined[rank][1], port) for rank in sorted(joined) for port in joined[rank][2]]
+                workers = [
+                    address(joined[rank][1], port)
+                    for rank in sorted(joined)
+                    for port in joined[rank][2]
+                ]
                 reply = {"cluster": {"worker": workers}}
             else:
                 self.error, reply = problem, {"error": problem}
@@ -106,8 +115,13 @@ class _Coordinator:
         try:
             message = _read_line(conn, min(deadline, time.monotonic() + 10))
             rank, nnodes, ports = message["node_rank"], message["nnodes"], message["ports"]
-            if not (isinstance(rank, int) and isinstance(nnodes, int) and isinstance(ports, list)
-                    and ports and all(isinstance(p, int) for p in ports)):
+            if not (
+                isinstance(rank, int)
+                and isinstance(nnodes, int)
+                and isinstance(ports, list)
+                and ports
+                and all(isinstance(p, int) for p in ports)
+            ):
                 raise ValueError("bad fields")
         except (OSError, ValueError, KeyError, TypeError):
             _send(conn, {"error": "not a tfpar rendezvous message"})
@@ -115,28 +129,43 @@ class _Coordinator:
             return None  # a stray connection does not end the job
         if nnodes != self.nnodes:
             joined[("nnodes", rank)] = (conn, host, [])
-            return (f"node 0 was started with --nnodes {self.nnodes} and node {rank} ({host}) with --nnodes "
-                    f"{nnodes}: give every node the same --nnodes")
+            return (
+                f"node 0 was started with --nnodes {self.nnodes} and node {rank} ({host}) with --nnodes "
+                f"{nnodes}: give every node the same --nnodes"
+            )
         if rank in joined:
             joined[("duplicate", rank)] = (conn, host, [])
-            return (f"two nodes say --node-rank {rank}: {joined[rank][1]} and {host}. Give each node its own "
-                    f"--node-rank, 0 to {self.nnodes - 1}")
+            return (
+                f"two nodes say --node-rank {rank}: {joined[rank][1]} and {host}. Give each node its own "
+                f"--node-rank, 0 to {self.nnodes - 1}"
+            )
         joined[rank] = (conn, host, ports)
         return None
 
 
-def rendezvous(*, master_addr: str, master_port: int, nnodes: int, node_rank: int, nproc_per_node: int,
-               timeout: float = 300.0) -> tuple[dict, list[int]]:
+def rendezvous(
+    *,
+    master_addr: str,
+    master_port: int,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    timeout: float = 300.0,
+) -> tuple[dict, list[int]]:
     """Joins the rendezvous; returns (cluster, the worker indices of this node's tasks).
 
     Raises:
         RendezvousError: the nodes did not agree (the message names which and why), or node 0 did
             not answer within ``timeout`` seconds.
     """
-    coordinator = _Coordinator(master_addr, master_port, nnodes, timeout) if node_rank == 0 else None
+    coordinator = (
+        _Coordinator(master_addr, master_port, nnodes, timeout) if node_rank == 0 else None
+    )
     deadline = time.monotonic() + timeout
     # Node 0's own coordinator may end (another node's message was wrong) before node 0 joins it.
-    conn = connect(master_addr, master_port, deadline, timeout, lambda: coordinator and coordinator.error)
+    conn = connect(
+        master_addr, master_port, deadline, timeout, lambda: coordinator and coordinator.error
+    )
     try:
         host = conn.getsockname()[0]
         ports = free_ports(nproc_per_node, host)
@@ -144,12 +173,16 @@ def rendezvous(*, master_addr: str, master_port: int, nnodes: int, node_rank: in
         try:
             reply = _read_line(conn, deadline + 5)
         except (OSError, ValueError):
-            reply = {"error": f"node 0 ({address(master_addr, master_port)}) closed the rendezvous without a cluster"}
+            reply = {
+                "error": f"node 0 ({address(master_addr, master_port)}) closed the rendezvous without a cluster"
+            }
     finally:
         conn.close()
     if coordinator is not None:
         coordinator.thread.join(timeout=10)
-        if coordinator.error:  # node 0 names the reason, even when its own connection was cut short by it
+        if (
+            coordinator.error
+        ):  # node 0 names the reason, even when its own connection was cut short by it
             raise RendezvousError(f"The rendezvous failed: {coordinator.error}.")
     if "error" in reply:
         raise RendezvousError(f"The rendezvous failed: {reply['error']}.")
@@ -158,13 +191,15 @@ def rendezvous(*, master_addr: str, master_port: int, nnodes: int, node_rank: in
     if mine not in cluster["worker"]:  # node 0 saw this node through another address (NAT)
         raise RendezvousError(
             f"The rendezvous failed: node 0 does not list this node's first worker {address(host, ports[0])} in "
-            f"{cluster['worker']}; the nodes must reach node 0 without address translation.")
+            f"{cluster['worker']}; the nodes must reach node 0 without address translation."
+        )
     first = cluster["worker"].index(mine)
     return cluster, list(range(first, first + nproc_per_node))
 
 
-def connect(master_addr: str, master_port: int, deadline: float, timeout: float,
-            ended: Callable[[], Any]) -> socket.socket:
+def connect(
+    master_addr: str, master_port: int, deadline: float, timeout: float, ended: Callable[[], Any]
+) -> socket.socket:
     """A connection to node 0, tried until ``deadline`` (node 0 may start after this node), or until
     ``ended()`` returns the error that ended the rendezvous."""
     while True:
@@ -177,5 +212,6 @@ def connect(master_addr: str, master_port: int, deadline: float, timeout: float,
                 raise RendezvousError(
                     f"The rendezvous failed: node 0 did not answer at {address(master_addr, master_port)} within "
                     f"{timeout:g} s ({error}). Start node 0 on the host --master-addr names (--node-rank 0; in an "
-                    "elastic job, any node there).") from None
+                    "elastic job, any node there)."
+                ) from None
             time.sleep(0.2)
