@@ -1,4 +1,5 @@
-"""Loopback-only servers for local jobs: an interposed ``bind`` that turns "any address" into loopback.
+"""Loopback-only servers for local jobs: an interposed ``bind`` that turns "any address" into
+loopback.
 
 TensorFlow's gRPC server listens on ``0.0.0.0:<port>`` (or ``[::]:<port>``) whatever address
 the cluster gives the task, and offers no option to change it; Horovod's rendezvous server
@@ -88,7 +89,8 @@ def _cache_dir():
 
 
 def library():
-    """The library's path, compiled on first use (atomically, into the cache); None without a compiler.
+    """The library's path, compiled on first use (atomically, into the cache); None without a
+    compiler.
 
     `build_error` says why it is None.
     """
@@ -129,7 +131,8 @@ def _build():
 
 
 def child_env(env):
-    """``env`` with the library first in ``LD_PRELOAD`` (a new dict); ``env`` itself if it cannot be built."""
+    """``env`` with the library first in ``LD_PRELOAD`` (a new dict); ``env`` itself if it cannot
+    be built."""
     path = library()
     if path is None:
         return env
@@ -149,7 +152,8 @@ def start_again_with_library(argv=None, say=None):
     process that already runs. Call it before this process starts a server or a child.
 
     Args:
-        argv: the command to run (default: this process' own Python command line, ``sys.orig_argv``).
+        argv: the command to run (default: this process' own Python command line,
+            ``sys.orig_argv``).
         say: a line to print on stderr first (what is started again, and why).
 
     Returns:
@@ -161,7 +165,10 @@ def start_again_with_library(argv=None, say=None):
     if library() is None:
         return build_error()
     if os.environ.get(RESTARTED_VARIABLE):
-        return "this process was already started again with the library, and the library is not loaded in it"
+        return (
+            "this process was already started again with the library, and the library is not "
+            "loaded in it"
+        )
     if argv is None:
         if (
             hasattr(sys, "ps1")
@@ -169,12 +176,15 @@ def start_again_with_library(argv=None, say=None):
             or "ipykernel" in sys.modules
             or sys.argv[0] in ("", "-")
         ):
-            return "an interactive session (a notebook, the Python prompt, a script read from stdin) cannot be started again"
+            return (
+                "an interactive session (a notebook, the Python prompt, a script read from stdin) "
+                "cannot be started again"
+            )
         children = _children()
         if children:
             return (
-                f"this process already runs {len(children)} process(es) of its own (pid {', '.join(map(str, children[:5]))}), "
-                "which starting it again would leave behind"
+                f"this process already runs {len(children)} process(es) of its own (pid "
+                f"{', '.join(map(str, children[:5]))}), which starting it again would leave behind"
             )
         argv = list(sys.orig_argv)
     if say:

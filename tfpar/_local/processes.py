@@ -1,4 +1,5 @@
-"""The processes a launcher starts: checked before they start, signalled as groups, never left behind.
+"""The processes a launcher starts: checked before they start, signalled as groups, never left
+behind.
 
 `ProcessGroups` keeps the process group of every child and a watchdog process that stops
 them if the launcher dies, however it dies (SIGKILL included):
@@ -166,12 +167,14 @@ class ProcessGroups:
             return set(self.pgids) | self._seen
 
     def send(self, sig):
-        """Sends ``sig`` to every group and its descendants' groups, leaders that exited included."""
+        """Sends ``sig`` to every group and its descendants' groups, leaders that exited
+        included."""
         for pgid in self._groups():
             signal_group(pgid, sig)
 
     def stop(self, first=signal.SIGTERM):
-        """``first``, then SIGKILL after the grace period, to every group: nothing of them is left."""
+        """``first``, then SIGKILL after the grace period, to every group: nothing of them is
+        left."""
         stop_groups(self._groups(), self.grace_seconds, first)
 
     def close(self):
@@ -232,9 +235,9 @@ def check_command(command: Sequence[str], grace_seconds: float, num_tasks: int =
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and needed > soft:
         raise ValueError(
-            f"{num_tasks} tasks need about {needed} open files in the launcher, and this shell allows "
-            f"{soft} (ulimit -n). Received: {num_tasks} tasks. Raise the limit (ulimit -n 4096) or "
-            "start fewer tasks."
+            f"{num_tasks} tasks need about {needed} open files in the launcher, and this shell "
+            f"allows {soft} (ulimit -n). Received: {num_tasks} tasks. Raise the limit (ulimit -n "
+            "4096) or start fewer tasks."
         )
 
 

@@ -14,30 +14,31 @@ __all__ = ["ELASTIC_BATCHES", "SCALING_RULES", "ElasticBatch", "rule_factor"]
 
 SCALING_RULES = ("linear", "sqrt")
 """How the learning rate follows the global batch: ``linear`` (Goyal et al. 2017: k times the batch,
-k times the rate, with a warm-up) or ``sqrt`` (Krizhevsky 2014, Hoffer et al. 2017: sqrt(k) times the
-rate, which keeps the noise of the update; LAMB's paper scales that way). `tfpar.callbacks` exports it."""
+k times the rate, with a warm-up) or ``sqrt`` (Krizhevsky 2014, Hoffer et al. 2017: sqrt(k) times
+the rate, which keeps the noise of the update; LAMB's paper scales that way). `tfpar.callbacks`
+exports it."""
 
 
 def rule_factor(ratio: float, rule: str) -> float:
-    """What a learning rate is multiplied by when the global batch is multiplied by ``ratio``, by ``rule``
-    (one of `SCALING_RULES`): the one formula behind `tfpar.callbacks.scaled_learning_rate` and
-    `ElasticBatch.learning_rate_factor`."""
+    """What a learning rate is multiplied by when the global batch is multiplied by ``ratio``, by
+    ``rule`` (one of `SCALING_RULES`): the one formula behind `tfpar.callbacks.scaled_learning_rate`
+    and `ElasticBatch.learning_rate_factor`."""
     return ratio if rule == "linear" else math.sqrt(ratio)
 
 
 ELASTIC_BATCHES = ("accumulate", "grow", "scale-lr", "scale-lr-sqrt")
-"""How an elastic job on fewer workers than its reference trains: "accumulate" (the default) keeps the global
-batch, each replica computing its batch in micro-batches no larger than the reference's per-replica batch and
-applying their accumulated gradients once (DeepSpeed's elasticity keeps its micro-batch so too); "grow" keeps it
-with larger per-replica batches; "scale-lr" keeps the per-replica batch, so the global batch follows the
-workers, and scales the learning rate with it by the linear rule (Goyal et al. 2017), "scale-lr-sqrt" by the
-square root (`SCALING_RULES`)."""
+"""How an elastic job on fewer workers than its reference trains: "accumulate" (the default) keeps
+the global batch, each replica computing its batch in micro-batches no larger than the reference's
+per-replica batch and applying their accumulated gradients once (DeepSpeed's elasticity keeps its
+micro-batch so too); "grow" keeps it with larger per-replica batches; "scale-lr" keeps the
+per-replica batch, so the global batch follows the workers, and scales the learning rate with it by
+the linear rule (Goyal et al. 2017), "scale-lr-sqrt" by the square root (`SCALING_RULES`)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ElasticBatch:
-    """What an elastic launch tells its workers (`ELASTIC_VARIABLE`): the global batch is divided for
-    ``reference_workers``; the job trains on ``min_workers`` or more."""
+    """What an elastic launch tells its workers (`ELASTIC_VARIABLE`): the global batch is divided
+    for ``reference_workers``; the job trains on ``min_workers`` or more."""
 
     reference_workers: int
     min_workers: int
@@ -50,21 +51,22 @@ class ElasticBatch:
 
     @property
     def scales_learning_rate(self) -> bool:
-        """Whether the global batch follows the workers and the learning rate with it ("scale-lr")."""
+        """Whether the global batch follows the workers and the learning rate with it
+        ("scale-lr")."""
         return self.learning_rate_rule is not None
 
     def microbatches(self, workers: int) -> int:
-        """The micro-batches each replica's batch is computed in on ``workers`` workers: the fewest that keep
-        a micro-batch within the reference's per-replica batch (1 at the reference size or above, or unless
-        "accumulate")."""
+        """The micro-batches each replica's batch is computed in on ``workers`` workers: the fewest
+        that keep a micro-batch within the reference's per-replica batch (1 at the reference size or
+        above, or unless "accumulate")."""
         if self.batch != "accumulate" or workers >= self.reference_workers:
             return 1
         return math.ceil(self.reference_workers / workers)
 
     def global_batch(self, given: int, workers: int) -> int:
-        """The global batch a step holds on ``workers`` workers, ``given`` the one set for the reference: the
-        same, or under "scale-lr" the reference's per-replica batch on each replica (``given * workers /
-        reference``; `check_global_batch` makes it whole)."""
+        """The global batch a step holds on ``workers`` workers, ``given`` the one set for the
+        reference: the same, or under "scale-lr" the reference's per-replica batch on each replica
+        (``given * workers / reference``; `check_global_batch` makes it whole)."""
         return given * workers // self.reference_workers if self.scales_learning_rate else given
 
     @property
@@ -73,15 +75,17 @@ class ElasticBatch:
         return {"scale-lr": "linear", "scale-lr-sqrt": "sqrt"}.get(self.batch)
 
     def learning_rate_factor(self, workers: int) -> float:
-        """What the learning rate is multiplied by on ``workers`` workers: 1, or under "scale-lr" the scaling
-        rule's factor for a global batch ``workers / reference`` times the reference's."""
+        """What the learning rate is multiplied by on ``workers`` workers: 1, or under "scale-lr"
+        the scaling rule's factor for a global batch ``workers / reference`` times the
+        reference's."""
         rule = self.learning_rate_rule
         return 1.0 if rule is None else rule_factor(workers / self.reference_workers, rule)
 
     def check_global_batch(self, global_batch_size: int, replicas_per_worker: int) -> None:
-        """Refuses a global batch that one of the job's sizes (``min_workers`` to ``reference_workers``) cannot
-        divide into its replicas' micro-batches (under "scale-lr": that the reference cannot divide, since each
-        size keeps its per-replica batch): that resize would fail when it happens, so it fails now.
+        """Refuses a global batch that one of the job's sizes (``min_workers`` to
+        ``reference_workers``) cannot divide into its replicas' micro-batches (under "scale-lr":
+        that the reference cannot divide, since each size keeps its per-replica batch): that resize
+        would fail when it happens, so it fails now.
 
         Raises:
             ValueError: naming the sizes, the global batch to use instead and the other fixes.
@@ -97,17 +101,21 @@ class ElasticBatch:
         multiple = math.lcm(*parts.values())
         fit = max(multiple, round(global_batch_size / multiple) * multiple)
         if self.scales_learning_rate:
-            how = f"{self.reference_workers} workers x {replicas_per_worker} replica(s), each size keeping that per-replica batch"
+            how = (
+                f"{self.reference_workers} workers x {replicas_per_worker} replica(s), each size "
+                "keeping that per-replica batch"
+            )
         else:
             how = " x ".join(
                 ["workers", f"{replicas_per_worker} replica(s)"]
                 + (["micro-batches"] if self.batch == "accumulate" else [])
             )
         raise ValueError(
-            f"This elastic job trains on {self.min_workers} to {self.reference_workers} workers, and its global "
-            f"batch does not divide into equal parts ({how}) on {', '.join(f'{w} ({parts[w]} parts)' for w in bad)}"
-            f" worker(s): a resize there would fail. Received: global_batch_size={global_batch_size}. Use a "
-            f"multiple of {multiple} (e.g. {fit}), or narrow --min-workers/--max-workers."
+            f"This elastic job trains on {self.min_workers} to {self.reference_workers} workers, "
+            f"and its global batch does not divide into equal parts ({how}) on "
+            f"{', '.join(f'{w} ({parts[w]} parts)' for w in bad)} worker(s): a resize there would "
+            f"fail. Received: global_batch_size={global_batch_size}. Use a multiple of {multiple} "
+            f"(e.g. {fit}), or narrow --min-workers/--max-workers."
         )
 
     def to_env(self) -> str:

@@ -123,7 +123,8 @@ class Watch:
         since = now - max(beat.time for beat in stalled.values())
         message = (
             f"{name} {why}: {own}the job's last step {since:.1f} s ago (--heartbeat-timeout "
-            f"{self.timeout:g}); stalled: {', '.join(stalled)}. Its stacks follow; then the job is stopped"
+            f"{self.timeout:g}); stalled: {', '.join(stalled)}. Its stacks follow; then the job is "
+            "stopped"
         )
         return Hang(name, pids[name], why, message)
 
@@ -156,7 +157,8 @@ def dump_stacks(pid):
 
 
 def _to_main_thread(pid, sig):
-    """Signals the main thread of ``pid`` (its thread id is the pid); ``os.kill`` without glibc's tgkill."""
+    """Signals the main thread of ``pid`` (its thread id is the pid); ``os.kill`` without glibc's
+    tgkill."""
     import ctypes
 
     tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)

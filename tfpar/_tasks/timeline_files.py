@@ -15,8 +15,8 @@ def check_writable(path: str | os.PathLike | None, parameter: str) -> str | os.P
     """``path`` as given, once its folder is known to exist and take a new file; else ValueError."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise ValueError(
-            f"Timeline needs a file to write. Received: {parameter}={path!r}. Pass a path, or start "
-            f"the job with `tfpar launch --timeline DIR` (it sets ${TIMELINE_VARIABLE})."
+            f"Timeline needs a file to write. Received: {parameter}={path!r}. Pass a path, or "
+            f"start the job with `tfpar launch --timeline DIR` (it sets ${TIMELINE_VARIABLE})."
         )
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -32,8 +32,8 @@ def check_writable(path: str | os.PathLike | None, parameter: str) -> str | os.P
         os.remove(probe)
     except OSError as e:
         raise ValueError(
-            f"{parameter} cannot be written ({e.strerror}: {folder}). Received: {parameter}={path!r}. "
-            "Create the folder, or choose one this process may write to."
+            f"{parameter} cannot be written ({e.strerror}: {folder}). Received: "
+            f"{parameter}={path!r}. Create the folder, or choose one this process may write to."
         ) from None
     return path
 

@@ -1,8 +1,8 @@
 """Cluster descriptions: TF_CONFIG read, validated and written, and the cluster of a SLURM job.
 
 Pure Python, no TensorFlow import: the launcher and the strategies share it. The addresses of
-tasks (``--hosts``, free ports, clusters on one host) are `tfpar.cluster.addresses`; SLURM's layout of
-tasks is `tfpar.cluster.slurm`; their public names are exported here too.
+tasks (``--hosts``, free ports, clusters on one host) are `tfpar.cluster.addresses`; SLURM's layout
+of tasks is `tfpar.cluster.slurm`; their public names are exported here too.
 """
 
 import dataclasses
@@ -155,8 +155,9 @@ class ClusterInfo:
         ):
             # Without it every task of that type would be index 0: several chiefs, one address.
             raise ValueError(
-                f'TF_CONFIG must give this task\'s "index": the cluster has {len(cluster[task["type"]])} '
-                f'{task["type"]!r} tasks. Received: TF_CONFIG={raw!r}. Add e.g. "index": 1.'
+                'TF_CONFIG must give this task\'s "index": the cluster has '
+                f"{len(cluster[task['type']])} {task['type']!r} tasks. Received: "
+                f'TF_CONFIG={raw!r}. Add e.g. "index": 1.'
             )
         return cls(cluster=cluster, task_type=task["type"], task_index=task.get("index", 0))
 
@@ -190,10 +191,10 @@ def refuse_evaluator(info: "ClusterInfo", strategy: str) -> None:
     if info.task_type == "evaluator":
         raise ValueError(
             f"{strategy} trains on the chief and workers; an evaluator task only evaluates, beside "
-            f"the job. Received: TF_CONFIG task {{'type': 'evaluator', 'index': {info.task_index}}}. "
-            "In that task, build the model without a strategy and run "
-            "keras.utils.SidecarEvaluator(model, data, checkpoint_dir=...).start() over the chief's "
-            "checkpoints, or leave the Evaluator replica out of the TFJob."
+            f"the job. Received: TF_CONFIG task {{'type': 'evaluator', 'index': "
+            f"{info.task_index}}}. In that task, build the model without a strategy and run "
+            "keras.utils.SidecarEvaluator(model, data, checkpoint_dir=...).start() over the "
+            "chief's checkpoints, or leave the Evaluator replica out of the TFJob."
         )
 
 
@@ -236,15 +237,16 @@ def validate_cluster(cluster: Any) -> None:
                 )
             if address in seen:
                 raise ValueError(
-                    f"Two tasks have one address: {seen[address]} and {role} {index} at {address!r}. "
-                    "Received: a cluster that names it twice. Give each task its own host:port."
+                    f"Two tasks have one address: {seen[address]} and {role} {index} at "
+                    f"{address!r}. Received: a cluster that names it twice. Give each task its own "
+                    "host:port."
                 )
             seen[address] = f"{role} {index}"
     for role in ("chief", "evaluator"):
         if len(cluster.get(role, ())) > 1:
             raise ValueError(
-                f"A cluster has at most one {role}. Received: {len(cluster[role])} ({cluster[role]}). "
-                f"Make the others workers."
+                f"A cluster has at most one {role}. Received: {len(cluster[role])} "
+                f"({cluster[role]}). Make the others workers."
             )
     if not cluster.get("chief") and not cluster.get("worker"):
         raise ValueError(

@@ -1,4 +1,5 @@
-"""Addresses of tasks: ``--hosts`` lists, free ports, and clusters on one host (loopback by default).
+"""Addresses of tasks: ``--hosts`` lists, free ports, and clusters on one host (loopback by
+default).
 Pure Python: the launcher, the strategies and the tests share it.
 """
 
@@ -161,8 +162,8 @@ def parse_hosts(hosts: str, default_port: int = DEFAULT_PORT) -> list[str]:
     """Parses ``"a:2222,b,c:2223"`` into ``["a:2222", "b:2222", "c:2223"]``.
 
     Raises:
-        ValueError: if the list is empty, a port is not a number, or a port is below 1024 (horovodrun's
-            ``host:slots``, which tfpar would read as a port).
+        ValueError: if the list is empty, a port is not a number, or a port is below 1024
+            (horovodrun's ``host:slots``, which tfpar would read as a port).
     """
     entries = [h.strip() for h in hosts.split(",") if h.strip()]
     if not entries:
@@ -183,9 +184,10 @@ def parse_hosts(hosts: str, default_port: int = DEFAULT_PORT) -> list[str]:
             int(port) < 1024
         ):  # horovodrun's host:slots ("a:4"), read as a port, would bind a privileged one
             raise ValueError(
-                f"--hosts takes host:port, and port {port} is below 1024. Received: {entry!r} in --hosts "
-                f"{hosts!r}. horovodrun writes host:slots (-H a:4); in tfpar that is --hosts {host} with "
-                f"--nproc-per-node {port}, or one host:port entry per worker, e.g. {host}:2222,{host}:2223."
+                f"--hosts takes host:port, and port {port} is below 1024. Received: {entry!r} in "
+                f"--hosts {hosts!r}. horovodrun writes host:slots (-H a:4); in tfpar that is "
+                f"--hosts {host} with --nproc-per-node {port}, or one host:port entry per worker, "
+                f"e.g. {host}:2222,{host}:2223."
             )
         out.append(f"{host}:{port}")
     return out

@@ -26,8 +26,8 @@ def slurm_workers(
     if missing:
         raise ValueError(
             f"A SLURM cluster needs {', '.join(missing)}, which srun sets for each task. Received: "
-            f"{', '.join(f'{name}={env.get(name)!r}' for name in missing)}. Start the job with srun "
-            "(e.g. srun --ntasks-per-node=1 tfpar launch --slurm -- python train.py)."
+            f"{', '.join(f'{name}={env.get(name)!r}' for name in missing)}. Start the job with "
+            "srun (e.g. srun --ntasks-per-node=1 tfpar launch --slurm -- python train.py)."
         )
     nodes = expand_hostlist(env["SLURM_JOB_NODELIST"])
     ntasks = _slurm_int(env, "SLURM_NTASKS", 1)
@@ -79,9 +79,10 @@ def slurm_gpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     local = int(env["SLURM_LOCALID"])
     if local >= len(visible):
         raise ValueError(
-            f"SLURM_LOCALID={local} has no GPU of its own: CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} "
-            f"lists {len(visible)}. Received: more tasks on the node than GPUs. Ask for as many "
-            "tasks per node as GPUs (--ntasks-per-node, --gpus-per-task=1)."
+            f"SLURM_LOCALID={local} has no GPU of its own: "
+            f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} lists {len(visible)}. Received: "
+            "more tasks on the node than GPUs. Ask for as many tasks per node as GPUs "
+            "(--ntasks-per-node, --gpus-per-task=1)."
         )
     return {"CUDA_VISIBLE_DEVICES": visible[local].strip()}
 

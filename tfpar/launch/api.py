@@ -82,9 +82,10 @@ def launch(
     if cluster is not None:
         if max_restarts:
             raise ValueError(
-                "max_restarts restarts a local job (-n), whose tasks one launcher starts. Received: "
-                f"max_restarts={max_restarts} with a cluster of several hosts. There, restart through "
-                "the scheduler (SLURM --requeue, a TFJob's restartPolicy), with FaultTolerance in the script."
+                "max_restarts restarts a local job (-n), whose tasks one launcher starts. "
+                f"Received: max_restarts={max_restarts} with a cluster of several hosts. There, "
+                "restart through the scheduler (SLURM --requeue, a TFJob's restartPolicy), with "
+                "FaultTolerance in the script."
             )
         if num_workers is not None:
             raise ValueError(
@@ -128,14 +129,14 @@ def _per_node_workers(num_workers, num_ps, nproc_per_node, options):
     check_int("nproc_per_node", nproc_per_node, 1, " (workers on this host, one per GPU)")
     if num_workers is not None:
         raise ValueError(
-            f"Give -n or --nproc-per-node, not both. Received: -n {num_workers} --nproc-per-node {nproc_per_node}. "
-            "--nproc-per-node N starts N workers with a GPU (or a virtual CPU device) each; -n N starts N that "
-            "share every device."
+            f"Give -n or --nproc-per-node, not both. Received: -n {num_workers} --nproc-per-node "
+            f"{nproc_per_node}. --nproc-per-node N starts N workers with a GPU (or a virtual CPU "
+            "device) each; -n N starts N that share every device."
         )
     if num_ps:
         raise ValueError(
-            f"--nproc-per-node starts the workers of a data-parallel job. Received: --ps {num_ps} with it. "
-            "A parameter-server job is -n N --ps M."
+            f"--nproc-per-node starts the workers of a data-parallel job. Received: --ps {num_ps} "
+            "with it. A parameter-server job is -n N --ps M."
         )
     envs, warning = worker_envs(nproc_per_node, options.env)
     if warning:
@@ -163,7 +164,8 @@ def local_job(roles: dict, worker_envs: list | None = None) -> tuple[dict, list]
 
 
 def _run_restarting(command, roles, options, worker_envs=None):
-    """Runs a local job, and up to ``options.max_restarts`` times again, on fresh ports, when a task fails."""
+    """Runs a local job, and up to ``options.max_restarts`` times again, on fresh ports, when a
+    task fails."""
     import tempfile
 
     restarts, start = options.max_restarts, time.monotonic()
@@ -183,8 +185,8 @@ def _run_restarting(command, roles, options, worker_envs=None):
                 ):  # not the job's fault: no restart counted
                     taken += 1
                     options.say(
-                        f"{error.task.name}'s port was taken by another process after tfpar chose it; "
-                        "starting the job again on fresh ports"
+                        f"{error.task.name}'s port was taken by another process after tfpar chose "
+                        "it; starting the job again on fresh ports"
                     )
                     continue
                 if error.task is None or attempt == restarts:  # interrupted, or out of restarts
@@ -194,8 +196,8 @@ def _run_restarting(command, roles, options, worker_envs=None):
                         )
                     raise
                 options.say(
-                    f"restart {attempt + 1} of {restarts} at {time.monotonic() - start:.1f} s: {error}; "
-                    f"starting the {len(tasks)} task(s) again on fresh ports"
+                    f"restart {attempt + 1} of {restarts} at {time.monotonic() - start:.1f} s: "
+                    f"{error}; starting the {len(tasks)} task(s) again on fresh ports"
                 )
                 if attempt == 0:
                     warn_without_backup(state, options)

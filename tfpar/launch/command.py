@@ -220,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _timeline_folder(folder, horovod):
-    """--timeline DIR: made if missing and checked writable now; the tasks inherit $TFPAR_TIMELINE."""
+    """--timeline DIR: made if missing and checked writable now; the tasks inherit
+    $TFPAR_TIMELINE."""
     from tfpar._tasks.timeline_files import TIMELINE_VARIABLE, timeline_in
 
     folder = os.path.dirname(timeline_in(folder, "--timeline"))

@@ -90,8 +90,8 @@ class Job:
         received: Sequence[int] = (),
         task_env: Callable[[str], dict] = lambda name: {},
     ) -> None:
-        """Starts every task (its environment: ``env``, its TF_CONFIG and ``task_env(its name)``); on a
-        failure to start, stops those started and raises LaunchError.
+        """Starts every task (its environment: ``env``, its TF_CONFIG and ``task_env(its name)``);
+        on a failure to start, stops those started and raises LaunchError.
 
         Once a signal is in ``received``, no further task starts.
         """
@@ -113,7 +113,8 @@ class Job:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # its own group: our signals reach it only when we forward them
+                    # Its own group: our signals reach it only when we forward them.
+                    start_new_session=True,
                 )
             except OSError as e:
                 self.close()
@@ -166,7 +167,8 @@ class Job:
             pump.join(timeout=5)
 
     def close(self) -> None:
-        """Nothing of the job is left: every group (grandchildren too) ended, the watchdog released."""
+        """Nothing of the job is left: every group (grandchildren too) ended, the watchdog
+        released."""
         self.groups.close()
         for proc in self.procs.values():
             proc.wait()

@@ -83,8 +83,9 @@ def worker_envs(
     if len(gpus) < nproc_per_node:
         raise ValueError(
             f"--nproc-per-node {nproc_per_node} gives each worker its own GPU, and this host has "
-            f"{len(gpus)} ({','.join(gpus)}). Received: more workers than GPUs. Use --nproc-per-node "
-            f"{len(gpus)}, or -n {nproc_per_node} to start workers that share every GPU."
+            f"{len(gpus)} ({','.join(gpus)}). Received: more workers than GPUs. Use "
+            f"--nproc-per-node {len(gpus)}, or -n {nproc_per_node} to start workers that share "
+            "every GPU."
         )
     each = len(gpus) // nproc_per_node
     warning = None

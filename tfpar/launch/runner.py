@@ -100,7 +100,8 @@ def run_tasks(
     With ``heartbeat_timeout`` (seconds), each task's ``fit``/``evaluate``/``predict`` reports its
     steps (`tfpar.callbacks.Heartbeat`); a task that makes no step for that long is named, its
     stacks are dumped, and the job is stopped (`LaunchError`, code 124). At the end the launcher
-    prints each task's mean step time against the median (stragglers); see `tfpar.launch.supervisor`.
+    prints each task's mean step time against the median (stragglers); see
+    `tfpar.launch.supervisor`.
 
     Raises:
         LaunchError: a task failed, hung or could not start, or the launcher was interrupted.
@@ -211,12 +212,13 @@ def _supervise(job, supervisor, received, options):
 
 
 def warn_without_backup(state: str, options: LaunchOptions) -> bool:
-    """After a failure: says, if the job's tasks made no FaultTolerance backup (its mark in ``state``), that
-    the restart trains from the first epoch; returns whether it said so."""
+    """After a failure: says, if the job's tasks made no FaultTolerance backup (its mark in
+    ``state``), that the restart trains from the first epoch; returns whether it said so."""
     if os.path.exists(os.path.join(state, FAULT_TOLERANCE_MARK)):
         return False
     options.say(
-        "warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts over "
-        "from the first epoch; add FaultTolerance(backup_dir) to fit's callbacks to resume instead"
+        "warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts "
+        "over from the first epoch; add FaultTolerance(backup_dir) to fit's callbacks to resume "
+        "instead"
     )
     return True

@@ -1,5 +1,6 @@
-"""What ``tfpar launch`` watches over a job, whichever back-end started its tasks (`tfpar.launch.backends`):
-their heartbeats, their step times and the timeline. Pure Python, no TensorFlow.
+"""What ``tfpar launch`` watches over a job, whichever back-end started its tasks
+(`tfpar.launch.backends`): their heartbeats, their step times and the timeline. Pure Python, no
+TensorFlow.
 
 - With ``heartbeat_timeout``, each task gets a heartbeat file (``TFPAR_HEARTBEAT_FILE``, from
   `task_env`); `check` raises, once the job is to be stopped, a `LaunchError` (code 124) naming a
@@ -23,12 +24,14 @@ __all__ = ["Supervisor"]
 
 
 class Supervisor:
-    """The watch over one run of a job's tasks; a context manager (its heartbeat folder lives in it).
+    """The watch over one run of a job's tasks; a context manager (its heartbeat folder lives in
+    it).
 
     Args:
         heartbeat_timeout: seconds a busy task may make no step (None: no heartbeats).
         say: prints a launcher line (``tfpar launch: ...``).
-        env: the tasks' environment, where ``TFPAR_TIMELINE`` says whether to merge Horovod's timeline.
+        env: the tasks' environment, where ``TFPAR_TIMELINE`` says whether to merge Horovod's
+            timeline.
 
     Raises:
         ValueError: a heartbeat timeout that is not a positive number.

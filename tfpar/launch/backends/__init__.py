@@ -1,14 +1,17 @@
 """The back-ends of ``tfpar launch``: how a job's tasks are started, one small class each, all
 watched by one `tfpar.launch.supervisor.Supervisor` (heartbeats, step times, the timeline merge).
 
-| back-end   | chosen by                  | starts                                              |
-|------------|----------------------------|-----------------------------------------------------|
-| `Horovod`  | ``--horovod``              | ``horovodrun --gloo`` with N local ranks            |
-| `Slurm`    | ``--slurm``                | this srun task's worker, the cluster from SLURM      |
-| `Nodes`    | ``--nnodes K`` / ``MIN:MAX``| this host's workers; the cluster from a rendezvous (elastic: each round's) |
-| `Hosts`    | ``--hosts`` / ``--cluster``| this machine's task(s) of a multi-host cluster      |
-| `Elastic`  | ``--min-workers``, ``--max-workers``, ``--host-discovery-*`` | workers on 127.0.0.1, as many as discovery lists |
-| `Local`    | ``-n N [--ps M]``, ``--nproc-per-node N`` | every task on 127.0.0.1, restarted on failure |
+- `Elastic` (``--min-workers``, ``--max-workers``, ``--host-discovery-*``): workers on 127.0.0.1,
+  as many as discovery lists.
+- `Horovod` (``--horovod``): ``horovodrun --gloo`` with N local ranks.
+- `Slurm` (``--slurm``): this srun task's worker, the cluster from SLURM.
+- `Nodes` (``--nnodes K`` or ``MIN:MAX``): this host's workers, the cluster from a rendezvous
+  (elastic: each round's).
+- `Hosts` (``--hosts``, ``--cluster``): this machine's task(s) of a multi-host cluster.
+- `Local` (``-n N [--ps M]``, ``--nproc-per-node N``): every task on 127.0.0.1, restarted on
+  failure.
+
+``tfpar launch`` asks them in this order (`BACKENDS`).
 
 A back-end (Ray Train's ``Backend.on_start`` is the shape) says whether the command line is its
 (`chosen`), refuses the options it cannot take (`check`), and runs the job (`start`). `BACKENDS`

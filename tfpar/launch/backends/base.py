@@ -9,7 +9,8 @@ __all__ = ["Backend", "worker_envs", "worker_tasks"]
 
 
 class Backend:
-    """How ``tfpar launch`` starts a job's tasks. Stateless: what a job needs is on its `LaunchConfig`."""
+    """How ``tfpar launch`` starts a job's tasks. Stateless: what a job needs is on its
+    `LaunchConfig`."""
 
     name = ""
 
@@ -31,7 +32,8 @@ class Backend:
 
 
 def worker_envs(nproc_per_node: int) -> list[dict]:
-    """This host's workers' device environments (`tfpar.launch.node.worker_envs`), its warning printed."""
+    """This host's workers' device environments (`tfpar.launch.node.worker_envs`), its warning
+    printed."""
     from tfpar.launch.node import worker_envs as envs_of
 
     envs, warning = envs_of(nproc_per_node)

@@ -8,8 +8,8 @@ __all__ = ["Elastic"]
 
 
 class Elastic(Backend):
-    """``--min-workers``/``--max-workers``/``--host-discovery-script``/``--host-discovery-file``: a local job
-    whose workers may change (`tfpar.launch.elastic`)."""
+    """``--min-workers``/``--max-workers``/``--host-discovery-script``/``--host-discovery-file``: a
+    local job whose workers may change (`tfpar.launch.elastic`)."""
 
     name = "elastic"
 
@@ -29,10 +29,11 @@ class Elastic(Backend):
         ):
             if given:
                 raise ValueError(
-                    f"An elastic job (--min-workers, --max-workers, --host-discovery-*) is a local job that tfpar "
-                    f"launch supervises and restarts. Received: {flag} with it, a job it does not supervise that way. "
-                    "Drop the elastic options; for an elastic job across hosts run tfpar launch --nnodes MIN:MAX "
-                    "--master-addr HOST on each, or Horovod's elastic mode (horovodrun --min-np/--max-np "
+                    "An elastic job (--min-workers, --max-workers, --host-discovery-*) is a local "
+                    f"job that tfpar launch supervises and restarts. Received: {flag} with it, a "
+                    "job it does not supervise that way. Drop the elastic options; for an elastic "
+                    "job across hosts run tfpar launch --nnodes MIN:MAX --master-addr HOST on "
+                    "each, or Horovod's elastic mode (horovodrun --min-np/--max-np "
                     "--host-discovery-script)."
                 )
         if config.workers is not None and config.max_workers is not None:

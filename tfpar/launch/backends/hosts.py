@@ -56,14 +56,15 @@ class Hosts(Backend):
         if config.cluster or config.ps or config.task_type != "worker":
             raise ValueError(
                 "--nproc-per-node with a cluster takes --hosts (workers only). Received: "
-                f"--cluster/--ps/--task-type {config.task_type}. Write --hosts a:2222,b:2222 --nproc-per-node N."
+                f"--cluster/--ps/--task-type {config.task_type}. Write --hosts a:2222,b:2222 "
+                "--nproc-per-node N."
             )
         n = config.nproc_per_node
         check_int("--nproc-per-node", n, 1)
         if not 0 <= config.task_index < len(hosts):
             raise ValueError(
-                f"--task-index names this host in --hosts. Received: --task-index {config.task_index} "
-                f"with {len(hosts)} hosts. Use 0 to {len(hosts) - 1}."
+                "--task-index names this host in --hosts. Received: --task-index "
+                f"{config.task_index} with {len(hosts)} hosts. Use 0 to {len(hosts) - 1}."
             )
         workers = []
         for address in hosts:

@@ -11,9 +11,9 @@ __all__ = ["Nodes"]
 
 class Nodes(Backend):
     """``--nnodes K --node-rank R --master-addr A``: K identical hosts, ``--nproc-per-node`` workers
-    each, their addresses agreed through node 0 (`tfpar.launch.rendezvous.static`), as torchrun's users start a job.
-    ``--nnodes MIN:MAX``: an elastic job on MIN to MAX hosts, the same line on each, no ``--node-rank``
-    (`tfpar.launch.rendezvous.elastic`)."""
+    each, their addresses agreed through node 0 (`tfpar.launch.rendezvous.static`), as torchrun's
+    users start a job. ``--nnodes MIN:MAX``: an elastic job on MIN to MAX hosts, the same line on
+    each, no ``--node-rank`` (`tfpar.launch.rendezvous.elastic`)."""
 
     name = "nodes"
 
@@ -38,8 +38,8 @@ class Nodes(Backend):
         ]
         if given:
             raise ValueError(
-                f"--nnodes finds the cluster through node 0. Received: --nnodes with {', '.join(given)}. "
-                "Leave those out; each node runs --nproc-per-node workers."
+                "--nnodes finds the cluster through node 0. Received: --nnodes with "
+                f"{', '.join(given)}. Leave those out; each node runs --nproc-per-node workers."
             )
         if elastic:
             self._check_elastic(config)
@@ -51,14 +51,15 @@ class Nodes(Backend):
         if config.node_rank is None or config.master_addr is None:
             raise ValueError(
                 f"--nnodes {nodes} needs this node's --node-rank (0 to {nodes - 1}) and node 0's "
-                f"--master-addr. Received: --node-rank {config.node_rank} --master-addr {config.master_addr}. Write "
-                "e.g. tfpar launch --nnodes 2 --node-rank 0 --master-addr host0 --nproc-per-node 4 -- python train.py"
+                f"--master-addr. Received: --node-rank {config.node_rank} --master-addr "
+                f"{config.master_addr}. Write e.g. tfpar launch --nnodes 2 --node-rank 0 "
+                "--master-addr host0 --nproc-per-node 4 -- python train.py"
             )
         check_int("--node-rank", config.node_rank, 0)
         if config.node_rank >= nodes:
             raise ValueError(
-                f"--node-rank must be below --nnodes. Received: --node-rank {config.node_rank} with "
-                f"--nnodes {nodes}. Number the nodes 0 to {nodes - 1}."
+                f"--node-rank must be below --nnodes. Received: --node-rank {config.node_rank} "
+                f"with --nnodes {nodes}. Number the nodes 0 to {nodes - 1}."
             )
         check_int("--master-port", config.master_port, 1)
         check_number("--rendezvous-timeout", config.rendezvous_timeout, above=0)
@@ -66,15 +67,16 @@ class Nodes(Backend):
     def _check_elastic(self, config):
         if config.node_rank is not None:
             raise ValueError(
-                f"An elastic job (--nnodes {config.nnodes}) numbers its nodes at each restart, node 0 being "
-                f"the first on --master-addr. Received: --node-rank {config.node_rank}. Leave it out and "
-                "run the same line on every node."
+                f"An elastic job (--nnodes {config.nnodes}) numbers its nodes at each restart, "
+                "node 0 being the first on --master-addr. Received: --node-rank "
+                f"{config.node_rank}. Leave it out and run the same line on every node."
             )
         if config.master_addr is None:
             raise ValueError(
-                f"--nnodes {config.nnodes} needs the address of the host whose first node hosts the "
-                "rendezvous. Received: no --master-addr. Write e.g. tfpar launch --nnodes 1:4 "
-                "--master-addr host0 --nproc-per-node 4 -- python train.py, the same on every node."
+                f"--nnodes {config.nnodes} needs the address of the host whose first node hosts "
+                "the rendezvous. Received: no --master-addr. Write e.g. tfpar launch --nnodes 1:4 "
+                "--master-addr host0 --nproc-per-node 4 -- python train.py, the same on every "
+                "node."
             )
         check_int("--master-port", config.master_port, 1)
         check_int(
@@ -126,8 +128,8 @@ class Nodes(Backend):
             timeout=config.rendezvous_timeout,
         )
         print(
-            f"tfpar launch: node {config.node_rank} of {nodes}: workers {indices[0]} to {indices[-1]} of "
-            f"{len(cluster['worker'])}",
+            f"tfpar launch: node {config.node_rank} of {nodes}: workers {indices[0]} to "
+            f"{indices[-1]} of {len(cluster['worker'])}",
             flush=True,
         )
         tasks = worker_tasks(indices[0], envs)

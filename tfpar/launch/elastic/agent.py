@@ -46,14 +46,15 @@ def run_elastic_nodes(
     timeouts: tuple,
     batch: str = "accumulate",
 ) -> int:
-    """This host's agent of an elastic job across hosts (``--nnodes MIN:MAX``, `tfpar.launch.rendezvous.elastic`):
-    hosts the rendezvous if it is the first agent on ``master_addr``, joins it, and runs this host's ``nproc``
-    workers (``tasks_from(first_index)``) in each round it is given, until the job ends; returns 0.
+    """This host's agent of an elastic job across hosts (``--nnodes MIN:MAX``,
+    `tfpar.launch.rendezvous.elastic`): hosts the rendezvous if it is the first agent on
+    ``master_addr``, joins it, and runs this host's ``nproc`` workers (``tasks_from(first_index)``)
+    in each round it is given, until the job ends; returns 0.
     ``timeouts``: seconds to wait for ``MIN`` nodes before the first round and after.
 
     Raises:
-        LaunchError: the job failed (its rendezvous names why: too few nodes, node 0 gone), or this node's
-            workers failed more than ``max_restarts`` times, or it was interrupted.
+        LaunchError: the job failed (its rendezvous names why: too few nodes, node 0 gone), or this
+            node's workers failed more than ``max_restarts`` times, or it was interrupted.
         RendezvousError: the rendezvous could not be reached or refused this node.
     """
     from tfpar.launch.rendezvous.elastic import Coordinator
@@ -89,7 +90,8 @@ def run_elastic_nodes(
 
 @dataclasses.dataclass
 class _NodeJob:
-    """This node's side of an elastic job: its hello, then each round's workers until the job ends."""
+    """This node's side of an elastic job: its hello, then each round's workers until the job
+    ends."""
 
     command: list
     options: LaunchOptions
@@ -123,7 +125,8 @@ class _NodeJob:
             self.link.send(Ready(tuple(ports), failed))
 
     def _round(self, start, nproc):
-        """Runs this node's workers of round ``start``: `_DONE`, or why they failed (None: stopped)."""
+        """Runs this node's workers of round ``start``: `_DONE`, or why they failed (None:
+        stopped)."""
         workers = len(start.cluster["worker"])
         self.options.say(
             f"round {start.round}: node {start.node} of {workers // nproc}: "
@@ -186,7 +189,8 @@ def _next(link, timeout, silence):
         if message is None:
             if link.closed or link.silent_for() > silence:
                 raise LaunchError(
-                    "the rendezvous is gone (node 0's agent or host stopped answering): the job ends"
+                    "the rendezvous is gone (node 0's agent or host stopped answering): the job "
+                    "ends"
                 )
             if deadline is not None and time.monotonic() >= deadline:
                 return None

@@ -1,19 +1,22 @@
-"""``tfpar launch --min-workers/--max-workers [--host-discovery-script|--host-discovery-file]``: a local
-job that goes on when it loses workers and grows back when capacity returns, as torchrun's
+"""``tfpar launch --min-workers/--max-workers [--host-discovery-script|--host-discovery-file]``: a
+local job that goes on when it loses workers and grows back when capacity returns, as torchrun's
 ``--nnodes MIN:MAX`` does: every change restarts all workers, on fresh ports, and
 `tfpar.callbacks.FaultTolerance` resumes them from its last backup with the new world size
 (`tfpar.data.distribute` re-deals the rest of the epoch over them, every example once).
 
-- A worker that fails counts against its slot (`tfpar.launch.elastic.membership.Membership`); the job restarts with
-  the slots it has, dropping one that failed more than ``--max-restarts`` times.
-- A host that leaves discovery stops the job at once, which restarts without its workers. Discovery that
+- A worker that fails counts against its slot (`tfpar.launch.elastic.membership.Membership`); the
+  job restarts with the slots it has, dropping one that failed more than ``--max-restarts`` times.
+- A host that leaves discovery stops the job at once, which restarts without its workers. Discovery
+  that
   fails or prints what does not parse while the job runs is said and asked again: the job goes on.
-- New capacity is taken at the next backup: the launcher asks for it (`GROW_REQUEST`), FaultTolerance's
-  chief marks it and waits to be stopped, so no step is trained twice (the last backup of training is
+- New capacity is taken at the next backup: the launcher asks for it (`GROW_REQUEST`),
+  FaultTolerance's chief marks it and waits to be stopped, so no step is trained twice (the last
+  backup of training is
   not one: the job ends instead); a command that makes no backup is not grown (it would start over).
-- The global batch: each worker is told the number of workers it was divided for (``--max-workers``, else
-  the most the job has had) and ``--elastic-batch`` (`tfpar._tasks.elastic_batch.ElasticBatch`), by which `DataParallel`
-  computes each replica's batch in micro-batches on fewer workers.
+- The global batch: each worker is told the number of workers it was divided for (``--max-workers``,
+  else the most the job has had) and ``--elastic-batch``
+  (`tfpar._tasks.elastic_batch.ElasticBatch`), by which `DataParallel` computes each replica's batch
+  in micro-batches on fewer workers.
 - Fewer than ``--min-workers``: the launcher waits for discovery to list enough, up to
   ``elastic_timeout`` seconds, then fails.
 
@@ -51,8 +54,8 @@ def run_elastic(
     `tfpar._tasks.elastic_batch.ELASTIC_BATCHES`.
 
     Raises:
-        LaunchError: fewer than ``min_workers`` for ``elastic_timeout`` seconds (discovery that kept failing
-            or printing what is not ``host:slots`` included), or interrupted.
+        LaunchError: fewer than ``min_workers`` for ``elastic_timeout`` seconds (discovery that kept
+            failing or printing what is not ``host:slots`` included), or interrupted.
     """
     start, warned = time.monotonic(), False
     with tempfile.TemporaryDirectory(prefix="tfpar-launch-") as state:
@@ -90,7 +93,8 @@ def run_elastic(
 
 
 def _enough_slots(discovery, membership, elastic_timeout, options):
-    """The slots to run on, once there are at least ``min_workers`` (waiting up to ``elastic_timeout``)."""
+    """The slots to run on, once there are at least ``min_workers`` (waiting up to
+    ``elastic_timeout``)."""
     deadline, said, error = time.monotonic() + elastic_timeout, False, None
     while True:
         try:
@@ -104,8 +108,8 @@ def _enough_slots(discovery, membership, elastic_timeout, options):
         if time.monotonic() >= deadline:
             raise LaunchError(
                 f"{len(slots)} worker slot(s) for {elastic_timeout:g} s, fewer than --min-workers "
-                f"{membership.min_workers}: {error or discovery.source + ' lists too few'} (or their workers "
-                "failed too often)"
+                f"{membership.min_workers}: {error or discovery.source + ' lists too few'} (or "
+                "their workers failed too often)"
             )
         if not said:
             options.say(
@@ -117,10 +121,11 @@ def _enough_slots(discovery, membership, elastic_timeout, options):
 
 
 class _Watch:
-    """Called at each look of the launcher at a running job. Every ``DISCOVERY_PERIOD_SECONDS`` it asks
+    """Called at each look of the launcher at a running job. Every ``DISCOVERY_PERIOD_SECONDS`` it
+    asks
     discovery: a member's host gone stops the job at once (MembershipChange); more slots ask
-    FaultTolerance's chief for a backup to grow from (`GROW_REQUEST`), and the job is stopped as soon as
-    that backup is marked."""
+    FaultTolerance's chief for a backup to grow from (`GROW_REQUEST`), and the job is stopped as
+    soon as that backup is marked."""
 
     def __init__(self, discovery, membership, state, options):
         self.discovery, self.membership, self.options = discovery, membership, options

@@ -50,12 +50,13 @@ class Membership:
 
     @property
     def reference(self) -> int:
-        """The number of workers the global batch is divided for (`ElasticBatch`): ``max_workers``, else the
-        most the job has run with."""
+        """The number of workers the global batch is divided for (`ElasticBatch`): ``max_workers``,
+        else the most the job has run with."""
         return self.max_workers if self.max_workers is not None else max(self.largest, 1)
 
     def slots(self, hosts: dict[str, int]) -> list[str]:
-        """The slots a job would have with ``hosts``; forgets the drops of hosts no longer listed."""
+        """The slots a job would have with ``hosts``; forgets the drops of hosts no longer
+        listed."""
         listed = [f"{host} slot {i}" for host, count in hosts.items() for i in range(count)]
         self.dropped &= set(listed)
         self.failures = Counter({s: n for s, n in self.failures.items() if s in listed})
@@ -63,14 +64,15 @@ class Membership:
         return usable[: self.max_workers] if self.max_workers is not None else usable
 
     def failed(self, worker: int) -> str | None:
-        """Counts a failure of worker ``worker``; returns a message if its slot is dropped for it."""
+        """Counts a failure of worker ``worker``; returns a message if its slot is dropped for
+        it."""
         slot = self.members[worker]
         self.failures[slot] += 1
         if self.failures[slot] > self.max_restarts:
             self.dropped.add(slot)
             return (
-                f"{slot} dropped: its worker failed {self.failures[slot]} time(s), more than --max-restarts "
-                f"{self.max_restarts}"
+                f"{slot} dropped: its worker failed {self.failures[slot]} time(s), more than "
+                f"--max-restarts {self.max_restarts}"
             )
         return None
 
@@ -82,8 +84,8 @@ class Membership:
 
 
 def change_line(before: list, after: list, world_size: int, unit: str = "workers") -> str | None:
-    """The line that says a job's members went from ``before`` to ``after`` (``unit``: what they are), who left
-    and joined, and the new world size; None if they are the same."""
+    """The line that says a job's members went from ``before`` to ``after`` (``unit``: what they
+    are), who left and joined, and the new world size; None if they are the same."""
     if before == after:
         return None
     left = [s for s in before if s not in after]
@@ -102,9 +104,10 @@ def change_line(before: list, after: list, world_size: int, unit: str = "workers
 
 
 class GrowRequest:
-    """An elastic launch's request to FaultTolerance's chief, whose launch folder is ``state``, for a backup to grow
-    the job from (`GROW_REQUEST`): after its next backup the chief marks it (`BACKUP_MARK`) and waits to be
-    stopped. Made with none standing; ``say`` prints the launcher's lines."""
+    """An elastic launch's request to FaultTolerance's chief, whose launch folder is ``state``, for
+    a backup to grow the job from (`GROW_REQUEST`): after its next backup the chief marks it
+    (`BACKUP_MARK`) and waits to be stopped. Made with none standing; ``say`` prints the launcher's
+    lines."""
 
     def __init__(self, state: str, say) -> None:
         self.state, self.say = state, say
@@ -114,15 +117,15 @@ class GrowRequest:
         self.withdraw()
 
     def ask(self, what: str) -> None:
-        """Asks for the backup, once, saying ``what`` came; a command that makes no FaultTolerance backup is not
-        asked (a restart would start training over), which is said once."""
+        """Asks for the backup, once, saying ``what`` came; a command that makes no FaultTolerance
+        backup is not asked (a restart would start training over), which is said once."""
         if self.requested is not None:
             return
         if not os.path.exists(os.path.join(self.state, FAULT_TOLERANCE_MARK)):
             if not self.said_no_backup:
                 self.say(
-                    "not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so a restart "
-                    "would start training over"
+                    "not growing: the command makes no tfpar.callbacks.FaultTolerance backup, so "
+                    "a restart would start training over"
                 )
                 self.said_no_backup = True
             return

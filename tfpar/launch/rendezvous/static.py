@@ -1,4 +1,5 @@
-"""``tfpar launch --nnodes K --node-rank R --master-addr A``: N identical hosts agree on one cluster.
+"""``tfpar launch --nnodes K --node-rank R --master-addr A``: N identical hosts agree on one
+cluster.
 
 TensorFlow's workers need every worker's address in their ``TF_CONFIG`` before any starts, and
 torchrun's users give one coordinator address only. So node 0 listens on ``A:--master-port``;
@@ -68,9 +69,10 @@ class _Coordinator:
             )
         except OSError as error:
             raise RendezvousError(
-                f"Node 0 coordinates the rendezvous on --master-addr {master_addr} --master-port {master_port}, "
-                f"and cannot listen there: {error}. Received: an address that is not this host's, or a port in "
-                "use. Run node 0 on the host --master-addr names, with a free --master-port."
+                f"Node 0 coordinates the rendezvous on --master-addr {master_addr} --master-port "
+                f"{master_port}, and cannot listen there: {error}. Received: an address that is "
+                "not this host's, or a port in use. Run node 0 on the host --master-addr names, "
+                "with a free --master-port."
             ) from None
         self.nnodes, self.timeout = nnodes, timeout
         self.error = None
@@ -90,8 +92,8 @@ class _Coordinator:
                     if time.monotonic() >= deadline:
                         missing = sorted(set(range(self.nnodes)) - set(joined))
                         problem = (
-                            f"node(s) {', '.join(map(str, missing))} of {self.nnodes} did not join the "
-                            f"rendezvous within {self.timeout:g} s"
+                            f"node(s) {', '.join(map(str, missing))} of {self.nnodes} did not join "
+                            f"the rendezvous within {self.timeout:g} s"
                         )
                     continue
                 problem = self._join(conn, peer[0], joined, deadline)
@@ -130,14 +132,14 @@ class _Coordinator:
         if nnodes != self.nnodes:
             joined[("nnodes", rank)] = (conn, host, [])
             return (
-                f"node 0 was started with --nnodes {self.nnodes} and node {rank} ({host}) with --nnodes "
-                f"{nnodes}: give every node the same --nnodes"
+                f"node 0 was started with --nnodes {self.nnodes} and node {rank} ({host}) with "
+                f"--nnodes {nnodes}: give every node the same --nnodes"
             )
         if rank in joined:
             joined[("duplicate", rank)] = (conn, host, [])
             return (
-                f"two nodes say --node-rank {rank}: {joined[rank][1]} and {host}. Give each node its own "
-                f"--node-rank, 0 to {self.nnodes - 1}"
+                f"two nodes say --node-rank {rank}: {joined[rank][1]} and {host}. Give each node "
+                f"its own --node-rank, 0 to {self.nnodes - 1}"
             )
         joined[rank] = (conn, host, ports)
         return None
@@ -174,7 +176,8 @@ def rendezvous(
             reply = _read_line(conn, deadline + 5)
         except (OSError, ValueError):
             reply = {
-                "error": f"node 0 ({address(master_addr, master_port)}) closed the rendezvous without a cluster"
+                "error": f"node 0 ({address(master_addr, master_port)}) closed the rendezvous "
+                "without a cluster"
             }
     finally:
         conn.close()
@@ -190,8 +193,9 @@ def rendezvous(
     mine = address(host, ports[0])
     if mine not in cluster["worker"]:  # node 0 saw this node through another address (NAT)
         raise RendezvousError(
-            f"The rendezvous failed: node 0 does not list this node's first worker {address(host, ports[0])} in "
-            f"{cluster['worker']}; the nodes must reach node 0 without address translation."
+            "The rendezvous failed: node 0 does not list this node's first worker "
+            f"{address(host, ports[0])} in {cluster['worker']}; the nodes must reach node 0 "
+            "without address translation."
         )
     first = cluster["worker"].index(mine)
     return cluster, list(range(first, first + nproc_per_node))
@@ -210,8 +214,9 @@ def connect(
                 raise RendezvousError(f"The rendezvous failed: {ended()}.") from None
             if time.monotonic() >= deadline:
                 raise RendezvousError(
-                    f"The rendezvous failed: node 0 did not answer at {address(master_addr, master_port)} within "
-                    f"{timeout:g} s ({error}). Start node 0 on the host --master-addr names (--node-rank 0; in an "
-                    "elastic job, any node there)."
+                    "The rendezvous failed: node 0 did not answer at "
+                    f"{address(master_addr, master_port)} within {timeout:g} s ({error}). Start "
+                    "node 0 on the host --master-addr names (--node-rank 0; in an elastic job, "
+                    "any node there)."
                 ) from None
             time.sleep(0.2)
