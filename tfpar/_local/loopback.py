@@ -131,8 +131,8 @@ def _build():
 
 
 def child_env(env):
-    """``env`` with the library first in ``LD_PRELOAD`` (a new dict); ``env`` itself if it cannot
-    be built."""
+    """``env`` with the library first in ``LD_PRELOAD`` (a new dict); ``env`` itself if it cannot be
+    built."""
     path = library()
     if path is None:
         return env

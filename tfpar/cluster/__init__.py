@@ -1,8 +1,8 @@
 """Cluster descriptions: TF_CONFIG read, validated and written, and the cluster of a SLURM job.
 
-Pure Python, no TensorFlow import: the launcher and the strategies share it. The addresses of
-tasks (``--hosts``, free ports, clusters on one host) are `tfpar.cluster.addresses`; SLURM's layout
-of tasks is `tfpar.cluster.slurm`; their public names are exported here too.
+Pure Python, no TensorFlow import: the launcher and the strategies share it. The addresses of tasks
+(``--hosts``, free ports, clusters on one host) are `tfpar.cluster.addresses`; SLURM's layout of
+tasks is `tfpar.cluster.slurm`; their public names are exported here too.
 """
 
 import dataclasses

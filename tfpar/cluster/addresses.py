@@ -1,6 +1,5 @@
 """Addresses of tasks: ``--hosts`` lists, free ports, and clusters on one host (loopback by
-default).
-Pure Python: the launcher, the strategies and the tests share it.
+default). Pure Python: the launcher, the strategies and the tests share it.
 """
 
 import random

@@ -164,8 +164,8 @@ def local_job(roles: dict, worker_envs: list | None = None) -> tuple[dict, list]
 
 
 def _run_restarting(command, roles, options, worker_envs=None):
-    """Runs a local job, and up to ``options.max_restarts`` times again, on fresh ports, when a
-    task fails."""
+    """Runs a local job, and up to ``options.max_restarts`` times again, on fresh ports, when a task
+    fails."""
     import tempfile
 
     restarts, start = options.max_restarts, time.monotonic()

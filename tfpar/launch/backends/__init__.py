@@ -1,8 +1,8 @@
 """The back-ends of ``tfpar launch``: how a job's tasks are started, one small class each, all
 watched by one `tfpar.launch.supervisor.Supervisor` (heartbeats, step times, the timeline merge).
 
-- `Elastic` (``--min-workers``, ``--max-workers``, ``--host-discovery-*``): workers on 127.0.0.1,
-  as many as discovery lists.
+- `Elastic` (``--min-workers``, ``--max-workers``, ``--host-discovery-*``): workers on 127.0.0.1, as
+  many as discovery lists.
 - `Horovod` (``--horovod``): ``horovodrun --gloo`` with N local ranks.
 - `Slurm` (``--slurm``): this srun task's worker, the cluster from SLURM.
 - `Nodes` (``--nnodes K`` or ``MIN:MAX``): this host's workers, the cluster from a rendezvous

@@ -7,12 +7,12 @@ local job that goes on when it loses workers and grows back when capacity return
 - A worker that fails counts against its slot (`tfpar.launch.elastic.membership.Membership`); the
   job restarts with the slots it has, dropping one that failed more than ``--max-restarts`` times.
 - A host that leaves discovery stops the job at once, which restarts without its workers. Discovery
-  that
-  fails or prints what does not parse while the job runs is said and asked again: the job goes on.
+  that fails or prints what does not parse while the job runs is said and asked again: the job goes
+  on.
 - New capacity is taken at the next backup: the launcher asks for it (`GROW_REQUEST`),
   FaultTolerance's chief marks it and waits to be stopped, so no step is trained twice (the last
-  backup of training is
-  not one: the job ends instead); a command that makes no backup is not grown (it would start over).
+  backup of training is not one: the job ends instead); a command that makes no backup is not grown
+  (it would start over).
 - The global batch: each worker is told the number of workers it was divided for (``--max-workers``,
   else the most the job has had) and ``--elastic-batch``
   (`tfpar._tasks.elastic_batch.ElasticBatch`), by which `DataParallel` computes each replica's batch

@@ -1,29 +1,31 @@
-"""``tfpar launch --nnodes MIN:MAX``: the rendezvous of an elastic job across hosts, as torchrun's c10d one.
+"""``tfpar launch --nnodes MIN:MAX``: the rendezvous of an elastic job across hosts, as torchrun's
+c10d one.
 
-Every host runs the same line: an *agent* (`tfpar.launch.elastic.agent.run_elastic_nodes`) that keeps one connection
-to the rendezvous. The first agent on the host ``--master-addr`` names hosts it (it binds ``--master-port``;
-the others there and elsewhere connect). The rendezvous forms *rounds*, each one cluster of the agents that are
-ready, and starts them all on it:
+Every host runs the same line: an *agent* (`tfpar.launch.elastic.agent.run_elastic_nodes`) that
+keeps one connection to the rendezvous. The first agent on the host ``--master-addr`` names hosts it
+(it binds ``--master-port``; the others there and elsewhere connect). The rendezvous forms *rounds*,
+each one cluster of the agents that are ready, and starts them all on it:
 
-- A round starts once ``MAX`` agents are ready, or at least ``MIN`` have been for `LAST_CALL_SECONDS` with
-  no other joining. Node ranks: the hosting agent first (its node runs worker 0, the chief, whose backups
-  the rendezvous watches), then the last round's nodes in their order, then newcomers in the order they joined.
-- A round ends when all its workers succeed (every agent exits 0); when a node's workers fail (the others are
-  stopped and every node starts again from FaultTolerance's backup: the failure reported first in a round
-  counts against its node, which leaves the job after more than ``--max-restarts``); when an agent's
-  connection closes or is silent for `NODE_TIMEOUT_SECONDS` (its host is gone: the job goes on without it);
-  or when an agent joins a round of fewer than ``MAX`` nodes: the chief is asked for a backup to grow from
-  (`GROW_REQUEST`, as in an elastic local job) and the round ends once that backup is marked.
+- A round starts once ``MAX`` agents are ready, or at least ``MIN`` have been for
+  `LAST_CALL_SECONDS` with no other joining. Node ranks: the hosting agent first (its node runs
+  worker 0, the chief, whose backups the rendezvous watches), then the last round's nodes in their
+  order, then newcomers in the order they joined.
+- A round ends when all its workers succeed (every agent exits 0); when a node's workers fail (the
+  others are stopped and every node starts again from FaultTolerance's backup: the failure reported
+  first in a round counts against its node, which leaves the job after more than
+  ``--max-restarts``); when an agent's connection closes or is silent for `NODE_TIMEOUT_SECONDS`
+  (its host is gone: the job goes on without it); or when an agent joins a round of fewer than
+  ``MAX`` nodes: the chief is asked for a backup to grow from (`GROW_REQUEST`, as in an elastic
+  local job) and the round ends once that backup is marked.
 - Fewer than ``MIN`` ready agents for the timeout (``--rendezvous-timeout`` before the first round,
   ``--elastic-timeout`` after): every agent fails, naming how many there were.
 - The hosting agent's loss ends the job, as the loss of torchrun's c10d store host does.
 
-The round's life is a `Phase`: forming, running, stopping (back to forming) and ended, each move one of
-`TRANSITIONS`. Pure Python: the messages of `tfpar.launch.rendezvous.protocol`, one JSON line each.
+The round's life is a `Phase` (`tfpar.launch.rendezvous.rounds`): forming, running, stopping (back
+to forming) and ended, each move one of `TRANSITIONS`. Pure Python: the messages of
+`tfpar.launch.rendezvous.protocol`, one JSON line each.
 """
 
-import dataclasses
-import enum
 import errno
 import secrets
 import socket
@@ -32,28 +34,34 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tfpar.launch.elastic.membership import GrowRequest, change_line
+from tfpar.launch.elastic.membership import GrowRequest
 from tfpar.launch.rendezvous.protocol import (
     Done,
-    Drop,
     Ended,
     Hello,
     Leave,
     Link,
     Ready,
-    Renew,
-    Start,
-    Stop,
     Wait,
 )
-from tfpar.launch.rendezvous.static import RendezvousError, address
+from tfpar.launch.rendezvous.rounds import TRANSITIONS, Agent, Phase, Rounds
+from tfpar.launch.rendezvous.static import RendezvousError
 
-__all__ = ["LAST_CALL_SECONDS", "NODE_TIMEOUT_SECONDS", "TRANSITIONS", "Coordinator", "Phase", "parse_nnodes"]
+__all__ = [
+    "LAST_CALL_SECONDS",
+    "NODE_TIMEOUT_SECONDS",
+    "TRANSITIONS",
+    "Coordinator",
+    "Phase",
+    "parse_nnodes",
+]
 
 NODE_TIMEOUT_SECONDS = 15.0
-"""An agent (or the rendezvous, for an agent) silent this long is gone: torchrun's 3 missed keepalives of 5 s."""
+"""An agent (or the rendezvous, for an agent) silent this long is gone: torchrun's 3 missed
+keepalives of 5 s."""
 LAST_CALL_SECONDS = 3.0
-"""With at least ``MIN`` agents ready and fewer than ``MAX``, how long a round waits for another to join."""
+"""With at least ``MIN`` agents ready and fewer than ``MAX``, how long a round waits for another to
+join."""
 _HELLO_SECONDS = 10.0
 
 
@@ -65,58 +73,49 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     """
     parts = str(value).split(":")
     if len(parts) > 2 or not all(p.strip().isdigit() for p in parts) or int(parts[0]) < 1:
-        raise ValueError(f"--nnodes takes K or MIN:MAX, whole numbers >= 1. Received: --nnodes {value}. Write e.g. "
-                         "--nnodes 2 (two hosts) or --nnodes 1:4 (an elastic job on 1 to 4 hosts).")
+        raise ValueError(
+            f"--nnodes takes K or MIN:MAX, whole numbers >= 1. Received: --nnodes {value}. Write "
+            "e.g. --nnodes 2 (two hosts) or --nnodes 1:4 (an elastic job on 1 to 4 hosts)."
+        )
     low, high = int(parts[0]), int(parts[-1])
     if low > high:
-        raise ValueError(f"--nnodes MIN:MAX needs MIN <= MAX. Received: --nnodes {value}. Write --nnodes {high}:{low}.")
+        raise ValueError(
+            f"--nnodes MIN:MAX needs MIN <= MAX. Received: --nnodes {value}. Write --nnodes "
+            f"{high}:{low}."
+        )
     return low, high
 
 
-class Phase(enum.Enum):
-    """Where the rendezvous stands."""
+class Coordinator(Rounds):
+    """The rendezvous, served on a thread of the hosting agent's process until the job ends.
+    ``state``: that agent's launch folder (where its chief, worker 0, marks backups); ``timeouts``:
+    seconds to wait for ``MIN`` agents before the first round and after."""
 
-    FORMING = "forming"
-    """Waiting for enough ready agents to start a round."""
-    RUNNING = "running"
-    """A round's workers run."""
-    STOPPING = "stopping"
-    """A round's workers are being stopped; the next round forms once every member is ready."""
-    ENDED = "ended"
-    """Every agent was told how the job ended."""
-
-
-TRANSITIONS = {
-    Phase.FORMING: {Phase.RUNNING, Phase.ENDED},
-    Phase.RUNNING: {Phase.STOPPING, Phase.ENDED},
-    Phase.STOPPING: {Phase.FORMING, Phase.ENDED},
-    Phase.ENDED: set(),
-}
-"""The moves the rendezvous may make from each phase."""
-
-
-@dataclasses.dataclass(eq=False)
-class _Agent:
-    link: Link
-    name: str
-    host: str
-    own: bool
-    ports: list | None
-    """Its workers' free ports while it is ready for a round; None while they run."""
-    done: bool = False
-    failures: int = 0
-
-
-class Coordinator:
-    """The rendezvous, served on a thread of the hosting agent's process until the job ends. ``state``: that
-    agent's launch folder (where its chief, worker 0, marks backups); ``timeouts``: seconds to wait for ``MIN``
-    agents before the first round and after."""
-
-    def __init__(self, server: socket.socket, nnodes: tuple, nproc: int, state: str, say: Callable[[str], None],
-                 max_restarts: int, timeouts: tuple, node_timeout: float = NODE_TIMEOUT_SECONDS,
-                 last_call: float = LAST_CALL_SECONDS) -> None:
-        self.server, (self.low, self.high), self.nproc, self.state, self.say = server, nnodes, nproc, state, say
-        self.max_restarts, self.timeouts, self.node_timeout, self.last_call = max_restarts, timeouts, node_timeout, last_call
+    def __init__(
+        self,
+        server: socket.socket,
+        nnodes: tuple,
+        nproc: int,
+        state: str,
+        say: Callable[[str], None],
+        max_restarts: int,
+        timeouts: tuple,
+        node_timeout: float = NODE_TIMEOUT_SECONDS,
+        last_call: float = LAST_CALL_SECONDS,
+    ) -> None:
+        self.server, (self.low, self.high), self.nproc, self.state, self.say = (
+            server,
+            nnodes,
+            nproc,
+            state,
+            say,
+        )
+        self.max_restarts, self.timeouts, self.node_timeout, self.last_call = (
+            max_restarts,
+            timeouts,
+            node_timeout,
+            last_call,
+        )
         self.token = secrets.token_hex(8)
         """What the hosting agent says in its hello, to be node 0."""
         self.agents: list = []
@@ -127,19 +126,26 @@ class Coordinator:
         self.since = self.last_join = time.monotonic()
         self.blamed = self.said_waiting = False
         self.grow = GrowRequest(state, say)
-        self.thread = threading.Thread(target=self._serve, daemon=True, name="tfpar-elastic-rendezvous")
+        self.thread = threading.Thread(
+            target=self._serve, daemon=True, name="tfpar-elastic-rendezvous"
+        )
         self.thread.start()
 
     @classmethod
     def host(cls, master_addr: str, master_port: int, **kwargs: Any) -> "Coordinator | None":
-        """The rendezvous, if this host is ``master_addr`` and no agent here hosts it yet; else None."""
+        """The rendezvous, if this host is ``master_addr`` and no agent here hosts it yet; else
+        None."""
         try:
             server = socket.create_server((master_addr, master_port), backlog=64)
         except OSError as error:
-            if error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL) or isinstance(error, socket.gaierror):
+            if error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL) or isinstance(
+                error, socket.gaierror
+            ):
                 return None  # another agent hosts it, here or on the host --master-addr names
-            raise RendezvousError(f"The rendezvous cannot listen on --master-addr {master_addr} --master-port "
-                                  f"{master_port}: {error}. Give a free --master-port above 1023.") from None
+            raise RendezvousError(
+                f"The rendezvous cannot listen on --master-addr {master_addr} --master-port "
+                f"{master_port}: {error}. Give a free --master-port above 1023."
+            ) from None
         server.setblocking(False)
         return cls(server, **kwargs)
 
@@ -149,10 +155,16 @@ class Coordinator:
 
     def _serve(self):
         try:
-            steps = {Phase.FORMING: self._forming, Phase.RUNNING: self._running, Phase.STOPPING: self._stopping}
+            steps = {
+                Phase.FORMING: self._forming,
+                Phase.RUNNING: self._running,
+                Phase.STOPPING: self._stopping,
+            }
             while self.phase is not Phase.ENDED:
                 self._accept()
-                for agent in sorted(self.agents, key=lambda a: not a.link.closed):  # a loss before the echoes it caused
+                for agent in sorted(
+                    self.agents, key=lambda a: not a.link.closed
+                ):  # a loss before the echoes it caused
                     self._hear(agent)
                 if self.phase is not Phase.ENDED:
                     steps[self.phase]()
@@ -161,7 +173,9 @@ class Coordinator:
             self._end(Ended(f"the rendezvous failed: {error!r}"))
         finally:
             self.server.close()
-            deadline = time.monotonic() + 2  # each agent closes its end once told; then this one's closing resets nothing
+            deadline = (
+                time.monotonic() + 2
+            )  # each agent closes its end once told; then this one's closing resets nothing
             while any(not a.link.closed for a in self.agents) and time.monotonic() < deadline:
                 time.sleep(0.05)
             for agent in self.agents:
@@ -190,14 +204,21 @@ class Coordinator:
         if not isinstance(hello, Hello):
             return "not a tfpar rendezvous message"
         if tuple(hello.nnodes) != (self.low, self.high) or hello.nproc != self.nproc:
-            return (f"{hello.name} was started with --nnodes {':'.join(map(str, hello.nnodes))} "
-                    f"--nproc-per-node {hello.nproc}, and the job with --nnodes {self.low}:{self.high} "
-                    f"--nproc-per-node {self.nproc}: give every node the same")
-        agent = _Agent(link, hello.name, host, hello.token == self.token, list(hello.ports))
+            return (
+                f"{hello.name} was started with --nnodes {':'.join(map(str, hello.nnodes))} "
+                f"--nproc-per-node {hello.nproc}, and the job with --nnodes {self.low}:{self.high} "
+                f"--nproc-per-node {self.nproc}: give every node the same"
+            )
+        agent = Agent(link, hello.name, host, hello.token == self.token, list(hello.ports))
         self.agents.append(agent)
         self.last_join = time.monotonic()
         if self.phase is Phase.RUNNING:
-            link.send(Wait(f"the job runs on {len(self.members)} node(s); this one joins at its next restart"))
+            link.send(
+                Wait(
+                    f"the job runs on {len(self.members)} node(s); this one joins at its next "
+                    "restart"
+                )
+            )
         return None
 
     def _hear(self, agent):
@@ -225,100 +246,12 @@ class Coordinator:
         self.agents.remove(agent)
         agent.link.close()
         if agent.own:
-            return self._end(Ended(f"node 0 ({agent.name}), which hosts the rendezvous, left ({why}): the job "
-                                   "ends with it, as torchrun's does with its store's host"))
+            return self._end(
+                Ended(
+                    f"node 0 ({agent.name}), which hosts the rendezvous, left ({why}): the job "
+                    "ends with it, as torchrun's does with its store's host"
+                )
+            )
         if agent in self.members and self.phase is Phase.RUNNING:
             return self._stop(f"{agent.name} left ({why})")
         self.say(f"{agent.name} left ({why})")
-
-    def _failed(self, agent, reason):
-        if self.phase is not Phase.RUNNING or agent not in self.members:
-            return
-        if not self.blamed:  # the first failure of a round is the cause; the others' are its echo
-            self.blamed = True
-            agent.failures += 1
-            if agent.failures > self.max_restarts:
-                why = f"its workers failed {agent.failures} time(s), more than --max-restarts {self.max_restarts}"
-                if agent.own:
-                    return self._end(Ended(f"node 0 ({agent.name}): {reason}; {why}"))
-                agent.link.send(Drop(f"{reason}; {why}"))
-                self.agents.remove(agent)
-                return self._stop(f"{agent.name}: {reason}; dropped: {why}")
-        self._stop(f"{agent.name}: {reason}")
-
-    def _stop(self, reason):
-        self.say(f"{reason}; stopping every node's workers")
-        self._move(Phase.STOPPING)  # a grow request stays until the workers are stopped
-        for agent in self.members:
-            if agent in self.agents and agent.ports is None:  # its workers run, or are done
-                agent.link.send(Stop(reason))
-
-    def _stopping(self):
-        if all(a.ports is not None for a in self.members if a in self.agents):
-            self._move(Phase.FORMING)
-
-    def _forming(self):
-        order = {id(a): i for i, a in enumerate(self.members)}
-        ready = sorted((a for a in self.agents if a.ports is not None),
-                       key=lambda a: (not a.own, order.get(id(a), len(order))))
-        taken = set()
-        for agent in ready:  # agents of one host may have picked one free port: the later one picks again
-            mine = {(agent.host, p) for p in agent.ports}
-            if mine & taken or len(mine) < len(agent.ports):
-                agent.link.send(Renew())
-                agent.ports = None
-                return
-            taken |= mine
-        now, fresh = time.monotonic(), any(a not in self.members for a in ready)
-        called = not fresh or now - max(self.last_join, self.since) >= self.last_call  # a restart of known nodes: at once
-        if len(ready) >= self.high or (len(ready) >= self.low and called):
-            return self._start(ready[:self.high])
-        timeout = self.timeouts[self.round >= 0]
-        if len(ready) < self.low and now - self.since >= timeout:
-            return self._end(Ended(f"{len(ready)} node(s) for {timeout:g} s, fewer than --nnodes {self.low}:"
-                                   f"{self.high} needs"))
-        if len(ready) < self.low and not self.said_waiting and now - self.since >= self.last_call:
-            self.say(f"{len(ready)} node(s) ready, fewer than {self.low}; waiting up to {timeout:g} s for more")
-            self.said_waiting = True
-
-    def _start(self, nodes):
-        self.grow.withdraw()  # a new round: nobody waits
-        self.round += 1
-        before = [a.name for a in self.members]
-        workers = [address(a.host, p) for a in nodes for p in a.ports]
-        line = change_line(before, [a.name for a in nodes], len(workers), "nodes")
-        if line:
-            self.say(line)
-        for rank, agent in enumerate(nodes):
-            agent.link.send(Start(round=self.round, cluster={"worker": workers}, node=rank, first=rank * self.nproc,
-                                  reference=self.high * self.nproc, min_workers=self.low * self.nproc))
-            agent.ports = None
-            agent.done = False
-        self.members = nodes
-        self.blamed = self.said_waiting = False
-        self._move(Phase.RUNNING)
-
-    def _running(self):
-        if all(a.done for a in self.members):
-            return self._end(Ended())
-        waiting = [a for a in self.agents if a not in self.members]
-        if not waiting or len(self.members) >= self.high:
-            return self.grow.withdraw()
-        names = ", ".join(a.name for a in waiting)
-        if self.grow.backed_up():
-            return self._stop(f"{names} joined, and the chief backed up to start from")
-        self.grow.ask(f"{names} joined")
-
-    def _end(self, message):
-        if self.phase is Phase.ENDED:  # every agent was told already
-            return
-        for agent in sorted(self.agents, key=lambda a: a.own):  # the hosting agent last: it exits once told
-            agent.link.send(message)
-        self._move(Phase.ENDED)
-
-    def _move(self, phase):
-        """The one way the phase changes: a move `TRANSITIONS` allows, its time noted."""
-        if phase not in TRANSITIONS[self.phase]:
-            raise RuntimeError(f"the rendezvous cannot go from {self.phase.value} to {phase.value}")
-        self.phase = phase
-        self.since = time.monotonic()
