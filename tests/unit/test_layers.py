@@ -28,6 +28,7 @@ PURE = frozenset({
     "tfpar.launch.rendezvous",
     "tfpar.launch.rendezvous.static",
     "tfpar.launch.rendezvous.protocol",
+    "tfpar.launch.rendezvous.rounds",
     "tfpar.launch.rendezvous.elastic",
     "tfpar.launch.elastic",
     "tfpar.launch.elastic.discovery",
