@@ -51,28 +51,50 @@ def test_failed_worker_stops_the_others_and_is_named(tmp_path):
 
 
 def test_a_port_taken_before_its_server_binds_it_starts_the_job_again_on_fresh_ports(tmp_path):
-    """Another program binds worker 1's port between the launcher's choice and the worker's own bind (here the
-    worker's first run does it itself, with a real socket): the job starts again on fresh ports, counting no
-    restart (--max-restarts 0), and says why; every port it chose lies outside the ephemeral range."""
+    """Another program binds worker 1's port between the launcher's choice and the worker's own bind
+    (here a process in a session of its own, which outlives the worker, as another program would):
+    the job starts again on fresh ports, counting no restart (--max-restarts 0), and says why; every
+    port it chose lies outside the ephemeral range."""
     from tfpar.cluster.addresses import ephemeral_ports
 
-    marker = tmp_path / "taken"
-    result = run_command(tfpar_command("launch", "-n", "2", "--grace", "5", "--", *_script(
-        "import socket\n"
-        "address = json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][task['index']]\n"
-        "host, port = address.rsplit(':', 1)\n"
-        f"if task['index'] == 1 and not os.path.exists({str(marker)!r}):\n"
-        f"    open({str(marker)!r}, 'w').close()\n"
-        "    thief = socket.create_server((host, int(port)))\n"
-        "server = socket.create_server((host, int(port)))\n"
-        "print('serving on', port)\n")), timeout=60)
-    assert result.returncode == 0, result.output
+    thief_pid = tmp_path / "thief.pid"
+    thief = ("import socket, sys, time; s = socket.create_server((sys.argv[1], int(sys.argv[2]))); "
+             "print('bound', flush=True); time.sleep(60)")
+    body = ("import socket, subprocess\n"
+            "address = json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][task['index']]\n"
+            "host, port = address.rsplit(':', 1)\n"
+            f"if task['index'] == 1 and not os.path.exists({str(thief_pid)!r}):\n"
+            f"    other = subprocess.Popen([sys.executable, '-c', {thief!r}, host, port],\n"
+            "                             start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
+            f"    open({str(thief_pid)!r}, 'w').write(str(other.pid))\n"
+            "    other.stdout.readline()  # the port is taken\n"
+            "server = socket.create_server((host, int(port)))\n"
+            "print('serving on', port)\n")
+    try:
+        result = run_command(tfpar_command("launch", "-n", "2", "--grace", "5", "--", *_script(body)), timeout=60)
+    finally:
+        if thief_pid.exists():
+            try:
+                os.killpg(int(thief_pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert thief_pid.exists() and result.returncode == 0, result.output
     assert result.output.count("worker 1's port was taken by another process after tfpar chose it; starting the "
                                "job again on fresh ports") == 1, result.output
     assert "Address already in use" in result.output and "restart 1 of" not in result.output
     ports = [int(line.rsplit(" ", 1)[1]) for line in result.output.splitlines() if "serving on" in line]
     low, high = ephemeral_ports()
     assert len(ports) >= 2 and not any(low <= port <= high for port in ports), ports
+
+
+def test_a_task_that_says_address_in_use_of_another_port_and_fails_is_not_started_again():
+    """A task printing "Address already in use" about some port of its own (a metrics server, say)
+    and failing is a failure of the job: its own port is free, so no fresh start is made."""
+    result = run_command(tfpar_command("launch", "-n", "1", "--grace", "5", "--", *_script(
+        "print('OSError: [Errno 98] Address already in use')\n"
+        "sys.exit(2)\n")), timeout=60)
+    assert result.returncode == 2, result.output
+    assert "port was taken" not in result.output and "worker 0 exited with code 2" in result.output
 
 
 def test_the_last_restart_failing_gives_up_with_its_code_and_names_it():
@@ -245,7 +267,6 @@ def test_the_supervisor_gives_heartbeat_files_in_its_folder_and_merges_horovods_
     ({"task_type": "boss"}, ValueError, r"task_type.*'boss'"),
     ({"nnodes": "3:1"}, ValueError, r"--nnodes MIN:MAX needs MIN <= MAX. Received: --nnodes 3:1"),
     ({"elastic_batch": "double"}, ValueError, r"elastic_batch.*'double'"),
-    ({"grace": 0}, ValueError, r"grace must be a number > 0. Received: grace=0"),
 ])
 def test_a_launch_config_refuses_a_bad_value_when_made(options, error, match):
     from tfpar.launch.config import LaunchConfig

@@ -160,3 +160,14 @@ def test_every_module_has_a_layer_and_imports_only_its_own_layer_or_lower():
 def test_no_import_cycle():
     cycles = _cycles(_imports())
     assert [sorted(cycle) for cycle in cycles] == [], "import cycles (ARCHITECTURE.md: layers point down)"
+
+
+def test_the_training_runtime_never_imports_the_launcher():
+    """Layers 2 to 5 (the seams, the runtime, the engines, the callbacks) share only `_tasks` and
+    `_local` with `tfpar launch`: importing any part of `tfpar.launch` would run its package."""
+    graph = _imports()
+    runtime = [m for m in graph if layer_of(m) in (2, 3, 4, 5)]
+    assert len(runtime) > 50
+    reached = {m: sorted(t for t in graph[m] if t == "tfpar.launch" or t.startswith("tfpar.launch."))
+               for m in runtime}
+    assert {m: t for m, t in reached.items() if t} == {}

@@ -124,9 +124,8 @@ def _build():
             return {"error": f"{compiler} failed: {e}"}
         if done.returncode != 0:
             return {"error": f"{compiler} failed: {(done.stderr or done.stdout).strip()[-300:]}"}
-        os.replace(
-            built, path
-        )  # a whole library or none: a concurrent build renames the same bytes
+        # a whole library or none: a concurrent build renames the same bytes
+        os.replace(built, path)
     return {"path": path}
 
 

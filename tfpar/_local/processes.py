@@ -194,14 +194,14 @@ class ProcessGroups:
 
 
 class LaunchError(RuntimeError):
-    """A task of the job failed; ``task`` and ``returncode`` say which and how; ``port_taken``:
-    its server could not bind its port (another process took it after it was chosen)."""
+    """A task of the job failed; ``task`` and ``returncode`` say which and how; ``port_taken``: the
+    task whose server could not bind its port, another process holding it (None: no such task)."""
 
     def __init__(self, message: str, task: Any = None, returncode: int = 1) -> None:
         super().__init__(message)
         self.task = task
         self.returncode = returncode
-        self.port_taken = False
+        self.port_taken: str | None = None
 
 
 def check_command(command: Sequence[str], grace_seconds: float, num_tasks: int = 1) -> None:

@@ -2,6 +2,7 @@
 default). Pure Python: the launcher, the strategies and the tests share it.
 """
 
+import errno
 import random
 import socket
 import time
@@ -17,6 +18,7 @@ __all__ = [
     "is_loopback_cluster",
     "local_cluster",
     "parse_hosts",
+    "port_in_use",
     "wait_for_addresses",
 ]
 
@@ -81,8 +83,11 @@ def free_ports(count: int, host: str = "127.0.0.1", consecutive: bool = False) -
     so that none is returned twice. A program that binds that very port may still take it first:
     `tfpar launch` then starts the job again on others (`port_taken`).
 
+    Where that range leaves no port above `LOWEST_FREE_PORT` (a machine that hands out every port
+    to outgoing connections), the system chooses them, as ``bind`` to port 0 does.
+
     Raises:
-        OSError: fewer than ``count`` such ports are free.
+        OSError: fewer than ``count`` such ports are free, or ``host`` is not this machine's.
     """
     low, high = ephemeral_ports()
     span = count if consecutive else 1
@@ -91,11 +96,11 @@ def free_ports(count: int, host: str = "127.0.0.1", consecutive: bool = False) -
         for port in range(LOWEST_FREE_PORT, 65536 - span + 1)
         if port + span - 1 < low or port > high
     ]
+    if not starts and not consecutive:
+        return _system_ports(count, host)
     held: list = []
     try:
-        for start in random.Random().sample(
-            starts, len(starts)
-        ):  # seeded afresh: not the user's seed
+        for start in _candidates(starts):
             held += _bound(range(start, start + span), host)
             if len(held) >= count:
                 return [sock.getsockname()[1] for sock in held[:count]]
@@ -107,18 +112,62 @@ def free_ports(count: int, host: str = "127.0.0.1", consecutive: bool = False) -
     )
 
 
+def port_in_use(address: str) -> bool:
+    """Whether a process on this machine holds ``host:port`` now (it cannot be bound)."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    sock = _socket_for(host)
+    try:
+        sock.bind((host, int(port)))
+        return False
+    except OSError as error:
+        return error.errno == errno.EADDRINUSE
+    finally:
+        sock.close()
+
+
+def _candidates(starts):
+    """``starts`` in a random order, seeded afresh (not the user's seed): a few random picks first,
+    which almost always suffice, then every one."""
+    rng = random.Random()
+    for _ in range(min(64, len(starts))):
+        yield rng.choice(starts)
+    yield from rng.sample(starts, len(starts))
+
+
+def _system_ports(count, host):
+    sockets = []
+    try:
+        for _ in range(count):
+            sockets.append(_socket_for(host))
+            sockets[-1].bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        _close(sockets)
+
+
+def _socket_for(host):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.socket(family, socket.SOCK_STREAM)
+
+
 def _bound(ports, host):
-    """Sockets bound to every port of ``ports`` on ``host``, or [] (none kept) if one is taken."""
+    """Sockets bound to every port of ``ports`` on ``host``, or [] (none kept) if one is taken.
+
+    Raises:
+        OSError: other than a port in use (or reserved): ``host`` is not this machine's.
+    """
     sockets = []
     try:
         for port in ports:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((host, port))
+            sockets.append(_socket_for(host))
+            sockets[-1].bind((host, port))
         return sockets
-    except OSError:
+    except OSError as error:
         _close(sockets)
-        return []
+        if error.errno in (errno.EADDRINUSE, errno.EACCES):
+            return []
+        raise
 
 
 def _close(sockets):
@@ -179,9 +228,8 @@ def parse_hosts(hosts: str, default_port: int = DEFAULT_PORT) -> list[str]:
                 f"Each host must be 'name' or 'name:port' with a port in "
                 f"1..65535. Received: {entry!r} in --hosts {hosts!r}."
             )
-        if (
-            int(port) < 1024
-        ):  # horovodrun's host:slots ("a:4"), read as a port, would bind a privileged one
+        # horovodrun's host:slots ("a:4"), read as a port, would bind a privileged one
+        if int(port) < 1024:
             raise ValueError(
                 f"--hosts takes host:port, and port {port} is below 1024. Received: {entry!r} in "
                 f"--hosts {hosts!r}. horovodrun writes host:slots (-H a:4); in tfpar that is "

@@ -13,11 +13,11 @@ on TensorFlow 2.21. This command:
    - ``xla_mpi_ops.cc`` is compiled for TensorFlow 2.6 to 2.18 only: later wheels lack
      the XLA headers it includes (so ``jit_compile=True`` cannot reach Horovod's ops);
    - ``horovod.tensorflow.keras`` runs on tf_keras instead of Keras 3 (see
-     `tfpar.install_horovod._copied_into_horovod.keras`), and ``horovod.tensorflow`` loads ``SyncBatchNormalization``
-     on first use so that importing it leaves ``tf.keras`` unresolved;
+     `tfpar.install_horovod._copied_into_horovod.keras`), and ``horovod.tensorflow`` loads
+     ``SyncBatchNormalization`` on first use so that importing it leaves ``tf.keras`` unresolved;
    - ``horovodrun`` takes what the build has (Gloo, MPI, NCCL) from the note the install
-     writes (`tfpar.install_horovod._copied_into_horovod.build`) instead of a new process that imports TensorFlow at
-     every start (about 8 s of CPU);
+     writes (`tfpar.install_horovod._copied_into_horovod.build`) instead of a new process that
+     imports TensorFlow at every start (about 8 s of CPU);
    - ``horovod.tensorflow`` takes Keras 3 variables (its ``.ref()`` calls) and
      ``SyncBatchNormalization`` runs on Keras 3 too (no ``fused``, Keras 3's ``_moments``);
 3. builds a wheel with Gloo, MPI where ``mpicxx`` is found (Adasum runs only over MPI)

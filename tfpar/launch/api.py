@@ -180,12 +180,11 @@ def _run_restarting(command, roles, options, worker_envs=None):
             try:
                 return run_job(command, cluster, tasks, run)
             except LaunchError as error:
-                if (
-                    error.port_taken and taken < PORT_RETRIES
-                ):  # not the job's fault: no restart counted
+                # not the job's fault: no restart counted
+                if error.port_taken and taken < PORT_RETRIES:
                     taken += 1
                     options.say(
-                        f"{error.task.name}'s port was taken by another process after tfpar chose "
+                        f"{error.port_taken}'s port was taken by another process after tfpar chose "
                         "it; starting the job again on fresh ports"
                     )
                     continue

@@ -7,14 +7,18 @@ import dataclasses
 import os
 
 from tfpar._checks import whole_number as _int
-from tfpar._local.processes import DEFAULT_GRACE_SECONDS
 from tfpar._tasks.elastic_batch import ELASTIC_BATCHES
 from tfpar.cluster import ROLES
 from tfpar.launch.backends import backend_for
 from tfpar.launch.config import LaunchConfig
-from tfpar.launch.rendezvous.static import DEFAULT_MASTER_PORT
 
 __all__ = ["add_arguments", "config_from_args", "run"]
+
+_FIELDS = [
+    field for field in dataclasses.fields(LaunchConfig) if field.init and field.name != "command"
+]
+_DEFAULTS = {field.name: field.default for field in _FIELDS}
+"""The options' defaults: `LaunchConfig`'s, defined once."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _other_options(parser.add_argument_group("SLURM and Horovod"))
     _supervision_options(parser.add_argument_group("supervision (every back-end)"))
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- program and arguments")
+    parser.set_defaults(**_DEFAULTS)
 
 
 def _local_options(group):
@@ -35,13 +40,11 @@ def _local_options(group):
         "-n",
         "--workers",
         type=_int,
-        default=None,
         help="number of local workers on 127.0.0.1, sharing this host's devices",
     )
     group.add_argument(
         "--nproc-per-node",
         type=_int,
-        default=None,
         metavar="N",
         help="N workers on this host, each with its own GPUs (CUDA_VISIBLE_DEVICES) or, without a "
         "GPU, its own virtual CPU device; with --hosts or --nnodes, N on every host",
@@ -49,7 +52,6 @@ def _local_options(group):
     group.add_argument(
         "--ps",
         type=_int,
-        default=0,
         help="parameter-server job: this many ps tasks, -n worker servers, and a chief "
         "that runs the command",
     )
@@ -62,13 +64,10 @@ def _host_options(group):
         "each, or --nproc-per-node each on consecutive ports",
     )
     group.add_argument("--cluster", help='JSON file with the cluster ({"worker": [...], ...})')
-    group.add_argument(
-        "--task-type", default="worker", choices=ROLES, help="this machine's role (multi-host)"
-    )
+    group.add_argument("--task-type", choices=ROLES, help="this machine's role (multi-host)")
     group.add_argument(
         "--task-index",
         type=_int,
-        default=None,
         help="this machine's index in its role (multi-host)",
     )
 
@@ -76,7 +75,6 @@ def _host_options(group):
 def _node_options(group):
     group.add_argument(
         "--nnodes",
-        default=None,
         metavar="K|MIN:MAX",
         help="K identical hosts: run the same line on each with its --node-rank; node 0 (at "
         "--master-addr) tells every node the others' addresses. MIN:MAX: an elastic job, the "
@@ -87,23 +85,18 @@ def _node_options(group):
     group.add_argument(
         "--node-rank",
         type=_int,
-        default=None,
         metavar="R",
         help="with --nnodes K: this host, 0 to K-1",
     )
     group.add_argument(
         "--master-addr",
-        default=None,
         metavar="HOST",
         help="with --nnodes: node 0's address, reachable from every node",
     )
-    group.add_argument(
-        "--master-port", type=_int, default=DEFAULT_MASTER_PORT, help="with --nnodes: node 0's port"
-    )
+    group.add_argument("--master-port", type=_int, help="with --nnodes: node 0's port")
     group.add_argument(
         "--rendezvous-timeout",
         type=float,
-        default=300.0,
         help="with --nnodes: seconds to wait for every node to join (MIN:MAX: for MIN)",
     )
 
@@ -112,7 +105,6 @@ def _elastic_options(group):
     group.add_argument(
         "--min-workers",
         type=_int,
-        default=None,
         metavar="N",
         help="an elastic local job: it trains on with at least N workers when it loses some "
         "(default 1)",
@@ -120,33 +112,28 @@ def _elastic_options(group):
     group.add_argument(
         "--max-workers",
         type=_int,
-        default=None,
         metavar="N",
         help="an elastic local job: at most N workers; it grows back to them when capacity returns",
     )
     group.add_argument(
         "--host-discovery-script",
-        default=None,
         metavar="PATH",
         help="an elastic local job: an executable printing host:slots lines (Horovod's), run "
         "again every second; a worker a slot",
     )
     group.add_argument(
         "--host-discovery-file",
-        default=None,
         metavar="PATH",
         help="an elastic local job: a file of host:slots lines, read again every second",
     )
     group.add_argument(
         "--elastic-timeout",
         type=float,
-        default=600.0,
         help="an elastic job: seconds to wait for --min-workers slots (--nnodes MIN:MAX: MIN "
         "nodes) before failing",
     )
     group.add_argument(
         "--elastic-batch",
-        default="accumulate",
         choices=ELASTIC_BATCHES,
         help="an elastic job on fewer workers than --max-workers (else the most it has had; "
         "--nnodes MIN:MAX: MAX nodes'): keep the global batch by computing each replica's "
@@ -175,13 +162,11 @@ def _supervision_options(group):
     group.add_argument(
         "--grace",
         type=float,
-        default=DEFAULT_GRACE_SECONDS,
         help="seconds a stopped task gets before SIGKILL",
     )
     group.add_argument(
         "--max-restarts",
         type=_int,
-        default=0,
         help="local jobs: when a task fails, stop the others and start the job again on "
         "fresh ports, up to this many times (training resumes from FaultTolerance's backup); "
         "elastic jobs: the failures of one worker's slot (--nnodes MIN:MAX: of one node's "
@@ -190,14 +175,12 @@ def _supervision_options(group):
     group.add_argument(
         "--heartbeat-timeout",
         type=float,
-        default=None,
         help="seconds a task may make no training step before it is named hung, its stacks are "
         "dumped and the job is stopped (or restarted under --max-restarts)",
     )
     group.add_argument(
         "--timeline",
         metavar="DIR",
-        default=None,
         help="every fit of the job writes DIR/timeline.json: a Chrome trace of all workers' steps "
         "(tfpar.callbacks.Timeline); with --horovod, Horovod's own "
         "DIR/horovod_timeline.json too",
@@ -207,8 +190,7 @@ def _supervision_options(group):
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """The job the parsed command line ``args`` describes, checked."""
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    names = {field.name for field in dataclasses.fields(LaunchConfig) if field.init} - {"command"}
-    return LaunchConfig(command=tuple(command), **{name: getattr(args, name) for name in names})
+    return LaunchConfig(command=tuple(command), **{name: getattr(args, name) for name in _DEFAULTS})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ changes nothing. Pure Python."""
 
 import dataclasses
 
-from tfpar._checks import check_choice, check_number
+from tfpar._checks import check_choice
 from tfpar._local.processes import DEFAULT_GRACE_SECONDS
 from tfpar._tasks.elastic_batch import ELASTIC_BATCHES
 from tfpar.cluster import ROLES
@@ -63,9 +63,6 @@ class LaunchConfig:
         object.__setattr__(self, "command", tuple(self.command))
         check_choice("task_type", self.task_type, ROLES)
         check_choice("elastic_batch", self.elastic_batch, ELASTIC_BATCHES)
-        check_number(
-            "grace", self.grace, above=0, hint=" (seconds a stopped task gets before SIGKILL)"
-        )
         if self.nnodes is not None:
             object.__setattr__(self, "node_range", parse_nnodes(self.nnodes))
 

@@ -20,6 +20,7 @@ from tfpar._local.processes import (
 )
 from tfpar._tasks.env import FAULT_TOLERANCE_MARK
 from tfpar.cluster import ClusterInfo, is_loopback_cluster
+from tfpar.cluster.addresses import port_in_use
 from tfpar.launch.job import Job, Task, describe_exit
 from tfpar.launch.supervisor import Supervisor
 
@@ -120,7 +121,7 @@ def run_job(
     command: Sequence[str], cluster: dict, tasks: Sequence[Task], options: LaunchOptions
 ) -> int:
     check_command(command, options.grace_seconds, len(tasks))
-    env = options.env
+    env = options.env or {}  # (always a dict once LaunchOptions is made)
     local = is_loopback_cluster(cluster)
     if local:
         env = loopback.child_env(env)
@@ -135,21 +136,32 @@ def run_job(
             ).address
             job.say(loopback.open_ports_warning(task.name, [address.rsplit(":", 1)[1]], reason))
     # Installed before any task starts: a Ctrl-C during start-up stops those already started.
-    with (
-        Supervisor(options.heartbeat_timeout, job.say, env) as supervisor,
-        forwarding_signals(job.signal_all) as received,
-    ):
-        try:
-            job.start(list(command), cluster, tasks, env or {}, received, supervisor.task_env)
-            code = _supervise(job, supervisor, received, options)
-        except LaunchError as error:
-            job.close()
-            error.port_taken = error.task in job.port_taken
-            raise
-        finally:
-            job.close()  # whatever the way out: no task, and nothing a task started, is left
-        supervisor.finish()
-        return code
+    try:
+        with (
+            Supervisor(options.heartbeat_timeout, job.say, env) as supervisor,
+            forwarding_signals(job.signal_all) as received,
+        ):
+            try:
+                job.start(list(command), cluster, tasks, env, received, supervisor.task_env)
+                code = _supervise(job, supervisor, received, options)
+            finally:
+                job.close()  # whatever the way out: no task, and nothing a task started, is left
+            supervisor.finish()
+            return code
+    except LaunchError as error:
+        error.port_taken = _port_was_taken(job, cluster)  # the tasks' output read to its end
+        raise
+
+
+def _port_was_taken(job, cluster):
+    """The task that said its server could not bind its port while another process holds that port
+    now (the task itself is gone): a port lost between its choice and its bind, not the job's
+    fault. None if there is none."""
+    for task in sorted(job.port_taken, key=lambda t: t.name):
+        info = ClusterInfo(cluster=cluster, task_type=task.task_type, task_index=task.task_index)
+        if port_in_use(info.address):
+            return task.name
+    return None
 
 
 def _supervise(job, supervisor, received, options):
@@ -175,9 +187,8 @@ def _supervise(job, supervisor, received, options):
         if options.watch is not None:
             try:
                 options.watch()
-            except (
-                Exception
-            ):  # a membership change (or discovery failing): the job is stopped first
+            # a membership change (or discovery failing): the job is stopped first
+            except Exception:
                 job.stop()
                 raise
         codes = {task: proc.poll() for task, proc in job.procs.items()}

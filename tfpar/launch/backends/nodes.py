@@ -99,9 +99,8 @@ class Nodes(Backend):
         if config.elastic_nodes:
             from tfpar.launch.elastic.agent import run_elastic_nodes
 
-            assert (
-                config.master_addr is not None and config.node_range is not None
-            )  # check() saw to it
+            # check() saw to it
+            assert config.master_addr is not None and config.node_range is not None
             return run_elastic_nodes(
                 list(config.command),
                 config.options(),

@@ -16,9 +16,8 @@ class Slurm(Backend):
     name = "slurm"
 
     def chosen(self, config: LaunchConfig) -> bool:
-        return config.slurm and not (
-            config.hosts and config.cluster
-        )  # that mistake is Hosts' to name
+        # that mistake is Hosts' to name
+        return config.slurm and not (config.hosts and config.cluster)
 
     def check(self, config: LaunchConfig) -> None:
         given = [

@@ -20,7 +20,8 @@ local job that goes on when it loses workers and grows back when capacity return
 - Fewer than ``--min-workers``: the launcher waits for discovery to list enough, up to
   ``elastic_timeout`` seconds, then fails.
 
-Across hosts (``--nnodes MIN:MAX``), `run_elastic_nodes` is each host's agent: the rendezvous
+Across hosts (``--nnodes MIN:MAX``), each host runs an agent instead
+(`tfpar.launch.elastic.agent.run_elastic_nodes`): the rendezvous
 (`tfpar.launch.rendezvous.elastic`) decides the rounds, the agent runs its host's workers in each.
 
 Pure Python, as the rest of the launcher.
@@ -99,9 +100,8 @@ def _enough_slots(discovery, membership, elastic_timeout, options):
     while True:
         try:
             slots, error = membership.slots(discovery.hosts()), None
-        except (
-            ValueError
-        ) as failed:  # caught half-written, or failing once: asked again until the deadline
+        except ValueError as failed:
+            # caught half-written, or failing once: asked again until the deadline
             slots, error = [], failed
         if len(slots) >= membership.min_workers:
             return slots
@@ -122,8 +122,7 @@ def _enough_slots(discovery, membership, elastic_timeout, options):
 
 class _Watch:
     """Called at each look of the launcher at a running job. Every ``DISCOVERY_PERIOD_SECONDS`` it
-    asks
-    discovery: a member's host gone stops the job at once (MembershipChange); more slots ask
+    asks discovery: a member's host gone stops the job at once (MembershipChange); more slots ask
     FaultTolerance's chief for a backup to grow from (`GROW_REQUEST`), and the job is stopped as
     soon as that backup is marked."""
 
@@ -144,9 +143,8 @@ class _Watch:
         members = self.membership.members
         try:
             hosts = self.discovery.hosts()
-        except (
-            ValueError
-        ) as error:  # a file caught half-written, a script that failed once: the job goes on
+        except ValueError as error:
+            # a file caught half-written, a script that failed once: the job goes on
             if str(error) != self.said_error:
                 self.options.say(
                     f"{error}; the job goes on with its {len(members)} worker(s), asking again"

@@ -39,6 +39,7 @@ from tfpar.launch.rendezvous.protocol import (
     Done,
     Ended,
     Hello,
+    Invalid,
     Leave,
     Link,
     Ready,
@@ -103,19 +104,15 @@ class Coordinator(Rounds):
         node_timeout: float = NODE_TIMEOUT_SECONDS,
         last_call: float = LAST_CALL_SECONDS,
     ) -> None:
-        self.server, (self.low, self.high), self.nproc, self.state, self.say = (
-            server,
-            nnodes,
-            nproc,
-            state,
-            say,
-        )
-        self.max_restarts, self.timeouts, self.node_timeout, self.last_call = (
-            max_restarts,
-            timeouts,
-            node_timeout,
-            last_call,
-        )
+        self.server = server
+        self.low, self.high = nnodes
+        self.nproc = nproc
+        self.state = state
+        self.say = say
+        self.max_restarts = max_restarts
+        self.timeouts = timeouts
+        self.node_timeout = node_timeout
+        self.last_call = last_call
         self.token = secrets.token_hex(8)
         """What the hosting agent says in its hello, to be node 0."""
         self.agents: list = []
@@ -162,9 +159,8 @@ class Coordinator(Rounds):
             }
             while self.phase is not Phase.ENDED:
                 self._accept()
-                for agent in sorted(
-                    self.agents, key=lambda a: not a.link.closed
-                ):  # a loss before the echoes it caused
+                # a loss before the echoes it caused
+                for agent in sorted(self.agents, key=lambda a: not a.link.closed):
                     self._hear(agent)
                 if self.phase is not Phase.ENDED:
                     steps[self.phase]()
@@ -173,9 +169,8 @@ class Coordinator(Rounds):
             self._end(Ended(f"the rendezvous failed: {error!r}"))
         finally:
             self.server.close()
-            deadline = (
-                time.monotonic() + 2
-            )  # each agent closes its end once told; then this one's closing resets nothing
+            # each agent closes its end once told; then this one's closing resets nothing
+            deadline = time.monotonic() + 2
             while any(not a.link.closed for a in self.agents) and time.monotonic() < deadline:
                 time.sleep(0.05)
             for agent in self.agents:
@@ -202,7 +197,8 @@ class Coordinator(Rounds):
     def _join(self, link, host, hello):
         """Adds an agent; returns why it is refused, if it is."""
         if not isinstance(hello, Hello):
-            return "not a tfpar rendezvous message"
+            why = f" ({hello.why})" if isinstance(hello, Invalid) else ""
+            return f"not a tfpar rendezvous message{why}: is every node running the same tfpar?"
         if tuple(hello.nnodes) != (self.low, self.high) or hello.nproc != self.nproc:
             return (
                 f"{hello.name} was started with --nnodes {':'.join(map(str, hello.nnodes))} "
@@ -237,6 +233,8 @@ class Coordinator(Rounds):
                 agent.done = True
             elif isinstance(message, Leave):
                 return self._lost(agent, message.why)
+            elif isinstance(message, Invalid):
+                return self._lost(agent, f"it sent what the rendezvous cannot read: {message.why}")
         if agent.link.closed:
             self._lost(agent, "its connection closed")
         elif agent.link.silent_for() > self.node_timeout:

@@ -163,9 +163,23 @@ def decode(line: bytes) -> "Message | Invalid":
         if isinstance(data[name], list):
             data[name] = tuple(data[name])
     try:
-        return kind(**data)
+        message = kind(**data)
     except TypeError as error:
         return Invalid(f"{kind.__name__}: {error}")
+    wrong = _wrongly_typed(message)
+    return Invalid(f"{kind.__name__}'s {wrong} is not what it must be") if wrong else message
+
+
+def _wrongly_typed(message):
+    """The first field of ``message`` whose value is not of its declared type, or None."""
+    for field in dataclasses.fields(message):
+        value = getattr(message, field.name)
+        if field.name in _TUPLES:
+            if not (isinstance(value, tuple) and all(isinstance(v, int) for v in value)):
+                return field.name
+        elif not isinstance(value, field.type) or isinstance(value, bool):  # a class or a union
+            return field.name
+    return None
 
 
 class Link:
@@ -236,3 +250,4 @@ class Link:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self.sock.close()

@@ -5,6 +5,8 @@ when a round starts, stops, ends and with which nodes; each move of its `Phase` 
 import dataclasses
 import enum
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tfpar.launch.elastic.membership import change_line
 from tfpar.launch.rendezvous.protocol import Drop, Ended, Link, Renew, Start, Stop
@@ -51,7 +53,28 @@ class Agent:
 
 class Rounds:
     """The round decisions of the rendezvous; `Coordinator` keeps the connections that feed them
-    (its agents, members, phase, timeouts and grow request)."""
+    and sets the state below."""
+
+    agents: list
+    """The agents connected and introduced."""
+    members: list
+    """The running (or last) round's agents, node 0 first."""
+    phase: Phase
+    since: float
+    """When the phase began (`time.monotonic`)."""
+    last_join: float
+    round: int
+    low: int
+    high: int
+    nproc: int
+    max_restarts: int
+    timeouts: tuple
+    last_call: float
+    blamed: bool
+    said_waiting: bool
+    grow: Any
+    """The `tfpar.launch.elastic.membership.GrowRequest` to the chief."""
+    say: Callable[[str], None]
 
     def _failed(self, agent, reason):
         if self.phase is not Phase.RUNNING or agent not in self.members:
@@ -89,9 +112,8 @@ class Rounds:
             key=lambda a: (not a.own, order.get(id(a), len(order))),
         )
         taken = set()
-        for (
-            agent
-        ) in ready:  # agents of one host may have picked one free port: the later one picks again
+        # agents of one host may have picked one free port: the later one picks again
+        for agent in ready:
             mine = {(agent.host, p) for p in agent.ports}
             if mine & taken or len(mine) < len(agent.ports):
                 agent.link.send(Renew())
@@ -99,9 +121,8 @@ class Rounds:
                 return
             taken |= mine
         now, fresh = time.monotonic(), any(a not in self.members for a in ready)
-        called = (
-            not fresh or now - max(self.last_join, self.since) >= self.last_call
-        )  # a restart of known nodes: at once
+        # a restart of known nodes: at once
+        called = not fresh or now - max(self.last_join, self.since) >= self.last_call
         if len(ready) >= self.high or (len(ready) >= self.low and called):
             return self._start(ready[: self.high])
         timeout = self.timeouts[self.round >= 0]
@@ -158,9 +179,8 @@ class Rounds:
     def _end(self, message):
         if self.phase is Phase.ENDED:  # every agent was told already
             return
-        for agent in sorted(
-            self.agents, key=lambda a: a.own
-        ):  # the hosting agent last: it exits once told
+        # the hosting agent last: it exits once told
+        for agent in sorted(self.agents, key=lambda a: a.own):
             agent.link.send(message)
         self._move(Phase.ENDED)
 

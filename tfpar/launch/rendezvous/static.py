@@ -183,9 +183,8 @@ def rendezvous(
         conn.close()
     if coordinator is not None:
         coordinator.thread.join(timeout=10)
-        if (
-            coordinator.error
-        ):  # node 0 names the reason, even when its own connection was cut short by it
+        # node 0 names the reason, even when its own connection was cut short by it
+        if coordinator.error:
             raise RendezvousError(f"The rendezvous failed: {coordinator.error}.")
     if "error" in reply:
         raise RendezvousError(f"The rendezvous failed: {reply['error']}.")
