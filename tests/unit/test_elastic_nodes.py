@@ -300,6 +300,8 @@ def test_each_message_of_the_elastic_protocol_reads_back_as_it_was_sent(message)
     (b'{"ready": [1]}', "no kind of message this rendezvous knows"),  # the old spelling
     (b'{"kind": "ready", "ports": [1], "colour": "red"}', "Ready has no field(s) ['colour']"),
     (b'{"kind": "start", "round": 0}', "Start: "),
+    (b'{"kind": "hello", "name": "a", "nnodes": [1, 2], "nproc": 1, "ports": 5}', "Hello's ports is not"),
+    (b'{"kind": "ready", "ports": [1], "failed": 3}', "Ready's failed is not what it must be"),
 ])
 def test_a_line_that_is_no_message_is_read_as_invalid_naming_why(line, why):
     from tfpar.launch.rendezvous.protocol import Invalid
