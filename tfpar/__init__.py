@@ -26,32 +26,56 @@ __version__ = "0.1.0"
 from tfpar._lazy import exports as _exports
 
 # Every strategy, and every exception the documentation names, under `tfpar` too (each also where
-# it is defined: tfpar.strategies, tfpar.pipeline, tfpar.tensor_parallel, tfpar.devices, tfpar.quantization).
-__getattr__, __dir__, __all__ = _exports(__name__, {
-    "ClusterInfo": "tfpar.cluster",
-    "DataParallel": "tfpar.strategies",
-    "HorovodStrategy": "tfpar.strategies",
-    "ParameterServer": "tfpar.strategies",
-    "Pipeline": "tfpar.pipeline",
-    "TensorParallel": "tfpar.tensor_parallel",
-    "AccuracyDropError": "tfpar.quantization",
-    "ClusterUnreachableError": "tfpar.strategies",
-    "DevicesAlreadyInitializedError": "tfpar.devices",
-    "ParameterServerLostError": "tfpar.strategies",
-    "check_tf_keras_model": "tfpar._keras",
-    "configure_devices": "tfpar.devices",
-    "keras": "tfpar._keras",
-    "local_devices": "tfpar.devices",
-    **dict.fromkeys(("callbacks", "cluster", "data", "demo", "devices", "doctor", "integrations", "launch",
-                     "optimizers", "pipeline", "precision", "quantization", "report", "strategies", "tensor_parallel", "tune",
-                     "verify")),  # submodules
-})
+# it is defined: tfpar.strategies, tfpar.pipeline, tfpar.tensor_parallel, tfpar.devices,
+# tfpar.quantization).
+__getattr__, __dir__, __all__ = _exports(
+    __name__,
+    {
+        "ClusterInfo": "tfpar.cluster",
+        "DataParallel": "tfpar.strategies",
+        "HorovodStrategy": "tfpar.strategies",
+        "ParameterServer": "tfpar.strategies",
+        "Pipeline": "tfpar.pipeline",
+        "TensorParallel": "tfpar.tensor_parallel",
+        "AccuracyDropError": "tfpar.quantization",
+        "ClusterUnreachableError": "tfpar.strategies",
+        "DevicesAlreadyInitializedError": "tfpar.devices",
+        "ParameterServerLostError": "tfpar.strategies",
+        "check_tf_keras_model": "tfpar._keras",
+        "configure_devices": "tfpar.devices",
+        "keras": "tfpar._keras",
+        "local_devices": "tfpar.devices",
+        # submodules
+        **dict.fromkeys(
+            (
+                "callbacks",
+                "cluster",
+                "data",
+                "demo",
+                "devices",
+                "doctor",
+                "integrations",
+                "launch",
+                "optimizers",
+                "pipeline",
+                "precision",
+                "quantization",
+                "report",
+                "strategies",
+                "tensor_parallel",
+                "tune",
+                "verify",
+            )
+        ),
+    },
+)
 
 from tfpar._tasks.env import ELASTIC_VARIABLE as _ELASTIC
 from tfpar._tasks.env import HEARTBEAT_VARIABLE as _HEARTBEAT
 from tfpar._tasks.env import TIMELINE_VARIABLE as _TIMELINE
 
-if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):  # a task of `tfpar launch` with those options
+# a task of `tfpar launch` with those options
+if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):
 
     def _launched(method):
         def add(model, arguments):
@@ -68,9 +92,9 @@ if os.environ.get(_HEARTBEAT) or os.environ.get(_TIMELINE):  # a task of `tfpar 
 
 
 def _elastic_fit(model, arguments):
-    """Before the ``fit`` of a model tfpar owns, in a worker of an elastic `tfpar launch` (read at each fit:
-    a test sets it in-process): every size the job may have takes the batch; under ``--elastic-batch
-    scale-lr`` the learning rate follows the global batch."""
+    """Before the ``fit`` of a model tfpar owns, in a worker of an elastic `tfpar launch` (read at
+    each fit: a test sets it in-process): every size the job may have takes the batch; under
+    ``--elastic-batch scale-lr`` the learning rate follows the global batch."""
     if os.environ.get(_ELASTIC):
         from tfpar.callbacks.learning_rate import elastic_learning_rate
         from tfpar.data.resume import check_elastic_batch

@@ -12,8 +12,9 @@ import os
 EPOCHS_VARIABLE = "TFPAR_EPOCHS"
 
 
-def check_number(name, value, *, minimum=None, above=None, maximum=None, integer=False, allow_none=False,
-                 hint=""):
+def check_number(
+    name, value, *, minimum=None, above=None, maximum=None, integer=False, allow_none=False, hint=""
+):
     """Checks a number and returns it.
 
     Args:
@@ -39,15 +40,21 @@ def check_number(name, value, *, minimum=None, above=None, maximum=None, integer
         return value
     kind = "an int" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)):
-        raise TypeError(f"{name} must be {kind}{' or None' if allow_none else ''}. Received: {name}={value!r} "
-                        f"({type(value).__name__}).{hint}")
+        raise TypeError(
+            f"{name} must be {kind}{' or None' if allow_none else ''}. Received: {name}={value!r} "
+            f"({type(value).__name__}).{hint}"
+        )
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number. Received: {name}={value!r}.{hint}")
     low_ok = (minimum is None or value >= minimum) and (above is None or value > above)
     if not low_ok or (maximum is not None and value > maximum):
-        low = f">= {minimum}" if minimum is not None else f"> {above}" if above is not None else None
+        low = (
+            f">= {minimum}" if minimum is not None else f"> {above}" if above is not None else None
+        )
         if low and maximum is not None:  # the whole interval: (0, 1], [0, 5]
-            rule = f"in {'[' if minimum is not None else '('}{minimum if minimum is not None else above}, {maximum}]"
+            opening = "[" if minimum is not None else "("
+            lowest = minimum if minimum is not None else above
+            rule = f"in {opening}{lowest}, {maximum}]"
         else:
             rule = low or f"<= {maximum}"
         raise ValueError(f"{name} must be {kind} {rule}. Received: {name}={value!r}.{hint}")
@@ -80,21 +87,31 @@ def check_choice(name, value, choices, what=None):
     except TypeError:  # unhashable (a list, a dict): not one of them
         known = False
     if not known:
-        raise ValueError(f"Unknown {what or name} {value!r}. Received: {name}={value!r}. "
-                         f"Use one of {list(choices)}.")
+        raise ValueError(
+            f"Unknown {what or name} {value!r}. Received: {name}={value!r}. "
+            f"Use one of {list(choices)}."
+        )
     return value
 
 
 def check_names(name, value):
-    """A list (or tuple) of strings, as a tuple; a single string is refused (it is not a list of names).
+    """A list (or tuple) of strings, as a tuple; a single string is refused (it is not a list of
+    names).
 
     Raises:
         TypeError: a string, or not a list of strings.
     """
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{name} must be a list of names. Received: {name}={value!r}. "
-                        f"Write [{value!r}] for one name." if isinstance(value, str) else
-                        f"{name} must be a list of names. Received: {name}={value!r}.")
+    if (
+        isinstance(value, str)
+        or not isinstance(value, (list, tuple))
+        or not all(isinstance(v, str) for v in value)
+    ):
+        raise TypeError(
+            f"{name} must be a list of names. Received: {name}={value!r}. "
+            f"Write [{value!r}] for one name."
+            if isinstance(value, str)
+            else f"{name} must be a list of names. Received: {name}={value!r}."
+        )
     return tuple(value)
 
 
@@ -106,13 +123,29 @@ def options_signature(config_class):
     import inspect
 
     fields = [f for f in dataclasses.fields(config_class) if f.init]
-    parameters = [inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                    annotation=f"{config_class.__name__} | None")]
+    parameters = [
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=f"{config_class.__name__} | None",
+        )
+    ]
     for field in fields:
-        default = field.default if field.default is not dataclasses.MISSING else (
-            field.default_factory() if field.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
-        parameters.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                            annotation=field.type))
+        default = (
+            field.default
+            if field.default is not dataclasses.MISSING
+            else (
+                field.default_factory()
+                if field.default_factory is not dataclasses.MISSING
+                else inspect.Parameter.empty
+            )
+        )
+        parameters.append(
+            inspect.Parameter(
+                field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.type
+            )
+        )
     return inspect.Signature(parameters)
 
 
@@ -128,19 +161,26 @@ def config_from(config_class, config, kwargs):
         unknown = sorted(set(kwargs) - set(options))
         if unknown:
             why = getattr(config_class, "UNSUPPORTED", {}).get(unknown[0], "")
-            raise TypeError(f"{config_class.__name__} has no option {unknown[0]!r}{': ' + why if why else ''}. "
-                            f"Received: {unknown[0]}={kwargs[unknown[0]]!r}. Its options are {options}.")
+            raise TypeError(
+                f"{config_class.__name__} has no option {unknown[0]!r}{': ' + why if why else ''}. "
+                f"Received: {unknown[0]}={kwargs[unknown[0]]!r}. Its options are {options}."
+            )
         return config_class(**kwargs)
     if kwargs:
-        raise TypeError(f"Pass either a {config_class.__name__} or keyword arguments, not both. "
-                        f"Received: config and {sorted(kwargs)}.")
+        raise TypeError(
+            f"Pass either a {config_class.__name__} or keyword arguments, not both. "
+            f"Received: config and {sorted(kwargs)}."
+        )
     if not isinstance(config, config_class):
-        raise TypeError(f"config must be a {config_class.__name__}. Received: {type(config).__name__}.")
+        raise TypeError(
+            f"config must be a {config_class.__name__}. Received: {type(config).__name__}."
+        )
     return config
 
 
 def env_int(variable, default, minimum=1, hint=""):
-    """The environment variable ``variable`` as an int >= ``minimum``, or ``default`` when it is unset.
+    """The environment variable ``variable`` as an int >= ``minimum``, or ``default`` when it is
+    unset.
 
     Raises:
         ValueError: set, but not a whole number >= ``minimum`` (``hint`` says what to do).
@@ -153,7 +193,9 @@ def env_int(variable, default, minimum=1, hint=""):
     except ValueError:
         value = None
     if value is None or value < minimum:
-        raise ValueError(f"{variable} must be a whole number >= {minimum}. Received: {variable}={text!r}.{hint}")
+        raise ValueError(
+            f"{variable} must be a whole number >= {minimum}. Received: {variable}={text!r}.{hint}"
+        )
     return value
 
 
@@ -164,4 +206,6 @@ def default_epochs(default: int) -> int:
     Raises:
         ValueError: the variable is not a whole number >= 1.
     """
-    return env_int(EPOCHS_VARIABLE, default, 1, f" Unset it to train for the default {default} epochs.")
+    return env_int(
+        EPOCHS_VARIABLE, default, 1, f" Unset it to train for the default {default} epochs."
+    )

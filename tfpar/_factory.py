@@ -51,27 +51,38 @@ class ParallelismSpec:
     tensor_parallel: int = 1
     """"pipeline": each stage split over this many devices (``plan="auto"``)."""
     zero_stage: int = 0
-    """"data_parallel" and "horovod": the optimizer state sharded over the replicas (ZeRO stage 1 or 2)."""
+    """"data_parallel" and "horovod": the optimizer state sharded over the replicas (ZeRO stage 1
+    or 2)."""
     gradient_accumulation_steps: int = 1
-    """"data_parallel" and "horovod": each replica's gradients summed over this many steps, applied once."""
+    """"data_parallel" and "horovod": each replica's gradients summed over this many steps,
+    applied once."""
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
-        if self.compression != "none" and self.kind in ("parameter_server", "pipeline", "tensor_parallel"):
+        if self.compression != "none" and self.kind in (
+            "parameter_server",
+            "pipeline",
+            "tensor_parallel",
+        ):
             raise ValueError(
-                f"Gradient compression applies to data_parallel and horovod, whose replicas all-reduce "
-                f"their gradients. Received: strategy {self.kind!r} with compression={self.compression!r}. Use "
-                "--strategy data_parallel or horovod, or leave compression out.")
+                "Gradient compression applies to data_parallel and horovod, whose replicas "
+                f"all-reduce their gradients. Received: strategy {self.kind!r} with "
+                f"compression={self.compression!r}. Use --strategy data_parallel or horovod, or "
+                "leave compression out."
+            )
         if self.zero_stage and self.kind not in ("data_parallel", "horovod"):
             raise ValueError(
-                f"zero_stage shards the optimizer state of data_parallel's and horovod's replicas. Received: strategy "
-                f"{self.kind!r} with zero_stage={self.zero_stage}. Use --strategy data_parallel or horovod, or leave "
-                "zero_stage out.")
+                "zero_stage shards the optimizer state of data_parallel's and horovod's replicas. "
+                f"Received: strategy {self.kind!r} with zero_stage={self.zero_stage}. Use "
+                "--strategy data_parallel or horovod, or leave zero_stage out."
+            )
         if self.gradient_accumulation_steps != 1 and self.kind not in ("data_parallel", "horovod"):
             raise ValueError(
-                f"gradient_accumulation_steps accumulates data_parallel's and horovod's gradients. Received: strategy "
-                f"{self.kind!r} with gradient_accumulation_steps={self.gradient_accumulation_steps}. Use --strategy "
-                "data_parallel or horovod, or leave it at 1.")
+                "gradient_accumulation_steps accumulates data_parallel's and horovod's gradients. "
+                f"Received: strategy {self.kind!r} with "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps}. Use --strategy "
+                "data_parallel or horovod, or leave it at 1."
+            )
         check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
         check_int("replicas", self.replicas, 1)
         check_int("microbatches", self.microbatches, 1)
@@ -80,12 +91,18 @@ class ParallelismSpec:
 
     def _data_parallel_options(self):
         options = {"compression": self.compression} if self.compression != "none" else {}
-        options.update({k: getattr(self, k) for k in ("num_packs", "bytes_per_pack") if getattr(self, k)})
+        options.update(
+            {k: getattr(self, k) for k in ("num_packs", "bytes_per_pack") if getattr(self, k)}
+        )
         if self.num_packs:  # the one-host all-reduce that packs on any device
             options["all_reduce"] = "hierarchical"
         options.update({"zero_stage": self.zero_stage} if self.zero_stage else {})
         if self.gradient_accumulation_steps > 1:
-            name = "backward_passes_per_step" if self.kind == "horovod" else "gradient_accumulation_steps"
+            name = (
+                "backward_passes_per_step"
+                if self.kind == "horovod"
+                else "gradient_accumulation_steps"
+            )
             options[name] = self.gradient_accumulation_steps
         return options
 
@@ -95,7 +112,9 @@ class ParallelismSpec:
         options.update({"schedule": self.schedule} if self.schedule != "1f1b" else {})
         options.update({"virtual_stages": self.virtual_stages} if self.virtual_stages else {})
         options.update({"balance": self.balance} if self.balance != "params" else {})
-        options.update({"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {})
+        options.update(
+            {"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {}
+        )
         return options
 
     def build(self):
@@ -130,11 +149,15 @@ class ParallelismSpec:
 
     def code(self):
         """The Python expression that makes this parallelism (in a script that imported tfpar)."""
+
         def call(name, options):
             return f"{name}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
         if self.kind == "parameter_server":
-            return call("tfpar.strategies.ParameterServer.local", {"num_workers": self.devices or 2, "num_ps": 1})
+            return call(
+                "tfpar.strategies.ParameterServer.local",
+                {"num_workers": self.devices or 2, "num_ps": 1},
+            )
         if self.kind == "horovod":
             return call("tfpar.strategies.HorovodStrategy", self._data_parallel_options())
         if self.kind == "pipeline":

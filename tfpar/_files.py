@@ -7,11 +7,14 @@ __all__ = ["check_folder_of", "write_atomically"]
 
 
 def check_folder_of(name, path):
-    """Raises ValueError unless the folder that would hold ``path`` exists (checked before work starts)."""
+    """Raises ValueError unless the folder that would hold ``path`` exists (checked before work
+    starts)."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise ValueError(f"{name} must be a file in an existing folder. Received: {name}={path!r} ({folder} "
-                         "does not exist). Create the folder first, or give another path.")
+        raise ValueError(
+            f"{name} must be a file in an existing folder. Received: {name}={path!r} ({folder} "
+            "does not exist). Create the folder first, or give another path."
+        )
 
 
 def write_atomically(path, data):

@@ -15,13 +15,24 @@ earlier with Keras 3. Every other module takes ``tf`` and ``keras`` from here.
 """
 
 from typing import Any
+
 import tensorflow as tf
 import tf_keras as keras
 
 from tfpar import _compat
 
-__all__ = ["keras", "tf", "all_layers", "check_callbacks_keras", "check_keras_model", "check_one_keras",
-           "check_tf_keras_model", "is_keras3", "keras3", "keras_of"]
+__all__ = [
+    "keras",
+    "tf",
+    "all_layers",
+    "check_callbacks_keras",
+    "check_keras_model",
+    "check_one_keras",
+    "check_tf_keras_model",
+    "is_keras3",
+    "keras3",
+    "keras_of",
+]
 
 _FIX = (
     "tfpar trains tf_keras (Keras 2) models. Build the model with "
@@ -39,7 +50,7 @@ def keras3():
 
 
 def _family(obj):
-    """"keras" (Keras 3), "tf_keras", or None: the Keras whose class ``obj``'s class derives from
+    """ "keras" (Keras 3), "tf_keras", or None: the Keras whose class ``obj``'s class derives from
     (a user's subclass of ``keras.Model`` belongs to Keras 3 too)."""
     for cls in type(obj).__mro__:
         top = cls.__module__.split(".")[0]
@@ -77,8 +88,10 @@ def check_keras_model(model, name="model"):
     """
     if isinstance(model, keras.Model) or (is_keras3(model) and isinstance(model, keras3().Model)):
         return model
-    raise TypeError(f"{name} must be a Keras model (Keras 3, or tf_keras: tfpar.keras). Received: "
-                    f"{name}={type(model).__module__}.{type(model).__qualname__}.")
+    raise TypeError(
+        f"{name} must be a Keras model (Keras 3, or tf_keras: tfpar.keras). Received: "
+        f"{name}={type(model).__module__}.{type(model).__qualname__}."
+    )
 
 
 def check_tf_keras_model(model: Any, feature: str | None = None, why: str | None = None) -> Any:
@@ -104,7 +117,10 @@ def check_tf_keras_model(model: Any, feature: str | None = None, why: str | None
     raise TypeError(f"Expected a tf_keras.Model, received {kind}. {_FIX}")
 
 
-_NAMES = {"keras": ("Keras 3", "keras"), "tf_keras": ("tf_keras", "tf_keras")}  # tfpar.keras is tf_keras
+_NAMES = {
+    "keras": ("Keras 3", "keras"),
+    "tf_keras": ("tf_keras", "tf_keras"),
+}  # tfpar.keras is tf_keras
 
 
 def _other_keras_layers(model, family):
@@ -132,8 +148,9 @@ def _other_keras_layers(model, family):
 
 
 def check_one_keras(model, arguments):
-    """At ``compile`` of a model tfpar owns: refuses a model that holds layers, or is given an optimizer, of the other
-    Keras (Keras 3 would leave a tf_keras layer untrained; tf_keras fails inside Keras)."""
+    """At ``compile`` of a model tfpar owns: refuses a model that holds layers, or is given an
+    optimizer, of the other Keras (Keras 3 would leave a tf_keras layer untrained; tf_keras fails
+    inside Keras)."""
     family = _family(model)
     if family is None:
         return
@@ -144,16 +161,21 @@ def check_one_keras(model, arguments):
             f"Model {model.name!r} is a {name} model but holds a {other} layer at {path}: a model "
             f"trains only the layers of its own Keras (that layer's weights would not be trained, "
             f"or Keras fails inside). Build every layer with {module}. Received: {path}="
-            f"{type(layer).__module__}.{type(layer).__qualname__}.")
+            f"{type(layer).__module__}.{type(layer).__qualname__}."
+        )
     optimizer = (arguments or {}).get("optimizer")
     if _family(optimizer) not in (None, family):
         kind = type(optimizer).__name__
-        fix = (f"tfpar.optimizers.{kind}(..., keras_version={3 if family == 'keras' else 2})"
-               if type(optimizer).__module__.startswith("tfpar.") else f"{module}.optimizers.{kind}")
+        fix = (
+            f"tfpar.optimizers.{kind}(..., keras_version={3 if family == 'keras' else 2})"
+            if type(optimizer).__module__.startswith("tfpar.")
+            else f"{module}.optimizers.{kind}"
+        )
         raise TypeError(
             f"optimizer must be a {name} optimizer for {name} model {model.name!r}. Received: "
             f"optimizer={type(optimizer).__module__}.{type(optimizer).__qualname__} "
-            f"({_NAMES[_family(optimizer)][0]}). Use {fix}.")
+            f"({_NAMES[_family(optimizer)][0]}). Use {fix}."
+        )
 
 
 def _serves_both(callback):
@@ -162,8 +184,8 @@ def _serves_both(callback):
 
 
 def check_callbacks_keras(model, arguments):
-    """At ``fit``/``evaluate``/``predict`` of a model tfpar owns: refuses callbacks of the other Keras
-    (tfpar's serve both)."""
+    """At ``fit``/``evaluate``/``predict`` of a model tfpar owns: refuses callbacks of the other
+    Keras (tfpar's serve both)."""
     family = _family(model)
     callbacks = (arguments or {}).get("callbacks")
     if family is None or not isinstance(callbacks, (list, tuple)):
@@ -177,5 +199,5 @@ def check_callbacks_keras(model, arguments):
                 f"{name} model: each Keras runs only its own callbacks. Use "
                 f"{module}.callbacks.{type(callback).__name__} (or subclass {module}.callbacks."
                 f"Callback); tfpar's callbacks serve both. Received: callbacks[{i}]="
-                f"{type(callback).__module__}.{type(callback).__qualname__}.")
-
+                f"{type(callback).__module__}.{type(callback).__qualname__}."
+            )

@@ -1,4 +1,5 @@
-"""The Keras models tfpar owns, and the checks their ``compile``, ``fit``, ``evaluate`` and ``predict`` run.
+"""The Keras models tfpar owns, and the checks their ``compile``, ``fit``, ``evaluate`` and
+``predict`` run.
 
 tfpar leaves the classes of both Kerases as they were. A model is tfpar's when it was built under a
 tfpar strategy's scope, staged by a Pipeline or quantized; `own` gives that one model its own
@@ -28,7 +29,9 @@ __all__ = ["METHODS", "add_process_check", "checks_of", "discovering", "own"]
 
 METHODS = ("compile", "fit", "evaluate", "predict")
 WHEN = ("before", "after")
-_CHECKS = "_tfpar_checks"  # the model's __dict__ entry: its checks, (method, when, function) triples
+_CHECKS = (
+    "_tfpar_checks"  # the model's __dict__ entry: its checks, (method, when, function) triples
+)
 _process_checks: list = []  # add_process_check's triples: every owned model runs them
 _signatures: dict = {}
 
@@ -36,9 +39,16 @@ _signatures: dict = {}
 def _check_triples(checks):
     triples = tuple(checks)
     for triple in triples:
-        if len(triple) != 3 or triple[0] not in METHODS or triple[1] not in WHEN or not callable(triple[2]):
-            raise ValueError(f"checks must be (method, when, function) triples with method in {METHODS} and "
-                             f"when in {WHEN}. Received: {triple!r}.")
+        if (
+            len(triple) != 3
+            or triple[0] not in METHODS
+            or triple[1] not in WHEN
+            or not callable(triple[2])
+        ):
+            raise ValueError(
+                f"checks must be (method, when, function) triples with method in {METHODS} and "
+                f"when in {WHEN}. Received: {triple!r}."
+            )
     return triples
 
 
@@ -118,7 +128,9 @@ def _method(name):
         return _run(self, name, args, kwargs)
 
     method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"Keras' ``{name}``, with the checks of tfpar, which owns this model (`tfpar._owned`)."
+    method.__doc__ = (
+        f"Keras' ``{name}``, with the checks of tfpar, which owns this model (`tfpar._owned`)."
+    )
     return method
 
 
@@ -132,10 +144,14 @@ def own(model, checks=()):
     state = model.__dict__
     known = list(state.get(_CHECKS, ()))
     known += [c for c in checks if c not in known]
-    # object.__setattr__: past Keras' attribute tracking (neither is a layer, a variable or a metric).
+    # object.__setattr__: past Keras' attribute tracking (neither is a layer, a variable or a
+    # metric).
     object.__setattr__(model, _CHECKS, tuple(known))
     for name, function in _METHODS.items():
-        if not isinstance(state.get(name), types.MethodType) or state[name].__func__ is not function:
+        if (
+            not isinstance(state.get(name), types.MethodType)
+            or state[name].__func__ is not function
+        ):
             object.__setattr__(model, name, types.MethodType(function, model))
     return model
 
@@ -159,7 +175,8 @@ def _model_classes():
 
 
 def _current_owner():
-    """The current strategy of this thread if it is tfpar's (it says which checks its models run)."""
+    """The current strategy of this thread if it is tfpar's (it says which checks its models
+    run)."""
     import tensorflow as tf  # loaded: a tfpar strategy's scope is entered
 
     strategy = tf.distribute.get_strategy()
@@ -182,7 +199,8 @@ def discovering():
     """While entered (by a tfpar strategy's scope): a Keras model created in a thread whose current
     strategy is tfpar's is owned with that strategy's ``model_checks()``."""
     with _lock:
-        for cls in _model_classes():  # Keras 3 too if it was loaded since the outer scope was entered
+        # Keras 3 too if it was loaded since the outer scope was entered
+        for cls in _model_classes():
             if cls not in _wrapped:
                 _wrapped[cls] = cls.__dict__["__init__"]
                 cls.__init__ = _wrap(_wrapped[cls])

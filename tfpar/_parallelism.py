@@ -14,7 +14,8 @@ Each has:
 - ``describe(global_batch_size=None, model=None)``: a summary to print.
 
 Examples:
-    >>> parallelism = tfpar.DataParallel()  # or tfpar.pipeline.Pipeline(num_stages=2)  # doctest: +SKIP
+    >>> parallelism = tfpar.DataParallel()  # or tfpar.pipeline.Pipeline(num_stages=2)  # doctest:
+    +SKIP
     >>> model = parallelism.build(make_model)  # doctest: +SKIP
     >>> with parallelism.scope():  # doctest: +SKIP
     ...     model.compile("adam", "sparse_categorical_crossentropy")
@@ -29,7 +30,15 @@ from tfpar import _owned
 from tfpar._checks import options_signature
 from tfpar._topology import derived_topology
 
-__all__ = ["PlacesItself", "Parallelism", "check_compiled_in_its_scope", "check_model_fn", "owned_model_checks", "sum_over_workers"]
+__all__ = [
+    "PlacesItself",
+    "Parallelism",
+    "check_compiled_in_its_scope",
+    "check_model_fn",
+    "owned_model_checks",
+    "sum_over_workers",
+]
+
 
 def sum_over_workers(strategy, value, whole=True):
     """Each worker's ``value`` (a number or an array, float64) summed over the workers, in one
@@ -39,7 +48,9 @@ def sum_over_workers(strategy, value, whole=True):
     import tensorflow as tf
 
     share = np.asarray(value, np.float64) / len(strategy.extended.worker_devices)
-    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(share)), axis=None).numpy()
+    summed = strategy.reduce(
+        tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(share)), axis=None
+    ).numpy()
     return np.rint(summed).astype(np.int64) if whole else summed
 
 
@@ -56,8 +67,8 @@ def check_compiled_in_its_scope(model, arguments=None):
             f"Compile the model under the scope of the strategy it was built under. Received: "
             f"{model.name!r}, built under {type(built_under).__name__}, compiled under "
             f"{type(current).__name__}. Write `with strategy.scope(): model.compile(...)`; the "
-            "optimizer's variables must be created there too.")
-
+            "optimizer's variables must be created there too."
+        )
 
 
 def owned_model_checks():
@@ -68,10 +79,13 @@ def owned_model_checks():
     from tfpar.data.resume import start_where_fit_starts
     from tfpar.precision.policy import agree_on_overflow
 
-    return (("compile", "before", check_one_keras), ("compile", "before", check_compiled_in_its_scope),
-            ("compile", "after", agree_on_overflow),
-            *((method, "before", check_callbacks_keras) for method in ("fit", "evaluate", "predict")),
-            ("fit", "before", start_where_fit_starts))
+    return (
+        ("compile", "before", check_one_keras),
+        ("compile", "before", check_compiled_in_its_scope),
+        ("compile", "after", agree_on_overflow),
+        *((method, "before", check_callbacks_keras) for method in ("fit", "evaluate", "predict")),
+        ("fit", "before", start_where_fit_starts),
+    )
 
 
 @contextlib.contextmanager
@@ -89,7 +103,8 @@ def check_model_fn(model_fn):
         raise TypeError(
             "model_fn must be a function that builds and returns the Keras model (it is called "
             f"where the model's variables belong). Received: model_fn={model_fn!r}. Pass the "
-            "function itself, e.g. build(make_model), not build(make_model()).")
+            "function itself, e.g. build(make_model), not build(make_model())."
+        )
 
 
 class Parallelism:
@@ -106,8 +121,8 @@ class Parallelism:
             cls.__signature__ = options_signature(cls.CONFIG)
 
     def scope(self) -> contextlib.AbstractContextManager:
-        """The strategy's scope (``tf.distribute.Strategy.scope``): the Keras models created under it
-        are this strategy's, and run `model_checks` at compile, fit, evaluate and predict."""
+        """The strategy's scope (``tf.distribute.Strategy.scope``): the Keras models created under
+        it are this strategy's, and run `model_checks` at compile, fit, evaluate and predict."""
         return _owning(super().scope())  # type: ignore[misc]  # tf.distribute.Strategy's, after this mixin
 
     @property
@@ -130,7 +145,8 @@ class Parallelism:
         check_model_fn(model_fn)
         with self.scope():
             model = model_fn()
-        if hasattr(model, "compile") and hasattr(model, "fit"):  # owned even if Keras 3 loaded only now
+        # owned even if Keras 3 loaded only now
+        if hasattr(model, "compile") and hasattr(model, "fit"):
             _owned.own(model, self.model_checks())
         return model
 
@@ -147,12 +163,14 @@ class PlacesItself(Parallelism):
     _FIX = "Build and compile the model outside it."
 
     def split(self, model: Any) -> Any:
-        """``model`` made this parallelism's (the pipeline's ``stage``, tensor parallelism's ``shard``)."""
+        """``model`` made this parallelism's (the pipeline's ``stage``, tensor parallelism's
+        ``shard``)."""
         raise NotImplementedError
 
     @property
     def input_strategy(self):
-        """TensorFlow's default strategy: this parallelism splits each batch over its devices itself."""
+        """TensorFlow's default strategy: this parallelism splits each batch over its devices
+        itself."""
         from tfpar._keras import tf
 
         return tf.distribute.get_strategy()
@@ -167,9 +185,10 @@ class PlacesItself(Parallelism):
 
         if tf.distribute.has_strategy():
             raise ValueError(
-                f"{type(self).__name__} places its model's parts itself, in this process, so it cannot run inside "
-                f"another strategy's scope. Received: a call inside {type(tf.distribute.get_strategy()).__name__}"
-                f".scope(). {self._FIX}")
+                f"{type(self).__name__} places its model's parts itself, in this process, so it "
+                "cannot run inside another strategy's scope. Received: a call inside "
+                f"{type(tf.distribute.get_strategy()).__name__}.scope(). {self._FIX}"
+            )
         return tf.distribute.get_strategy().scope()
 
     def build(self, model_fn: Callable[[], Any]) -> Any:

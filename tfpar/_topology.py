@@ -54,7 +54,8 @@ def topology_of(strategy=None):
 
 
 def derived_topology(strategy):
-    """The `Topology` a ``tf.distribute.Strategy`` tells: its replicas and devices, and its cluster."""
+    """The `Topology` a ``tf.distribute.Strategy`` tells: its replicas and devices, and its
+    cluster."""
     import tensorflow as tf
 
     from tfpar import _compat
@@ -71,6 +72,11 @@ def derived_topology(strategy):
         return Topology(replicas_per_worker=local)
     from tfpar.cluster import ClusterInfo
 
-    info = ClusterInfo(cluster=resolver.cluster_spec().as_dict(), task_type=resolver.task_type,
-                       task_index=resolver.task_id)
-    return Topology(num_workers=info.num_workers, worker_index=info.worker_index, replicas_per_worker=local)
+    info = ClusterInfo(
+        cluster=resolver.cluster_spec().as_dict(),
+        task_type=resolver.task_type,
+        task_index=resolver.task_id,
+    )
+    return Topology(
+        num_workers=info.num_workers, worker_index=info.worker_index, replicas_per_worker=local
+    )

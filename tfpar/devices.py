@@ -30,7 +30,12 @@ class DevicesAlreadyInitializedError(RuntimeError):
 
 def _resolve_count(num_cpu_devices):
     if num_cpu_devices is None:
-        return env_int(_ENV, DEFAULT_NUM_CPU_DEVICES, 1, " Set it to a number of virtual CPU devices, or unset it.")
+        return env_int(
+            _ENV,
+            DEFAULT_NUM_CPU_DEVICES,
+            1,
+            " Set it to a number of virtual CPU devices, or unset it.",
+        )
     return check_int("num_cpu_devices", num_cpu_devices, 1)
 
 
@@ -54,29 +59,42 @@ def check_devices(name: str, devices: Sequence[str]) -> Sequence[str]:
 
     Raises:
         TypeError: a string, or not a list of strings.
-        ValueError: an empty list, a name that is not a device name, or a device that does not exist.
+        ValueError: an empty list, a name that is not a device name, or a device that does not
+            exist.
     """
     devices = check_names(name, devices)
     if not devices:
-        raise ValueError(f"{name} must name at least one device. Received: {name}=[]. Leave it None for all.")
+        raise ValueError(
+            f"{name} must name at least one device. Received: {name}=[]. Leave it None for all."
+        )
     specs = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
     present = {(s.device_type, s.device_index) for s in specs}
-    remote = {(s.job, s.task or 0, s.device_type, s.device_index) for s in specs}  # a connected cluster's too
+    remote = {
+        (s.job, s.task or 0, s.device_type, s.device_index) for s in specs
+    }  # a connected cluster's too
     for device in devices:
         try:
             spec = tf.DeviceSpec.from_string(device)
         except ValueError:
             spec = None
         if spec is None or spec.device_type is None:
-            raise ValueError(f"{device!r} is not a device name. Received: {name}={list(devices)!r}. "
-                             f"Use names such as {local_devices()[:2]}.")
+            raise ValueError(
+                f"{device!r} is not a device name. Received: {name}={list(devices)!r}. "
+                f"Use names such as {local_devices()[:2]}."
+            )
         kind, index = spec.device_type.upper(), spec.device_index or 0
-        known = (kind, index) in present if spec.job is None else (spec.job, spec.task or 0, kind, index) in remote
+        known = (
+            (kind, index) in present
+            if spec.job is None
+            else (spec.job, spec.task or 0, kind, index) in remote
+        )
         if not known:
             raise ValueError(
-                f"No device {device!r} in this process. Received: {name}={list(devices)!r}; the devices "
-                f"are {sorted(d.name for d in tf.config.list_logical_devices())}. Use those, or "
-                "tfpar.configure_devices(N) before TensorFlow starts for N virtual CPU devices.")
+                f"No device {device!r} in this process. Received: {name}={list(devices)!r}; the "
+                f"devices are {sorted(d.name for d in tf.config.list_logical_devices())}. Use "
+                "those, or tfpar.configure_devices(N) before TensorFlow starts for N virtual CPU "
+                "devices."
+            )
     return devices
 
 

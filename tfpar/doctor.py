@@ -1,4 +1,5 @@
-"""``tfpar doctor``: what this machine offers tfpar (versions, devices, the CPU's vector instructions, Horovod)."""
+"""``tfpar doctor``: what this machine offers tfpar (versions, devices, the CPU's vector
+instructions, Horovod)."""
 
 import importlib.util
 import json
@@ -8,7 +9,16 @@ import platform
 __all__ = ["cpu_lines", "horovod_keras_report", "horovod_report", "report", "vector_extensions"]
 
 # The CPU's vector instructions that decide how fast tfpar's float32, bfloat16 and int8 paths run.
-_VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+_VECTOR_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_bf16",
+    "amx_int8",
+)
 
 # A Horovod Keras script in miniature, run as a user's shell would (no TF_USE_LEGACY_KERAS):
 # public API only, one rank.
@@ -19,7 +29,8 @@ hvd.init()
 model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
 model.compile(optimizer=hvd.DistributedOptimizer(tf.optimizers.SGD(0.1)), loss="mse",
               experimental_run_tf_function=False)
-callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+             hvd.callbacks.MetricAverageCallback()]
 model.fit(tf.ones((8, 2)), tf.ones((8, 1)), batch_size=4, epochs=1, verbose=0, callbacks=callbacks)
 print("tfpar-probe-ok", type(model).__module__.split(".")[0])
 """
@@ -41,7 +52,9 @@ def horovod_report() -> dict:
     if os.path.exists(note_path):
         with open(note_path, encoding="utf-8") as f:
             note = json.load(f)
-    controllers = [name for name, ok in (("Gloo", hvd.gloo_built()), ("MPI", hvd.mpi_built())) if ok]
+    controllers = [
+        name for name, ok in (("Gloo", hvd.gloo_built()), ("MPI", hvd.mpi_built())) if ok
+    ]
     return {
         "installed": True,
         "importable": True,
@@ -67,10 +80,18 @@ def horovod_keras_report() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     try:
-        done = subprocess.run([sys.executable, "-c", _KERAS_PROBE], capture_output=True, text=True,
-                              env=env, timeout=_KERAS_PROBE_TIMEOUT_SECONDS)
+        done = subprocess.run(
+            [sys.executable, "-c", _KERAS_PROBE],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=_KERAS_PROBE_TIMEOUT_SECONDS,
+        )
     except subprocess.TimeoutExpired:
-        return {"works": False, "error": f"a one-step fit took over {_KERAS_PROBE_TIMEOUT_SECONDS} s"}
+        return {
+            "works": False,
+            "error": f"a one-step fit took over {_KERAS_PROBE_TIMEOUT_SECONDS} s",
+        }
     for line in done.stdout.splitlines():
         if line.startswith("tfpar-probe-ok"):
             return {"works": True, "keras": line.split()[-1]}
@@ -80,16 +101,24 @@ def horovod_keras_report() -> dict:
 
 def job_lines():
     """One line per port a running tfpar job listens on (read from /proc: nothing is sent)."""
-    import ipaddress
-
     from tfpar._local.loopback import job_listeners
 
     listeners = job_listeners()
     if not listeners:
         return ["jobs:        no running tfpar job (no process with a TF_CONFIG listens)"]
-    return [f"jobs:        {name} (pid {pid}) listens on {address}:{port} "
-            f"({'loopback only' if ipaddress.ip_address(address).is_loopback else 'ALL interfaces: see README, Security'})"
-            for name, pid, address, port in listeners]
+    return [
+        f"jobs:        {name} (pid {pid}) listens on {address}:{port} ({_reach(address)})"
+        for name, pid, address, port in listeners
+    ]
+
+
+def _reach(address):
+    """Who can reach a server listening on ``address``."""
+    import ipaddress
+
+    if ipaddress.ip_address(address).is_loopback:
+        return "loopback only"
+    return "ALL interfaces: see README, Security"
 
 
 def vector_extensions(flags: set[str] | None = None) -> list[str]:
@@ -115,11 +144,15 @@ def cpu_lines(flags: set[str] | None = None) -> list[str]:
     if dot:
         int8 = f"int8 dot products in hardware ({', '.join(dot)})"
     else:
-        int8 = ("no int8 dot-product instructions (no avx512_vnni, avx_vnni or amx_int8): int8 TFLite may "
-                "run no faster than float here (bench/quantization.py measures both)")
+        int8 = (
+            "no int8 dot-product instructions (no avx512_vnni, avx_vnni or amx_int8): int8 TFLite "
+            "may run no faster than float here (bench/quantization.py measures both)"
+        )
     policy, reason = choose(cpu_flags=flags)
-    return [f"cpu:         {', '.join(present) or 'none of ' + ', '.join(_VECTOR_FLAGS)}; {int8}",
-            f"precision:   'auto' picks {policy}: {reason}"]
+    return [
+        f"cpu:         {', '.join(present) or 'none of ' + ', '.join(_VECTOR_FLAGS)}; {int8}",
+        f"precision:   'auto' picks {policy}: {reason}",
+    ]
 
 
 def kernels_line(enabled: bool | None = None) -> str:
@@ -136,10 +169,12 @@ def kernels_line(enabled: bool | None = None) -> str:
         enabled = _compat.onednn_enabled()
     if enabled:
         return "kernels:     oneDNN's (TF_ENABLE_ONEDNN_OPTS=0 turns them off)"
-    return ("kernels:     Eigen's (TensorFlow turns oneDNN on by default only on CPUs with AVX-512 "
-            "VNNI or BF16, AVX-VNNI or AMX; TF_ENABLE_ONEDNN_OPTS=1 tries it here). Here a bare "
-            "tf.distribute strategy's step can spend as long again in page faults; "
-            "tfpar's strategies do not")
+    return (
+        "kernels:     Eigen's (TensorFlow turns oneDNN on by default only on CPUs with AVX-512 "
+        "VNNI or BF16, AVX-VNNI or AMX; TF_ENABLE_ONEDNN_OPTS=1 tries it here). Here a bare "
+        "tf.distribute strategy's step can spend as long again in page faults; "
+        "tfpar's strategies do not"
+    )
 
 
 def report() -> list[str]:
@@ -166,14 +201,19 @@ def report() -> list[str]:
         built = hv["built_against"] or "unknown (not built by tfpar install-horovod)"
         lines.append(
             f"horovod:     {hv['version']}, controllers: {', '.join(hv['controllers']) or 'none'}, "
-            f"NCCL: {'yes' if hv['nccl'] else 'no'}, built against TensorFlow {built}")
+            f"NCCL: {'yes' if hv['nccl'] else 'no'}, built against TensorFlow {built}"
+        )
         keras_api = horovod_keras_report()
         if keras_api["works"]:
-            lines.append(f"horovod.tensorflow.keras: works, unchanged scripts run on {keras_api['keras']} "
-                         "(no TF_USE_LEGACY_KERAS needed)")
+            lines.append(
+                f"horovod.tensorflow.keras: works, unchanged scripts run on {keras_api['keras']} "
+                "(no TF_USE_LEGACY_KERAS needed)"
+            )
         else:
-            lines.append(f"horovod.tensorflow.keras: fails ({keras_api['error']}). Horovod's Keras API "
-                         "runs on tf_keras in the build `tfpar install-horovod --force` makes.")
+            lines.append(
+                f"horovod.tensorflow.keras: fails ({keras_api['error']}). Horovod's Keras API "
+                "runs on tf_keras in the build `tfpar install-horovod --force` makes."
+            )
         lines.append(horovod_core_line(hv["patches"]))
     return lines
 
@@ -185,10 +225,18 @@ def horovod_core_line(patches):
     from tfpar.install_horovod import PATCH_ID
 
     legacy = tfpar._SHELL_TF_USE_LEGACY_KERAS in ("1", "true", "True")  # TensorFlow's own test
-    keras = ("tf_keras (TF_USE_LEGACY_KERAS is set)" if legacy else
-             "Keras 3 (TF_USE_LEGACY_KERAS is not set)")
+    keras = (
+        "tf_keras (TF_USE_LEGACY_KERAS is set)"
+        if legacy
+        else "Keras 3 (TF_USE_LEGACY_KERAS is not set)"
+    )
     if patches != PATCH_ID:
-        return (f"horovod.tensorflow: tf.keras is {keras}; this build predates tfpar's Keras 3 patches "
-                "(Keras 3 variables fail in its tapes): rebuild with `tfpar install-horovod --force`")
-    return (f"horovod.tensorflow: takes the script's own Keras; tf.keras is {keras}. Keras 3 variables, "
-            "optimizers (DistributedOptimizer), tapes and SyncBatchNormalization work as tf_keras ones do")
+        return (
+            f"horovod.tensorflow: tf.keras is {keras}; this build predates tfpar's Keras 3 patches "
+            "(Keras 3 variables fail in its tapes): rebuild with `tfpar install-horovod --force`"
+        )
+    return (
+        f"horovod.tensorflow: takes the script's own Keras; tf.keras is {keras}. Keras 3 "
+        "variables, optimizers (DistributedOptimizer), tapes and SyncBatchNormalization work as "
+        "tf_keras ones do"
+    )

@@ -34,12 +34,16 @@ def load_timeline(folder: str) -> dict:
     """
     path = os.path.join(os.fspath(folder), "timeline.json")
     if not os.path.isdir(folder):
-        raise ValueError(f"tfpar report reads a run's folder. Received: {folder!r}, which is not a folder. "
-                         "Give the DIR of `tfpar launch --timeline DIR` or `tfpar demo --report DIR`.")
+        raise ValueError(
+            f"tfpar report reads a run's folder. Received: {folder!r}, which is not a folder. "
+            "Give the DIR of `tfpar launch --timeline DIR` or `tfpar demo --report DIR`."
+        )
     if not os.path.exists(path):
-        raise ValueError(f"{folder!r} holds no run: no timeline.json in it. Received: {folder!r}. Make one with "
-                         "`tfpar launch --timeline DIR -- ...`, `tfpar demo --report DIR`, or "
-                         "tfpar.callbacks.Timeline('DIR/timeline.json') in fit.")
+        raise ValueError(
+            f"{folder!r} holds no run: no timeline.json in it. Received: {folder!r}. Make one with "
+            "`tfpar launch --timeline DIR -- ...`, `tfpar demo --report DIR`, or "
+            "tfpar.callbacks.Timeline('DIR/timeline.json') in fit."
+        )
     with open(path) as f:
         return json.load(f)
 
@@ -61,8 +65,11 @@ def report(folder: str, out: str | None = None) -> list[str]:
     tracks, counters = _tracks(trace)
     schedule = trace.get("otherData", {}).get("pipeline_schedule")  # what Timeline recorded
     written = []
-    for name, draw in (("throughput", _throughput), ("pipeline", functools.partial(_pipeline, schedule=schedule)),
-                       ("loss_scale", _loss_scale)):
+    for name, draw in (
+        ("throughput", _throughput),
+        ("pipeline", functools.partial(_pipeline, schedule=schedule)),
+        ("loss_scale", _loss_scale),
+    ):
         plt, figure = _figure()
         try:
             if draw(figure, tracks, counters):
@@ -81,8 +88,10 @@ def _figure():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError('tfpar report draws with matplotlib: pip install ".[report]" in the tfpar checkout '
-                          "(or pip install matplotlib)") from None
+        raise ImportError(
+            'tfpar report draws with matplotlib: pip install ".[report]" in the tfpar checkout '
+            "(or pip install matplotlib)"
+        ) from None
     return plt, plt.figure(figsize=(SIZE[0] / _DPI, SIZE[1] / _DPI), dpi=_DPI)
 
 
@@ -99,9 +108,18 @@ def bandwidth_plot(path: str, busbw: dict, limit: float, workers: int = 2) -> st
     try:
         axes = figure.subplots()
         sizes = sorted(busbw)
-        axes.plot([n / 2**20 for n in sizes], [busbw[n] / 1e9 for n in sizes], "o-",
-                  label=f"tfpar's all-reduce over {workers} workers (bus bandwidth)")
-        axes.axhline(limit / 1e9, color="red", linestyle="--", label="loopback TCP, one connection (the limit here)")
+        axes.plot(
+            [n / 2**20 for n in sizes],
+            [busbw[n] / 1e9 for n in sizes],
+            "o-",
+            label=f"tfpar's all-reduce over {workers} workers (bus bandwidth)",
+        )
+        axes.axhline(
+            limit / 1e9,
+            color="red",
+            linestyle="--",
+            label="loopback TCP, one connection (the limit here)",
+        )
         axes.set_xscale("log", base=2)
         axes.set_xlabel("message size (MiB)")
         axes.set_ylabel("GB/s")
@@ -116,17 +134,30 @@ def bandwidth_plot(path: str, busbw: dict, limit: float, workers: int = 2) -> st
 
 
 def _tracks(trace):
-    """({(worker, track): [(start s, end s, name)] by start}, {counter: {worker: [(time s, value)]}})."""
-    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    """({(worker, track): [(start s, end s, name)] by start}, {counter: {worker: [(time s,
+    value)]}})."""
+    names = {
+        (e["pid"], e.get("tid")): e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e.get("name") == "thread_name"
+    }
     tracks, counters = {}, {}
     for e in trace["traceEvents"]:
         if e.get("ph") == "X" and (e["pid"], e.get("tid")) in names:
             tracks.setdefault((e["pid"], names[e["pid"], e["tid"]]), []).append(
-                (e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, e["name"]))
+                (e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, e["name"])
+            )
         elif e.get("ph") == "C":
-            counters.setdefault(e["name"], {}).setdefault(e["pid"], []).append((e["ts"] / 1e6, e["args"][e["name"]]))
-    return ({k: sorted(v) for k, v in tracks.items()},
-            {name: {w: sorted(v) for w, v in by_worker.items()} for name, by_worker in counters.items()})
+            counters.setdefault(e["name"], {}).setdefault(e["pid"], []).append(
+                (e["ts"] / 1e6, e["args"][e["name"]])
+            )
+    return (
+        {k: sorted(v) for k, v in tracks.items()},
+        {
+            name: {w: sorted(v) for w, v in by_worker.items()}
+            for name, by_worker in counters.items()
+        },
+    )
 
 
 def _throughput(figure, tracks, counters):
@@ -138,9 +169,13 @@ def _throughput(figure, tracks, counters):
     rate, wait, *more = figure.subplots(3 if efficiency else 2, 1, sharex=True)
     if efficiency:
         for w, values in sorted(efficiency.items()):
-            more[0].plot([t - origin for t, _ in values], [v for _, v in values], "o-", label=f"worker {w}")
+            more[0].plot(
+                [t - origin for t, _ in values], [v for _, v in values], "o-", label=f"worker {w}"
+            )
         more[0].set_ylabel("scaling efficiency\n(each epoch)")
-        more[0].set_ylim(0, max(1.05, max(v for values in efficiency.values() for _, v in values) * 1.05))
+        more[0].set_ylim(
+            0, max(1.05, max(v for values in efficiency.values() for _, v in values) * 1.05)
+        )
     for w in workers:
         steps = tracks[w, "step"][1:]  # the first step traces the training function
         if not steps:
@@ -148,7 +183,9 @@ def _throughput(figure, tracks, counters):
         t = np.array([s[0] - origin for s in steps])
         seconds = np.array([s[1] - s[0] for s in steps])
         window = min(9, len(seconds))
-        smooth = np.array([np.median(seconds[max(0, i - window + 1):i + 1]) for i in range(len(seconds))])
+        smooth = np.array(
+            [np.median(seconds[max(0, i - window + 1) : i + 1]) for i in range(len(seconds))]
+        )
         rate.plot(t, 1 / np.maximum(smooth, 1e-9), label=f"worker {w}")
         waits = dict(((round(a, 6)), b - a) for a, b, _ in tracks.get((w, "input wait"), []))
         share = [waits.get(round(s[0], 6), 0.0) / max(s[1] - s[0], 1e-9) for s in steps]
@@ -164,8 +201,12 @@ def _throughput(figure, tracks, counters):
 
 
 def _pipeline(figure, tracks, counters, schedule=None):
-    stages = sorted((name for w, name in tracks if w == 0 and name.startswith("stage ")),
-                    key=lambda n: [int(part) for part in n.replace("(", " ").replace(")", " ").split() if part.isdigit()])
+    stages = sorted(
+        (name for w, name in tracks if w == 0 and name.startswith("stage ")),
+        key=lambda n: [
+            int(part) for part in n.replace("(", " ").replace(")", " ").split() if part.isdigit()
+        ],
+    )
     if not stages:
         return False
     steps = tracks[0, "step"]
@@ -181,9 +222,19 @@ def _pipeline(figure, tracks, counters, schedule=None):
         axes.broken_barh([(0, last - first)], (row - 0.4, 0.8), color="#f2c4c4", zorder=0)  # idle
         for a, b, label in events:
             color = {"F": "#4c72b0", "W": "#55a868"}.get(label[0], "#dd8452")
-            axes.broken_barh([(a - first, b - a)], (row - 0.4, 0.8), color=color, edgecolor="white", zorder=1)
+            axes.broken_barh(
+                [(a - first, b - a)], (row - 0.4, 0.8), color=color, edgecolor="white", zorder=1
+            )
             if b - a > (last - first) / 60:
-                axes.text((a + b) / 2 - first, row, label, ha="center", va="center", color="white", fontsize=8)
+                axes.text(
+                    (a + b) / 2 - first,
+                    row,
+                    label,
+                    ha="center",
+                    va="center",
+                    color="white",
+                    fontsize=8,
+                )
             busy += b - a
     p = len(stages)
     if schedule is None:
@@ -193,9 +244,11 @@ def _pipeline(figure, tracks, counters, schedule=None):
     axes.set_yticks(range(p), stages)
     axes.invert_yaxis()
     axes.set_xlabel("seconds since the step's first instruction (median step)")
-    axes.set_title(f"Pipeline schedule of the median step: F forward (blue), B backward (orange), W weights (green)\n"
-                   f"bubble (shaded): measured {measured:.3f}, theory {formula} = {theory:.3f} "
-                   f"for p={p} stages, m={m} microbatches")
+    axes.set_title(
+        "Pipeline schedule of the median step: F forward (blue), B backward (orange), W weights "
+        f"(green)\nbubble (shaded): measured {measured:.3f}, theory {formula} = {theory:.3f} for "
+        f"p={p} stages, m={m} microbatches"
+    )
     figure.tight_layout()
     return True
 
@@ -207,9 +260,14 @@ def _bubble_theory(recorded):
     from tfpar.pipeline.schedule import SCHEDULES, make_schedule
 
     v = recorded.get("virtual_stages", 1)
-    schedule = make_schedule(recorded["name"], recorded["num_stages"], recorded["num_microbatches"],
-                             virtual_stages=v if SCHEDULES[recorded["name"]].default_virtual_stages else None)
-    formula = schedule.bubble_formula.split(" with ")[0].replace("v·m", f"{v}m")  # at F = B = W, as drawn
+    schedule = make_schedule(
+        recorded["name"],
+        recorded["num_stages"],
+        recorded["num_microbatches"],
+        virtual_stages=v if SCHEDULES[recorded["name"]].default_virtual_stages else None,
+    )
+    # at F = B = W, as drawn
+    formula = schedule.bubble_formula.split(" with ")[0].replace("v·m", f"{v}m")
     return schedule.bubble_fraction, formula, schedule.num_microbatches
 
 
@@ -225,7 +283,12 @@ def _loss_scale(figure, tracks, counters):
         axes.step(t, scale, where="post", label=f"worker {w}")
         skipped = np.flatnonzero(scale[1:] < scale[:-1]) + 1
         if len(skipped):
-            axes.plot(t[skipped], scale[skipped], "rv", label=f"worker {w}: skipped steps ({len(skipped)})")
+            axes.plot(
+                t[skipped],
+                scale[skipped],
+                "rv",
+                label=f"worker {w}: skipped steps ({len(skipped)})",
+            )
     axes.set_yscale("log", base=2)
     axes.set_xlabel("seconds since the first step")
     axes.set_ylabel("loss scale")

@@ -22,8 +22,8 @@ from tfpar._compat.collectives import (
 )
 from tfpar._compat.distribute import (
     CROSS_DEVICE_OPS_HOOKS,
-    CollectiveAllReduceExtended,
     MIRRORED_EXTENDED_HOOKS,
+    CollectiveAllReduceExtended,
     Mirrored,
     MirroredExtended,
     PerReplica,
@@ -69,9 +69,9 @@ from tfpar._compat.ray import (
     ray_resources_per_worker,
 )
 from tfpar._compat.tf_keras import (
-    DatasetCreatorAdapter,
     KERAS_CALLBACK_HOOKS,
     KERAS_READS_FROM_EXTENDED,
+    DatasetCreatorAdapter,
     print_msg,
     random_generator_type,
     replace_data_adapter,

@@ -38,8 +38,9 @@ def _let_tensorflow_patch_now():
     import tensorflow as tf
 
     with tf.device("/cpu:0"):
-        nothing = tf.data.Dataset.from_generator(lambda: iter(()),
-                                                 output_signature=tf.TensorSpec([], tf.int32))
+        nothing = tf.data.Dataset.from_generator(
+            lambda: iter(()), output_signature=tf.TensorSpec([], tf.int32)
+        )
         for _ in nothing:
             pass
 
@@ -80,13 +81,17 @@ def keep_malloc_policy():
         try:
             _let_tensorflow_patch_now()
         except Exception as error:  # an optimisation: the strategy still works without it
-            _log.warning("tfpar could not keep glibc's allocation policy (%s): under TensorFlow's "
-                         "Eigen kernels a step may spend longer in page faults", error)
+            _log.warning(
+                "tfpar could not keep glibc's allocation policy (%s): under TensorFlow's "
+                "Eigen kernels a step may spend longer in page faults",
+                error,
+            )
             return
         for param, value in _thresholds():
             if not _mallopt(param, value):
-                _log.debug("mallopt(%d, %d) was refused; the C library keeps its policy", param,
-                           value)
+                _log.debug(
+                    "mallopt(%d, %d) was refused; the C library keeps its policy", param, value
+                )
                 return
 
 

@@ -38,10 +38,19 @@ MirroredExtended = _mirrored_strategy.MirroredExtended
 
 
 MIRRORED_EXTENDED_HOOKS = (
-    "_get_cross_device_ops", "_reduce_to", "_batch_reduce_to", "_update", "_replica_ctx_all_reduce",
-    "_get_variable_creator_initial_value", "_experimental_distribute_dataset",
-    "_distribute_datasets_from_function", "_num_replicas_in_sync", "_in_multi_worker_mode",
-    "_get_replica_id_in_sync_group", "_get_local_replica_id", "_input_workers_with_options",
+    "_get_cross_device_ops",
+    "_reduce_to",
+    "_batch_reduce_to",
+    "_update",
+    "_replica_ctx_all_reduce",
+    "_get_variable_creator_initial_value",
+    "_experimental_distribute_dataset",
+    "_distribute_datasets_from_function",
+    "_num_replicas_in_sync",
+    "_in_multi_worker_mode",
+    "_get_replica_id_in_sync_group",
+    "_get_local_replica_id",
+    "_input_workers_with_options",
     "_container_strategy",
 )
 """MirroredExtended members HorovodStrategy overrides or calls (the strategy-author hooks TensorFlow
@@ -53,8 +62,9 @@ CROSS_DEVICE_OPS_HOOKS = ("_gather",)
 
 
 CollectiveAllReduceExtended = _collective_strategy.CollectiveAllReduceExtended
-"""Base of the multi-worker `DataParallel`'s extended, as MirroredExtended is of the one-host one: the
-gradient compression and accumulation hooks (`_batch_reduce_to`, `_update`) have no public API."""
+"""Base of the multi-worker `DataParallel`'s extended, as MirroredExtended is of the one-host one:
+the gradient compression and accumulation hooks (`_batch_reduce_to`, `_update`) have no public
+API."""
 
 
 Mirrored = _values.Mirrored
@@ -66,8 +76,8 @@ PerReplica = _values.PerReplica
 
 
 def mirrored(components):
-    """The Mirrored value of a reduction's per-device results, built as TensorFlow's own cross-device
-    ops build theirs (one device: the tensor itself)."""
+    """The Mirrored value of a reduction's per-device results, built as TensorFlow's own
+    cross-device ops build theirs (one device: the tensor itself)."""
     return _distribute_utils.regroup(tuple(components), wrap_class=Mirrored)
 
 
@@ -81,12 +91,15 @@ get_distributed_dataset = _input_util.get_distributed_dataset
 
 
 get_distributed_datasets_from_function = _input_util.get_distributed_datasets_from_function
-"""The same for distribute_datasets_from_function, with tfpar's own input context (shard by rank)."""
+"""The same for distribute_datasets_from_function, with tfpar's own input context (shard by
+rank)."""
 
 
 def in_xla_context():
     """Whether the graph being built is compiled by XLA (no public query)."""
-    return _control_flow_util.GraphOrParentsInXlaContext(__import__("tensorflow").compat.v1.get_default_graph())
+    return _control_flow_util.GraphOrParentsInXlaContext(
+        __import__("tensorflow").compat.v1.get_default_graph()
+    )
 
 
 def unwrap_initial_value(initial):
@@ -116,10 +129,11 @@ writes and reads tensors of its own making under its place in a checkpoint's obj
 
 
 def stop_removing_functions():
-    """From now on a garbage-collected tf.function stays in the eager context. A context connected to
-    a cluster removes each one from every remote task too, and logs four error lines per task when
-    that fails; once the job's servers are gone (at exit, after `ParameterServer.shutdown`) it can
-    only fail. TensorFlow has no public switch; the private method is replaced on this context only."""
+    """From now on a garbage-collected tf.function stays in the eager context. A context connected
+    to a cluster removes each one from every remote task too, and logs four error lines per task
+    when that fails; once the job's servers are gone (at exit, after `ParameterServer.shutdown`) it
+    can only fail. TensorFlow has no public switch; the private method is replaced on this context
+    only."""
     from tensorflow.python.eager import context
 
     context.context().remove_function = lambda name: None

@@ -24,10 +24,17 @@ def layer_nodes_in(model, layer):
     "<layer name>_ib-<index>" in the model's _network_nodes, Keras 3 "<id(layer)>_ib-<index>" in
     its graph's _nodes (no public query in either)."""
     if hasattr(model, "_network_nodes"):
-        return [node for index, node in enumerate(layer.inbound_nodes)
-                if f"{layer.name}_ib-{index}" in model._network_nodes]
+        return [
+            node
+            for index, node in enumerate(layer.inbound_nodes)
+            if f"{layer.name}_ib-{index}" in model._network_nodes
+        ]
     nodes = _keras3_graph(model)._nodes
-    return [node for index, node in enumerate(layer._inbound_nodes) if f"{id(layer)}_ib-{index}" in nodes]
+    return [
+        node
+        for index, node in enumerate(layer._inbound_nodes)
+        if f"{id(layer)}_ib-{index}" in nodes
+    ]
 
 
 class _EachUse(dict):
@@ -38,20 +45,39 @@ class _EachUse(dict):
 
 
 def graph_steps(model):
-    """A Sequential/Functional model's graph as ``(input keys, steps, output keys)``, the steps in an
-    order that computes every input first: ``(layer, input keys, output keys, fill)`` where
+    """A Sequential/Functional model's graph as ``(input keys, steps, output keys)``, the steps in
+    an order that computes every input first: ``(layer, input keys, output keys, fill)`` where
     ``fill(values)`` gives the layer's ``(args, kwargs)`` from the computed values by key. tf_keras
     keeps its nodes in _nodes_by_depth with _tensor ids as strings; Keras 3 in its graph's
     _nodes_by_depth with ids (no public walk in either)."""
     graph = model if hasattr(model, "_network_nodes") else _keras3_graph(model)
-    nodes = [node for depth in sorted(graph._nodes_by_depth, reverse=True)
-             for node in graph._nodes_by_depth[depth] if not node.is_input]
+    nodes = [
+        node
+        for depth in sorted(graph._nodes_by_depth, reverse=True)
+        for node in graph._nodes_by_depth[depth]
+        if not node.is_input
+    ]
     if hasattr(model, "_network_nodes"):  # tf_keras
-        steps = [(node.layer, list(node.flat_input_ids), list(node.flat_output_ids),
-                  lambda values, node=node: node.map_arguments(_EachUse(values))) for node in nodes]
+        steps = [
+            (
+                node.layer,
+                list(node.flat_input_ids),
+                list(node.flat_output_ids),
+                lambda values, node=node: node.map_arguments(_EachUse(values)),
+            )
+            for node in nodes
+        ]
         return [str(id(t)) for t in graph.inputs], steps, [str(id(t)) for t in graph.outputs]
-    steps = [(node.operation, [id(t) for t in node.input_tensors], [id(t) for t in node.outputs],
-              lambda values, node=node: node.arguments.fill_in(values)) for node in nodes if node.operation]
+    steps = [
+        (
+            node.operation,
+            [id(t) for t in node.input_tensors],
+            [id(t) for t in node.outputs],
+            lambda values, node=node: node.arguments.fill_in(values),
+        )
+        for node in nodes
+        if node.operation
+    ]
     return [id(t) for t in graph.inputs], steps, [id(t) for t in graph.outputs]
 
 

@@ -19,16 +19,17 @@ def keras3_start_at_epoch(model, epoch):
 
 
 def keras3_data_adapter_class():
-    """Keras 3's DataAdapter base: ``fit`` takes an instance of it as it is (no public name); tfpar's
-    parameter-server input is one, so that Keras 3 hands it to tfpar, which refuses it clearly."""
+    """Keras 3's DataAdapter base: ``fit`` takes an instance of it as it is (no public name);
+    tfpar's parameter-server input is one, so that Keras 3 hands it to tfpar, which refuses it
+    clearly."""
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
     return DataAdapter
 
 
 def keras3_tf_optimizer_class(keras_module):
-    """Keras 3's TensorFlow optimizer base, whose ``_all_reduce_sum_gradients`` tfpar marks so that a
-    strategy knows which reduction carries the gradients (Keras 3 passes no variables to it); None
+    """Keras 3's TensorFlow optimizer base, whose ``_all_reduce_sum_gradients`` tfpar marks so that
+    a strategy knows which reduction carries the gradients (Keras 3 passes no variables to it); None
     for tf_keras or another backend."""
     if not hasattr(keras_module, "config") or keras_module.config.backend() != "tensorflow":
         return None
@@ -55,12 +56,14 @@ def keras3_compute_loss(model, y, y_pred, sample_weight):
     """A training step's loss of a Keras 3 model as its own ``train_step`` computes it: the compiled
     loss plus ``model.losses`` (``Model._compute_loss``; the public ``compute_loss`` is the
     override point of subclasses and takes ``x``)."""
-    return model._compute_loss(x=None, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+    return model._compute_loss(
+        x=None, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+    )
 
 
 def keras3_loss_tracker(model):
-    """The metric a Keras 3 model's ``train_step`` records the step's loss in (``Model._loss_tracker``,
-    which ``fit`` reports as "loss"; no public name)."""
+    """The metric a Keras 3 model's ``train_step`` records the step's loss in
+    (``Model._loss_tracker``, which ``fit`` reports as "loss"; no public name)."""
     return model._loss_tracker
 
 

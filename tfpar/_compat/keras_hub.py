@@ -28,9 +28,10 @@ def keras_hub_fit(model, x):
             "dataset (tfpar.data.distribute's) cannot be mapped. Received: a "
             f"{type(model).__name__} with preprocessor {type(preprocessor).__name__} and a "
             "distributed dataset. Map it in the input pipeline before tfpar.data.distribute "
-            "(dataset.map(model.preprocessor)), then set model.preprocessor = None.")
+            "(dataset.map(model.preprocessor)), then set model.preprocessor = None."
+        )
     classes = type(model).__mro__
-    for cls in classes[classes.index(pipeline) + 1:]:
+    for cls in classes[classes.index(pipeline) + 1 :]:
         if "fit" in vars(cls):
             return vars(cls)["fit"]
     return None

@@ -27,10 +27,11 @@ def _keras_fit_codes():
 
 
 def fit_arguments(model, names=("x", "initial_epoch")):
-    """``{name: value}`` of the ``fit`` of ``model`` running in this thread (``None`` outside one), read
-    from Keras' own ``fit`` frame: a callback learns when ``fit`` calls it, but not what ``fit`` was
-    given, and Keras keeps the input nowhere else (neither Keras changes ``x`` or ``initial_epoch``
-    before ``on_train_begin``, except ``x`` under ``validation_split``, which takes arrays only)."""
+    """``{name: value}`` of the ``fit`` of ``model`` running in this thread (``None`` outside one),
+    read from Keras' own ``fit`` frame: a callback learns when ``fit`` calls it, but not what
+    ``fit`` was given, and Keras keeps the input nowhere else (neither Keras changes ``x`` or
+    ``initial_epoch`` before ``on_train_begin``, except ``x`` under ``validation_split``, which
+    takes arrays only)."""
     codes = _keras_fit_codes()
     frame = sys._getframe(1)
     while frame is not None:
@@ -47,8 +48,9 @@ def flatten_layers(model):
 
 
 def given_learning_rate(optimizer):
-    """What the optimizer was given as its rate (a number or a schedule): the public getter returns a
-    schedule's current value instead (new optimizers keep it in _learning_rate, legacy in _hyper)."""
+    """What the optimizer was given as its rate (a number or a schedule): the public getter returns
+    a schedule's current value instead (new optimizers keep it in _learning_rate, legacy in
+    _hyper)."""
     if hasattr(optimizer, "_learning_rate"):
         return optimizer._learning_rate
     return getattr(optimizer, "_hyper", {}).get("learning_rate")

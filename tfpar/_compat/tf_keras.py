@@ -29,8 +29,8 @@ batch hooks under a ParameterServer) only through this private method."""
 
 
 print_msg = _io_utils.print_msg
-"""Keras' own printer: stdout, or absl logging once interactive logging is off (HorovodStrategy turns
-it off on ranks other than 0); tf_keras keeps it private."""
+"""Keras' own printer: stdout, or absl logging once interactive logging is off (HorovodStrategy
+turns it off on ranks other than 0); tf_keras keeps it private."""
 
 
 DatasetCreatorAdapter = _data_adapter.DatasetCreatorAdapter
@@ -46,14 +46,17 @@ def tf_keras_resume_point(model, steps_per_epoch, initial_epoch):
         return initial_epoch, 0
     from tf_keras.src.utils.mode_keys import ModeKeys
 
-    epoch, step = state.maybe_load_initial_counters_from_ckpt(steps_per_epoch, initial_epoch, ModeKeys.TRAIN)
+    epoch, step = state.maybe_load_initial_counters_from_ckpt(
+        steps_per_epoch, initial_epoch, ModeKeys.TRAIN
+    )
     return int(epoch), int(step)
 
 
 def tf_keras_set_resume_point(model, epoch, step, steps_per_epoch):
-    """Makes tf_keras' ``fit`` continue at ``step`` of ``epoch`` (0-based) instead of where its restored
-    counters stand: the counters its BackupAndRestore restored (the last step trained) are set to the step
-    before (step 0: the last of the epoch before), which ``fit`` reads after ``on_train_begin``."""
+    """Makes tf_keras' ``fit`` continue at ``step`` of ``epoch`` (0-based) instead of where its
+    restored counters stand: the counters its BackupAndRestore restored (the last step trained) are
+    set to the step before (step 0: the last of the epoch before), which ``fit`` reads after
+    ``on_train_begin``."""
     state = model._training_state
     last = (epoch, step - 1) if step else (epoch - 1, steps_per_epoch - 1)
     state._ckpt_saved_epoch.assign(last[0])
@@ -61,17 +64,18 @@ def tf_keras_set_resume_point(model, epoch, step, steps_per_epoch):
 
 
 def tf_keras_model_class():
-    """tf_keras' ``Model`` as defined (``tf_keras.Model`` is the same class): its ``__init__`` runs for
-    every tf_keras model and sets the strategy the model belongs to. Keras has no hook where a model
-    is created; `tfpar._owned` wraps this constructor while a tfpar strategy's scope is entered."""
+    """tf_keras' ``Model`` as defined (``tf_keras.Model`` is the same class): its ``__init__`` runs
+    for every tf_keras model and sets the strategy the model belongs to. Keras has no hook where a
+    model is created; `tfpar._owned` wraps this constructor while a tfpar strategy's scope is
+    entered."""
     from tf_keras.src.engine.training import Model
 
     return Model if "__init__" in Model.__dict__ else None
 
 
 def take_logs_as_they_are(callback):
-    """Lets tf_keras hand ``callback`` its logs as they are, tensors and all, with no copy to numpy at
-    every step (``Callback._supports_tf_logs``, read by tf_keras' CallbackList; no public switch;
+    """Lets tf_keras hand ``callback`` its logs as they are, tensors and all, with no copy to numpy
+    at every step (``Callback._supports_tf_logs``, read by tf_keras' CallbackList; no public switch;
     Keras 3 hands every callback its logs as they are). For a callback that reads at most the loss,
     once a step, or no logs. Returns it."""
     callback._supports_tf_logs = True

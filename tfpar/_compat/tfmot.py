@@ -9,11 +9,15 @@ __all__ = [
 
 
 def tfmot_wrapper_classes():
-    """``(PruneLowMagnitude, ClusterWeights)``: the layers TFMOT's pruning and clustering wrap a layer
-    in, to see whether a model still wears them (TFMOT exports only the functions that add and strip
-    them)."""
-    from tensorflow_model_optimization.python.core.clustering.keras.cluster_wrapper import ClusterWeights
-    from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper import PruneLowMagnitude
+    """``(PruneLowMagnitude, ClusterWeights)``: the layers TFMOT's pruning and clustering wrap a
+    layer in, to see whether a model still wears them (TFMOT exports only the functions that add and
+    strip them)."""
+    from tensorflow_model_optimization.python.core.clustering.keras.cluster_wrapper import (
+        ClusterWeights,
+    )
+    from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper import (
+        PruneLowMagnitude,
+    )
 
     return PruneLowMagnitude, ClusterWeights
 
@@ -21,7 +25,9 @@ def tfmot_wrapper_classes():
 def tfmot_can_cluster(layer):
     """Whether TFMOT's registry knows how to cluster a built-in ``layer`` (``cluster_weights`` fails
     deep inside otherwise; TFMOT has no public query)."""
-    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
+    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import (
+        ClusteringRegistry,
+    )
 
     return ClusteringRegistry.supports(layer)
 

@@ -1,4 +1,5 @@
-"""tfpar's input under Horovod's elastic API: every example once per epoch across resets and resizes.
+"""tfpar's input under Horovod's elastic API: every example once per epoch across resets and
+resizes.
 
 Horovod Elastic (``hvd.elastic.run``, ``hvd.elastic.KerasState``, ``state.commit()``) re-forms its
 ring in memory when a rank is lost or a host joins, and rolls every rank back to the last commit.
@@ -60,18 +61,24 @@ class ElasticInput:
         if not (hasattr(state, "epoch") and hasattr(state, "batch")):
             raise TypeError(
                 "state must be Horovod's elastic state with the input's position in it. Received: "
-                f"state={state!r}, without epoch and batch. Pass hvd.elastic.KerasState(model, batch=0, epoch=0).")
+                f"state={state!r}, without epoch and batch. Pass hvd.elastic.KerasState(model, "
+                "batch=0, epoch=0)."
+            )
         if options.setdefault("shard_policy", "data") != "data":
             raise ValueError(
-                f"Received: shard_policy={options['shard_policy']!r}. Under Horovod Elastic the number of ranks "
-                "changes, and only DATA sharding gives a step the same examples for every number: leave "
-                'shard_policy out (it is "data").')
+                f"Received: shard_policy={options['shard_policy']!r}. Under Horovod Elastic the "
+                "number of ranks "
+                "changes, and only DATA sharding gives a step the same examples for every number: "
+                "leave "
+                'shard_policy out (it is "data").'
+            )
         self.config = InputConfig(global_batch_size=global_batch_size, **options)
         if self.config.shuffle_buffer and self.config.seed is None:
             raise ValueError(
-                f"Received: shuffle_buffer={self.config.shuffle_buffer} and seed=None. A rank that joins, or one "
-                "that rolls back, must build the epoch's order again, and an unseeded shuffle has a new order in "
-                "each process. Pass seed=N.")
+                f"Received: shuffle_buffer={self.config.shuffle_buffer} and seed=None. A rank that "
+                "joins, or one that rolls back, must build the epoch's order again, and an "
+                "unseeded shuffle has a new order in each process. Pass seed=N."
+            )
         self.source, self.state = source, state
         self._sizes = None
         self._steps: int | None = None
@@ -84,9 +91,9 @@ class ElasticInput:
         return self._steps
 
     def dataset(self) -> Any:
-        """This rank's per-rank batches from ``state.epoch``'s step ``state.batch`` on, for the ranks
-        the job has now (call it inside the function ``hvd.elastic.run`` wraps: after a reset it
-        builds the input of the new world).
+        """This rank's per-rank batches from ``state.epoch``'s step ``state.batch`` on, for the
+        ranks the job has now (call it inside the function ``hvd.elastic.run`` wraps: after a reset
+        it builds the input of the new world).
 
         Raises:
             ValueError: ``global_batch_size`` does not divide by ``hvd.size()``.
@@ -98,18 +105,29 @@ class ElasticInput:
     def _stream(self, ranks, rank, epoch, step):
         if self._sizes is None:
             self._sizes = measure(self.source, self.config)
-        dataset, plan = worker_stream(self.source, self.config, num_workers=ranks, worker_index=rank,
-                                      num_replicas=ranks, epoch=epoch, step=step, sizes=self._sizes)
+        dataset, plan = worker_stream(
+            self.source,
+            self.config,
+            num_workers=ranks,
+            worker_index=rank,
+            num_replicas=ranks,
+            epoch=epoch,
+            step=step,
+            sizes=self._sizes,
+        )
         if plan.steps is None:
             raise ValueError(
-                "source must be finite: an epoch is one pass over it, and the position Horovod rolls back to "
-                "counts its steps. Received: an infinite dataset (a .repeat()?). Pass one pass of the examples.")
+                "source must be finite: an epoch is one pass over it, and the position Horovod "
+                "rolls back to counts its steps. Received: an infinite dataset (a .repeat()?). "
+                "Pass one pass of the examples."
+            )
         return dataset, plan.steps
 
     def callback(self) -> Any:
-        """The Keras callback that keeps ``state.epoch`` and ``state.batch`` in global steps and ends a
-        resumed epoch where its steps end. Put it before ``hvd.elastic.CommitStateCallback(state)``,
-        instead of Horovod's ``UpdateEpochStateCallback`` and ``UpdateBatchStateCallback``."""
+        """The Keras callback that keeps ``state.epoch`` and ``state.batch`` in global steps and
+        ends a resumed epoch where its steps end. Put it before
+        ``hvd.elastic.CommitStateCallback(state)``, instead of Horovod's
+        ``UpdateEpochStateCallback`` and ``UpdateBatchStateCallback``."""
         return _Position(self)
 
 
@@ -126,22 +144,32 @@ class _Position(keras.callbacks.Callback):
         steps = self.params.get("steps")
         if steps != self.input.steps_per_epoch:
             raise ValueError(
-                f"Received: steps_per_epoch={steps}. The input's position counts steps of its epochs, "
-                f"{self.input.steps_per_epoch} of them: pass steps_per_epoch=train.steps_per_epoch.")
-        self._first_epoch, self._keras_first, self._skip = int(self.state.epoch), None, int(self.state.batch)
+                f"Received: steps_per_epoch={steps}. The input's position counts steps of its "
+                f"epochs, {self.input.steps_per_epoch} of them: pass "
+                "steps_per_epoch=train.steps_per_epoch."
+            )
+        self._first_epoch, self._keras_first, self._skip = (
+            int(self.state.epoch),
+            None,
+            int(self.state.batch),
+        )
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._keras_first is None:
             self._keras_first = epoch
         self._epoch = self._first_epoch + epoch - self._keras_first
-        self._before = self._skip if self._epoch == self._first_epoch else 0  # Keras numbers the batches from 0
+        # Keras numbers the batches from 0
+        self._before = self._skip if self._epoch == self._first_epoch else 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self._done = self._before + batch + 1  # the batch index: steps_per_execution > 1 calls once for several
+        # the batch index: steps_per_execution > 1 calls once for several
+        self._done = self._before + batch + 1
         if self._done >= self.params["steps"]:  # the epoch's steps are trained
             self.state.epoch, self.state.batch = self._epoch + 1, 0
             if self._epoch == self._first_epoch and self._skip:
-                self.model.stop_training = END_OF_RESUMED_EPOCH  # Keras would run a whole epoch's steps
+                self.model.stop_training = (
+                    END_OF_RESUMED_EPOCH  # Keras would run a whole epoch's steps
+                )
         else:
             self.state.batch = self._done
 
@@ -157,12 +185,15 @@ def _check_order(position, callbacks):
     theirs = [n for n in names if n in _HOROVODS_STATE_CALLBACKS]
     if theirs:
         raise ValueError(
-            f"Received: {', '.join(theirs)} beside ElasticInput.callback(). Both set state.batch and state.epoch, "
-            "Horovod's in batches of the old number of ranks: remove Horovod's, the input's callback keeps them.")
+            f"Received: {', '.join(theirs)} beside ElasticInput.callback(). Both set state.batch "
+            "and state.epoch, Horovod's in batches of the old number of ranks: remove Horovod's, "
+            "the input's callback keeps them."
+        )
     ours = next((i for i, c in enumerate(callbacks) if c is position), None)
     commit = next((i for i, n in enumerate(names) if n == "CommitStateCallback"), None)
     if ours is not None and commit is not None and commit < ours:
         raise ValueError(
-            "Received: hvd.elastic.CommitStateCallback before ElasticInput.callback() in fit's callbacks. A commit "
-            "then records the step's weights with the step before's position, and a rollback trains that step "
-            "twice: put the input's callback first.")
+            "Received: hvd.elastic.CommitStateCallback before ElasticInput.callback() in fit's "
+            "callbacks. A commit then records the step's weights with the step before's position, "
+            "and a rollback trains that step twice: put the input's callback first."
+        )

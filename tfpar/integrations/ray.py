@@ -19,7 +19,8 @@ Example (README, "More than one machine"):
     ...         model = build_model(); model.compile("adam", "sparse_categorical_crossentropy")
     ...     start = tfpar.integrations.ray.restore(model)
     ...     train = tfpar.data.distribute(make_dataset, strategy, 64)
-    ...     model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=10, initial_epoch=start,
+    ...     model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=10,
+    initial_epoch=start,
     ...               callbacks=[tfpar.integrations.ray.ReportCheckpoints()])
 """
 
@@ -50,7 +51,9 @@ def check_resources(scaling_config: Any) -> None:
     # computes it in a private property, so the public fields stand in where it is gone.
     per_worker = _compat.ray_resources_per_worker(scaling_config)
     if per_worker is None:
-        per_worker = scaling_config.resources_per_worker or ({"GPU": 1} if scaling_config.use_gpu else {"CPU": 1})
+        per_worker = scaling_config.resources_per_worker or (
+            {"GPU": 1} if scaling_config.use_gpu else {"CPU": 1}
+        )
     per_worker = dict(per_worker)
     available = ray.cluster_resources()
     for resource, amount in per_worker.items():
@@ -58,10 +61,11 @@ def check_resources(scaling_config: Any) -> None:
         if needed > available.get(resource, 0):
             raise ValueError(
                 f"The Ray cluster has {available.get(resource, 0):g} {resource} in all, and "
-                f"ScalingConfig(num_workers={scaling_config.num_workers}) asks for {amount:g} per worker "
-                f"({needed:g}); Ray would wait for them without end. Received: {scaling_config}. Use "
-                f"fewer workers, resources_per_worker={{'{resource}': ...}} with less, or a larger cluster "
-                "(ray.init(num_cpus=...), more nodes).")
+                f"ScalingConfig(num_workers={scaling_config.num_workers}) asks for {amount:g} per "
+                f"worker ({needed:g}); Ray would wait for them without end. Received: "
+                f"{scaling_config}. Use fewer workers, resources_per_worker={{'{resource}': ...}} "
+                "with less, or a larger cluster (ray.init(num_cpus=...), more nodes)."
+            )
 
 
 def _checkpoint(model):
@@ -101,7 +105,11 @@ class ReportCheckpoints(keras.callbacks.Callback):
             _checkpoint(self.model).write(os.path.join(folder, _STATE))
             with open(os.path.join(folder, _EPOCH), "w") as f:
                 json.dump({"epoch": epoch + 1}, f)
-            metrics = {key: float(value) for key, value in (logs or {}).items()} | {"epoch": epoch + 1}
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder) if chief else None)
+            metrics = {key: float(value) for key, value in (logs or {}).items()} | {
+                "epoch": epoch + 1
+            }
+            ray.train.report(
+                metrics, checkpoint=ray.train.Checkpoint.from_directory(folder) if chief else None
+            )
         finally:
             shutil.rmtree(folder, ignore_errors=True)

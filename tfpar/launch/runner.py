@@ -187,8 +187,8 @@ def _supervise(job, supervisor, received, options):
         if options.watch is not None:
             try:
                 options.watch()
-            # a membership change (or discovery failing): the job is stopped first
             except Exception:
+                # a membership change (or discovery failing): the job is stopped first
                 job.stop()
                 raise
         codes = {task: proc.poll() for task, proc in job.procs.items()}

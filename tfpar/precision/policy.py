@@ -33,8 +33,16 @@ from tfpar import _compat
 from tfpar._checks import check_choice
 from tfpar._keras import is_keras3, keras, keras3, keras_of, tf
 
-__all__ = ["POLICIES", "PrecisionWarning", "check_output_precision", "choose", "current",
-           "kept_policy", "loss_scale_of", "use"]
+__all__ = [
+    "POLICIES",
+    "PrecisionWarning",
+    "check_output_precision",
+    "choose",
+    "current",
+    "kept_policy",
+    "loss_scale_of",
+    "use",
+]
 
 POLICIES = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 """Names `use` accepts."""
@@ -63,11 +71,15 @@ def _gpu_capabilities():
     capabilities = []
     for gpu in tf.config.list_physical_devices("GPU"):
         details = tf.config.experimental.get_device_details(gpu)
-        capabilities.append((details.get("device_name", gpu.name), details.get("compute_capability")))
+        capabilities.append(
+            (details.get("device_name", gpu.name), details.get("compute_capability"))
+        )
     return capabilities
 
 
-def choose(gpus: Sequence[tuple] | None = None, cpu_flags: set[str] | None = None) -> tuple[str, str]:
+def choose(
+    gpus: Sequence[tuple] | None = None, cpu_flags: set[str] | None = None
+) -> tuple[str, str]:
     """The policy ``"auto"`` means here, and why: ``(name, reason)``.
 
     Args:
@@ -78,9 +90,15 @@ def choose(gpus: Sequence[tuple] | None = None, cpu_flags: set[str] | None = Non
     if gpus:
         slow = [(name, cc) for name, cc in gpus if not cc or tuple(cc) < (7, 0)]
         if not slow:
-            return "mixed_float16", f"every GPU has float16 tensor cores ({gpus[0][0]}, compute capability " \
-                                    f"{'.'.join(map(str, gpus[0][1]))})"
-        return "float32", f"GPU {slow[0][0]} (compute capability {slow[0][1]}) has no float16 tensor cores"
+            return (
+                "mixed_float16",
+                f"every GPU has float16 tensor cores ({gpus[0][0]}, compute capability "
+                f"{'.'.join(map(str, gpus[0][1]))})",
+            )
+        return (
+            "float32",
+            f"GPU {slow[0][0]} (compute capability {slow[0][1]}) has no float16 tensor cores",
+        )
     flags = _cpu_flags() if cpu_flags is None else set(cpu_flags)
     native = sorted(flags & {"avx512_bf16", "amx_bf16"})
     if native:
@@ -106,11 +124,16 @@ def use(policy: str = "auto", *, strict: bool = False) -> str:
     if policy == "auto":
         policy, reason = choose()
         _log.info("precision 'auto' -> %s: %s", policy, reason)
-    elif policy == "mixed_float16" and not any(cc and tuple(cc) >= (7, 0) for _, cc in _gpu_capabilities()):
+    elif policy == "mixed_float16" and not any(
+        cc and tuple(cc) >= (7, 0) for _, cc in _gpu_capabilities()
+    ):
         warnings.warn(
             "mixed_float16 without a GPU that has float16 tensor cores: it runs, emulated, slower "
             "than float32. Use 'mixed_bfloat16' on a CPU with AVX512_BF16/AMX, or 'float32' "
-            "(tfpar.precision.use('auto') picks for you).", PrecisionWarning, stacklevel=2)
+            "(tfpar.precision.use('auto') picks for you).",
+            PrecisionWarning,
+            stacklevel=2,
+        )
     keras.mixed_precision.set_global_policy(policy)
     keras3().mixed_precision.set_global_policy(policy)
     _state["strict"] = strict
@@ -134,7 +157,8 @@ def kept_policy() -> Iterator[None]:
 
 
 def _check_compiles(on):
-    """Wraps both Kerases' ``Model.compile`` with the policy checks (``on``), or puts Keras' own back."""
+    """Wraps both Kerases' ``Model.compile`` with the policy checks (``on``), or puts Keras' own
+    back."""
     for model_class in (keras.Model, keras3().Model):
         if on and model_class not in _wrapped:
             _wrapped[model_class] = model_class.__dict__.get("compile")
@@ -160,8 +184,8 @@ def _checked_compile(compile_method):
 
 
 def loss_scale_of(optimizer: Any) -> float | None:
-    """A LossScaleOptimizer's current loss scale (a variable or tensor: ``dynamic_scale`` in Keras 3,
-    ``loss_scale`` in tf_keras), or None for any other optimizer."""
+    """A LossScaleOptimizer's current loss scale (a variable or tensor: ``dynamic_scale`` in Keras
+    3, ``loss_scale`` in tf_keras), or None for any other optimizer."""
     for name in ("dynamic_scale", "loss_scale"):
         value = getattr(optimizer, name, None)
         if value is not None and not callable(value):
@@ -177,19 +201,24 @@ def current() -> str:
 def check_output_precision(model: Any, strict: bool = False) -> list[str]:
     """Finds outputs computed in 16 bits: warns (or raises) with the fix; returns the messages."""
     problems = []
-    model = getattr(model, "stages", [model])[-1]  # a PipelineModel: its last stage computes the output
+    model = getattr(model, "stages", [model])[
+        -1
+    ]  # a PipelineModel: its last stage computes the output
     for tensor in model.outputs or []:
         dtype = tf.as_dtype(tensor.dtype)  # a tf.DType in tf_keras, a name in Keras 3
         if dtype in (tf.float16, tf.bfloat16):
             layer = _compat.keras_layer_of(tensor)
             problems.append(
                 f"Output {layer.name!r} of {model.name!r} is computed in {dtype.name}, so the loss "
-                f"is too (it loses precision, and float16 overflows). Give the last layer "
-                f"dtype='float32' (e.g. keras.layers.Activation('softmax', dtype='float32') after a "
-                f"Dense) so that only the inner layers run in 16 bits.")
+                "is too (it loses precision, and float16 overflows). Give the last layer "
+                "dtype='float32' (e.g. keras.layers.Activation('softmax', dtype='float32') after "
+                "a Dense) so that only the inner layers run in 16 bits."
+            )
     for message in problems:
         if strict:
-            raise ValueError(message + f" Received: policy {_global_policy(model)!r} with strict=True.")
+            raise ValueError(
+                message + f" Received: policy {_global_policy(model)!r} with strict=True."
+            )
         warnings.warn(message, PrecisionWarning, stacklevel=3)
     return problems
 
@@ -205,20 +234,22 @@ def _check_built_under_the_policy(model):
     policy = _global_policy(model)
     if built_under is not None and built_under != policy:
         raise ValueError(
-            f"Model {model.name!r} was built under the dtype policy {built_under!r} and is compiled "
-            f"under {policy!r}: its layers keep the policy they were built under, so it would "
-            f"train in {built_under}, not in {policy}. Build the model after "
+            f"Model {model.name!r} was built under the dtype policy {built_under!r} and is "
+            f"compiled under {policy!r}: its layers keep the policy they were built under, so it "
+            f"would train in {built_under}, not in {policy}. Build the model after "
             f"tfpar.precision.use({policy!r}) (or call use({built_under!r}) before compiling it). "
-            f"Received: model {model.name!r} ({type(model).__module__.split('.')[0]}), "
-            f"built under {built_under!r}.")
+            f"Received: model {model.name!r} ({type(model).__module__.split('.')[0]}), built under "
+            f"{built_under!r}."
+        )
 
 
 def agree_on_overflow(model, arguments=None):
-    """After ``compile`` of a model of a tfpar strategy: Keras 3's LossScaleOptimizer decides to skip a step from each replica's own gradients
-    before they are reduced (TensorFlow's multi-worker strategy and Horovod reduce them in the
-    step it applies, MirroredStrategy takes the first replica's decision): one replica's
-    overflow would make the replicas part ways, and the next collective hang or apply an inf.
-    Its check here is reduced over the replicas, so they all skip, or all apply, together."""
+    """After ``compile`` of a model of a tfpar strategy: Keras 3's LossScaleOptimizer decides to
+    skip a step from each replica's own gradients before they are reduced (TensorFlow's multi-worker
+    strategy and Horovod reduce them in the step it applies, MirroredStrategy takes the first
+    replica's decision): one replica's overflow would make the replicas part ways, and the next
+    collective hang or apply an inf. Its check here is reduced over the replicas, so they all skip,
+    or all apply, together."""
     optimizer = getattr(model, "optimizer", None)
     if not (is_keras3(optimizer) and isinstance(optimizer, keras3().optimizers.LossScaleOptimizer)):
         return
@@ -229,8 +260,9 @@ def agree_on_overflow(model, arguments=None):
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
             return finite
-        overflows = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
+        overflows = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32)
+        )
         return tf.equal(overflows, 0.0)
 
     optimizer.check_finite = check_finite
-

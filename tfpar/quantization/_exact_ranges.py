@@ -52,7 +52,8 @@ def _global_extreme(variable, value):
 
 def _assign_moving_average(variable, value, decay, zero_debias=True, name=None):
     return _compat.assign_moving_average(
-        variable, _global_extreme(variable, value), decay, zero_debias=zero_debias, name=name)
+        variable, _global_extreme(variable, value), decay, zero_debias=zero_debias, name=name
+    )
 
 
 def _assign(compat, ref, value, name=None):
@@ -79,4 +80,6 @@ def _install():
         return
     train = _View(tf.__internal__.train, assign_moving_average=_assign_moving_average)
     quant_ops.tf = _View(tf, __internal__=_View(tf.__internal__, train=train))
-    quant_ops.tf_compat = _View(quant_ops.tf_compat, assign=functools.partial(_assign, quant_ops.tf_compat))
+    quant_ops.tf_compat = _View(
+        quant_ops.tf_compat, assign=functools.partial(_assign, quant_ops.tf_compat)
+    )

@@ -4,11 +4,21 @@
 from tfpar import _compat, _owned
 from tfpar._keras import check_tf_keras_model, keras
 
-__all__ = ["WHY_TF_KERAS", "check_excluded_names", "check_float32", "check_graph_model", "fresh_copy",
-           "load_tfmot", "owned", "strip_wrappers"]
+__all__ = [
+    "WHY_TF_KERAS",
+    "check_excluded_names",
+    "check_float32",
+    "check_graph_model",
+    "fresh_copy",
+    "load_tfmot",
+    "owned",
+    "strip_wrappers",
+]
 
-WHY_TF_KERAS = ("tensorflow-model-optimization, which wraps the layers in its pruning, clustering "
-                "and fake-quantization wrappers, rewrites tf_keras models only")
+WHY_TF_KERAS = (
+    "tensorflow-model-optimization, which wraps the layers in its pruning, clustering "
+    "and fake-quantization wrappers, rewrites tf_keras models only"
+)
 
 
 def load_tfmot():
@@ -24,10 +34,11 @@ def check_graph_model(model, what):
     if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot {what} the subclassed model {model.name!r} ({type(model).__name__}): "
-            "tensorflow-model-optimization rebuilds models layer by layer from their graph, which a "
-            "subclassed model's call() does not expose. Write it as a Sequential or Functional "
+            "tensorflow-model-optimization rebuilds models layer by layer from their graph, which "
+            "a subclassed model's call() does not expose. Write it as a Sequential or Functional "
             "model (a subclassed layer inside is fine with a QuantizeConfig), or annotate its "
-            "layers yourself with tfmot.quantization.keras.quantize_annotate_layer.")
+            "layers yourself with tfmot.quantization.keras.quantize_annotate_layer."
+        )
 
 
 def check_float32(what):
@@ -37,15 +48,18 @@ def check_float32(what):
             f"{what} runs in float32. Received: the global policy {policy!r}. "
             "TFMOT's fake-quant and clustering ops need float32, so mixed precision "
             "adds nothing here: call tfpar.precision.use('float32') before building the model, and "
-            "train the float model with mixed precision before compressing it if you like.")
+            "train the float model with mixed precision before compressing it if you like."
+        )
 
 
 def check_excluded_names(model, exclude):
     names = {layer.name for layer in model.layers}
     unknown = sorted(set(exclude) - names)
     if unknown:
-        raise ValueError(f"exclude names no layer of {model.name!r}: {unknown}. Received: "
-                         f"exclude={list(exclude)}. Layers: {sorted(names)}.")
+        raise ValueError(
+            f"exclude names no layer of {model.name!r}: {unknown}. Received: "
+            f"exclude={list(exclude)}. Layers: {sorted(names)}."
+        )
 
 
 def strip_wrappers(model):

@@ -16,8 +16,8 @@ Examples:
     ...     clustered = tfpar.quantization.cluster(model, clusters=16)
     ...     clustered.compile(...)
     >>> clustered.fit(...)  # doctest: +SKIP
-    >>> tfpar.quantization.unique_weights(tfpar.quantization.strip_clustering(clustered))  # doctest: +SKIP
-    {'conv2d': 16, 'dense': 16, ...}
+    >>> tfpar.quantization.unique_weights(tfpar.quantization.strip_clustering(clustered))  #
+    doctest: +SKIP {'conv2d': 16, 'dense': 16, ...}
 """
 
 from collections.abc import Sequence
@@ -28,8 +28,15 @@ import numpy as np
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_names
 from tfpar._keras import keras
-from tfpar.quantization._tfmot import (check_excluded_names, check_float32, check_graph_model, fresh_copy,
-                                      load_tfmot, owned, strip_wrappers)
+from tfpar.quantization._tfmot import (
+    check_excluded_names,
+    check_float32,
+    check_graph_model,
+    fresh_copy,
+    load_tfmot,
+    owned,
+    strip_wrappers,
+)
 
 __all__ = ["CENTROID_INITS", "cluster", "clustered_kernels", "strip_clustering", "unique_weights"]
 
@@ -38,8 +45,14 @@ CENTROID_INITS = ("kmeans++", "linear", "density")
 evenly between their minimum and maximum, or by their density."""
 
 
-def cluster(model: Any, clusters: int = 16, *, exclude: Sequence[str] = (), preserve_sparsity: bool = False,
-            init: str = "kmeans++") -> Any:
+def cluster(
+    model: Any,
+    clusters: int = 16,
+    *,
+    exclude: Sequence[str] = (),
+    preserve_sparsity: bool = False,
+    init: str = "kmeans++",
+) -> Any:
     """Returns the clustering copy of ``model``: its clusterable kernels each drawn from
     ``clusters`` trained centroids. Train it (fine-tune: a lower learning rate than the float
     training), then `strip_clustering` it before export or QAT.
@@ -63,27 +76,42 @@ def cluster(model: Any, clusters: int = 16, *, exclude: Sequence[str] = (), pres
     """
     check_graph_model(model, "cluster")
     check_float32("Clustering")
-    check_int("clusters", clusters, 3 if preserve_sparsity else 2,
-              " With preserve_sparsity=True one of them is the zero cluster." if preserve_sparsity else "")
+    check_int(
+        "clusters",
+        clusters,
+        3 if preserve_sparsity else 2,
+        " With preserve_sparsity=True one of them is the zero cluster."
+        if preserve_sparsity
+        else "",
+    )
     check_choice("init", init, CENTROID_INITS, what="centroid initialization")
     exclude = check_names("exclude", exclude)
     tfmot = load_tfmot()
     model = strip_wrappers(model)
     check_excluded_names(model, exclude)
-    refused = [layer for layer in model.layers
-               if layer.name not in exclude and not isinstance(layer, keras.layers.InputLayer)
-               and not _compat.tfmot_can_cluster(layer)
-               and not isinstance(layer, tfmot.clustering.keras.ClusterableLayer)]
+    refused = [
+        layer
+        for layer in model.layers
+        if layer.name not in exclude
+        and not isinstance(layer, keras.layers.InputLayer)
+        and not _compat.tfmot_can_cluster(layer)
+        and not isinstance(layer, tfmot.clustering.keras.ClusterableLayer)
+    ]
     if refused:
         names = [layer.name for layer in refused]
         raise ValueError(
-            f"TFMOT cannot cluster {', '.join(f'{layer.name!r} ({type(layer).__name__})' for layer in refused)} "
-            f"of {model.name!r}. Received: exclude={list(exclude)}. Leave them in float with "
+            "TFMOT cannot cluster "
+            f"{', '.join(f'{layer.name!r} ({type(layer).__name__})' for layer in refused)} of "
+            f"{model.name!r}. Received: exclude={list(exclude)}. Leave them in float with "
             f"exclude={sorted(set(exclude) | set(names))}, or make the layer a "
-            "tfmot.clustering.keras.ClusterableLayer.")
+            "tfmot.clustering.keras.ClusterableLayer."
+        )
     method = {"kmeans++": "KMEANS_PLUS_PLUS", "linear": "LINEAR", "density": "DENSITY_BASED"}[init]
-    settings = dict(number_of_clusters=clusters, preserve_sparsity=preserve_sparsity,
-                    cluster_centroids_init=getattr(tfmot.clustering.keras.CentroidInitialization, method))
+    settings = dict(
+        number_of_clusters=clusters,
+        preserve_sparsity=preserve_sparsity,
+        cluster_centroids_init=getattr(tfmot.clustering.keras.CentroidInitialization, method),
+    )
 
     def wrap(layer):
         if layer.name in exclude or isinstance(layer, keras.layers.InputLayer) or not layer.weights:
@@ -100,7 +128,8 @@ def strip_clustering(model: Any) -> Any:
 
 
 def unique_weights(model: Any) -> dict[str, int]:
-    """The number of distinct values in each layer's kernel (a stripped model): layer name -> count."""
+    """The number of distinct values in each layer's kernel (a stripped model): layer name ->
+    count."""
     counts = {}
     for layer in model.layers:
         kernel = getattr(layer, "kernel", None)
@@ -112,7 +141,13 @@ def unique_weights(model: Any) -> dict[str, int]:
 def clustered_kernels(model: Any, max_unique: int = 256) -> dict[str, int]:
     """The layers whose kernel holds at most ``max_unique`` distinct values among more weights
     than that: what clustering leaves (a stripped model). Layer name -> distinct values."""
-    sizes = {layer.name: int(np.prod(layer.kernel.shape)) for layer in model.layers
-             if getattr(layer, "kernel", None) is not None}
-    return {name: unique for name, unique in unique_weights(model).items()
-            if sizes[name] > max_unique and unique <= max_unique}
+    sizes = {
+        layer.name: int(np.prod(layer.kernel.shape))
+        for layer in model.layers
+        if getattr(layer, "kernel", None) is not None
+    }
+    return {
+        name: unique
+        for name, unique in unique_weights(model).items()
+        if sizes[name] > max_unique and unique <= max_unique
+    }

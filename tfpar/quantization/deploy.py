@@ -17,8 +17,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AccuracyDropError", "DeploymentReport", "WeightTensor", "latencies_in_turns", "latency_seconds", "measure",
-           "weight_tensors"]
+__all__ = [
+    "AccuracyDropError",
+    "DeploymentReport",
+    "WeightTensor",
+    "latencies_in_turns",
+    "latency_seconds",
+    "measure",
+    "weight_tensors",
+]
 
 
 class AccuracyDropError(ValueError):
@@ -78,40 +85,65 @@ class DeploymentReport:
         return self.reference_latency_seconds / self.latency_seconds
 
     def describe(self) -> str:
-        gate = "" if self.max_accuracy_drop is None else f" (max_accuracy_drop {self.max_accuracy_drop:g})"
+        gate = (
+            ""
+            if self.max_accuracy_drop is None
+            else f" (max_accuracy_drop {self.max_accuracy_drop:g})"
+        )
         lines = [
             f"size:      {self.size_bytes:,} bytes, {self.gzip_bytes:,} gzipped; float "
             f"{self.reference_size_bytes:,}, {self.reference_gzip_bytes:,} gzipped: "
             f"{self.gzip_ratio:.2f}x smaller gzipped",
-            f"accuracy:  {self.accuracy:.4f} in the TFLite interpreter, float {self.reference_accuracy:.4f} "
-            f"on {self.examples} held-out examples: drop {self.accuracy_drop:+.4f}{gate}",
+            f"accuracy:  {self.accuracy:.4f} in the TFLite interpreter, float "
+            f"{self.reference_accuracy:.4f} on {self.examples} held-out examples: drop "
+            f"{self.accuracy_drop:+.4f}{gate}",
             f"latency:   {self.latency_seconds * 1e6:.1f} us per example (batch 1), float "
             f"{self.reference_latency_seconds * 1e6:.1f} us: {self.speedup:.2f}x faster",
             f"sparsity:  {self.sparsity:.1%} of the weights are zero",
-            *(f"  {w.name} {w.dtype}{list(w.shape)}: {w.unique} distinct values, {w.sparsity:.1%} zero"
-              for w in self.weights),
+            *(
+                f"  {w.name} {w.dtype}{list(w.shape)}: {w.unique} distinct values, "
+                f"{w.sparsity:.1%} zero"
+                for w in self.weights
+            ),
         ]
         return "\n".join(lines)
 
 
-def measure(export: Any, reference_export: Any, validation_data: Any, max_accuracy_drop: float | None,
-            latency_repeats: int = 300) -> "DeploymentReport":
+def measure(
+    export: Any,
+    reference_export: Any,
+    validation_data: Any,
+    max_accuracy_drop: float | None,
+    latency_repeats: int = 300,
+) -> "DeploymentReport":
     """The `DeploymentReport` of ``export`` (a `TFLiteExport`) against ``reference_export``."""
     x, y = validation_data
     accuracy = {"model": export.accuracy(x, y), "reference": reference_export.accuracy(x, y)}
-    latency = latencies_in_turns({"model": export, "reference": reference_export}, x[:1], latency_repeats)
-    contents = {name: pathlib.Path(each.path).read_bytes() for name, each in
-                (("model", export), ("reference", reference_export))}
+    latency = latencies_in_turns(
+        {"model": export, "reference": reference_export}, x[:1], latency_repeats
+    )
+    contents = {
+        name: pathlib.Path(each.path).read_bytes()
+        for name, each in (("model", export), ("reference", reference_export))
+    }
     weights = weight_tensors(contents["model"])
     values = sum(int(np.prod(w.shape)) for w in weights)
     return DeploymentReport(
-        size_bytes=len(contents["model"]), gzip_bytes=len(gzip.compress(contents["model"], 9)),
+        size_bytes=len(contents["model"]),
+        gzip_bytes=len(gzip.compress(contents["model"], 9)),
         reference_size_bytes=len(contents["reference"]),
         reference_gzip_bytes=len(gzip.compress(contents["reference"], 9)),
-        sparsity=sum(w.sparsity * int(np.prod(w.shape)) for w in weights) / values if values else 0.0,
-        weights=weights, accuracy=accuracy["model"], reference_accuracy=accuracy["reference"],
-        examples=len(x), latency_seconds=latency["model"], reference_latency_seconds=latency["reference"],
-        max_accuracy_drop=max_accuracy_drop)
+        sparsity=sum(w.sparsity * int(np.prod(w.shape)) for w in weights) / values
+        if values
+        else 0.0,
+        weights=weights,
+        accuracy=accuracy["model"],
+        reference_accuracy=accuracy["reference"],
+        examples=len(x),
+        latency_seconds=latency["model"],
+        reference_latency_seconds=latency["reference"],
+        max_accuracy_drop=max_accuracy_drop,
+    )
 
 
 def weight_tensors(content: bytes) -> tuple["WeightTensor", ...]:
@@ -119,32 +151,53 @@ def weight_tensors(content: bytes) -> tuple["WeightTensor", ...]:
     from tensorflow.lite.python import schema_py_generated as schema
     from tensorflow.lite.tools import flatbuffer_utils
 
-    types = {schema.TensorType.FLOAT32: np.float32, schema.TensorType.FLOAT16: np.float16,
-             schema.TensorType.INT8: np.int8, schema.TensorType.UINT8: np.uint8,
-             schema.TensorType.INT32: np.int32}
-    names = {value: name for name, value in vars(schema.TensorType).items() if not name.startswith("_")}
+    types = {
+        schema.TensorType.FLOAT32: np.float32,
+        schema.TensorType.FLOAT16: np.float16,
+        schema.TensorType.INT8: np.int8,
+        schema.TensorType.UINT8: np.uint8,
+        schema.TensorType.INT32: np.int32,
+    }
+    names = {
+        value: name for name, value in vars(schema.TensorType).items() if not name.startswith("_")
+    }
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
     found = []
     for subgraph in model.subgraphs:
         for tensor in subgraph.tensors:
             data = model.buffers[tensor.buffer].data
-            if data is None or len(data) == 0 or tensor.shape is None or len(tensor.shape) < 2 \
-                    or tensor.type not in types:
+            if (
+                data is None
+                or len(data) == 0
+                or tensor.shape is None
+                or len(tensor.shape) < 2
+                or tensor.type not in types
+            ):
                 continue
             values = np.frombuffer(bytes(data), dtype=types[tensor.type])
             zero = 0
-            if tensor.quantization is not None and tensor.quantization.zeroPoint is not None \
-                    and len(tensor.quantization.zeroPoint) == 1:
+            if (
+                tensor.quantization is not None
+                and tensor.quantization.zeroPoint is not None
+                and len(tensor.quantization.zeroPoint) == 1
+            ):
                 zero = int(tensor.quantization.zeroPoint[0])
             name = tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
-            found.append(WeightTensor(name=name.split(";")[0], shape=tuple(int(d) for d in tensor.shape),
-                                      dtype=names[tensor.type].lower(), sparsity=float(np.mean(values == zero)),
-                                      unique=int(np.unique(values).size)))
+            found.append(
+                WeightTensor(
+                    name=name.split(";")[0],
+                    shape=tuple(int(d) for d in tensor.shape),
+                    dtype=names[tensor.type].lower(),
+                    sparsity=float(np.mean(values == zero)),
+                    unique=int(np.unique(values).size),
+                )
+            )
     return tuple(found)
 
 
-def latencies_in_turns(exports: dict, sample: Any, repeats: int, builtin_kernels: bool = False,
-                       rounds: int = 3) -> dict[str, float]:
+def latencies_in_turns(
+    exports: dict, sample: Any, repeats: int, builtin_kernels: bool = False, rounds: int = 3
+) -> dict[str, float]:
     """{name: median `latency_seconds`} of each `TFLiteExport` in ``exports`` ({name: export}),
     measured in turns over ``rounds`` rounds, so that a slow moment of the machine falls on all."""
     times: dict[str, list[float]] = {name: [] for name in exports}

@@ -1,8 +1,10 @@
 """int8 (or float) TFLite export of a tf_keras model, checked in the TFLite interpreter, and with
-``compress=True`` measured against the float model before it is written (`tfpar.quantization.deploy`).
+``compress=True`` measured against the float model before it is written
+(`tfpar.quantization.deploy`).
 
 Examples:
-    >>> export = tfpar.quantization.export_tflite(qat, "model.tflite", representative_data=x[:200])  # doctest: +SKIP
+    >>> export = tfpar.quantization.export_tflite(qat, "model.tflite", representative_data=x[:200])
+    # doctest: +SKIP
     >>> export.size_bytes, export.predict(x_val[:4])  # doctest: +SKIP
 """
 
@@ -31,7 +33,8 @@ class TFLiteExport:
     int8: bool
     """Whether weights, activations, input and output are int8."""
     report: object = None
-    """With ``export_tflite(..., compress=True)``: its `tfpar.quantization.deploy.DeploymentReport`."""
+    """With ``export_tflite(..., compress=True)``: its
+    `tfpar.quantization.deploy.DeploymentReport`."""
 
     def interpreter(self, batch_size: int = 1, builtin_kernels: bool = False) -> Any:
         """A TFLite interpreter on one thread, its input resized to ``batch_size``, with the
@@ -39,9 +42,12 @@ class TFLiteExport:
         only (``builtin_kernels=True``)."""
         resolver = tf.lite.experimental.OpResolverType
         interpreter = tf.lite.Interpreter(
-            model_path=self.path, num_threads=1,
-            experimental_op_resolver_type=resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin_kernels
-            else resolver.AUTO)
+            model_path=self.path,
+            num_threads=1,
+            experimental_op_resolver_type=resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+            if builtin_kernels
+            else resolver.AUTO,
+        )
         detail = interpreter.get_input_details()[0]
         interpreter.resize_tensor_input(detail["index"], [batch_size, *detail["shape"][1:]])
         interpreter.allocate_tensors()
@@ -69,7 +75,7 @@ class TFLiteExport:
         """Runs ``x`` through the TFLite interpreter; returns float outputs (dequantized)."""
         outputs = []
         for start in range(0, len(x), batch_size):
-            chunk = x[start:start + batch_size]
+            chunk = x[start : start + batch_size]
             interpreter = self.interpreter(len(chunk))
             inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
             interpreter.set_tensor(inp["index"], self.model_input(interpreter, chunk))
@@ -82,9 +88,17 @@ class TFLiteExport:
         return np.concatenate(outputs)
 
 
-def export_tflite(model: Any, path: str, representative_data: Any = None, int8: bool = True, *, compress: bool = False,
-                  validation_data: tuple | None = None, reference: Any = None,
-                  max_accuracy_drop: float | None = None) -> "TFLiteExport":
+def export_tflite(
+    model: Any,
+    path: str,
+    representative_data: Any = None,
+    int8: bool = True,
+    *,
+    compress: bool = False,
+    validation_data: tuple | None = None,
+    reference: Any = None,
+    max_accuracy_drop: float | None = None,
+) -> "TFLiteExport":
     """Writes ``model`` as a TFLite file and checks the interpreter runs it.
 
     Args:
@@ -114,34 +128,51 @@ def export_tflite(model: Any, path: str, representative_data: Any = None, int8: 
         AccuracyDropError: (a ValueError) the drop exceeds ``max_accuracy_drop``; nothing was
             written, the figures are in its ``report``.
     """
-    check_tf_keras_model(model, "tfpar.quantization.export_tflite", "it exports the tf_keras models quantize() makes")
+    check_tf_keras_model(
+        model, "tfpar.quantization.export_tflite", "it exports the tf_keras models quantize() makes"
+    )
     check_folder_of("path", path)  # before the conversion, which takes seconds
     if int8 and (representative_data is None or len(representative_data) == 0):
         raise ValueError(
-            "A fully int8 TFLite model needs representative_data: input examples (a few hundred from "
-            "the training set) on which the converter calibrates the ranges of the activations, "
-            "input and output. Received: representative_data=None. Pass e.g. "
-            "representative_data=x_train[:200], or int8=False for a float model.")
+            "A fully int8 TFLite model needs representative_data: input examples (a few hundred "
+            "from the training set) on which the converter calibrates the ranges of the "
+            "activations, input and output. Received: representative_data=None. Pass e.g. "
+            "representative_data=x_train[:200], or int8=False for a float model."
+        )
     _check_compress_arguments(compress, validation_data, reference, max_accuracy_drop)
     content = _convert(strip_wrappers(model), representative_data, int8)
     if not compress:
         write_atomically(path, content)  # a reader never sees half a model
-        return _checked(TFLiteExport(path=path, size_bytes=len(content), int8=int8), model, representative_data)
-    with tempfile.TemporaryDirectory(prefix="tfpar-export-") as folder:  # measured before it is written
-        candidate = TFLiteExport(path=os.path.join(folder, "model.tflite"), size_bytes=len(content), int8=int8)
+        return _checked(
+            TFLiteExport(path=path, size_bytes=len(content), int8=int8), model, representative_data
+        )
+    # measured before it is written
+    with tempfile.TemporaryDirectory(prefix="tfpar-export-") as folder:
+        candidate = TFLiteExport(
+            path=os.path.join(folder, "model.tflite"), size_bytes=len(content), int8=int8
+        )
         write_atomically(candidate.path, content)
         float_content = _convert(reference, None, False)
-        float_file = TFLiteExport(path=os.path.join(folder, "float.tflite"), size_bytes=len(float_content), int8=False)
+        float_file = TFLiteExport(
+            path=os.path.join(folder, "float.tflite"), size_bytes=len(float_content), int8=False
+        )
         write_atomically(float_file.path, float_content)
-        report = deploy.measure(_checked(candidate, model, representative_data), float_file, validation_data,
-                                max_accuracy_drop)
+        report = deploy.measure(
+            _checked(candidate, model, representative_data),
+            float_file,
+            validation_data,
+            max_accuracy_drop,
+        )
     if max_accuracy_drop is not None and report.accuracy_drop > max_accuracy_drop:
         raise deploy.AccuracyDropError(
-            f"Not written to {path}: in the TFLite interpreter the model's accuracy is {report.accuracy:.4f} "
-            f"against {report.reference_accuracy:.4f} for the float model on the {report.examples} held-out "
-            f"examples, a drop of {report.accuracy_drop:.4f}. Received: max_accuracy_drop={max_accuracy_drop!r}. "
-            "Fine-tune the compressed model longer, prune less or use more clusters, or leave the most "
-            "sensitive layers out (exclude=[...]); or raise max_accuracy_drop.\n" + report.describe(), report)
+            f"Not written to {path}: in the TFLite interpreter the model's accuracy is "
+            f"{report.accuracy:.4f} against {report.reference_accuracy:.4f} for the float model on "
+            f"the {report.examples} held-out examples, a drop of {report.accuracy_drop:.4f}. "
+            f"Received: max_accuracy_drop={max_accuracy_drop!r}. Fine-tune the compressed model "
+            "longer, prune less or use more clusters, or leave the most sensitive layers out "
+            "(exclude=[...]); or raise max_accuracy_drop.\n" + report.describe(),
+            report,
+        )
     write_atomically(path, content)
     return TFLiteExport(path=path, size_bytes=len(content), int8=int8, report=report)
 
@@ -149,26 +180,51 @@ def export_tflite(model: Any, path: str, representative_data: Any = None, int8: 
 def _check_compress_arguments(compress, validation_data, reference, max_accuracy_drop):
     if not isinstance(compress, bool):
         raise TypeError(f"compress must be True or False. Received: compress={compress!r}.")
-    given = [name for name, value in (("validation_data", validation_data), ("reference", reference),
-                                      ("max_accuracy_drop", max_accuracy_drop)) if value is not None]
+    given = [
+        name
+        for name, value in (
+            ("validation_data", validation_data),
+            ("reference", reference),
+            ("max_accuracy_drop", max_accuracy_drop),
+        )
+        if value is not None
+    ]
     if not compress:
         if given:
-            raise ValueError(f"{', '.join(given)} only count with compress=True (the deployment report). "
-                             f"Received: compress=False, {', '.join(given)} given. Pass compress=True.")
+            raise ValueError(
+                f"{', '.join(given)} only count with compress=True (the deployment report). "
+                f"Received: compress=False, {', '.join(given)} given. Pass compress=True."
+            )
         return
     missing = [name for name in ("validation_data", "reference") if name not in given]
     if missing:
         raise ValueError(
-            f"compress=True measures the file against the float model on held-out data, and needs "
-            f"{' and '.join(missing)}. Received: {', '.join(f'{name}=None' for name in missing)}. Pass "
-            "validation_data=(x_val, y_val) and reference=float_model (the model before compression).")
-    if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2
-            and len(validation_data[0]) == len(validation_data[1]) and len(validation_data[0]) > 0):
-        raise ValueError("validation_data must be (x, y): held-out inputs and their labels, as many of each. "
-                         f"Received: validation_data of type {type(validation_data).__name__}.")
-    check_tf_keras_model(reference, "export_tflite's reference", "it is converted to a float TFLite file")
-    check_number("max_accuracy_drop", max_accuracy_drop, minimum=0, maximum=1, allow_none=True,
-                 hint=" A fraction: 0.01 allows one point of accuracy.")
+            "compress=True measures the file against the float model on held-out data, and needs "
+            f"{' and '.join(missing)}. Received: {', '.join(f'{name}=None' for name in missing)}. "
+            "Pass validation_data=(x_val, y_val) and reference=float_model (the model before "
+            "compression)."
+        )
+    if not (
+        isinstance(validation_data, (tuple, list))
+        and len(validation_data) == 2
+        and len(validation_data[0]) == len(validation_data[1])
+        and len(validation_data[0]) > 0
+    ):
+        raise ValueError(
+            "validation_data must be (x, y): held-out inputs and their labels, as many of each. "
+            f"Received: validation_data of type {type(validation_data).__name__}."
+        )
+    check_tf_keras_model(
+        reference, "export_tflite's reference", "it is converted to a float TFLite file"
+    )
+    check_number(
+        "max_accuracy_drop",
+        max_accuracy_drop,
+        minimum=0,
+        maximum=1,
+        allow_none=True,
+        hint=" A fraction: 0.01 allows one point of accuracy.",
+    )
 
 
 def _convert(model, representative_data, int8):
@@ -190,7 +246,10 @@ def _convert(model, representative_data, int8):
 
 def _checked(export, model, representative_data):
     """``export``, once the interpreter has run it (raises if it cannot)."""
-    probe = np.zeros([1, *model.inputs[0].shape[1:]], np.float32) if representative_data is None \
+    probe = (
+        np.zeros([1, *model.inputs[0].shape[1:]], np.float32)
+        if representative_data is None
         else np.asarray(representative_data[:1], np.float32)
+    )
     export.predict(probe)
     return export

@@ -14,8 +14,9 @@ Examples:
     0.8
 """
 
-import numpy as np
 from typing import Any
+
+import numpy as np
 
 from tfpar._checks import check_int
 from tfpar.quantization._tfmot import check_graph_model, fresh_copy, load_tfmot, owned
@@ -23,8 +24,9 @@ from tfpar.quantization._tfmot import check_graph_model, fresh_copy, load_tfmot,
 __all__ = ["prune", "sparsity", "strip_pruning"]
 
 
-def prune(model: Any, target_sparsity: float, *, begin_step: int = 0, end_step: int,
-          frequency: int = 10) -> tuple[Any, list]:
+def prune(
+    model: Any, target_sparsity: float, *, begin_step: int = 0, end_step: int, frequency: int = 10
+) -> tuple[Any, list]:
     """Returns ``(pruned_model, callbacks)``: a copy of the model with pruning wrappers (``model``
     keeps its weights), and the callbacks ``fit`` needs (TFMOT's ``UpdatePruningStep``).
 
@@ -36,16 +38,24 @@ def prune(model: Any, target_sparsity: float, *, begin_step: int = 0, end_step: 
     """
     check_graph_model(model, "prune")
     if not isinstance(target_sparsity, (int, float)) or not 0 <= target_sparsity < 1:
-        raise ValueError(f"target_sparsity must be in [0, 1). Received: target_sparsity={target_sparsity!r}.")
+        raise ValueError(
+            f"target_sparsity must be in [0, 1). Received: target_sparsity={target_sparsity!r}."
+        )
     check_int("begin_step", begin_step, 0)
     check_int("end_step", end_step, begin_step + 1, f" It must come after begin_step={begin_step}.")
     check_int("frequency", frequency, 1)
     tfmot = load_tfmot()
     schedule = tfmot.sparsity.keras.PolynomialDecay(
-        initial_sparsity=0.0, final_sparsity=float(target_sparsity), begin_step=begin_step,
-        end_step=end_step, frequency=frequency)
+        initial_sparsity=0.0,
+        final_sparsity=float(target_sparsity),
+        begin_step=begin_step,
+        end_step=end_step,
+        frequency=frequency,
+    )
     with model.distribute_strategy.scope():
-        pruned = tfmot.sparsity.keras.prune_low_magnitude(fresh_copy(model), pruning_schedule=schedule)
+        pruned = tfmot.sparsity.keras.prune_low_magnitude(
+            fresh_copy(model), pruning_schedule=schedule
+        )
     return owned(pruned), [tfmot.sparsity.keras.UpdatePruningStep()]
 
 

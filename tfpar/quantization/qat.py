@@ -24,8 +24,14 @@ import numpy as np
 from tfpar._checks import check_choice, check_names
 from tfpar._keras import keras
 from tfpar.quantization import _exact_ranges
-from tfpar.quantization._tfmot import (check_excluded_names, check_float32, check_graph_model, load_tfmot,
-                                      owned, strip_wrappers)
+from tfpar.quantization._tfmot import (
+    check_excluded_names,
+    check_float32,
+    check_graph_model,
+    load_tfmot,
+    owned,
+    strip_wrappers,
+)
 from tfpar.quantization.clustering import clustered_kernels, unique_weights
 from tfpar.quantization.pruning import sparsity
 
@@ -42,8 +48,13 @@ replica's batch min and max, averaged over replicas; "exact", of the min and max
 global batch (a cross-replica MIN and MAX), so that QAT on N replicas equals QAT on one."""
 
 
-def quantize(model: Any, exclude: Sequence[str] = (), *, preserve: str | Sequence[str] | None = None,
-             ranges: str = "mean") -> Any:
+def quantize(
+    model: Any,
+    exclude: Sequence[str] = (),
+    *,
+    preserve: str | Sequence[str] | None = None,
+    ranges: str = "mean",
+) -> Any:
     """Returns the quantization-aware copy of ``model`` (its weights, fake-quant ops added).
 
     Call it where the model was built (inside ``strategy.scope()`` or not): the
@@ -80,7 +91,8 @@ def quantize(model: Any, exclude: Sequence[str] = (), *, preserve: str | Sequenc
     if "clusters" in preserved:
         _check_clustered(model)
         scheme = tfmot.experimental.combine.Default8BitClusterPreserveQuantizeScheme(
-            preserve_sparsity="sparsity" in preserved)
+            preserve_sparsity="sparsity" in preserved
+        )
     elif "sparsity" in preserved:
         _warn_unless_sparse(model)
         scheme = tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
@@ -105,10 +117,15 @@ def _preserved(preserve):
     if preserve is None:
         return frozenset()
     names = (preserve,) if isinstance(preserve, str) else preserve
-    if not isinstance(names, (tuple, list, set, frozenset)) or not names \
-            or not all(isinstance(name, str) and name in PRESERVE for name in names):
-        raise ValueError(f"Unknown preserve {preserve!r}. Received: preserve={preserve!r}. Use None, "
-                         "'sparsity', 'clusters' or ('clusters', 'sparsity').")
+    if (
+        not isinstance(names, (tuple, list, set, frozenset))
+        or not names
+        or not all(isinstance(name, str) and name in PRESERVE for name in names)
+    ):
+        raise ValueError(
+            f"Unknown preserve {preserve!r}. Received: preserve={preserve!r}. Use None, "
+            "'sparsity', 'clusters' or ('clusters', 'sparsity')."
+        )
     return frozenset(names)
 
 
@@ -116,11 +133,12 @@ def _check_clustered(model):
     if not clustered_kernels(model):
         counts = ", ".join(f"{name!r} {count}" for name, count in unique_weights(model).items())
         raise ValueError(
-            f"Cluster-preserving QAT keeps the shared weight values of a clustered model, and "
+            "Cluster-preserving QAT keeps the shared weight values of a clustered model, and "
             f"{model.name!r} is not clustered: no kernel holds 256 distinct values or fewer "
-            f"(distinct values per kernel: {counts}). Received: preserve='clusters'. Cluster it first: "
-            "tfpar.quantization.cluster(model, clusters=16), fine-tune, then quantize(clustered, "
-            "preserve='clusters'); or use preserve=None for plain QAT.")
+            f"(distinct values per kernel: {counts}). Received: preserve='clusters'. Cluster it "
+            "first: tfpar.quantization.cluster(model, clusters=16), fine-tune, then "
+            "quantize(clustered, preserve='clusters'); or use preserve=None for plain QAT."
+        )
 
 
 SPARSE_ENOUGH = 0.1
@@ -131,11 +149,12 @@ def _warn_unless_sparse(model):
     zeros = sparsity(model)
     if zeros < SPARSE_ENOUGH:
         warnings.warn(
-            f"Pruning-preserving QAT keeps the zeros of a pruned model, and {model.name!r} has only "
-            f"{zeros:.1%} zeros in its kernels: there is little to preserve, and QAT with "
+            f"Pruning-preserving QAT keeps the zeros of a pruned model, and {model.name!r} has "
+            f"only {zeros:.1%} zeros in its kernels: there is little to preserve, and QAT with "
             "preserve='sparsity' will train like plain QAT. Prune it first "
             "(tfpar.quantization.prune(model, 0.5, end_step=...)), or quantize with preserve=None.",
-            stacklevel=3)
+            stacklevel=3,
+        )
 
 
 def quantizer_ranges(model: Any) -> dict[str, Any]:
@@ -147,5 +166,3 @@ def quantizer_ranges(model: Any) -> dict[str, Any]:
             values = getattr(variable, "values", (variable,))
             ranges[name] = [np.asarray(v.numpy()) for v in values]
     return ranges
-
-

@@ -28,10 +28,12 @@ The report gives each trial's figures (and curve), the winner's gain over the de
 code and command that reproduce it; failed trials are listed with their error.
 
 Examples:
-    >>> result = tfpar.tune.tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset",  # doctest: +SKIP
+    >>> result = tfpar.tune.tune("tfpar.demo:build_model", "tfpar.demo:digits_dataset",  # doctest:
+    +SKIP
     ...                          {"per_replica_batch": [32, 256], "optimizer": ["model", "lamb"],
     ...                           "scaling_rule": ["none", "sqrt"]},
-    ...                          target="val_accuracy=0.95", validation_fn="tfpar.demo:digits_validation_dataset")
+    ...                          target="val_accuracy=0.95",
+    validation_fn="tfpar.demo:digits_validation_dataset")
     >>> print(result.describe()); result.best  # doctest: +SKIP
 """
 
@@ -66,15 +68,29 @@ def _check_references(**references):
             raise ValueError(f"{name} must be 'module:function'. Received: {ref!r}.")
 
 
-def tune(model_fn: str, data_fn: str, space: dict, *, loss: str = "sparse_categorical_crossentropy",
-         optimizer: str = "adam", steps: int = 20, devices: int = 2, timeout_seconds: float = 300,
-         print_fn: Callable[[str], Any] | None = None, workers: int = 1, target: str | None = None,
-         validation_fn: str | None = None, metrics: list[str] | tuple[str, ...] = ("accuracy",),
-         max_epochs: int = 30, max_seconds: float = 120) -> "TuneResult":
+def tune(
+    model_fn: str,
+    data_fn: str,
+    space: dict,
+    *,
+    loss: str = "sparse_categorical_crossentropy",
+    optimizer: str = "adam",
+    steps: int = 20,
+    devices: int = 2,
+    timeout_seconds: float = 300,
+    print_fn: Callable[[str], Any] | None = None,
+    workers: int = 1,
+    target: str | None = None,
+    validation_fn: str | None = None,
+    metrics: list[str] | tuple[str, ...] = ("accuracy",),
+    max_epochs: int = 30,
+    max_seconds: float = 120,
+) -> "TuneResult":
     """Runs one trial per combination of ``space``; returns a `TuneResult`.
 
     Args:
-        model_fn: "module:function" returning an uncompiled Keras model (built in the trial's strategy scope).
+        model_fn: "module:function" returning an uncompiled Keras model (built in the trial's
+            strategy scope).
         data_fn: "module:function" returning a tf.data.Dataset of single (x, y) training examples.
         space: ``{axis: [values]}`` over `AXES` and `CHOICE_AXES`; unset axes keep their defaults.
         loss: passed to ``compile``.
@@ -86,50 +102,88 @@ def tune(model_fn: str, data_fn: str, space: dict, *, loss: str = "sparse_catego
             started by ``tfpar launch``.
         timeout_seconds: a trial running longer is stopped and fails (``--trial-timeout``).
         print_fn: called with each trial's line as it finishes (e.g. ``print``).
-        target: ``METRIC=VALUE``: rank by the wall time to reach it (``val_accuracy=0.95``; a metric ending
-            in "loss" is reached from above).
+        target: ``METRIC=VALUE``: rank by the wall time to reach it (``val_accuracy=0.95``; a metric
+            ending in "loss" is reached from above).
         validation_fn: "module:function" returning the validation examples (for a ``val_`` metric).
-        metrics: compile's metrics (weighted, so that the validation set's padding counts for nothing).
+        metrics: compile's metrics (weighted, so that the validation set's padding counts for
+            nothing).
         max_epochs: with a target, a trial ends after this many epochs.
-        max_seconds: with a target, a trial ends after the epoch that passes this many seconds of training.
+        max_seconds: with a target, a trial ends after the epoch that passes this many seconds of
+            training.
 
     Raises:
-        ValueError: an invalid space or target (a metric the trials do not log: they are named), a function
-            reference that is not "module:function", or ``max_seconds`` not below ``timeout_seconds``.
+        ValueError: an invalid space or target (a metric the trials do not log: they are named), a
+            function reference that is not "module:function", or ``max_seconds`` not below
+            ``timeout_seconds``.
         LaunchError: tune was interrupted (SIGINT, SIGTERM, SIGHUP); the running trial was stopped.
     """
     space = check_space(space)
-    check_number("timeout_seconds", timeout_seconds, above=0, hint=" It bounds each trial, e.g. --trial-timeout 300.")
-    for name, value in (("steps", steps), ("devices", devices), ("workers", workers), ("max_epochs", max_epochs)):
+    check_number(
+        "timeout_seconds",
+        timeout_seconds,
+        above=0,
+        hint=" It bounds each trial, e.g. --trial-timeout 300.",
+    )
+    for name, value in (
+        ("steps", steps),
+        ("devices", devices),
+        ("workers", workers),
+        ("max_epochs", max_epochs),
+    ):
         check_int(name, value, 1)
     one_host = ("num_packs", "microbatches", "tensor_degree")
     if workers > 1 and any(space.get(axis, [None]) != [None] for axis in one_host):
         raise ValueError(
-            "num_packs, microbatches and tensor_degree tune one host's devices (the hierarchical all-reduce, "
-            f"the pipeline, tensor parallelism); with workers={workers} each worker is one replica. Received: "
-            f"workers={workers} with {sorted(a for a in one_host if a in space)}. Tune bytes_per_pack, "
-            "compression, zero_stage and strategy across workers, or those axes with workers=1.")
+            "num_packs, microbatches and tensor_degree tune one host's devices (the hierarchical "
+            f"all-reduce, the pipeline, tensor parallelism); with workers={workers} each worker is "
+            f"one replica. Received: workers={workers} with "
+            f"{sorted(a for a in one_host if a in space)}. Tune bytes_per_pack, compression, "
+            "zero_stage and strategy across workers, or those axes with workers=1."
+        )
     _check_references(model_fn=model_fn, data_fn=data_fn, validation_fn=validation_fn)
     names = list(check_names("metrics", metrics))
-    spec: dict[str, Any] = {"model_fn": model_fn, "data_fn": data_fn, "loss": loss, "optimizer": optimizer,
-                            "steps": steps, "devices": devices, "metrics": names}
+    spec: dict[str, Any] = {
+        "model_fn": model_fn,
+        "data_fn": data_fn,
+        "loss": loss,
+        "optimizer": optimizer,
+        "steps": steps,
+        "devices": devices,
+        "metrics": names,
+    }
     goal = None
     if target is not None:
         goal = parse_target(target, logged_metrics(names, validation_fn is not None))
-        check_number("max_seconds", max_seconds, above=0, maximum=timeout_seconds,
-                     hint=" A trial's training time must fit in its --trial-timeout.")
-        spec.update(target={"metric": goal.metric, "value": goal.value},
-                    validation_fn=validation_fn, max_epochs=max_epochs, max_seconds=max_seconds)
+        check_number(
+            "max_seconds",
+            max_seconds,
+            above=0,
+            maximum=timeout_seconds,
+            hint=" A trial's training time must fit in its --trial-timeout.",
+        )
+        spec.update(
+            target={"metric": goal.metric, "value": goal.value},
+            validation_fn=validation_fn,
+            max_epochs=max_epochs,
+            max_seconds=max_seconds,
+        )
     trials = []
     for config in trial_configs(space):
         trial = _run_trial_process({**spec, "config": config}, timeout_seconds, workers)
         trials.append(trial)
-        if trial.get("seconds_to_target") is not None:  # the next trials stop where they could no longer win
+        # the next trials stop where they could no longer win
+        if trial.get("seconds_to_target") is not None:
             spec["max_seconds"] = min(spec["max_seconds"], trial["seconds_to_target"])
         if print_fn:
             print_fn(f"trial {len(trials)}: {config} -> {_summary(trial, goal)}")
-    trials.sort(key=lambda t: (t["status"] != "ok", t.get("seconds_to_target") is None if goal else False,
-                               t.get("seconds_to_target") or 0, -t.get("examples_per_second", 0)))
+    trials.sort(
+        key=lambda t: (
+            t["status"] != "ok",
+            t.get("seconds_to_target") is None if goal else False,
+            t.get("seconds_to_target") or 0,
+            -t.get("examples_per_second", 0),
+        )
+    )
     return TuneResult(tuple(trials), workers, str(goal) if goal else None)
 
 
@@ -140,8 +194,11 @@ def _summary(trial, goal):
     if goal is None:
         return speed
     seconds = trial.get("seconds_to_target")
-    return (f"{goal} in {seconds:.1f} s ({trial['epochs_to_target']} epochs), {speed}" if seconds is not None
-            else f"{goal} not reached ({trial['stopped']}), {speed}")
+    return (
+        f"{goal} in {seconds:.1f} s ({trial['epochs_to_target']} epochs), {speed}"
+        if seconds is not None
+        else f"{goal} not reached ({trial['stopped']}), {speed}"
+    )
 
 
 def _trial_command(spec, workers):
@@ -149,8 +206,17 @@ def _trial_command(spec, workers):
     horovod = spec["config"].get("strategy") == "horovod"
     if workers == 1 and not horovod:
         return trial
-    return [sys.executable, "-m", "tfpar.cli", "launch", *(["--horovod"] if horovod else []), "-n", str(workers),
-            "--", *trial]
+    return [
+        sys.executable,
+        "-m",
+        "tfpar.cli",
+        "launch",
+        *(["--horovod"] if horovod else []),
+        "-n",
+        str(workers),
+        "--",
+        *trial,
+    ]
 
 
 def _run_trial_process(spec, timeout_seconds, workers=1):
@@ -163,27 +229,47 @@ def _run_trial_process(spec, timeout_seconds, workers=1):
     groups = ProcessGroups(grace_seconds=5.0)
     try:
         with forwarding_signals(groups.send) as received:
-            proc = subprocess.Popen(_trial_command(spec, workers), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                _trial_command(spec, workers),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
             groups.add(proc.pid)
             try:
                 stdout, stderr = proc.communicate(timeout=timeout_seconds)
             except subprocess.TimeoutExpired:
                 groups.stop()
                 proc.communicate()
-                return {"config": spec["config"], "status": "failed", "error": f"timed out after {timeout_seconds} s"}
+                return {
+                    "config": spec["config"],
+                    "status": "failed",
+                    "error": f"timed out after {timeout_seconds} s",
+                }
             if received:
                 name = signal.Signals(received[0]).name
-                raise LaunchError(f"interrupted by {name}; the running trial was stopped",
-                                  returncode=128 + received[0])
+                raise LaunchError(
+                    f"interrupted by {name}; the running trial was stopped",
+                    returncode=128 + received[0],
+                )
     finally:
         groups.close()
     for line in stdout.splitlines():
         if "TRIAL {" in line:  # alone, or after tfpar launch's "[worker 0] "
-            return {"config": spec["config"], "status": "ok", **json.loads(line.split("TRIAL ", 1)[1])}
-        if "METRICS [" in line:  # every trial would fail alike: stop now, naming what the model logs
+            return {
+                "config": spec["config"],
+                "status": "ok",
+                **json.loads(line.split("TRIAL ", 1)[1]),
+            }
+        # every trial would fail alike: stop now, naming what the model logs
+        if "METRICS [" in line:
             logged = json.loads(line.split("METRICS ", 1)[1])
             parse_target(f"{spec['target']['metric']}={spec['target']['value']}", logged)
-    return {"config": spec["config"], "status": "failed",
-            "error": (stderr or stdout)[-2000:] or f"exit status {proc.returncode}"}
+    return {
+        "config": spec["config"],
+        "status": "failed",
+        "error": (stderr or stdout)[-2000:] or f"exit status {proc.returncode}",
+    }

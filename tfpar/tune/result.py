@@ -1,4 +1,5 @@
-"""What ``tfpar tune`` found: its trials ranked, the winner, the code that reproduces it (no TensorFlow)."""
+"""What ``tfpar tune`` found: its trials ranked, the winner, the code that reproduces it (no
+TensorFlow)."""
 
 import dataclasses
 import json
@@ -20,20 +21,24 @@ class TuneResult:
     """
 
     trials: tuple
-    """Dicts: ``config``, ``status`` ("ok" or "failed"), ``examples_per_second`` or ``error``; with a target,
-    ``seconds_to_target`` and ``epochs_to_target`` (None: not reached), ``curve`` ([seconds, value] after each
-    epoch), ``stopped`` (why it ended) and ``code`` (its optimizer and callbacks as Python)."""
+    """Dicts: ``config``, ``status`` ("ok" or "failed"), ``examples_per_second`` or ``error``; with
+    a target, ``seconds_to_target`` and ``epochs_to_target`` (None: not reached), ``curve``
+    ([seconds, value] after each epoch), ``stopped`` (why it ended) and ``code`` (its optimizer and
+    callbacks as Python)."""
     workers: int = 1
     """Workers (or Horovod ranks) each trial ran on."""
     target: str | None = None
     """``METRIC=VALUE`` the trials ran to, or None (ranked by throughput)."""
 
     def _reached(self):
-        return [t for t in self.trials if t["status"] == "ok" and t.get("seconds_to_target") is not None]
+        return [
+            t for t in self.trials if t["status"] == "ok" and t.get("seconds_to_target") is not None
+        ]
 
     @property
     def best(self):
-        """The winner: the first to the target (with one), else the fastest successful trial; or None."""
+        """The winner: the first to the target (with one), else the fastest successful trial; or
+        None."""
         if self.target is not None:
             reached = self._reached()
             return min(reached, key=lambda t: t["seconds_to_target"]) if reached else None
@@ -47,8 +52,8 @@ class TuneResult:
 
     @property
     def speedup(self):
-        """The defaults' time to the target ÷ the winner's (with a target), else the winner's examples/s ÷ the
-        defaults'; None if either has no figure."""
+        """The defaults' time to the target ÷ the winner's (with a target), else the winner's
+        examples/s ÷ the defaults'; None if either has no figure."""
         best, default = self.best, self.default
         if best is None or default is None or default["status"] != "ok":
             return None
@@ -67,22 +72,39 @@ class TuneResult:
         config = {**DEFAULTS, **best["config"]}
         horovod = config["strategy"] == "horovod"
         env = "HOROVOD_AUTOTUNE=1 " if config.get("horovod_autotune") else ""
-        launch = (f"{env}tfpar launch{' --horovod' if horovod else ''} -n {self.workers} -- python train.py"
-                  if self.workers > 1 or horovod else "python train.py")
+        launch = (
+            f"{env}tfpar launch{' --horovod' if horovod else ''} -n {self.workers} -- python "
+            "train.py"
+            if self.workers > 1 or horovod
+            else "python train.py"
+        )
         code = best.get("code") or {}
-        return "\n".join([
-            f"  {launch}",
-            f"  strategy = {trial_spec(config).code()}",
-            *([f"  optimizer = {code['optimizer']}  # in strategy.scope()"] if code.get("optimizer") else []),
-            f"  model.compile({'optimizer, ' if code.get('optimizer') else ''}..., "
-            f"steps_per_execution={config['steps_per_execution']})",
-            f"  train = tfpar.data.distribute(dataset, strategy, {config['per_replica_batch']} * "
-            "strategy.num_replicas_in_sync)",
-            *([f"  model.fit(train.dataset, ..., callbacks=[{code['callbacks']}])"] if code.get("callbacks") else [])])
+        return "\n".join(
+            [
+                f"  {launch}",
+                f"  strategy = {trial_spec(config).code()}",
+                *(
+                    [f"  optimizer = {code['optimizer']}  # in strategy.scope()"]
+                    if code.get("optimizer")
+                    else []
+                ),
+                f"  model.compile({'optimizer, ' if code.get('optimizer') else ''}..., "
+                f"steps_per_execution={config['steps_per_execution']})",
+                f"  train = tfpar.data.distribute(dataset, strategy, {config['per_replica_batch']} "
+                "* strategy.num_replicas_in_sync)",
+                *(
+                    [f"  model.fit(train.dataset, ..., callbacks=[{code['callbacks']}])"]
+                    if code.get("callbacks")
+                    else []
+                ),
+            ]
+        )
 
     def _cells(self, trial):
         """The figures of a trial's row: its time to the target (with one) and examples/s."""
-        speed = f"{trial['examples_per_second']:>12,.0f}" if trial["status"] == "ok" else f"{'-':>12}"
+        speed = (
+            f"{trial['examples_per_second']:>12,.0f}" if trial["status"] == "ok" else f"{'-':>12}"
+        )
         if self.target is None:
             return speed
         seconds = trial.get("seconds_to_target")
@@ -96,9 +118,15 @@ class TuneResult:
             cells = "  ".join(f"{str(trial['config'].get(a, '')):>19}" for a in axes)
             lines.append(f"{cells}  {self._cells(trial)}  {_status(trial)}")
         if self.target:
-            lines.append(f"curves ({self.target.split('=')[0]} after each epoch, at the seconds since fit began):")
-            lines += [f"  {i + 1}: " + ", ".join(f"{s:.1f}s {v:.4g}" for s, v in t.get("curve", []))
-                      for i, t in enumerate(self.trials) if t["status"] == "ok"]
+            lines.append(
+                f"curves ({self.target.split('=')[0]} after each epoch, at the seconds since fit "
+                "began):"
+            )
+            lines += [
+                f"  {i + 1}: " + ", ".join(f"{s:.1f}s {v:.4g}" for s, v in t.get("curve", []))
+                for i, t in enumerate(self.trials)
+                if t["status"] == "ok"
+            ]
         lines.append(self._verdict())
         if self.speedup is not None:
             what = "sooner than" if self.target else "speed-up over"
@@ -112,16 +140,29 @@ class TuneResult:
     def _verdict(self):
         best = self.best
         if self.target is None:
-            return (f"fastest: {best['config']} at {best['examples_per_second']:,.0f} examples/s" if best
-                    else "every trial failed")
+            return (
+                f"fastest: {best['config']} at {best['examples_per_second']:,.0f} examples/s"
+                if best
+                else "every trial failed"
+            )
         if best is None:
             return f"no trial reached {self.target}"
-        return (f"first to {self.target}: {best['config']} in {best['seconds_to_target']:.1f} s "
-                f"({best['epochs_to_target']} epochs, {best['examples_per_second']:,.0f} examples/s)")
+        return (
+            f"first to {self.target}: {best['config']} in {best['seconds_to_target']:.1f} s "
+            f"({best['epochs_to_target']} epochs, {best['examples_per_second']:,.0f} examples/s)"
+        )
 
     def to_json(self) -> str:
-        return json.dumps({"best": self.best, "speedup": self.speedup, "workers": self.workers, "target": self.target,
-                           "trials": list(self.trials)}, indent=2)
+        return json.dumps(
+            {
+                "best": self.best,
+                "speedup": self.speedup,
+                "workers": self.workers,
+                "target": self.target,
+                "trials": list(self.trials),
+            },
+            indent=2,
+        )
 
 
 def _status(trial):

@@ -16,9 +16,9 @@ ADAPTIVE = {
     "lars": ("LARS", {"learning_rate": 0.5, "momentum": 0.9, "eta": 0.02, "weight_decay": 1e-4}),
     "lamb": ("LAMB", {"learning_rate": 1e-2, "weight_decay": 1e-4}),
 }
-"""The ``optimizer`` axis' layer-wise optimizers and their base settings at tfpar's default global batch
-(the learning rate is scaled from there by the trial's ``scaling_rule``); the biases keep no decay
-and no trust ratio."""
+"""The ``optimizer`` axis' layer-wise optimizers and their base settings at tfpar's default global
+batch (the learning rate is scaled from there by the trial's ``scaling_rule``); the biases keep no
+decay and no trust ratio."""
 
 
 def trial_spec(config: dict, devices: int | None = None, split_devices: bool = True) -> Any:
@@ -27,14 +27,27 @@ def trial_spec(config: dict, devices: int | None = None, split_devices: bool = T
     from tfpar._factory import ParallelismSpec
 
     degree = config.get("tensor_degree") or 1
-    kind = "pipeline" if config.get("microbatches") else "tensor_parallel" if degree > 1 else config["strategy"]
+    kind = (
+        "pipeline"
+        if config.get("microbatches")
+        else "tensor_parallel"
+        if degree > 1
+        else config["strategy"]
+    )
     return ParallelismSpec(
-        kind=kind, devices=degree if kind == "tensor_parallel" else devices, split_devices=split_devices,
-        compression=(config.get("compression") or "none") if kind in ("data_parallel", "horovod") else "none",
-        num_packs=config.get("num_packs"), bytes_per_pack=config.get("bytes_per_pack"),
-        microbatches=config.get("microbatches") or 8, schedule=config.get("schedule") or "1f1b",
+        kind=kind,
+        devices=degree if kind == "tensor_parallel" else devices,
+        split_devices=split_devices,
+        compression=(config.get("compression") or "none")
+        if kind in ("data_parallel", "horovod")
+        else "none",
+        num_packs=config.get("num_packs"),
+        bytes_per_pack=config.get("bytes_per_pack"),
+        microbatches=config.get("microbatches") or 8,
+        schedule=config.get("schedule") or "1f1b",
         virtual_stages=config.get("virtual_stages"),
-        zero_stage=(config.get("zero_stage") or 0) if kind in ("data_parallel", "horovod") else 0)
+        zero_stage=(config.get("zero_stage") or 0) if kind in ("data_parallel", "horovod") else 0,
+    )
 
 
 def _resolve(ref):
@@ -43,8 +56,9 @@ def _resolve(ref):
 
 
 def _optimizer(config, spec, model, global_batch, base_batch):
-    """The trial's optimizer (built in the strategy's scope), the callbacks of its learning-rate rule and
-    both as code: the model's own optimizer or LARS/LAMB, at a rate scaled from ``base_batch``."""
+    """The trial's optimizer (built in the strategy's scope), the callbacks of its learning-rate
+    rule and both as code: the model's own optimizer or LARS/LAMB, at a rate scaled from
+    ``base_batch``."""
     from tfpar._keras import is_keras3, keras_of
     from tfpar.callbacks import LearningRateWarmup, scaled_learning_rate
 
@@ -56,7 +70,11 @@ def _optimizer(config, spec, model, global_batch, base_batch):
         base = float(k.optimizers.get(name).learning_rate.numpy())
     else:
         name, options = ADAPTIVE[choice]
-        options = {**options, "exclude_from_weight_decay": ["bias"], "keras_version": 3 if is_keras3(model) else 2}
+        options = {
+            **options,
+            "exclude_from_weight_decay": ["bias"],
+            "keras_version": 3 if is_keras3(model) else 2,
+        }
         base = options.pop("learning_rate")
     rate = base if rule == "none" else scaled_learning_rate(base, global_batch, base_batch, rule)
     start = base if warmup else rate  # a warm-up climbs from the base rate
@@ -71,15 +89,21 @@ def _optimizer(config, spec, model, global_batch, base_batch):
         code = f"tfpar.optimizers.{name}({start:.6g}, {shown})"
     callbacks, callbacks_code = [], ""
     if warmup and rate != base:
-        callbacks = [LearningRateWarmup(warmup_epochs=warmup, scale=global_batch / base_batch, rule=rule, initial_lr=base)]
-        callbacks_code = (f"tfpar.callbacks.LearningRateWarmup(warmup_epochs={warmup}, scale={global_batch}/{base_batch}, "
-                          f"rule={rule!r}, initial_lr={base:.6g})")
+        callbacks = [
+            LearningRateWarmup(
+                warmup_epochs=warmup, scale=global_batch / base_batch, rule=rule, initial_lr=base
+            )
+        ]
+        callbacks_code = (
+            f"tfpar.callbacks.LearningRateWarmup(warmup_epochs={warmup}, "
+            f"scale={global_batch}/{base_batch}, rule={rule!r}, initial_lr={base:.6g})"
+        )
     return optimizer, callbacks, {"optimizer": code, "callbacks": callbacks_code}
 
 
 def _to_target(target, max_seconds):
-    """A callback that records the target metric after each epoch, at the seconds since training began,
-    and stops the run when the target is reached or the trial's time is up."""
+    """A callback that records the target metric after each epoch, at the seconds since training
+    began, and stops the run when the target is reached or the trial's time is up."""
     from tfpar._keras import keras
 
     class ToTarget(keras.callbacks.Callback):
@@ -94,13 +118,19 @@ def _to_target(target, max_seconds):
             logs = logs or {}
             if target.metric not in logs:
                 print("METRICS " + json.dumps(sorted(logs)), flush=True)
-                raise ValueError(f"The model logs no metric {target.metric!r}; it logs {sorted(logs)}.")
-            seconds, value = round(time.perf_counter() - self.started, 3), float(logs[target.metric])
+                raise ValueError(
+                    f"The model logs no metric {target.metric!r}; it logs {sorted(logs)}."
+                )
+            seconds, value = (
+                round(time.perf_counter() - self.started, 3),
+                float(logs[target.metric]),
+            )
             self.curve.append([seconds, value])
             if target.reached(value):
                 self.stopped, self.reached_at = "target", (seconds, epoch + 1)
                 self.model.stop_training = True
-            elif seconds >= max_seconds and epoch >= 1:  # 2 epochs at least: examples/s past the first's tracing
+            elif seconds >= max_seconds and epoch >= 1:
+                # 2 epochs at least: examples/s past the first's tracing
                 self.stopped = f"stopped at {max_seconds:.1f} s"
                 self.model.stop_training = True
 
@@ -114,37 +144,72 @@ def _trial(spec):
 
     config = {**{a: None for a in AXES}, **DEFAULTS, **spec["config"]}
     # Several workers (TF_CONFIG): one replica each, and the strategy created first.
-    parallelism = trial_spec(config, spec["devices"], split_devices="TF_CONFIG" not in os.environ).build()
+    parallelism = trial_spec(
+        config, spec["devices"], split_devices="TF_CONFIG" not in os.environ
+    ).build()
     model = parallelism.build(_resolve(spec["model_fn"]))
     replicas = parallelism.num_replicas_in_sync
     global_batch = config["per_replica_batch"] * replicas
     with parallelism.scope():
-        optimizer, callbacks, code = _optimizer(config, spec, model, global_batch, DEFAULTS["per_replica_batch"] * replicas)
-        model.compile(optimizer, spec["loss"], steps_per_execution=config["steps_per_execution"],
-                      weighted_metrics=spec.get("metrics") or None)  # weighted: the padding of the validation set
-    train = tfpar.data.distribute(_resolve(spec["data_fn"])(), parallelism, global_batch, remainder="drop")
+        optimizer, callbacks, code = _optimizer(
+            config, spec, model, global_batch, DEFAULTS["per_replica_batch"] * replicas
+        )
+        # weighted: the padding of the validation set
+        model.compile(
+            optimizer,
+            spec["loss"],
+            steps_per_execution=config["steps_per_execution"],
+            weighted_metrics=spec.get("metrics") or None,
+        )
+    train = tfpar.data.distribute(
+        _resolve(spec["data_fn"])(), parallelism, global_batch, remainder="drop"
+    )
     throughput = tfpar.callbacks.Throughput(global_batch)
     target = spec.get("target")
     if target is None:
-        history = model.fit(train.dataset, steps_per_epoch=spec["steps"], epochs=2, verbose=0,
-                            callbacks=[throughput, *callbacks])
+        history = model.fit(
+            train.dataset,
+            steps_per_epoch=spec["steps"],
+            epochs=2,
+            verbose=0,
+            callbacks=[throughput, *callbacks],
+        )
         result = {"examples_per_second": history.history["examples_per_second"][-1]}
     else:
         validation = {}
         if spec.get("validation_fn"):
-            val = tfpar.data.distribute(_resolve(spec["validation_fn"])(), parallelism, global_batch, remainder="pad")
+            val = tfpar.data.distribute(
+                _resolve(spec["validation_fn"])(), parallelism, global_batch, remainder="pad"
+            )
             validation = {"validation_data": val.dataset, "validation_steps": val.steps_per_epoch}
         recorder = _to_target(Target(**target), spec["max_seconds"])
-        history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=spec["max_epochs"], verbose=0,
-                            callbacks=[throughput, *callbacks, recorder], **validation)
+        history = model.fit(
+            train.dataset,
+            steps_per_epoch=train.steps_per_epoch,
+            epochs=spec["max_epochs"],
+            verbose=0,
+            callbacks=[throughput, *callbacks, recorder],
+            **validation,
+        )
         seconds, epochs = recorder.reached_at or (None, None)
         speeds = history.history["examples_per_second"]
-        result = {"examples_per_second": max(speeds[1:] or speeds), "seconds_to_target": seconds,
-                  "epochs_to_target": epochs, "curve": recorder.curve, "stopped": recorder.stopped, "code": code}
+        result = {
+            "examples_per_second": max(speeds[1:] or speeds),
+            "seconds_to_target": seconds,
+            "epochs_to_target": epochs,
+            "curve": recorder.curve,
+            "stopped": recorder.stopped,
+            "code": code,
+        }
     if parallelism.input_strategy.extended.should_checkpoint:  # one line per job: its chief's
         result = {**result, "global_batch": global_batch, "pipeline": bool(config["microbatches"])}
-        print("TRIAL " + json.dumps(result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v),
-              flush=True)
+        print(
+            "TRIAL "
+            + json.dumps(
+                result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
