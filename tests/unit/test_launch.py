@@ -285,3 +285,10 @@ def test_the_launch_options_are_grouped_by_the_back_end_that_reads_them():
     assert "elastic_batch" in groups["an elastic job (--min-workers, --max-workers, --nnodes MIN:MAX)"]
     assert groups["SLURM and Horovod"] == ["slurm", "horovod"]
     assert "several hosts, each named (--hosts, --cluster)" in launch.format_help()
+
+
+def test_a_launch_config_names_the_options_given_by_their_flags():
+    from tfpar.launch.config import LaunchConfig
+
+    config = LaunchConfig(command=(PY,), workers=2, task_index=0, ps=0, slurm=True)
+    assert config.given("workers", "task_index", "ps", "slurm", "hosts") == ["-n", "--task-index", "--slurm"]

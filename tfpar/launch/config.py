@@ -88,6 +88,12 @@ class LaunchConfig:
         per local rank itself)."""
         return self.workers if self.workers is not None else self.nproc_per_node
 
+    def given(self, *names: str) -> list[str]:
+        """The command-line flags of the options among ``names`` set away from their defaults, in
+        the order given (``workers`` is ``-n``)."""
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        return [_flag(name) for name in names if getattr(self, name) != defaults[name]]
+
     def options(self) -> LaunchOptions:
         """The supervision options every job run by `tfpar.launch.runner` takes."""
         return LaunchOptions(
@@ -95,3 +101,7 @@ class LaunchConfig:
             max_restarts=self.max_restarts,
             heartbeat_timeout=self.heartbeat_timeout,
         )
+
+
+def _flag(name):
+    return "-n" if name == "workers" else "--" + name.replace("_", "-")

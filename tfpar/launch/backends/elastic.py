@@ -17,25 +17,19 @@ class Elastic(Backend):
         return config.elastic
 
     def check(self, config: LaunchConfig) -> None:
-        for flag, given in (
-            ("--task-index", config.task_index is not None),
-            ("--hosts", config.hosts),
-            ("--cluster", config.cluster),
-            ("--nnodes", config.nnodes is not None),
-            ("--slurm", config.slurm),
-            ("--horovod", config.horovod),
-            ("--ps", config.ps),
-            ("--nproc-per-node", config.nproc_per_node),
-        ):
-            if given:
-                raise ValueError(
-                    "An elastic job (--min-workers, --max-workers, --host-discovery-*) is a local "
-                    f"job that tfpar launch supervises and restarts. Received: {flag} with it, a "
-                    "job it does not supervise that way. Drop the elastic options; for an elastic "
-                    "job across hosts run tfpar launch --nnodes MIN:MAX --master-addr HOST on "
-                    "each, or Horovod's elastic mode (horovodrun --min-np/--max-np "
-                    "--host-discovery-script)."
-                )
+        given = config.given(
+            "task_index", "hosts", "cluster", "nnodes", "slurm", "horovod", "ps", "nproc_per_node"
+        )
+        if given:
+            flag = given[0]
+            raise ValueError(
+                "An elastic job (--min-workers, --max-workers, --host-discovery-*) is a local "
+                f"job that tfpar launch supervises and restarts. Received: {flag} with it, a "
+                "job it does not supervise that way. Drop the elastic options; for an elastic "
+                "job across hosts run tfpar launch --nnodes MIN:MAX --master-addr HOST on "
+                "each, or Horovod's elastic mode (horovodrun --min-np/--max-np "
+                "--host-discovery-script)."
+            )
         if config.workers is not None and config.max_workers is not None:
             raise ValueError(
                 f"Give -n or --max-workers, not both. Received: -n {config.workers} --max-workers "

@@ -22,20 +22,8 @@ class Nodes(Backend):
 
     def check(self, config: LaunchConfig) -> None:
         elastic = config.elastic_nodes
-        restarts = None if elastic else config.max_restarts or None
-        given = [
-            flag
-            for flag, value in (
-                ("-n", config.workers),
-                ("--hosts", config.hosts),
-                ("--cluster", config.cluster),
-                ("--task-index", config.task_index),
-                ("--ps", config.ps or None),
-                ("--max-restarts", restarts),
-                ("--slurm", config.slurm or None),
-            )
-            if value is not None
-        ]
+        restarts = () if elastic else ("max_restarts",)
+        given = config.given("workers", "hosts", "cluster", "task_index", "ps", *restarts, "slurm")
         if given:
             raise ValueError(
                 "--nnodes finds the cluster through node 0. Received: --nnodes with "

@@ -20,20 +20,16 @@ class Slurm(Backend):
         return config.slurm and not (config.hosts and config.cluster)
 
     def check(self, config: LaunchConfig) -> None:
-        given = [
-            flag
-            for flag, value in (
-                ("-n", config.workers),
-                ("--hosts", config.hosts),
-                ("--cluster", config.cluster),
-                ("--task-index", config.task_index),
-                ("--ps", config.ps or None),
-                ("--max-restarts", config.max_restarts or None),
-                ("--nproc-per-node", config.nproc_per_node),
-                ("--nnodes", config.nnodes),
-            )
-            if value is not None
-        ]
+        given = config.given(
+            "workers",
+            "hosts",
+            "cluster",
+            "task_index",
+            "ps",
+            "max_restarts",
+            "nproc_per_node",
+            "nnodes",
+        )
         if given:
             raise ValueError(
                 f"--slurm takes the cluster from SLURM. Received: --slurm with {', '.join(given)}. "
