@@ -6,11 +6,8 @@ nothing is downloaded. Training runs under a tfpar strategy with input from
 """
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from tfpar._checks import check_choice, check_int, default_epochs
 from tfpar._factory import STRATEGIES, ParallelismSpec
@@ -18,14 +15,25 @@ from tfpar._keras import keras, keras3, tf
 from tfpar._topology import topology_of
 from tfpar.data import distribute
 from tfpar.demo.compression import compress_and_export, compress_chain, quantize_and_export
+from tfpar.demo.digits import DIGITS_FILE, digits_dataset, digits_validation_dataset, load_digits
 from tfpar.demo.tokens import token_data, transformer
 
-__all__ = ["DemoResult", "STRATEGIES", "build_model", "digits_validation_dataset", "token_data", "transformer", "compiled_model", "compress_chain", "default_epochs",
-           "DIGITS_FILE", "digits_dataset", "load_digits", "run_demo"]
+__all__ = [
+    "DemoResult",
+    "STRATEGIES",
+    "build_model",
+    "digits_validation_dataset",
+    "token_data",
+    "transformer",
+    "compiled_model",
+    "compress_chain",
+    "default_epochs",
+    "DIGITS_FILE",
+    "digits_dataset",
+    "load_digits",
+    "run_demo",
+]
 
-DIGITS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_data", "digits.npz")
-"""The digits: ``images`` (uint8, 1797 x 8 x 8, in 0..16) and ``target`` (uint8), an ``.npz`` as Keras'
-``mnist.npz`` (tfpar/_data/README.md says where they come from)."""
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DemoResult:
@@ -44,73 +52,71 @@ class DemoResult:
 
     def describe(self) -> str:
         """The text the demo prints at the end."""
-        return "\n".join([
-            "=" * 60,
-            self.strategy,
-            f"epochs:              {self.epochs}",
-            f"validation accuracy: {self.val_accuracy:.4f}",
-            f"examples/second:     {self.examples_per_second:,.0f}",
-            *self.notes,
-            "=" * 60,
-        ])
-
-
-def load_digits(validation_fraction: float = 0.2, seed: int = 0) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
-    """Returns ((x_train, y_train), (x_val, y_val)): 8x8x1 images in [0, 1]."""
-    with np.load(DIGITS_FILE) as digits:
-        x = (digits["images"] / 16.0).astype("float32")[..., None]
-        y = digits["target"].astype("int64")
-    order = np.random.default_rng(seed).permutation(len(x))
-    split = int(len(x) * (1 - validation_fraction))
-    train, val = order[:split], order[split:]
-    return (x[train], y[train]), (x[val], y[val])
-
-
-def digits_dataset() -> Any:
-    """The training digits as a tf.data.Dataset of (image, label) examples (for ``tfpar tune``
-    and ``tfpar verify --data tfpar.demo:digits_dataset``)."""
-    (x, y), _ = load_digits()
-    return tf.data.Dataset.from_tensor_slices((x, y))
-
-
-def digits_validation_dataset() -> Any:
-    """The validation digits (a fifth, never trained on) as a tf.data.Dataset of (image, label) examples
-    (``tfpar tune --target val_accuracy=0.95``'s default validation data)."""
-    _, (x, y) = load_digits()
-    return tf.data.Dataset.from_tensor_slices((x, y))
+        return "\n".join(
+            [
+                "=" * 60,
+                self.strategy,
+                f"epochs:              {self.epochs}",
+                f"validation accuracy: {self.val_accuracy:.4f}",
+                f"examples/second:     {self.examples_per_second:,.0f}",
+                *self.notes,
+                "=" * 60,
+            ]
+        )
 
 
 def build_model(k: Any = None) -> Any:
     """A small convolutional network for 8x8 digits (85k parameters), in Keras ``k`` (default
     tf_keras, `tfpar.keras`; or the Keras 3 module)."""
     k = k or keras
-    return k.Sequential([
-        k.layers.Input((8, 8, 1)),
-        k.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        k.layers.Conv2D(64, 3, padding="same", activation="relu"),
-        k.layers.MaxPooling2D(),
-        k.layers.Flatten(),
-        k.layers.Dense(64, activation="relu"),
-        k.layers.Dense(10),
-        # float32 output under any precision policy: the loss is computed in float32.
-        k.layers.Activation("softmax", dtype="float32"),
-    ], name="digits_cnn")
+    return k.Sequential(
+        [
+            k.layers.Input((8, 8, 1)),
+            k.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            k.layers.Conv2D(64, 3, padding="same", activation="relu"),
+            k.layers.MaxPooling2D(),
+            k.layers.Flatten(),
+            k.layers.Dense(64, activation="relu"),
+            k.layers.Dense(10),
+            # float32 output under any precision policy: the loss is computed in float32.
+            k.layers.Activation("softmax", dtype="float32"),
+        ],
+        name="digits_cnn",
+    )
 
 
 def compiled_model(k: Any = None, learning_rate: float = 2e-3) -> Any:
-    """`build_model` compiled as the demo compiles it: ``tfpar verify --model tfpar.demo:compiled_model``."""
+    """`build_model` compiled as the demo compiles it: ``tfpar verify --model
+    tfpar.demo:compiled_model``."""
     k = k or keras
     model = build_model(k)
-    model.compile(optimizer=k.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
-                  weighted_metrics=["accuracy"])  # masks tfpar.data's padding
+    model.compile(
+        optimizer=k.optimizers.Adam(learning_rate),
+        loss="sparse_categorical_crossentropy",
+        weighted_metrics=["accuracy"],  # masks tfpar.data's padding
+    )
     return model
 
 
-def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None, epochs: int = 8,
-             global_batch_size: int | None = None, learning_rate: float = 2e-3, verbose: int = 1,
-             print_fn: Callable[[str], Any] = print, replicas: int = 1, microbatches: int = 8,
-             precision: str = "float32", qat: bool = False, keras_version: int = 2, report_dir: str | None = None,
-             compression: str = "none", compress: bool = False, zero_stage: int = 0) -> "DemoResult":
+def run_demo(
+    *,
+    strategy: str = "data_parallel",
+    num_devices: int | None = None,
+    epochs: int = 8,
+    global_batch_size: int | None = None,
+    learning_rate: float = 2e-3,
+    verbose: int = 1,
+    print_fn: Callable[[str], Any] = print,
+    replicas: int = 1,
+    microbatches: int = 8,
+    precision: str = "float32",
+    qat: bool = False,
+    keras_version: int = 2,
+    report_dir: str | None = None,
+    compression: str = "none",
+    compress: bool = False,
+    zero_stage: int = 0,
+) -> "DemoResult":
     """Trains the digits CNN (under "tensor_parallel": the token transformer, `transformer`, on
     generated tokens) and returns a `DemoResult`.
 
@@ -123,8 +129,8 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
         global_batch_size: examples per step across all replicas (default:
             32 per replica).
         learning_rate: Adam's learning rate.
-        verbose: Keras verbosity (1: progress bar; under "parameter_server" it becomes 2, a line per epoch,
-            as Keras allows no progress bar there).
+        verbose: Keras verbosity (1: progress bar; under "parameter_server" it becomes 2, a line per
+            epoch, as Keras allows no progress bar there).
         print_fn: where the summary goes.
         replicas: "pipeline" only: data-parallel copies of the 2-stage pipeline.
         microbatches: "pipeline" only: microbatches per replica and step.
@@ -156,14 +162,22 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
-    parallelism = ParallelismSpec(kind=strategy, devices=num_devices, replicas=replicas, microbatches=microbatches,
-                                  compression=compression, balance="time" if strategy == "pipeline" else "params",
-                                  zero_stage=zero_stage).build()
+    parallelism = ParallelismSpec(
+        kind=strategy,
+        devices=num_devices,
+        replicas=replicas,
+        microbatches=microbatches,
+        compression=compression,
+        balance="time" if strategy == "pipeline" else "params",
+        zero_stage=zero_stage,
+    ).build()
     dist = parallelism.input_strategy
     k.utils.set_random_seed(0)
     # Tensor parallelism splits a transformer's layers: the token model and its generated tokens.
     tokens = strategy == "tensor_parallel"
-    (x_train, y_train), (x_val, y_val) = (token_data(4096), token_data(512, seed=1)) if tokens else load_digits()
+    (x_train, y_train), (x_val, y_val) = (
+        (token_data(4096), token_data(512, seed=1)) if tokens else load_digits()
+    )
     chief = dist.extended.should_checkpoint
     if not chief:  # one progress bar and one summary: the chief's
         verbose, print_fn = 0, (lambda *_: None)
@@ -181,14 +195,27 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
     description = _description(parallelism, global_batch_size, model, policy, k, keras_version)
     print_fn(description)
     # Functions, not datasets: parameter-server workers build their input themselves.
-    train = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)), parallelism,
-                       global_batch_size, shuffle_buffer=len(x_train), seed=0)
-    val = distribute(lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), parallelism, global_batch_size)
-    callbacks = _callbacks(model, epochs, learning_rate, replicas_in_step, global_batch_size, timeline)
+    train = distribute(
+        lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        parallelism,
+        global_batch_size,
+        shuffle_buffer=len(x_train),
+        seed=0,
+    )
+    val = distribute(
+        lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), parallelism, global_batch_size
+    )
+    callbacks = _callbacks(
+        model, epochs, learning_rate, replicas_in_step, global_batch_size, timeline
+    )
     history = model.fit(
-        train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs,
-        validation_data=val.dataset, validation_steps=val.steps_per_epoch,
-        callbacks=callbacks, verbose=verbose,
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=epochs,
+        validation_data=val.dataset,
+        validation_steps=val.steps_per_epoch,
+        callbacks=callbacks,
+        verbose=verbose,
         shuffle=False,  # tfpar.data shuffled it; Keras 3 warns that it cannot shuffle a dataset
     )
     notes = _training_notes(history, timeline if chief else None, report_dir)
@@ -211,8 +238,10 @@ def run_demo(*, strategy: str = "data_parallel", num_devices: int | None = None,
 def _description(parallelism, global_batch_size, model, policy, k, keras_version):
     """What runs: the parallelism's description, the precision policy and the Keras."""
     keras_name = "Keras 3" if keras_version == 3 else "tf_keras"
-    return (parallelism.describe(global_batch_size=global_batch_size, model=model)
-            + f"\n  precision:  {policy}\n  keras:      {keras_name} {k.__version__}")
+    return (
+        parallelism.describe(global_batch_size=global_batch_size, model=model)
+        + f"\n  precision:  {policy}\n  keras:      {keras_name} {k.__version__}"
+    )
 
 
 def _examples_per_second(history, examples, steps_per_epoch):
@@ -229,13 +258,17 @@ def _check_options(strategy, epochs, keras_version, qat, compress):
     check_choice("keras_version", keras_version, (2, 3))
     flags = " ".join(flag for flag, on in (("--qat", qat), ("--compress", compress)) if on)
     if flags and strategy not in ("data_parallel", "horovod"):
-        raise ValueError(f"{flags} runs with the data_parallel or horovod strategy. Received: --strategy {strategy}.")
+        raise ValueError(
+            f"{flags} runs with the data_parallel or horovod strategy. Received: --strategy "
+            f"{strategy}."
+        )
     if keras_version == 3 and (strategy == "parameter_server" or flags):
         raise ValueError(
-            "--keras 3 runs with --strategy data_parallel, horovod, pipeline or tensor_parallel, without --qat or --compress: "
-            "parameter servers in fit and TFMOT's compression need tf_keras (README, Keras 3 and tf_keras). "
-            f"Received: --keras 3 --strategy {strategy}{' ' + flags if flags else ''}. Leave out --keras 3 "
-            "for those.")
+            "--keras 3 runs with --strategy data_parallel, horovod, pipeline or tensor_parallel, "
+            "without --qat or --compress: parameter servers in fit and TFMOT's compression need "
+            "tf_keras (README, Keras 3 and tf_keras). Received: --keras 3 --strategy "
+            f"{strategy}{' ' + flags if flags else ''}. Leave out --keras 3 for those."
+        )
 
 
 def _callbacks(model, epochs, learning_rate, replicas, global_batch_size, timeline):
@@ -245,8 +278,12 @@ def _callbacks(model, epochs, learning_rate, replicas, global_batch_size, timeli
     from tfpar.callbacks import LearningRateWarmup, PipelineBubble, Throughput
     from tfpar.pipeline import PipelineModel
 
-    callbacks = [LearningRateWarmup(warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas, scale=replicas),
-                 Throughput(global_batch_size)]
+    callbacks = [
+        LearningRateWarmup(
+            warmup_epochs=min(2, epochs), initial_lr=learning_rate / replicas, scale=replicas
+        ),
+        Throughput(global_batch_size),
+    ]
     if isinstance(model, PipelineModel):
         callbacks.append(PipelineBubble())
     if timeline is not None:
@@ -259,13 +296,17 @@ def _training_notes(history, timeline, report_dir):
     plots (None elsewhere)."""
     notes: tuple[str, ...] = ()
     if "bubble" in history.history:
-        notes += (f"bubble: measured {history.history['bubble'][-1]:.3f} "
-                  f"(theory {history.history['bubble_theory'][-1]:.3f})",)
+        notes += (
+            f"bubble: measured {history.history['bubble'][-1]:.3f} "
+            f"(theory {history.history['bubble_theory'][-1]:.3f})",
+        )
     if timeline is not None and report_dir is not None:
         from tfpar.report import report
 
-        notes += (f"timeline: {timeline.path} (open it in https://ui.perfetto.dev)",
-                  *(f"plot:     {path}" for path in report(report_dir)))
+        notes += (
+            f"timeline: {timeline.path} (open it in https://ui.perfetto.dev)",
+            *(f"plot:     {path}" for path in report(report_dir)),
+        )
     return notes
 
 

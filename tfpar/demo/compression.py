@@ -13,8 +13,17 @@ QAT_EPOCHS = 3
 stage of ``--compress``'s chain."""
 
 
-def quantize_and_export(float_model: Any, val: Any, dist: Any, train: Any, x_train: Any, validation: tuple,
-                        learning_rate: float, verbose: int, chief: bool) -> tuple:
+def quantize_and_export(
+    float_model: Any,
+    val: Any,
+    dist: Any,
+    train: Any,
+    x_train: Any,
+    validation: tuple,
+    learning_rate: float,
+    verbose: int,
+    chief: bool,
+) -> tuple:
     """QAT fine-tuning of the trained ``float_model``, then float and int8 TFLite files compared."""
     import os
     import tempfile
@@ -23,30 +32,55 @@ def quantize_and_export(float_model: Any, val: Any, dist: Any, train: Any, x_tra
 
     with dist.scope():
         qat_model = quantize(float_model)
-        qat_model.compile(optimizer=keras.optimizers.Adam(learning_rate / 4),
-                          loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
-    qat_model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=QAT_EPOCHS,
-                  validation_data=val.dataset, validation_steps=val.steps_per_epoch, verbose=verbose)
+        qat_model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate / 4),
+            loss="sparse_categorical_crossentropy",
+            weighted_metrics=["accuracy"],
+        )
+    qat_model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=QAT_EPOCHS,
+        validation_data=val.dataset,
+        validation_steps=val.steps_per_epoch,
+        verbose=verbose,
+    )
     if not chief:
         return ()
     x_val, y_val = validation
     lines = []
     with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
         exports = {
-            "float32": export_tflite(float_model, os.path.join(folder, "digits_float.tflite"), int8=False),
-            "int8 (QAT)": export_tflite(qat_model, os.path.join(folder, "digits_int8.tflite"),
-                                        representative_data=x_train[:200]),
+            "float32": export_tflite(
+                float_model, os.path.join(folder, "digits_float.tflite"), int8=False
+            ),
+            "int8 (QAT)": export_tflite(
+                qat_model,
+                os.path.join(folder, "digits_int8.tflite"),
+                representative_data=x_train[:200],
+            ),
         }
         for name, export in exports.items():
             accuracy = export.accuracy(x_val, y_val)
-            lines.append(f"TFLite {name:<11} accuracy {accuracy:.4f}, {export.size_bytes:,} bytes "
-                         f"({os.path.basename(export.path)})")
+            lines.append(
+                f"TFLite {name:<11} accuracy {accuracy:.4f}, {export.size_bytes:,} bytes "
+                f"({os.path.basename(export.path)})"
+            )
     ratio = exports["float32"].size_bytes / exports["int8 (QAT)"].size_bytes
     return (*lines, f"TFLite size ratio float/int8: {ratio:.2f}")
 
 
-def compress_chain(float_model: Any, strategy: Any, train: Any, *, sparsity: float = 0.75, clusters: int = 16,
-                   epochs: int = QAT_EPOCHS, learning_rate: float = 1e-3, verbose: int = 0) -> Any:
+def compress_chain(
+    float_model: Any,
+    strategy: Any,
+    train: Any,
+    *,
+    sparsity: float = 0.75,
+    clusters: int = 16,
+    epochs: int = QAT_EPOCHS,
+    learning_rate: float = 1e-3,
+    verbose: int = 0,
+) -> Any:
     """TFMOT's collaborative optimization of a trained float model, under ``strategy``: pruning
     to ``sparsity`` (reached after ``epochs - 1`` epochs), clustering into ``clusters`` values per
     kernel that keeps the zeros, then QAT that keeps both; ``epochs`` epochs each, on ``train``
@@ -55,16 +89,28 @@ def compress_chain(float_model: Any, strategy: Any, train: Any, *, sparsity: flo
 
     def fit(model, callbacks=()):
         with strategy.scope():
-            model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
-                          weighted_metrics=["accuracy"])
-        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, callbacks=list(callbacks),
-                  verbose=verbose)
+            model.compile(
+                optimizer=keras.optimizers.Adam(learning_rate),
+                loss="sparse_categorical_crossentropy",
+                weighted_metrics=["accuracy"],
+            )
+        model.fit(
+            train.dataset,
+            steps_per_epoch=train.steps_per_epoch,
+            epochs=epochs,
+            callbacks=list(callbacks),
+            verbose=verbose,
+        )
         return model
 
     steps = train.steps_per_epoch
     with strategy.scope():
-        pruned, callbacks = prune(float_model, sparsity, end_step=max(1, (epochs - 1) * steps),
-                                  frequency=max(1, steps // 4))
+        pruned, callbacks = prune(
+            float_model,
+            sparsity,
+            end_step=max(1, (epochs - 1) * steps),
+            frequency=max(1, steps // 4),
+        )
     fit(pruned, callbacks)
     with strategy.scope():
         clustered = fit(cluster(pruned, clusters, preserve_sparsity=True))
@@ -72,8 +118,16 @@ def compress_chain(float_model: Any, strategy: Any, train: Any, *, sparsity: flo
         return fit(quantize(clustered, preserve=("clusters", "sparsity")))
 
 
-def compress_and_export(float_model: Any, dist: Any, train: Any, x_train: Any, validation: tuple,
-                        learning_rate: float, verbose: int, chief: bool) -> tuple:
+def compress_and_export(
+    float_model: Any,
+    dist: Any,
+    train: Any,
+    x_train: Any,
+    validation: tuple,
+    learning_rate: float,
+    verbose: int,
+    chief: bool,
+) -> tuple:
     """`compress_chain` on the trained ``float_model``, exported with its deployment report."""
     import os
     import tempfile
@@ -81,15 +135,29 @@ def compress_and_export(float_model: Any, dist: Any, train: Any, x_train: Any, v
     from tfpar.quantization import export_tflite
     from tfpar.quantization.deploy import AccuracyDropError
 
-    compressed = compress_chain(float_model, dist, train, learning_rate=learning_rate / 2, verbose=verbose)
+    compressed = compress_chain(
+        float_model, dist, train, learning_rate=learning_rate / 2, verbose=verbose
+    )
     if not chief:
         return ()
     with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
         try:
-            export = export_tflite(compressed, os.path.join(folder, "digits_compressed.tflite"),
-                                   representative_data=x_train[:200], compress=True, validation_data=validation,
-                                   reference=float_model, max_accuracy_drop=0.01)
+            export = export_tflite(
+                compressed,
+                os.path.join(folder, "digits_compressed.tflite"),
+                representative_data=x_train[:200],
+                compress=True,
+                validation_data=validation,
+                reference=float_model,
+                max_accuracy_drop=0.01,
+            )
         except AccuracyDropError as refused:
-            return ("compressed (pruned 75 %, 16 clusters, int8): refused", *str(refused).splitlines())
+            return (
+                "compressed (pruned 75 %, 16 clusters, int8): refused",
+                *str(refused).splitlines(),
+            )
     report: Any = export.report
-    return ("compressed (pruned 75 %, 16 clusters, int8), against the float model:", *report.describe().splitlines())
+    return (
+        "compressed (pruned 75 %, 16 clusters, int8), against the float model:",
+        *report.describe().splitlines(),
+    )

@@ -14,13 +14,26 @@ from tfpar._keras import keras
 
 __all__ = ["TRANSFORMER_PLAN", "token_data", "transformer"]
 
-TRANSFORMER_PLAN = {"embed": "vocab", r"block\d+_attention": "heads", r"block\d+_up": "column",
-                    r"block\d+_down": "row"}
+TRANSFORMER_PLAN = {
+    "embed": "vocab",
+    r"block\d+_attention": "heads",
+    r"block\d+_up": "column",
+    r"block\d+_down": "row",
+}
 """The Megatron plan of `transformer`, by layer name (what ``plan="auto"`` finds too)."""
 
 
-def transformer(k: Any = None, *, vocab: int = 64, length: int = 16, dim: int = 32, heads: int = 4,
-                blocks: int = 2, hidden: int | None = None, seed: int = 0) -> Any:
+def transformer(
+    k: Any = None,
+    *,
+    vocab: int = 64,
+    length: int = 16,
+    dim: int = 32,
+    heads: int = 4,
+    blocks: int = 2,
+    hidden: int | None = None,
+    seed: int = 0,
+) -> Any:
     """A causal transformer language model in Keras ``k`` (default tf_keras): a token embedding,
     ``blocks`` pre-norm blocks (MultiHeadAttention, an MLP of ``hidden`` units, LayerNorm,
     residuals) and a head over the vocabulary. Its output is each position's next-token logits."""
@@ -31,7 +44,9 @@ def transformer(k: Any = None, *, vocab: int = 64, length: int = 16, dim: int = 
     x = k.layers.Embedding(vocab, dim, name="embed")(tokens)
     for b in range(blocks):
         h = k.layers.LayerNormalization(name=f"block{b}_norm1")(x)
-        h = k.layers.MultiHeadAttention(heads, dim // heads, name=f"block{b}_attention")(h, h, use_causal_mask=True)
+        h = k.layers.MultiHeadAttention(heads, dim // heads, name=f"block{b}_attention")(
+            h, h, use_causal_mask=True
+        )
         x = k.layers.Add(name=f"block{b}_residual1")([x, h])
         h = k.layers.LayerNormalization(name=f"block{b}_norm2")(x)
         h = k.layers.Dense(hidden, activation="gelu", name=f"block{b}_up")(h)
@@ -42,11 +57,13 @@ def transformer(k: Any = None, *, vocab: int = 64, length: int = 16, dim: int = 
     return k.Model(tokens, logits, name="token_transformer")
 
 
-def token_data(n: int, *, vocab: int = 64, length: int = 16, noise: float = 0.05,
-               seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def token_data(
+    n: int, *, vocab: int = 64, length: int = 16, noise: float = 0.05, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """``n`` sequences of ``length + 1`` generated tokens as (inputs, next tokens), int32."""
     rng = np.random.default_rng(seed)
-    successor = np.random.default_rng(1234).permutation(vocab)  # the rule is the same for every seed
+    # the rule is the same for every seed
+    successor = np.random.default_rng(1234).permutation(vocab)
     seq = np.empty((n, length + 1), np.int32)
     seq[:, 0] = rng.integers(0, vocab, n)
     for t in range(length):
