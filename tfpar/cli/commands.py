@@ -1,13 +1,14 @@
 """What ``tfpar demo``, ``verify``, ``report`` and ``doctor`` do with their parsed options
 (each imports what it runs only when it runs: the CLI starts without TensorFlow)."""
 
+import argparse
 import os
 import sys
 
 __all__ = ["demo", "doctor", "keep_servers_on_loopback", "report", "verify"]
 
 
-def doctor(args=None, command_line=None):
+def doctor(args: argparse.Namespace | None = None, command_line: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfpar.doctor import report
 
@@ -15,7 +16,7 @@ def doctor(args=None, command_line=None):
     return 0
 
 
-def demo(args, command_line=None):
+def demo(args: argparse.Namespace, command_line: list[str] | None = None) -> int:
     from tfpar._checks import default_epochs
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -75,7 +76,7 @@ def demo(args, command_line=None):
     return 0
 
 
-def report(args, command_line=None):
+def report(args: argparse.Namespace, command_line: list[str] | None = None) -> int:
     from tfpar.report import report
 
     folder = args.run_dir
@@ -88,7 +89,7 @@ def report(args, command_line=None):
     return 0
 
 
-def verify(args, command_line=None):
+def verify(args: argparse.Namespace, command_line: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.strategy == "parameter_server" and command_line is not None:
         keep_servers_on_loopback(command_line)
@@ -116,7 +117,7 @@ def verify(args, command_line=None):
     return 0 if report.passed else 1
 
 
-def keep_servers_on_loopback(command_line):
+def keep_servers_on_loopback(command_line: list[str]) -> None:
     """Runs this command again with tfpar's loopback library, so that the servers this process
     starts (the chief of a local parameter-server cluster) listen on loopback only."""
     from tfpar._local import loopback as _loopback

@@ -2,7 +2,6 @@
 `tfpar.cli.commands` that runs it (launch's and tune's options are their packages' own)."""
 
 import argparse
-import functools
 
 from tfpar._checks import whole_number as _int
 from tfpar.cli import commands
@@ -24,6 +23,14 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
         return super()._get_help_string(action)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A subcommand's parser, with every option's default in its ``--help``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build(exit_codes: dict) -> argparse.ArgumentParser:
     """The ``tfpar`` parser, its subcommands' each from a function of their own."""
     from tfpar import __version__
@@ -36,8 +43,7 @@ def build(exit_codes: dict) -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tfpar {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser = functools.partial(sub.add_parser, formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (
         _demo_parser,
         _verify_parser,

@@ -62,12 +62,12 @@ def run_command(cmd: list, **kwargs: Any) -> None:
         )
 
 
-def with_mpi():
+def with_mpi() -> bool:
     """MPI is built in where an MPI compiler wrapper is found."""
     return shutil.which("mpicxx") is not None
 
 
-def ensure_mpi(mode):
+def ensure_mpi(mode: str) -> None:
     """``auto``: installs Debian's OpenMPI when it is missing and we may (root, apt-get), saying
     so first."""
     if mode == "no" or with_mpi():
@@ -99,7 +99,7 @@ def _check_build_tools():
         )
 
 
-def tensorflow_version():
+def tensorflow_version() -> str:
     out = subprocess.run(
         [sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
         capture_output=True,
@@ -113,7 +113,7 @@ def tensorflow_version():
     return out.stdout.strip().splitlines()[-1]
 
 
-def installed_ok(mpi_expected):
+def installed_ok(mpi_expected: bool) -> bool:
     """Whether Horovod imports as this command builds it: this version, these patches, Gloo (and
     MPI)."""
     code = (
@@ -134,7 +134,7 @@ def installed_ok(mpi_expected):
     return done.returncode == 0 and done.stdout.strip().endswith("ok")
 
 
-def apply_patches(source_dir):
+def apply_patches(source_dir: str) -> None:
     """Applies tfpar's changes (`tfpar.install_horovod.patches`); raises InstallError unless each
     matches exactly."""
     patched = _apply_patches(source_dir, VERSION)
@@ -174,7 +174,7 @@ def fetch_sdist(workdir: str, sdist: str | None = None) -> str:
     return sdist
 
 
-def build_wheel(sdist, out_dir):
+def build_wheel(sdist: str, out_dir: str) -> None:
     """Extracts, patches and compiles ``sdist``; the wheel lands in ``out_dir``."""
     with tempfile.TemporaryDirectory(prefix="tfpar-horovod-src-") as tmp:
         with tarfile.open(sdist) as tar:
@@ -210,7 +210,7 @@ def build_from_sdist(sdist: str | None) -> Any:
     return build
 
 
-def write_build_note(tf_version):
+def write_build_note(tf_version: str) -> None:
     """Records what this build was made against, for `tfpar doctor` and `installed_ok`, and what
     each extension was built with, for horovodrun
     (`tfpar.install_horovod._copied_into_horovod.build`)."""
@@ -235,7 +235,7 @@ def write_build_note(tf_version):
     )
 
 
-def ensure_on_path(script="horovodrun"):
+def ensure_on_path(script: str = "horovodrun") -> None:
     """Makes sure a console script the wheel installed is reachable: pyenv needs a rehash for
     a new script (its pip hook runs only for ``pip`` started through its shims); elsewhere say
     which folder to add to PATH."""
