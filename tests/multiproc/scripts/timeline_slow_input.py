@@ -1,5 +1,8 @@
 """One fit of the equivalence model under `tfpar launch -n 2 --timeline DIR` (DataParallel or
-HorovodStrategy by tfpar.strategies.auto()); worker SLOW's input sleeps 5 ms per example.
+HorovodStrategy by tfpar.strategies.auto()); worker SLOW's input sleeps 25 ms per example: 400 ms
+a batch of 16, far longer than a step of this model takes even on a loaded 2-core machine, so its
+prefetched input cannot hide the wait (at 5 ms, 80 ms a batch, a step slowed by the other tests'
+processes did: measured 2026-12-06, worker 1's median wait 1.0 ms).
 
 Usage: timeline_slow_input.py SLOW (-1: none)
 """
@@ -23,7 +26,7 @@ def source():
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     if index == slow:  # a slow input on this worker only
         def late(a, b):
-            time.sleep(0.005)
+            time.sleep(0.025)
             return a, b
 
         dataset = dataset.map(lambda a, b: tf.numpy_function(late, [a, b], (tf.float32, tf.int64)))
