@@ -58,15 +58,21 @@ def build(exit_codes: dict) -> argparse.ArgumentParser:
 
 
 def _demo_parser(sub):
-    from tfpar._factory import STRATEGIES
-
     demo = sub.add_parser(
         "demo",
         help="train a small CNN on the bundled digits (a small transformer on "
         "generated tokens under tensor_parallel)",
     )
     demo.set_defaults(func=commands.demo)
-    demo.add_argument(
+    _demo_layout_arguments(demo.add_argument_group("the layout"))
+    _demo_training_arguments(demo.add_argument_group("training"))
+    _demo_after_training_arguments(demo.add_argument_group("after training"))
+
+
+def _demo_layout_arguments(group):
+    from tfpar._factory import STRATEGIES
+
+    group.add_argument(
         "--strategy",
         default="data_parallel",
         choices=STRATEGIES,
@@ -74,57 +80,49 @@ def _demo_parser(sub):
         "parameter_server (a local parameter-server cluster), pipeline (2 stages) or "
         "tensor_parallel (a small transformer's layers split over the devices)",
     )
-    demo.add_argument(
+    group.add_argument(
         "--devices",
         type=_int,
         default=None,
         help="virtual CPU devices when there is no GPU (tensor_parallel: its degree), Horovod "
         "ranks, or PS workers (default 2)",
     )
-    demo.add_argument(
+    group.add_argument(
         "--replicas",
         type=_int,
         default=1,
         help="with --strategy pipeline: data-parallel copies of the 2-stage pipeline",
     )
-    demo.add_argument(
+    group.add_argument(
         "--microbatches",
         type=_int,
         default=8,
         help="with --strategy pipeline: microbatches per replica and step",
     )
-    demo.add_argument(
+
+
+def _demo_training_arguments(group):
+    group.add_argument(
         "--precision",
         default="float32",
         help="auto, mixed_float16, mixed_bfloat16 or float32 (default)",
     )
-    demo.add_argument(
+    group.add_argument(
         "--compression",
         default="none",
         help="data_parallel and horovod: the gradients on the wire, none (default), bf16 or fp16",
     )
-    demo.add_argument(
+    group.add_argument(
         "--zero-stage",
         type=_int,
         default=0,
         help="data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2)",
     )
-    demo.add_argument(
-        "--qat",
-        action="store_true",
-        help="then quantization-aware fine-tuning and float vs int8 TFLite export",
-    )
-    demo.add_argument(
-        "--compress",
-        action="store_true",
-        help="then pruning, clustering and cluster-preserving QAT, exported as int8 TFLite "
-        "with its deployment report (size raw and gzipped, sparsity, accuracy, latency)",
-    )
-    demo.add_argument("--epochs", type=_int, default=None, help="default 8 (or $TFPAR_EPOCHS)")
-    demo.add_argument(
+    group.add_argument("--epochs", type=_int, default=None, help="default 8 (or $TFPAR_EPOCHS)")
+    group.add_argument(
         "--batch-size", type=_int, default=None, help="global batch size (default: 32 per replica)"
     )
-    demo.add_argument(
+    group.add_argument(
         "--keras",
         type=_int,
         default=2,
@@ -132,8 +130,22 @@ def _demo_parser(sub):
         help="the Keras the model is built in: 2 (tf_keras, default) or 3 (Keras 3; "
         "data_parallel, horovod and pipeline)",
     )
-    demo.add_argument("--quiet", action="store_true", help="no progress bar")
-    demo.add_argument(
+
+
+def _demo_after_training_arguments(group):
+    group.add_argument(
+        "--qat",
+        action="store_true",
+        help="then quantization-aware fine-tuning and float vs int8 TFLite export",
+    )
+    group.add_argument(
+        "--compress",
+        action="store_true",
+        help="then pruning, clustering and cluster-preserving QAT, exported as int8 TFLite "
+        "with its deployment report (size raw and gzipped, sparsity, accuracy, latency)",
+    )
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    group.add_argument(
         "--report",
         metavar="DIR",
         default=None,

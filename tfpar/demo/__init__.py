@@ -14,7 +14,12 @@ from tfpar._factory import STRATEGIES, ParallelismSpec
 from tfpar._keras import keras, keras3, tf
 from tfpar._topology import topology_of
 from tfpar.data import distribute
-from tfpar.demo.compression import compress_and_export, compress_chain, quantize_and_export
+from tfpar.demo.compression import (
+    TrainedRun,
+    compress_and_export,
+    compress_chain,
+    quantize_and_export,
+)
 from tfpar.demo.digits import DIGITS_FILE, digits_dataset, digits_validation_dataset, load_digits
 from tfpar.demo.tokens import token_data, transformer
 
@@ -154,11 +159,7 @@ def run_demo(
     """
     _check_options(strategy, epochs, keras_version, qat, compress)
     k = keras3() if keras_version == 3 else keras
-    timeline = None
-    if report_dir is not None:
-        from tfpar.callbacks.timeline import Timeline, timeline_in
-
-        timeline = Timeline(timeline_in(report_dir, "report_dir"))
+    timeline = _timeline(report_dir)
     from tfpar import precision as precision_module
 
     policy = precision_module.use(precision)
@@ -180,50 +181,29 @@ def run_demo(
     )
     chief = dist.extended.should_checkpoint
     if not chief:  # one progress bar and one summary: the chief's
-        verbose, print_fn = 0, (lambda *_: None)
+        verbose = 0
+        print_fn = _say_nothing
     if verbose == 1 and topology_of(dist).coordinator:
         verbose = 2  # Keras refuses a progress bar under parameter servers: one line per epoch
-    model = parallelism.build(lambda: transformer(k) if tokens else build_model(k))
-    with parallelism.scope():
-        model.compile(
-            optimizer=k.optimizers.Adam(learning_rate),
-            loss=k.losses.SparseCategoricalCrossentropy(from_logits=tokens),
-            weighted_metrics=["accuracy"],  # masks tfpar.data's padding
-        )
+    model = _compiled_model(parallelism, k, tokens, learning_rate)
     replicas_in_step = parallelism.num_replicas_in_sync
     global_batch_size = global_batch_size or 32 * replicas_in_step
     description = _description(parallelism, global_batch_size, model, policy, k, keras_version)
     print_fn(description)
-    # Functions, not datasets: parameter-server workers build their input themselves.
-    train = distribute(
-        lambda: tf.data.Dataset.from_tensor_slices((x_train, y_train)),
-        parallelism,
-        global_batch_size,
-        shuffle_buffer=len(x_train),
-        seed=0,
+    train = _input(
+        x_train, y_train, parallelism, global_batch_size, shuffle_buffer=len(x_train), seed=0
     )
-    val = distribute(
-        lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val)), parallelism, global_batch_size
-    )
+    val = _input(x_val, y_val, parallelism, global_batch_size)
     callbacks = _callbacks(
         model, epochs, learning_rate, replicas_in_step, global_batch_size, timeline
     )
-    history = model.fit(
-        train.dataset,
-        steps_per_epoch=train.steps_per_epoch,
-        epochs=epochs,
-        validation_data=val.dataset,
-        validation_steps=val.steps_per_epoch,
-        callbacks=callbacks,
-        verbose=verbose,
-        shuffle=False,  # tfpar.data shuffled it; Keras 3 warns that it cannot shuffle a dataset
-    )
+    history = _fit(model, train, val, epochs, callbacks, verbose)
     notes = _training_notes(history, timeline if chief else None, report_dir)
     if qat or compress:
         float_model = _float_copy(model, dist, precision_module)
-        run = (dist, train, x_train, (x_val, y_val), learning_rate, verbose, chief)
-        notes += quantize_and_export(float_model, val, *run) if qat else ()
-        notes += compress_and_export(float_model, *run) if compress else ()
+        run = TrainedRun(dist, train, val, x_train, (x_val, y_val), learning_rate, verbose, chief)
+        notes += quantize_and_export(float_model, run) if qat else ()
+        notes += compress_and_export(float_model, run) if compress else ()
     result = DemoResult(
         strategy=description,
         epochs=epochs,
@@ -233,6 +213,55 @@ def run_demo(
     )
     print_fn(result.describe())
     return result
+
+
+def _say_nothing(*_):
+    """The summary's printer on a process that is not the chief."""
+
+
+def _timeline(report_dir):
+    """A `Timeline` writing into ``report_dir`` (checked before training), or None."""
+    if report_dir is None:
+        return None
+    from tfpar.callbacks.timeline import Timeline, timeline_in
+
+    return Timeline(timeline_in(report_dir, "report_dir"))
+
+
+def _compiled_model(parallelism, k, tokens, learning_rate):
+    """The demo's model built by ``parallelism`` and compiled in its scope."""
+    model = parallelism.build(lambda: transformer(k) if tokens else build_model(k))
+    with parallelism.scope():
+        model.compile(
+            optimizer=k.optimizers.Adam(learning_rate),
+            loss=k.losses.SparseCategoricalCrossentropy(from_logits=tokens),
+            weighted_metrics=["accuracy"],  # masks tfpar.data's padding
+        )
+    return model
+
+
+def _input(x, y, parallelism, global_batch_size, **options):
+    """``(x, y)`` as `tfpar.data.distribute` gives it to ``parallelism`` with ``options``: from a
+    function, not a dataset, since parameter-server workers build their input themselves."""
+    return distribute(
+        lambda: tf.data.Dataset.from_tensor_slices((x, y)),
+        parallelism,
+        global_batch_size,
+        **options,
+    )
+
+
+def _fit(model, train, val, epochs, callbacks, verbose):
+    return model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=epochs,
+        validation_data=val.dataset,
+        validation_steps=val.steps_per_epoch,
+        callbacks=callbacks,
+        verbose=verbose,
+        shuffle=False,  # tfpar.data shuffled it; Keras 3 warns that it cannot shuffle a dataset
+    )
 
 
 def _description(parallelism, global_batch_size, model, policy, k, keras_version):

@@ -2,52 +2,69 @@
 TFMOT (quantization-aware training; pruning, clustering and QAT that keeps both), exported as
 TFLite and compared with the float model."""
 
+from dataclasses import dataclass
 from typing import Any
 
 from tfpar._keras import keras
 
-__all__ = ["QAT_EPOCHS", "compress_and_export", "compress_chain", "quantize_and_export"]
+__all__ = [
+    "QAT_EPOCHS",
+    "TrainedRun",
+    "compress_and_export",
+    "compress_chain",
+    "quantize_and_export",
+]
 
 QAT_EPOCHS = 3
 """Epochs of quantization-aware fine-tuning after the float training (``--qat``), and of each
 stage of ``--compress``'s chain."""
 
 
-def quantize_and_export(
-    float_model: Any,
-    val: Any,
-    dist: Any,
-    train: Any,
-    x_train: Any,
-    validation: tuple,
-    learning_rate: float,
-    verbose: int,
-    chief: bool,
-) -> tuple:
+@dataclass(frozen=True)
+class TrainedRun:
+    """What the float training leaves to the fine-tuning and export steps after it."""
+
+    dist: Any
+    """The strategy the model trained under (its input strategy)."""
+    train: Any
+    """The training input, a `tfpar.data.distribute` result."""
+    val: Any
+    """The validation input, likewise."""
+    x_train: Any
+    """The training features: representative data for int8 calibration."""
+    validation: tuple
+    """``(x_val, y_val)``, to measure the exported models."""
+    learning_rate: float
+    verbose: int
+    chief: bool
+    """Whether this process reports (and exports)."""
+
+
+def quantize_and_export(float_model: Any, run: TrainedRun) -> tuple:
     """QAT fine-tuning of the trained ``float_model``, then float and int8 TFLite files compared."""
     import os
     import tempfile
 
     from tfpar.quantization import export_tflite, quantize
 
-    with dist.scope():
+    with run.dist.scope():
         qat_model = quantize(float_model)
         qat_model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate / 4),
+            optimizer=keras.optimizers.Adam(run.learning_rate / 4),
             loss="sparse_categorical_crossentropy",
             weighted_metrics=["accuracy"],
         )
     qat_model.fit(
-        train.dataset,
-        steps_per_epoch=train.steps_per_epoch,
+        run.train.dataset,
+        steps_per_epoch=run.train.steps_per_epoch,
         epochs=QAT_EPOCHS,
-        validation_data=val.dataset,
-        validation_steps=val.steps_per_epoch,
-        verbose=verbose,
+        validation_data=run.val.dataset,
+        validation_steps=run.val.steps_per_epoch,
+        verbose=run.verbose,
     )
-    if not chief:
+    if not run.chief:
         return ()
-    x_val, y_val = validation
+    x_val, y_val = run.validation
     lines = []
     with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
         exports = {
@@ -57,7 +74,7 @@ def quantize_and_export(
             "int8 (QAT)": export_tflite(
                 qat_model,
                 os.path.join(folder, "digits_int8.tflite"),
-                representative_data=x_train[:200],
+                representative_data=run.x_train[:200],
             ),
         }
         for name, export in exports.items():
@@ -118,16 +135,7 @@ def compress_chain(
         return fit(quantize(clustered, preserve=("clusters", "sparsity")))
 
 
-def compress_and_export(
-    float_model: Any,
-    dist: Any,
-    train: Any,
-    x_train: Any,
-    validation: tuple,
-    learning_rate: float,
-    verbose: int,
-    chief: bool,
-) -> tuple:
+def compress_and_export(float_model: Any, run: TrainedRun) -> tuple:
     """`compress_chain` on the trained ``float_model``, exported with its deployment report."""
     import os
     import tempfile
@@ -136,18 +144,18 @@ def compress_and_export(
     from tfpar.quantization.deploy import AccuracyDropError
 
     compressed = compress_chain(
-        float_model, dist, train, learning_rate=learning_rate / 2, verbose=verbose
+        float_model, run.dist, run.train, learning_rate=run.learning_rate / 2, verbose=run.verbose
     )
-    if not chief:
+    if not run.chief:
         return ()
     with tempfile.TemporaryDirectory(prefix="tfpar-demo-") as folder:  # the demo keeps no files
         try:
             export = export_tflite(
                 compressed,
                 os.path.join(folder, "digits_compressed.tflite"),
-                representative_data=x_train[:200],
+                representative_data=run.x_train[:200],
                 compress=True,
-                validation_data=validation,
+                validation_data=run.validation,
                 reference=float_model,
                 max_accuracy_drop=0.01,
             )

@@ -131,15 +131,7 @@ def tune(
         ("max_epochs", max_epochs),
     ):
         check_int(name, value, 1)
-    one_host = ("num_packs", "microbatches", "tensor_degree")
-    if workers > 1 and any(space.get(axis, [None]) != [None] for axis in one_host):
-        raise ValueError(
-            "num_packs, microbatches and tensor_degree tune one host's devices (the hierarchical "
-            f"all-reduce, the pipeline, tensor parallelism); with workers={workers} each worker is "
-            f"one replica. Received: workers={workers} with "
-            f"{sorted(a for a in one_host if a in space)}. Tune bytes_per_pack, compression, "
-            "zero_stage and strategy across workers, or those axes with workers=1."
-        )
+    _check_one_host_axes(space, workers)
     _check_references(model_fn=model_fn, data_fn=data_fn, validation_fn=validation_fn)
     names = list(check_names("metrics", metrics))
     spec: dict[str, Any] = {
@@ -167,6 +159,25 @@ def tune(
             max_epochs=max_epochs,
             max_seconds=max_seconds,
         )
+    trials = _run_trials(spec, space, timeout_seconds, workers, goal, print_fn)
+    return TuneResult(tuple(trials), workers, str(goal) if goal else None)
+
+
+def _check_one_host_axes(space, workers):
+    """Refuses the axes that tune one host's devices in a job of several workers."""
+    one_host = ("num_packs", "microbatches", "tensor_degree")
+    if workers > 1 and any(space.get(axis, [None]) != [None] for axis in one_host):
+        raise ValueError(
+            "num_packs, microbatches and tensor_degree tune one host's devices (the hierarchical "
+            f"all-reduce, the pipeline, tensor parallelism); with workers={workers} each worker is "
+            f"one replica. Received: workers={workers} with "
+            f"{sorted(a for a in one_host if a in space)}. Tune bytes_per_pack, compression, "
+            "zero_stage and strategy across workers, or those axes with workers=1."
+        )
+
+
+def _run_trials(spec, space, timeout_seconds, workers, goal, print_fn):
+    """Each configuration of ``space`` as a trial process, in turn; the trials, best first."""
     trials = []
     for config in trial_configs(space):
         trial = _run_trial_process({**spec, "config": config}, timeout_seconds, workers)
@@ -184,7 +195,7 @@ def tune(
             -t.get("examples_per_second", 0),
         )
     )
-    return TuneResult(tuple(trials), workers, str(goal) if goal else None)
+    return trials
 
 
 def _summary(trial, goal):

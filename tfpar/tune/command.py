@@ -10,15 +10,33 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(tune: argparse.ArgumentParser) -> None:
-    tune.add_argument(
+    _what_arguments(tune.add_argument_group("what is trained"))
+    _search_arguments(tune.add_argument_group("the search"))
+    _trial_arguments(tune.add_argument_group("each trial"))
+
+
+def _what_arguments(group):
+    group.add_argument(
         "--model", default="tfpar.demo:build_model", help="module:function building the model"
     )
-    tune.add_argument(
+    group.add_argument(
         "--data",
         default="tfpar.demo:digits_dataset",
         help="module:function returning a tf.data.Dataset of (x, y) examples",
     )
-    tune.add_argument(
+    group.add_argument("--metrics", default="accuracy", help="compile's metrics, comma-separated")
+    group.add_argument(
+        "--optimizer",
+        default="adam",
+        help="the model's own optimizer (the optimizer axis' 'model')",
+    )
+    group.add_argument(
+        "--loss", default="sparse_categorical_crossentropy", help="the loss each trial compiles"
+    )
+
+
+def _search_arguments(group):
+    group.add_argument(
         "--space",
         default=None,
         help="JSON {axis: [values]}; axes: per_replica_batch, steps_per_execution, num_packs, "
@@ -28,48 +46,42 @@ def add_arguments(tune: argparse.ArgumentParser) -> None:
         "warmup_epochs. Default: batch and steps_per_execution (with --target: batch, optimizer "
         "and scaling rule); with --workers N > 1, both strategies too (tfpar.tune.workers_space)",
     )
-    tune.add_argument(
+    group.add_argument(
         "--target",
         metavar="METRIC=VALUE",
         help="rank the trials by the wall time to reach it, e.g. val_accuracy=0.95 (default: by "
         "examples per second); each trial trains until it gets there, or --max-epochs, or "
         "--max-seconds",
     )
-    tune.add_argument(
+    group.add_argument(
         "--validation-data",
         default=None,
         help="module:function returning the validation examples (default with --target and the "
         "demo's data: tfpar.demo:digits_validation_dataset)",
     )
-    tune.add_argument("--metrics", default="accuracy", help="compile's metrics, comma-separated")
-    tune.add_argument(
+    group.add_argument(
         "--max-epochs", type=_int, default=30, help="with --target: epochs a trial may train"
     )
-    tune.add_argument(
+    group.add_argument(
         "--max-seconds", type=float, default=120.0, help="with --target: seconds a trial may train"
     )
-    tune.add_argument(
-        "--optimizer",
-        default="adam",
-        help="the model's own optimizer (the optimizer axis' 'model')",
-    )
-    tune.add_argument(
-        "--loss", default="sparse_categorical_crossentropy", help="the loss each trial compiles"
-    )
-    tune.add_argument(
+    group.add_argument("--json", help="also write the trials and the winner to this file")
+
+
+def _trial_arguments(group):
+    group.add_argument(
         "--steps", type=_int, default=20, help="timed steps per trial (without --target)"
     )
-    tune.add_argument(
+    group.add_argument(
         "--devices", type=_int, default=2, help="virtual CPU devices of a one-worker trial (no GPU)"
     )
-    tune.add_argument(
+    group.add_argument(
         "--workers",
         type=_int,
         default=1,
         help="run each trial as a job of N workers (or Horovod ranks) under tfpar launch",
     )
-    tune.add_argument("--json", help="also write the trials and the winner to this file")
-    tune.add_argument(
+    group.add_argument(
         "--trial-timeout",
         type=float,
         default=300.0,

@@ -140,7 +140,7 @@ def _to_target(target, max_seconds):
 def _trial(spec):
     """Runs one trial in this process and prints ``TRIAL {json}``."""
     import tfpar
-    from tfpar.tune.space import AXES, DEFAULTS, Target
+    from tfpar.tune.space import AXES, DEFAULTS
 
     config = {**{a: None for a in AXES}, **DEFAULTS, **spec["config"]}
     # Several workers (TF_CONFIG): one replica each, and the strategy created first.
@@ -165,51 +165,63 @@ def _trial(spec):
         _resolve(spec["data_fn"])(), parallelism, global_batch, remainder="drop"
     )
     throughput = tfpar.callbacks.Throughput(global_batch)
-    target = spec.get("target")
-    if target is None:
-        history = model.fit(
-            train.dataset,
-            steps_per_epoch=spec["steps"],
-            epochs=2,
-            verbose=0,
-            callbacks=[throughput, *callbacks],
-        )
-        result = {"examples_per_second": history.history["examples_per_second"][-1]}
+    callbacks = [throughput, *callbacks]
+    if spec.get("target") is None:
+        result = _timed(model, train, spec, callbacks)
     else:
-        validation = {}
-        if spec.get("validation_fn"):
-            val = tfpar.data.distribute(
-                _resolve(spec["validation_fn"])(), parallelism, global_batch, remainder="pad"
-            )
-            validation = {"validation_data": val.dataset, "validation_steps": val.steps_per_epoch}
-        recorder = _to_target(Target(**target), spec["max_seconds"])
-        history = model.fit(
-            train.dataset,
-            steps_per_epoch=train.steps_per_epoch,
-            epochs=spec["max_epochs"],
-            verbose=0,
-            callbacks=[throughput, *callbacks, recorder],
-            **validation,
-        )
-        seconds, epochs = recorder.reached_at or (None, None)
-        speeds = history.history["examples_per_second"]
-        result = {
-            "examples_per_second": max(speeds[1:] or speeds),
-            "seconds_to_target": seconds,
-            "epochs_to_target": epochs,
-            "curve": recorder.curve,
-            "stopped": recorder.stopped,
-            "code": code,
-        }
+        reached = _to_the_target(model, train, spec, parallelism, global_batch, callbacks)
+        result = {**reached, "code": code}
     if parallelism.input_strategy.extended.should_checkpoint:  # one line per job: its chief's
         result = {**result, "global_batch": global_batch, "pipeline": bool(config["microbatches"])}
-        print(
-            "TRIAL "
-            + json.dumps(
-                result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v
-            ),
-            flush=True,
+        _report(result)
+
+
+def _timed(model, train, spec, callbacks):
+    """Examples per second over ``spec["steps"]`` steps, after a warm-up epoch of as many."""
+    history = model.fit(
+        train.dataset, steps_per_epoch=spec["steps"], epochs=2, verbose=0, callbacks=callbacks
+    )
+    return {"examples_per_second": history.history["examples_per_second"][-1]}
+
+
+def _to_the_target(model, train, spec, parallelism, global_batch, callbacks):
+    """Trains until ``spec["target"]`` is reached, or its epochs or seconds run out; the time to
+    reach it, the curve and the speed."""
+    import tfpar
+    from tfpar.tune.space import Target
+
+    validation = {}
+    if spec.get("validation_fn"):
+        val = tfpar.data.distribute(
+            _resolve(spec["validation_fn"])(), parallelism, global_batch, remainder="pad"
         )
+        validation = {"validation_data": val.dataset, "validation_steps": val.steps_per_epoch}
+    recorder = _to_target(Target(**spec["target"]), spec["max_seconds"])
+    history = model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=spec["max_epochs"],
+        verbose=0,
+        callbacks=[*callbacks, recorder],
+        **validation,
+    )
+    seconds, epochs = recorder.reached_at or (None, None)
+    speeds = history.history["examples_per_second"]
+    return {
+        "examples_per_second": max(speeds[1:] or speeds),
+        "seconds_to_target": seconds,
+        "epochs_to_target": epochs,
+        "curve": recorder.curve,
+        "stopped": recorder.stopped,
+    }
+
+
+def _report(result):
+    """The trial's one line for the tuner: ``TRIAL {json}``, NaN as null."""
+    line = json.dumps(
+        result, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v
+    )
+    print(f"TRIAL {line}", flush=True)
 
 
 if __name__ == "__main__":
