@@ -114,6 +114,12 @@ def pytest_terminal_summary(terminalreporter):
                                 ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in times.items()))
     terminalreporter.write_line("tier CPU (the tests' processes included): " +
                                 ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in cpus.items()))
+    costs_file = os.environ.get("TFPAR_TEST_COSTS")
+    if costs_file:  # every test's CPU, for planning CI's budget
+        import json
+
+        with open(costs_file, "w", encoding="utf-8") as f:
+            json.dump(dict(sorted(by_test.items(), key=lambda kv: -kv[1])), f, indent=0)
     terminalreporter.write_line("the tests that took the most CPU:")
     for nodeid, cpu in sorted(by_test.items(), key=lambda kv: -kv[1])[:30]:
         terminalreporter.write_line(f"{cpu:8.1f} s  {nodeid}")
