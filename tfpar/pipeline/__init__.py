@@ -1,4 +1,5 @@
-"""Pipeline parallelism: a Keras model (tf_keras or Keras 3) cut into stages over devices, fed microbatches.
+"""Pipeline parallelism: a Keras model (tf_keras or Keras 3) cut into stages over devices, fed
+microbatches.
 
 `schedule` (GPipe and 1F1B as plain data, no TensorFlow), `partition` (where
 to cut), `staging` (`Pipeline`, `PipelineConfig`: what to cut, where it runs) and
@@ -11,8 +12,11 @@ script written for a strategy runs on it unchanged.
 
 from tfpar._lazy import exports
 
-__getattr__, __dir__, __all__ = exports(__name__, {
-    "Pipeline": "tfpar.pipeline.staging",
-    "PipelineConfig": "tfpar.pipeline.staging",
-    "PipelineModel": "tfpar.pipeline.model",
-})
+__getattr__, __dir__, __all__ = exports(
+    __name__,
+    {
+        "Pipeline": "tfpar.pipeline.staging",
+        "PipelineConfig": "tfpar.pipeline.staging",
+        "PipelineModel": "tfpar.pipeline.model",
+    },
+)

@@ -25,8 +25,12 @@ def tied_gradients(copies: list, pairs: list) -> list:
     for gradient, variable in pairs:
         gradients.setdefault(key_of[id(variable)], []).append(gradient)
     summed = {key: functools.reduce(add_gradients, found) for key, found in gradients.items()}
-    return [(summed[key_of[id(v)]], v) for held in copies for v in held.stage.trainable_variables
-            if key_of[id(v)] in summed]
+    return [
+        (summed[key_of[id(v)]], v)
+        for held in copies
+        for v in held.stage.trainable_variables
+        if key_of[id(v)] in summed
+    ]
 
 
 def check_tied(copies: list, optimizer: Any) -> None:
@@ -49,18 +53,22 @@ def check_tied(copies: list, optimizer: Any) -> None:
             "A weight of this pipeline is held by two stages (a tied embedding: the first looks "
             "tokens up, the last computes logits), and global_clipnorm would count its gradient "
             f"twice in the norm. Received: global_clipnorm={optimizer.global_clipnorm}. Use "
-            "clipnorm (each gradient by its own norm), or untie the embedding.")
+            "clipnorm (each gradient by its own norm), or untie the embedding."
+        )
     for held in copies:
         for layer in held.stage.parts:
             for sub in layer._flatten_layers(include_self=True):
-                regularized = [k for k, v in vars(sub).items()  # not get_config(): Llama's
-                               if k.endswith("_regularizer") and v is not None]  # fails
+                # not get_config(): Llama's fails
+                regularized = [
+                    k for k, v in vars(sub).items() if k.endswith("_regularizer") and v is not None
+                ]
                 shared = any(held.keys.get(id(v)) in tied for v in own_variables(sub))
                 if regularized and shared:
                     raise ValueError(
                         f"Layer {sub.name!r} is held by two stages (tied) and has {regularized}: "
                         "its loss would count in each stage. Received: a regularized tied "
-                        "layer. Remove its regularizer (or use AdamW's weight decay).")
+                        "layer. Remove its regularizer (or use AdamW's weight decay)."
+                    )
 
 
 def copy_back(source: Any, copies: list) -> None:

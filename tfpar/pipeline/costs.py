@@ -67,7 +67,10 @@ def _layer_calls(model, sample):
         outputs[id(_compat.keras_layer_of(tensor))] = value
     calls = []
     for layer in layers:
-        parents = [outputs[id(_compat.node_layer(node))] for node in _compat.layer_nodes_in(model, layer)[0].parent_nodes]
+        parents = [
+            outputs[id(_compat.node_layer(node))]
+            for node in _compat.layer_nodes_in(model, layer)[0].parent_nodes
+        ]
         calls.append((layer, (parents[0] if len(parents) == 1 else parents,), {"training": True}))
     return calls
 
@@ -91,6 +94,8 @@ def _median_seconds(fn, args, repeats):
     for _ in range(repeats):
         start = time.perf_counter()
         result = fn(args)  # an embedding's gradient is IndexedSlices: its parts, each fetched
-        tf.nest.map_structure(lambda t: None if t is None else t.numpy(), result, expand_composites=True)
+        tf.nest.map_structure(
+            lambda t: None if t is None else t.numpy(), result, expand_composites=True
+        )
         times.append(time.perf_counter() - start)
     return statistics.median(times)

@@ -20,8 +20,15 @@ from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.pipeline.schedule import BACKWARD, FORWARD, WEIGHT
 
-__all__ = ["ReplicaStep", "add_gradients", "chain_layers", "floats", "recomputed", "run_replica",
-           "run_stage"]
+__all__ = [
+    "ReplicaStep",
+    "add_gradients",
+    "chain_layers",
+    "floats",
+    "recomputed",
+    "run_replica",
+    "run_stage",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -31,8 +38,9 @@ def add_gradients(a: Any, b: Any) -> Any:
     is their rows together (as TensorFlow sums them), so the optimizer sees the sparse gradient the
     plain model's would (Keras 3 updates the slots of the rows a sparse gradient touches only)."""
     if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
-                                a.dense_shape)
+        return tf.IndexedSlices(
+            tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0), a.dense_shape
+        )
     return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
@@ -41,8 +49,9 @@ def chain_layers(stage: Any, keras_module: Any) -> list | None:
     several inputs or calls, or a chunk that is not a functional graph)."""
     if not _compat.is_graph_network(stage) or len(stage.inputs) != 1 or len(stage.outputs) != 1:
         return None
-    layers = [layer for layer in stage.layers
-              if not isinstance(layer, keras_module.layers.InputLayer)]
+    layers = [
+        layer for layer in stage.layers if not isinstance(layer, keras_module.layers.InputLayer)
+    ]
     previous = stage.inputs[0]
     for layer in layers:
         try:
@@ -54,8 +63,17 @@ def chain_layers(stage: Any, keras_module: Any) -> list | None:
     return layers if previous is stage.outputs[0] else None
 
 
-def run_replica(model: Any, replica: int, xs: Sequence, ys: Sequence, weights: Sequence | None, predictions: dict,
-                sums: dict, done: dict, losses: list) -> None:
+def run_replica(
+    model: Any,
+    replica: int,
+    xs: Sequence,
+    ys: Sequence,
+    weights: Sequence | None,
+    predictions: dict,
+    sums: dict,
+    done: dict,
+    losses: list,
+) -> None:
     """Builds replica ``replica``'s schedule on its devices. Each stage runs its instructions in the
     schedule's order (a control dependency on what the previous one made); ``done`` gets, per
     (replica, instruction), the tensors that instruction's end is read from."""
@@ -65,8 +83,11 @@ def run_replica(model: Any, replica: int, xs: Sequence, ys: Sequence, weights: S
     for instruction in model._order:
         k, i = instruction.stage, instruction.microbatch
         stage = model.schedule.stage_of(k)
-        with tf.device(model._device(replica, k)), model._placement(replica, k), \
-                tf.control_dependencies(last_on.get(stage, [])):
+        with (
+            tf.device(model._device(replica, k)),
+            model._placement(replica, k),
+            tf.control_dependencies(last_on.get(stage, [])),
+        ):
             last_on[stage] = kinds[instruction.kind](k, i)
         done[(replica, instruction)] = last_on[stage]
 
@@ -74,15 +95,25 @@ def run_replica(model: Any, replica: int, xs: Sequence, ys: Sequence, weights: S
 class ReplicaStep:
     """What one replica's instructions hand each other while its step is built."""
 
-    def __init__(self, model: Any, replica: int, xs: Sequence, ys: Sequence, weights: Sequence | None, predictions: dict,
-                 sums: dict, losses: list) -> None:
+    def __init__(
+        self,
+        model: Any,
+        replica: int,
+        xs: Sequence,
+        ys: Sequence,
+        weights: Sequence | None,
+        predictions: dict,
+        sums: dict,
+        losses: list,
+    ) -> None:
         self.model, self.replica = model, replica
         self.xs, self.ys, self.weights = xs, ys, weights
         self.predictions, self.sums, self.losses = predictions, sums, losses
         self.last = len(model.stages) - 1  # the chunk that computes the loss
         self.split = model.schedule.splits_backward
         m = model.schedule.num_microbatches
-        # Every microbatch has batch / (m × replicas × workers) examples, and the gradients are summed.
+        # Every microbatch has batch / (m × replicas × workers) examples, and the gradients are
+        # summed.
         self.scale = 1.0 / (m * len(model.grid) * model.num_workers)
         self.saved: dict = {}
         self.upstream: dict = {}
@@ -127,7 +158,9 @@ class ReplicaStep:
                 # stages get theirs from their own term below.
                 objective = [self.model._scaled(self._loss(outputs, i) * self.scale)]
             elif self.model.stages[k].losses:
-                objective.append(self.model._scaled(tf.add_n(self.model.stages[k].losses) * self.scale))
+                objective.append(
+                    self.model._scaled(tf.add_n(self.model.stages[k].losses) * self.scale)
+                )
         self.saved[(k, i)] = (tape, outputs, inputs, objective)
         return tf.nest.flatten(outputs)
 
@@ -139,7 +172,11 @@ class ReplicaStep:
             with tf.GradientTape(persistent=True) as tape:
                 tape.watch(x)
                 y = layer(x, training=True)
-                terms = [self.model._scaled(tf.add_n(layer.losses) * self.scale)] if layer.losses else []
+                terms = (
+                    [self.model._scaled(tf.add_n(layer.losses) * self.scale)]
+                    if layer.losses
+                    else []
+                )
             pieces.append((layer, tape, x, y, terms))
             x = y
         return pieces
@@ -171,8 +208,8 @@ class ReplicaStep:
         watched = floats(inputs) if k > 0 else []
         result = tape.gradient(objective, variables + watched, output_gradients=output_gradients)
         if k > 0:
-            self.upstream[(k, i)] = _zero_filled(result[len(variables):], watched)
-        grads = self._add(k, result[:len(variables)])
+            self.upstream[(k, i)] = _zero_filled(result[len(variables) :], watched)
+        grads = self._add(k, result[: len(variables)])
         return self.upstream[(k, i)] if k > 0 else grads
 
     def _output_gradients(self, objective, k, i):
@@ -181,15 +218,21 @@ class ReplicaStep:
         if k == self.last:
             return None
         upstream = list(self.upstream.pop((k + 1, i)))
-        return upstream + [tf.ones_like(term) for term in objective[len(upstream):]]
+        return upstream + [tf.ones_like(term) for term in objective[len(upstream) :]]
 
     # --- W ---
     def weight(self, k: int, i: int) -> list:
         if self.model._chains[k] is not None:  # W, layer by layer
             return self._add(k, self._weight_gradients(k, self.pending.pop((k, i))))
         tape, objective, output_gradients = self.pending.pop((k, i))
-        return self._add(k, tape.gradient(objective, self.model.stages[k].trainable_variables,
-                                          output_gradients=output_gradients))
+        return self._add(
+            k,
+            tape.gradient(
+                objective,
+                self.model.stages[k].trainable_variables,
+                output_gradients=output_gradients,
+            ),
+        )
 
     def _weight_gradients(self, k, pairs):
         """W of a chain chunk: each layer's variables' gradients from its own tape and output
@@ -198,17 +241,27 @@ class ReplicaStep:
         for (layer, tape, x, y, terms), gradient in pairs:
             variables = layer.trainable_variables
             if variables:
-                result = tape.gradient([y] + terms, variables,
-                                       output_gradients=[gradient] + [tf.ones_like(t) for t in terms])
+                result = tape.gradient(
+                    [y] + terms,
+                    variables,
+                    output_gradients=[gradient] + [tf.ones_like(t) for t in terms],
+                )
                 found.update((id(v), g) for v, g in zip(variables, result))
         return [found.get(id(v)) for v in self.model.stages[k].trainable_variables]
 
     def _add(self, k, result):
-        """Adds a microbatch's gradients of chunk ``k`` to its running sum; returns them (the stage's
-        next instruction waits for them, not for the sum: the additions run beside the pipeline)."""
+        """Adds a microbatch's gradients of chunk ``k`` to its running sum; returns them (the
+        stage's next instruction waits for them, not for the sum: the additions run beside the
+        pipeline)."""
         previous = self.sums.get((self.replica, k))
-        self.sums[(self.replica, k)] = result if previous is None else [
-            a if g is None else g if a is None else add_gradients(a, g) for a, g in zip(previous, result)]
+        self.sums[(self.replica, k)] = (
+            result
+            if previous is None
+            else [
+                a if g is None else g if a is None else add_gradients(a, g)
+                for a, g in zip(previous, result)
+            ]
+        )
         return [g for g in result if g is not None]
 
 
@@ -217,12 +270,19 @@ def recomputed(stages: list, recompute: bool, keras_module: Any) -> list:
     that holds an Embedding (tf.recompute_grad gives a looked-up table a dense gradient, and Adam
     then moves the rows no example used); those are named in a warning."""
     embedding = keras_module.layers.Embedding
-    lookups = [k for k, stage in enumerate(stages) if recompute and any(
-        isinstance(layer, embedding) for layer in stage._flatten_layers(include_self=False))]
+    lookups = [
+        k
+        for k, stage in enumerate(stages)
+        if recompute
+        and any(isinstance(layer, embedding) for layer in stage._flatten_layers(include_self=False))
+    ]
     if lookups:
-        _log.warning("recompute: stage(s) %s hold an Embedding, whose gradient (the rows "
-                     "looked up) tf.recompute_grad would make dense, updating every row under "
-                     "Adam: they keep their activations; the others recompute theirs.", lookups)
+        _log.warning(
+            "recompute: stage(s) %s hold an Embedding, whose gradient (the rows "
+            "looked up) tf.recompute_grad would make dense, updating every row under "
+            "Adam: they keep their activations; the others recompute theirs.",
+            lookups,
+        )
     return [recompute and k not in lookups for k in range(len(stages))]
 
 
@@ -247,8 +307,9 @@ def run_stage(stage: Any, x: Any, recompute: bool) -> Any:
 
     differentiable = iter(tf.recompute_grad(run)(*[flat[i] for i in at]))
     whole = tf.nest.flatten(first[0])
-    return tf.nest.pack_sequence_as(first[0], [next(differentiable) if t.dtype.is_floating else t
-                                               for t in whole])
+    return tf.nest.pack_sequence_as(
+        first[0], [next(differentiable) if t.dtype.is_floating else t for t in whole]
+    )
 
 
 def floats(structure: Any) -> list:

@@ -23,12 +23,30 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import check_keras_model, is_keras3, keras_of, tf
 from tfpar.tensor_parallel.calls import keeping_split
-from tfpar.tensor_parallel.nested import (drop_state, layer_tree, own_variables, paired, rebuilt,
-                                          split_in_place)
+from tfpar.tensor_parallel.nested import (
+    drop_state,
+    layer_tree,
+    own_variables,
+    paired,
+    rebuilt,
+    split_in_place,
+)
 
-__all__ = ["FlatChunk", "FlatStage", "StageCopy", "chunk_styles", "crossing", "flat_costs",
-           "flat_graph", "graph_layers", "named_cuts", "nests_a_model", "stage_parameters",
-           "staged_copy", "step_cost"]
+__all__ = [
+    "FlatChunk",
+    "FlatStage",
+    "StageCopy",
+    "chunk_styles",
+    "crossing",
+    "flat_costs",
+    "flat_graph",
+    "graph_layers",
+    "named_cuts",
+    "nests_a_model",
+    "stage_parameters",
+    "staged_copy",
+    "step_cost",
+]
 
 
 def nests_a_model(model: Any) -> bool:
@@ -68,14 +86,19 @@ def graph_layers(model: Any) -> list:
     if not _compat.is_graph_network(model):
         raise ValueError(
             f"Cannot cut the subclassed model {model.name!r} ({type(model).__name__}) into stages: "
-            "its call() is Python code, so tfpar cannot see where one layer's output feeds the next. "
-            "Write it as a Sequential or Functional model (keras.Input ... keras.Model(inputs, "
-            "outputs)); a subclassed layer inside such a model is fine.")
-    layers = [layer for layer in model.layers if not isinstance(layer, keras_of(model).layers.InputLayer)]
+            "its call() is Python code, so tfpar cannot see where one layer's output feeds the "
+            "next. Write it as a Sequential or Functional model (keras.Input ... "
+            "keras.Model(inputs, outputs)); a subclassed layer inside such a model is fine."
+        )
+    layers = [
+        layer for layer in model.layers if not isinstance(layer, keras_of(model).layers.InputLayer)
+    ]
     for layer in layers:
         if len(_compat.layer_nodes_in(model, layer)) != 1:
-            raise ValueError(f"Layer {layer.name!r} is called more than once in {model.name!r}; "
-                             "tfpar cannot place a shared layer on one stage. Use separate layers.")
+            raise ValueError(
+                f"Layer {layer.name!r} is called more than once in {model.name!r}; "
+                "tfpar cannot place a shared layer on one stage. Use separate layers."
+            )
     return layers
 
 
@@ -97,7 +120,8 @@ def flat_graph(model: Any) -> tuple[list, list, list]:
             raise ValueError(
                 f"{model.name!r} calls the model {layer.name!r} more than once; a pipeline cuts "
                 "a model called once. Received: a shared nested model. Call it once, or stage "
-                f"{layer.name!r} alone.")
+                f"{layer.name!r} alone."
+            )
         called.add(id(layer))
         _check_training(model, layer, fill, inputs)
         inner_inputs, inner_steps, inner_outputs = flat_graph(layer)
@@ -118,7 +142,8 @@ def _check_training(model, nested, fill, inputs):
             f"training={kwargs['training']!r}, which tf_keras keeps, and a pipeline's stages run "
             "its layers in training mode. Received: a nested call with training set. Call it "
             "without training= (freeze its layers with trainable=False), or build the model with "
-            "Keras 3.")
+            "Keras 3."
+        )
 
 
 def _reader(keys):
@@ -166,11 +191,13 @@ def flat_costs(model: Any, balance: str, layer_costs: dict | None) -> tuple[list
             raise ValueError(
                 f"balance='time' on {model.name!r}, which nests a model, needs layer_costs with "
                 f"a cost for each layer its stages run. Received: missing {missing}. Give "
-                "layer_costs for those layers, or use balance='params'.")
+                "layer_costs for those layers, or use balance='params'."
+            )
         given = layer_costs or {}
         # A layer called twice (a tied embedding) has its cost shared between its calls.
-        costs = [float(given.get(n, 0.0)) / names.count(n) if w else 0.0
-                 for n, w in zip(names, weighted)]
+        costs = [
+            float(given.get(n, 0.0)) / names.count(n) if w else 0.0 for n, w in zip(names, weighted)
+        ]
     else:
         costs = [step_cost(layer) for layer, _, _, _ in steps]
     return names, costs, [i for i in range(1, len(steps)) if weighted[i]]
@@ -189,14 +216,19 @@ def named_cuts(names: list, cut_points: Any, num_stages: int, model_name: str) -
             raise ValueError(
                 f"cut point {name!r} names {'no' if name not in names else 'more than one'} call "
                 f"of a layer in {model_name!r} (its nested models included). Received: "
-                f"cut_points={list(cut_points)!r}. Name layers among {sorted(set(names) - {''})}.")
+                f"cut_points={list(cut_points)!r}. Name layers among {sorted(set(names) - {''})}."
+            )
         cuts.append(names.index(name) + 1)
     if len(set(cuts)) != len(cuts) or max(cuts, default=0) >= len(names):
-        raise ValueError(f"cut_points must name distinct layers before the last, each stage "
-                         f"non-empty. Received: cut_points={list(cut_points)!r}.")
+        raise ValueError(
+            f"cut_points must name distinct layers before the last, each stage "
+            f"non-empty. Received: cut_points={list(cut_points)!r}."
+        )
     if len(cuts) != num_stages - 1:
-        raise ValueError(f"num_stages={num_stages} needs {num_stages - 1} cut point(s). "
-                         f"Received: cut_points={list(cut_points)!r}.")
+        raise ValueError(
+            f"num_stages={num_stages} needs {num_stages - 1} cut point(s). "
+            f"Received: cut_points={list(cut_points)!r}."
+        )
     return sorted(cuts)
 
 
@@ -204,8 +236,13 @@ def chunk_styles(model: Any, chunk: "FlatChunk", styles: dict) -> dict:
     """The part of ``styles`` ({layer path: style}, over the whole ``model``) that the layers a
     flattened stage calls hold (a tied embedding's style goes to each stage that calls it)."""
     _, steps, _ = flat_graph(model)
-    held = _held([layer for layer, _, _, _ in steps[chunk.start:chunk.end]
-                  if hasattr(layer, "_flatten_layers")])
+    held = _held(
+        [
+            layer
+            for layer, _, _, _ in steps[chunk.start : chunk.end]
+            if hasattr(layer, "_flatten_layers")
+        ]
+    )
     tree = layer_tree(model)
     return {path: style for path, style in styles.items() if id(tree[path]) in held}
 
@@ -230,8 +267,13 @@ class FlatChunk:
     last: bool
 
 
-def staged_copy(source: Any, chunk: FlatChunk, keras_module: Any, styles: dict | None = None,
-                devices: list | None = None) -> "StageCopy":
+def staged_copy(
+    source: Any,
+    chunk: FlatChunk,
+    keras_module: Any,
+    styles: dict | None = None,
+    devices: list | None = None,
+) -> "StageCopy":
     """A `StageCopy` whose stage runs ``chunk`` of ``source`` on the current device (call it under
     ``tf.device``), its layers planned in ``styles`` ({path in source: style}) split over
     ``devices`` where they sit (`tfpar.tensor_parallel.nested.split_in_place`).
@@ -243,7 +285,7 @@ def staged_copy(source: Any, chunk: FlatChunk, keras_module: Any, styles: dict |
     index = {id(variable): j for j, variable in enumerate(copy.weights)}
     twins = paired(source, copy)
     input_keys, steps, output_keys = flat_graph(copy)
-    taken = steps[chunk.start:chunk.end]
+    taken = steps[chunk.start : chunk.end]
     inputs = input_keys if chunk.first else crossing(steps, chunk.start, input_keys, output_keys)
     outputs = output_keys if chunk.last else crossing(steps, chunk.end, input_keys, output_keys)
     used: list = []
@@ -260,8 +302,14 @@ def staged_copy(source: Any, chunk: FlatChunk, keras_module: Any, styles: dict |
                 keys[id(variable)] = (positions[path][position], part)
     _release_others(copy, used)
     structure = _compat.output_structure(copy) if chunk.last else None
-    stage = _stage_class(keras_module)(taken, inputs, outputs, used, structure,
-                                       name=f"{source.name}_stage_{chunk.start}_{chunk.end}")
+    stage = _stage_class(keras_module)(
+        taken,
+        inputs,
+        outputs,
+        used,
+        structure,
+        name=f"{source.name}_stage_{chunk.start}_{chunk.end}",
+    )
     for variable in stage.weights:
         keys.setdefault(id(variable), (index.get(id(variable)), None))
     return StageCopy(stage, keys, twins, splits)

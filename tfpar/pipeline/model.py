@@ -19,8 +19,8 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
-from tfpar.pipeline.executor import add_gradients, chain_layers, recomputed, run_replica
 from tfpar.pipeline.copies import check_tied, copy_back, tied_gradients
+from tfpar.pipeline.executor import add_gradients, chain_layers, recomputed, run_replica
 from tfpar.pipeline.flat import FlatChunk, staged_copy
 from tfpar.tensor_parallel.model import TensorParallelModel, build_optimizer_beside_variables
 from tfpar.tensor_parallel.nested import rebuilt
@@ -36,7 +36,9 @@ def _split(structure, parts):
     if structure is None:
         return [None] * parts
     pieces = [tf.split(tf.identity(t), parts) for t in tf.nest.flatten(structure)]
-    return [tf.nest.pack_sequence_as(structure, [piece[j] for piece in pieces]) for j in range(parts)]
+    return [
+        tf.nest.pack_sequence_as(structure, [piece[j] for piece in pieces]) for j in range(parts)
+    ]
 
 
 class PipelineModel:
@@ -60,7 +62,9 @@ class PipelineModel:
             cls = _keras3_pipeline_model() if is_keras3(source) else _TfKerasPipelineModel
         return super().__new__(cls)
 
-    def __init__(self, source, partition, grid, schedule, recompute=False, tensor_styles=None, workers=None):
+    def __init__(
+        self, source, partition, grid, schedule, recompute=False, tensor_styles=None, workers=None
+    ):
         super().__init__(name=f"{source.name}_pipeline")
         self.partition = partition
         self.grid = grid
@@ -72,12 +76,17 @@ class PipelineModel:
             if isinstance(sub, FlatChunk):
                 styles = tensor_styles[k] if tensor_styles is not None else None
                 with tf.device(self._device(0, k)):
-                    copies.append(staged_copy(source, sub, self._keras, styles,
-                                              list(self._stage_devices(0, k))))
+                    copies.append(
+                        staged_copy(
+                            source, sub, self._keras, styles, list(self._stage_devices(0, k))
+                        )
+                    )
                 stages.append(copies[-1].stage)
                 continue
             if tensor_styles is not None:  # the chunk's layers split over its stage's devices
-                stages.append(TensorParallelModel(sub, tensor_styles[k], list(self._stage_devices(0, k))))
+                stages.append(
+                    TensorParallelModel(sub, tensor_styles[k], list(self._stage_devices(0, k)))
+                )
                 continue
             with tf.device(self._device(0, k)):  # the chunk's variables live on its stage's device
                 stages.append(self._copy(sub, source))
@@ -86,26 +95,38 @@ class PipelineModel:
         self.__dict__["_copies"] = copies or None  # what ties each flattened stage to the source
         # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
         by_layer = schedule.splits_backward and not recompute and tensor_styles is None
-        self.__dict__["_chains"] = [chain_layers(stage, self._keras) if by_layer else None
-                                    for stage in stages]
+        self.__dict__["_chains"] = [
+            chain_layers(stage, self._keras) if by_layer else None for stage in stages
+        ]
         unsplit = [k for k, chain in enumerate(self._chains) if chain is None]
         if by_layer and unsplit:
-            _log.warning("%s: chunk(s) %s are not a chain of one-input layers, so their weight pass (W) "
-                         "recomputes the chunk's backward chain that B ran: correct, but W costs about B + W "
-                         "there.", schedule.name, unsplit)
+            _log.warning(
+                "%s: chunk(s) %s are not a chain of one-input layers, so their weight pass (W) "
+                "recomputes the chunk's backward chain that B ran: correct, but W costs about "
+                "B + W there.",
+                schedule.name,
+                unsplit,
+            )
         self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
-        self.__dict__["_workers"] = workers  # the job's other workers, replicas of this pipeline (or None)
+        # the job's other workers, replicas of this pipeline (or None)
+        self.__dict__["_workers"] = workers
         self.num_workers = workers.num_workers if workers else 1
         if workers:
             workers.start_alike([v for stage in stages for v in stage.weights])
-        self._timeline = schedule.simulate(1.0, 1.0, 1.0)  # F, B and W each take a time: a strict order
+        # F, B and W each take a time: a strict order
+        self._timeline = schedule.simulate(1.0, 1.0, 1.0)
         self._order = self._timeline.order()
         with tf.device("/cpu:0"):
-            self.pipeline_timing = tf.Variable(tf.zeros([2], tf.float64), trainable=False,
-                                               name="pipeline_timing")
-            # The last step's instructions, replica by replica in the schedule's order: (start, end).
-            self.device_trace = tf.Variable(tf.zeros([len(self._trace_keys()), 2], tf.float64),
-                                              trainable=False, name="device_trace")
+            self.pipeline_timing = tf.Variable(
+                tf.zeros([2], tf.float64), trainable=False, name="pipeline_timing"
+            )
+            # The last step's instructions, replica by replica in the schedule's order:
+            # (start, end).
+            self.device_trace = tf.Variable(
+                tf.zeros([len(self._trace_keys()), 2], tf.float64),
+                trainable=False,
+                name="device_trace",
+            )
         # Summed over steps: [stage busy time (mean over stages and replicas), step span].
 
     def _copy(self, sub, source):
@@ -118,7 +139,8 @@ class PipelineModel:
         return clone
 
     def _stage_devices(self, replica, chunk):
-        """The devices of the stage a chunk runs on, in that replica: one, or its tensor-parallel ones."""
+        """The devices of the stage a chunk runs on, in that replica: one, or its tensor-parallel
+        ones."""
         entry = self.grid[replica][self.schedule.stage_of(chunk)]
         return entry if isinstance(entry, tuple) else (entry,)
 
@@ -133,18 +155,24 @@ class PipelineModel:
 
     def device_track_names(self) -> list[str]:
         """The trace's tracks: one per stage of each replica (`tfpar.callbacks.Timeline`)."""
-        return [f"stage {k}" + (f" (replica {r})" if len(self.grid) > 1 else "")
-                for r in range(len(self.grid)) for k in range(self.schedule.num_stages)]
+        return [
+            f"stage {k}" + (f" (replica {r})" if len(self.grid) > 1 else "")
+            for r in range(len(self.grid))
+            for k in range(self.schedule.num_stages)
+        ]
 
     def device_trace_labels(self) -> list:
-        """Per row of ``device_trace``: (its track, "F<microbatch>", "B<microbatch>" or "W<microbatch>",
-        with the chunk after a "c" under virtual stages)."""
+        """Per row of ``device_trace``: (its track, "F<microbatch>", "B<microbatch>" or
+        "W<microbatch>", with the chunk after a "c" under virtual stages)."""
         p, chunks = self.schedule.num_stages, self.schedule.virtual_stages > 1
-        return [(r * p + self.schedule.stage_of(i.stage), f"{i}c{i.stage}" if chunks else str(i))
-                for r, i in self._trace_keys()]
+        return [
+            (r * p + self.schedule.stage_of(i.stage), f"{i}c{i.stage}" if chunks else str(i))
+            for r, i in self._trace_keys()
+        ]
 
     def _trace_keys(self):
-        """The rows of ``device_trace``: (replica, instruction), replica by replica in the schedule's order."""
+        """The rows of ``device_trace``: (replica, instruction), replica by replica in the
+        schedule's order."""
         return [(r, i) for r in range(len(self.grid)) for i in self._order]
 
     def call(self, inputs, training=None):
@@ -174,10 +202,12 @@ class PipelineModel:
         build_optimizer_beside_variables(self)
 
     def get_config(self):
-        raise NotImplementedError("Save plain_model() instead: a PipelineModel is rebuilt with "
-                                  "Pipeline.stage(model).")
+        raise NotImplementedError(
+            "Save plain_model() instead: a PipelineModel is rebuilt with Pipeline.stage(model)."
+        )
 
-    @tf.autograph.experimental.do_not_convert  # plain graph building: Python loops over the schedule
+    # Plain graph building: Python loops over the schedule.
+    @tf.autograph.experimental.do_not_convert
     def train_step(self, data):
         x, y, sample_weight = self._keras.utils.unpack_x_y_sample_weight(data)
         xs, ys, weights = self._microbatches(x, y, sample_weight)
@@ -212,19 +242,28 @@ class PipelineModel:
     def fit(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras' ``fit``; arrays whose last batch would not split into microbatches are refused
         before the first step (not at the epoch's end, after steps were applied)."""
-        if x is not None and not isinstance(x, tf.data.Dataset) and hasattr(tf.nest.flatten(x)[0], "shape"):
+        if (
+            x is not None
+            and not isinstance(x, tf.data.Dataset)
+            and hasattr(tf.nest.flatten(x)[0], "shape")
+        ):
             parts = len(self.grid) * self.schedule.num_microbatches
             n = len(tf.nest.flatten(x)[0])
             size = batch_size or 32
             if kwargs.get("validation_split"):
                 n = int(n * (1 - kwargs["validation_split"]))
             if size % parts or (n % size and (n % size) % parts):
+                uneven = (
+                    "every batch" if size % parts else f"the last batch of each epoch ({n % size})"
+                )
                 raise ValueError(
-                    f"Each batch must split into replicas × num_microbatches = {parts} equal microbatches. "
-                    f"Received: {n} examples in batches of batch_size={size}, so "
-                    f"{'every batch' if size % parts else f'the last batch of each epoch ({n % size})'} "
-                    f"does not divide by {parts}. Use a batch_size that divides by {parts} and a number "
-                    "of examples that leaves no partial batch, or tf.data with drop_remainder=True.")
+                    "Each batch must split into replicas × num_microbatches = "
+                    f"{parts} equal microbatches. "
+                    f"Received: {n} examples in batches of batch_size={size}, so {uneven} "
+                    f"does not divide by {parts}. Use a batch_size that divides by {parts} and a "
+                    "number of examples that leaves no partial batch, or tf.data with "
+                    "drop_remainder=True."
+                )
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def _microbatches(self, x, y, sample_weight):
@@ -232,12 +271,16 @@ class PipelineModel:
         replicas, m = len(self.grid), self.schedule.num_microbatches
         parts = replicas * m
         first = tf.nest.flatten(x)[0]
-        message = (f"replicas × num_microbatches = {replicas} × {m} must divide the batch. A batch of "
-                   "another size came (an epoch's last, partial batch?): use a global batch that divides "
-                   f"by {parts} with drop_remainder=True, or tfpar.data.distribute (full batches).")
+        message = (
+            f"replicas × num_microbatches = {replicas} × {m} must divide the batch. A batch of "
+            "another size came (an epoch's last, partial batch?): use a global batch that divides "
+            f"by {parts} with drop_remainder=True, or tfpar.data.distribute (full batches)."
+        )
         if first.shape[0] is not None and first.shape[0] % parts:
             raise ValueError(f"{message} Received: a batch of {first.shape[0]}.")
-        with tf.control_dependencies([tf.debugging.assert_equal(tf.shape(first)[0] % parts, 0, message=message)]):
+        with tf.control_dependencies(
+            [tf.debugging.assert_equal(tf.shape(first)[0] % parts, 0, message=message)]
+        ):
             return tuple(_split(t, parts) for t in (x, y, sample_weight))
 
     def _sum_over_replicas(self, sums):
@@ -246,7 +289,11 @@ class PipelineModel:
         for k, stage in enumerate(self.stages):
             with tf.device(self._device(0, k)):
                 for n, variable in enumerate(stage.trainable_variables):
-                    parts = [sums[(r, k)][n] for r in range(len(self.grid)) if sums[(r, k)][n] is not None]
+                    parts = [
+                        sums[(r, k)][n]
+                        for r in range(len(self.grid))
+                        if sums[(r, k)][n] is not None
+                    ]
                     if parts:
                         pairs.append((functools.reduce(add_gradients, parts), variable))
         if self._copies is not None:  # a weight two flattened stages hold: both take its sum
@@ -271,7 +318,9 @@ class PipelineModel:
             with tf.control_dependencies(done[key]):
                 ends[key] = tf.timestamp()
         busy, previous, starts = [], {}, {}
-        for (replica, instruction) in sorted(done, key=lambda key: (key[0], spans[key[1]][0], key[1].stage)):
+        for replica, instruction in sorted(
+            done, key=lambda key: (key[0], spans[key[1]][0], key[1].stage)
+        ):
             candidates = [step_start]
             device = self.schedule.stage_of(instruction.stage)
             if (replica, device) in previous:
@@ -286,7 +335,9 @@ class PipelineModel:
         mean_busy = tf.add_n(busy) / (self.schedule.num_stages * len(self.grid))
         span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
         self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))
-        self.device_trace.assign(tf.stack([tf.stack([starts[key], ends[key]]) for key in self._trace_keys()]))
+        self.device_trace.assign(
+            tf.stack([tf.stack([starts[key], ends[key]]) for key in self._trace_keys()])
+        )
 
 
 class _TfKerasPipelineModel(PipelineModel, keras.Model):
@@ -296,8 +347,12 @@ class _TfKerasPipelineModel(PipelineModel, keras.Model):
 
     def _microbatch_loss(self, y, y_pred, sample_weight):
         # compiled_loss also adds the microbatch to the loss metric (equal microbatches: the mean).
-        return self.compiled_loss(y, y_pred, sample_weight,
-                                  regularization_losses=[loss for stage in self.stages for loss in stage.losses])
+        return self.compiled_loss(
+            y,
+            y_pred,
+            sample_weight,
+            regularization_losses=[loss for stage in self.stages for loss in stage.losses],
+        )
 
     def _scaled(self, loss):
         if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
@@ -329,13 +384,15 @@ def _keras3_pipeline_model():
             return self.optimizer.scale_loss(loss)  # the loss itself unless a LossScaleOptimizer
 
         def _apply(self, pairs):
-            self.optimizer.apply_gradients(pairs)  # a LossScaleOptimizer unscales, and skips on overflow
+            # a LossScaleOptimizer unscales, and skips on overflow
+            self.optimizer.apply_gradients(pairs)
 
         def _track_loss(self, losses, x):
             # Keras 3's train_step records the loss itself; the step's loss is the mean of its
             # equal microbatches' losses, weighted by the batch's size.
             batch = tf.shape(tf.nest.flatten(x)[0])[0]
-            _compat.keras3_loss_tracker(self).update_state(tf.add_n(losses) / len(losses), sample_weight=batch)
+            _compat.keras3_loss_tracker(self).update_state(
+                tf.add_n(losses) / len(losses), sample_weight=batch
+            )
 
     return _Keras3PipelineModel
-

@@ -19,14 +19,30 @@ from tfpar import _compat
 from tfpar._checks import check_choice
 from tfpar._keras import keras_of, tf
 from tfpar.pipeline.costs import measure_layer_costs
-from tfpar.pipeline.flat import (FlatChunk, flat_costs, graph_layers, named_cuts, nests_a_model,
-                                 stage_parameters)
+from tfpar.pipeline.flat import (
+    FlatChunk,
+    flat_costs,
+    graph_layers,
+    named_cuts,
+    nests_a_model,
+    stage_parameters,
+)
 
-__all__ = ["Partition", "StageInfo", "balanced_cuts", "check_cut_points", "cut_positions",
-           "measure_layer_costs", "partition_model", "valid_cut_points"]
+__all__ = [
+    "Partition",
+    "StageInfo",
+    "balanced_cuts",
+    "check_cut_points",
+    "cut_positions",
+    "measure_layer_costs",
+    "partition_model",
+    "valid_cut_points",
+]
 
 
-def balanced_cuts(costs: Sequence[float], num_stages: int, allowed: Sequence[int] | None = None) -> list[int]:
+def balanced_cuts(
+    costs: Sequence[float], num_stages: int, allowed: Sequence[int] | None = None
+) -> list[int]:
     """Cut positions (stage k starts at layer ``cuts[k-1]``) minimising the largest stage cost.
 
     Args:
@@ -43,8 +59,10 @@ def balanced_cuts(costs: Sequence[float], num_stages: int, allowed: Sequence[int
     n = len(costs)
     allowed = sorted(set(range(1, n)) if allowed is None else set(allowed))
     if len(allowed) < num_stages - 1:
-        raise ValueError(f"Cannot make {num_stages} stages: only {len(allowed)} valid cut point(s). "
-                         f"Received: num_stages={num_stages}. Use at most {len(allowed) + 1} stages.")
+        raise ValueError(
+            f"Cannot make {num_stages} stages: only {len(allowed)} valid cut point(s). "
+            f"Received: num_stages={num_stages}. Use at most {len(allowed) + 1} stages."
+        )
     prefix = [0.0]
     for cost in costs:
         prefix.append(prefix[-1] + cost)
@@ -98,8 +116,10 @@ class Partition:
         lines = [f"pipeline partition ({len(self.stages)} stages, balanced by {self.balance}):"]
         for stage in self.stages:
             layers = ", ".join(stage.layers)
-            lines.append(f"  stage {stage.index}: {stage.parameters:>10,} parameters, "
-                         f"{100 * stage.cost / total:5.1f}% of the cost  [{layers}]")
+            lines.append(
+                f"  stage {stage.index}: {stage.parameters:>10,} parameters, "
+                f"{100 * stage.cost / total:5.1f}% of the cost  [{layers}]"
+            )
         return "\n".join(lines)
 
 
@@ -130,8 +150,13 @@ def cut_positions(model: Any) -> list:
     return valid_cut_points(model)
 
 
-def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balance: str = "params",
-                    layer_costs: dict | None = None) -> "Partition":
+def partition_model(
+    model: Any,
+    num_stages: int,
+    cut_points: Any = "auto",
+    balance: str = "params",
+    layer_costs: dict | None = None,
+) -> "Partition":
     """Cuts ``model`` into ``num_stages`` stages.
 
     Args:
@@ -157,16 +182,20 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
     layers = graph_layers(model)
     names = [layer.name for layer in layers]
     if num_stages > len(layers):
-        raise ValueError(f"num_stages={num_stages} is more than the {len(layers)} layers of "
-                         f"{model.name!r}. Received: num_stages={num_stages}. Use at most {len(layers)}.")
+        raise ValueError(
+            f"num_stages={num_stages} is more than the {len(layers)} layers of "
+            f"{model.name!r}. Received: num_stages={num_stages}. Use at most {len(layers)}."
+        )
     valid = valid_cut_points(model)
     if balance == "params":
         costs = [float(layer.count_params()) for layer in layers]
     elif balance == "time":
         layer_costs = layer_costs or measure_layer_costs(model)
         if set(names) - set(layer_costs):
-            raise ValueError("balance='time' needs layer_costs with a cost for every layer. Received: "
-                             f"missing {sorted(set(names) - set(layer_costs or {}))}.")
+            raise ValueError(
+                "balance='time' needs layer_costs with a cost for every layer. Received: "
+                f"missing {sorted(set(names) - set(layer_costs or {}))}."
+            )
         costs = [float(layer_costs[name]) for name in names]
     else:
         check_choice("balance", balance, ("params", "time"))
@@ -175,18 +204,25 @@ def partition_model(model: Any, num_stages: int, cut_points: Any = "auto", balan
         if len(allowed) < num_stages - 1:
             raise ValueError(
                 f"{model.name!r} has {len(allowed)} place(s) where a single tensor flows on "
-                f"({valid}), too few for num_stages={num_stages}. Received: num_stages={num_stages}. "
-                f"Use at most {len(allowed) + 1} stages.")
+                f"({valid}), too few for num_stages={num_stages}. "
+                f"Received: num_stages={num_stages}. Use at most {len(allowed) + 1} stages."
+            )
         cuts = balanced_cuts(costs, num_stages, allowed)
     else:
         cuts = _explicit_cuts(cut_points, names, valid, num_stages, model.name)
     bounds = [0, *cuts, len(layers)]
     stages, models = [], []
     for k in range(num_stages):
-        chunk = layers[bounds[k]:bounds[k + 1]]
+        chunk = layers[bounds[k] : bounds[k + 1]]
         models.append(_stage_model(model, layers, bounds, k))
-        stages.append(StageInfo(k, tuple(layer.name for layer in chunk),
-                                sum(layer.count_params() for layer in chunk), sum(costs[bounds[k]:bounds[k + 1]])))
+        stages.append(
+            StageInfo(
+                k,
+                tuple(layer.name for layer in chunk),
+                sum(layer.count_params() for layer in chunk),
+                sum(costs[bounds[k] : bounds[k + 1]]),
+            )
+        )
     return Partition(tuple(stages), tuple(models), balance)
 
 
@@ -228,25 +264,35 @@ def check_cut_points(cut_points: Any) -> None:
         return
     names = isinstance(cut_points, (list, tuple)) and all(isinstance(c, str) for c in cut_points)
     if not names:
-        raise TypeError("cut_points must be 'auto' or a list of layer names. "
-                        f"Received: cut_points={cut_points!r}.")
+        raise TypeError(
+            "cut_points must be 'auto' or a list of layer names. "
+            f"Received: cut_points={cut_points!r}."
+        )
 
 
 def _explicit_cuts(cut_points, names, valid, num_stages, model_name):
     if len(cut_points) != num_stages - 1:
-        raise ValueError(f"{num_stages} stages need {num_stages - 1} cut point(s). "
-                         f"Received: cut_points={list(cut_points)}.")
+        raise ValueError(
+            f"{num_stages} stages need {num_stages - 1} cut point(s). "
+            f"Received: cut_points={list(cut_points)}."
+        )
     cuts = []
     for name in cut_points:
         if name not in names:
-            raise ValueError(f"Cut point {name!r} names no layer of {model_name!r}. Received: "
-                             f"cut_points={list(cut_points)}. Layers: {names}.")
+            raise ValueError(
+                f"Cut point {name!r} names no layer of {model_name!r}. Received: "
+                f"cut_points={list(cut_points)}. Layers: {names}."
+            )
         if name not in valid:
             raise ValueError(
-                f"Cannot cut {model_name!r} after {name!r}: more than one tensor crosses there (a skip "
-                f"connection or a second input goes past it). Received: cut_points={list(cut_points)}. "
-                f"Cut where a single tensor flows on: {valid}.")
+                f"Cannot cut {model_name!r} after {name!r}: more than one tensor crosses there "
+                "(a skip connection or a second input goes past it). "
+                f"Received: cut_points={list(cut_points)}. "
+                f"Cut where a single tensor flows on: {valid}."
+            )
         cuts.append(names.index(name) + 1)
     if cuts != sorted(set(cuts)):
-        raise ValueError(f"Cut points must be distinct and in layer order. Received: {list(cut_points)}.")
+        raise ValueError(
+            f"Cut points must be distinct and in layer order. Received: {list(cut_points)}."
+        )
     return cuts

@@ -34,8 +34,18 @@ from typing import Any
 from tfpar._checks import check_choice, check_int
 from tfpar.pipeline.simulation import Timeline, simulate
 
-__all__ = ["SCHEDULES", "GPipe", "Instruction", "Interleaved1F1B", "OneFOneB", "Schedule", "Timeline",
-           "ZeroBubbleH1", "make_schedule", "virtual_schedules"]
+__all__ = [
+    "SCHEDULES",
+    "GPipe",
+    "Instruction",
+    "Interleaved1F1B",
+    "OneFOneB",
+    "Schedule",
+    "Timeline",
+    "ZeroBubbleH1",
+    "make_schedule",
+    "virtual_schedules",
+]
 
 FORWARD, BACKWARD, WEIGHT = "forward", "backward", "weight"
 
@@ -113,7 +123,9 @@ class Schedule:
         """Per stage, the list of its instructions."""
         return [list(self.stage_instructions(s)) for s in range(self.num_stages)]
 
-    def bubble(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0) -> float:
+    def bubble(
+        self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0
+    ) -> float:
         """Theoretical idle share of the stages with these costs of a whole stage's forward,
         input-gradient and weight-gradient passes (equal stages): (p-1)/(m+p-1) here."""
         p, m = self.num_stages, self.num_microbatches
@@ -134,8 +146,13 @@ class Schedule:
             peak = max(peak, live)
         return peak
 
-    def cost(self, instruction: Instruction, forward_cost: float = 1.0, backward_cost: float = 1.0,
-             weight_cost: float = 0.0) -> float:
+    def cost(
+        self,
+        instruction: Instruction,
+        forward_cost: float = 1.0,
+        backward_cost: float = 1.0,
+        weight_cost: float = 0.0,
+    ) -> float:
         """The time of one instruction: a chunk is 1/v of a stage; an unsplit backward pass
         computes both gradients."""
         if instruction.kind == FORWARD:
@@ -146,14 +163,18 @@ class Schedule:
             cost = backward_cost + (0.0 if self.splits_backward else weight_cost)
         return cost / self.virtual_stages
 
-    def simulate(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 0.0) -> Timeline:
+    def simulate(
+        self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 0.0
+    ) -> Timeline:
         """Runs the streams on an ideal clock and returns the `Timeline` (`simulation.simulate`)."""
         return simulate(self, forward_cost, backward_cost, weight_cost)
 
     def __repr__(self):
         virtual = f", virtual_stages={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return (f"{type(self).__name__}(num_stages={self.num_stages}, "
-                f"num_microbatches={self.num_microbatches}{virtual})")
+        return (
+            f"{type(self).__name__}(num_stages={self.num_stages}, "
+            f"num_microbatches={self.num_microbatches}{virtual})"
+        )
 
 
 class GPipe(Schedule):
@@ -210,10 +231,16 @@ class Interleaved1F1B(Schedule):
         p, v = self.num_stages, self.virtual_stages
         local = (index // p) % v
         chunk = (v - 1 - local if backward else local) * p + stage
-        return Instruction(BACKWARD if backward else FORWARD, chunk, (index // (p * v)) * p + index % p)
+        return Instruction(
+            BACKWARD if backward else FORWARD, chunk, (index // (p * v)) * p + index % p
+        )
 
     def stage_instructions(self, stage: int) -> Iterable[Instruction]:
-        p, v, total = self.num_stages, self.virtual_stages, self.num_microbatches * self.virtual_stages
+        p, v, total = (
+            self.num_stages,
+            self.virtual_stages,
+            self.num_microbatches * self.virtual_stages,
+        )
         warmup = min(2 * (p - stage - 1) + (v - 1) * p, total)
         for i in range(warmup):
             yield self._pair(stage, i, backward=False)
@@ -223,7 +250,9 @@ class Interleaved1F1B(Schedule):
         for i in range(total - warmup, total):
             yield self._pair(stage, i, backward=True)
 
-    def bubble(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0) -> float:
+    def bubble(
+        self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0
+    ) -> float:
         p, m, v = self.num_stages, self.num_microbatches, self.virtual_stages
         return (p - 1) / (v * m + p - 1)
 
@@ -266,7 +295,9 @@ class ZeroBubbleH1(Schedule):
         for i in list(pending):
             yield Instruction(WEIGHT, stage, i)
 
-    def bubble(self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0) -> float:
+    def bubble(
+        self, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 1.0
+    ) -> float:
         p, m = self.num_stages, self.num_microbatches
         idle = (p - 1) * (forward_cost + backward_cost - weight_cost)
         return idle / (m * (forward_cost + backward_cost + weight_cost) + idle)
@@ -276,19 +307,30 @@ def check_microbatches(name, num_stages, num_microbatches, multiple=False):
     """Raises ValueError unless the schedule ``name`` has the microbatches it needs: at least
     one per stage (and, ``multiple``, a multiple of the stages)."""
     if num_microbatches < num_stages or (multiple and num_microbatches % num_stages):
-        need = f"a multiple of the {num_stages} stages" if multiple else f"at least the {num_stages} stages"
-        valid = [k * num_stages for k in range(1, 4)] if multiple else list(range(num_stages, num_stages + 3))
+        need = (
+            f"a multiple of the {num_stages} stages"
+            if multiple
+            else f"at least the {num_stages} stages"
+        )
+        valid = (
+            [k * num_stages for k in range(1, 4)]
+            if multiple
+            else list(range(num_stages, num_stages + 3))
+        )
         raise ValueError(
             f"The {name!r} schedule needs num_microbatches {need}. Received: num_microbatches="
-            f"{num_microbatches} with num_stages={num_stages}. Use e.g. {valid} (more microbatches: a "
-            "smaller bubble).")
+            f"{num_microbatches} with num_stages={num_stages}. Use e.g. {valid} "
+            "(more microbatches: a smaller bubble)."
+        )
 
 
 SCHEDULES = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1)}
 """Schedule name -> class."""
 
 
-def make_schedule(name: str, num_stages: int, num_microbatches: int, virtual_stages: int | None = None) -> Schedule:
+def make_schedule(
+    name: str, num_stages: int, num_microbatches: int, virtual_stages: int | None = None
+) -> Schedule:
     """Returns the schedule called ``name`` (one of `SCHEDULES`); ``virtual_stages`` applies to
     "interleaved" (default 2).
 
@@ -299,11 +341,17 @@ def make_schedule(name: str, num_stages: int, num_microbatches: int, virtual_sta
     check_choice("schedule", name, sorted(SCHEDULES), what="pipeline schedule")
     cls: Any = SCHEDULES[name]  # each takes (p, m) or, with virtual stages, (p, m, v)
     if cls.default_virtual_stages is not None:
-        return cls(num_stages, num_microbatches, cls.default_virtual_stages if virtual_stages is None else virtual_stages)
+        return cls(
+            num_stages,
+            num_microbatches,
+            cls.default_virtual_stages if virtual_stages is None else virtual_stages,
+        )
     if virtual_stages not in (None, 1):
         virtual = " or ".join(f"schedule={n!r}" for n in virtual_schedules())
-        raise ValueError(f"virtual_stages applies to {virtual}. Received: schedule={name!r}, "
-                         f"virtual_stages={virtual_stages}. Use {virtual}, or virtual_stages=1.")
+        raise ValueError(
+            f"virtual_stages applies to {virtual}. Received: schedule={name!r}, "
+            f"virtual_stages={virtual_stages}. Use {virtual}, or virtual_stages=1."
+        )
     return cls(num_stages, num_microbatches)
 
 

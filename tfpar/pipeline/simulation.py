@@ -1,5 +1,5 @@
-"""A schedule's run on an ideal clock: each stage runs its instructions in order, each as soon as the
-stage is free and its dependency has ended (no TensorFlow). `Schedule.simulate` returns it."""
+"""A schedule's run on an ideal clock: each stage runs its instructions in order, each as soon as
+the stage is free and its dependency has ended (no TensorFlow). `Schedule.simulate` returns it."""
 
 import dataclasses
 from typing import Any
@@ -26,7 +26,9 @@ class Timeline:
 
     def busy(self, stage: int) -> float:
         """The time stage ``stage`` computes (all its chunks)."""
-        return sum(end - start for i, (start, end) in self.spans.items() if self._stage(i.stage) == stage)
+        return sum(
+            end - start for i, (start, end) in self.spans.items() if self._stage(i.stage) == stage
+        )
 
     @property
     def bubble_fraction(self) -> float:
@@ -39,7 +41,9 @@ class Timeline:
         return sorted(self.spans, key=lambda i: (self.spans[i][0], i.stage))
 
 
-def simulate(schedule: Any, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 0.0) -> Timeline:
+def simulate(
+    schedule: Any, forward_cost: float = 1.0, backward_cost: float = 1.0, weight_cost: float = 0.0
+) -> Timeline:
     """Runs the streams on an ideal clock and returns the `Timeline`.
 
     Each stage runs its instructions in order, each as soon as the stage

@@ -18,8 +18,13 @@ __all__ = ["cluster_devices", "join_spanning", "spread"]
 
 
 def _training_tasks(cluster):
-    """``(job, task index, address)`` of the tasks that train, in worker-index order (a chief first)."""
-    return [(job, i, address) for job in ("chief", "worker") for i, address in enumerate(cluster.get(job, ()))]
+    """``(job, task index, address)`` of the tasks that train, in worker-index order (a chief
+    first)."""
+    return [
+        (job, i, address)
+        for job in ("chief", "worker")
+        for i, address in enumerate(cluster.get(job, ()))
+    ]
 
 
 def join_spanning(timeout_seconds: float) -> Any:
@@ -34,30 +39,43 @@ def join_spanning(timeout_seconds: float) -> Any:
     from tfpar.strategies._started_by import started_by_horovod
 
     if started_by_horovod():
-        raise ValueError("span_workers=True places the stages on the devices of TensorFlow servers, and "
-                         "horovodrun starts none. Received: span_workers=True under horovodrun. Run the script "
-                         "with tfpar launch -n N (or --hosts, SLURM, a TFJob), or leave span_workers False "
-                         "(each rank then runs the whole pipeline, a data-parallel replica).")
+        raise ValueError(
+            "span_workers=True places the stages on the devices of TensorFlow servers, and "
+            "horovodrun starts none. Received: span_workers=True under horovodrun. Run the script "
+            "with tfpar launch -n N (or --hosts, SLURM, a TFJob), or leave span_workers False "
+            "(each rank then runs the whole pipeline, a data-parallel replica)."
+        )
     info = ClusterInfo.from_tf_config()
     if info is None or info.num_workers < 2:
         raise ValueError(
-            "span_workers=True places the stages over the devices of a job's workers, and this process "
-            f"is in no job of several workers. Received: span_workers=True with TF_CONFIG="
-            f"{json.dumps(info.cluster) if info else 'unset'}. Start the script with tfpar launch -n N "
-            "(or --hosts, SLURM, a TFJob), or leave span_workers False.")
+            "span_workers=True places the stages over the devices of a job's workers, and this "
+            "process is in no job of several workers. Received: span_workers=True with TF_CONFIG="
+            f"{json.dumps(info.cluster) if info else 'unset'}. "
+            "Start the script with tfpar launch -n N "
+            "(or --hosts, SLURM, a TFJob), or leave span_workers False."
+        )
     workers = [address for _, _, address in _training_tasks(info.training_cluster)]
     if info.worker_index != 0:
         from tfpar._local.server import serve
 
         cpu = tf.config.list_physical_devices("CPU")[0]
-        count = len(tf.config.get_logical_device_configuration(cpu) or [None])  # tfpar.configure_devices(N)
-        serve(info, device_count={"CPU": count}, while_answers=workers[0], wait_seconds=timeout_seconds)
+        # tfpar.configure_devices(N)
+        count = len(tf.config.get_logical_device_configuration(cpu) or [None])
+        serve(
+            info,
+            device_count={"CPU": count},
+            while_answers=workers[0],
+            wait_seconds=timeout_seconds,
+        )
         raise SystemExit(0)
     from tfpar.strategies._ps_failures import wait_for_addresses
 
     wait_for_addresses(workers[1:], timeout_seconds)
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(info.training_cluster),
-                                              job_name=info.task_type, task_index=info.task_index)
+    tf.config.experimental_connect_to_cluster(
+        tf.train.ClusterSpec(info.training_cluster),
+        job_name=info.task_type,
+        task_index=info.task_index,
+    )
     return info
 
 
@@ -83,9 +101,12 @@ def spread(workers: list[list[str]], replicas: int, num_stages: int, tensor: int
     w = len(workers)
     if num_stages < w:
         raise ValueError(
-            f"span_workers=True puts at least one stage on each of the {w} workers, and the pipeline has "
-            f"num_stages={num_stages}. Received: num_stages={num_stages} over {w} workers. Use num_stages >= {w}, "
-            "or leave span_workers False (each worker then runs the whole pipeline, a data-parallel replica).")
+            f"span_workers=True puts at least one stage on each of the {w} workers, and the "
+            f"pipeline has num_stages={num_stages}. "
+            f"Received: num_stages={num_stages} over {w} workers. Use num_stages >= {w}, "
+            "or leave span_workers False (each worker then runs the whole pipeline, a "
+            "data-parallel replica)."
+        )
     owner = [s * w // num_stages for s in range(num_stages)]
     for index, devices in enumerate(workers):
         needed = replicas * owner.count(index) * tensor
@@ -93,9 +114,11 @@ def spread(workers: list[list[str]], replicas: int, num_stages: int, tensor: int
             stages = [s for s in range(num_stages) if owner[s] == index]
             raise ValueError(
                 f"Worker {index} holds stages {stages} of each of the {replicas} replica(s), "
-                f"{tensor} device(s) a stage: {needed} devices, and it has {len(devices)} ({devices}). Received: "
-                f"replicas={replicas}, num_stages={num_stages}, tensor_parallel={tensor} over {w} workers. Call "
-                f"tfpar.configure_devices({needed}) on every worker, or use fewer replicas.")
+                f"{tensor} device(s) a stage: {needed} devices, and it has {len(devices)} "
+                f"({devices}). Received: replicas={replicas}, num_stages={num_stages}, "
+                f"tensor_parallel={tensor} over {w} workers. "
+                f"Call tfpar.configure_devices({needed}) on every worker, or use fewer replicas."
+            )
     free = [list(devices) for devices in workers]
     names = []
     for _ in range(replicas):

@@ -61,15 +61,16 @@ class PipelineConfig:
     tensor_batch_axis: str = "batch"
     """With a ``keras.distribution.LayoutMap`` as ``tensor_plan``: its mesh's data-parallel axis."""
     span_workers: bool = False
-    """Under a job of several workers (TF_CONFIG: ``tfpar launch``, ``--hosts``, SLURM, a TFJob), place
-    the stages over every worker's devices, worker by worker (`tfpar.pipeline.spanning`): worker 0
-    runs the pipeline and the others serve their devices until it ends (a pipeline longer than one
-    host). Default: each worker runs the whole pipeline over its own devices, a data-parallel replica."""
+    """Under a job of several workers (TF_CONFIG: ``tfpar launch``, ``--hosts``, SLURM, a TFJob),
+    place the stages over every worker's devices, worker by worker (`tfpar.pipeline.spanning`):
+    worker 0 runs the pipeline and the others serve their devices until it ends (a pipeline longer
+    than one host). Default: each worker runs the whole pipeline over its own devices, a
+    data-parallel replica."""
     connect_timeout_seconds: float = 120.0
     """With ``span_workers``: how long worker 0 waits for the others to serve, and they for it."""
     virtual_stages: int | None = None
-    """With a schedule that takes them ("interleaved"): chunks per stage (default 2); the model is cut
-    into num_stages × virtual_stages chunks, each on the stage the schedule places it on (for
+    """With a schedule that takes them ("interleaved"): chunks per stage (default 2); the model is
+    cut into num_stages × virtual_stages chunks, each on the stage the schedule places it on (for
     "interleaved", chunk c on stage c mod num_stages)."""
 
     def __post_init__(self):
@@ -85,32 +86,48 @@ class PipelineConfig:
             from tfpar.tensor_parallel.plan import match_plan
 
             if not isinstance(self.tensor_plan, Mapping):
-                raise TypeError("tensor_plan must be \"auto\" or a dict from layer names (or regular "
-                                f"expressions) to styles. Received: tensor_plan={self.tensor_plan!r}.")
+                raise TypeError(
+                    'tensor_plan must be "auto" or a dict from layer names (or regular '
+                    f"expressions) to styles. Received: tensor_plan={self.tensor_plan!r}."
+                )
             match_plan(self.tensor_plan, list(self.tensor_plan))  # its types and styles
         if not isinstance(self.span_workers, bool):
-            raise TypeError(f"span_workers must be True or False. Received: span_workers={self.span_workers!r}.")
+            raise TypeError(
+                f"span_workers must be True or False. Received: span_workers={self.span_workers!r}."
+            )
         check_number("connect_timeout_seconds", self.connect_timeout_seconds, above=0)
         if self.devices is not None:
             from tfpar.devices import check_devices
 
-            # Another worker's devices exist once worker 0 has connected: Pipeline checks them then.
-            object.__setattr__(self, "devices", check_names("devices", self.devices) if self.span_workers
-                               else check_devices("devices", self.devices))
+            # Another worker's devices exist once worker 0 has connected: Pipeline checks them
+            # then.
+            object.__setattr__(
+                self,
+                "devices",
+                check_names("devices", self.devices)
+                if self.span_workers
+                else check_devices("devices", self.devices),
+            )
         check_choice("schedule", self.schedule, SCHEDULES, what="pipeline schedule")
-        make_schedule(self.schedule, self.num_stages, self.num_microbatches, self.virtual_stages)  # its checks
+        # its checks
+        make_schedule(self.schedule, self.num_stages, self.num_microbatches, self.virtual_stages)
         if not isinstance(self.recompute, bool):
-            raise TypeError(f"recompute must be True or False. Received: recompute={self.recompute!r}.")
+            raise TypeError(
+                f"recompute must be True or False. Received: recompute={self.recompute!r}."
+            )
         if self.num_microbatches < self.num_stages:
             _log.warning(
-                "num_microbatches=%d < num_stages=%d: the pipeline bubble (%.0f%% of the time) will "
-                "dominate; use at least as many microbatches as stages (4x is a good start).",
-                self.num_microbatches, self.num_stages,
-                100 * make_schedule("1f1b", self.num_stages, self.num_microbatches).bubble_fraction)
+                "num_microbatches=%d < num_stages=%d: the pipeline bubble (%.0f%% of the time) "
+                "will dominate; use at least as many microbatches as stages (4x is a good start).",
+                self.num_microbatches,
+                self.num_stages,
+                100 * make_schedule("1f1b", self.num_stages, self.num_microbatches).bubble_fraction,
+            )
 
 
 class Pipeline(PlacesItself):
-    """Pipeline parallelism for Keras models (tf_keras or Keras 3): ``stage(model)`` returns the staged model.
+    """Pipeline parallelism for Keras models (tf_keras or Keras 3): ``stage(model)`` returns the
+    staged model.
 
     Not a ``tf.distribute.Strategy``: it places each stage's variables itself and runs its
     replicas in this process, under TensorFlow's default strategy. It offers what tfpar's
@@ -125,46 +142,60 @@ class Pipeline(PlacesItself):
         >>> pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=8)  # doctest: +SKIP
         >>> staged = pipeline.stage(model)  # doctest: +SKIP
         >>> print(staged.partition.describe())  # doctest: +SKIP
-        >>> staged.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])  # doctest: +SKIP
+        >>> staged.compile(  # doctest: +SKIP
+        ...     "adam", "sparse_categorical_crossentropy", metrics=["accuracy"]
+        ... )
         >>> staged.fit(x, y, batch_size=64, epochs=5)  # doctest: +SKIP
         >>> staged.plain_model().save("model.keras")  # doctest: +SKIP
     """
 
     CONFIG = PipelineConfig
-    _FIX = "Build and compile the pipeline outside it; for data parallelism across pipelines use replicas=."
+    _FIX = (
+        "Build and compile the pipeline outside it; for data parallelism across pipelines use "
+        "replicas=."
+    )
 
     def __init__(self, config: PipelineConfig | None = None, **kwargs: Any) -> None:
         self.config = config = config_from(PipelineConfig, config, kwargs)
-        self.schedule = make_schedule(config.schedule, config.num_stages, config.num_microbatches,
-                                      config.virtual_stages)
+        self.schedule = make_schedule(
+            config.schedule, config.num_stages, config.num_microbatches, config.virtual_stages
+        )
         self.cluster = None  # with span_workers: the job whose workers' devices hold the stages
         if config.span_workers:
             from tfpar.devices import check_devices
             from tfpar.pipeline.spanning import join_spanning
 
-            self.cluster = join_spanning(config.connect_timeout_seconds)  # another worker serves there
+            # another worker serves there
+            self.cluster = join_spanning(config.connect_timeout_seconds)
             if config.devices is not None:
                 check_devices("devices", config.devices)
-            self.devices()  # its refusals here, at once: too few stages or devices for the workers
-        # several workers in TF_CONFIG: each runs its pipeline, a replica (unless the pipeline spans them)
+            # its refusals here, at once: too few stages or devices for the workers
+            self.devices()
+        # several workers in TF_CONFIG: each runs its pipeline, a replica (unless the pipeline
+        # spans them)
         self.workers = None if config.span_workers else Workers.join()
 
     @property
     def num_replicas_in_sync(self):
-        """The data-parallel copies of the pipeline that split the global batch (on every worker)."""
+        """The data-parallel copies of the pipeline that split the global batch (on every
+        worker)."""
         return self.config.replicas * (self.workers.num_workers if self.workers else 1)
 
     @property
     def topology(self):
-        """This process, running the pipeline's ``replicas`` copies itself; one of the job's workers."""
+        """This process, running the pipeline's ``replicas`` copies itself; one of the job's
+        workers."""
         if self.workers is None:
             return Topology(replicas_per_worker=self.config.replicas)
-        return Topology(num_workers=self.workers.num_workers, worker_index=self.workers.worker_index,
-                        replicas_per_worker=self.config.replicas)
+        return Topology(
+            num_workers=self.workers.num_workers,
+            worker_index=self.workers.worker_index,
+            replicas_per_worker=self.config.replicas,
+        )
 
     def devices(self) -> list[list[str]]:
-        """The device grid: ``devices()[replica][stage]`` (with ``tensor_parallel`` > 1, a tuple of a
-        stage's devices).
+        """The device grid: ``devices()[replica][stage]`` (with ``tensor_parallel`` > 1, a tuple of
+        a stage's devices).
 
         Raises:
             ValueError: fewer devices than replicas × num_stages (× tensor_parallel); with
@@ -187,12 +218,19 @@ class Pipeline(PlacesItself):
             values = f"{c.replicas} × {c.num_stages}{f' × {t}' if t > 1 else ''}"
             raise ValueError(
                 f"The pipeline needs {product} = {values} = {needed} "
-                f"devices. Received: {len(names)} ({names}). Call tfpar.configure_devices({needed}) "
-                "before TensorFlow starts (or pass devices=), or use fewer stages or replicas.")
+                f"devices. Received: {len(names)} ({names}). "
+                f"Call tfpar.configure_devices({needed}) "
+                "before TensorFlow starts (or pass devices=), or use fewer stages or replicas."
+            )
         if t == 1:
-            return [names[r * c.num_stages:(r + 1) * c.num_stages] for r in range(c.replicas)]
-        return [[tuple(names[(r * c.num_stages + k) * t:(r * c.num_stages + k + 1) * t])  # type: ignore[misc]
-                 for k in range(c.num_stages)] for r in range(c.replicas)]
+            return [names[r * c.num_stages : (r + 1) * c.num_stages] for r in range(c.replicas)]
+        return [
+            [
+                tuple(names[(r * c.num_stages + k) * t : (r * c.num_stages + k + 1) * t])  # type: ignore[misc]
+                for k in range(c.num_stages)
+            ]
+            for r in range(c.replicas)
+        ]
 
     def split(self, model: Any) -> Any:
         """`stage`."""
@@ -213,52 +251,78 @@ class Pipeline(PlacesItself):
         partition = self._partition(model)  # the cut and the plan first: wrong whatever the devices
         styles = self._tensor_styles(model, partition)
         grid = self.devices()
-        if any(isinstance(layer, keras_of(model).layers.BatchNormalization) for layer in all_layers(model)):
-            _log.warning("%s has BatchNormalization: in a pipeline its batch statistics come from "
-                         "each microbatch (the batch / %d examples), as with a smaller batch, and "
-                         "its moving averages are updated once per microbatch.", model.name,
-                         c.num_microbatches * c.replicas)
-        staged = PipelineModel(model, partition, grid, self.schedule, recompute=c.recompute,
-                               tensor_styles=styles, workers=self.workers)
+        if any(
+            isinstance(layer, keras_of(model).layers.BatchNormalization)
+            for layer in all_layers(model)
+        ):
+            _log.warning(
+                "%s has BatchNormalization: in a pipeline its batch statistics come from "
+                "each microbatch (the batch / %d examples), as with a smaller batch, and "
+                "its moving averages are updated once per microbatch.",
+                model.name,
+                c.num_microbatches * c.replicas,
+            )
+        staged = PipelineModel(
+            model,
+            partition,
+            grid,
+            self.schedule,
+            recompute=c.recompute,
+            tensor_styles=styles,
+            workers=self.workers,
+        )
         return _owned.own(staged, self.model_checks())
 
     def _tensor_styles(self, model, partition):
-        """With tensor_parallel > 1, each chunk's layer styles: "auto" finds each chunk's splits within
-        it; a plan is checked against the whole model, then each chunk takes its layers' part."""
+        """With tensor_parallel > 1, each chunk's layer styles: "auto" finds each chunk's splits
+        within it; a plan is checked against the whole model, then each chunk takes its layers'
+        part."""
         c = self.config
         if c.tensor_parallel == 1:
             return None
         from tfpar.pipeline.flat import FlatChunk, chunk_styles
         from tfpar.tensor_parallel.sharding import auto_styles, planned_styles
 
-        if any(isinstance(chunk, FlatChunk) for chunk in partition.models):  # split where they sit
+        # split where they sit
+        if any(isinstance(chunk, FlatChunk) for chunk in partition.models):
             styles = planned_styles(model, c.tensor_parallel, c.tensor_plan, c.tensor_batch_axis)
             return [chunk_styles(model, chunk, styles) for chunk in partition.models]
 
         if c.tensor_plan == "auto":
             chunks = [auto_styles(chunk, c.tensor_parallel) for chunk in partition.models]
             if not any(chunks):
-                planned_styles(model, c.tensor_parallel, c.tensor_plan)  # its refusal: nothing to split
+                # its refusal: nothing to split
+                planned_styles(model, c.tensor_parallel, c.tensor_plan)
             return chunks
         styles = planned_styles(model, c.tensor_parallel, c.tensor_plan, c.tensor_batch_axis)
         # A path's first name is the chunk's top-level layer that holds it.
-        return [{path: style for path, style in styles.items()
-                 if path.split("/")[0] in {layer.name for layer in chunk.layers}}
-                for chunk in partition.models]
+        return [
+            {
+                path: style
+                for path, style in styles.items()
+                if path.split("/")[0] in {layer.name for layer in chunk.layers}
+            }
+            for chunk in partition.models
+        ]
 
     def _partition(self, model):
-        """The model cut into num_stages × virtual_stages chunks (the stages without virtual ones)."""
+        """The model cut into num_stages × virtual_stages chunks (the stages without virtual
+        ones)."""
         c, v = self.config, self.schedule.virtual_stages
         if v == 1:
             return partition_model(model, c.num_stages, c.cut_points, c.balance, c.layer_costs)
         cuts = len(cut_positions(model)) if c.cut_points == "auto" else len(c.cut_points)
         if c.num_stages * v > cuts + 1:
             valid = [k for k in range(2, (cuts + 1) // c.num_stages + 1)]
+            none_valid = (
+                "" if valid else f" (this model cannot be interleaved over {c.num_stages} stages)"
+            )
             raise ValueError(
-                f"virtual_stages={v} cuts {model.name!r} into num_stages × virtual_stages = {c.num_stages * v} "
-                f"chunks, and it has {cuts} valid cut point(s), so at most {cuts + 1} chunks. Received: "
-                f"virtual_stages={v} with num_stages={c.num_stages}. Valid: virtual_stages in {valid or 'none'}"
-                f"{'' if valid else ' (this model cannot be interleaved over ' + str(c.num_stages) + ' stages)'}.")
+                f"virtual_stages={v} cuts {model.name!r} into num_stages × virtual_stages = "
+                f"{c.num_stages * v} chunks, and it has {cuts} valid cut point(s), so at most "
+                f"{cuts + 1} chunks. Received: virtual_stages={v} with num_stages={c.num_stages}. "
+                f"Valid: virtual_stages in {valid or 'none'}{none_valid}."
+            )
         return partition_model(model, c.num_stages * v, c.cut_points, c.balance, c.layer_costs)
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
@@ -267,24 +331,41 @@ class Pipeline(PlacesItself):
         lines = [
             f"Pipeline ({s.name}: {c.num_stages} stages x {c.num_microbatches} microbatches"
             f"{f' x {c.replicas} replicas' if c.replicas > 1 else ''})",
-            f"  mesh:       data {self.num_replicas_in_sync} x pipeline {c.num_stages} x tensor {c.tensor_parallel}"
-            + (f" ({self.workers.num_workers} workers x {c.replicas} replicas; this is worker "
-               f"{self.workers.worker_index})" if self.workers else "")
-            + (f" (stages over the devices of {self.cluster.num_workers} workers; worker 0 runs it)"
-               if self.cluster else ""),
+            f"  mesh:       data {self.num_replicas_in_sync} x pipeline {c.num_stages} "
+            f"x tensor {c.tensor_parallel}"
+            + (
+                f" ({self.workers.num_workers} workers x {c.replicas} replicas; this is worker "
+                f"{self.workers.worker_index})"
+                if self.workers
+                else ""
+            )
+            + (
+                f" (stages over the devices of {self.cluster.num_workers} workers; worker 0 runs "
+                "it)"
+                if self.cluster
+                else ""
+            ),
             f"  devices:    {self.devices()}",
             f"  bubble:     {100 * s.bubble_fraction:.1f}% (theory, {s.bubble_formula})",
             "  activations held per stage: "
             + ", ".join(str(s.peak_activations(k)) for k in range(c.num_stages))
-            + (" microbatches" if s.virtual_stages == 1 else f" (chunk, microbatch) pairs, a chunk 1/{s.virtual_stages} "
-               "of a stage"),
+            + (
+                " microbatches"
+                if s.virtual_stages == 1
+                else f" (chunk, microbatch) pairs, a chunk 1/{s.virtual_stages} of a stage"
+            ),
         ]
         if global_batch_size is not None:
-            lines.append(f"  batch:      {global_batch_size} global, "
-                         f"{global_batch_size / (c.replicas * c.num_microbatches):g} per microbatch")
+            lines.append(
+                f"  batch:      {global_batch_size} global, "
+                f"{global_batch_size / (c.replicas * c.num_microbatches):g} per microbatch"
+            )
         if model is not None:
-            lines.append(model.partition.describe() if isinstance(model, PipelineModel)
-                         else f"  model:      {model.name}, {model.count_params():,} parameters")
+            lines.append(
+                model.partition.describe()
+                if isinstance(model, PipelineModel)
+                else f"  model:      {model.name}, {model.count_params():,} parameters"
+            )
         if isinstance(model, PipelineModel) and c.tensor_parallel > 1:  # what each device holds
             from tfpar.tensor_parallel.accounting import bytes_by_device, describe_bytes
 

@@ -33,7 +33,8 @@ class Workers:
     def __init__(self, engine: Any, num_workers: int, worker_index: int) -> None:
         self.engine, self.num_workers, self.worker_index = engine, num_workers, worker_index
         self.timeout = engine.config.timeout_seconds or 0
-        self._keys = itertools.count(1)  # the same on every worker: they build the same ops in the same order
+        # the same on every worker: they build the same ops in the same order
+        self._keys = itertools.count(1)
 
     @staticmethod
     def join() -> "Workers | None":
@@ -56,8 +57,13 @@ class Workers:
 
     def _chained(self, previous, op, *args):
         with tf.control_dependencies(previous):
-            return op(*args, group_size=self.num_workers, group_key=GROUP_KEY, instance_key=next(self._keys),
-                      timeout=self.timeout)
+            return op(
+                *args,
+                group_size=self.num_workers,
+                group_key=GROUP_KEY,
+                instance_key=next(self._keys),
+                timeout=self.timeout,
+            )
 
     def sum(self, gradients: Sequence) -> list:
         """Each gradient summed over the workers (None stays None)."""
@@ -93,7 +99,8 @@ class Workers:
             with tf.device("/device:CPU:0"):
                 first = self._chained([], _compat.collective_all_reduce, mine)
             for v, part in zip(group, tf.split(first, [int(tf.size(v)) for v in group])):
-                v.assign(tf.reshape(part, tf.shape(v)))  # its value's shape (a trace's has a None axis)
+                # its value's shape (a trace's has a None axis)
+                v.assign(tf.reshape(part, tf.shape(v)))
 
 
 @functools.cache
@@ -113,22 +120,34 @@ class HorovodWorkers(Workers):
     def sum(self, gradients: Sequence) -> list:
         hvd, n = self.hvd, next(self._keys)
         out = list(gradients)
-        dense = [i for i, g in enumerate(gradients) if g is not None and not isinstance(g, tf.IndexedSlices)]
+        dense = [
+            i
+            for i, g in enumerate(gradients)
+            if g is not None and not isinstance(g, tf.IndexedSlices)
+        ]
         if dense:
-            flat = tf.concat([tf.reshape(tf.cast(gradients[i], tf.float32), [-1]) for i in dense], 0)
+            flat = tf.concat(
+                [tf.reshape(tf.cast(gradients[i], tf.float32), [-1]) for i in dense], 0
+            )
             summed = hvd.allreduce(flat, op=hvd.Sum, name=f"tfpar_pipeline_gradients_{n}")
-            for i, part in zip(dense, tf.split(summed, [gradients[i].shape.num_elements() for i in dense])):
+            for i, part in zip(
+                dense, tf.split(summed, [gradients[i].shape.num_elements() for i in dense])
+            ):
                 out[i] = tf.cast(tf.reshape(part, tf.shape(gradients[i])), gradients[i].dtype)
         for i, g in enumerate(gradients):
             if isinstance(g, tf.IndexedSlices):
-                out[i] = tf.IndexedSlices(hvd.allgather(g.values, name=f"tfpar_pipeline_values_{n}_{i}"),
-                                          hvd.allgather(g.indices, name=f"tfpar_pipeline_indices_{n}_{i}"),
-                                          g.dense_shape)
+                out[i] = tf.IndexedSlices(
+                    hvd.allgather(g.values, name=f"tfpar_pipeline_values_{n}_{i}"),
+                    hvd.allgather(g.indices, name=f"tfpar_pipeline_indices_{n}_{i}"),
+                    g.dense_shape,
+                )
         return out
 
     def start_alike(self, variables: Sequence) -> None:
-        self.hvd.broadcast_variables([getattr(v, "value", v) if not isinstance(v, tf.Variable) else v
-                                      for v in variables], root_rank=0)
+        self.hvd.broadcast_variables(
+            [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v for v in variables],
+            root_rank=0,
+        )
 
 
 @functools.cache

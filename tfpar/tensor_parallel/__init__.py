@@ -11,9 +11,12 @@ layer itself, in this process, and offers the same small protocol (`tfpar._paral
 
 from tfpar._lazy import exports
 
-__getattr__, __dir__, __all__ = exports(__name__, {
-    "STYLES": "tfpar.tensor_parallel.plan",
-    "TensorParallel": "tfpar.tensor_parallel.sharding",
-    "TensorParallelConfig": "tfpar.tensor_parallel.sharding",
-    "TensorParallelModel": "tfpar.tensor_parallel.model",
-})
+__getattr__, __dir__, __all__ = exports(
+    __name__,
+    {
+        "STYLES": "tfpar.tensor_parallel.plan",
+        "TensorParallel": "tfpar.tensor_parallel.sharding",
+        "TensorParallelConfig": "tfpar.tensor_parallel.sharding",
+        "TensorParallelModel": "tfpar.tensor_parallel.model",
+    },
+)

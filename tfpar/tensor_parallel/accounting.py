@@ -31,17 +31,21 @@ def bytes_by_device(weights: list, optimizer: Any = None) -> dict[str, dict[str,
 def describe_bytes(held: dict[str, dict[str, int]]) -> list[str]:
     """`bytes_by_device`'s figures as `describe()` lines, each device against one device's total."""
     total = sum(sum(h.values()) for h in held.values())
-    return [f"  {device}: weights {h['weights']:,} B, optimizer {h['optimizer']:,} B "
-            f"({sum(h.values()) / total:.0%} of one device's {total:,} B)"
-            for device, h in held.items()]
+    return [
+        f"  {device}: weights {h['weights']:,} B, optimizer {h['optimizer']:,} B "
+        f"({sum(h.values()) / total:.0%} of one device's {total:,} B)"
+        for device, h in held.items()
+    ]
 
 
 def describe_gathers(gathers: list) -> list[str]:
     """`TensorParallelModel.gathers` as `describe()` lines: what a custom layer reads whole."""
     if not gathers:
         return []
-    lines = [f"  gathered:   {len(gathers)} column output(s) a step, read whole by the layer that "
-             "calls them (an all-gather each; the Timeline shows its time):"]
+    lines = [
+        f"  gathered:   {len(gathers)} column output(s) a step, read whole by the layer that "
+        "calls them (an all-gather each; the Timeline shows its time):"
+    ]
     lines += [f"    {name}: {list(shape)}" for name, shape in gathers]
     return lines
 

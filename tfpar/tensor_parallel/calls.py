@@ -79,27 +79,53 @@ def _dense_call(split):
         if split.style == "column":
             return _gathered(split.tp_call(inputs, training=training), split.name)
         return split.tp_call(_split_input(inputs), training=training)  # whole: each its block
+
     return call
 
 
 def _attention_call(layer, split):
-    def call(query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
-             attention_mask=None, return_attention_scores=False, training=None,
-             use_causal_mask=False, cache=None, cache_update_index=None):
+    def call(
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+    ):
         if cache is not None or cache_update_index is not None:
             raise ValueError(
                 f"layer {layer.name!r} is split by heads, and generating with a key/value cache is "
                 f"not split. Received: cache={'a tensor' if cache is not None else None}, "
                 f"cache_update_index={cache_update_index!r}. Generate with the trained model's "
-                "plain_model().")
+                "plain_model()."
+            )
         if any(m is not None for m in (query_mask, value_mask, key_mask)):  # Keras' own rule
             attention_mask = layer._compute_attention_mask(
-                query, value, query_mask=query_mask, value_mask=value_mask, key_mask=key_mask,
-                attention_mask=attention_mask, use_causal_mask=use_causal_mask)
+                query,
+                value,
+                query_mask=query_mask,
+                value_mask=value_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+            )
             use_causal_mask = False
         return split.tp_call(
-            query, value, key=key, attention_mask=attention_mask, use_causal_mask=use_causal_mask,
-            training=training, return_attention_scores=return_attention_scores)
+            query,
+            value,
+            key=key,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+
     return call
 
 
@@ -110,6 +136,7 @@ def _embedding_call(layer, split):
         logits = split.reverse_call(inputs, getattr(layer, "reverse_dtype", None))
         cap = getattr(layer, "logit_soft_cap", None)
         return logits if cap is None else tf.tanh(logits / cap) * cap
+
     return call
 
 

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from tfpar._keras import tf
-from tfpar.tensor_parallel.ops import Sharded, computing_devices, copy_to, gather_from, reduce_from, timed
+from tfpar.tensor_parallel.ops import (
+    Sharded,
+    computing_devices,
+    copy_to,
+    gather_from,
+    reduce_from,
+    timed,
+)
 from tfpar.tensor_parallel.plan import parse_style
 from tfpar.tensor_parallel.rules import dense_split
 
@@ -28,8 +35,8 @@ _LARGE_NEGATIVE = -1e9  # what both Kerases' masked softmax adds where the mask 
 
 class _Shards:
     """What every split layer does with its weights: ``self._slots`` lists, in the source layer's
-    weight order, (variables, axis): one variable per device split along ``axis``, or one on the home
-    device (axis None)."""
+    weight order, (variables, axis): one variable per device split along ``axis``, or one on the
+    home device (axis None)."""
 
     def _init_shards(self, source, devices):
         self.devices = list(devices)
@@ -41,20 +48,35 @@ class _Shards:
         shape = self._source_shapes[index]
         if axis is None:
             with tf.device(self.devices[0]):
-                self._slots.append(([self.add_weight(name=name, shape=shape, initializer="zeros",
-                                                     regularizer=regularizer)], None))
+                self._slots.append(
+                    (
+                        [
+                            self.add_weight(
+                                name=name, shape=shape, initializer="zeros", regularizer=regularizer
+                            )
+                        ],
+                        None,
+                    )
+                )
             return
         part = list(shape)
         part[axis] //= self.degree
         variables = []
         for i, device in enumerate(self.devices):
             with tf.device(device):
-                variables.append(self.add_weight(name=f"{name}_{i}", shape=tuple(part), initializer="zeros",
-                                                 regularizer=regularizer))
+                variables.append(
+                    self.add_weight(
+                        name=f"{name}_{i}",
+                        shape=tuple(part),
+                        initializer="zeros",
+                        regularizer=regularizer,
+                    )
+                )
         self._slots.append((variables, axis))
 
     def load(self, weights):
-        """Takes the source layer's weights (``get_weights()`` order) and keeps this device's part of each."""
+        """Takes the source layer's weights (``get_weights()`` order) and keeps this device's part
+        of each."""
         for (variables, axis), full in zip(self._slots, weights):
             parts = [full] if axis is None else np.split(full, self.degree, axis=axis)
             for variable, part in zip(variables, parts):
@@ -94,8 +116,9 @@ class _Dense(_Shards):
     or by rows (its input arrives split)."""
 
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
-        super().__init__(name=source.name, dtype=source.dtype_policy, trainable=source.trainable,
-                         **kwargs)
+        super().__init__(
+            name=source.name, dtype=source.dtype_policy, trainable=source.trainable, **kwargs
+        )
         config = source.get_config()
         self.style = parse_style(style)[0]
         self.keep_split = keep_split
@@ -120,8 +143,14 @@ class _Dense(_Shards):
             parts = []
             for i, device in enumerate(devices):
                 with tf.device(device):
-                    parts.append(timed(i, self.name, inputs[i], functools.partial(
-                        self._column_part, inputs[i], kernels[i], biases[i])))
+                    parts.append(
+                        timed(
+                            i,
+                            self.name,
+                            inputs[i],
+                            functools.partial(self._column_part, inputs[i], kernels[i], biases[i]),
+                        )
+                    )
             out = Sharded(parts, devices, self.split_axis)
             return out if self.keep_split else self.activation(gather_from(out))
         if not isinstance(x, Sharded) or x.axis != self.split_axis:  # each device takes its block
@@ -132,7 +161,9 @@ class _Dense(_Shards):
         for i, device in enumerate(devices):
             with tf.device(device):
                 part = tf.cast(x.parts[i], self.compute_dtype)
-                parts.append(timed(i, self.name, part, functools.partial(self._product, part, kernels[i])))
+                parts.append(
+                    timed(i, self.name, part, functools.partial(self._product, part, kernels[i]))
+                )
         y = reduce_from(parts, devices, f"{self.name} all-reduce")
         with tf.device(devices[0]):
             return self.activation(y + self._parts(1)[0] if self.has_bias else y)
@@ -143,11 +174,16 @@ class _Dense(_Shards):
         return self.activation(y) if self.keep_split else y
 
     def _product(self, x, kernel):
-        """x times a part of the kernel: EinsumDense's equation, or Dense's product over the last axis
-        (a tensordot, as Dense computes it: an einsum with an ellipsis is far slower on CPU)."""
+        """x times a part of the kernel: EinsumDense's equation, or Dense's product over the last
+        axis (a tensordot, as Dense computes it: an einsum with an ellipsis is far slower on
+        CPU)."""
         if self.equation is not None:
             return tf.einsum(self.equation, x, kernel)
-        return tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]]) if x.shape.rank > 2 else tf.matmul(x, kernel)
+        return (
+            tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
+            if x.shape.rank > 2
+            else tf.matmul(x, kernel)
+        )
 
 
 _ATTENTION_WEIGHT = re.compile(r"(query|key|value|attention_output)/(kernel|bias)")
@@ -157,18 +193,28 @@ class _Attention(_Shards):
     """MultiHeadAttention split by heads: Q, K, V by columns, the output projection by rows."""
 
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
-        super().__init__(name=source.name, dtype=source.dtype_policy, trainable=source.trainable,
-                         **kwargs)
+        super().__init__(
+            name=source.name, dtype=source.dtype_policy, trainable=source.trainable, **kwargs
+        )
         config = source.get_config()
         self.key_dim = config["key_dim"]
         self.dropout = config.get("dropout") or 0.0
         self._init_shards(source, devices)
         self._slot_of = {}
         for index, weight in enumerate(source.weights):
-            part, kind = _ATTENTION_WEIGHT.search(getattr(weight, "path", None) or weight.name).groups()
+            part, kind = _ATTENTION_WEIGHT.search(
+                getattr(weight, "path", None) or weight.name
+            ).groups()
             output = part == "attention_output"
-            # Q, K, V: [model, heads, dim] and [heads, dim]; the output: [heads, dim, model] by heads, its bias whole.
-            axis = 0 if output and kind == "kernel" else None if output else (1 if kind == "kernel" else 0)
+            # Q, K, V: [model, heads, dim] and [heads, dim]; the output: [heads, dim, model] by
+            # heads, its bias whole.
+            axis = (
+                0
+                if output and kind == "kernel"
+                else None
+                if output
+                else (1 if kind == "kernel" else 0)
+            )
             self._slot_of[(part, kind)] = len(self._slots)
             self._add(f"{part}_{kind}", index, axis)
 
@@ -183,18 +229,35 @@ class _Attention(_Shards):
                 out.append(y if biases[i] is None else y + biases[i])
         return out
 
-    def tp_call(self, query, value, key=None, attention_mask=None, use_causal_mask=False, training=None,
-                return_attention_scores=False):
+    def tp_call(
+        self,
+        query,
+        value,
+        key=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        training=None,
+        return_attention_scores=False,
+    ):
         if return_attention_scores:
-            raise ValueError(f"layer {self.name!r} is split by heads and cannot return the attention scores. "
-                             "Received: return_attention_scores=True. Leave the layer out of the plan to get them.")
+            raise ValueError(
+                f"layer {self.name!r} is split by heads and cannot return the attention scores. "
+                "Received: return_attention_scores=True. "
+                "Leave the layer out of the plan to get them."
+            )
         key = value if key is None else key
         devices = computing_devices(self.devices)
         whole = {}
-        for tensor in (query, value, key):  # one copy (and one backward reduction) per distinct input
+        for tensor in (
+            query,
+            value,
+            key,
+        ):  # one copy (and one backward reduction) per distinct input
             if id(tensor) not in whole:
                 t = gather_from(tensor) if isinstance(tensor, Sharded) else tensor
-                whole[id(tensor)] = copy_to(tf.cast(t, self.compute_dtype), devices, f"{self.name} all-reduce")
+                whole[id(tensor)] = copy_to(
+                    tf.cast(t, self.compute_dtype), devices, f"{self.name} all-reduce"
+                )
         q = self._project(whole[id(query)], "query", devices)
         k = self._project(whole[id(key)], "key", devices)
         v = self._project(whole[id(value)], "value", devices)
@@ -203,16 +266,27 @@ class _Attention(_Shards):
         outs = []
         for i, device in enumerate(devices):
             with tf.device(device):
-                outs.append(timed(i, self.name, (q[i], k[i], v[i]), functools.partial(
-                    self._heads, q[i], k[i], v[i], mask, kernels[i], training)))
+                outs.append(
+                    timed(
+                        i,
+                        self.name,
+                        (q[i], k[i], v[i]),
+                        functools.partial(
+                            self._heads, q[i], k[i], v[i], mask, kernels[i], training
+                        ),
+                    )
+                )
         y = reduce_from(outs, devices, f"{self.name} all-reduce")
         bias = self._slot_of.get(("attention_output", "bias"))
         with tf.device(devices[0]):
             return y if bias is None else y + self._parts(bias)[0]
 
     def _heads(self, q, k, v, mask, kernel, training):
-        """This device's heads: scaled dot-product attention and its rows of the output projection."""
-        scores = tf.einsum("aecd,abcd->acbe", k, q * tf.cast(1.0 / math.sqrt(self.key_dim), q.dtype))
+        """This device's heads: scaled dot-product attention and its rows of the output
+        projection."""
+        scores = tf.einsum(
+            "aecd,abcd->acbe", k, q * tf.cast(1.0 / math.sqrt(self.key_dim), q.dtype)
+        )
         if mask is not None:
             scores += (1.0 - tf.cast(mask[:, None], scores.dtype)) * _LARGE_NEGATIVE
         probs = tf.nn.softmax(scores, axis=-1)
@@ -226,17 +300,21 @@ class _Attention(_Shards):
         mask = None if attention_mask is None else tf.cast(attention_mask, tf.bool)
         if use_causal_mask:
             q_len, v_len = tf.shape(query)[1], tf.shape(value)[1]
-            causal = tf.cast(tf.linalg.band_part(tf.ones([1, q_len, v_len], tf.int32), -1, 0), tf.bool)
+            causal = tf.cast(
+                tf.linalg.band_part(tf.ones([1, q_len, v_len], tf.int32), -1, 0), tf.bool
+            )
             mask = causal if mask is None else tf.logical_and(mask, causal)
         return mask
 
 
 class _Embedding(_Shards):
-    """Embedding split by vocabulary: each device looks up the ids in its rows, and the parts are summed."""
+    """Embedding split by vocabulary: each device looks up the ids in its rows, and the parts are
+    summed."""
 
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
-        super().__init__(name=source.name, dtype=source.dtype_policy, trainable=source.trainable,
-                         **kwargs)
+        super().__init__(
+            name=source.name, dtype=source.dtype_policy, trainable=source.trainable, **kwargs
+        )
         self._init_shards(source, devices)
         self.rows = self._source_shapes[0][0] // self.degree
         self._add("embeddings", 0, 0, getattr(source, "embeddings_regularizer", None))
@@ -249,7 +327,9 @@ class _Embedding(_Shards):
         parts = []
         for i, device in enumerate(devices):
             with tf.device(device):
-                parts.append(timed(i, self.name, ids, functools.partial(self._lookup, ids, tables[i], i)))
+                parts.append(
+                    timed(i, self.name, ids, functools.partial(self._lookup, ids, tables[i], i))
+                )
         return reduce_from(parts, devices, f"{self.name} all-reduce")
 
     def reverse_call(self, x, dtype=None):
@@ -277,7 +357,12 @@ class _Embedding(_Shards):
         return found * tf.cast(mine, found.dtype)[..., None]
 
 
-_FAMILIES = {"Dense": _Dense, "EinsumDense": _Dense, "MultiHeadAttention": _Attention, "Embedding": _Embedding}
+_FAMILIES = {
+    "Dense": _Dense,
+    "EinsumDense": _Dense,
+    "MultiHeadAttention": _Attention,
+    "Embedding": _Embedding,
+}
 
 
 @functools.cache

@@ -46,7 +46,8 @@ def model_axis_of(mesh: Any, batch_axis: str | None = "batch") -> tuple[str, int
         raise ValueError(
             f"The mesh has only the batch axis {batch_axis!r}: no model axis to split layers over. "
             f"Received: a DeviceMesh with axes {names} (shape {shape}). Use tfpar.DataParallel, "
-            "or DeviceMesh(shape=(workers, degree), axis_names=('batch', 'model')).")
+            "or DeviceMesh(shape=(workers, degree), axis_names=('batch', 'model'))."
+        )
     if len(names) == 1:
         return names[0], shape[0]
     others = [n for n in names if n != batch_axis]
@@ -54,7 +55,8 @@ def model_axis_of(mesh: Any, batch_axis: str | None = "batch") -> tuple[str, int
         raise ValueError(
             "A tensor-parallel mesh has a model axis and at most a batch axis. Received: a "
             f"DeviceMesh with axes {names} (shape {shape}) and batch axis {batch_axis!r}. Use "
-            "DeviceMesh(shape=(workers, degree), axis_names=('batch', 'model')).")
+            "DeviceMesh(shape=(workers, degree), axis_names=('batch', 'model'))."
+        )
     return others[0], shape[names.index(others[0])]
 
 
@@ -71,7 +73,8 @@ def styles_from_layouts(model: Any, layout_map: Any, model_axis: str, keras_modu
         raise TypeError(
             "A LayoutMap plan names Keras 3 variables by their paths. Received: model "
             f"{model.name!r}, whose variables have no paths (a tf_keras model, or none built). "
-            "Build the model with Keras 3, or give plan= a dict of layer names to styles.")
+            "Build the model with Keras 3, or give plan= a dict of layer names to styles."
+        )
     keys = list(layout_map.keys())
     used: set = set()
     styles: dict[str, str] = {}
@@ -89,7 +92,8 @@ def styles_from_layouts(model: Any, layout_map: Any, model_axis: str, keras_modu
                 raise ValueError(
                     f"The layout map splits two weights of layer {path!r} in different ways "
                     f"({styles[path]!r} and {style!r}, from {variable.path!r}: {axes}). Give the "
-                    "layer's kernel alone a layout.")
+                    "layer's kernel alone a layout."
+                )
             styles[path] = style
     unused = [key for key in keys if key not in used]
     if unused:
@@ -97,7 +101,8 @@ def styles_from_layouts(model: Any, layout_map: Any, model_axis: str, keras_modu
             f"The layout map names variables the model does not have: {unused}. Received: a "
             f"LayoutMap for model {model.name!r}. Its variables are named like "
             f"{[v.path for v in weights[:3]]}. Fix the patterns, or make the layout map "
-            "for this model.")
+            "for this model."
+        )
     return styles
 
 
@@ -108,8 +113,10 @@ def _matching_key(keys, path):
         return path
     found = [key for key in keys if re.search(key, path)]
     if len(found) > 1:
-        raise ValueError(f"Variable {path!r} is matched by several keys of the layout map: "
-                         f"{found}. Make the patterns tell it apart.")
+        raise ValueError(
+            f"Variable {path!r} is matched by several keys of the layout map: "
+            f"{found}. Make the patterns tell it apart."
+        )
     return found[0] if found else None
 
 
@@ -124,14 +131,16 @@ def _style_of(layer, variable, axes, model_axis, keras_module):
         if axis != vocabulary_axis:
             raise ValueError(
                 f"{where} splits an embedding by its width; tfpar splits a table by vocabulary "
-                f"(Megatron's). Put {model_axis!r} on the vocabulary axis ({vocabulary_axis}).")
+                f"(Megatron's). Put {model_axis!r} on the vocabulary axis ({vocabulary_axis})."
+            )
         return "vocab"
     if isinstance(layer, (layers.Dense, layers.EinsumDense)) and variable is layer.kernel:
         return _dense_style(layer, axis, where)
     raise ValueError(
         f"{where} belongs to {type(layer).__name__} {layer.name!r}; tfpar splits the kernels of "
         f"Dense and EinsumDense layers and embedding tables ({STYLES}), and keeps biases and "
-        f"scales whole. Leave {model_axis!r} out of this layout.")
+        f"scales whole. Leave {model_axis!r} out of this layout."
+    )
 
 
 def _dense_style(layer, axis, where):
@@ -144,6 +153,8 @@ def _dense_style(layer, axis, where):
         return "column" if axis == len(kernel) - 1 and letter == out[-1] else f"column:{axis}"
     if letter in x and letter not in out:
         return "row" if letter == x[-1] else f"row:{axis}"
-    raise ValueError(f"{where} splits the kernel of EinsumDense {equation!r} on an axis that is "
-                     "in both its input and output; tfpar splits an output axis or a contracted "
-                     "one.")
+    raise ValueError(
+        f"{where} splits the kernel of EinsumDense {equation!r} on an axis that is "
+        "in both its input and output; tfpar splits an output axis or a contracted "
+        "one."
+    )

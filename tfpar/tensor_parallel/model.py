@@ -19,9 +19,9 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import all_layers, is_keras3, keras, keras3, tf
 from tfpar.optimizers import LAMB, LARS
-from tfpar.tensor_parallel.layers import _Shards, layer_class
 from tfpar.tensor_parallel.accounting import bytes_by_device
 from tfpar.tensor_parallel.calls import keeping_split
+from tfpar.tensor_parallel.layers import _Shards, layer_class
 from tfpar.tensor_parallel.nested import paired, plain_weights_back, rebuilt, split_in_place
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.rules import NOT_ELEMENTWISE, kind_of, split_error
@@ -39,8 +39,8 @@ def _elementwise(layer, keras_module):
 
 
 def _graph_index(model):
-    """``model``'s graph steps (`_compat.graph_steps`), with which steps read each tensor, which step
-    made it, and how many times each layer is called."""
+    """``model``'s graph steps (`_compat.graph_steps`), with which steps read each tensor, which
+    step made it, and how many times each layer is called."""
     _, steps, _ = _compat.graph_steps(model)
     consumers: dict = {}
     producer: dict = {}
@@ -65,11 +65,14 @@ def split_outputs(model: Any, styles: dict[str, str], keras_module: Any) -> set[
     steps, consumers, producer, calls = _graph_index(model)
     for name in styles:
         if calls.get(name, 0) > 1:
-            raise ValueError(f"layer {name!r} is called {calls[name]} times in the model; a planned layer must "
-                             "be called once. Leave the shared layer out of the plan.")
+            raise ValueError(
+                f"layer {name!r} is called {calls[name]} times in the model; a planned layer must "
+                "be called once. Leave the shared layer out of the plan."
+            )
 
     def reaches_rows(key):
-        """Whether every use of the tensor ``key`` ends in a row layer through element-wise layers."""
+        """Whether every use of the tensor ``key`` ends in a row layer through element-wise
+        layers."""
         uses = consumers.get(key, [])
         if not uses:
             return False
@@ -85,7 +88,8 @@ def split_outputs(model: Any, styles: dict[str, str], keras_module: Any) -> set[
         return True
 
     def source_columns(key):
-        """The column layers a row layer's input comes from, through element-wise layers (None: not split)."""
+        """The column layers a row layer's input comes from, through element-wise layers (None:
+        not split)."""
         if key not in producer:
             return None
         layer, inputs, _, _ = steps[producer[key]]
@@ -95,18 +99,23 @@ def split_outputs(model: Any, styles: dict[str, str], keras_module: Any) -> set[
             return source_columns(inputs[0])
         return None
 
-    kept = {layer.name for layer, _, outputs, _ in steps
-            if styles.get(layer.name) == "column" and reaches_rows(outputs[0])}
+    kept = {
+        layer.name
+        for layer, _, outputs, _ in steps
+        if styles.get(layer.name) == "column" and reaches_rows(outputs[0])
+    }
     for layer, inputs, _, _ in steps:
         if styles.get(layer.name) != "row":
             continue
         columns = source_columns(inputs[0]) if len(inputs) == 1 else None
         if not columns or not set(columns) <= kept:
             raise ValueError(
-                f"layer {layer.name!r} is planned 'row', and its input is not the split output of a 'column' "
-                f"layer. Received: plan {dict(styles)!r}. Plan the Dense that feeds {layer.name!r} as 'column' "
+                f"layer {layer.name!r} is planned 'row', and its input is not the split output of "
+                f"a 'column' layer. Received: plan {dict(styles)!r}. "
+                f"Plan the Dense that feeds {layer.name!r} as 'column' "
                 "(its output must go only to row layers, through activations or dropout), or plan "
-                f"{layer.name!r} as 'column' itself.")
+                f"{layer.name!r} as 'column' itself."
+            )
     return kept
 
 
@@ -118,7 +127,11 @@ def auto_plan(model: Any, degree: int, keras_module: Any) -> dict[str, str]:
 
     def fits(layer, style):
         kind = kind_of(layer, style, keras_module)
-        return kind is not None and calls[layer.name] == 1 and split_error(layer, style, degree, kind) is None
+        return (
+            kind is not None
+            and calls[layer.name] == 1
+            and split_error(layer, style, degree, kind) is None
+        )
 
     def next_dense(key):
         """The one layer the tensor ``key`` reaches through element-wise layers, if it is one."""
@@ -150,22 +163,30 @@ def build_optimizer_beside_variables(model: Any) -> None:
     variable then. (Keras 3 makes them in the first step's trace otherwise, all on one device.)"""
     optimizer = getattr(model, "optimizer", None)
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss-scale optimizer
-    if isinstance(inner, (LARS, LAMB)) and any(isinstance(layer, _Shards) for layer in all_layers(model)):
+    if isinstance(inner, (LARS, LAMB)) and any(
+        isinstance(layer, _Shards) for layer in all_layers(model)
+    ):
         raise ValueError(
-            f"{type(inner).__name__} scales each layer's step by the norms of its whole weights and update (its trust "
-            "ratio), and tensor parallelism holds a split layer as one variable per device, each of which would get its "
-            f"own ratio. Received: optimizer={type(inner).__name__} for model {model.name!r}, whose planned layers are "
-            "split. Use another optimizer with tensor parallelism (Adam, SGD...), or LARS/LAMB with data parallelism "
-            "or an unsplit pipeline.")
-    if optimizer is not None and hasattr(optimizer, "build") and not getattr(optimizer, "built", False):
+            f"{type(inner).__name__} scales each layer's step by the norms of its whole weights "
+            "and update (its trust ratio), and tensor parallelism holds a split layer as one "
+            "variable per device, each of which would get its own ratio. "
+            f"Received: optimizer={type(inner).__name__} for model {model.name!r}, whose planned "
+            "layers are split. Use another optimizer with tensor parallelism (Adam, SGD...), or "
+            "LARS/LAMB with data parallelism or an unsplit pipeline."
+        )
+    if (
+        optimizer is not None
+        and hasattr(optimizer, "build")
+        and not getattr(optimizer, "built", False)
+    ):
         optimizer.build(model.trainable_variables)
 
 
 class TensorParallelModel:
     """A model whose planned layers are split over devices; build it with
-    `tfpar.tensor_parallel.TensorParallel.shard`. It is a ``keras.Model`` of the Keras its source model
-    was written in; ``compile``/``fit``/``evaluate``/``predict`` work as usual, and `plain_model`
-    returns the original model with the trained weights."""
+    `tfpar.tensor_parallel.TensorParallel.shard`. It is a ``keras.Model`` of the Keras its source
+    model was written in; ``compile``/``fit``/``evaluate``/``predict`` work as usual, and
+    `plain_model` returns the original model with the trained weights."""
 
     _keras = None
     _source: Any  # the model it was split from (set untracked in __init__)
@@ -200,11 +221,17 @@ class TensorParallelModel:
         self.__dict__["_twins"] = twins  # {path in source: its copy's layer}
         self.__dict__["_graph"] = None if nested else _compat.graph_steps(inner)
         self.__dict__["_gathers"] = []  # (layer, shape) of each gather the traced call reads
-        self.__dict__["_trace_labels"] = []  # (device index, label) of each row of device_trace, set when traced
+        # (device index, label) of each row of device_trace, set when traced
+        self.__dict__["_trace_labels"] = []
         with tf.device("/cpu:0"):
-            # The last training step's work on each device, a row per layer part and all-reduce: (start, end).
-            self.device_trace = tf.Variable(tf.zeros([0, 2], tf.float64), trainable=False, name="device_trace",
-                                            shape=tf.TensorShape([None, 2]))
+            # The last training step's work on each device, a row per layer part and all-reduce:
+            # (start, end).
+            self.device_trace = tf.Variable(
+                tf.zeros([0, 2], tf.float64),
+                trainable=False,
+                name="device_trace",
+                shape=tf.TensorShape([None, 2]),
+            )
 
     @tf.autograph.experimental.do_not_convert  # a plain walk over the layer graph, built as it is
     def call(self, inputs: Any, training: bool | None = None) -> Any:
@@ -216,18 +243,26 @@ class TensorParallelModel:
         for layer, in_keys, out_keys, fill in steps:
             args, kwargs = fill(values)
             if isinstance(layer, _Shards):
-                out = layer.tp_call(*args, **dict(kwargs, training=kwargs.get("training", training)))
+                out = layer.tp_call(
+                    *args, **dict(kwargs, training=kwargs.get("training", training))
+                )
             elif any(isinstance(a, Sharded) for a in args):
                 if len(args) == 1 and _elementwise(layer, self._keras):
                     out = args[0].map(lambda t: layer(t, **kwargs))
                 else:
-                    out = layer(*[gather_from(a) if isinstance(a, Sharded) else a for a in args], **kwargs)
+                    out = layer(
+                        *[gather_from(a) if isinstance(a, Sharded) else a for a in args], **kwargs
+                    )
             else:
                 out = layer(*args, **kwargs)
-            for key, value in zip(out_keys, [out] if isinstance(out, Sharded) else tf.nest.flatten(out)):
+            for key, value in zip(
+                out_keys, [out] if isinstance(out, Sharded) else tf.nest.flatten(out)
+            ):
                 values[key] = value
-        outputs = [gather_from(values[key]) if isinstance(values[key], Sharded) else values[key]
-                   for key in output_keys]
+        outputs = [
+            gather_from(values[key]) if isinstance(values[key], Sharded) else values[key]
+            for key in output_keys
+        ]
         return outputs[0] if len(outputs) == 1 else outputs
 
     @tf.autograph.experimental.do_not_convert
@@ -239,7 +274,9 @@ class TensorParallelModel:
             logs = super().train_step(data)  # type: ignore[misc]  # keras.Model's, after this mixin
         if events:
             self._trace_labels[:] = [(device, label) for device, label, _, _ in events]
-            self.device_trace.assign(tf.stack([tf.stack([start, end]) for _, _, start, end in events]))
+            self.device_trace.assign(
+                tf.stack([tf.stack([start, end]) for _, _, start, end in events])
+            )
         return logs
 
     def device_track_names(self) -> list[str]:
@@ -247,8 +284,8 @@ class TensorParallelModel:
         return [f"device {i} ({device})" for i, device in enumerate(self.devices)]
 
     def device_trace_labels(self) -> list:
-        """Per row of ``device_trace``: (its track, its label: the layer, or the layer's all-reduce);
-        known once the training step is traced."""
+        """Per row of ``device_trace``: (its track, its label: the layer, or the layer's
+        all-reduce); known once the training step is traced."""
         return list(self._trace_labels)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
@@ -265,7 +302,9 @@ class TensorParallelModel:
         for layer in self._source.layers:
             if layer.weights:
                 copy = self.inner.get_layer(layer.name)
-                layer.set_weights(copy.full_weights() if isinstance(copy, _Shards) else copy.get_weights())
+                layer.set_weights(
+                    copy.full_weights() if isinstance(copy, _Shards) else copy.get_weights()
+                )
         return self._source
 
     def gathers(self) -> list[tuple[str, tuple]]:
@@ -275,13 +314,16 @@ class TensorParallelModel:
         return list(self._gathers)
 
     def device_bytes(self) -> dict[str, dict[str, int]]:
-        """Bytes each device holds: ``{device: {"weights": ..., "optimizer": ...}}``, from where each
-        variable lives."""
-        return bytes_by_device(self.inner.weights, getattr(self, "optimizer", None))  # not its step trace
+        """Bytes each device holds: ``{device: {"weights": ..., "optimizer": ...}}``, from where
+        each variable lives."""
+        # not its step trace
+        return bytes_by_device(self.inner.weights, getattr(self, "optimizer", None))
 
     def get_config(self) -> dict:
-        raise NotImplementedError("Save plain_model() instead: a TensorParallelModel is rebuilt with "
-                                  "TensorParallel.shard(model).")
+        raise NotImplementedError(
+            "Save plain_model() instead: a TensorParallelModel is rebuilt with "
+            "TensorParallel.shard(model)."
+        )
 
 
 def _clone_split(source, styles, devices, k):

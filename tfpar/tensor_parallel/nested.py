@@ -21,8 +21,16 @@ from tfpar.tensor_parallel.calls import split_call
 from tfpar.tensor_parallel.layers import layer_class
 from tfpar.tensor_parallel.rules import kind_of, split_error
 
-__all__ = ["drop_state", "layer_tree", "nested_auto_plan", "own_variables", "paired",
-           "plain_weights_back", "rebuilt", "split_in_place"]
+__all__ = [
+    "drop_state",
+    "layer_tree",
+    "nested_auto_plan",
+    "own_variables",
+    "paired",
+    "plain_weights_back",
+    "rebuilt",
+    "split_in_place",
+]
 
 
 def layer_tree(model: Any) -> dict[str, Any]:
@@ -160,7 +168,8 @@ def rebuilt(source: Any, keras_module: Any) -> Any:
             f"tfpar splits {source.name!r} (inside its layers, or into the stages of a model "
             f"that nests a model) in a copy built from its get_config(), and building it failed: "
             f"{error} Give each custom "
-            "layer a get_config() that returns the arguments of its __init__.") from error
+            "layer a get_config() that returns the arguments of its __init__."
+        ) from error
     copy.set_weights(source.get_weights())
     if hasattr(copy, "_compiled_trainable_state"):  # a KerasHub task compiles itself when built
         del copy._compiled_trainable_state  # {layer: trainable}: it would keep the split layers
@@ -176,7 +185,8 @@ def paired(source: Any, copy: Any) -> dict[str, Any]:
         raise ValueError(
             f"model {source.name!r} built again from its get_config() holds other layers than the "
             "model itself, so its layers cannot be split where they sit. Make the model's "
-            "get_config() (and its custom layers') return every argument of __init__.")
+            "get_config() (and its custom layers') return every argument of __init__."
+        )
     return {path: twin for (path, _), twin in zip(ours, theirs)}
 
 
@@ -202,9 +212,14 @@ def split_in_place(twins: dict, styles: dict[str, str], devices: list, keras_mod
 
 
 _TRACKING = (
-    "_trainable_variables", "_non_trainable_variables", "_layers",  # Keras 3's
-    "_trainable_weights", "_non_trainable_weights", "_self_tracked_trackables",  # tf_keras'
-    "_self_unconditional_checkpoint_dependencies", "_self_unconditional_dependency_names",
+    "_trainable_variables",
+    "_non_trainable_variables",
+    "_layers",  # Keras 3's
+    "_trainable_weights",
+    "_non_trainable_weights",
+    "_self_tracked_trackables",  # tf_keras'
+    "_self_unconditional_checkpoint_dependencies",
+    "_self_unconditional_dependency_names",
     "_obj_reference_counts_dict",
 )
 """Where a layer keeps its variables and sublayers besides its attributes."""

@@ -21,9 +21,21 @@ from typing import Any
 
 from tfpar._keras import tf
 
-__all__ = ["BACKWARD_REDUCTION", "FORWARD_REDUCTION", "GATHER", "Sharded", "computing_devices", "copy_to",
-           "count_communication", "gather_from", "placed_on", "recording", "recording_events", "reduce_from",
-           "timed"]
+__all__ = [
+    "BACKWARD_REDUCTION",
+    "FORWARD_REDUCTION",
+    "GATHER",
+    "Sharded",
+    "computing_devices",
+    "copy_to",
+    "count_communication",
+    "gather_from",
+    "placed_on",
+    "recording",
+    "recording_events",
+    "reduce_from",
+    "timed",
+]
 
 FORWARD_REDUCTION = "tp_allreduce_forward"
 BACKWARD_REDUCTION = "tp_allreduce_backward"
@@ -120,7 +132,12 @@ def copy_to(x: Any, devices: Sequence[str], label: str = "all-reduce") -> list:
             if not given:
                 return tf.zeros_like(value)
             with tf.device(home):
-                return timed(0, f"{label} (backward)", given, lambda: tf.add_n(given, name=BACKWARD_REDUCTION))
+                return timed(
+                    0,
+                    f"{label} (backward)",
+                    given,
+                    lambda: tf.add_n(given, name=BACKWARD_REDUCTION),
+                )
 
         return copies, grad
 
@@ -151,12 +168,17 @@ def reduce_from(parts: Sequence, devices: Sequence[str], label: str = "all-reduc
 def gather_from(sharded: Sharded) -> Any:
     """The parts side by side along their axis, on the home device (an all-gather)."""
     with tf.device(sharded.devices[0]):
-        return timed(0, "all-gather", sharded.parts,
-                     lambda: tf.concat(sharded.parts, axis=sharded.axis, name=GATHER))
+        return timed(
+            0,
+            "all-gather",
+            sharded.parts,
+            lambda: tf.concat(sharded.parts, axis=sharded.axis, name=GATHER),
+        )
 
 
 def count_communication(graph_def: Any) -> dict[str, int]:
-    """``{name: count}`` of the communication ops in a traced step's GraphDef, its functions included."""
+    """``{name: count}`` of the communication ops in a traced step's GraphDef, its functions
+    included."""
     names = [node.name for node in graph_def.node]
     for function in graph_def.library.function:
         names.extend(node.name for node in function.node_def)

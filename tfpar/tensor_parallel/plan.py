@@ -3,12 +3,15 @@
 A plan maps layer names, or regular expressions matched against the whole name (as Keras'
 ``LayoutMap`` does), to a style:
 
-| style | layers | split | communication (Megatron's conjugate operators) |
-|---|---|---|---|
-| ``"column"`` | Dense, EinsumDense | the kernel's output columns (and the bias) | forward: none (all-gather only if no row layer takes the split output); backward: all-reduce of the input's gradient |
-| ``"row"`` | Dense, EinsumDense | the kernel's input rows; the bias is kept whole | forward: all-reduce of the partial outputs; backward: none |
-| ``"heads"`` | MultiHeadAttention | Q, K and V by heads (columns), the output projection by heads (rows) | one all-reduce forward, one backward |
-| ``"vocab"`` | Embedding | the table's rows (the vocabulary) | one all-reduce forward |
+- ``"column"``: Dense, EinsumDense. Split: the kernel's output columns (and the bias).
+  Communication (Megatron's conjugate operators): forward: none (all-gather only if no row
+  layer takes the split output); backward: all-reduce of the input's gradient.
+- ``"row"``: Dense, EinsumDense. Split: the kernel's input rows; the bias is kept whole.
+  Communication: forward: all-reduce of the partial outputs; backward: none.
+- ``"heads"``: MultiHeadAttention. Split: Q, K and V by heads (columns), the output projection
+  by heads (rows). Communication: one all-reduce forward, one backward.
+- ``"vocab"``: Embedding. Split: the table's rows (the vocabulary). Communication: one
+  all-reduce forward.
 
 A row layer takes the split output of a column layer (through element-wise layers such as an
 activation or dropout), so an MLP pair costs one reduction forward and one backward, and no
@@ -54,8 +57,10 @@ def parse_style(style: str) -> tuple[str, int | None]:
     base, separator, axis = style.partition(":")
     with_axis = bool(separator)
     if base not in STYLES or (with_axis and (base not in ("column", "row") or not axis.isdigit())):
-        raise ValueError(f"Unknown tensor-parallel style. Received: {style!r}. Valid styles: "
-                         f"{STYLES}, or 'column:<kernel axis>' / 'row:<kernel axis>'.")
+        raise ValueError(
+            f"Unknown tensor-parallel style. Received: {style!r}. Valid styles: "
+            f"{STYLES}, or 'column:<kernel axis>' / 'row:<kernel axis>'."
+        )
     return base, int(axis) if axis else None
 
 
@@ -71,22 +76,29 @@ def match_plan(plan: Mapping[str, str], layer_names: Sequence[str]) -> dict[str,
         raise TypeError(
             "plan must be a non-empty dict from layer names (or regular expressions) to styles "
             f"{STYLES}. Received: plan={plan!r}. For example: "
-            "plan={'mlp_up': 'column', 'mlp_down': 'row', 'attention': 'heads'}.")
+            "plan={'mlp_up': 'column', 'mlp_down': 'row', 'attention': 'heads'}."
+        )
     patterns = []
     for key, style in plan.items():
         if not isinstance(key, str) or not isinstance(style, str):
-            raise TypeError(f"plan maps layer names (str) to styles (str). Received: {key!r}: {style!r}.")
+            raise TypeError(
+                f"plan maps layer names (str) to styles (str). Received: {key!r}: {style!r}."
+            )
         try:
             parse_style(style)
         except ValueError:
-            message = (f"plan[{key!r}] is an unknown style. Received: {style!r}. Valid styles: "
-                       f"{STYLES}, or 'column:<kernel axis>' / 'row:<kernel axis>'.")
+            message = (
+                f"plan[{key!r}] is an unknown style. Received: {style!r}. Valid styles: "
+                f"{STYLES}, or 'column:<kernel axis>' / 'row:<kernel axis>'."
+            )
             raise ValueError(message) from None
         try:
             patterns.append((key, re.compile(key), style))
         except re.error as error:
-            raise ValueError(f"plan key {key!r} is neither a layer name nor a valid regular expression "
-                             f"({error}). Received: {key!r}.") from None
+            raise ValueError(
+                f"plan key {key!r} is neither a layer name nor a valid regular expression "
+                f"({error}). Received: {key!r}."
+            ) from None
     styles: dict[str, str] = {}
     used = set()
     for name in layer_names:
@@ -98,7 +110,9 @@ def match_plan(plan: Mapping[str, str], layer_names: Sequence[str]) -> dict[str,
     unused = [key for key, _, _ in patterns if key not in used]
     if unused:
         raise ValueError(
-            f"plan names layer(s) the model does not have: {unused}. Received: plan={dict(plan)!r}. "
+            f"plan names layer(s) the model does not have: {unused}. "
+            f"Received: plan={dict(plan)!r}. "
             f"The model's layers: {list(layer_names)}. Name a layer by its path from the model "
-            "down (e.g. 'backbone/transformer_layer_0/self_attention'), or fix the pattern.")
+            "down (e.g. 'backbone/transformer_layer_0/self_attention'), or fix the pattern."
+        )
     return styles

@@ -88,10 +88,12 @@ def _adapted_error(layer):
         if getattr(part, "lora_enabled", False) or mode:
             what = f"quantized ({mode})" if mode else "LoRA enabled"
             where = "" if part is layer else f" in {part.name!r}"
-            return (f"layer {layer.name!r} has {what}{where}, "
-                    "and tensor parallelism splits float kernels, not their LoRA factors or "
-                    "quantization scales. Split the model before enable_lora() or quantize(), or "
-                    "leave the layer replicated.")
+            return (
+                f"layer {layer.name!r} has {what}{where}, "
+                "and tensor parallelism splits float kernels, not their LoRA factors or "
+                "quantization scales. Split the model before enable_lora() or quantize(), or "
+                "leave the layer replicated."
+            )
     return None
 
 
@@ -100,51 +102,69 @@ def _dense_error(layer, config, style, degree):
     base, axis = parse_style(style)
     kernel = tuple(layer.kernel.shape)
     if axis is not None and axis >= len(kernel):
-        return (f"layer {name!r} has a kernel of rank {len(kernel)}, which has no axis {axis}. "
-                f"Received: style {style!r}. Name an axis below {len(kernel)}.")
+        return (
+            f"layer {name!r} has a kernel of rank {len(kernel)}, which has no axis {axis}. "
+            f"Received: style {style!r}. Name an axis below {len(kernel)}."
+        )
     equation = config.get("equation")
     if equation is not None:
         x, k, out = einsum_parts(equation)
         letter = k[axis] if axis is not None else None
         if base == "column" and axis is None and not (k[-1] == out[-1] and k[-1] not in x):
-            return (f"layer {name!r} (EinsumDense {equation!r}) cannot be split by columns: its "
-                    "kernel's last axis is not the output's last axis. Split it by rows, name the "
-                    "kernel's axis ('column:<axis>'), or leave it replicated.")
+            return (
+                f"layer {name!r} (EinsumDense {equation!r}) cannot be split by columns: its "
+                "kernel's last axis is not the output's last axis. Split it by rows, name the "
+                "kernel's axis ('column:<axis>'), or leave it replicated."
+            )
         if base == "column" and axis is not None and not (letter in out and letter not in x):
-            return (f"layer {name!r} (EinsumDense {equation!r}) cannot be split by columns "
-                    f"along its kernel's axis {axis} ({letter!r}): the output must have that axis "
-                    f"and the input not. Received: style {style!r}. Split an axis of the output.")
+            return (
+                f"layer {name!r} (EinsumDense {equation!r}) cannot be split by columns "
+                f"along its kernel's axis {axis} ({letter!r}): the output must have that axis "
+                f"and the input not. Received: style {style!r}. Split an axis of the output."
+            )
         if base == "row" and axis is None and not (x[-1] in k and x[-1] not in out):
-            return (f"layer {name!r} (EinsumDense {equation!r}) cannot be split by rows: the "
-                    "input's last axis is not contracted with the kernel. Split it by columns, or "
-                    "leave it replicated.")
+            return (
+                f"layer {name!r} (EinsumDense {equation!r}) cannot be split by rows: the "
+                "input's last axis is not contracted with the kernel. Split it by columns, or "
+                "leave it replicated."
+            )
         if base == "row" and axis is not None and not (letter in x and letter not in out):
-            return (f"layer {name!r} (EinsumDense {equation!r}) cannot be split by rows along its "
-                    f"kernel's axis {axis} ({letter!r}): the input must have that axis and the "
-                    f"output not. Received: style {style!r}. Split an axis contracted with the "
-                    "input.")
+            return (
+                f"layer {name!r} (EinsumDense {equation!r}) cannot be split by rows along its "
+                f"kernel's axis {axis} ({letter!r}): the input must have that axis and the "
+                f"output not. Received: style {style!r}. Split an axis contracted with the "
+                "input."
+            )
     elif axis is not None and axis != (1 if base == "column" else 0):
-        return (f"layer {name!r} (Dense) splits its kernel's axis 1 by columns and 0 by rows. "
-                f"Received: style {style!r}. Use 'column' or 'row'.")
+        return (
+            f"layer {name!r} (Dense) splits its kernel's axis 1 by columns and 0 by rows. "
+            f"Received: style {style!r}. Use 'column' or 'row'."
+        )
     cut = dense_split(config, style).kernel_axis
     if kernel[cut] % degree:
         what = "output columns (units)" if base == "column" else "input rows"
-        return (f"layer {name!r} has {kernel[cut]} {what}, which the tensor-parallel degree does "
-                f"not divide. Received: degree={degree}. Use a degree that divides {kernel[cut]}, "
-                f"or leave {name!r} out of the plan.")
+        return (
+            f"layer {name!r} has {kernel[cut]} {what}, which the tensor-parallel degree does "
+            f"not divide. Received: degree={degree}. Use a degree that divides {kernel[cut]}, "
+            f"or leave {name!r} out of the plan."
+        )
     if base == "column" and config.get("activation") in NOT_ELEMENTWISE:
-        return (f"layer {name!r} ends in activation={config['activation']!r}, which mixes the "
-                "columns a device holds with the others'. Split it by rows, or move the activation "
-                "to its own layer.")
+        return (
+            f"layer {name!r} ends in activation={config['activation']!r}, which mixes the "
+            "columns a device holds with the others'. Split it by rows, or move the activation "
+            "to its own layer."
+        )
     return None
 
 
 def _attention_error(layer, config, degree):
     name = layer.name
     if config["num_heads"] % degree:
-        return (f"layer {name!r} has num_heads={config['num_heads']}, which the tensor-parallel "
-                f"degree does not divide. Received: degree={degree}. Use a degree that divides "
-                f"{config['num_heads']}.")
+        return (
+            f"layer {name!r} has num_heads={config['num_heads']}, which the tensor-parallel "
+            f"degree does not divide. Received: degree={degree}. Use a degree that divides "
+            f"{config['num_heads']}."
+        )
     unsupported = {}
     if config.get("output_shape") is not None:
         unsupported["output_shape"] = config["output_shape"]
@@ -154,19 +174,25 @@ def _attention_error(layer, config, degree):
     if getattr(layer, "_gate_dense", None) is not None:
         unsupported["gate"] = True
     if unsupported:
-        return (f"layer {name!r} (MultiHeadAttention) is split by heads only with its default "
-                f"output and attention axes. Received: {unsupported}. Leave it out of the plan.")
+        return (
+            f"layer {name!r} (MultiHeadAttention) is split by heads only with its default "
+            f"output and attention axes. Received: {unsupported}. Leave it out of the plan."
+        )
     return None
 
 
 def _embedding_error(layer, config, degree):
     name = layer.name
     if config["input_dim"] % degree:
-        return (f"layer {name!r} has a vocabulary of input_dim={config['input_dim']}, which the "
-                f"tensor-parallel degree does not divide. Received: degree={degree}. Pad the "
-                f"vocabulary to a multiple of {degree}.")
+        return (
+            f"layer {name!r} has a vocabulary of input_dim={config['input_dim']}, which the "
+            f"tensor-parallel degree does not divide. Received: degree={degree}. Pad the "
+            f"vocabulary to a multiple of {degree}."
+        )
     if config.get("mask_zero"):
-        return (f"layer {name!r} has mask_zero=True: a tensor-parallel model does not carry Keras "
-                "masks. Pass attention_mask= to the attention instead, or leave it out of the "
-                "plan.")
+        return (
+            f"layer {name!r} has mask_zero=True: a tensor-parallel model does not carry Keras "
+            "masks. Pass attention_mask= to the attention instead, or leave it out of the "
+            "plan."
+        )
     return None

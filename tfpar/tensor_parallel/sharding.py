@@ -14,12 +14,12 @@ from tfpar._checks import check_int, config_from
 from tfpar._keras import check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
-from tfpar.tensor_parallel.rules import kind_of, split_error
 from tfpar.tensor_parallel.accounting import describe_bytes, describe_gathers
+from tfpar.tensor_parallel.layouts import is_layout_map, model_axis_of, styles_from_layouts
 from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan
 from tfpar.tensor_parallel.nested import layer_tree, nested_auto_plan
-from tfpar.tensor_parallel.layouts import is_layout_map, model_axis_of, styles_from_layouts
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan, parse_style
+from tfpar.tensor_parallel.rules import kind_of, split_error
 
 __all__ = ["TensorParallel", "TensorParallelConfig"]
 
@@ -47,22 +47,25 @@ class TensorParallelConfig:
 
     def __post_init__(self):
         if not isinstance(self.batch_axis, str):
-            raise TypeError(f"batch_axis names a mesh axis (a str). Received: "
-                            f"batch_axis={self.batch_axis!r}.")
+            raise TypeError(
+                f"batch_axis names a mesh axis (a str). Received: batch_axis={self.batch_axis!r}."
+            )
         if self.degree is not None:
             check_int("degree", self.degree, 1)
         if type(self.plan).__name__ in ("ModelParallel", "DataParallel", "DeviceMesh"):
             raise TypeError(
                 f"plan takes a LayoutMap, a dict of layer paths to styles, or 'auto'. Received: "
                 f"plan={self.plan!r}. For a keras.distribution.ModelParallel use "
-                "TensorParallel.from_distribution(distribution); for its layouts, plan=layout_map.")
+                "TensorParallel.from_distribution(distribution); for its layouts, plan=layout_map."
+            )
         if is_layout_map(self.plan):
             _, size = model_axis_of(self.plan.device_mesh, self.batch_axis)
             if self.degree not in (None, size):
                 raise ValueError(
                     f"degree is the LayoutMap mesh's model axis ({size}) when plan is a LayoutMap. "
                     f"Received: degree={self.degree!r}. Leave degree out, or make the mesh's model "
-                    f"axis {self.degree}.")
+                    f"axis {self.degree}."
+                )
             object.__setattr__(self, "degree", size)
         elif self.degree is None:
             object.__setattr__(self, "degree", 2)
@@ -74,8 +77,10 @@ class TensorParallelConfig:
 
             object.__setattr__(self, "devices", check_devices("devices", self.devices))
             if len(set(self.devices)) != len(self.devices):
-                raise ValueError(f"devices must be distinct: a layer's parts on one device split nothing. "
-                                 f"Received: devices={list(self.devices)!r}. Name each device once.")
+                raise ValueError(
+                    f"devices must be distinct: a layer's parts on one device split nothing. "
+                    f"Received: devices={list(self.devices)!r}. Name each device once."
+                )
 
 
 class TensorParallel(PlacesItself):
@@ -83,18 +88,21 @@ class TensorParallel(PlacesItself):
     returns the split model.
 
     Megatron-LM's splits over ``degree`` devices: Dense/EinsumDense by columns or rows (an MLP
-    pair costs one all-reduce forward and one backward, no gather between them), MultiHeadAttention
-    by heads, Embedding by vocabulary. Not a ``tf.distribute.Strategy``: it places the parts itself,
-    in this process, under TensorFlow's default strategy. Under ``tfpar launch`` with several workers,
-    each worker's split model is a data-parallel replica (a one-stage `tfpar.pipeline.Pipeline`
-    across workers), so create it first, before TensorFlow runs anything.
+    pair costs one all-reduce forward and one backward, no gather between them),
+    MultiHeadAttention by heads, Embedding by vocabulary. Not a ``tf.distribute.Strategy``: it
+    places the parts itself, in this process, under TensorFlow's default strategy. Under
+    ``tfpar launch`` with several workers, each worker's split model is a data-parallel replica (a
+    one-stage `tfpar.pipeline.Pipeline` across workers), so create it first, before TensorFlow runs
+    anything.
 
     Args:
         config: a `TensorParallelConfig`, or its fields as keyword arguments.
 
     Examples:
         >>> tfpar.configure_devices(2)  # doctest: +SKIP
-        >>> tp = tfpar.tensor_parallel.TensorParallel(degree=2, plan={"up": "column", "down": "row"})  # doctest: +SKIP
+        >>> tp = tfpar.tensor_parallel.TensorParallel(  # doctest: +SKIP
+        ...     degree=2, plan={"up": "column", "down": "row"}
+        ... )
         >>> model = tp.shard(model)  # doctest: +SKIP
         >>> model.compile("adam", "sparse_categorical_crossentropy")  # doctest: +SKIP
         >>> model.fit(x, y, batch_size=64)  # doctest: +SKIP
@@ -116,7 +124,8 @@ class TensorParallel(PlacesItself):
         if type(distribution).__name__ != "ModelParallel" or not is_layout_map(layout_map):
             raise TypeError(
                 "from_distribution takes a keras.distribution.ModelParallel(layout_map=...). "
-                f"Received: {distribution!r}. For data parallelism alone use tfpar.DataParallel.")
+                f"Received: {distribution!r}. For data parallelism alone use tfpar.DataParallel."
+            )
         return cls(plan=layout_map, batch_axis=distribution.batch_dim_name, **kwargs)
 
     def __init__(self, config: TensorParallelConfig | None = None, **kwargs: Any) -> None:
@@ -125,8 +134,14 @@ class TensorParallel(PlacesItself):
 
         # Across workers (TF_CONFIG), each worker's split model is a data-parallel replica: the
         # pipeline's replicas, with one stage.
-        across = Pipeline(num_stages=1, num_microbatches=1, tensor_parallel=c.degree, tensor_plan=c.plan,
-                          tensor_batch_axis=c.batch_axis, devices=c.devices)
+        across = Pipeline(
+            num_stages=1,
+            num_microbatches=1,
+            tensor_parallel=c.degree,
+            tensor_plan=c.plan,
+            tensor_batch_axis=c.batch_axis,
+            devices=c.devices,
+        )
         self._across = across if across.workers else None
         if is_layout_map(c.plan):
             _check_batch_axis(c.plan.device_mesh, c.batch_axis, across.workers)
@@ -153,13 +168,16 @@ class TensorParallel(PlacesItself):
         degree = self.config.degree
         if len(names) < degree:
             raise ValueError(
-                f"Tensor parallelism over degree={degree} devices needs {degree} devices. Received: {len(names)} "
-                f"({names}). Call tfpar.configure_devices({degree}) before TensorFlow starts (or pass "
-                f"devices=), or use degree <= {len(names)}.")
+                f"Tensor parallelism over degree={degree} devices needs {degree} devices. "
+                f"Received: {len(names)} ({names}). "
+                f"Call tfpar.configure_devices({degree}) before TensorFlow starts (or pass "
+                f"devices=), or use degree <= {len(names)}."
+            )
         return names[:degree]
 
     def styles(self, model: Any) -> dict[str, str]:
-        """``{layer name: style}`` of ``model``'s planned layers, each checked (`planned_styles`)."""
+        """``{layer name: style}`` of ``model``'s planned layers, each checked
+        (`planned_styles`)."""
         return planned_styles(model, self.config.degree, self.config.plan, self.config.batch_axis)
 
     def split(self, model: Any) -> Any:
@@ -181,8 +199,10 @@ class TensorParallel(PlacesItself):
         from tfpar import _compat
 
         if not _compat.is_graph_network(model):
-            raise ValueError(f"Tensor parallelism splits a Sequential or Functional model's layers. Received: "
-                             f"{model.name!r}, a subclassed model. Build it with the functional API.")
+            raise ValueError(
+                f"Tensor parallelism splits a Sequential or Functional model's layers. Received: "
+                f"{model.name!r}, a subclassed model. Build it with the functional API."
+            )
         styles = self.styles(model)  # the plan first: it is wrong whatever the devices
         devices = self.devices()
         if self._across:
@@ -190,13 +210,16 @@ class TensorParallel(PlacesItself):
         return _owned.own(TensorParallelModel(model, styles, devices), self.model_checks())
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
-        """A readable summary: the mesh, the plan and, given the split model, the bytes each device holds."""
+        """A readable summary: the mesh, the plan and, given the split model, the bytes each device
+        holds."""
         c = self.config
         if self._across:
             return self._across.describe(global_batch_size, model)
-        lines = [f"TensorParallel (mesh: data 1 x pipeline 1 x tensor {c.degree})",
-                 f"  devices:    {self.devices()}",
-                 f"  plan:       {c.plan if c.plan == 'auto' else dict(c.plan)}"]
+        lines = [
+            f"TensorParallel (mesh: data 1 x pipeline 1 x tensor {c.degree})",
+            f"  devices:    {self.devices()}",
+            f"  plan:       {c.plan if c.plan == 'auto' else dict(c.plan)}",
+        ]
         if global_batch_size is not None:
             lines.append(f"  batch:      {global_batch_size}, whole on every device")
         if isinstance(model, TensorParallelModel):
@@ -225,15 +248,17 @@ def planned_styles(model: Any, degree: int, plan: Any, batch_axis: str = "batch"
                 f"The layout map splits no variable of {model.name!r} over the mesh's model axis "
                 f"{axis!r}: every weight would be whole on every device. Received: layouts "
                 f"{ {key: tuple(plan[key].axes) for key in plan.keys()} }. Put {axis!r} in the "
-                "layouts of the kernels to split, or use tfpar.DataParallel.")
+                "layouts of the kernels to split, or use tfpar.DataParallel."
+            )
         return _checked(model, styles, degree, k)
     if plan == "auto":
         styles = auto_styles(model, degree)
         if not styles:
             raise ValueError(
                 f"plan='auto' found no layer of {model.name!r} to split {degree} ways: no "
-                "MultiHeadAttention, Embedding or Dense pair whose size the degree divides. Received: "
-                f"degree={degree}. Name the layers in plan=, or use another degree.")
+                "MultiHeadAttention, Embedding or Dense pair whose size the degree divides. "
+                f"Received: degree={degree}. Name the layers in plan=, or use another degree."
+            )
         return styles
     return _checked(model, match_plan(plan, list(layer_tree(model))), degree, k)
 
@@ -259,7 +284,8 @@ def _checked(model, styles, degree, k):
                 f"layer {name!r} is a {kind_name}, and style {style!r} splits "
                 f"{' or '.join(LAYERS_OF_STYLE[parse_style(style)[0]])} layers. Received: "
                 f"plan[{name!r}]={style!r}. Use a style for a {kind_name} "
-                f"({fitting or 'none: leave it replicated'}).")
+                f"({fitting or 'none: leave it replicated'})."
+            )
         error = split_error(layer, style, degree, kind)
         if error:
             raise ValueError(error)
@@ -276,4 +302,5 @@ def _check_batch_axis(mesh, batch_axis, workers):
         raise ValueError(
             f"The LayoutMap mesh's {batch_axis!r} axis is {size}: data-parallel replicas, one per "
             f"worker of tfpar launch. Received: a job of {count} worker(s). Make that axis "
-            f"{count}, or launch as many workers.")
+            f"{count}, or launch as many workers."
+        )
