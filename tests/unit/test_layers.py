@@ -34,6 +34,7 @@ PURE = frozenset({
     "tfpar.launch.elastic.discovery",
     "tfpar.launch.elastic.membership",
     "tfpar.pipeline.schedule",
+    "tfpar.pipeline.streams",
     "tfpar.pipeline.simulation",
     "tfpar.data.plan",
     "tfpar.data.batching",

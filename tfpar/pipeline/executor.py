@@ -18,7 +18,7 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._keras import tf
-from tfpar.pipeline.schedule import BACKWARD, FORWARD, WEIGHT
+from tfpar.pipeline.streams import BACKWARD, FORWARD, WEIGHT
 
 __all__ = [
     "ReplicaStep",
