@@ -72,7 +72,7 @@ def test_a_transformer_step_holds_two_reductions_forward_and_two_backward_per_bl
 
 def test_auto_plan_finds_megatron_s_splits_and_a_gathered_column_layer_still_trains(any_keras):
     from tfpar.demo.tokens import transformer
-    from tfpar.tensor_parallel.model import auto_plan
+    from tfpar.tensor_parallel.pairs import auto_plan
 
     k = any_keras
     model = transformer(k, vocab=16, length=6, dim=8, heads=4, blocks=2)

@@ -2,8 +2,8 @@
 microbatches.
 
 `schedule` (GPipe and 1F1B as plain data, no TensorFlow), `partition` (where
-to cut), `staging` (`Pipeline`, `PipelineConfig`: what to cut, where it runs) and
-`model` (`PipelineModel`: the staged model that runs the schedule).
+to cut), `config` (`PipelineConfig`: what to cut, where it runs), `staging` (`Pipeline`: the
+model cut and placed) and `model` (`PipelineModel`: the staged model that runs the schedule).
 
 The pipeline is not a ``tf.distribute.Strategy``, so it lives here rather than in
 `tfpar.strategies`; it offers the same small protocol (`tfpar._parallelism`), so a
@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = exports(
     __name__,
     {
         "Pipeline": "tfpar.pipeline.staging",
-        "PipelineConfig": "tfpar.pipeline.staging",
+        "PipelineConfig": "tfpar.pipeline.config",
         "PipelineModel": "tfpar.pipeline.model",
     },
 )

@@ -1,11 +1,11 @@
 """`PipelineModel`: a staged model whose training step runs the pipeline schedule.
 
-A training step splits the global batch into microbatches, runs the schedule's
-instructions (`schedule.py`) on the stage devices (`executor.py`), accumulates the gradients over
-the microbatches and applies them once, so that it computes the same update as
-the plain model on the same global batch. With ``replicas=R`` each stage's
-gradients are summed over the replicas before the update. `tfpar.pipeline.Pipeline`
-builds it.
+A training step splits the global batch into microbatches (`microbatching.py`), runs the
+schedule's instructions (`schedule.py`) on the stage devices (`executor.py`), accumulates the
+gradients over the microbatches and applies them once, so that it computes the same update as
+the plain model on the same global batch; it records when each instruction ran (`timing.py`).
+With ``replicas=R`` each stage's gradients are summed over the replicas before the update.
+`tfpar.pipeline.Pipeline` builds it.
 
 A `PipelineModel` is a model of the Keras its source model was written in: the pipeline is
 written once (`PipelineModel`) over the few places where the two Kerases differ (the loss of a
@@ -21,7 +21,10 @@ from tfpar import _compat
 from tfpar._keras import is_keras3, keras, keras3, tf
 from tfpar.pipeline.copies import check_tied, copy_back, tied_gradients
 from tfpar.pipeline.executor import add_gradients, chain_layers, recomputed, run_replica
-from tfpar.pipeline.flat import FlatChunk, staged_copy
+from tfpar.pipeline.flat import FlatChunk
+from tfpar.pipeline.flat_stage import staged_copy
+from tfpar.pipeline.microbatching import check_fit_batches, split_microbatches
+from tfpar.pipeline.timing import record_timing
 from tfpar.tensor_parallel.model import TensorParallelModel, build_optimizer_beside_variables
 from tfpar.tensor_parallel.nested import rebuilt
 from tfpar.tensor_parallel.ops import placed_on
@@ -29,16 +32,6 @@ from tfpar.tensor_parallel.ops import placed_on
 _log = logging.getLogger(__name__)
 
 __all__ = ["PipelineModel"]
-
-
-def _split(structure, parts):
-    """``parts`` equal slices of a (nested) batch along its first axis; Nones for None."""
-    if structure is None:
-        return [None] * parts
-    pieces = [tf.split(tf.identity(t), parts) for t in tf.nest.flatten(structure)]
-    return [
-        tf.nest.pack_sequence_as(structure, [piece[j] for piece in pieces]) for j in range(parts)
-    ]
 
 
 class PipelineModel:
@@ -52,7 +45,7 @@ class PipelineModel:
     """
 
     _source: Any  # the model it was staged from (set untracked in __init__)
-    _copies: list | None  # flattened stages: what ties each to the source (`flat.StageCopy`)
+    _copies: list | None  # flattened stages: what ties each to the source (`flat_stage.StageCopy`)
     optimizer: Any  # Keras' (the concrete class is a keras.Model)
 
     _keras = None  # the Keras module of the concrete class
@@ -70,6 +63,36 @@ class PipelineModel:
         self.grid = grid
         self.schedule = schedule
         self.recompute = recompute
+        stages, copies = self._stages_of(source, partition, tensor_styles)
+        self.stages = stages
+        self.__dict__["_recompute"] = recomputed(stages, recompute, self._keras)
+        self.__dict__["_copies"] = copies or None  # what ties each flattened stage to the source
+        self.__dict__["_chains"] = self._chains_of(stages, tensor_styles)
+        self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
+        # the job's other workers, replicas of this pipeline (or None)
+        self.__dict__["_workers"] = workers
+        self.num_workers = workers.num_workers if workers else 1
+        if workers:
+            workers.start_alike([v for stage in stages for v in stage.weights])
+        # F, B and W each take a time: a strict order
+        self._timeline = schedule.simulate(1.0, 1.0, 1.0)
+        self._order = self._timeline.order()
+        with tf.device("/cpu:0"):
+            # Summed over steps: [stage busy time (mean over stages and replicas), step span].
+            self.pipeline_timing = tf.Variable(
+                tf.zeros([2], tf.float64), trainable=False, name="pipeline_timing"
+            )
+            # The last step's instructions, replica by replica in the schedule's order:
+            # (start, end).
+            self.device_trace = tf.Variable(
+                tf.zeros([len(self._trace_keys()), 2], tf.float64),
+                trainable=False,
+                name="device_trace",
+            )
+
+    def _stages_of(self, source, partition, tensor_styles):
+        """Each chunk's stage on its devices (a flattened chunk's, a tensor-parallel one's, or a
+        copy of the chunk), and the StageCopy of each flattened one."""
         stages = []
         copies = []  # flattened stages: each a StageCopy of the source
         for k, sub in enumerate(partition.models):
@@ -90,44 +113,23 @@ class PipelineModel:
                 continue
             with tf.device(self._device(0, k)):  # the chunk's variables live on its stage's device
                 stages.append(self._copy(sub, source))
-        self.stages = stages
-        self.__dict__["_recompute"] = recomputed(stages, recompute, self._keras)
-        self.__dict__["_copies"] = copies or None  # what ties each flattened stage to the source
-        # Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by layer.
-        by_layer = schedule.splits_backward and not recompute and tensor_styles is None
-        self.__dict__["_chains"] = [
-            chain_layers(stage, self._keras) if by_layer else None for stage in stages
-        ]
-        unsplit = [k for k, chain in enumerate(self._chains) if chain is None]
+        return stages, copies
+
+    def _chains_of(self, stages, tensor_styles):
+        """Zero-bubble: the layers of each chunk that is a chain, whose B and W split layer by
+        layer (None for a chunk that is not, or without a split backward)."""
+        by_layer = self.schedule.splits_backward and not self.recompute and tensor_styles is None
+        chains = [chain_layers(stage, self._keras) if by_layer else None for stage in stages]
+        unsplit = [k for k, chain in enumerate(chains) if chain is None]
         if by_layer and unsplit:
             _log.warning(
                 "%s: chunk(s) %s are not a chain of one-input layers, so their weight pass (W) "
                 "recomputes the chunk's backward chain that B ran: correct, but W costs about "
                 "B + W there.",
-                schedule.name,
+                self.schedule.name,
                 unsplit,
             )
-        self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals
-        # the job's other workers, replicas of this pipeline (or None)
-        self.__dict__["_workers"] = workers
-        self.num_workers = workers.num_workers if workers else 1
-        if workers:
-            workers.start_alike([v for stage in stages for v in stage.weights])
-        # F, B and W each take a time: a strict order
-        self._timeline = schedule.simulate(1.0, 1.0, 1.0)
-        self._order = self._timeline.order()
-        with tf.device("/cpu:0"):
-            self.pipeline_timing = tf.Variable(
-                tf.zeros([2], tf.float64), trainable=False, name="pipeline_timing"
-            )
-            # The last step's instructions, replica by replica in the schedule's order:
-            # (start, end).
-            self.device_trace = tf.Variable(
-                tf.zeros([len(self._trace_keys()), 2], tf.float64),
-                trainable=False,
-                name="device_trace",
-            )
-        # Summed over steps: [stage busy time (mean over stages and replicas), step span].
+        return chains
 
     def _copy(self, sub, source):
         """A chunk's copy with its weights: Keras' clone of a cut, or the whole model (one stage)
@@ -210,12 +212,14 @@ class PipelineModel:
     @tf.autograph.experimental.do_not_convert
     def train_step(self, data):
         x, y, sample_weight = self._keras.utils.unpack_x_y_sample_weight(data)
-        xs, ys, weights = self._microbatches(x, y, sample_weight)
+        replicas = len(self.grid)
+        m = self.schedule.num_microbatches
+        xs, ys, weights = split_microbatches(x, y, sample_weight, replicas, m)
         step_start = tf.timestamp()
         predictions, sums, done, losses = {}, {}, {}, []
         for replica in range(len(self.grid)):
             run_replica(self, replica, xs, ys, weights, predictions, sums, done, losses)
-        self._record_timing(step_start, done)
+        record_timing(self, step_start, done)
         self._track_loss(losses, x)
         self._apply(self._sum_over_replicas(sums))
         y_pred = tf.concat([predictions[j] for j in sorted(predictions)], axis=0)
@@ -242,46 +246,9 @@ class PipelineModel:
     def fit(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras' ``fit``; arrays whose last batch would not split into microbatches are refused
         before the first step (not at the epoch's end, after steps were applied)."""
-        if (
-            x is not None
-            and not isinstance(x, tf.data.Dataset)
-            and hasattr(tf.nest.flatten(x)[0], "shape")
-        ):
-            parts = len(self.grid) * self.schedule.num_microbatches
-            n = len(tf.nest.flatten(x)[0])
-            size = batch_size or 32
-            if kwargs.get("validation_split"):
-                n = int(n * (1 - kwargs["validation_split"]))
-            if size % parts or (n % size and (n % size) % parts):
-                uneven = (
-                    "every batch" if size % parts else f"the last batch of each epoch ({n % size})"
-                )
-                raise ValueError(
-                    "Each batch must split into replicas × num_microbatches = "
-                    f"{parts} equal microbatches. "
-                    f"Received: {n} examples in batches of batch_size={size}, so {uneven} "
-                    f"does not divide by {parts}. Use a batch_size that divides by {parts} and a "
-                    "number of examples that leaves no partial batch, or tf.data with "
-                    "drop_remainder=True."
-                )
+        parts = len(self.grid) * self.schedule.num_microbatches
+        check_fit_batches(x, batch_size, kwargs.get("validation_split"), parts)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
-
-    def _microbatches(self, x, y, sample_weight):
-        """Splits the batch into replicas × num_microbatches equal microbatches."""
-        replicas, m = len(self.grid), self.schedule.num_microbatches
-        parts = replicas * m
-        first = tf.nest.flatten(x)[0]
-        message = (
-            f"replicas × num_microbatches = {replicas} × {m} must divide the batch. A batch of "
-            "another size came (an epoch's last, partial batch?): use a global batch that divides "
-            f"by {parts} with drop_remainder=True, or tfpar.data.distribute (full batches)."
-        )
-        if first.shape[0] is not None and first.shape[0] % parts:
-            raise ValueError(f"{message} Received: a batch of {first.shape[0]}.")
-        with tf.control_dependencies(
-            [tf.debugging.assert_equal(tf.shape(first)[0] % parts, 0, message=message)]
-        ):
-            return tuple(_split(t, parts) for t in (x, y, sample_weight))
 
     def _sum_over_replicas(self, sums):
         """(gradient, variable) pairs: each stage's sums added over the replicas on its device."""
@@ -301,43 +268,6 @@ class PipelineModel:
         if self._workers is not None:  # and over the workers' replicas
             pairs = list(zip(self._workers.sum([g for g, _ in pairs]), [v for _, v in pairs]))
         return pairs
-
-    def _record_timing(self, step_start, done):
-        """Adds this step's mean stage busy time and its span to ``pipeline_timing``.
-
-        One timestamp per instruction, taken when its results exist. Timestamps
-        are stateful ops, which a tf.function runs in program order, so they are
-        created in the order the schedule expects the instructions to end, and an
-        instruction's start is inferred: the later of the step's start, the end
-        of the stage's previous instruction and the end of its dependency. The
-        stage devices of one host share one clock.
-        """
-        spans = self._timeline.spans
-        ends = {}
-        for key in sorted(done, key=lambda key: (spans[key[1]][1], key[0], key[1].stage)):
-            with tf.control_dependencies(done[key]):
-                ends[key] = tf.timestamp()
-        busy, previous, starts = [], {}, {}
-        for replica, instruction in sorted(
-            done, key=lambda key: (key[0], spans[key[1]][0], key[1].stage)
-        ):
-            candidates = [step_start]
-            device = self.schedule.stage_of(instruction.stage)
-            if (replica, device) in previous:
-                candidates.append(ends[previous[(replica, device)]])
-            dependency = instruction.dependency(len(self.stages))
-            if dependency is not None:
-                candidates.append(ends[(replica, dependency)])
-            key = (replica, instruction)
-            starts[key] = tf.reduce_max(tf.stack(candidates))
-            busy.append(ends[key] - starts[key])
-            previous[(replica, device)] = key
-        mean_busy = tf.add_n(busy) / (self.schedule.num_stages * len(self.grid))
-        span = tf.reduce_max(tf.stack(list(ends.values()))) - step_start
-        self.pipeline_timing.assign_add(tf.stack([mean_busy, span]))
-        self.device_trace.assign(
-            tf.stack([tf.stack([starts[key], ends[key]]) for key in self._trace_keys()])
-        )
 
 
 class _TfKerasPipelineModel(PipelineModel, keras.Model):
