@@ -3,7 +3,8 @@
 One class per family, written once over both Kerases (`layer_class` makes the class of a Keras):
 `_Dense` (Dense and EinsumDense, by columns or by rows), `_Attention` (MultiHeadAttention by heads)
 and `_Embedding` (Embedding by vocabulary). Each takes the layer it replaces and copies its weights
-(`load`); `full_weights` gives them back whole, in the original layer's order. ``tp_call`` is the
+(`load`); `full_weights` gives them back whole, in the original layer's order (both in
+`shards.py`, what every split layer does with its weights). ``tp_call`` is the
 layer inside a tensor-parallel model (`model.py`): its input and output may be `Sharded`. ``call``
 is the same layer on whole tensors (an all-gather after a column layer), which Keras uses to build
 the model and which a user calling the layer alone gets.
@@ -13,8 +14,6 @@ import functools
 import math
 import re
 from typing import Any
-
-import numpy as np
 
 from tfpar._keras import tf
 from tfpar.tensor_parallel.ops import (
@@ -27,88 +26,11 @@ from tfpar.tensor_parallel.ops import (
 )
 from tfpar.tensor_parallel.plan import parse_style
 from tfpar.tensor_parallel.rules import dense_split
+from tfpar.tensor_parallel.shards import _Shards
 
 __all__ = ["layer_class"]
 
 _LARGE_NEGATIVE = -1e9  # what both Kerases' masked softmax adds where the mask is 0 (float32)
-
-
-class _Shards:
-    """What every split layer does with its weights: ``self._slots`` lists, in the source layer's
-    weight order, (variables, axis): one variable per device split along ``axis``, or one on the
-    home device (axis None)."""
-
-    def _init_shards(self, source, devices):
-        self.devices = list(devices)
-        self.degree = len(devices)
-        self._slots = []
-        self._source_shapes = [tuple(w.shape) for w in source.weights]
-
-    def _add(self, name, index, axis, regularizer=None):
-        shape = self._source_shapes[index]
-        if axis is None:
-            with tf.device(self.devices[0]):
-                self._slots.append(
-                    (
-                        [
-                            self.add_weight(
-                                name=name, shape=shape, initializer="zeros", regularizer=regularizer
-                            )
-                        ],
-                        None,
-                    )
-                )
-            return
-        part = list(shape)
-        part[axis] //= self.degree
-        variables = []
-        for i, device in enumerate(self.devices):
-            with tf.device(device):
-                variables.append(
-                    self.add_weight(
-                        name=f"{name}_{i}",
-                        shape=tuple(part),
-                        initializer="zeros",
-                        regularizer=regularizer,
-                    )
-                )
-        self._slots.append((variables, axis))
-
-    def load(self, weights):
-        """Takes the source layer's weights (``get_weights()`` order) and keeps this device's part
-        of each."""
-        for (variables, axis), full in zip(self._slots, weights):
-            parts = [full] if axis is None else np.split(full, self.degree, axis=axis)
-            for variable, part in zip(variables, parts):
-                variable.assign(part)
-
-    def variable_parts(self):
-        """``(position of the source layer's weight, part or None, variable)`` of each variable it
-        holds: a part of a weight split over the devices, or a weight whole (None)."""
-        for position, (variables, axis) in enumerate(self._slots):
-            for part, variable in enumerate(variables):
-                yield position, None if axis is None else part, variable
-
-    def full_weights(self):
-        """The weights whole, in the source layer's order (for its ``set_weights``)."""
-        out = []
-        for variables, axis in self._slots:
-            values = [np.asarray(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
-            out.append(values[0] if axis is None else np.concatenate(values, axis=axis))
-        return out
-
-    def _parts(self, slot):
-        variables, _ = self._slots[slot]
-        return [tf.cast(v, self.compute_dtype) for v in variables]
-
-    def tp_call(self, *args, **kwargs):
-        """The layer on its inputs, whole or `Sharded`; its output whole, or `Sharded` for a column
-        layer that hands it to row layers."""
-        raise NotImplementedError
-
-    def call(self, *args, **kwargs):
-        out = self.tp_call(*args, **kwargs)
-        return gather_from(out) if isinstance(out, Sharded) else out
 
 
 class _Dense(_Shards):
@@ -248,11 +170,8 @@ class _Attention(_Shards):
         key = value if key is None else key
         devices = computing_devices(self.devices)
         whole = {}
-        for tensor in (
-            query,
-            value,
-            key,
-        ):  # one copy (and one backward reduction) per distinct input
+        # one copy (and one backward reduction) per distinct input
+        for tensor in (query, value, key):
             if id(tensor) not in whole:
                 t = gather_from(tensor) if isinstance(tensor, Sharded) else tensor
                 whole[id(tensor)] = copy_to(

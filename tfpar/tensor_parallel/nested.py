@@ -80,7 +80,7 @@ def nested_auto_plan(model: Any, degree: int, keras_module: Any) -> dict[str, st
         if kind_of(layer, "column", keras_module) and not _within(path, inside):
             dense[path] = layer
     if not any("/" in path for path in [*plan, *dense]):
-        return {}  # nothing inside another layer: the functional graph's plan (`model.auto_plan`)
+        return {}  # nothing inside another layer: the functional graph's plan (`pairs.auto_plan`)
     for row, columns in _dense_links(model, dense):
         if row in plan or any(plan.get(c) == "row" for c in columns):
             continue

@@ -16,8 +16,9 @@ from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
 from tfpar.tensor_parallel.accounting import describe_bytes, describe_gathers
 from tfpar.tensor_parallel.layouts import is_layout_map, model_axis_of, styles_from_layouts
-from tfpar.tensor_parallel.model import TensorParallelModel, auto_plan
+from tfpar.tensor_parallel.model import TensorParallelModel
 from tfpar.tensor_parallel.nested import layer_tree, nested_auto_plan
+from tfpar.tensor_parallel.pairs import auto_plan
 from tfpar.tensor_parallel.plan import LAYERS_OF_STYLE, match_plan, parse_style
 from tfpar.tensor_parallel.rules import kind_of, split_error
 
