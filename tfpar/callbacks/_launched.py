@@ -22,8 +22,13 @@ def add_launch_callbacks(model, arguments, method="fit"):
     callbacks = arguments.get("callbacks")
     if not (callbacks is None or isinstance(callbacks, (list, tuple))):
         return
-    wanted = [(Heartbeat, HEARTBEAT_VARIABLE)] + ([(Timeline, TIMELINE_VARIABLE)] if method == "fit" else [])
-    added = [kind() for kind, variable in wanted
-             if os.environ.get(variable) and not any(isinstance(c, kind) for c in callbacks or ())]
+    wanted = [(Heartbeat, HEARTBEAT_VARIABLE)] + (
+        [(Timeline, TIMELINE_VARIABLE)] if method == "fit" else []
+    )
+    added = [
+        kind()
+        for kind, variable in wanted
+        if os.environ.get(variable) and not any(isinstance(c, kind) for c in callbacks or ())
+    ]
     if added:
         arguments["callbacks"] = [*(callbacks or ()), *added]

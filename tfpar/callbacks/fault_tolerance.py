@@ -1,4 +1,5 @@
-"""`FaultTolerance`: back up at every epoch and resume after a relaunch, safely with many workers."""
+"""`FaultTolerance`: back up at every epoch and resume after a relaunch, safely with many
+workers."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import warnings
 from tfpar import _compat
 from tfpar._checks import check_number
 from tfpar._files import write_atomically
-from tfpar._keras import is_keras3, keras, keras3, tf
+from tfpar._keras import is_keras3, keras, tf
 from tfpar._parallelism import sum_over_workers
 from tfpar._tasks.env import (
     BACKUP_MARK,
@@ -17,19 +18,22 @@ from tfpar._tasks.env import (
     GROW_REQUEST,
     STATE_VARIABLE,
 )
+from tfpar.callbacks._backups import TfKerasBackup, keras3_backup, strategy_of
 from tfpar.callbacks._hooks import chief_print
-from tfpar.callbacks.learning_rate import rescale_learning_rate
+from tfpar.callbacks.elastic_rate import rescale_learning_rate
 from tfpar.cluster import ClusterInfo
 from tfpar.data.resume import position_of, rescaled_resume
 
 __all__ = ["FaultTolerance"]
 
 INPUT_LAYOUT = "tfpar_input.json"
-"""The file beside the backup that records how the input's steps were made (`tfpar.data.resume.layout_of`)."""
+"""The file beside the backup that records how the input's steps were made
+(`tfpar.data.resume.layout_of`)."""
 
 
 def _check_writable(directory):
-    """Creates ``directory`` if needed and writes a probe file there, so that a bad path fails now."""
+    """Creates ``directory`` if needed and writes a probe file there, so that a bad path fails
+    now."""
     try:
         os.makedirs(directory, exist_ok=True)
         probe = os.path.join(directory, f".tfpar-write-probe-{uuid.uuid4().hex}")
@@ -38,9 +42,11 @@ def _check_writable(directory):
         os.remove(probe)
     except OSError as error:
         raise ValueError(
-            f"The checkpoint directory {directory!r} cannot be written ({error.strerror or error}). "
-            f"Received: backup_dir={directory!r}. Give a directory every worker can write (on several "
-            "hosts, a shared file system), so that a run does not fail only when it first saves.") from None
+            f"The checkpoint directory {directory!r} cannot be written "
+            f"({error.strerror or error}). Received: backup_dir={directory!r}. Give a directory "
+            "every worker can write (on several hosts, a shared file system), so that a run does "
+            "not fail only when it first saves."
+        ) from None
 
 
 def _refuse_several_chiefs(strategy, backup_dir):
@@ -51,15 +57,17 @@ def _refuse_several_chiefs(strategy, backup_dir):
     chiefs = int(sum_over_workers(strategy, 1 if strategy.extended.should_checkpoint else 0))
     if chiefs != 1:
         raise ValueError(
-            f"FaultTolerance needs exactly one chief to write {backup_dir}, and {chiefs} workers of "
-            f"this job believe they are it. Received: a cluster whose tasks do not agree on their "
-            "roles. Give each task its own TF_CONFIG \"task\" (type and index); tfpar launch does.")
+            f"FaultTolerance needs exactly one chief to write {backup_dir}, and {chiefs} workers "
+            "of this job believe they are it. Received: a cluster whose tasks do not agree on "
+            'their roles. Give each task its own TF_CONFIG "task" (type and index); tfpar launch '
+            "does."
+        )
 
 
 class _EndOfResumedEpoch:
     """``model.stop_training`` while a callback ends a resumed epoch that Keras would run whole
-    (FaultTolerance under Keras 3, `tfpar.integrations.horovod`'s position under both): true, so that
-    Keras leaves the epoch, and not ``True``, so that the callback can tell it from another
+    (FaultTolerance under Keras 3, `tfpar.integrations.horovod`'s position under both): true, so
+    that Keras leaves the epoch, and not ``True``, so that the callback can tell it from another
     callback's request to stop, whichever of them runs first."""
 
     def __bool__(self):
@@ -101,19 +109,30 @@ class FaultTolerance(keras.callbacks.Callback):
             backed-up run's (another global batch; FILE shards on another number of workers).
 
     Examples:
-        >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=20,  # doctest: +SKIP
+        >>> model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch,  # doctest: +SKIP
+        ...           epochs=20,
         ...           callbacks=[tfpar.callbacks.FaultTolerance("/shared/run-17/backup")])
     """
 
-    def __init__(self, backup_dir: str, save_freq: str | int = "epoch", delete_checkpoint: bool = True) -> None:
+    def __init__(
+        self, backup_dir: str, save_freq: str | int = "epoch", delete_checkpoint: bool = True
+    ) -> None:
         super().__init__()
         if save_freq != "epoch":
-            check_number("save_freq", save_freq, minimum=1, integer=True,
-                         hint=' Use "epoch", or a number of steps between backups.')
-        ClusterInfo.from_tf_config()  # a TF_CONFIG that makes several chiefs (no "index") fails here
+            check_number(
+                "save_freq",
+                save_freq,
+                minimum=1,
+                integer=True,
+                hint=' Use "epoch", or a number of steps between backups.',
+            )
+        # a TF_CONFIG that makes several chiefs (no "index") fails here
+        ClusterInfo.from_tf_config()
         _check_writable(backup_dir)
         _tell_the_launcher()
-        self.backup_dir, self.save_freq, self.delete_checkpoint = backup_dir, save_freq, delete_checkpoint
+        self.backup_dir = backup_dir
+        self.save_freq = save_freq
+        self.delete_checkpoint = delete_checkpoint
         self._backup = None  # Keras' BackupAndRestore for the model's Keras, made at set_model
         self.resumed_at_epoch = None
         """The epoch (0-based) this run resumed at, or None for a fresh start."""
@@ -123,8 +142,10 @@ class FaultTolerance(keras.callbacks.Callback):
     def set_model(self, model):
         super().set_model(model)
         if self._backup is None or is_keras3(self._backup) != is_keras3(model):
-            make = _keras3_backup if is_keras3(model) else _TfKerasBackup
-            self._backup = make(self.backup_dir, save_freq=self.save_freq, delete_checkpoint=self.delete_checkpoint)
+            make = keras3_backup if is_keras3(model) else TfKerasBackup
+            self._backup = make(
+                self.backup_dir, save_freq=self.save_freq, delete_checkpoint=self.delete_checkpoint
+            )
         self._backup.set_model(model)
 
     def set_params(self, params):
@@ -136,14 +157,15 @@ class FaultTolerance(keras.callbacks.Callback):
         return self._backup._implements_train_batch_hooks()
 
     def on_train_begin(self, logs=None):
-        _refuse_several_chiefs(_strategy_of(self.model), self.backup_dir)
+        _refuse_several_chiefs(strategy_of(self.model), self.backup_dir)
         self._backup.on_train_begin(logs)
         given = _compat.fit_arguments(self.model) or {}
         x, initial_epoch = given.get("x"), given.get("initial_epoch") or 0
         steps = self.params.get("steps")
         if is_keras3(self.model):
             epoch, step = self._backup.resume_point(initial_epoch)
-            _compat.keras3_start_at_epoch(self.model, epoch)  # Keras 3's fit reads it after on_train_begin
+            # Keras 3's fit reads it after on_train_begin
+            _compat.keras3_start_at_epoch(self.model, epoch)
         else:
             epoch, step = _compat.tf_keras_resume_point(self.model, steps, initial_epoch)
         self.resumed_at_epoch = epoch if (epoch, step) != (initial_epoch, 0) else None
@@ -161,30 +183,47 @@ class FaultTolerance(keras.callbacks.Callback):
         if self.save_freq != "epoch" and (position is None or not position.exact):
             _warn_inexact(self.save_freq, x, position)
         if self.resumed_at_epoch is not None:
-            where = f"epoch {epoch + 1}" + (f", step {self.resumed_at_step + 1}" if self.resumed_at_step else "")
+            where = f"epoch {epoch + 1}" + (
+                f", step {self.resumed_at_step + 1}" if self.resumed_at_step else ""
+            )
             if masked:
-                where += (f" (its example {masked + 1}, in step {step + 1} of this job's global batches of "
-                          f"{position.layout['global_batch_size']})")
-            chief_print(self.model, f"tfpar: resumed from the backup in {self.backup_dir} at {where}")
+                where += (
+                    f" (its example {masked + 1}, in step {step + 1} of this job's global batches "
+                    f"of {position.layout['global_batch_size']})"
+                )
+            chief_print(
+                self.model, f"tfpar: resumed from the backup in {self.backup_dir} at {where}"
+            )
 
     def _resume_point(self, position, step):
-        """``(step, masked)`` this run continues at (`tfpar.data.resume.rescaled_resume`: another global batch of an
-        elastic job converted to this one's steps), from the input's layout recorded beside the backup; the
-        learning rate put on this job's scale (`tfpar.callbacks.learning_rate.rescale_learning_rate`)."""
+        """``(step, masked)`` this run continues at (`tfpar.data.resume.rescaled_resume`: another
+        global batch of an elastic job converted to this one's steps), from the input's layout
+        recorded beside the backup; the learning rate put on this job's scale
+        (`tfpar.callbacks.elastic_rate.rescale_learning_rate`)."""
         path = os.path.join(self.backup_dir, INPUT_LAYOUT)
         if self.resumed_at_epoch is None or not os.path.exists(path):
             return step, 0
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-        rescale_learning_rate(self.model, position.layout["learning_rate_factor"], saved.get("learning_rate_factor", 1.0))
-        return rescaled_resume(saved, position.layout, saved["step"]) if saved.get("step") else (step, 0)
+        rescale_learning_rate(
+            self.model,
+            position.layout["learning_rate_factor"],
+            saved.get("learning_rate_factor", 1.0),
+        )
+        return (
+            rescaled_resume(saved, position.layout, saved["step"])
+            if saved.get("step")
+            else (step, 0)
+        )
 
     def _saved(self, epoch, step, last):
-        """After the chief's backup, whose run continues at ``step`` of ``epoch``: the input's layout beside it,
-        and the launcher told (`_backed_up`); ``last``: training's last backup."""
+        """After the chief's backup, whose run continues at ``step`` of ``epoch``: the input's
+        layout beside it, and the launcher told (`_backed_up`); ``last``: training's last backup."""
         if self._layout is not None:
-            write_atomically(os.path.join(self.backup_dir, INPUT_LAYOUT),
-                             json.dumps({**self._layout, "epoch": int(epoch), "step": int(step)}))
+            write_atomically(
+                os.path.join(self.backup_dir, INPUT_LAYOUT),
+                json.dumps({**self._layout, "epoch": int(epoch), "step": int(step)}),
+            )
         _backed_up(last)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -192,7 +231,8 @@ class FaultTolerance(keras.callbacks.Callback):
         self._backup.on_epoch_begin(epoch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.model.stop_training is END_OF_RESUMED_EPOCH:  # ours to end, and no other callback asked to stop
+        # ours to end, and no other callback asked to stop
+        if self.model.stop_training is END_OF_RESUMED_EPOCH:
             self.model.stop_training = False
         self._backup.on_epoch_end(epoch, logs)
 
@@ -216,25 +256,34 @@ class FaultTolerance(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._backup.on_train_end(logs)
         layout = os.path.join(self.backup_dir, INPUT_LAYOUT)
-        if self.delete_checkpoint and _strategy_of(self.model).extended.should_checkpoint and os.path.exists(layout):
+        if (
+            self.delete_checkpoint
+            and strategy_of(self.model).extended.should_checkpoint
+            and os.path.exists(layout)
+        ):
             os.remove(layout)
 
 
 def _warn_inexact(save_freq, x, position):
-    what = ("a tfpar.data.distribute input shuffled without a seed, whose order a new process cannot "
-            "build again" if position is not None else
-            f"not a tfpar.data.distribute input (Received: x of type {type(x).__name__})")
+    what = (
+        "a tfpar.data.distribute input shuffled without a seed, whose order a new process cannot "
+        "build again"
+        if position is not None
+        else f"not a tfpar.data.distribute input (Received: x of type {type(x).__name__})"
+    )
     warnings.warn(
-        f"FaultTolerance(save_freq={save_freq}) backs up in the middle of epochs, and fit's input is {what}. "
-        "After a resume there, Keras continues at the saved step while the input starts that epoch's order "
-        "again, so some examples of that epoch train twice and others never. Feed fit "
-        "tfpar.data.distribute(..., seed=N) (its resume continues at the saved example), or back up at "
-        'epoch ends (save_freq="epoch").', stacklevel=2)
+        f"FaultTolerance(save_freq={save_freq}) backs up in the middle of epochs, and fit's input "
+        f"is {what}. After a resume there, Keras continues at the saved step while the input "
+        "starts that epoch's order again, so some examples of that epoch train twice and others "
+        "never. Feed fit tfpar.data.distribute(..., seed=N) (its resume continues at the saved "
+        'example), or back up at epoch ends (save_freq="epoch").',
+        stacklevel=2,
+    )
 
 
 def _tell_the_launcher(mark=FAULT_TOLERANCE_MARK):
-    """Under ``tfpar launch --max-restarts`` (or an elastic launch): marks that this job backs up, so a
-    restart resumes."""
+    """Under ``tfpar launch --max-restarts`` (or an elastic launch): marks that this job backs up,
+    so a restart resumes."""
     folder = os.environ.get(STATE_VARIABLE)
     if folder and os.path.isdir(folder):
         path = os.path.join(folder, mark)
@@ -244,90 +293,21 @@ def _tell_the_launcher(mark=FAULT_TOLERANCE_MARK):
 
 
 def _backed_up(last):
-    """After the chief's backup: marks it for the launcher; if an elastic launch waits to grow the job and
-    training goes on after this backup (not ``last``), waits to be stopped (`tfpar._tasks.env.GROW_REQUEST`)."""
+    """After the chief's backup: marks it for the launcher; if an elastic launch waits to grow the
+    job and training goes on after this backup (not ``last``), waits to be stopped
+    (`tfpar._tasks.env.GROW_REQUEST`)."""
     folder = os.environ.get(STATE_VARIABLE)
     if not folder:
         return
     _tell_the_launcher(BACKUP_MARK)
     if not last and os.path.exists(os.path.join(folder, GROW_REQUEST)):
-        print("tfpar: backed up; the launcher restarts the job with more workers from here", flush=True)
+        print(
+            "tfpar: backed up; the launcher restarts the job with more workers from here",
+            flush=True,
+        )
         deadline = time.monotonic() + _GROW_WAIT_SECONDS
         while time.monotonic() < deadline and os.path.exists(os.path.join(folder, GROW_REQUEST)):
             time.sleep(0.05)
 
 
 _GROW_WAIT_SECONDS = 60.0  # the launcher looks every 0.05 s: past this, it decided otherwise
-
-
-class _TfKerasBackup(keras.callbacks.BackupAndRestore):
-    """tf_keras' own: on several workers the chief writes the backup, the others temporary copies."""
-
-    tfpar_saved = None  # FaultTolerance._saved
-
-    def _backup(self, epoch, batch=0):
-        super()._backup(epoch, batch)
-        steps = self.params.get("steps")
-        epoch, step = (epoch + 1, 0) if self.save_freq == "epoch" or (steps and batch + 1 >= steps) else (epoch, batch + 1)
-        if self.tfpar_saved is not None and _strategy_of(self.model).extended.should_checkpoint:
-            self.tfpar_saved(epoch, step, epoch >= self.params.get("epochs", 0))
-
-
-def _strategy_of(model):
-    return getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
-
-
-def _keras3_backup(backup_dir, **kwargs):
-    """Keras 3's BackupAndRestore, written by the chief only (Keras 3 lets every worker write the
-    one path), kept in two copies so that a crash while saving leaves the previous one, and with
-    the step its run continues at (Keras 3 records the epoch only, and restarts it)."""
-    base = keras3().callbacks.BackupAndRestore
-
-    class Keras3Backup(base):
-        _next = (0, 0)
-        tfpar_saved = None  # FaultTolerance._saved
-
-        def _chief(self):
-            return _strategy_of(self.model).extended.should_checkpoint
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._current_epoch = epoch  # Keras 3 counts from 0 again after a resume
-
-        def on_epoch_end(self, epoch, logs=None):
-            self._next = (epoch + 1, 0)
-            super().on_epoch_end(epoch, logs)
-
-        def on_train_batch_end(self, batch, logs=None):
-            steps = self.params.get("steps")
-            self._next = (self._current_epoch + 1, 0) if steps and batch + 1 >= steps else (self._current_epoch, batch + 1)
-            super().on_train_batch_end(batch, logs)
-
-        def _save_model(self):
-            if not self._chief():
-                return
-            super()._save_model()
-            with open(self._training_metadata_path, encoding="utf-8") as f:
-                metadata = json.load(f)
-            metadata["tfpar_next"] = list(self._next)
-            with open(self._training_metadata_path, "w", encoding="utf-8") as f:
-                json.dump(metadata, f)
-            if self.tfpar_saved is not None:
-                self.tfpar_saved(*self._next, self._next[0] >= self.params.get("epochs", 0))
-
-        def resume_point(self, initial_epoch):
-            """``(epoch, step)`` the restored run continues at (``initial_epoch, 0`` without a backup)."""
-            if not os.path.exists(self._training_metadata_path):
-                return initial_epoch, 0
-            with open(self._training_metadata_path, encoding="utf-8") as f:
-                metadata = json.load(f)
-            epoch, step = metadata.get("tfpar_next", (metadata["epoch"], 0))
-            return epoch, step
-
-        def on_train_end(self, logs=None):
-            if self._chief():
-                super().on_train_end(logs)
-
-        def _implements_train_batch_hooks(self):
-            return self.save_freq != "epoch"
-
-    return Keras3Backup(backup_dir, double_checkpoint=True, **kwargs)

@@ -35,14 +35,21 @@ class Heartbeat(keras.callbacks.Callback):
 
     def __init__(self, path: str | None = None, interval: float = 0.5) -> None:
         super().__init__()
-        # It reads no logs, so Keras may call its batch hooks under a ParameterServer too (there they
-        # run as the coordinator schedules steps, which stops when the workers stop taking them).
+        # It reads no logs, so Keras may call its batch hooks under a ParameterServer too (there
+        # they run as the coordinator schedules steps, which stops when the workers stop taking
+        # them).
         _compat.take_logs_as_they_are(self)
-        path = path or (heartbeat_path(os.environ[HEARTBEAT_VARIABLE]) if os.environ.get(HEARTBEAT_VARIABLE) else None)
+        path = path or (
+            heartbeat_path(os.environ[HEARTBEAT_VARIABLE])
+            if os.environ.get(HEARTBEAT_VARIABLE)
+            else None
+        )
         if not path:
             raise ValueError(
-                "Heartbeat needs a file. Received: path=None and no $TFPAR_HEARTBEAT_FILE. Start the job "
-                "with `tfpar launch --heartbeat-timeout S`, which sets it (and adds this callback itself).")
+                "Heartbeat needs a file. Received: path=None and no $TFPAR_HEARTBEAT_FILE. Start "
+                "the job with `tfpar launch --heartbeat-timeout S`, which sets it (and adds this "
+                "callback itself)."
+            )
         check_number("interval", interval, above=0)
         self.path, self.interval = path, interval
         self._steps, self._seconds, self._written, self._start = 0, 0.0, 0.0, None

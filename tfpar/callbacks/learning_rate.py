@@ -9,21 +9,34 @@ the same rate at the same step, under every tfpar strategy (their Horovod counte
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int, check_number
 from tfpar._keras import keras
 from tfpar._tasks.elastic_batch import SCALING_RULES, rule_factor
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
+
+# defined in decay.py and elastic_rate.py; their names stay importable from here too
+from tfpar.callbacks.decay import cosine_decay, exponential_decay, step_decay
+from tfpar.callbacks.elastic_rate import elastic_learning_rate, rescale_learning_rate
 from tfpar.strategies._windows import steps_trained
 
-__all__ = ["SCALING_RULES", "LearningRateSchedule", "LearningRateWarmup", "cosine_decay", "elastic_learning_rate",
-           "exponential_decay", "rescale_learning_rate", "scaled_learning_rate", "step_decay"]
+__all__ = [
+    "SCALING_RULES",
+    "LearningRateSchedule",
+    "LearningRateWarmup",
+    "cosine_decay",
+    "elastic_learning_rate",
+    "exponential_decay",
+    "rescale_learning_rate",
+    "scaled_learning_rate",
+    "step_decay",
+]
 
 
-def scaled_learning_rate(base_learning_rate: float, global_batch: float, base_batch: float = 1,
-                         rule: str = "linear") -> float:
+def scaled_learning_rate(
+    base_learning_rate: float, global_batch: float, base_batch: float = 1, rule: str = "linear"
+) -> float:
     """The learning rate for ``global_batch`` of a rate tuned at ``base_batch``, by a scaling rule.
 
     The one helper behind `LearningRateWarmup` and `LearningRateSchedule` (their ``scale`` is
@@ -45,8 +58,11 @@ def scaled_learning_rate(base_learning_rate: float, global_batch: float, base_ba
         0.004
     """
     check_choice("rule", rule, SCALING_RULES, "scaling rule")
-    for name, value in (("base_learning_rate", base_learning_rate), ("global_batch", global_batch),
-                        ("base_batch", base_batch)):
+    for name, value in (
+        ("base_learning_rate", base_learning_rate),
+        ("global_batch", global_batch),
+        ("base_batch", base_batch),
+    ):
         check_number(name, value, above=0)
     return base_learning_rate * rule_factor(global_batch / base_batch, rule)
 
@@ -62,120 +78,28 @@ def _set_rate(model, value, momentum_correction):
             velocity.assign(velocity * (value / old))
 
 
-_FACTOR = "_tfpar_learning_rate_factor"  # the optimizer's: the elastic scaling factor its rate carries
-
-
-def rescale_learning_rate(model: Any, factor: float, applied: float | None = None) -> None:
-    """Puts the optimizer's rate, which carries the scaling factor ``applied`` (an elastic job's, 1 for none;
-    None: the one this process set), on ``factor`` instead: a backup restores the rate its run trained with
-    (a loss-scale optimizer's: the rate of the optimizer it wraps)."""
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-    applied = getattr(optimizer, _FACTOR, 1.0) if applied is None else applied
-    rate = _compat.given_learning_rate(optimizer)
-    if applied != factor:
-        if not hasattr(rate, "assign"):
-            raise ValueError(
-                "--elastic-batch scale-lr scales the optimizer's learning rate with the global batch, and it is a "
-                f"schedule here. Received: learning_rate={type(rate).__name__}. Give the optimizer a number (and "
-                "tfpar.callbacks.LearningRateSchedule for a schedule), or use --elastic-batch accumulate.")
-        rate.assign(rate * (factor / applied))
-    setattr(optimizer, _FACTOR, factor)
-
-
-def elastic_learning_rate(model: Any, arguments: dict) -> None:
-    """Before ``fit`` in a worker of an elastic launch under ``--elastic-batch scale-lr``: `tfpar.data.distribute`
-    gave each replica the reference's per-replica batch, so the global batch follows the workers; the
-    optimizer's rate follows it by the scaling rule (`tfpar._tasks.elastic_batch.ElasticBatch.learning_rate_factor`)."""
-    from tfpar._tasks.elastic_batch import ElasticBatch
-    from tfpar.data.resume import position_of
-
-    setting, position = ElasticBatch.from_env(), position_of(arguments.get("x"))
-    if setting is None or not setting.scales_learning_rate:
-        return
-    if position is None:
-        raise ValueError(
-            f"--elastic-batch {setting.batch} scales the global batch of fit's input with the workers, and the "
-            "learning rate with it; tfpar does that for a tfpar.data.distribute input only. Received: x of type "
-            f"{type(arguments.get('x')).__name__}. Feed fit tfpar.data.distribute(...).dataset, or use "
-            "--elastic-batch accumulate.")
-    factor, layout = position.layout["learning_rate_factor"], position.layout
-    rescale_learning_rate(model, factor)
-    if factor != 1.0:
-        chief_print(model, f"tfpar: an elastic job on {layout['num_workers']} of {setting.reference_workers} workers: "
-                           f"global batch {layout['global_batch_size']}, each replica keeping the full job's batch; "
-                           f"the learning rate is multiplied by {factor:.4g} ({setting.batch}: the "
-                           f"{setting.learning_rate_rule} scaling rule)")
-
-
-def _positive(name, value):
-    check_number(name, value, above=0)
-
-
-def _in_unit_interval(name, value):
-    check_number(name, value, above=0, maximum=1)
-
-
-def cosine_decay(start_epoch: int, end_epoch: int, final_fraction: float = 0.0) -> Callable[[int], float]:
-    """Multiplier for `LearningRateSchedule`: cosine annealing from 1 at ``start_epoch`` to
-    ``final_fraction`` at ``end_epoch`` (Loshchilov & Hutter), then flat.
-
-    Raises:
-        ValueError: ``end_epoch <= start_epoch`` or a fraction outside [0, 1].
-    """
-    if not end_epoch > start_epoch or start_epoch < 0:
-        raise ValueError("cosine_decay needs 0 <= start_epoch < end_epoch. Received: "
-                         f"start_epoch={start_epoch!r}, end_epoch={end_epoch!r}.")
-    if not 0 <= final_fraction <= 1:
-        raise ValueError(f"final_fraction must be in [0, 1]. Received: final_fraction={final_fraction!r}.")
-
-    def multiplier(epoch):
-        progress = min(max((epoch - start_epoch) / (end_epoch - start_epoch), 0.0), 1.0)
-        return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return multiplier
-
-
-def exponential_decay(decay_epochs: float, rate: float, start_epoch: int = 0) -> Callable[[int], float]:
-    """Multiplier: ``rate ** ((epoch - start_epoch) / decay_epochs)``.
-
-    Raises:
-        ValueError: ``decay_epochs <= 0`` or a rate outside (0, 1].
-    """
-    _positive("decay_epochs", decay_epochs)
-    _in_unit_interval("rate", rate)
-    return lambda epoch: rate ** (max(epoch - start_epoch, 0) / decay_epochs)
-
-
-def step_decay(every_epochs: int, factor: float, start_epoch: int = 0) -> Callable[[int], float]:
-    """Multiplier: ``factor ** floor((epoch - start_epoch) / every_epochs)`` (e.g. x0.1 every 30 epochs).
-
-    Raises:
-        ValueError: ``every_epochs <= 0`` or a factor outside (0, 1].
-    """
-    _positive("every_epochs", every_epochs)
-    _in_unit_interval("factor", factor)
-    return lambda epoch: factor ** math.floor(max(epoch - start_epoch, 0) / every_epochs)
-
-
 def _check_settable(optimizer, who):
     lr = _compat.given_learning_rate(optimizer)
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         raise ValueError(
             f"{who} sets the optimizer's learning rate, which is a schedule here. Received: "
             f"learning_rate={type(lr).__name__}. Give the optimizer a number and let {who} "
-            "(or tfpar.callbacks.LearningRateSchedule) change it.")
+            "(or tfpar.callbacks.LearningRateSchedule) change it."
+        )
 
 
 def _scaled(rate, scale, rule, model):
-    """``rate`` scaled by ``rule`` for a global batch ``scale`` times the base one ("replicas": as many
-    times as the model has replicas)."""
+    """``rate`` scaled by ``rule`` for a global batch ``scale`` times the base one ("replicas": as
+    many times as the model has replicas)."""
     k = model.distribute_strategy.num_replicas_in_sync if scale == "replicas" else scale
     return scaled_learning_rate(rate, k, rule=rule)
 
 
 def _check_scale(scale, rule, who):
     if scale != "replicas":
-        check_number("scale", scale, above=0, hint=f" {who} takes scale='replicas' or a number > 0.")
+        check_number(
+            "scale", scale, above=0, hint=f" {who} takes scale='replicas' or a number > 0."
+        )
     check_choice("rule", rule, SCALING_RULES, "scaling rule")
 
 
@@ -191,8 +115,10 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     Args:
         warmup_epochs: length of the warm-up in epochs (may be fractional).
         warmup_steps: or in global steps; give exactly one of the two.
-        scale: "replicas" or a number > 0: the global batch over the batch ``initial_lr`` was tuned at.
-        rule: "linear" (the rate times ``scale``) or "sqrt" (times its square root); `SCALING_RULES`.
+        scale: "replicas" or a number > 0: the global batch over the batch ``initial_lr`` was tuned
+            at.
+        rule: "linear" (the rate times ``scale``) or "sqrt" (times its square root);
+            `SCALING_RULES`.
         initial_lr: the rate before scaling (default: the optimizer's).
         momentum_correction: rescale the momentum velocity when the rate changes.
         verbose: 1 prints the rate when the warm-up ends.
@@ -205,17 +131,27 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             the optimizer.
 
     Examples:
-        >>> model.fit(data, epochs=10, callbacks=[LearningRateWarmup(warmup_epochs=2)])  # doctest: +SKIP
+        >>> model.fit(data, epochs=10,  # doctest: +SKIP
+        ...           callbacks=[LearningRateWarmup(warmup_epochs=2)])
     """
 
-    def __init__(self, *, warmup_epochs: float | None = None, warmup_steps: int | None = None,
-                 scale: str | float = "replicas", rule: str = "linear", initial_lr: float | None = None,
-                 momentum_correction: bool = False, verbose: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        warmup_epochs: float | None = None,
+        warmup_steps: int | None = None,
+        scale: str | float = "replicas",
+        rule: str = "linear",
+        initial_lr: float | None = None,
+        momentum_correction: bool = False,
+        verbose: int = 0,
+    ) -> None:
         super().__init__()
         if (warmup_epochs is None) == (warmup_steps is None):
             raise ValueError(
                 "Give exactly one of warmup_epochs and warmup_steps. Received: "
-                f"warmup_epochs={warmup_epochs!r}, warmup_steps={warmup_steps!r}.")
+                f"warmup_epochs={warmup_epochs!r}, warmup_steps={warmup_steps!r}."
+            )
         length = warmup_epochs if warmup_steps is None else warmup_steps
         check_number("warmup_epochs" if warmup_steps is None else "warmup_steps", length, above=0)
         _check_scale(scale, rule, "LearningRateWarmup")
@@ -226,8 +162,11 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
         _check_settable(optimizer, "LearningRateWarmup")
-        self._base = float(self.initial_lr if self.initial_lr is not None
-                           else keras.backend.get_value(optimizer.learning_rate))
+        self._base = float(
+            self.initial_lr
+            if self.initial_lr is not None
+            else keras.backend.get_value(optimizer.learning_rate)
+        )
         self._target = _scaled(self._base, self.scale, self.rule, self.model)
         steps_per_epoch = self.params.get("steps")
         if self.warmup_steps is not None:
@@ -235,15 +174,18 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         elif steps_per_epoch:
             self._length = max(1, round(self.warmup_epochs * steps_per_epoch))
         else:
-            raise ValueError("warmup_epochs needs fit to know its steps per epoch; pass steps_per_epoch "
-                             "to fit, or give warmup_steps.")
+            raise ValueError(
+                "warmup_epochs needs fit to know its steps per epoch; pass steps_per_epoch "
+                "to fit, or give warmup_steps."
+            )
         epochs = self.params.get("epochs")
         if steps_per_epoch and epochs and self._length > steps_per_epoch * epochs:
             raise ValueError(
                 f"The warm-up ({self._length} steps) is longer than training ({epochs} epochs x "
                 f"{steps_per_epoch} steps = {epochs * steps_per_epoch} steps). Received: "
                 f"warmup_epochs={self.warmup_epochs!r}, warmup_steps={self.warmup_steps!r}. "
-                "Shorten the warm-up or train longer.")
+                "Shorten the warm-up or train longer."
+            )
         self._done = False
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -254,12 +196,19 @@ class LearningRateWarmup(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             return
         step = steps_trained(self.model)
         fraction = min(step, self._length) / self._length
-        _set_rate(self.model, self._base + (self._target - self._base) * fraction, self.momentum_correction)
+        _set_rate(
+            self.model,
+            self._base + (self._target - self._base) * fraction,
+            self.momentum_correction,
+        )
         if step >= self._length:
             self._done = True
             if self.verbose:
-                chief_print(self.model, f"LearningRateWarmup: warm-up done at step {step}, "
-                                        f"learning rate {self._target:.6g}")
+                chief_print(
+                    self.model,
+                    f"LearningRateWarmup: warm-up done at step {step}, "
+                    f"learning rate {self._target:.6g}",
+                )
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
@@ -276,7 +225,8 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
     Args:
         multiplier: a function of the epoch (int or float), or a constant.
         initial_lr: the rate before scaling (required, as in Horovod).
-        scale: "replicas" or a number > 0: the global batch over the batch ``initial_lr`` was tuned at.
+        scale: "replicas" or a number > 0: the global batch over the batch ``initial_lr`` was tuned
+            at.
         rule: "linear" or "sqrt", as `LearningRateWarmup`'s.
         start_epoch: first epoch it acts on.
         end_epoch: first epoch it no longer acts on (None: to the end).
@@ -290,23 +240,41 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
         ...              LearningRateSchedule(cosine_decay(5, 90), initial_lr=0.1, start_epoch=5)]
     """
 
-    def __init__(self, multiplier: float | Callable[[int], float], *, initial_lr: float,
-                 scale: str | float = "replicas", rule: str = "linear", start_epoch: int = 0, end_epoch: int | None = None,
-                 staircase: bool = True, momentum_correction: bool = False) -> None:
+    def __init__(
+        self,
+        multiplier: float | Callable[[int], float],
+        *,
+        initial_lr: float,
+        scale: str | float = "replicas",
+        rule: str = "linear",
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = False,
+    ) -> None:
         super().__init__()
         check_number("initial_lr", initial_lr, above=0)
         if not callable(multiplier):
-            value = check_number("multiplier", multiplier, minimum=0, hint=" Give a function of the epoch "
-                                 "(e.g. tfpar.callbacks.cosine_decay(...)) or a constant.")
+            value = check_number(
+                "multiplier",
+                multiplier,
+                minimum=0,
+                hint=" Give a function of the epoch "
+                "(e.g. tfpar.callbacks.cosine_decay(...)) or a constant.",
+            )
             multiplier = lambda epoch: value  # noqa: E731
         check_int("start_epoch", start_epoch, 0)
         check_number("end_epoch", end_epoch, integer=True, allow_none=True)
         if start_epoch < 0 or (end_epoch is not None and end_epoch <= start_epoch):
             raise ValueError(
                 "The schedule needs 0 <= start_epoch < end_epoch. Received: "
-                f"start_epoch={start_epoch!r}, end_epoch={end_epoch!r}.")
+                f"start_epoch={start_epoch!r}, end_epoch={end_epoch!r}."
+            )
         _check_scale(scale, rule, "LearningRateSchedule")
-        self.multiplier, self.initial_lr, self.scale, self.rule = multiplier, initial_lr, scale, rule
+        self.multiplier = multiplier
+        self.initial_lr = initial_lr
+        self.scale = scale
+        self.rule = rule
         self.start_epoch, self.end_epoch, self.staircase = start_epoch, end_epoch, staircase
         self.momentum_correction = momentum_correction
 
@@ -320,7 +288,9 @@ class LearningRateSchedule(EpochLevelUnderCoordinator, keras.callbacks.Callback)
     def _set(self, epoch):
         value = self._rate * self.multiplier(epoch)
         if not math.isfinite(value) or value < 0:
-            raise ValueError(f"The schedule's multiplier gave learning rate {value!r} at epoch {epoch}.")
+            raise ValueError(
+                f"The schedule's multiplier gave learning rate {value!r} at epoch {epoch}."
+            )
         _set_rate(self.model, value, self.momentum_correction)
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -50,16 +50,22 @@ class MetricAverage(keras.callbacks.Callback):
         topology = topology_of(strategy)
         if logs is None or topology.num_workers == 1 or topology.coordinator:
             return  # one process: nothing to average (a PS coordinator is one process)
-        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) or hasattr(v, "dtype"))
+        keys = sorted(
+            k for k, v in logs.items() if isinstance(v, (int, float)) or hasattr(v, "dtype")
+        )
         if self.keys is not None:
             keys = [k for k in self.keys if k in logs]
         if not keys:
             return
         values = tf.constant([float(logs[k]) for k in keys], tf.float64)
         summed = strategy.run(
-            lambda v: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, v), args=(values,))
+            lambda v: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, v),
+            args=(values,),
+        )
         # Each worker's value was counted once per local replica.
-        mean = strategy.experimental_local_results(summed)[0].numpy() / strategy.num_replicas_in_sync
+        mean = (
+            strategy.experimental_local_results(summed)[0].numpy() / strategy.num_replicas_in_sync
+        )
         for key, value in zip(keys, mean):
             logs[key] = float(value)
 
@@ -82,11 +88,17 @@ class Throughput(keras.callbacks.Callback):
         ValueError: a batch size or reference that is not positive.
     """
 
-    def __init__(self, global_batch_size: int, reference_examples_per_second: float | None = None,
-                 log_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        global_batch_size: int,
+        reference_examples_per_second: float | None = None,
+        log_dir: str | None = None,
+    ) -> None:
         super().__init__()
         check_int("global_batch_size", global_batch_size, 1)
-        check_number("reference_examples_per_second", reference_examples_per_second, above=0, allow_none=True)
+        check_number(
+            "reference_examples_per_second", reference_examples_per_second, above=0, allow_none=True
+        )
         self.global_batch_size = global_batch_size
         self.reference = reference_examples_per_second
         self.log_dir = log_dir
@@ -100,7 +112,8 @@ class Throughput(keras.callbacks.Callback):
         self._start, self._end = time.perf_counter(), None
 
     def on_test_begin(self, logs=None):
-        if getattr(self, "_start", None) is not None and self._end is None:  # fit's validation: not a training step
+        # fit's validation: not a training step
+        if getattr(self, "_start", None) is not None and self._end is None:
             self._end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -109,9 +122,11 @@ class Throughput(keras.callbacks.Callback):
         steps = self.params.get("steps") or 1
         strategy = self.model.distribute_strategy
         total = steps * self.global_batch_size / seconds
-        numbers = {"examples_per_second": total,
-                   "examples_per_second_per_worker": total / num_workers(strategy),
-                   "step_time": seconds / steps}
+        numbers = {
+            "examples_per_second": total,
+            "examples_per_second_per_worker": total / num_workers(strategy),
+            "step_time": seconds / steps,
+        }
         if self.reference:
             numbers["scaling_efficiency"] = total / (self.reference * strategy.num_replicas_in_sync)
         if logs is not None:
@@ -164,9 +179,12 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self.stopped_at_step = self.restored_step = None
         self._per_batch = self.check == "batch" and self._implements_train_batch_hooks()
         weights = self.model.weights
-        if getattr(self, "_buffers_for", None) != [id(w) for w in weights]:  # once per model, not per fit
-            self._buffers = [[tf.Variable(w, trainable=False, name=f"nan_guard_{i}") for w in weights]
-                             for i in range(2)]
+        # once per model, not per fit
+        if getattr(self, "_buffers_for", None) != [id(w) for w in weights]:
+            self._buffers = [
+                [tf.Variable(w, trainable=False, name=f"nan_guard_{i}") for w in weights]
+                for i in range(2)
+            ]
             self._copies = [_copier(buffer, weights) for buffer in self._buffers]
             self._restore = [_copier(weights, buffer) for buffer in self._buffers]
             self._buffers_for = [id(w) for w in weights]
@@ -193,10 +211,16 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if self._good is not None:
             self._restore[self._good]()
             self.restored_step = self._good_step
-            what = f"the weights that step {self.restored_step} started from (its loss was finite) restored"
+            what = (
+                f"the weights that step {self.restored_step} started from (its loss was finite) "
+                "restored"
+            )
         else:
             what = "no step had a finite loss, so the weights are left as they are"
-        chief_print(self.model, f"tfpar: loss {float(loss)} at step {self.stopped_at_step}: training stopped, {what}")
+        chief_print(
+            self.model,
+            f"tfpar: loss {float(loss)} at step {self.stopped_at_step}: training stopped, {what}",
+        )
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._per_batch:
@@ -205,7 +229,8 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self._per_batch:
-            self._step += batch - self._first_batch + 1  # steps_per_execution > 1: several steps a call
+            # steps_per_execution > 1: several steps a call
+            self._step += batch - self._first_batch + 1
             self._inspect(logs)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -218,8 +243,8 @@ class NaNGuard(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
 
 def _copier(destination, source):
-    """A compiled ``destination[i].assign(source[i])`` for every i: on the devices, replica by replica
-    for mirrored variables (each replica copies its own component)."""
+    """A compiled ``destination[i].assign(source[i])`` for every i: on the devices, replica by
+    replica for mirrored variables (each replica copies its own component)."""
 
     @tf.function(autograph=False)
     def copy():

@@ -11,9 +11,9 @@ class PipelineBubble(keras.callbacks.Callback):
 
     The measured figure is 1 - (mean stage busy time ÷ step span), from the
     timestamps a `PipelineModel` takes around every forward and backward (and weight
-    pass, under a zero-bubble schedule) of every microbatch. Both go to the Keras logs (so to the progress bar,
-    History and TensorBoard callbacks) and, with ``log_dir``, to TensorBoard
-    scalars ``pipeline/bubble`` and ``pipeline/bubble_theory``.
+    pass, under a zero-bubble schedule) of every microbatch. Both go to the Keras logs (so to the
+    progress bar, History and TensorBoard callbacks) and, with ``log_dir``, to TensorBoard scalars
+    ``pipeline/bubble`` and ``pipeline/bubble_theory``.
 
     Args:
         log_dir: a TensorBoard directory, or None.
@@ -22,7 +22,8 @@ class PipelineBubble(keras.callbacks.Callback):
         TypeError: at the start of training, if the model is not a `PipelineModel`.
 
     Examples:
-        >>> staged.fit(x, y, epochs=3, callbacks=[tfpar.callbacks.PipelineBubble()])  # doctest: +SKIP
+        >>> staged.fit(x, y, epochs=3,  # doctest: +SKIP
+        ...            callbacks=[tfpar.callbacks.PipelineBubble()])
     """
 
     def __init__(self, log_dir: str | None = None) -> None:
@@ -34,8 +35,10 @@ class PipelineBubble(keras.callbacks.Callback):
         from tfpar.pipeline.model import PipelineModel
 
         if not isinstance(self.model, PipelineModel):
-            raise TypeError("PipelineBubble needs a model from Pipeline.stage(). Received: "
-                            f"{type(self.model).__name__}.")
+            raise TypeError(
+                "PipelineBubble needs a model from Pipeline.stage(). Received: "
+                f"{type(self.model).__name__}."
+            )
         if self.log_dir is not None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
 

@@ -40,7 +40,6 @@ import numpy as np
 from tfpar import _compat
 from tfpar._files import write_atomically
 from tfpar._keras import keras, tf
-from tfpar._parallelism import sum_over_workers
 from tfpar._tasks.timeline_files import (
     TIMELINE_VARIABLE,
     check_writable,
@@ -49,12 +48,27 @@ from tfpar._tasks.timeline_files import (
 )
 from tfpar._topology import topology_of
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
+from tfpar.callbacks._trace_events import (
+    COMPUTE,
+    COUNTER,
+    EPOCH,
+    EXCHANGE,
+    FORWARD,
+    INPUT,
+    STEP,
+    TRACKS,
+    chrome_trace,
+    gather,
+)
 
-__all__ = ["TIMELINE_VARIABLE", "Timeline", "check_writable", "merge_horovod_timeline", "timeline_in"]
+__all__ = [
+    "TIMELINE_VARIABLE",
+    "Timeline",
+    "check_writable",
+    "merge_horovod_timeline",
+    "timeline_in",
+]
 
-_TRACKS = ("step", "input wait", "forward+backward", "exchange+apply", "epoch", "compute", "counter")
-_STEP, _INPUT, _FORWARD, _EXCHANGE, _EPOCH, _COMPUTE, _COUNTER = range(len(_TRACKS))
-# An event is (start, end, track, label); a _COUNTER event is (time, value, _COUNTER, its name's label).
 COUNTED_LOGS = ("examples_per_second_per_worker", "scaling_efficiency", "loss")
 """Epoch logs the trace keeps as counters, when there (the first two from `Throughput`)."""
 _CAPACITY = 4096  # steps kept between two reads of the in-step stamps (read every epoch)
@@ -76,7 +90,8 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         ValueError: no path, a path that is a folder, or a folder that is missing or not writable.
 
     Examples:
-        >>> model.fit(data, epochs=3, callbacks=[tfpar.callbacks.Timeline("run/timeline.json")])  # doctest: +SKIP
+        >>> model.fit(data, epochs=3,  # doctest: +SKIP
+        ...           callbacks=[tfpar.callbacks.Timeline("run/timeline.json")])
     """
 
     def __init__(self, path: str | None = None, exchange: bool = False) -> None:
@@ -95,7 +110,9 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         """Puts the in-step timestamps into ``model``'s training function, which it rebuilds."""
         if self._stamps is None:
             with tf.device("/cpu:0"):
-                self._stamps = _compat.ResourceVariable(_empty(), trainable=False, name="tfpar_timeline")
+                self._stamps = _compat.ResourceVariable(
+                    _empty(), trainable=False, name="tfpar_timeline"
+                )
         strategy = model.distribute_strategy
         if self._steps is None or self._steps_strategy is not strategy:  # a counter per strategy
             self._steps = _step_counter(strategy)
@@ -104,10 +121,13 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         optimizer = model.optimizer
         steps = self._steps
 
-        traced = threading.local()  # the step a replica's thread traces: its counter, its gradients' time
+        # the step a replica's thread traces: its counter, its gradients' time
+        traced = threading.local()
 
         def now_after(dependencies):
-            with tf.control_dependencies([t for t in tf.nest.flatten(dependencies) if t is not None]):
+            with tf.control_dependencies(
+                [t for t in tf.nest.flatten(dependencies) if t is not None]
+            ):
                 return tf.timestamp()
 
         train_step, apply_gradients = model.train_step, optimizer.apply_gradients
@@ -119,7 +139,8 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             with tf.control_dependencies([arrived]):
                 logs = train_step(data)
             # The step ends when its metrics exist and its update is done: reading the weights after
-            # the update orders the read after it (tf.function runs a variable's ops in program order).
+            # the update orders the read after it (tf.function runs a variable's ops in program
+            # order).
             done = now_after([logs, [tf.convert_to_tensor(v) for v in model.trainable_variables]])
             row = tf.stack([step, arrived, traced.grads, done, _loss_scale(optimizer)])[None]
             del traced.grads
@@ -135,14 +156,24 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                 traced.grads = now_after([g for g, _ in grads_and_vars])
             return apply_gradients(grads_and_vars, *args, **kwargs)
 
-        # what the instances had of their own (an elastic job's micro-batched train_step), put back after
-        self._installed = (model, optimizer, model.__dict__.get("train_step"), optimizer.__dict__.get("apply_gradients"))
+        # what the instances had of their own (an elastic job's micro-batched train_step),
+        # put back after
+        self._installed = (
+            model,
+            optimizer,
+            model.__dict__.get("train_step"),
+            optimizer.__dict__.get("apply_gradients"),
+        )
         model.train_step, optimizer.apply_gradients = timed_train_step, timed_apply_gradients
-        model.make_train_function(force=True)  # fit made it before on_train_begin; it calls the new one
+        # fit made it before on_train_begin; it calls the new one
+        model.make_train_function(force=True)
 
     def _uninstall(self):
         model, optimizer, step, apply = self._installed
-        for owner, name, own in ((model, "train_step", step), (optimizer, "apply_gradients", apply)):
+        for owner, name, own in (
+            (model, "train_step", step),
+            (optimizer, "apply_gradients", apply),
+        ):
             owner.__dict__.pop(name, None)
             if own is not None:
                 object.__setattr__(owner, name, own)
@@ -155,30 +186,39 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             self.install(self.model)  # the first Timeline of this fit; none under a coordinator
         self._events, self._step_begin = [], None
         self._unmatched = []  # host steps whose in-step times are not read yet
-        self._labels = list(_TRACKS)  # an event's name: an index into these (the same on every worker)
-        self._tracks = dict(enumerate(_TRACKS))
+        # an event's name: an index into these (the same on every worker)
+        self._labels = list(TRACKS)
+        self._tracks = dict(enumerate(TRACKS))
         if self._stamps is not None:
             self._stamps.assign(_empty())
-        # A model that traces its devices' work in a step (a pipeline: a track per stage and replica, an
-        # event per F, B and W; a tensor-parallel model: a track per device, an event per layer part and
-        # per activation all-reduce) gives its trace's rows (start, end), their tracks and labels.
+        # A model that traces its devices' work in a step (a pipeline: a track per stage and
+        # replica, an event per F, B and W; a tensor-parallel model: a track per device, an event
+        # per layer part and per activation all-reduce) gives its trace's rows (start, end), their
+        # tracks and labels.
         self._pipeline = getattr(self.model, "device_trace", None)
         self._schedule = None
         if self._pipeline is not None:
             s = getattr(self.model, "schedule", None)
-            if s is not None and hasattr(s, "num_microbatches"):  # a pipeline's: for tfpar.report's theory
-                self._schedule = {"name": s.name, "num_stages": s.num_stages, "num_microbatches": s.num_microbatches,
-                                  "virtual_stages": s.virtual_stages}
+            # a pipeline's: for tfpar.report's theory
+            if s is not None and hasattr(s, "num_microbatches"):
+                self._schedule = {
+                    "name": s.name,
+                    "num_stages": s.num_stages,
+                    "num_microbatches": s.num_microbatches,
+                    "virtual_stages": s.virtual_stages,
+                }
             self._first_device_track = first = len(self._tracks)
             for track, name in enumerate(self.model.device_track_names(), first):
                 self._tracks[track] = name
             self._instructions = self._device_rows()
 
     def _device_rows(self):
-        """(track, label index) of each row of the model's device trace (a tensor-parallel model knows
-        them once its step is traced: read again until then)."""
-        return [(self._first_device_track + track, self._label(label))
-                for track, label in self.model.device_trace_labels()]
+        """(track, label index) of each row of the model's device trace (a tensor-parallel model
+        knows them once its step is traced: read again until then)."""
+        return [
+            (self._first_device_track + track, self._label(label))
+            for track, label in self.model.device_trace_labels()
+        ]
 
     def _label(self, text):
         if text not in self._labels:
@@ -193,7 +233,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = (self._step_begin, time.time())
-        self._events.append((*step, _STEP, _STEP))
+        self._events.append((*step, STEP, STEP))
         self._unmatched.append(step)
         if self._pipeline is not None:  # the step's instructions: [n, 2] (start, end)
             self._instructions = self._instructions or self._device_rows()
@@ -202,10 +242,12 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.time()
-        self._events.append((self._epoch_begin, now, _EPOCH, self._label(f"epoch {epoch + 1}")))
+        self._events.append((self._epoch_begin, now, EPOCH, self._label(f"epoch {epoch + 1}")))
         for name in COUNTED_LOGS:  # every worker logs the same keys
             if name in (logs or {}):
-                self._events.append((now, float(np.asarray(logs[name])), _COUNTER, self._label(name)))
+                self._events.append(
+                    (now, float(np.asarray(logs[name])), COUNTER, self._label(name))
+                )
         self._read_stamps()
 
     def _read_stamps(self):
@@ -215,18 +257,21 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         rows = self._stamps.numpy()
         rows = rows[np.isfinite(rows[:, 0])]
         rows = rows[np.argsort(rows[:, 0])]
-        # With steps_per_execution N, one host step (one call of the training function) runs N steps.
+        # With steps_per_execution N, one host step (one call of the training function) runs N
+        # steps.
         per = max(1, len(rows) // len(steps)) if steps else 1
         count = min(len(steps), len(rows) // per)
-        for k, (begin, end) in enumerate(steps[len(steps) - count:]):
-            group = rows[len(rows) - (count - k) * per:len(rows) - (count - k - 1) * per]
+        for k, (begin, end) in enumerate(steps[len(steps) - count :]):
+            group = rows[len(rows) - (count - k) * per : len(rows) - (count - k - 1) * per]
             for done, scale in group[:, 3:5]:
                 if np.isfinite(scale):  # a counter: (time, value)
-                    self._events.append((done, scale, _COUNTER, self._label("loss scale")))
+                    self._events.append((done, scale, COUNTER, self._label("loss scale")))
             data, grads, done = group[0, 1], group[-1, 2], group[-1, 3]
-            spans = [(begin, data, _INPUT)] + (
-                [(data, grads, _FORWARD), (grads, done, _EXCHANGE)] if per == 1 and np.isfinite(grads)
-                else [(data, done, _COMPUTE)])
+            spans = [(begin, data, INPUT)] + (
+                [(data, grads, FORWARD), (grads, done, EXCHANGE)]
+                if per == 1 and np.isfinite(grads)
+                else [(data, done, COMPUTE)]
+            )
             for a, b, track in spans:
                 if np.isfinite(a) and np.isfinite(b):
                     self._events.append((a, max(a, b), track, track))
@@ -237,9 +282,12 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             self._uninstall()
             self._installed = None
         strategy = self.model.distribute_strategy
-        workers = _gather(strategy, np.array(self._events, np.float64).reshape(-1, 4))
+        workers = gather(strategy, np.array(self._events, np.float64).reshape(-1, 4))
         if strategy.extended.should_checkpoint:
-            write_atomically(self.path, json.dumps(_trace(workers, self._tracks, self._labels, self._schedule)))
+            write_atomically(
+                self.path,
+                json.dumps(chrome_trace(workers, self._tracks, self._labels, self._schedule)),
+            )
 
 
 def _step_counter(strategy):
@@ -247,8 +295,13 @@ def _step_counter(strategy):
     first replica counts, so that every replica keys its step's row alike (the optimizer's
     ``iterations`` counts updates: under accumulation several steps share one)."""
     with strategy.scope():
-        return tf.Variable(0, dtype=tf.int64, trainable=False, name="tfpar_timeline_steps",
-                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        return tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name="tfpar_timeline_steps",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
 
 
 def _loss_scale(optimizer):
@@ -256,49 +309,12 @@ def _loss_scale(optimizer):
     from tfpar.precision import loss_scale_of
 
     value = loss_scale_of(optimizer)
-    return tf.constant(-np.inf, tf.float64) if value is None else tf.cast(tf.convert_to_tensor(value), tf.float64)
+    return (
+        tf.constant(-np.inf, tf.float64)
+        if value is None
+        else tf.cast(tf.convert_to_tensor(value), tf.float64)
+    )
 
 
 def _empty():
     return tf.fill([_CAPACITY, 5], tf.constant(-np.inf, tf.float64))
-
-
-def _gather(strategy, events):
-    """Every worker's events, on every worker (one SUM collective of a table a worker fills its row of)."""
-    topology = topology_of(strategy)
-    count = 1 if topology.coordinator else topology.num_workers
-    if count == 1:
-        return [events]
-    index = topology.worker_index
-    lengths = np.zeros(count, np.float64)
-    lengths[index] = len(events)
-    lengths = sum_over_workers(strategy, lengths)
-    table = np.zeros((count, lengths.max(), 4), np.float64)
-    table[index, :len(events)] = events
-    table = sum_over_workers(strategy, table, whole=False)
-    return [table[w, :n] for w, n in enumerate(lengths)]
-
-
-def _trace(workers, tracks, labels, schedule=None):
-    """The Chrome trace: a process per worker, a thread per track, times in microseconds; a
-    pipeline's schedule (name and sizes) in its ``otherData``."""
-    events = []
-    for worker, rows in enumerate(workers):
-        events.append({"ph": "M", "name": "process_name", "pid": worker, "args": {"name": f"worker {worker}"}})
-        for track in sorted({int(t) for t in rows[:, 2]} - {_COUNTER}):
-            events.append({"ph": "M", "name": "thread_name", "pid": worker, "tid": track,
-                           "args": {"name": tracks[track]}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": worker, "tid": track,
-                           "args": {"sort_index": track}})
-        for begin, end, track, label in rows:
-            if int(track) == _COUNTER:  # its value in place of an end
-                name = labels[int(label)]
-                events.append({"ph": "C", "pid": worker, "name": name, "ts": round(begin * 1e6, 1),
-                               "args": {name: float(end)}})
-                continue
-            events.append({"ph": "X", "pid": worker, "tid": int(track), "name": labels[int(label)], "cat": "tfpar",
-                           "ts": round(begin * 1e6, 1), "dur": round(max(0.0, end - begin) * 1e6, 1)})
-    other = {"producer": "tfpar.callbacks.Timeline", "clock": "wall clock, microseconds since the epoch"}
-    if schedule is not None:
-        other["pipeline_schedule"] = schedule
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}

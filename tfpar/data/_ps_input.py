@@ -16,8 +16,12 @@ from tfpar._keras import keras
 __all__ = ["ParameterServerInput"]
 
 
-# The second base is chosen when the module loads (a Keras 3 data adapter, or object): mypy cannot see it.
-class ParameterServerInput(keras.utils.experimental.DatasetCreator, _compat.keras3_data_adapter_class()):  # type: ignore[misc]
+# The second base is chosen when the module loads (a Keras 3 data adapter, or object): mypy cannot
+# see it.
+class ParameterServerInput(
+    keras.utils.experimental.DatasetCreator,
+    _compat.keras3_data_adapter_class(),  # type: ignore[misc]
+):
     """A `DatasetCreator` for `tfpar.data.distribute` under a ParameterServer.
 
     tf_keras' ``fit`` drives it through the ClusterCoordinator. It is also a Keras 3 data
@@ -32,15 +36,21 @@ class ParameterServerInput(keras.utils.experimental.DatasetCreator, _compat.kera
     @property
     def num_batches(self):  # the first thing Keras 3's fit, evaluate and predict ask an adapter
         raise TypeError(
-            "Parameter-server training in fit needs a tf_keras (Keras 2) model: Keras 3's fit has no "
-            "ClusterCoordinator, which runs the steps on the workers. Received: a Keras 3 model's "
-            "fit/evaluate/predict on tfpar.data input for a ParameterServer. Build the model with "
-            "tfpar.keras (tf_keras), or train a Keras 3 model with DataParallel or HorovodStrategy.")
+            "Parameter-server training in fit needs a tf_keras (Keras 2) model: Keras 3's fit has "
+            "no ClusterCoordinator, which runs the steps on the workers. Received: a Keras 3 "
+            "model's fit/evaluate/predict on tfpar.data input for a ParameterServer. Build the "
+            "model with tfpar.keras (tf_keras), or train a Keras 3 model with DataParallel or "
+            "HorovodStrategy."
+        )
 
 
 class _StepsExplainingAdapter(_compat.DatasetCreatorAdapter):
     def __init__(self, x, y, steps=None, **kwargs):
-        if steps is None and isinstance(x, ParameterServerInput) and not kwargs.get("pss_evaluation_shards"):
+        if (
+            steps is None
+            and isinstance(x, ParameterServerInput)
+            and not kwargs.get("pss_evaluation_shards")
+        ):
             raise ValueError(
                 "Parameter-server training needs the number of steps: pass "
                 f"steps_per_epoch={x.steps_per_epoch} to fit (validation_steps= for "
@@ -48,8 +58,10 @@ class _StepsExplainingAdapter(_compat.DatasetCreatorAdapter):
                 "steps_per_epoch=train.steps_per_epoch from tfpar.data.distribute. Received: "
                 "steps=None. Every worker reads its own endless copy of the input and each step "
                 "runs on whichever worker is free, so no end of data can end an epoch: the "
-                "coordinator schedules exactly the steps it is told.")
+                "coordinator schedules exactly the steps it is told."
+            )
         super().__init__(x, y, steps=steps, **kwargs)
 
 
-_compat.replace_data_adapter(_compat.DatasetCreatorAdapter, _StepsExplainingAdapter)  # once, at import
+# once, at import
+_compat.replace_data_adapter(_compat.DatasetCreatorAdapter, _StepsExplainingAdapter)

@@ -8,8 +8,8 @@ from typing import Any
 
 from tfpar._checks import check_int
 from tfpar._keras import tf
-from tfpar.data.sharding import InputConfig, worker_dataset
 from tfpar.data.source import open_source, read_files
+from tfpar.data.worker_input import InputConfig, worker_dataset
 
 __all__ = ["CoverageReport", "check_coverage"]
 
@@ -44,7 +44,8 @@ class CoverageReport:
     def exactly_once(self):
         """Every example seen exactly once and every worker ran the same steps."""
         steps, same = list(self.steps_per_worker), True
-        for _, workers in self.phases or ((0, len(steps)),):  # the workers of a phase ran the same steps
+        # the workers of a phase ran the same steps
+        for _, workers in self.phases or ((0, len(steps)),):
             same, steps = same and len(set(steps[:workers])) == 1, steps[workers:]
         return self.seen == self.expected and same
 
@@ -61,9 +62,16 @@ def _example_key(example):
     return tuple(a.tobytes() for a in tf.nest.flatten(example))
 
 
-def check_coverage(source: Any, *, num_workers: int, replicas_per_worker: int = 1,
-                   key: Callable[[tuple], Hashable] | None = None, epoch: int = 0,
-                   resize: Mapping[int, int] | None = None, **options: Any) -> CoverageReport:
+def check_coverage(
+    source: Any,
+    *,
+    num_workers: int,
+    replicas_per_worker: int = 1,
+    key: Callable[[tuple], Hashable] | None = None,
+    epoch: int = 0,
+    resize: Mapping[int, int] | None = None,
+    **options: Any,
+) -> CoverageReport:
     """Reads every worker's shard for one epoch and reports coverage.
 
     Builds each worker's pipeline with `worker_dataset`, the code ``fit``
@@ -86,8 +94,8 @@ def check_coverage(source: Any, *, num_workers: int, replicas_per_worker: int = 
         A `CoverageReport`.
 
     Examples:
-        >>> report = check_coverage(ds, num_workers=3, resize={7: 2}, global_batch_size=48,  # doctest: +SKIP
-        ...                         shuffle_buffer=480, seed=3)
+        >>> report = check_coverage(ds, num_workers=3, resize={7: 2},  # doctest: +SKIP
+        ...                         global_batch_size=48, shuffle_buffer=480, seed=3)
         >>> report.exactly_once
         True
     """
@@ -98,8 +106,11 @@ def check_coverage(source: Any, *, num_workers: int, replicas_per_worker: int = 
     if whole is None:
         whole = read_files(files, config.reader)
     expected = collections.Counter(
-        key(tuple(tf.nest.map_structure(lambda t: t.numpy(), e)) if isinstance(e, tuple)
-            else (e.numpy(),))
+        key(
+            tuple(tf.nest.map_structure(lambda t: t.numpy(), e))
+            if isinstance(e, tuple)
+            else (e.numpy(),)
+        )
         for e in whole
     )
     seen: collections.Counter = collections.Counter()
@@ -107,8 +118,14 @@ def check_coverage(source: Any, *, num_workers: int, replicas_per_worker: int = 
     for number, (first, workers) in enumerate(phases):
         end = phases[number + 1][0] if number + 1 < len(phases) else None
         for index in range(workers):
-            dataset, plan = worker_dataset(source, config, num_workers=workers, worker_index=index,
-                                           num_replicas=workers * replicas_per_worker, epoch=epoch)
+            dataset, plan = worker_dataset(
+                source,
+                config,
+                num_workers=workers,
+                worker_index=index,
+                num_replicas=workers * replicas_per_worker,
+                epoch=epoch,
+            )
             dataset = dataset.skip(first * replicas_per_worker)
             if end is not None:
                 dataset = dataset.take((end - first) * replicas_per_worker)
@@ -118,8 +135,13 @@ def check_coverage(source: Any, *, num_workers: int, replicas_per_worker: int = 
                 batches += 1
                 padded += _count(batch, plan, step, len(whole.element_spec), key, seen)
             steps.append(batches // replicas_per_worker)
-    return CoverageReport(expected=expected, seen=seen, steps_per_worker=tuple(steps), padded=padded,
-                          phases=tuple(phases) if resize else ())
+    return CoverageReport(
+        expected=expected,
+        seen=seen,
+        steps_per_worker=tuple(steps),
+        padded=padded,
+        phases=tuple(phases) if resize else (),
+    )
 
 
 def _phases(num_workers, resize):
@@ -128,8 +150,10 @@ def _phases(num_workers, resize):
     if resize is None:
         return [(0, num_workers)]
     if not isinstance(resize, Mapping):
-        raise TypeError(f"resize must be a dict from a global step to a number of workers. Received: "
-                        f"resize={resize!r}. For example resize={{7: 2}}: 2 workers from step 7 on.")
+        raise TypeError(
+            f"resize must be a dict from a global step to a number of workers. Received: "
+            f"resize={resize!r}. For example resize={{7: 2}}: 2 workers from step 7 on."
+        )
     for step, workers in resize.items():
         check_int("resize step", step, 1)
         check_int(f"resize[{step}]", workers, 1)

@@ -1,5 +1,6 @@
-"""Per-replica batches of one worker's shard, exactly the plan's steps: the last, short batches padded
-with masked examples (sample weight 0) and the real examples of padded steps weighed global/real."""
+"""Per-replica batches of one worker's shard, exactly the plan's steps: the last, short batches
+padded with masked examples (sample weight 0) and the real examples of padded steps weighed
+global/real."""
 
 from typing import Any
 
@@ -40,7 +41,9 @@ def _pad_batch(size):
         # Only the last batch is short: full batches pass through without a copy.
         return tf.cond(
             full,
-            lambda: tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size] + t.shape[1:].as_list()), batch),
+            lambda: tf.nest.map_structure(
+                lambda t: tf.ensure_shape(t, [size] + t.shape[1:].as_list()), batch
+            ),
             lambda: tf.nest.map_structure(pad, batch),
         )
 
@@ -79,15 +82,18 @@ def _weigh_padded_steps(plan):
 
 
 def weigh_examples(dataset: Any, masked: Any = None, until: Any = None, weight: Any = None) -> Any:
-    """Single examples in the job's order, each with a sample weight (the given one, else 1): 0 for the first
-    ``masked`` (trained before a resume that changed the global batch), ``weight`` for the others before
-    ``until`` (the rest of that step: global / real), 1 after. Refuses elements that cannot carry a weight."""
+    """Single examples in the job's order, each with a sample weight (the given one, else 1): 0 for
+    the first ``masked`` (trained before a resume that changed the global batch), ``weight`` for the
+    others before ``until`` (the rest of that step: global / real), 1 after. Refuses elements that
+    cannot carry a weight."""
     spec = dataset.element_spec
     if not isinstance(spec, tuple) or len(spec) not in (2, 3):
         raise ValueError(
-            "An elastic job under --elastic-batch scale-lr weighs each example (0 for those a resume with another "
-            "global batch trained already), so it needs (inputs, targets) or (inputs, targets, sample_weight) "
-            f"elements. Received elements of spec {spec}. Add targets, or use --elastic-batch accumulate.")
+            "An elastic job under --elastic-batch scale-lr weighs each example (0 for those a "
+            "resume with another global batch trained already), so it needs (inputs, targets) or "
+            f"(inputs, targets, sample_weight) elements. Received elements of spec {spec}. Add "
+            "targets, or use --elastic-batch accumulate."
+        )
     zero = tf.constant(0, tf.int64)
     masked, until = (zero if m is None else m for m in (masked, until))
     weight = tf.constant(1.0) if weight is None else weight

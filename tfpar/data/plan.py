@@ -67,13 +67,15 @@ class ShardPlan:
 
     @property
     def resizable(self):
-        """Whether a step holds the same examples whatever the number of workers ("data", or one worker
-        reading everything), so that a resume in the middle of an epoch may change that number."""
+        """Whether a step holds the same examples whatever the number of workers ("data", or one
+        worker reading everything), so that a resume in the middle of an epoch may change that
+        number."""
         return self.policy == "data" or self.num_workers == 1
 
     @property
     def first_weighted_step(self):
-        """The first step of the epoch whose real examples weigh more than 1 (= ``steps`` if none)."""
+        """The first step of the epoch whose real examples weigh more than 1 (= ``steps`` if
+        none)."""
         return (self.steps or 0) - len(self.padded_step_weights)
 
     def step_weight(self, step: int) -> float:
@@ -126,8 +128,10 @@ def _shard_sizes(num_elements, file_sizes, policy, num_workers, per_step):
         return [sum(file_sizes[w::num_workers]) for w in range(num_workers)]
     # "data": parts of ``per_step`` examples, part c to worker c mod W; only the last part is short.
     full, rest = divmod(num_elements, per_step)
-    return [len(range(w, full, num_workers)) * per_step + (rest if full % num_workers == w else 0)
-            for w in range(num_workers)]
+    return [
+        len(range(w, full, num_workers)) * per_step + (rest if full % num_workers == w else 0)
+        for w in range(num_workers)
+    ]
 
 
 def _padded_step_weights(shards, steps, replicas_per_worker, per_replica_batch):
@@ -140,8 +144,11 @@ def _padded_step_weights(shards, steps, replicas_per_worker, per_replica_batch):
     weights = []
     for step in reversed(range(steps)):
         first = step * replicas_per_worker
-        real = sum(min(per_replica_batch, max(0, shard - (first + r) * per_replica_batch))
-                   for shard in shards for r in range(replicas_per_worker))
+        real = sum(
+            min(per_replica_batch, max(0, shard - (first + r) * per_replica_batch))
+            for shard in shards
+            for r in range(replicas_per_worker)
+        )
         if real == global_batch:
             break
         weights.append(global_batch / real)
@@ -191,13 +198,13 @@ def plan_shard(
     check_choice("shard_policy", policy, SHARD_POLICIES)
     check_choice("remainder", remainder, REMAINDERS)
     if not 0 <= worker_index < num_workers:
-        raise ValueError(
-            f"worker_index must be in [0, {num_workers}). Received: {worker_index}."
-        )
+        raise ValueError(f"worker_index must be in [0, {num_workers}). Received: {worker_index}.")
     num_files = None if files is None else len(files)
     resolved = _resolve_policy(policy, num_files, num_workers)
-    if resolved == "file" and num_elements is not None and (
-        file_sizes is None or len(file_sizes) != num_files
+    if (
+        resolved == "file"
+        and num_elements is not None
+        and (file_sizes is None or len(file_sizes) != num_files)
     ):
         raise ValueError(
             "FILE sharding of a finite input needs the size of every file. "
@@ -228,7 +235,9 @@ def plan_shard(
         per_replica_batch=per_replica_batch,
         remainder=remainder,
         steps=steps,
-        files=tuple(files[worker_index::num_workers]) if resolved == "file" and files is not None else None,
+        files=tuple(files[worker_index::num_workers])
+        if resolved == "file" and files is not None
+        else None,
         padded=padded,
         padded_step_weights=weights,
     )

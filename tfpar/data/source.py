@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tfpar._keras import tf
-from tfpar._topology import topology_of
 from tfpar._parallelism import sum_over_workers
+from tfpar._topology import topology_of
 
 __all__ = ["Sizes", "as_files", "count", "measure", "open_source", "read_files"]
 
@@ -41,7 +41,8 @@ def open_source(source: Any) -> tuple[Any, list[str] | None]:
             raise ValueError(
                 f"{len(missing)} of the {len(files)} input files do not exist: {missing[:5]}"
                 f"{' ...' if len(missing) > 5 else ''}. Received: source={files[:5]}"
-                f"{' ...' if len(files) > 5 else ''}. Check the paths (every worker reads them).")
+                f"{' ...' if len(files) > 5 else ''}. Check the paths (every worker reads them)."
+            )
         return None, files
     if isinstance(source, tf.data.Dataset):
         return source, None
@@ -63,7 +64,9 @@ def read_files(files: Any, reader: Any) -> Any:
     reader = reader or tf.data.TFRecordDataset
     names = tf.data.Dataset.from_tensor_slices(list(files))
     return names.interleave(
-        reader, cycle_length=min(len(files), 4), deterministic=True,
+        reader,
+        cycle_length=min(len(files), 4),
+        deterministic=True,
         num_parallel_calls=tf.data.AUTOTUNE,
     )
 
@@ -98,10 +101,9 @@ def measure(source: Any, config: Any, strategy: Any = None) -> "Sizes":
     return Sizes(sum(s for s in sizes if s is not None), sizes)  # (none is None here)
 
 
-
-
 def _worker_share(strategy):
-    """(this worker's index, number of workers) where several processes read the input, else None."""
+    """(this worker's index, number of workers) where several processes read the input, else
+    None."""
     if strategy is None:
         return None
     topology = topology_of(strategy)
@@ -111,12 +113,18 @@ def _worker_share(strategy):
 
 
 def _count_shared(strategy, files, reader, index, workers):
-    """Counts files index, index + workers, ... here and sums every worker's counts (-1: infinite)."""
+    """Counts files index, index + workers, ... here and sums every worker's counts (-1:
+    infinite)."""
     mine = np.zeros(len(files), np.float64)
     for i in range(index, len(files), workers):
         n = count(read_files([files[i]], reader))
         mine[i] = -1 if n is None else n
     totals = sum_over_workers(strategy, mine)
-    _log.info("counted %d of the %d input files here; the other worker(s) counted the rest and the %d "
-              "workers summed the counts", len(range(index, len(files), workers)), len(files), workers)
+    _log.info(
+        "counted %d of the %d input files here; the other worker(s) counted the rest and the %d "
+        "workers summed the counts",
+        len(range(index, len(files), workers)),
+        len(files),
+        workers,
+    )
     return tuple(None if n < 0 else int(n) for n in totals)

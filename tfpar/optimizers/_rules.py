@@ -1,4 +1,5 @@
-"""The papers' update rules of LARS and LAMB on one variable, in TensorFlow, written once for both Kerases.
+"""The papers' update rules of LARS and LAMB on one variable, in TensorFlow, written once for both
+Kerases.
 
 Each rule takes the variable, its gradient (all-reduced: the optimizers run after the strategy's
 reduction, so every replica computes the same trust ratio), its slots, the learning rate and the
@@ -15,15 +16,19 @@ def trust_ratio(numerator, denominator):
     """``numerator / denominator``, or 1 where either is 0 (a zero-initialised bias, a zero update):
     the convention of the papers' reference code, so a fresh variable still moves."""
     usable = tf.logical_and(numerator > 0, denominator > 0)
-    return tf.where(usable, numerator / tf.where(usable, denominator, tf.ones_like(denominator)),
-                    tf.ones_like(numerator))
+    return tf.where(
+        usable,
+        numerator / tf.where(usable, denominator, tf.ones_like(denominator)),
+        tf.ones_like(numerator),
+    )
 
 
 def lars(variable, gradient, velocity, learning_rate, *, momentum, nesterov, eta, decay, adapt):
     """LARS (You, Gitman & Ginsburg 2017, Algorithm 1), weight decay inside the trust ratio:
 
-    ``local = eta * |w| / (|g| + decay * |w|)``, ``v = momentum * v + lr * local * (g + decay * w)``,
-    ``w = w - v`` (Nesterov: ``w = w - (momentum * v + lr * local * (g + decay * w))``).
+    ``local = eta * |w| / (|g| + decay * |w|)``,
+    ``v = momentum * v + lr * local * (g + decay * w)``, ``w = w - v``
+    (Nesterov: ``w = w - (momentum * v + lr * local * (g + decay * w))``).
     Returns ``(w, v)``.
     """
     update = gradient + decay * variable if decay else gradient
@@ -49,5 +54,7 @@ def lamb(variable, gradient, m, v, learning_rate, step, *, beta_1, beta_2, epsil
     update = m_hat / (tf.sqrt(v_hat) + epsilon)
     if decay:
         update += decay * variable
-    scale = learning_rate * trust_ratio(tf.norm(variable), tf.norm(update)) if adapt else learning_rate
+    scale = (
+        learning_rate * trust_ratio(tf.norm(variable), tf.norm(update)) if adapt else learning_rate
+    )
     return variable - scale * update, m, v

@@ -48,13 +48,16 @@ class GradientPath:
         if self.compression != "none":
             return 0.25
         if self.precision != "float32":
-            return 2.0 ** -5
+            return 2.0**-5
         return None
 
     def options(self) -> dict:
         """The `tfpar._factory.ParallelismSpec` fields of this path."""
-        return {"compression": self.compression, "zero_stage": self.zero_stage,
-                "gradient_accumulation_steps": self.accumulation}
+        return {
+            "compression": self.compression,
+            "zero_stage": self.zero_stage,
+            "gradient_accumulation_steps": self.accumulation,
+        }
 
 
 _SINGLES = (
@@ -69,22 +72,34 @@ _SINGLES = (
 
 
 def _pair(a, b):
-    fields = {f.name: getattr(b, f.name) if getattr(b, f.name) != f.default else getattr(a, f.name)
-              for f in dataclasses.fields(GradientPath) if f.name != "name"}
+    fields = {
+        f.name: getattr(b, f.name) if getattr(b, f.name) != f.default else getattr(a, f.name)
+        for f in dataclasses.fields(GradientPath)
+        if f.name != "name"
+    }
     return GradientPath(f"{a.name}+{b.name}", **fields)
 
 
 def _kind(path):
-    return next(f for f in ("compression", "zero_stage", "accumulation", "precision")
-                if getattr(path, f) != getattr(GradientPath("plain"), f))
+    return next(
+        f
+        for f in ("compression", "zero_stage", "accumulation", "precision")
+        if getattr(path, f) != getattr(GradientPath("plain"), f)
+    )
 
 
 PATHS = {path.name: path for path in _SINGLES}
 """Every path by name: the single ones, then each pair of two different kinds (a compression with a
 ZeRO stage, accumulation, or mixed precision; a ZeRO stage with accumulation or mixed precision;
 accumulation with mixed precision)."""
-PATHS.update({p.name: p for a, b in itertools.combinations(_SINGLES[1:], 2) if _kind(a) != _kind(b)
-              for p in [_pair(a, b)]})
+PATHS.update(
+    {
+        p.name: p
+        for a, b in itertools.combinations(_SINGLES[1:], 2)
+        if _kind(a) != _kind(b)
+        for p in [_pair(a, b)]
+    }
+)
 
 
 def paths_from(value) -> list:
@@ -102,7 +117,8 @@ def paths_from(value) -> list:
     if unknown or not names:
         raise ValueError(
             f"paths takes 'all' or names of {sorted(PATHS)}. Received: paths={value!r}. "
-            "Use --paths all, or e.g. --paths plain,zero1,bf16+zero2.")
+            "Use --paths all, or e.g. --paths plain,zero1,bf16+zero2."
+        )
     return [PATHS[n] for n in names]
 
 
@@ -119,14 +135,16 @@ def check_paths(value, steps, zero_stage=0) -> list:
         raise ValueError(
             "paths set the ZeRO stage of each path (zero1, zero2). Received: "
             f"zero_stage={zero_stage} with paths={value!r}. Drop --zero-stage, and name the zero1 "
-            "or zero2 paths.")
+            "or zero2 paths."
+        )
     window = max(p.accumulation for p in paths)
     if steps % window:
         names = [p.name for p in paths if p.accumulation > 1]
         raise ValueError(
             f"paths {', '.join(names)} accumulate {window} steps per update, compared with one "
             f"step of {window} global batches, so steps must be a multiple of {window}. "
-            f"Received: steps={steps}. Use steps={steps + window - steps % window}.")
+            f"Received: steps={steps}. Use steps={steps + window - steps % window}."
+        )
     return paths
 
 
@@ -158,29 +176,40 @@ class PathsReport:
 
     def describe(self) -> str:
         width = max(len(row.path) for row in self.rows)
-        lines = [self.description,
-                 f"each path after {self.steps} steps against one replica, from the same weights "
-                 "and batches (largest |difference| of a weight; relative error of the whole "
-                 "update):"]
+        lines = [
+            self.description,
+            f"each path after {self.steps} steps against one replica, from the same weights "
+            "and batches (largest |difference| of a weight; relative error of the whole "
+            "update):",
+        ]
         for row in self.rows:
             if row.verdict == "refused":
                 lines.append(f"  {row.path:<{width}}  refused  {row.detail}")
                 continue
-            lines.append(f"  {row.path:<{width}}  {row.verdict:<7}  "
-                         f"max |difference| {row.max_difference:.3g}  "
-                         f"update error {row.relative_error:.3g}  (bound: {row.bound})"
-                         + (f"  {row.detail}" if row.detail else ""))
-        lines.append("PASSED: every path trains like one replica" if self.passed
-                     else "FAILED: a path differs from one replica")
+            lines.append(
+                f"  {row.path:<{width}}  {row.verdict:<7}  "
+                f"max |difference| {row.max_difference:.3g}  "
+                f"update error {row.relative_error:.3g}  (bound: {row.bound})"
+                + (f"  {row.detail}" if row.detail else "")
+            )
+        lines.append(
+            "PASSED: every path trains like one replica"
+            if self.passed
+            else "FAILED: a path differs from one replica"
+        )
         return "\n".join(lines)
 
 
 def relative_update_error(start, reference, distributed) -> float:
     """The norm of the two updates' difference over the norm of the reference's update."""
-    gap = [np.ravel(np.asarray(b, np.float64) - np.asarray(a, np.float64))
-           for a, b in zip(reference, distributed)]
-    step = [np.ravel(np.asarray(a, np.float64) - np.asarray(s, np.float64))
-            for s, a in zip(start, reference)]
+    gap = [
+        np.ravel(np.asarray(b, np.float64) - np.asarray(a, np.float64))
+        for a, b in zip(reference, distributed)
+    ]
+    step = [
+        np.ravel(np.asarray(a, np.float64) - np.asarray(s, np.float64))
+        for s, a in zip(start, reference)
+    ]
     moved = float(np.linalg.norm(np.concatenate(step))) if step else 0.0
     return float(np.linalg.norm(np.concatenate(gap))) / moved if moved else 0.0
 
@@ -245,8 +274,9 @@ def _refusal(error) -> str | None:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     message = str(error)
-    files = (re.findall(r'File "([^"]+)"', message)
-             or [f.filename for f in traceback.extract_tb(error.__traceback__)])
+    files = re.findall(r'File "([^"]+)"', message) or [
+        f.filename for f in traceback.extract_tb(error.__traceback__)
+    ]
     if not files or not os.path.abspath(files[-1]).startswith(root) or "Received:" not in message:
         return None
     return re.split(r"(?:ValueError|TypeError): ", message)[-1].strip()
