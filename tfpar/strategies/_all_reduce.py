@@ -21,7 +21,8 @@ class AllReduce:
     """``(num_packs) -> CrossDeviceOps or None`` (None: TensorFlow's choice) for one host; None if
     it runs across workers only."""
     multi_worker: object = None
-    """``(has_gpus) -> CommunicationImplementation`` across workers; None if it runs on one host only."""
+    """``(has_gpus) -> CommunicationImplementation`` across workers; None if it runs on one host
+    only."""
     packs: bool = False
     """It batches the gradients into ``num_packs`` packs (one host)."""
     needs_gpus: bool = False
@@ -32,16 +33,30 @@ def _impl(name):
     return getattr(tf.distribute.experimental.CommunicationImplementation, name)
 
 
-ALL_REDUCES = {entry.name: entry for entry in (
-    AllReduce("auto", one_host=lambda packs: None,  # TensorFlow's collective all-reduce over local devices
-              multi_worker=lambda has_gpus: _impl("NCCL" if has_gpus else "RING")),
-    AllReduce("nccl", one_host=lambda packs: tf.distribute.NcclAllReduce(num_packs=packs),
-              multi_worker=lambda has_gpus: _impl("NCCL"), packs=True, needs_gpus=True),
-    AllReduce("ring", multi_worker=lambda has_gpus: _impl("RING")),
-    AllReduce("hierarchical", one_host=lambda packs: tf.distribute.HierarchicalCopyAllReduce(num_packs=packs),
-              packs=True),
-    AllReduce("reduce_to_one", one_host=lambda packs: tf.distribute.ReductionToOneDevice()),
-)}
+ALL_REDUCES = {
+    entry.name: entry
+    for entry in (
+        AllReduce(
+            "auto",
+            one_host=lambda packs: None,  # TensorFlow's collective all-reduce over local devices
+            multi_worker=lambda has_gpus: _impl("NCCL" if has_gpus else "RING"),
+        ),
+        AllReduce(
+            "nccl",
+            one_host=lambda packs: tf.distribute.NcclAllReduce(num_packs=packs),
+            multi_worker=lambda has_gpus: _impl("NCCL"),
+            packs=True,
+            needs_gpus=True,
+        ),
+        AllReduce("ring", multi_worker=lambda has_gpus: _impl("RING")),
+        AllReduce(
+            "hierarchical",
+            one_host=lambda packs: tf.distribute.HierarchicalCopyAllReduce(num_packs=packs),
+            packs=True,
+        ),
+        AllReduce("reduce_to_one", one_host=lambda packs: tf.distribute.ReductionToOneDevice()),
+    )
+}
 """Every all-reduce ``DataParallel`` takes, by name, in the order its documentation lists them."""
 
 

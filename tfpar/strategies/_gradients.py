@@ -19,14 +19,26 @@ from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._microbatches import elastic_microbatches, split_into_microbatches
 from tfpar.strategies._windows import count_updates, warn_about_remainder
 
-__all__ = ["COMPRESSIONS", "GRADIENT_CHECKS", "AccumulatedUpdates", "GradientAccumulator", "GradientReduction",
-           "check_compression", "compress", "count_updates",
-           "decompress", "gradient_variables", "mark_keras3_gradient_reduction", "marked_variables"]
+__all__ = [
+    "COMPRESSIONS",
+    "GRADIENT_CHECKS",
+    "AccumulatedUpdates",
+    "GradientAccumulator",
+    "GradientReduction",
+    "check_compression",
+    "compress",
+    "count_updates",
+    "decompress",
+    "gradient_variables",
+    "mark_keras3_gradient_reduction",
+    "marked_variables",
+]
 
 COMPRESSIONS = ("none", "bf16", "fp16")
 """Gradient compression on the wire: "bf16" keeps float32's range with 8 bits of mantissa; "fp16"
 keeps 11 bits in a range up to 65504 (loss scaling keeps scaled gradients in it). A sparse gradient
-(an Embedding's) sends its rows in 16 bits and its indices as they are (`tfpar.strategies._sparse`)."""
+(an Embedding's) sends its rows in 16 bits and its indices as they are
+(`tfpar.strategies._sparse`)."""
 
 # The optimizer's gradient reduction in progress (Keras 3): the variables whose gradients the next
 # batch reduction carries. Set by each replica's thread and read in the merge_call, which runs in
@@ -45,7 +57,8 @@ def check_compression(value, op=None):
         raise ValueError(
             f"compression={value!r} cannot be combined with op='adasum': Adasum weighs each rank's "
             "gradient by dot products that a cast to 16 bits would change. Received: op='adasum', "
-            f"compression={value!r}. Use compression='none' with Adasum, or op='average'.")
+            f"compression={value!r}. Use compression='none' with Adasum, or op='average'."
+        )
     return value
 
 
@@ -70,7 +83,10 @@ def compress(tensors, compression):
 
 def decompress(tensors, originals, compression):
     """``tensors``, reduced after `compress`, back in their ``originals``' dtypes."""
-    return [t if t.dtype == o.dtype else _cast(t, o.dtype, compression) for t, o in zip(tensors, originals)]
+    return [
+        t if t.dtype == o.dtype else _cast(t, o.dtype, compression)
+        for t, o in zip(tensors, originals)
+    ]
 
 
 def gradient_variables(reduce_op, value_destination_pairs):
@@ -94,8 +110,9 @@ def marked_variables(values):
 
 
 def _marking(all_reduce_sum_gradients):
-    """``all_reduce_sum_gradients`` (a Keras 3 optimizer's, bound), marking which variables' gradients
-    it reduces while it runs, for the strategy's batch reduction to read (Keras 3 gives no destinations)."""
+    """``all_reduce_sum_gradients`` (a Keras 3 optimizer's, bound), marking which variables'
+    gradients it reduces while it runs, for the strategy's batch reduction to read (Keras 3 gives no
+    destinations)."""
 
     @functools.wraps(all_reduce_sum_gradients)
     def marked(grads_and_vars):
@@ -119,16 +136,26 @@ def mark_keras3_gradient_reduction(model, arguments=None):
     """After ``compile`` of a Keras 3 model of a tfpar strategy: its optimizer (and the one a
     LossScaleOptimizer wraps) marks its gradient all-reduce, on that optimizer instance only."""
     optimizer = getattr(model, "optimizer", None)
-    optimizer_class = _compat.keras3_tf_optimizer_class(keras_of(model)) if is_keras3(model) else None
+    optimizer_class = (
+        _compat.keras3_tf_optimizer_class(keras_of(model)) if is_keras3(model) else None
+    )
     if optimizer_class is None:
         return
     for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        if isinstance(each, optimizer_class) and not getattr(each._all_reduce_sum_gradients, "_tfpar_marked", False):
-            object.__setattr__(each, "_all_reduce_sum_gradients", _marking(each._all_reduce_sum_gradients))
+        if isinstance(each, optimizer_class) and not getattr(
+            each._all_reduce_sum_gradients, "_tfpar_marked", False
+        ):
+            object.__setattr__(
+                each, "_all_reduce_sum_gradients", _marking(each._all_reduce_sum_gradients)
+            )
 
 
-GRADIENT_CHECKS = (("compile", "after", mark_keras3_gradient_reduction), ("compile", "after", count_updates),
-                   ("fit", "before", warn_about_remainder), ("fit", "before", split_into_microbatches))
+GRADIENT_CHECKS = (
+    ("compile", "after", mark_keras3_gradient_reduction),
+    ("compile", "after", count_updates),
+    ("fit", "before", warn_about_remainder),
+    ("fit", "before", split_into_microbatches),
+)
 """The model checks of a strategy whose replicas compress or accumulate their gradients."""
 
 
@@ -159,7 +186,8 @@ class GradientAccumulator:
             # replica's own, never mirrored or broadcast.
             with tf.init_scope(), tf.device(device):
                 self._buffers[key] = _compat.ResourceVariable(
-                    tf.zeros(var.shape, var.dtype), trainable=False, name="tfpar_grad_accumulator")
+                    tf.zeros(var.shape, var.dtype), trainable=False, name="tfpar_grad_accumulator"
+                )
         return self._buffers[key]
 
     def counter(self):
@@ -167,28 +195,34 @@ class GradientAccumulator:
         if self._counter is None:
             with tf.init_scope():
                 self._counter = _compat.ResourceVariable(
-                    tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step")
-                self._start = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
-                                                       name="tfpar_accumulation_step_start")
+                    tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step"
+                )
+                self._start = _compat.ResourceVariable(
+                    tf.constant(0, tf.int64), trainable=False, name="tfpar_accumulation_step_start"
+                )
         return self._counter
 
     def begin_step(self):
-        """Cross-replica, before a step of several calls (an elastic job's micro-batches): notes the count."""
+        """Cross-replica, before a step of several calls (an elastic job's micro-batches): notes the
+        count."""
         counter = self.counter()
         return self._start.assign(counter)
 
     def settle(self, calls):
-        """Cross-replica, after that step: a loss scale that skipped one of its calls (Keras 3 does not reduce
-        the gradients it finds non-finite) left the count short, which would shift every later boundary, so
-        the window is dropped (its buffers cleared, the count back to its start) as a skipped update is.
-        A count that did not move at all is left: no call reduced here (ZeRO accumulates in its own
-        buffers), or the loss scale skipped every call. Returns whether it was dropped."""
+        """Cross-replica, after that step: a loss scale that skipped one of its calls (Keras 3 does
+        not reduce the gradients it finds non-finite) left the count short, which would shift every
+        later boundary, so the window is dropped (its buffers cleared, the count back to its start)
+        as a skipped update is. A count that did not move at all is left: no call reduced here (ZeRO
+        accumulates in its own buffers), or the loss scale skipped every call. Returns whether it
+        was dropped."""
         counter = self.counter()
         counted = counter - self._start
 
         def drop():
             cleared = [b.assign(tf.zeros_like(b)) for b in self._buffers.values()]
-            with tf.control_dependencies(cleared + [counter.assign(self._start - self._start % self.steps)]):
+            with tf.control_dependencies(
+                cleared + [counter.assign(self._start - self._start % self.steps)]
+            ):
                 return tf.constant(True)
 
         short = tf.logical_and(counted > 0, counted < calls)
@@ -205,7 +239,9 @@ class GradientAccumulator:
         added = []
         for device, device_buffers, grads in zip(devices, buffers, per_device_grads):
             with tf.device(device):
-                added += [b.assign_add(tf.convert_to_tensor(g)) for b, g in zip(device_buffers, grads)]
+                added += [
+                    b.assign_add(tf.convert_to_tensor(g)) for b, g in zip(device_buffers, grads)
+                ]
         with tf.control_dependencies(added):
             step = self.counter().assign_add(1)
         boundary = tf.equal(step % self.steps, 0)
@@ -288,7 +324,9 @@ class GradientReduction(AccumulatedUpdates):
         """``config``: the strategy's `DataParallelConfig` (its compression and accumulation);
         ``kwargs``: the extended's own arguments."""
         self._compression = config.compression
-        self._microbatches = elastic_microbatches(config.cluster)  # each an accumulated step of its own
+        self._microbatches = elastic_microbatches(
+            config.cluster
+        )  # each an accumulated step of its own
         steps = config.gradient_accumulation_steps * self._microbatches
         self._accumulator = GradientAccumulator(steps) if steps > 1 else None
         super().__init__(container_strategy, **kwargs)
@@ -301,11 +339,16 @@ class GradientReduction(AccumulatedUpdates):
         if self._compression == "none":
             return super()._batch_reduce_to(reduce_op, value_destination_pairs, options)
         per_replica = [self._parts(v) for v, _ in value_destination_pairs]
-        wire = [_compat.PerReplica(tuple(compress(parts, self._compression))) for parts in per_replica]
+        wire = [
+            _compat.PerReplica(tuple(compress(parts, self._compression))) for parts in per_replica
+        ]
         reduced = super()._batch_reduce_to(
-            reduce_op, [(w, d) for w, (_, d) in zip(wire, value_destination_pairs)], options)
-        return [_compat.mirrored(tuple(decompress(self._parts(r), parts, self._compression)))
-                for r, parts in zip(reduced, per_replica)]
+            reduce_op, [(w, d) for w, (_, d) in zip(wire, value_destination_pairs)], options
+        )
+        return [
+            _compat.mirrored(tuple(decompress(self._parts(r), parts, self._compression)))
+            for r, parts in zip(reduced, per_replica)
+        ]
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         variables = gradient_variables(reduce_op, value_destination_pairs)
@@ -318,11 +361,16 @@ class GradientReduction(AccumulatedUpdates):
         destinations = [d for _, d in value_destination_pairs]
 
         def allreduce(per_device_averages):
-            pairs = [(_compat.PerReplica(tuple(parts)), d)
-                     for parts, d in zip(zip(*per_device_averages), destinations)]
+            pairs = [
+                (_compat.PerReplica(tuple(parts)), d)
+                for parts, d in zip(zip(*per_device_averages), destinations)
+            ]
             reduced = self._reduce_compressed(reduce_op, pairs, options)
             return [self._parts(r)[i] for i in range(len(devices)) for r in reduced]
 
         flat = self._accumulator.reduce(per_device, variables, devices, allreduce)
         count = len(variables)
-        return [_compat.mirrored(tuple(flat[i * count + j] for i in range(len(devices)))) for j in range(count)]
+        return [
+            _compat.mirrored(tuple(flat[i * count + j] for i in range(len(devices))))
+            for j in range(count)
+        ]
