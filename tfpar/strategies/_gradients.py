@@ -324,9 +324,8 @@ class GradientReduction(AccumulatedUpdates):
         """``config``: the strategy's `DataParallelConfig` (its compression and accumulation);
         ``kwargs``: the extended's own arguments."""
         self._compression = config.compression
-        self._microbatches = elastic_microbatches(
-            config.cluster
-        )  # each an accumulated step of its own
+        # each an accumulated step of its own
+        self._microbatches = elastic_microbatches(config.cluster)
         steps = config.gradient_accumulation_steps * self._microbatches
         self._accumulator = GradientAccumulator(steps) if steps > 1 else None
         super().__init__(container_strategy, **kwargs)

@@ -34,13 +34,14 @@ def start_server(cluster, role, index, **popen_kwargs):
     popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
     return subprocess.Popen(
         [sys.executable, "-m", "tfpar._local.server"],
+        # loopback-only servers
         env=loopback.child_env(
             {
                 **os.environ,
                 "TF_CONFIG": info.to_tf_config(),
                 "TFPAR_SERVER_PARENT_PID": str(os.getpid()),
             }
-        ),  # loopback-only servers
+        ),
         start_new_session=True,
         **popen_kwargs,
     )

@@ -80,9 +80,8 @@ class ShardedOptimizer:
             self.slot_names = ["momentum"] if optimizer.momentum else []
         else:  # Adam, AdamW
             self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
-        self.moment_squares = (
-            is_keras3(optimizer) and self.name != "SGD"
-        )  # see tfpar.strategies._sparse
+        # see tfpar.strategies._sparse
+        self.moment_squares = is_keras3(optimizer) and self.name != "SGD"
         # fp16 would flush squared rows to zero: their reduce-scatter travels in float32 there
         compression = getattr(getattr(strategy, "config", None), "compression", "none")
         self.squares_in_float32 = compression == "fp16"
@@ -100,10 +99,11 @@ class ShardedOptimizer:
                 else None
             )
         self.window, self.strategy_accumulates = _window(strategy), strategy_accumulates
+        # with accumulation: stage 1 each replica's gradients, 2 its chunk
         self.accumulated, self.counter = (
             [],
             None,
-        )  # with accumulation: stage 1 each replica's gradients, 2 its chunk
+        )
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
             if self.window > 1 and not strategy_accumulates:
                 with tf.init_scope(), tf.device(device):
@@ -320,9 +320,8 @@ class ShardedOptimizer:
             with tf.device(device):
                 for v, part in zip(self.variables, tf.split(wholes[k][: self.total], self.sizes)):
                     writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
-        self.sent_bytes = [
-            a + b for a, b in zip(sent, gathered)
-        ]  # per local replica and update, from the shapes
+        # per local replica and update, from the shapes
+        self.sent_bytes = [a + b for a, b in zip(sent, gathered)]
         return writes
 
     def plain_slots(self) -> list:
@@ -367,9 +366,8 @@ class ShardedOptimizer:
         gradients (accumulated whole at stage 1), optimizer state (its slots; a chunk is padded to a
         whole N-th)."""
         full, slots = 4 * self.total, len(self.slot_names)
-        whole = self.window > 1 and (
-            self.stage == 1 or self.strategy_accumulates
-        )  # a whole buffer accumulates
+        # a whole buffer accumulates
+        whole = self.window > 1 and (self.stage == 1 or self.strategy_accumulates)
         gradients = full if whole else 4 * self.chunk
         return {
             "weights": (full, full),
@@ -402,9 +400,8 @@ def shard_optimizer_state(model, arguments=None):
     outer = getattr(model, "optimizer", None)
     if not stage or outer is None:
         return
-    optimizer = getattr(
-        outer, "inner_optimizer", outer
-    )  # the one a LossScaleOptimizer wraps: its update is sharded
+    # the one a LossScaleOptimizer wraps: its update is sharded
+    optimizer = getattr(outer, "inner_optimizer", outer)
     refusal = rules.sharding_refusal(optimizer)
     if refusal:
         raise ValueError(
@@ -417,9 +414,8 @@ def shard_optimizer_state(model, arguments=None):
         optimizer.built = True
         if outer is not optimizer and not outer.built:
             with strategy.scope():
-                outer.build(
-                    model.trainable_variables
-                )  # its loss scale and step counter (the inner one is built)
+                # its loss scale and step counter (the inner one is built)
+                outer.build(model.trainable_variables)
     _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
     sharded = ShardedOptimizer(
         optimizer,

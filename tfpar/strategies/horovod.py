@@ -288,9 +288,8 @@ class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
         return True
 
     @property
-    def _task_id(
-        self,
-    ):  # _compat.KERAS_READS_FROM_EXTENDED: tf_keras names non-chief temp folders by it
+    def _task_id(self):
+        # _compat.KERAS_READS_FROM_EXTENDED: tf_keras names non-chief temp folders by it
         return self._rank
 
     @property
@@ -355,9 +354,8 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
         else:
             device = "/device:CPU:0"
         extended = _HorovodExtended(self, hvd, config, device)
-        tf.distribute.Strategy.__init__(
-            self, extended
-        )  # not MirroredStrategy's: it would build its own extended
+        # not MirroredStrategy's: it would build its own extended
+        tf.distribute.Strategy.__init__(self, extended)
 
     @property
     def rank(self):

@@ -178,9 +178,8 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         self._servers = getattr(self, "_servers", {})
         remote = cluster.cluster["ps"] + cluster.cluster["worker"]
         wait_for_addresses(remote, config.connect_timeout_seconds)
-        os.environ.setdefault(
-            "GRPC_FAIL_FAST", "use_caller"
-        )  # a dead worker fails fast, then reschedules
+        # a dead worker fails fast, then reschedules
+        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
         spec = cluster.training_cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec),
@@ -191,9 +190,8 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         super().__init__(resolver, variable_partitioner=_partitioner(config, len(spec["ps"])))
         self._resolver = resolver
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self)
-        atexit.register(
-            _compat.stop_removing_functions
-        )  # the servers go first: no remote removal can work
+        # the servers go first: no remote removal can work
+        atexit.register(_compat.stop_removing_functions)
 
     @classmethod
     def local(
