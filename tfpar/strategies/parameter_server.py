@@ -19,7 +19,7 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_int, check_number, config_from
-from tfpar._keras import all_layers, keras_of, tf
+from tfpar._keras import tf
 from tfpar._local import loopback
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster, refuse_evaluator
@@ -31,12 +31,14 @@ from tfpar.strategies._local_servers import (
     stop_servers,
     warn_if_the_chief_listens_on_all_interfaces,
 )
+from tfpar.strategies._ps_cluster import cluster_from, partitioner_of
 from tfpar.strategies._ps_failures import (
     ClusterUnreachableError,
     ParameterServerLostError,
     lost_ps_error,
     wait_for_addresses,
 )
+from tfpar.strategies._ps_model import refuse_synchronized_batchnorm, variable_placement
 
 __all__ = [
     "ClusterUnreachableError",
@@ -111,32 +113,6 @@ def refuse_accumulation(steps):
         )
 
 
-def _cluster_from(config):
-    cluster = config.cluster or ClusterInfo.from_tf_config()
-    if cluster is None:
-        raise ValueError(
-            "ParameterServer needs a cluster with ps and worker tasks. Received: no TF_CONFIG "
-            "and no cluster=. Use ParameterServer.local(num_workers=2, num_ps=1), or start the "
-            "job with `tfpar launch --ps 1 --workers 2 -- python train.py`."
-        )
-    for role in ("ps", "worker"):
-        if not cluster.cluster.get(role):
-            raise ValueError(
-                f"A parameter-server cluster needs at least one {role!r} task. Received: "
-                f"{ {r: len(a) for r, a in cluster.cluster.items()} }. Add {role} tasks "
-                f"(tfpar launch --ps 1 --workers 2)."
-            )
-    return cluster
-
-
-def _partitioner(config, num_ps):
-    if config.variable_partitioner == "auto":
-        return tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=config.min_shard_bytes, max_shards=num_ps
-        )
-    return config.variable_partitioner
-
-
 class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStrategy):
     """Parameter-server training as a `tf.distribute.Strategy`; this process coordinates.
 
@@ -165,7 +141,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
 
     def __init__(self, config: ParameterServerConfig | None = None, **kwargs: Any) -> None:
         config = config_from(ParameterServerConfig, config, kwargs)
-        cluster = _cluster_from(config)
+        cluster = cluster_from(config)
         refuse_evaluator(cluster, "ParameterServer")
         if cluster.task_type in ("ps", "worker"):
             # One script for every task, as a TFJob runs it: a ps or worker task serves here until
@@ -187,7 +163,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
             task_id=cluster.task_index,
             rpc_layer="grpc",
         )
-        super().__init__(resolver, variable_partitioner=_partitioner(config, len(spec["ps"])))
+        super().__init__(resolver, variable_partitioner=partitioner_of(config, len(spec["ps"])))
         self._resolver = resolver
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self)
         # the servers go first: no remote removal can work
@@ -359,33 +335,3 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
                 tasks = sorted({d.split("/device")[0].replace("/replica:0", "") for d in devices})
                 lines.append(f"    {name}: {len(devices)} shard(s) on {', '.join(tasks)}")
         return "\n".join(lines)
-
-
-def variable_placement(model: Any) -> dict[str, list[str]]:
-    """Variable name (without ``/part_N``) -> devices of its shards."""
-    placement: dict = {}
-    for var in model.variables:
-        base = var.name.split(":")[0]
-        if "/part_" in base:
-            base = base.rsplit("/part_", 1)[0]
-        placement.setdefault(base, []).append(var.device)
-    return placement
-
-
-def refuse_synchronized_batchnorm(model, arguments=None):
-    """At ``compile`` of a model built under parameter servers: a synchronized BatchNormalization
-    needs replicas that step together; a parameter server's workers step alone, on their own
-    batches."""
-    for layer in all_layers(model):
-        if isinstance(layer, keras_of(model).layers.BatchNormalization) and getattr(
-            layer, "synchronized", False
-        ):
-            raise ValueError(
-                "BatchNormalization(synchronized=True) cannot run under parameter servers: its "
-                "statistics are summed over replicas that step together, and each worker here "
-                "steps alone, on its own batch, whenever it is free. Received: layer "
-                f"{layer.name!r} of {model.name!r} under "
-                f"{type(model.distribute_strategy).__name__}. Use synchronized=False (statistics "
-                "per worker batch), or DataParallel / HorovodStrategy, whose replicas step "
-                "together."
-            )
