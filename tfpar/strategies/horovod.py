@@ -31,12 +31,11 @@ from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
 from tfpar._topology import Topology
+from tfpar.strategies._accumulation import AccumulatedUpdates, GradientAccumulator
 from tfpar.strategies._describe import batch_and_model_lines, zero_lines
 from tfpar.strategies._gradients import (
     COMPRESSIONS,
     GRADIENT_CHECKS,
-    AccumulatedUpdates,
-    GradientAccumulator,
     check_compression,
     gradient_variables,
     marked_variables,
