@@ -7,7 +7,6 @@ when several do. Both are instances of `DataParallel`.
 """
 
 import dataclasses
-import itertools
 import logging
 from typing import Any
 
@@ -22,9 +21,15 @@ from tfpar.devices import (
     configure_devices,
     local_devices,
 )
-from tfpar.strategies._all_reduce import ALL_REDUCES, multi_worker_names, one_host_names, quoted
+from tfpar.strategies._all_reduce import (
+    ALL_REDUCES,
+    refuse_multi_worker_only,
+    refuse_num_packs,
+    refuse_one_host_only,
+)
 from tfpar.strategies._describe import batch_and_model_lines, zero_lines
-from tfpar.strategies._gradients import GRADIENT_CHECKS, GradientReduction, check_compression
+from tfpar.strategies._extendeds import KEY_BASES, MultiWorkerExtended, OneHostExtended
+from tfpar.strategies._gradients import GRADIENT_CHECKS, check_compression
 from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
 
 __all__ = [
@@ -87,20 +92,7 @@ class DataParallelConfig:
         check_zero_stage(self.zero_stage)
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
-        if self.num_packs != 1 and not ALL_REDUCES[self.all_reduce].packs:
-            packing = sorted(
-                (e for e in ALL_REDUCES.values() if e.packs), key=lambda e: e.needs_gpus
-            )
-            fixes = " or ".join(
-                f"{e.name!r} ({'GPUs' if e.needs_gpus else 'any devices'})" for e in packing
-            )
-            raise ValueError(
-                "num_packs applies to "
-                f"all_reduce={quoted([e.name for e in ALL_REDUCES.values() if e.packs])} only; "
-                f"all_reduce={self.all_reduce!r} would ignore it. Received: "
-                f"all_reduce={self.all_reduce!r}, num_packs={self.num_packs}. Use "
-                f"all_reduce={fixes} to pack gradients, or leave num_packs at 1."
-            )
+        refuse_num_packs(self.all_reduce, self.num_packs)
         check_number("timeout_seconds", self.timeout_seconds, above=0, allow_none=True)
         if self.cluster is not None and not isinstance(self.cluster, ClusterInfo):
             raise TypeError(
@@ -125,11 +117,7 @@ def _build_config(config, kwargs):
     if config.cluster is not None:
         refuse_evaluator(config.cluster, "DataParallel")
     if config.multi_worker:
-        if ALL_REDUCES[config.all_reduce].multi_worker is None:
-            raise ValueError(
-                f"all_reduce={config.all_reduce!r} works on one host only; this cluster has "
-                f"{config.cluster.num_workers} workers. Use {quoted(multi_worker_names())}."
-            )
+        refuse_one_host_only(config.all_reduce, config.cluster.num_workers)
         if config.devices is not None:
             raise ValueError(
                 "devices applies to one host only: with several workers each "
@@ -137,12 +125,8 @@ def _build_config(config, kwargs):
                 f"devices={list(config.devices)} with "
                 f"{config.cluster.num_workers} workers. Remove devices=."
             )
-    elif ALL_REDUCES[config.all_reduce].one_host is None:
-        raise ValueError(
-            f"all_reduce={config.all_reduce!r} needs several workers; one host uses "
-            f"{quoted(one_host_names())}. Received: all_reduce={config.all_reduce!r} with one "
-            "worker."
-        )
+    else:
+        refuse_multi_worker_only(config.all_reduce)
     return config
 
 
@@ -266,14 +250,6 @@ class DataParallel(Parallelism):
         return "\n".join(lines)
 
 
-_KEY_BASES = itertools.count(100_000, 100_000)
-"""Each DataParallel's collective keys: they must not repeat between strategies of one process. Two
-MirroredStrategy objects both start at group key 1 and the second one's all-reduce meets the first
-one's tensors ("Shape mismatch in the collective instance"); two MultiWorkerMirroredStrategy ones
-meet a broadcast where a reduction was expected. TensorFlow's own tests shift the base by 100000
-per strategy. Every worker of a job makes its strategies in the same order, so their keys agree."""
-
-
 class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     """`DataParallel` on one host: a `tf.distribute.MirroredStrategy`."""
 
@@ -282,12 +258,12 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     def __init__(self, config: DataParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = self._config_for(config, kwargs)
         _require_gpus(self.config)
-        _compat.set_collective_key_base(self, next(_KEY_BASES))
+        _compat.set_collective_key_base(self, next(KEY_BASES))
         devices = self.config.devices or _default_devices()
         # MirroredStrategy's own __init__ would build a plain MirroredExtended.
         tf.distribute.Strategy.__init__(
             self,
-            _MirroredExtended(
+            OneHostExtended(
                 self, self.config, devices=list(devices), cross_device_ops=self._cross_device_ops()
             ),
         )
@@ -301,20 +277,6 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
         if ALL_REDUCES[self.config.all_reduce].packs:
             text += f", num_packs={self.config.num_packs}"
         return f"{text} (all_reduce={self.config.all_reduce!r})"
-
-
-class _MirroredExtended(GradientReduction, _compat.MirroredExtended):
-    """MirroredStrategy's extended, with `DataParallelConfig`'s gradient compression and
-    accumulation."""
-
-
-class _CollectiveExtended(GradientReduction, _compat.CollectiveAllReduceExtended):
-    """MultiWorkerMirroredStrategy's extended, with the same. A second one in a process of the same
-    cluster (``tfpar verify --paths``: a strategy per path) keeps the server the first started."""
-
-    def __init__(self, container_strategy, config, **kwargs):
-        _compat.keep_started_collective_server(self, kwargs["cluster_resolver"])
-        super().__init__(container_strategy, config, **kwargs)
 
 
 def _default_devices():
@@ -342,7 +304,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
             task_id=cluster.task_index,
             rpc_layer="grpc",
         )
-        _compat.set_collective_key_base(self, next(_KEY_BASES))
+        _compat.set_collective_key_base(self, next(KEY_BASES))
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=self.config.bytes_per_pack,
             timeout_seconds=self.config.timeout_seconds,
@@ -353,7 +315,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
             # CollectiveAllReduceExtended.
             tf.distribute.Strategy.__init__(
                 self,
-                _CollectiveExtended(
+                MultiWorkerExtended(
                     self, self.config, cluster_resolver=resolver, communication_options=options
                 ),
             )
