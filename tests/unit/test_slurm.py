@@ -137,7 +137,7 @@ class _Built:
     ({}, False, None),                                                # not under SLURM
 ])
 def test_horovod_under_srun_needs_slurms_mpi_and_an_mpi_build(env, mpi, refused):
-    from tfpar.strategies.horovod import _check_srun_step
+    from tfpar.strategies._horovod_init import _check_srun_step
 
     if refused is None:
         _check_srun_step(_Built(mpi), env)

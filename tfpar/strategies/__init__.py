@@ -10,16 +10,19 @@ package once imported.)
 
 from tfpar._lazy import exports
 
-__getattr__, __dir__, __all__ = exports(__name__, {
-    "auto": "tfpar.strategies._auto",
-    "DataParallel": "tfpar.strategies.data_parallel",
-    "DataParallelConfig": "tfpar.strategies.data_parallel",
-    "MirroredDataParallel": "tfpar.strategies.data_parallel",
-    "HorovodConfig": "tfpar.strategies.horovod",
-    "HorovodStrategy": "tfpar.strategies.horovod",
-    "MultiWorkerDataParallel": "tfpar.strategies.data_parallel",
-    "ParameterServer": "tfpar.strategies.parameter_server",
-    "ParameterServerConfig": "tfpar.strategies.parameter_server",
-    "ParameterServerLostError": "tfpar.strategies._ps_failures",
-    "ClusterUnreachableError": "tfpar.strategies._ps_failures",
-})
+__getattr__, __dir__, __all__ = exports(
+    __name__,
+    {
+        "auto": "tfpar.strategies._auto",
+        "DataParallel": "tfpar.strategies.data_parallel",
+        "DataParallelConfig": "tfpar.strategies.data_parallel",
+        "MirroredDataParallel": "tfpar.strategies.data_parallel",
+        "HorovodConfig": "tfpar.strategies.horovod",
+        "HorovodStrategy": "tfpar.strategies.horovod",
+        "MultiWorkerDataParallel": "tfpar.strategies.data_parallel",
+        "ParameterServer": "tfpar.strategies.parameter_server",
+        "ParameterServerConfig": "tfpar.strategies.parameter_server",
+        "ParameterServerLostError": "tfpar.strategies._ps_failures",
+        "ClusterUnreachableError": "tfpar.strategies._ps_failures",
+    },
+)

@@ -26,11 +26,19 @@ def zero_lines(stage: int, num_replicas: int, model=None) -> list[str]:
     holds, sharded against unsharded."""
     if not stage:
         return []
-    lines = [f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of the optimizer state"
-             + (" and of the reduced gradients" if stage == 2 else "") + " (reduce-scatter + all-gather)"]
+    lines = [
+        f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of the "
+        "optimizer state"
+        + (" and of the reduced gradients" if stage == 2 else "")
+        + " (reduce-scatter + all-gather)"
+    ]
     sharded = getattr(model, "_tfpar_zero", None)
     if sharded is not None:
         held = sharded.state_bytes()
-        lines.append("  per replica: " + ", ".join(f"{name} {unsharded:,} B -> {mine:,} B" for name, (unsharded, mine)
-                                                   in held.items()))
+        lines.append(
+            "  per replica: "
+            + ", ".join(
+                f"{name} {unsharded:,} B -> {mine:,} B" for name, (unsharded, mine) in held.items()
+            )
+        )
     return lines

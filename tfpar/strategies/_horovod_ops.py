@@ -27,7 +27,9 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         super().__init__()
         self._hvd = hvd
         self._size = hvd.size()
-        self._compression = hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
+        self._compression = (
+            hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
+        )
         self._bf16 = config.compression == "bf16"
         self._wire = None if config.compression == "none" else config.compression
         self._op = config.op
@@ -60,19 +62,26 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         if args["op"] == hvd.Average:
             total = total / self._size
         sizes = [t.shape.num_elements() for t in tensors]
-        return [tf.cast(tf.reshape(part, t.shape), t.dtype) for part, t in zip(tf.split(total, sizes), tensors)]
+        return [
+            tf.cast(tf.reshape(part, t.shape), t.dtype)
+            for part, t in zip(tf.split(total, sizes), tensors)
+        ]
 
     def _allgather_sparse(self, slices, args):
-        """A sparse gradient's all-reduce with compression: every rank's rows in 16 bits (bf16 as its
-        bits: Horovod takes no bf16) and their indices, gathered; the rows back in float32, where the
-        optimizer sums them."""
+        """A sparse gradient's all-reduce with compression: every rank's rows in 16 bits (bf16 as
+        its bits: Horovod takes no bf16) and their indices, gathered; the rows back in float32,
+        where the optimizer sums them."""
         hvd = self._hvd
         wire = sparse.to_wire(slices, self._wire, carrier=tf.int16)
         values = hvd.allgather(wire.values)
         indices = hvd.allgather(wire.indices)
-        gathered = sparse.from_wire(tf.IndexedSlices(values, indices, slices.dense_shape), self._wire, slices.dtype)
+        gathered = sparse.from_wire(
+            tf.IndexedSlices(values, indices, slices.dense_shape), self._wire, slices.dtype
+        )
         if args["op"] == hvd.Average:
-            return tf.IndexedSlices(gathered.values / self._size, gathered.indices, gathered.dense_shape)
+            return tf.IndexedSlices(
+                gathered.values / self._size, gathered.indices, gathered.dense_shape
+            )
         return gathered
 
     def allreduce(self, reduce_op, tensors, gradients=False):
@@ -83,7 +92,8 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
                 "HorovodStrategy cannot run in an XLA-compiled function: Horovod's XLA "
                 f"ops are not built for TensorFlow {tf.__version__} (its wheels lack the "
                 "headers they need). Received: jit_compile=True. Compile the model with "
-                "jit_compile=False (the default).")
+                "jit_compile=False (the default)."
+            )
         if self._size == 1:
             return list(tensors)
         graph = tf.compat.v1.get_default_graph()
@@ -111,7 +121,9 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         if grouped and gradients and self._bf16:
             reduced = self._allgather_bf16([tensors[i] for i in grouped], args)
         elif grouped:
-            reduced = hvd.grouped_allreduce([tensors[i] for i in grouped], compression=compression, **args)
+            reduced = hvd.grouped_allreduce(
+                [tensors[i] for i in grouped], compression=compression, **args
+            )
         if grouped:
             for i, r in zip(grouped, reduced):
                 out[i] = r
@@ -161,19 +173,21 @@ class HorovodChunks:
         self.nccl = uses_nccl_reducescatter(device, ops._hvd.nccl_built())
 
     def reduce_scatter(self, flat, c, summed, full=False):
-        """This rank's flat gradients -> ``([its chunk of their sum over the ranks], [bytes sent])``;
-        already summed ones are only cut (``full``: sent in float32 whatever the compression)."""
+        """This rank's flat gradients ->
+        ``([its chunk of their sum over the ranks], [bytes sent])``; already summed ones are only
+        cut (``full``: sent in float32 whatever the compression)."""
         hvd, (j,) = self.ops._hvd, self.owned
         if summed or self.size == 1:
-            return [flat[0][j * c:(j + 1) * c]], [0]
+            return [flat[0][j * c : (j + 1) * c]], [0]
         args = self.ops._reduce_args(tf.distribute.ReduceOp.SUM, gradients=True)
         fp16 = not full and self.ops._compression is hvd.Compression.fp16
         bf16 = not full and self.ops._bf16
         width = 2 if fp16 or bf16 else 4
         if self.nccl and not bf16:
             compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-            mine = hvd.reducescatter(flat[0], compression=compression, name="tfpar_zero_gradients",
-                                     **args)
+            mine = hvd.reducescatter(
+                flat[0], compression=compression, name="tfpar_zero_gradients", **args
+            )
             return [mine], [width * c * (self.size - 1)]
         sent = tf.cast(flat[0], tf.float16 if fp16 else tf.bfloat16 if bf16 else tf.float32)
         wire = tf.bitcast(sent, tf.int16) if bf16 else sent
@@ -189,7 +203,9 @@ class HorovodChunks:
 
     def total(self, values):
         """The sum over the ranks of this rank's values."""
-        return self.ops._hvd.allreduce(tf.add_n(values), op=self.ops._hvd.Sum, name="tfpar_zero_norm")
+        return self.ops._hvd.allreduce(
+            tf.add_n(values), op=self.ops._hvd.Sum, name="tfpar_zero_norm"
+        )
 
     def gather(self, pieces, lengths, name):
         """Every rank's piece (``lengths[j]`` elements for rank j, none included), in rank order."""

@@ -1,13 +1,18 @@
 """What goes wrong between a parameter-server coordinator and its cluster: a task that does not
-answer at the start (`wait_for_addresses`, from `tfpar.cluster.addresses`), and a ps lost during training
-(`lost_ps_error`)."""
+answer at the start (`wait_for_addresses`, from `tfpar.cluster.addresses`), and a ps lost during
+training (`lost_ps_error`)."""
 
 import re
 
 from tfpar._keras import tf
 from tfpar.cluster.addresses import ClusterUnreachableError, accepts, wait_for_addresses
 
-__all__ = ["ClusterUnreachableError", "ParameterServerLostError", "lost_ps_error", "wait_for_addresses"]
+__all__ = [
+    "ClusterUnreachableError",
+    "ParameterServerLostError",
+    "lost_ps_error",
+    "wait_for_addresses",
+]
 
 
 class ParameterServerLostError(tf.errors.UnavailableError):
@@ -27,8 +32,14 @@ _PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
 # workers see UnavailableError/AbortedError; a worker that reconnects to a restarted address sees
 # InvalidArgumentError (unknown device, lost remote handle); the chief's own reads of ps
 # variables (logs, checkpoints) fail in its executor; the coordinator may wrap any of them.
-_PS_LOSS_TYPES = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-                  tf.errors.InvalidArgumentError, tf.errors.UnknownError, tf.errors.InternalError)
+_PS_LOSS_TYPES = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.InvalidArgumentError,
+    tf.errors.UnknownError,
+    tf.errors.InternalError,
+)
 
 
 def lost_ps_error(error, ps_addresses):
@@ -57,5 +68,6 @@ def lost_ps_error(error, ps_addresses):
         "variables, so training cannot go on without it (a lost worker only has its steps "
         "rescheduled). Restart that task and relaunch the job: with "
         "keras.callbacks.BackupAndRestore training resumes from the last completed epoch. "
-        f"TensorFlow reported: {first}")
+        f"TensorFlow reported: {first}"
+    )
     return ParameterServerLostError(tasks, message, original)

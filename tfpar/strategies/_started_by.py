@@ -39,13 +39,15 @@ def choose(environ=None):
 def refuse_elastic_horovodrun(environ=None):
     """HorovodStrategy's replicas are fixed when it is built, and its step function with them: under
     Horovod's elastic mode (``horovodrun --min-np/--max-np``, which sets HOROVOD_ELASTIC=1) the ring
-    re-forms in memory with other ranks, which that function cannot follow. Refused at once, with the ways
-    that do follow a membership change."""
+    re-forms in memory with other ranks, which that function cannot follow. Refused at once, with
+    the ways that do follow a membership change."""
     env = os.environ if environ is None else environ
     if env.get("HOROVOD_ELASTIC") == "1":
         raise ValueError(
-            "HorovodStrategy cannot follow a change of Horovod's ranks: its replicas and its compiled step are "
-            "fixed when it is built. Received: an elastic horovodrun (HOROVOD_ELASTIC=1, from --min-np/--max-np "
-            "or --host-discovery-script). Use Horovod's elastic API for this script (hvd.elastic.run, "
-            "hvd.elastic.KerasState, horovod.tensorflow.keras.DistributedOptimizer, state.commit()), or an elastic "
-            "`tfpar launch --min-workers N` with tfpar.DataParallel.")
+            "HorovodStrategy cannot follow a change of Horovod's ranks: its replicas and its "
+            "compiled step are fixed when it is built. Received: an elastic horovodrun "
+            "(HOROVOD_ELASTIC=1, from --min-np/--max-np or --host-discovery-script). Use Horovod's "
+            "elastic API for this script (hvd.elastic.run, hvd.elastic.KerasState, "
+            "horovod.tensorflow.keras.DistributedOptimizer, state.commit()), or an elastic "
+            "`tfpar launch --min-workers N` with tfpar.DataParallel."
+        )

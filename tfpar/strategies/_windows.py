@@ -12,8 +12,14 @@ import math
 from tfpar import _compat
 from tfpar._keras import tf
 
-__all__ = ["accumulator_of", "calls_per_step", "count_updates", "steps_per_update", "steps_trained",
-           "warn_about_remainder"]
+__all__ = [
+    "accumulator_of",
+    "calls_per_step",
+    "count_updates",
+    "steps_per_update",
+    "steps_trained",
+    "warn_about_remainder",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -92,20 +98,24 @@ def _accumulated_twice(model, own, calls):
     """The refusal of an optimizer that accumulates ``own`` steps under a strategy whose
     accumulator applies every ``calls`` calls (an elastic job's micro-batches included)."""
     microbatches = calls_per_step(model.distribute_strategy)
-    received = (f"Received: optimizer gradient_accumulation_steps={own!r} under a strategy that "
-                f"applies every {calls} calls")
+    received = (
+        f"Received: optimizer gradient_accumulation_steps={own!r} under a strategy that "
+        f"applies every {calls} calls"
+    )
     if microbatches == calls:  # only the elastic job's micro-batches
         return (
             "This elastic job runs on fewer workers than its reference, so each replica computes "
             f"its batch in {microbatches} micro-batches accumulated by the strategy, and the "
             f"optimizer accumulates too: each would wait for the other's window. {received}. "
             "Launch with --elastic-batch grow, or accumulate with the strategy's "
-            "gradient_accumulation_steps instead of the optimizer's.")
+            "gradient_accumulation_steps instead of the optimizer's."
+        )
     return (
         "The strategy accumulates gradients and so does the optimizer: each would wait for the "
         f"other's window. {received}. Accumulate in one place: the strategy's "
         "gradient_accumulation_steps (backward_passes_per_step for HorovodStrategy), or the "
-        "optimizer's alone.")
+        "optimizer's alone."
+    )
 
 
 def _steps_per_epoch(arguments):
@@ -137,4 +147,9 @@ def warn_about_remainder(model, arguments):
         "fit runs %d steps per epoch, not a multiple of the %d steps accumulated per update: the "
         "last %d step(s) of each epoch are carried into the next epoch's first update, which mixes "
         "two epochs, and after the last epoch they are left unapplied. Use steps_per_epoch=%s to "
-        "keep every update within an epoch.", steps, window, remainder, multiples)
+        "keep every update within an epoch.",
+        steps,
+        window,
+        remainder,
+        multiples,
+    )

@@ -28,16 +28,14 @@ compression that reduce-scatter, gradients included, travels in float32: 4 times
 bf16 keeps float32's range and stays 16-bit.
 """
 
-import math
-
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int
 from tfpar._keras import is_keras3, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
-from tfpar.strategies._windows import accumulator_of
-from tfpar.strategies._zero_comms import chunks_for
+from tfpar.strategies._zero_state import ShardedState, window_of
+from tfpar.strategies._zero_state import tf_variable as _tf_variable
 
 __all__ = ["ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state"]
 
@@ -51,103 +49,70 @@ def check_zero_stage(stage):
     return check_choice("zero_stage", check_int("zero_stage", stage, 0), ZERO_STAGES)
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(ShardedState):
     """The sharded update of one compiled model's optimizer over its strategy's replicas."""
 
     def __init__(self, optimizer, variables, strategy, stage, strategy_accumulates=False):
-        """``strategy_accumulates``: the gradients come summed through the strategy, which accumulates
-        them itself (under a tf_keras loss-scale optimizer, which reduces them to check them)."""
-        self.optimizer, self.strategy, self.stage = optimizer, strategy, stage
-        self.keras_variables = list(variables)
-        self.variables = [_tf_variable(v) for v in variables]
-        for v in self.variables:
-            if tf.as_dtype(v.dtype) != tf.float32:
-                raise TypeError(f"zero_stage={stage} shards float32 variables; {v.name} is {tf.as_dtype(v.dtype).name}. "
-                                "Keep the variables float32 (a mixed policy does), or use zero_stage=0.")
-        self.comm = chunks_for(strategy)
-        self.devices, n = self.comm.devices, self.comm.size  # this process's replicas; all of them
-        self.sizes = [int(v.shape.num_elements()) for v in self.variables]
-        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
-        self.total = sum(self.sizes)
-        self.chunk = math.ceil(self.total / n)
-        self.padding = self.chunk * n - self.total
-        self.name = type(optimizer).__name__
-        if self.name == "SGD":
-            self.slot_names = ["momentum"] if optimizer.momentum else []
-        else:  # Adam, AdamW
-            self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
-        self.moment_squares = is_keras3(optimizer) and self.name != "SGD"  # see tfpar.strategies._sparse
+        """The state (`ShardedState`, where ``strategy_accumulates`` is said), and how a sparse
+        gradient's squared rows take part in the update."""
+        super().__init__(optimizer, variables, strategy, stage, strategy_accumulates)
+        # see tfpar.strategies._sparse
+        self.moment_squares = is_keras3(optimizer) and self.name != "SGD"
         # fp16 would flush squared rows to zero: their reduce-scatter travels in float32 there
         compression = getattr(getattr(strategy, "config", None), "compression", "none")
         self.squares_in_float32 = compression == "fp16"
-        # each local replica's slots, and its chunk's weight decay (1) or not (0)
-        self.slots, self.decay_masks = [], [None] * len(self.devices)
-        decayed = [1.0 if rules.weight_decay(optimizer) and optimizer._use_weight_decay(v) else 0.0 for v in variables]
-        self.decay_all = bool(decayed) and min(decayed) == 1.0
-        with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
-            mask = self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)]) \
-                if 0.0 < sum(decayed) < len(decayed) else None
-        self.window, self.strategy_accumulates = _window(strategy), strategy_accumulates
-        self.accumulated, self.counter = [], None  # with accumulation: stage 1 each replica's gradients, 2 its chunk
-        for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
-            if self.window > 1 and not strategy_accumulates:
-                with tf.init_scope(), tf.device(device):
-                    self.accumulated.append(_compat.ResourceVariable(
-                        tf.zeros([self.chunk * (n if stage == 1 else 1)]), trainable=False, name=f"tfpar_zero_sum_{j}"))
-                    if self.counter is None:
-                        self.counter = _compat.ResourceVariable(tf.constant(0, tf.int64), trainable=False,
-                                                                name="tfpar_zero_accumulated_steps")
-            with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
-                self.slots.append({s: _compat.ResourceVariable(tf.zeros([self.chunk]), trainable=False,
-                                                               name=f"tfpar_zero_{s}_{j}") for s in self.slot_names})
-                if mask is not None:
-                    self.decay_masks[k] = _compat.ResourceVariable(mask[j * self.chunk:(j + 1) * self.chunk],
-                                                                    trainable=False, name=f"tfpar_zero_decay_{j}")
 
     def apply(self, grads, trainable_variables=None):
         """Keras 3's ``apply`` (which its ``apply_gradients`` and its LossScaleOptimizer call)."""
         return self.apply_gradients(zip(grads, trainable_variables or self.keras_variables))
 
-    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+    def apply_gradients(
+        self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
+    ):
         """The optimizer's ``apply_gradients``, in a replica's context: its gradients go to the
         sharded step (variables the optimizer was not built for are refused). Gradients a tf_keras
         LossScaleOptimizer already summed (to check them) are not summed again."""
-        summed = skip_gradients_aggregation or not kwargs.get("experimental_aggregate_gradients", True)
+        summed = skip_gradients_aggregation or not kwargs.get(
+            "experimental_aggregate_gradients", True
+        )
         by_variable = {id(_tf_variable(v)): g for g, v in grads_and_vars}
         unknown = set(by_variable) - {id(v) for v in self.variables}
         if unknown:
-            raise ValueError(f"zero_stage={self.stage} shards the {len(self.variables)} trainable variables the "
-                             "model had at compile; this step updates others. Compile the model again after "
-                             "changing its trainable variables.")
+            raise ValueError(
+                f"zero_stage={self.stage} shards the {len(self.variables)} trainable variables the "
+                "model had at compile; this step updates others. Compile the model again after "
+                "changing its trainable variables."
+            )
         grads = [by_variable.get(id(v)) for v in self.variables]
         context = tf.distribute.get_replica_context()
         if context is None:
-            raise RuntimeError("zero_stage>0: apply_gradients runs in a replica's step (model.fit, or strategy.run).")
+            raise RuntimeError(
+                "zero_stage>0: apply_gradients runs in a replica's step (model.fit, or "
+                "strategy.run)."
+            )
         return context.merge_call(self._step, args=(grads, summed))
-
-    def _local(self, value, k):
-        return self.strategy.experimental_local_results(value)[k]
-
-    def _flat(self, tensors):
-        """``tensors`` (one per variable, in order) as one flat vector padded to N chunks."""
-        parts = [tf.reshape(t, [size]) for t, size in zip(tensors, self.sizes)]
-        return tf.pad(tf.concat(parts, 0), [[0, self.padding]])
 
     def _gradients(self, grads, k, of=sparse.dense):
         """Local replica ``k``'s flat gradients (``of`` each: summed rows, or their squares)."""
-        return self._flat([tf.zeros(v.shape) if g is None else of(self._local(g, k), v.shape)
-                           for g, v in zip(grads, self.variables)])
+        return self._flat(
+            [
+                tf.zeros(v.shape) if g is None else of(self._local(g, k), v.shape)
+                for g, v in zip(grads, self.variables)
+            ]
+        )
 
     def _squared_rows(self, grads):
-        """Whether this step needs a sparse gradient's sums of squared rows (`tfpar.strategies._sparse`):
-        Keras 3's Adam or a global norm takes them where rows are not accumulated."""
+        """Whether this step needs a sparse gradient's sums of squared rows
+        (`tfpar.strategies._sparse`): Keras 3's Adam or a global norm takes them where rows are not
+        accumulated."""
         rows = [g is not None and sparse.is_sparse(self._local(g, 0)) for g in grads]
         if any(rows) and getattr(self.optimizer, "clipvalue", None):
             raise ValueError(
-                f"zero_stage={self.stage} cannot clip a sparse gradient by value: the optimizer clips each "
-                "looked-up row before duplicates are summed, and a chunk holds the summed rows. Received: "
-                f"clipvalue={self.optimizer.clipvalue!r} with an Embedding's (sparse) gradient. Use "
-                "global_clipnorm=, or zero_stage=0.")
+                f"zero_stage={self.stage} cannot clip a sparse gradient by value: the optimizer "
+                "clips each looked-up row before duplicates are summed, and a chunk holds the "
+                f"summed rows. Received: clipvalue={self.optimizer.clipvalue!r} with an "
+                "Embedding's (sparse) gradient. Use global_clipnorm=, or zero_stage=0."
+            )
         uses = self.moment_squares or getattr(self.optimizer, "global_clipnorm", None)
         if not (any(rows) and uses and self.window == 1):
             return None
@@ -163,27 +128,45 @@ class ShardedOptimizer:
                     squares.append(self._gradients(grads, k, sparse.row_squares))
         if self.window == 1 and rows is not None:
             chunks, squares, sent = self._reduce_scatter_with_squares(flat, squares, summed)
-            writes = self._counted(self._apply(chunks, sent, list(zip(squares, self._chunks_of(rows)))))
+            writes = self._counted(
+                self._apply(chunks, sent, list(zip(squares, self._chunks_of(rows))))
+            )
         elif self.window == 1:
             writes = self._counted(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed)))
         elif self.strategy_accumulates:
-            # a tf_keras loss-scale optimizer reduced them through the strategy, which accumulates them
-            # (its sums, all-reduced at its boundary, zeros between): applied at its boundary only
+            # a tf_keras loss-scale optimizer reduced them through the strategy, which accumulates
+            # them (its sums, all-reduced at its boundary, zeros between): applied at its boundary
+            # only
             def apply_summed():
                 self._counted(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed)))
                 return tf.constant(True)
 
-            writes = [tf.cond(strategy.extended._accumulator.boundary, apply_summed, lambda: tf.constant(False))]
-        else:  # accumulated: stage 1 sums each replica's gradients, stage 2 the reduced chunks; applied every window-th step
-            chunks, sent = (flat, None) if self.stage == 1 else self.comm.reduce_scatter(flat, self.chunk, summed)
+            writes = [
+                tf.cond(
+                    strategy.extended._accumulator.boundary,
+                    apply_summed,
+                    lambda: tf.constant(False),
+                )
+            ]
+        else:
+            # accumulated: stage 1 sums each replica's gradients, stage 2 the reduced chunks;
+            # applied every window-th step
+            chunks, sent = (
+                (flat, None)
+                if self.stage == 1
+                else self.comm.reduce_scatter(flat, self.chunk, summed)
+            )
             added = [b.assign_add(g) for b, g in zip(self.accumulated, chunks)]
             with tf.control_dependencies(added):
                 boundary = tf.equal(self.counter.assign_add(1) % self.window, 0)
 
             def apply():
                 means = [b.read_value() / self.window for b in self.accumulated]
-                applied = self._apply(*self.comm.reduce_scatter(means, self.chunk, summed)) if self.stage == 1 else \
-                    self._apply(means, sent)
+                applied = (
+                    self._apply(*self.comm.reduce_scatter(means, self.chunk, summed))
+                    if self.stage == 1
+                    else self._apply(means, sent)
+                )
                 with tf.control_dependencies(self._counted(applied)):
                     cleared = [b.assign(tf.zeros_like(b)) for b in self.accumulated]
                 with tf.control_dependencies(cleared):
@@ -194,31 +177,30 @@ class ShardedOptimizer:
             return tf.identity(self.optimizer.iterations)
 
     def _reduce_scatter_with_squares(self, flat, squares, summed):
-        """Each replica's flat gradients and sums of squared sparse rows, reduce-scattered as one: chunk
-        j of both travels together (one collective, so every engine runs them in one order)."""
+        """Each replica's flat gradients and sums of squared sparse rows, reduce-scattered as one:
+        chunk j of both travels together (one collective, so every engine runs them in one
+        order)."""
         c, n = self.chunk, self.comm.size
         both = []
         for device, g, sq in zip(self.devices, flat, squares):
             with tf.device(device):
-                both.append(tf.reshape(tf.concat([tf.reshape(g, [n, c]), tf.reshape(sq, [n, c])], 1), [-1]))
+                both.append(
+                    tf.reshape(tf.concat([tf.reshape(g, [n, c]), tf.reshape(sq, [n, c])], 1), [-1])
+                )
         reduced, sent = self.comm.reduce_scatter(both, 2 * c, summed, full=self.squares_in_float32)
         return [r[:c] for r in reduced], [r[c:] for r in reduced], sent
 
     def _counted(self, writes):
-        """``writes`` of an update, then the optimizer's ``iterations`` counting it: it counts updates,
-        so an accumulated window's bias correction and schedule are one step's of its whole batch."""
+        """``writes`` of an update, then the optimizer's ``iterations`` counting it: it counts
+        updates, so an accumulated window's bias correction and schedule are one step's of its whole
+        batch."""
         with tf.control_dependencies(writes):
             return [self.optimizer.iterations.assign_add(1)]
 
-    def _chunks_of(self, values):
-        """This process's chunks of the flat vector of ``values`` (one number per variable)."""
-        whole = self._flat([tf.fill([size], value) for size, value in zip(self.sizes, values)])
-        return [whole[j * self.chunk:(j + 1) * self.chunk] for j in self.comm.owned]
-
     def _apply(self, chunks, sent, squares=None):
-        """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their reduce-scatter
-        sent; ``squares``: each chunk's sums of squared sparse rows and where they apply, or None),
-        all-gathered into every local copy of the weights; returns the writes."""
+        """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their
+        reduce-scatter sent; ``squares``: each chunk's sums of squared sparse rows and where they
+        apply, or None), all-gathered into every local copy of the weights; returns the writes."""
         c = self.chunk
         chunks, squares = rules.clipped(self.optimizer, chunks, squares, self.comm.total)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
@@ -226,70 +208,34 @@ class ShardedOptimizer:
         updated = []
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
             with tf.device(device):
-                params = self._flat([self._local(v, k) for v in self.variables])[j * c:(j + 1) * c]
-                square = rules.squared(chunks[k], squares[k] if squares and self.moment_squares else None)
-                updated.append(rules.update(self.optimizer, self.slots[k], params, chunks[k], square, lr, step,
-                                            self.decay_masks[k], self.decay_all))
+                params = self._flat([self._local(v, k) for v in self.variables])[
+                    j * c : (j + 1) * c
+                ]
+                square = rules.squared(
+                    chunks[k], squares[k] if squares and self.moment_squares else None
+                )
+                updated.append(
+                    rules.update(
+                        self.optimizer,
+                        self.slots[k],
+                        params,
+                        chunks[k],
+                        square,
+                        lr,
+                        step,
+                        self.decay_masks[k],
+                        self.decay_all,
+                    )
+                )
         wholes, gathered = self.comm.all_gather(updated)
         writes = []
         for k, device in enumerate(self.devices):
             with tf.device(device):
-                for v, part in zip(self.variables, tf.split(wholes[k][:self.total], self.sizes)):
+                for v, part in zip(self.variables, tf.split(wholes[k][: self.total], self.sizes)):
                     writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
-        self.sent_bytes = [a + b for a, b in zip(sent, gathered)]  # per local replica and update, from the shapes
+        # per local replica and update, from the shapes
+        self.sent_bytes = [a + b for a, b in zip(sent, gathered)]
         return writes
-
-    def plain_slots(self) -> list:
-        """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both
-        Kerases: each variable's slots in turn, then AMSGrad's maxima), so that a checkpoint written
-        sharded reads as the unsharded optimizer's, and the other way round."""
-        main = [name for name in self.slot_names if name != "v_hat"]
-        order = [(name, i) for i in range(len(self.variables)) for name in main]
-        return order + [("v_hat", i) for i in range(len(self.variables)) if "v_hat" in self.slot_names]
-
-    def _pieces(self, i):
-        """``(local replica, chunk slice, whole-slot slice)`` of this process's chunks holding variable
-        ``i``'s elements."""
-        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
-        for k, j in enumerate(self.comm.owned):
-            lo, hi = max(start, j * c), min(end, (j + 1) * c)
-            if lo < hi:
-                yield k, slice(lo - j * c, hi - j * c), slice(lo - start, hi - start)
-
-    def whole_slot(self, name, i):
-        """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
-        replica's chunks: a collective under Horovod, which every rank runs)."""
-        mine = {k: self.slots[k][name][part] for k, part, _ in self._pieces(i)}
-        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
-        lengths = [max(0, min(end, (j + 1) * c) - max(start, j * c)) for j in range(self.comm.size)]
-        parts = [mine.get(k, tf.zeros([0])) for k in range(len(self.devices))]
-        whole = self.comm.gather(parts, lengths, f"tfpar_zero_checkpoint_{name}_{i}")
-        return tf.reshape(whole, self.variables[i].shape)
-
-    def set_whole_slot(self, name, i, value):
-        """Sets slot ``name`` of variable ``i`` from its whole value (each local chunk takes its part)."""
-        flat = tf.reshape(tf.cast(value, tf.float32), [-1])
-        return tf.group([self.slots[k][name][mine].assign(flat[whole]) for k, mine, whole in self._pieces(i)])
-
-    def state_bytes(self) -> dict:
-        """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced gradients
-        (accumulated whole at stage 1), optimizer state (its slots; a chunk is padded to a whole N-th)."""
-        full, slots = 4 * self.total, len(self.slot_names)
-        whole = self.window > 1 and (self.stage == 1 or self.strategy_accumulates)  # a whole buffer accumulates
-        gradients = full if whole else 4 * self.chunk
-        return {"weights": (full, full), "gradients": (full, gradients), "optimizer state": (slots * full, slots * 4 * self.chunk)}
-
-
-def _tf_variable(variable):
-    """The tf.Variable of a variable of either Keras (Keras 3 wraps one)."""
-    return variable if isinstance(variable, tf.Variable) else variable.value
-
-
-def _window(strategy):
-    """The optimizer calls a strategy accumulates gradients over, or 1: its `GradientAccumulator`'s
-    window (DataParallel's and Horovod's option, times an elastic job's micro-batches)."""
-    accumulator = accumulator_of(strategy)
-    return accumulator.steps if accumulator is not None else 1
 
 
 def shard_optimizer_state(model, arguments=None):
@@ -304,21 +250,34 @@ def shard_optimizer_state(model, arguments=None):
     outer = getattr(model, "optimizer", None)
     if not stage or outer is None:
         return
-    optimizer = getattr(outer, "inner_optimizer", outer)  # the one a LossScaleOptimizer wraps: its update is sharded
+    # the one a LossScaleOptimizer wraps: its update is sharded
+    optimizer = getattr(outer, "inner_optimizer", outer)
     refusal = rules.sharding_refusal(optimizer)
     if refusal:
-        raise ValueError(f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
-                         f"{type(optimizer).__name__}. Use {' or '.join(rules.RULES)}, "
-                         "or zero_stage=0.")
+        raise ValueError(
+            f"zero_stage={stage} cannot shard the state of this optimizer: {refusal}. Received: "
+            f"{type(optimizer).__name__}. Use {' or '.join(rules.RULES)}, "
+            "or zero_stage=0."
+        )
     keras3 = is_keras3(optimizer)
     if keras3:  # Keras 3 would build every slot before the first step
         optimizer.built = True
         if outer is not optimizer and not outer.built:
             with strategy.scope():
-                outer.build(model.trainable_variables)  # its loss scale and step counter (the inner one is built)
+                # its loss scale and step counter (the inner one is built)
+                outer.build(model.trainable_variables)
     _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
-    sharded = ShardedOptimizer(optimizer, model.trainable_variables, strategy, stage,
-                               strategy_accumulates=outer is not optimizer and not keras3 and _window(strategy) > 1)
-    object.__setattr__(optimizer, "apply" if keras3 else "apply_gradients", sharded.apply if keras3 else sharded.apply_gradients)
+    sharded = ShardedOptimizer(
+        optimizer,
+        model.trainable_variables,
+        strategy,
+        stage,
+        strategy_accumulates=outer is not optimizer and not keras3 and window_of(strategy) > 1,
+    )
+    object.__setattr__(
+        optimizer,
+        "apply" if keras3 else "apply_gradients",
+        sharded.apply if keras3 else sharded.apply_gradients,
+    )
     checkpoint_whole(optimizer, sharded)
     object.__setattr__(model, "_tfpar_zero", sharded)

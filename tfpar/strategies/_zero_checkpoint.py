@@ -1,6 +1,6 @@
 """Checkpoints of a sharded optimizer state (`tfpar.strategies._zero`) in the unsharded optimizer's
-layout: tf_keras' TF format and Keras 3's ``.weights.h5`` and ``.keras`` hold the whole state, so that
-a checkpoint written by N replicas restores on M replicas, or with no sharding, and back.
+layout: tf_keras' TF format and Keras 3's ``.weights.h5`` and ``.keras`` hold the whole state, so
+that a checkpoint written by N replicas restores on M replicas, or with no sharding, and back.
 
 Writing one gathers each slot from the replicas that hold its chunks: under Horovod, every rank
 writes (a rank writing alone waits for the others' pieces; Horovod's stall warning names the
@@ -34,7 +34,9 @@ class _SlotView(_compat.Trackable):
         return {"VARIABLE_VALUE": self.value()}
 
     def _restore_from_tensors(self, restored_tensors):
-        return self._sharded.set_whole_slot(self._slot, self._index, restored_tensors["VARIABLE_VALUE"])
+        return self._sharded.set_whole_slot(
+            self._slot, self._index, restored_tensors["VARIABLE_VALUE"]
+        )
 
 
 def checkpoint_whole(optimizer, sharded):
@@ -55,9 +57,11 @@ def checkpoint_whole(optimizer, sharded):
     def load_own_variables(store):
         slots = sharded.plain_slots()
         if len(store.keys()) != len(own) + len(slots):
-            raise ValueError(f"This checkpoint holds {len(store.keys())} optimizer variables; the optimizer, with "
-                             f"its sharded state, has {len(own) + len(slots)}. Received: a checkpoint of another "
-                             "model or optimizer. Load it into the model and optimizer that wrote it.")
+            raise ValueError(
+                f"This checkpoint holds {len(store.keys())} optimizer variables; the optimizer, "
+                f"with its sharded state, has {len(own) + len(slots)}. Received: a checkpoint of "
+                "another model or optimizer. Load it into the model and optimizer that wrote it."
+            )
         for i, variable in enumerate(own):
             variable.assign(store[str(i)])
         for k, (name, i) in enumerate(slots):

@@ -6,8 +6,8 @@ methods over this process's replicas (lists, one entry per local replica):
   in float32 whatever the compression);
 - ``all_gather(updated)``: the updated chunks -> every chunk, in order, on each replica;
 - ``total(values)``: the sum over all replicas of one value each;
-- ``gather(pieces, lengths, name)``: every replica's piece (of ``lengths[j]`` elements for replica j,
-  none included), in replica order: a whole optimizer slot for a checkpoint.
+- ``gather(pieces, lengths, name)``: every replica's piece (of ``lengths[j]`` elements for replica
+  j, none included), in replica order: a whole optimizer slot for a checkpoint.
 
 `OneHostChunks`: the replicas are this process's devices (`DataParallel` on one host).
 `CollectiveChunks`: TensorFlow's collectives across workers (`DataParallel` under ``tfpar launch``).
@@ -28,19 +28,22 @@ GROUP_KEY = 0x7F5B
 from 1 and from the pipeline's workers (`tfpar.pipeline.workers.GROUP_KEY`)."""
 
 _KEYS = itertools.count(1)
-"""The group's instance keys, one per collective built in this process (a key names one collective for
-the process's life): the same on every worker, which build the same ops in the same order."""
+"""The group's instance keys, one per collective built in this process (a key names one collective
+for the process's life): the same on every worker, which build the same ops in the same order."""
 
 
 def chunks_for(strategy):
-    """The collectives of ``strategy``'s engine: Horovod's ranks, TensorFlow's workers, or one host's devices."""
+    """The collectives of ``strategy``'s engine: Horovod's ranks, TensorFlow's workers, or one
+    host's devices."""
     ops = getattr(strategy.extended, "_horovod_ops", None)
     if ops is not None:
         return HorovodChunks(ops, strategy.extended.worker_devices[0])
     config = getattr(strategy, "config", None)
     compression = getattr(config, "compression", "none")
     if getattr(config, "multi_worker", False):
-        return CollectiveChunks(strategy, config.cluster.worker_index, compression, config.timeout_seconds)
+        return CollectiveChunks(
+            strategy, config.cluster.worker_index, compression, config.timeout_seconds
+        )
     return OneHostChunks(strategy.extended.worker_devices, compression)
 
 
@@ -61,7 +64,7 @@ class OneHostChunks:
             parts = []
             for k in range(self.size) if not summed else [j]:
                 with tf.device(self.devices[k]):
-                    part = flat[k][j * c:(j + 1) * c]
+                    part = flat[k][j * c : (j + 1) * c]
                     parts.append(tf.cast(part, wire) if wire is not None and k != j else part)
                 sent[k] += 0 if k == j else parts[-1].dtype.size * parts[-1].shape.num_elements()
             with tf.device(device):
@@ -101,22 +104,35 @@ class CollectiveChunks:
         self._previous: tuple = (None, [])  # the last collective's graph and outputs
 
     def _each(self, op, values):
-        """``op`` of each local replica's value, as one collective of the group (one instance key)."""
+        """``op`` of each local replica's value, as one collective of the group (one instance
+        key)."""
         key, out = next(_KEYS), []
         graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        with tf.control_dependencies(self._previous[1] if self._previous[0] is graph and graph else []):
+        with tf.control_dependencies(
+            self._previous[1] if self._previous[0] is graph and graph else []
+        ):
             for device, value in zip(self.devices, values):
                 with tf.device(device):
-                    out.append(op(value, group_size=self.size, group_key=GROUP_KEY, instance_key=key,
-                                  timeout=self.timeout))
+                    out.append(
+                        op(
+                            value,
+                            group_size=self.size,
+                            group_key=GROUP_KEY,
+                            instance_key=key,
+                            timeout=self.timeout,
+                        )
+                    )
         self._previous = (graph, out)
         return out
 
     def reduce_scatter(self, flat, c, summed, full=False):
         if summed:
-            return [f[j * c:(j + 1) * c] for f, j in zip(flat, self.owned)], [0] * len(flat)
+            return [f[j * c : (j + 1) * c] for f, j in zip(flat, self.owned)], [0] * len(flat)
         wire = tf.float32 if full or self.wire is None else self.wire
-        got = self._each(_compat.collective_all_to_all, [tf.reshape(tf.cast(f, wire), [self.size, c]) for f in flat])
+        got = self._each(
+            _compat.collective_all_to_all,
+            [tf.reshape(tf.cast(f, wire), [self.size, c]) for f in flat],
+        )
         chunks = []
         for device, received in zip(self.devices, got):
             with tf.device(device):
@@ -131,13 +147,16 @@ class CollectiveChunks:
         return self._each(_compat.collective_all_reduce, values)[0]
 
     def gather(self, pieces, lengths, name):
-        """Each piece padded to the longest, all-gathered, and cut back (in a function of its own when
-        called eagerly, as at a checkpoint, so that this worker's replicas join the collective together)."""
+        """Each piece padded to the longest, all-gathered, and cut back (in a function of its own
+        when called eagerly, as at a checkpoint, so that this worker's replicas join the collective
+        together)."""
         longest = max(lengths)
 
         def gathered():
             padded = [tf.pad(p, [[0, longest - p.shape[0]]]) for p in pieces]
             whole = self._each(_compat.collective_all_gather, padded)[0]
-            return tf.concat([whole[j * longest:j * longest + n] for j, n in enumerate(lengths)], 0)
+            return tf.concat(
+                [whole[j * longest : j * longest + n] for j, n in enumerate(lengths)], 0
+            )
 
         return tf.function(gathered)() if tf.executing_eagerly() else gathered()

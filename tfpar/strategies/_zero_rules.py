@@ -17,19 +17,27 @@ def sharding_refusal(optimizer) -> str | None:
     name = type(optimizer).__name__
     module = type(optimizer).__module__.split(".")[0]
     if isinstance(optimizer, (LARS, LAMB)):
-        return (f"{name} scales each layer's step by the layer's norms (its trust ratio), and a "
-                "chunk holds parts of several layers; train it with zero_stage=0")
+        return (
+            f"{name} scales each layer's step by the layer's norms (its trust ratio), and a "
+            "chunk holds parts of several layers; train it with zero_stage=0"
+        )
     if name not in RULES or module not in ("keras", "tf_keras"):
-        return (f"{type(optimizer).__module__}.{name} has no element-wise rule here "
-                f"({', '.join(RULES)} of either Keras have): a chunk of its parameters would not "
-                "update as the whole does")
+        return (
+            f"{type(optimizer).__module__}.{name} has no element-wise rule here "
+            f"({', '.join(RULES)} of either Keras have): a chunk of its parameters would not "
+            "update as the whole does"
+        )
     for option in ("use_ema", "clipnorm"):
         if getattr(optimizer, option, None):
-            return (f"{option}={getattr(optimizer, option)!r} needs each whole variable (a chunk "
-                    "holds parts of several); use global_clipnorm= to clip, or zero_stage=0")
+            return (
+                f"{option}={getattr(optimizer, option)!r} needs each whole variable (a chunk "
+                "holds parts of several); use global_clipnorm= to clip, or zero_stage=0"
+            )
     if getattr(optimizer, "gradient_accumulation_steps", None):
-        return ("the optimizer's own gradient_accumulation_steps; use DataParallel's "
-                "gradient_accumulation_steps with zero_stage=0, or none")
+        return (
+            "the optimizer's own gradient_accumulation_steps; use DataParallel's "
+            "gradient_accumulation_steps with zero_stage=0, or none"
+        )
     if getattr(optimizer, "loss_scale_factor", None):
         return "loss_scale_factor; leave it None"
     return None
@@ -82,8 +90,9 @@ def update(optimizer, slots, p, g, square, lr, step, decay_mask=None, decay_all=
     b1, b2 = tf.cast(o.beta_1, tf.float32), tf.cast(o.beta_2, tf.float32)
     b1_power, b2_power = tf.pow(b1, step), tf.pow(b2, step)
     alpha = lr * tf.sqrt(1 - b2_power) / (1 - b1_power)
-    epsilon = (o.epsilon * tf.sqrt(1 - b2_power) if getattr(o, "adaptive_epsilon", False)
-               else o.epsilon)
+    epsilon = (
+        o.epsilon * tf.sqrt(1 - b2_power) if getattr(o, "adaptive_epsilon", False) else o.epsilon
+    )
     m = slots["m"].assign_add((g - slots["m"]) * (1 - b1))
     v = slots["v"].assign_add((square - slots["v"]) * (1 - b2))
     if "v_hat" in slots:

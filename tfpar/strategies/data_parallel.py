@@ -7,7 +7,6 @@ when several do. Both are instances of `DataParallel`.
 """
 
 import dataclasses
-import itertools
 import logging
 from typing import Any
 
@@ -16,11 +15,22 @@ from tfpar._checks import check_choice, check_int, check_number, config_from
 from tfpar._keras import tf
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, refuse_evaluator
-from tfpar.strategies._all_reduce import ALL_REDUCES, multi_worker_names, one_host_names, quoted
+from tfpar.devices import (
+    DevicesAlreadyInitializedError,
+    check_devices,
+    configure_devices,
+    local_devices,
+)
+from tfpar.strategies._all_reduce import (
+    ALL_REDUCES,
+    refuse_multi_worker_only,
+    refuse_num_packs,
+    refuse_one_host_only,
+)
 from tfpar.strategies._describe import batch_and_model_lines, zero_lines
-from tfpar.strategies._gradients import GRADIENT_CHECKS, GradientReduction, check_compression
+from tfpar.strategies._extendeds import KEY_BASES, MultiWorkerExtended, OneHostExtended
+from tfpar.strategies._gradients import GRADIENT_CHECKS, check_compression
 from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
-from tfpar.devices import DevicesAlreadyInitializedError, check_devices, configure_devices, local_devices
 
 __all__ = [
     "ALL_REDUCE",
@@ -33,7 +43,8 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 ALL_REDUCE = tuple(ALL_REDUCES)
-"""Accepted ``all_reduce`` names (`tfpar.strategies._all_reduce.ALL_REDUCES` says where each runs)."""
+"""Accepted ``all_reduce`` names (`tfpar.strategies._all_reduce.ALL_REDUCES` says where each
+runs)."""
 DEFAULT_TIMEOUT_SECONDS = 300.0
 
 
@@ -64,25 +75,24 @@ class DataParallelConfig:
     and apply it once: N steps of global batch G train like one step of N·G, with one all-reduce."""
 
     zero_stage: int = 0
-    """ZeRO (DeepSpeed's stages; PyTorch's ZeroRedundancyOptimizer): 1 shards the optimizer state over
-    the replicas (each keeps and updates 1/N of it; the gradients reduce-scattered, the weights
-    all-gathered: the bytes of one all-reduce), 2 also the reduced gradients; 0 (default) none.
-    One host or several workers, SGD/Adam/AdamW (`tfpar.strategies._zero`)."""
+    """ZeRO (DeepSpeed's stages; PyTorch's ZeroRedundancyOptimizer): 1 shards the optimizer state
+    over the replicas (each keeps and updates 1/N of it; the gradients reduce-scattered, the weights
+    all-gathered: the bytes of one all-reduce), 2 also the reduced gradients; 0 (default) none. One
+    host or several workers, SGD/Adam/AdamW (`tfpar.strategies._zero`)."""
 
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
         check_compression(self.compression)
-        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
+        check_int(
+            "gradient_accumulation_steps",
+            self.gradient_accumulation_steps,
+            1,
+            " (1: no accumulation.)",
+        )
         check_zero_stage(self.zero_stage)
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
-        if self.num_packs != 1 and not ALL_REDUCES[self.all_reduce].packs:
-            packing = sorted((e for e in ALL_REDUCES.values() if e.packs), key=lambda e: e.needs_gpus)
-            fixes = " or ".join(f"{e.name!r} ({'GPUs' if e.needs_gpus else 'any devices'})" for e in packing)
-            raise ValueError(
-                f"num_packs applies to all_reduce={quoted([e.name for e in ALL_REDUCES.values() if e.packs])} "
-                f"only; all_reduce={self.all_reduce!r} would ignore it. Received: all_reduce={self.all_reduce!r}, "
-                f"num_packs={self.num_packs}. Use all_reduce={fixes} to pack gradients, or leave num_packs at 1.")
+        refuse_num_packs(self.all_reduce, self.num_packs)
         check_number("timeout_seconds", self.timeout_seconds, above=0, allow_none=True)
         if self.cluster is not None and not isinstance(self.cluster, ClusterInfo):
             raise TypeError(
@@ -107,10 +117,7 @@ def _build_config(config, kwargs):
     if config.cluster is not None:
         refuse_evaluator(config.cluster, "DataParallel")
     if config.multi_worker:
-        if ALL_REDUCES[config.all_reduce].multi_worker is None:
-            raise ValueError(
-                f"all_reduce={config.all_reduce!r} works on one host only; this "
-                f"cluster has {config.cluster.num_workers} workers. Use {quoted(multi_worker_names())}.")
+        refuse_one_host_only(config.all_reduce, config.cluster.num_workers)
         if config.devices is not None:
             raise ValueError(
                 "devices applies to one host only: with several workers each "
@@ -118,10 +125,8 @@ def _build_config(config, kwargs):
                 f"devices={list(config.devices)} with "
                 f"{config.cluster.num_workers} workers. Remove devices=."
             )
-    elif ALL_REDUCES[config.all_reduce].one_host is None:
-        raise ValueError(
-            f"all_reduce={config.all_reduce!r} needs several workers; one host uses {quoted(one_host_names())}. "
-            f"Received: all_reduce={config.all_reduce!r} with one worker.")
+    else:
+        refuse_multi_worker_only(config.all_reduce)
     return config
 
 
@@ -133,7 +138,8 @@ def _require_gpus(config):
     if ALL_REDUCES[config.all_reduce].needs_gpus and not _has_gpus():
         raise ValueError(
             f"all_reduce={config.all_reduce!r} needs GPUs and none was found. Received: "
-            f"all_reduce={config.all_reduce!r}. Use all_reduce='auto' on CPUs.")
+            f"all_reduce={config.all_reduce!r}. Use all_reduce='auto' on CPUs."
+        )
 
 
 class DataParallel(Parallelism):
@@ -154,8 +160,9 @@ class DataParallel(Parallelism):
     CONFIG = DataParallelConfig
 
     def __new__(cls, config=None, **kwargs):
-        # DataParallel(...) stays the one call for one host and many, and isinstance(s, DataParallel)
-        # holds for both; the config is built here once and handed to __init__ (`_config_for`).
+        # DataParallel(...) stays the one call for one host and many, and isinstance(s,
+        # DataParallel) holds for both; the config is built here once and handed to __init__
+        # (`_config_for`).
         built = _build_config(config, kwargs)
         if cls is DataParallel:
             cls = MultiWorkerDataParallel if built.multi_worker else MirroredDataParallel
@@ -182,23 +189,30 @@ class DataParallel(Parallelism):
     def _gradients_text(self):
         cfg = self.config
         micro = self.extended._microbatches
-        return (f", compression={cfg.compression}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
-                + (f", elastic micro-batches per step={micro}" if micro > 1 else ""))
+        return (
+            f", compression={cfg.compression}, "
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+            + (f", elastic micro-batches per step={micro}" if micro > 1 else "")
+        )
 
     def model_checks(self) -> tuple:
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
-        return (*super().model_checks(), *GRADIENT_CHECKS, ("compile", "after", shard_optimizer_state))
+        return (
+            *super().model_checks(),
+            *GRADIENT_CHECKS,
+            ("compile", "after", shard_optimizer_state),
+        )
 
     def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
-        """`tf.distribute.Strategy.reduce`, also for a nest, for scalars with an axis, and for values
-        that cannot be summed.
+        """`tf.distribute.Strategy.reduce`, also for a nest, for scalars with an axis, and for
+        values that cannot be summed.
 
         Keras 3's ``fit`` reduces the first batch, a nest, with MEAN to build the model, and each
         step's scalar metrics with ``axis=0`` (TensorFlow issue 72388). TensorFlow's multi-worker
         reduce takes one tensor and refuses ``axis=0`` on a scalar; no strategy can add booleans (a
-        KerasHub model's ``padding_mask``). So a nest is reduced leaf by leaf, a scalar, which has no
-        axis to reduce along, across the replicas alone, and a boolean or string leaf is the first
-        local replica's (Keras only reads its shape).
+        KerasHub model's ``padding_mask``). So a nest is reduced leaf by leaf, a scalar, which has
+        no axis to reduce along, across the replicas alone, and a boolean or string leaf is the
+        first local replica's (Keras only reads its shape).
         """
         if tf.nest.is_nested(value):
             return tf.nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axis), value)
@@ -236,14 +250,6 @@ class DataParallel(Parallelism):
         return "\n".join(lines)
 
 
-_KEY_BASES = itertools.count(100_000, 100_000)
-"""Each DataParallel's collective keys: they must not repeat between strategies of one process. Two
-MirroredStrategy objects both start at group key 1 and the second one's all-reduce meets the first
-one's tensors ("Shape mismatch in the collective instance"); two MultiWorkerMirroredStrategy ones
-meet a broadcast where a reduction was expected. TensorFlow's own tests shift the base by 100000
-per strategy. Every worker of a job makes its strategies in the same order, so their keys agree."""
-
-
 class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     """`DataParallel` on one host: a `tf.distribute.MirroredStrategy`."""
 
@@ -252,11 +258,15 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
     def __init__(self, config: DataParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = self._config_for(config, kwargs)
         _require_gpus(self.config)
-        _compat.set_collective_key_base(self, next(_KEY_BASES))
+        _compat.set_collective_key_base(self, next(KEY_BASES))
         devices = self.config.devices or _default_devices()
         # MirroredStrategy's own __init__ would build a plain MirroredExtended.
-        tf.distribute.Strategy.__init__(self, _MirroredExtended(
-            self, self.config, devices=list(devices), cross_device_ops=self._cross_device_ops()))
+        tf.distribute.Strategy.__init__(
+            self,
+            OneHostExtended(
+                self, self.config, devices=list(devices), cross_device_ops=self._cross_device_ops()
+            ),
+        )
 
     def _cross_device_ops(self):
         return ALL_REDUCES[self.config.all_reduce].one_host(self.config.num_packs)
@@ -267,19 +277,6 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
         if ALL_REDUCES[self.config.all_reduce].packs:
             text += f", num_packs={self.config.num_packs}"
         return f"{text} (all_reduce={self.config.all_reduce!r})"
-
-
-class _MirroredExtended(GradientReduction, _compat.MirroredExtended):
-    """MirroredStrategy's extended, with `DataParallelConfig`'s gradient compression and accumulation."""
-
-
-class _CollectiveExtended(GradientReduction, _compat.CollectiveAllReduceExtended):
-    """MultiWorkerMirroredStrategy's extended, with the same. A second one in a process of the same
-    cluster (``tfpar verify --paths``: a strategy per path) keeps the server the first started."""
-
-    def __init__(self, container_strategy, config, **kwargs):
-        _compat.keep_started_collective_server(self, kwargs["cluster_resolver"])
-        super().__init__(container_strategy, config, **kwargs)
 
 
 def _default_devices():
@@ -307,16 +304,21 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
             task_id=cluster.task_index,
             rpc_layer="grpc",
         )
-        _compat.set_collective_key_base(self, next(_KEY_BASES))
+        _compat.set_collective_key_base(self, next(KEY_BASES))
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=self.config.bytes_per_pack,
             timeout_seconds=self.config.timeout_seconds,
             implementation=self._implementation(),
         )
         try:
-            # MultiWorkerMirroredStrategy's own __init__ would build a plain CollectiveAllReduceExtended.
-            tf.distribute.Strategy.__init__(self, _CollectiveExtended(
-                self, self.config, cluster_resolver=resolver, communication_options=options))
+            # MultiWorkerMirroredStrategy's own __init__ would build a plain
+            # CollectiveAllReduceExtended.
+            tf.distribute.Strategy.__init__(
+                self,
+                MultiWorkerExtended(
+                    self, self.config, cluster_resolver=resolver, communication_options=options
+                ),
+            )
         except RuntimeError as e:
             if "program startup" not in str(e):
                 raise
@@ -333,10 +335,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
     def _workers_text(self):
         cluster = self.config.cluster
         role = "chief" if cluster.is_chief else "not chief"
-        return (
-            f"{cluster.num_workers} (this is {cluster.task_type} "
-            f"{cluster.task_index}, {role})"
-        )
+        return f"{cluster.num_workers} (this is {cluster.task_type} {cluster.task_index}, {role})"
 
     def _all_reduce_text(self):
         cfg = self.config

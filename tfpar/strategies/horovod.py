@@ -24,90 +24,39 @@ build `tfpar install-horovod` makes). Without ``horovodrun`` it runs as one rank
 """
 
 import dataclasses
-import os
 from typing import Any
 
 from tfpar import _compat
-from tfpar._local import loopback
 from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
 from tfpar._topology import Topology
-from tfpar.strategies._started_by import SLURM_MPI_MARKERS, refuse_elastic_horovodrun, started_by_horovod
+from tfpar.strategies._accumulation import AccumulatedUpdates, GradientAccumulator
 from tfpar.strategies._describe import batch_and_model_lines, zero_lines
-from tfpar.strategies._gradients import (COMPRESSIONS, GRADIENT_CHECKS, AccumulatedUpdates, GradientAccumulator,
-                                         check_compression,
-                                         gradient_variables, marked_variables)
+from tfpar.strategies._gradients import (
+    COMPRESSIONS,
+    GRADIENT_CHECKS,
+    check_compression,
+    gradient_variables,
+    marked_variables,
+)
+from tfpar.strategies._horovod_init import INSTALL_HINT as INSTALL_HINT  # doctor's, the launcher's
+from tfpar.strategies._horovod_init import import_horovod
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
+from tfpar.strategies._started_by import refuse_elastic_horovodrun
 from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
 
-__all__ = ["HOROVOD_OPS", "COMPRESSIONS", "XLA_OPS_BUILT", "HorovodConfig", "HorovodStrategy", "import_horovod"]
+__all__ = [
+    "HOROVOD_OPS",
+    "COMPRESSIONS",
+    "XLA_OPS_BUILT",
+    "HorovodConfig",
+    "HorovodStrategy",
+    "import_horovod",
+]
 
 HOROVOD_OPS = ("average", "sum", "adasum")
 """Gradient reductions: Horovod's Average (the default), Sum and Adasum."""
-
-INSTALL_HINT = (
-    "Install it with `pip install '.[horovod]' && tfpar install-horovod` in the tfpar checkout (it builds "
-    "Horovod with Gloo, and MPI where it can, against this TensorFlow)."
-)
-
-
-def import_horovod() -> Any:
-    """Returns ``horovod.tensorflow``, initialised.
-
-    Raises:
-        ImportError: if Horovod is not installed, saying how to install it.
-    """
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError as e:
-        raise ImportError(f"HorovodStrategy needs Horovod, which is not importable ({e}). {INSTALL_HINT}") from None
-    if not hvd.is_initialized():
-        _check_srun_step(hvd, os.environ)
-        if started_by_horovod():
-            hvd.init()
-        else:
-            _init_one_rank(hvd)
-    return hvd
-
-
-def _check_srun_step(hvd, env):
-    """Under ``srun``, Horovod's ranks come from SLURM's MPI plugin (``srun --mpi=pmix``), which
-    only an MPI-built Horovod can use: without either, each task would train alone as rank 0."""
-    from tfpar.cluster import started_by_srun
-
-    if not started_by_srun(env) or env.get("SLURM_NTASKS", "1") == "1" or "HOROVOD_RANK" in env:
-        return
-    mpi_plugin = any(name in env for name in SLURM_MPI_MARKERS)
-    if not mpi_plugin:
-        raise ValueError(
-            f"HorovodStrategy under srun needs SLURM's MPI plugin to join the {env['SLURM_NTASKS']} "
-            "tasks into one Horovod job. Received: an srun step without --mpi (no PMIX_RANK or PMI_RANK "
-            "set). Start it with `srun --mpi=pmix ...` (see examples/slurm/horovod.sbatch), or use "
-            "tfpar.strategies.auto() / DataParallel, which join srun's tasks without MPI.")
-    if not hvd.mpi_built():
-        raise ValueError(
-            "HorovodStrategy under `srun --mpi=...` needs a Horovod built with MPI; this one has Gloo only, "
-            "so each task would train alone. Received: PMIX_RANK/PMI_RANK from srun, Horovod without MPI. "
-            "Rebuild it with `tfpar install-horovod --mpi yes` (OpenMPI with PMIx), or use "
-            "tfpar.strategies.auto() / DataParallel under plain srun.")
-
-
-def _init_one_rank(hvd):
-    """``hvd.init()`` for a rank not started by horovodrun or mpirun: MPI's singleton would open
-    its TCP transport in this process, and its helper daemon (orted) its ports, on every
-    interface, with no peer to talk to. Shared memory serves one rank, and the daemon starts
-    with tfpar's loopback library."""
-    os.environ.setdefault("OMPI_MCA_btl", "self,vader")
-    saved = os.environ.get("LD_PRELOAD")
-    os.environ.update(loopback.child_env(dict(os.environ)))
-    try:
-        hvd.init()
-    finally:
-        if saved is None:
-            os.environ.pop("LD_PRELOAD", None)
-        else:
-            os.environ["LD_PRELOAD"] = saved
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,13 +82,18 @@ class HorovodConfig:
     reduced gradients; 0 (default) none. Every rank writes the checkpoints (each holds a part)."""
 
     def __post_init__(self):
-        check_int("backward_passes_per_step", self.backward_passes_per_step, 1, " (1: no accumulation.)")
+        check_int(
+            "backward_passes_per_step", self.backward_passes_per_step, 1, " (1: no accumulation.)"
+        )
         check_choice("op", self.op, HOROVOD_OPS)
         check_compression(self.compression, self.op)
         check_zero_stage(self.zero_stage)
         if self.zero_stage and self.op == "adasum":
-            raise ValueError(f"zero_stage={self.zero_stage} reduce-scatters a sum of the gradients; Adasum combines "
-                             "them otherwise. Received: op='adasum'. Use op='average' with it, or zero_stage=0.")
+            raise ValueError(
+                f"zero_stage={self.zero_stage} reduce-scatters a sum of the gradients; Adasum "
+                "combines them otherwise. Received: op='adasum'. Use op='average' with it, or "
+                "zero_stage=0."
+            )
 
 
 class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
@@ -162,7 +116,9 @@ class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
         if isinstance(value, _compat.Mirrored) and reduce_op == tf.distribute.ReduceOp.MEAN:
             return value
         return tf.nest.map_structure(
-            lambda v: self._horovod_ops.reduce_implementation(reduce_op, v, destinations, options), value)
+            lambda v: self._horovod_ops.reduce_implementation(reduce_op, v, destinations, options),
+            value,
+        )
 
     def _reduce_gradients(self, reduce_op, tensors, variables):
         """The optimizer's gradients (local tensors): accumulated, compressed, all-reduced."""
@@ -172,8 +128,11 @@ class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
         if self._accumulator is None:
             return ops.allreduce(reduce_op, tensors, gradients=True)
         return self._accumulator.reduce(
-            [tensors], variables, self.worker_devices,
-            lambda per_device: ops.allreduce(reduce_op, per_device[0], gradients=True))
+            [tensors],
+            variables,
+            self.worker_devices,
+            lambda per_device: ops.allreduce(reduce_op, per_device[0], gradients=True),
+        )
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         # Keras' optimizers aggregate their gradients here (tf_keras; Keras 3 on a merge_call);
@@ -192,7 +151,9 @@ class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
     # Variables start from rank 0's values, optimizer state included.
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
         if replica_id != 0 or self._size == 1:
-            return super()._get_variable_creator_initial_value(replica_id, device, primary_var, **kwargs)
+            return super()._get_variable_creator_initial_value(
+                replica_id, device, primary_var, **kwargs
+            )
         hvd = self._hvd
 
         def initial_value_fn():
@@ -203,24 +164,38 @@ class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
                 initial = _compat.unwrap_initial_value(initial)
                 initial = tf.convert_to_tensor(initial, dtype=kwargs.get("dtype", None))
                 name = kwargs.get("name") or "variable"
-                return hvd.broadcast(initial, root_rank=0, name=f"tfpar_init_{name}".replace(":", "_"))
+                return hvd.broadcast(
+                    initial, root_rank=0, name=f"tfpar_init_{name}".replace(":", "_")
+                )
 
         return initial_value_fn
 
     # Input: each rank reads its own shard.
     def _make_input_context(self):
         return tf.distribute.InputContext(
-            num_input_pipelines=self._size, input_pipeline_id=self._rank, num_replicas_in_sync=self._size)
+            num_input_pipelines=self._size,
+            input_pipeline_id=self._rank,
+            num_replicas_in_sync=self._size,
+        )
 
     def _experimental_distribute_dataset(self, dataset, options):
         return _compat.get_distributed_dataset(
-            dataset, self._input_workers_with_options(options), self._container_strategy(),
-            num_replicas_in_sync=self._size, input_context=self._make_input_context(), options=options)
+            dataset,
+            self._input_workers_with_options(options),
+            self._container_strategy(),
+            num_replicas_in_sync=self._size,
+            input_context=self._make_input_context(),
+            options=options,
+        )
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         return _compat.get_distributed_datasets_from_function(
-            dataset_fn=dataset_fn, input_workers=self._input_workers_with_options(options),
-            input_contexts=[self._make_input_context()], strategy=self._container_strategy(), options=options)
+            dataset_fn=dataset_fn,
+            input_workers=self._input_workers_with_options(options),
+            input_contexts=[self._make_input_context()],
+            strategy=self._container_strategy(),
+            options=options,
+        )
 
     @property
     def _num_replicas_in_sync(self):
@@ -240,7 +215,8 @@ class _HorovodExtended(AccumulatedUpdates, _compat.MirroredExtended):
         return True
 
     @property
-    def _task_id(self):  # _compat.KERAS_READS_FROM_EXTENDED: tf_keras names non-chief temp folders by it
+    def _task_id(self):
+        # _compat.KERAS_READS_FROM_EXTENDED: tf_keras names non-chief temp folders by it
         return self._rank
 
     @property
@@ -284,13 +260,15 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
         size = hvd.size()
         if config.op == "adasum" and size & (size - 1):
             raise ValueError(
-                f"Adasum needs a number of ranks that is a power of two. Received: op='adasum' with "
-                f"{size} ranks. Use 2, 4, 8, ... ranks, or op='average'.")
+                "Adasum needs a number of ranks that is a power of two. Received: op='adasum' with "
+                f"{size} ranks. Use 2, 4, 8, ... ranks, or op='average'."
+            )
         if config.op == "adasum" and size > 1 and not hvd.mpi_enabled():
             raise ValueError(
                 "Adasum needs Horovod's MPI controller (its Adasum kernels run over MPI); this job "
                 f"runs on {'Gloo' if hvd.gloo_enabled() else 'no MPI'}. Received: op='adasum'. Use "
-                "op='average', or build Horovod with MPI and start the job with horovodrun --mpi.")
+                "op='average', or build Horovod with MPI and start the job with horovodrun --mpi."
+            )
         self.config = config
         self.hvd = hvd
         if config.quiet_non_chief and hvd.rank() != 0:
@@ -303,7 +281,8 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
         else:
             device = "/device:CPU:0"
         extended = _HorovodExtended(self, hvd, config, device)
-        tf.distribute.Strategy.__init__(self, extended)  # not MirroredStrategy's: it would build its own extended
+        # not MirroredStrategy's: it would build its own extended
+        tf.distribute.Strategy.__init__(self, extended)
 
     @property
     def rank(self):
@@ -321,16 +300,24 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
         return Topology(num_workers=self.size, worker_index=self.rank)
 
     def model_checks(self) -> tuple:
-        """`Parallelism.model_checks`, the gradient checks (`tfpar.strategies._gradients`) and ZeRO's."""
-        return (*super().model_checks(), *GRADIENT_CHECKS, ("compile", "after", shard_optimizer_state))
+        """`Parallelism.model_checks`, the gradient checks (`tfpar.strategies._gradients`) and
+        ZeRO's."""
+        return (
+            *super().model_checks(),
+            *GRADIENT_CHECKS,
+            ("compile", "after", shard_optimizer_state),
+        )
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """Returns a readable summary (as `DataParallel.describe`)."""
         hvd = self.hvd
-        controllers = [n for n, built in (("Gloo", hvd.gloo_built()), ("MPI", hvd.mpi_built())) if built]
+        controllers = [
+            n for n, built in (("Gloo", hvd.gloo_built()), ("MPI", hvd.mpi_built())) if built
+        ]
         lines = [
             "HorovodStrategy (Horovod ring all-reduce)",
-            f"  workers:    {hvd.size()} (this is rank {hvd.rank()}, local rank {hvd.local_rank()})",
+            f"  workers:    {hvd.size()} (this is rank {hvd.rank()}, "
+            f"local rank {hvd.local_rank()})",
             f"  replicas:   {self.num_replicas_in_sync} (1 on this worker)",
             f"  devices:    {', '.join(self.extended.worker_devices)}",
             f"  all-reduce: Horovod {self.config.op}, compression={self.config.compression}, "

@@ -19,7 +19,7 @@ from typing import Any
 
 from tfpar import _compat
 from tfpar._checks import check_int, check_number, config_from
-from tfpar._keras import all_layers, keras_of, tf
+from tfpar._keras import tf
 from tfpar._local import loopback
 from tfpar._parallelism import Parallelism
 from tfpar.cluster import ClusterInfo, local_cluster, refuse_evaluator
@@ -31,12 +31,14 @@ from tfpar.strategies._local_servers import (
     stop_servers,
     warn_if_the_chief_listens_on_all_interfaces,
 )
+from tfpar.strategies._ps_cluster import cluster_from, partitioner_of
 from tfpar.strategies._ps_failures import (
     ClusterUnreachableError,
     ParameterServerLostError,
     lost_ps_error,
     wait_for_addresses,
 )
+from tfpar.strategies._ps_model import refuse_synchronized_batchnorm, variable_placement
 
 __all__ = [
     "ClusterUnreachableError",
@@ -54,9 +56,11 @@ DEFAULT_MIN_SHARD_BYTES = 256 << 10
 class ParameterServerConfig:
     """Configuration of `ParameterServer`, validated when built."""
 
-    UNSUPPORTED = {"zero_stage": "each variable and its optimizer slots already live in one place, on the parameter "
-                                 "servers (the partitioner shards the large ones); to shard a replicated optimizer "
-                                 "state, use tfpar.DataParallel(zero_stage=1)"}
+    UNSUPPORTED = {
+        "zero_stage": "each variable and its optimizer slots already live in one place, on the "
+        "parameter servers (the partitioner shards the large ones); to shard a replicated "
+        "optimizer state, use tfpar.DataParallel(zero_stage=1)"
+    }
 
     variable_partitioner: object = "auto"
     """"auto" (min-size sharding over the ps tasks: variables above
@@ -72,15 +76,24 @@ class ParameterServerConfig:
     """Only 1: see `refuse_accumulation`."""
 
     def __post_init__(self):
-        check_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " (1: no accumulation.)")
+        check_int(
+            "gradient_accumulation_steps",
+            self.gradient_accumulation_steps,
+            1,
+            " (1: no accumulation.)",
+        )
         refuse_accumulation(self.gradient_accumulation_steps)
         partitioner = self.variable_partitioner
-        if not (partitioner is None or partitioner == "auto"
-                or isinstance(partitioner, tf.distribute.experimental.partitioners.Partitioner)):
+        if not (
+            partitioner is None
+            or partitioner == "auto"
+            or isinstance(partitioner, tf.distribute.experimental.partitioners.Partitioner)
+        ):
             raise TypeError(
                 "variable_partitioner must be 'auto', None or a "
                 "tf.distribute.experimental.partitioners.Partitioner (MinSizePartitioner, "
-                f"FixedShardsPartitioner, MaxSizePartitioner). Received: {partitioner!r}.")
+                f"FixedShardsPartitioner, MaxSizePartitioner). Received: {partitioner!r}."
+            )
         check_int("min_shard_bytes", self.min_shard_bytes, 1)
         check_number("connect_timeout_seconds", self.connect_timeout_seconds, above=0)
 
@@ -94,32 +107,10 @@ def refuse_accumulation(steps):
             "ParameterServer cannot accumulate gradients: each step runs as a closure on whichever "
             "worker is free, and TensorFlow keeps no worker state between closures to sum them in; "
             "each worker applies its own gradients to the parameter servers, asynchronously. "
-            f"Received: gradient_accumulation_steps={steps}. Use a global batch {steps} times larger "
-            "(with steps_per_execution to keep the coordinator's cost per step low), or DataParallel("
-            f"gradient_accumulation_steps={steps}) for synchronous training.")
-
-
-def _cluster_from(config):
-    cluster = config.cluster or ClusterInfo.from_tf_config()
-    if cluster is None:
-        raise ValueError(
-            "ParameterServer needs a cluster with ps and worker tasks. Received: no TF_CONFIG "
-            "and no cluster=. Use ParameterServer.local(num_workers=2, num_ps=1), or start the "
-            "job with `tfpar launch --ps 1 --workers 2 -- python train.py`.")
-    for role in ("ps", "worker"):
-        if not cluster.cluster.get(role):
-            raise ValueError(
-                f"A parameter-server cluster needs at least one {role!r} task. Received: "
-                f"{ {r: len(a) for r, a in cluster.cluster.items()} }. Add {role} tasks "
-                f"(tfpar launch --ps 1 --workers 2).")
-    return cluster
-
-
-def _partitioner(config, num_ps):
-    if config.variable_partitioner == "auto":
-        return tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=config.min_shard_bytes, max_shards=num_ps)
-    return config.variable_partitioner
+            f"Received: gradient_accumulation_steps={steps}. Use a global batch {steps} times "
+            "larger (with steps_per_execution to keep the coordinator's cost per step low), or "
+            f"DataParallel(gradient_accumulation_steps={steps}) for synchronous training."
+        )
 
 
 class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStrategy):
@@ -138,7 +129,8 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         ClusterUnreachableError: a task that does not answer within the wait.
 
     Examples:
-        >>> strategy = tfpar.strategies.ParameterServer.local(num_workers=2, num_ps=1)  # doctest: +SKIP
+        >>> strategy = tfpar.strategies.ParameterServer.local(  # doctest: +SKIP
+        ...     num_workers=2, num_ps=1)
         >>> with strategy.scope():  # doctest: +SKIP
         ...     model = build_model(); model.compile("adam", "mse")
         >>> train = tfpar.data.distribute(dataset, strategy, 64)  # doctest: +SKIP
@@ -149,7 +141,7 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
 
     def __init__(self, config: ParameterServerConfig | None = None, **kwargs: Any) -> None:
         config = config_from(ParameterServerConfig, config, kwargs)
-        cluster = _cluster_from(config)
+        cluster = cluster_from(config)
         refuse_evaluator(cluster, "ParameterServer")
         if cluster.task_type in ("ps", "worker"):
             # One script for every task, as a TFJob runs it: a ps or worker task serves here until
@@ -162,26 +154,36 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         self._servers = getattr(self, "_servers", {})
         remote = cluster.cluster["ps"] + cluster.cluster["worker"]
         wait_for_addresses(remote, config.connect_timeout_seconds)
-        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # a dead worker fails fast, then reschedules
+        # a dead worker fails fast, then reschedules
+        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
         spec = cluster.training_cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(spec), task_type=cluster.task_type, task_id=cluster.task_index,
-            rpc_layer="grpc")
-        super().__init__(resolver, variable_partitioner=_partitioner(config, len(spec["ps"])))
+            tf.train.ClusterSpec(spec),
+            task_type=cluster.task_type,
+            task_id=cluster.task_index,
+            rpc_layer="grpc",
+        )
+        super().__init__(resolver, variable_partitioner=partitioner_of(config, len(spec["ps"])))
         self._resolver = resolver
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self)
-        atexit.register(_compat.stop_removing_functions)  # the servers go first: no remote removal can work
+        # the servers go first: no remote removal can work
+        atexit.register(_compat.stop_removing_functions)
 
     @classmethod
-    def local(cls, num_workers: int = 2, num_ps: int = 1, listen_on_all_interfaces: bool = False,
-              **kwargs: Any) -> "ParameterServer":
+    def local(
+        cls,
+        num_workers: int = 2,
+        num_ps: int = 1,
+        listen_on_all_interfaces: bool = False,
+        **kwargs: Any,
+    ) -> "ParameterServer":
         """Starts ps and worker servers as child processes on 127.0.0.1 and returns the strategy.
 
         Every server listens on 127.0.0.1 only, this process' own (the chief's) included: TensorFlow
-        starts that one inside this process and binds it to every interface, so in a plain ``python``
-        script `local()` first starts the script again with tfpar's loopback library (one line on
-        stderr says so; what the script did before `local()` runs again). Under ``tfpar launch`` or
-        ``tfpar demo`` the library is already there and nothing restarts.
+        starts that one inside this process and binds it to every interface, so in a plain
+        ``python`` script `local()` first starts the script again with tfpar's loopback library (one
+        line on stderr says so; what the script did before `local()` runs again). Under
+        ``tfpar launch`` or ``tfpar demo`` the library is already there and nothing restarts.
 
         The servers are stopped by `shutdown()`, on leaving a ``with`` block, or at exit.
 
@@ -197,10 +199,14 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
                 interface, without ``listen_on_all_interfaces=True``.
         """
         for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
-            check_int(name, value, 1, " A parameter-server cluster has at least one ps and one worker.")
+            check_int(
+                name, value, 1, " A parameter-server cluster has at least one ps and one worker."
+            )
         if not isinstance(listen_on_all_interfaces, bool):
-            raise TypeError("listen_on_all_interfaces must be True or False. Received: "
-                            f"listen_on_all_interfaces={listen_on_all_interfaces!r}.")
+            raise TypeError(
+                "listen_on_all_interfaces must be True or False. Received: "
+                f"listen_on_all_interfaces={listen_on_all_interfaces!r}."
+            )
         ParameterServerConfig(**kwargs)  # every option checked before a server starts
         if not loopback.active() and not listen_on_all_interfaces:
             refuse_open_ports(loopback.start_again_with_library(say=RESTART_NOTICE))
@@ -213,8 +219,11 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
             warn_if_the_chief_listens_on_all_interfaces(cluster)
             strategy = cls.__new__(cls)
             strategy._servers = dict(servers)  # they also exit by themselves when this process ends
-            cls.__init__(strategy, cluster=ClusterInfo(cluster=cluster, task_type="chief", task_index=0),
-                         **kwargs)
+            cls.__init__(
+                strategy,
+                cluster=ClusterInfo(cluster=cluster, task_type="chief", task_index=0),
+                **kwargs,
+            )
             return strategy
         except BaseException:
             stop_servers(dict(servers))
@@ -247,11 +256,14 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         """
         proc = self._servers.get(name)
         if proc is None:
-            raise ValueError(f"No local server named {name!r}. Received: {name!r}; the servers "
-                             f"of this strategy are {sorted(self._servers)}.")
+            raise ValueError(
+                f"No local server named {name!r}. Received: {name!r}; the servers "
+                f"of this strategy are {sorted(self._servers)}."
+            )
         if proc.poll() is None:
-            raise ValueError(f"{name} still runs (pid {proc.pid}); only a server that died can be "
-                             "restarted.")
+            raise ValueError(
+                f"{name} still runs (pid {proc.pid}); only a server that died can be restarted."
+            )
         role, index = name.split()
         self._servers[name] = start_server(self._addresses, role, int(index), **popen_kwargs)
         return self._servers[name]
@@ -306,8 +318,10 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
         spec = self._addresses
         partitioner = self.config.variable_partitioner
         if partitioner == "auto":
-            partitioner = f"auto (MinSizePartitioner, {self.config.min_shard_bytes} bytes, " \
-                          f"up to {len(spec['ps'])} shards)"
+            partitioner = (
+                f"auto (MinSizePartitioner, {self.config.min_shard_bytes} bytes, "
+                f"up to {len(spec['ps'])} shards)"
+            )
         lines = [
             "ParameterServer (ParameterServerStrategy + ClusterCoordinator)",
             f"  workers:    {len(spec['worker'])} ({', '.join(spec['worker'])})",
@@ -321,28 +335,3 @@ class ParameterServer(Parallelism, tf.distribute.experimental.ParameterServerStr
                 tasks = sorted({d.split("/device")[0].replace("/replica:0", "") for d in devices})
                 lines.append(f"    {name}: {len(devices)} shard(s) on {', '.join(tasks)}")
         return "\n".join(lines)
-
-
-def variable_placement(model: Any) -> dict[str, list[str]]:
-    """Variable name (without ``/part_N``) -> devices of its shards."""
-    placement: dict = {}
-    for var in model.variables:
-        base = var.name.split(":")[0]
-        if "/part_" in base:
-            base = base.rsplit("/part_", 1)[0]
-        placement.setdefault(base, []).append(var.device)
-    return placement
-
-
-def refuse_synchronized_batchnorm(model, arguments=None):
-    """At ``compile`` of a model built under parameter servers: a synchronized BatchNormalization
-    needs replicas that step together; a parameter server's workers step alone, on their own batches."""
-    for layer in all_layers(model):
-        if isinstance(layer, keras_of(model).layers.BatchNormalization) and getattr(layer, "synchronized", False):
-            raise ValueError(
-                "BatchNormalization(synchronized=True) cannot run under parameter servers: its statistics are "
-                "summed over replicas that step together, and each worker here steps alone, on its own batch, "
-                f"whenever it is free. Received: layer {layer.name!r} of {model.name!r} under "
-                f"{type(model.distribute_strategy).__name__}. Use synchronized=False (statistics per worker "
-                "batch), or DataParallel / HorovodStrategy, whose replicas step together.")
-

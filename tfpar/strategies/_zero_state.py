@@ -1,0 +1,200 @@
+"""What a sharded optimizer (`tfpar.strategies._zero`) holds: the model's float32 variables laid
+out as one flat vector cut into N equal chunks (balanced by bytes, the last padded), and each of
+this process's replicas' own variables for its chunk: the optimizer slots, the weight-decay mask
+and, under accumulation, the gradients' buffer. A slot is also read and written whole, in its
+variable's shape, for checkpoints in the unsharded layout (`tfpar.strategies._zero_checkpoint`),
+and ``state_bytes`` gives ``describe()`` the bytes one replica holds."""
+
+import math
+
+from tfpar import _compat
+from tfpar._keras import tf
+from tfpar.strategies import _zero_rules as rules
+from tfpar.strategies._windows import accumulator_of
+from tfpar.strategies._zero_comms import chunks_for
+
+__all__ = ["ShardedState", "tf_variable", "window_of"]
+
+
+class ShardedState:
+    """What this process's replicas hold of one compiled model's sharded optimizer state."""
+
+    def __init__(self, optimizer, variables, strategy, stage, strategy_accumulates=False):
+        """``strategy_accumulates``: the gradients come summed through the strategy, which
+        accumulates them itself (under a tf_keras loss-scale optimizer, which reduces them to check
+        them)."""
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.stage = stage
+        self.keras_variables = list(variables)
+        self.variables = [tf_variable(v) for v in variables]
+        self._check_float32()
+        self.comm = chunks_for(strategy)
+        self.devices = self.comm.devices  # this process's replicas
+        self._lay_out(self.comm.size)
+        self.name = type(optimizer).__name__
+        if self.name == "SGD":
+            self.slot_names = ["momentum"] if optimizer.momentum else []
+        else:  # Adam, AdamW
+            self.slot_names = ["m", "v"] + (["v_hat"] if optimizer.amsgrad else [])
+        mask = self._decay_mask(variables)
+        self.window = window_of(strategy)
+        self.strategy_accumulates = strategy_accumulates
+        self._make_replica_variables(mask)
+
+    def _check_float32(self):
+        """Refuses a variable that is not float32, the chunks' dtype."""
+        for v in self.variables:
+            if tf.as_dtype(v.dtype) != tf.float32:
+                raise TypeError(
+                    f"zero_stage={self.stage} shards float32 variables; {v.name} is "
+                    f"{tf.as_dtype(v.dtype).name}. Keep the variables float32 (a mixed policy "
+                    "does), or use zero_stage=0."
+                )
+
+    def _lay_out(self, n):
+        """The variables' places in one flat vector of ``n`` (all the replicas) equal chunks."""
+        self.sizes = [int(v.shape.num_elements()) for v in self.variables]
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        self.total = sum(self.sizes)
+        self.chunk = math.ceil(self.total / n)
+        self.padding = self.chunk * n - self.total
+
+    def _decay_mask(self, variables):
+        """The flat weight decay, 1 where a variable decays and 0 where not, where only some
+        variables decay; else None, and ``decay_all`` says whether all do."""
+        decayed = [
+            1.0
+            if rules.weight_decay(self.optimizer) and self.optimizer._use_weight_decay(v)
+            else 0.0
+            for v in variables
+        ]
+        self.decay_all = bool(decayed) and min(decayed) == 1.0
+        with tf.init_scope():  # some variables excluded from the decay: a mask (else a number)
+            return (
+                self._flat([tf.fill([size], d) for size, d in zip(self.sizes, decayed)])
+                if 0.0 < sum(decayed) < len(decayed)
+                else None
+            )
+
+    def _make_replica_variables(self, mask):
+        """Each local replica's own variables: its accumulation buffer (where the strategy does not
+        accumulate), the slots of its chunk, and its chunk of the decay ``mask``."""
+        # each local replica's slots, and its chunk's weight decay (1) or not (0)
+        self.slots = []
+        self.decay_masks = [None] * len(self.devices)
+        # with accumulation: stage 1 each replica's gradients, 2 its chunk
+        self.accumulated = []
+        self.counter = None
+        for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
+            if self.window > 1 and not self.strategy_accumulates:
+                self._make_buffer(j, device)
+            with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
+                self.slots.append(
+                    {
+                        s: _compat.ResourceVariable(
+                            tf.zeros([self.chunk]), trainable=False, name=f"tfpar_zero_{s}_{j}"
+                        )
+                        for s in self.slot_names
+                    }
+                )
+                if mask is not None:
+                    self.decay_masks[k] = _compat.ResourceVariable(
+                        mask[j * self.chunk : (j + 1) * self.chunk],
+                        trainable=False,
+                        name=f"tfpar_zero_decay_{j}",
+                    )
+
+    def _make_buffer(self, j, device):
+        """Replica ``j``'s accumulation buffer on ``device`` (and the step counter, once)."""
+        n = self.comm.size
+        with tf.init_scope(), tf.device(device):
+            self.accumulated.append(
+                _compat.ResourceVariable(
+                    tf.zeros([self.chunk * (n if self.stage == 1 else 1)]),
+                    trainable=False,
+                    name=f"tfpar_zero_sum_{j}",
+                )
+            )
+            if self.counter is None:
+                self.counter = _compat.ResourceVariable(
+                    tf.constant(0, tf.int64),
+                    trainable=False,
+                    name="tfpar_zero_accumulated_steps",
+                )
+
+    def _local(self, value, k):
+        return self.strategy.experimental_local_results(value)[k]
+
+    def _flat(self, tensors):
+        """``tensors`` (one per variable, in order) as one flat vector padded to N chunks."""
+        parts = [tf.reshape(t, [size]) for t, size in zip(tensors, self.sizes)]
+        return tf.pad(tf.concat(parts, 0), [[0, self.padding]])
+
+    def _chunks_of(self, values):
+        """This process's chunks of the flat vector of ``values`` (one number per variable)."""
+        whole = self._flat([tf.fill([size], value) for size, value in zip(self.sizes, values)])
+        return [whole[j * self.chunk : (j + 1) * self.chunk] for j in self.comm.owned]
+
+    def plain_slots(self) -> list:
+        """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both
+        Kerases: each variable's slots in turn, then AMSGrad's maxima), so that a checkpoint written
+        sharded reads as the unsharded optimizer's, and the other way round."""
+        main = [name for name in self.slot_names if name != "v_hat"]
+        order = [(name, i) for i in range(len(self.variables)) for name in main]
+        return order + [
+            ("v_hat", i) for i in range(len(self.variables)) if "v_hat" in self.slot_names
+        ]
+
+    def _pieces(self, i):
+        """``(local replica, chunk slice, whole-slot slice)`` of this process's chunks holding
+        variable ``i``'s elements."""
+        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
+        for k, j in enumerate(self.comm.owned):
+            lo, hi = max(start, j * c), min(end, (j + 1) * c)
+            if lo < hi:
+                yield k, slice(lo - j * c, hi - j * c), slice(lo - start, hi - start)
+
+    def whole_slot(self, name, i):
+        """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
+        replica's chunks: a collective under Horovod, which every rank runs)."""
+        mine = {k: self.slots[k][name][part] for k, part, _ in self._pieces(i)}
+        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
+        lengths = [max(0, min(end, (j + 1) * c) - max(start, j * c)) for j in range(self.comm.size)]
+        parts = [mine.get(k, tf.zeros([0])) for k in range(len(self.devices))]
+        whole = self.comm.gather(parts, lengths, f"tfpar_zero_checkpoint_{name}_{i}")
+        return tf.reshape(whole, self.variables[i].shape)
+
+    def set_whole_slot(self, name, i, value):
+        """Sets slot ``name`` of variable ``i`` from its whole value (each local chunk takes its
+        part)."""
+        flat = tf.reshape(tf.cast(value, tf.float32), [-1])
+        return tf.group(
+            [self.slots[k][name][mine].assign(flat[whole]) for k, mine, whole in self._pieces(i)]
+        )
+
+    def state_bytes(self) -> dict:
+        """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced
+        gradients (accumulated whole at stage 1), optimizer state (its slots; a chunk is padded to a
+        whole N-th)."""
+        full, slots = 4 * self.total, len(self.slot_names)
+        # a whole buffer accumulates
+        whole = self.window > 1 and (self.stage == 1 or self.strategy_accumulates)
+        gradients = full if whole else 4 * self.chunk
+        return {
+            "weights": (full, full),
+            "gradients": (full, gradients),
+            "optimizer state": (slots * full, slots * 4 * self.chunk),
+        }
+
+
+def tf_variable(variable):
+    """The tf.Variable of a variable of either Keras (Keras 3 wraps one)."""
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def window_of(strategy):
+    """The optimizer calls a strategy accumulates gradients over, or 1: its `GradientAccumulator`'s
+    window (DataParallel's and Horovod's option, times an elastic job's micro-batches)."""
+    accumulator = accumulator_of(strategy)
+    return accumulator.steps if accumulator is not None else 1
