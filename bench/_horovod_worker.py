@@ -32,11 +32,13 @@ parser.add_argument("--iters", type=int, default=5)
 parser.add_argument("--profile", action="store_true")
 args = parser.parse_args()
 
-import tfpar  # noqa: E402
+import tfpar  # noqa: E402  (sets TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import tensorflow as tf  # noqa: E402
+from common import bus_bandwidth, make_data, make_model  # noqa: E402
 
 from tfpar.strategies.horovod import HorovodStrategy, import_horovod  # noqa: E402
-from common import bus_bandwidth, make_data, make_model  # noqa: E402
 
 hvd = import_horovod()
 keras = tfpar.keras
@@ -47,14 +49,19 @@ def timeline_phases(path, skip):
     file, its first ``skip`` steps (the traced epoch) left out."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
-    names = {e["tid"]: e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e["name"] == "thread_name" and e["pid"] == 0}
+    names = {
+        e["tid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e["name"] == "thread_name" and e["pid"] == 0
+    }
     spans = {"forward+backward": [], "exchange+apply": []}
     for e in events:
         if e.get("ph") == "X" and e["pid"] == 0 and names.get(e["tid"]) in spans:
             spans[names[e["tid"]]].append(e["dur"] / 1e6)
-    return {"forward_backward": statistics.median(spans["forward+backward"][skip:]),
-            "exchange_apply": statistics.median(spans["exchange+apply"][skip:])}
+    return {
+        "forward_backward": statistics.median(spans["forward+backward"][skip:]),
+        "exchange_apply": statistics.median(spans["exchange+apply"][skip:]),
+    }
 
 
 def report(result):
@@ -92,11 +99,18 @@ if args.mode == "strategy":
         model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
     train = tfpar.data.distribute(source, strategy, global_batch)
     callbacks = [tfpar.callbacks.Throughput(global_batch)]
-    trace = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tfpar_bench_timeline_{os.getpid()}.json")
+    trace = os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"tfpar_bench_timeline_{os.getpid()}.json"
+    )
     if args.profile:
         callbacks.append(tfpar.callbacks.Timeline(trace, exchange=True))
-    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0,
-                        callbacks=callbacks)
+    history = model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=args.epochs,
+        verbose=0,
+        callbacks=callbacks,
+    )
     epoch_times = [t * train.steps_per_epoch for t in history.history["step_time"]]
 else:
     keras.utils.set_random_seed(0)
@@ -142,14 +156,19 @@ else:
 
 steps = args.steps
 step_seconds = statistics.median(t / steps for t in epoch_times[1:])  # epoch 1 traces
-result = {"step_seconds": step_seconds, "examples_per_second": global_batch / step_seconds,
-          "keras": type(model).__module__.split(".")[0]}
+result = {
+    "step_seconds": step_seconds,
+    "examples_per_second": global_batch / step_seconds,
+    "keras": type(model).__module__.split(".")[0],
+}
 if args.profile and args.mode == "strategy":  # rank 0 writes the job's Timeline
     result["phases"] = timeline_phases(trace, skip=steps) if hvd.rank() == 0 else {}
 elif args.profile:
     in_step = [[float(t) for t in s.numpy()] for s in stamps[steps:]]  # epoch 1 traces
-    result["phases"] = {"forward_backward": statistics.median(b - a for a, b, _ in in_step),
-                        "exchange_apply": statistics.median(c - b for _, b, c in in_step)}
+    result["phases"] = {
+        "forward_backward": statistics.median(b - a for a, b, _ in in_step),
+        "exchange_apply": statistics.median(c - b for _, b, c in in_step),
+    }
 if args.profile and hvd.rank() == 0:
     phases = result["phases"]
     phases["host"] = step_seconds - phases["forward_backward"] - phases["exchange_apply"]

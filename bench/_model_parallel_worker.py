@@ -20,7 +20,9 @@ import tfpar  # noqa: E402
 per_worker, steps, dim, hidden = (int(a) for a in sys.argv[1:5])
 span = sys.argv[5:] == ["span"]
 tfpar.configure_devices(1 if span else 2)
-pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, span_workers=span)  # first: it joins the job
+pipeline = tfpar.pipeline.Pipeline(
+    num_stages=2, num_microbatches=4, span_workers=span
+)  # first: it joins the job
 import tensorflow as tf  # noqa: E402
 
 from tfpar.demo.tokens import token_data, transformer  # noqa: E402
@@ -28,8 +30,13 @@ from tfpar.demo.tokens import token_data, transformer  # noqa: E402
 workers = pipeline.topology.num_workers
 x, y = token_data(per_worker * workers * steps, vocab=256, length=32)
 model = pipeline.stage(transformer(vocab=256, length=32, dim=dim, heads=8, blocks=4, hidden=hidden))
-model.compile(tfpar.keras.optimizers.Adam(1e-3), tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), pipeline, per_worker * workers)
+model.compile(
+    tfpar.keras.optimizers.Adam(1e-3),
+    tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+)
+train = tfpar.data.distribute(
+    tf.data.Dataset.from_tensor_slices((x, y)), pipeline, per_worker * workers
+)
 
 
 class StepTimes(tfpar.keras.callbacks.Callback):
@@ -43,6 +50,11 @@ class StepTimes(tfpar.keras.callbacks.Callback):
 timer = StepTimes()
 model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0)  # traces
 timer.times = []
-model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0, callbacks=[timer])
+model.fit(
+    train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0, callbacks=[timer]
+)
 if pipeline.topology.is_chief:
-    print("BENCH " + json.dumps({"step": statistics.median(timer.times), "workers": workers}), flush=True)
+    print(
+        "BENCH " + json.dumps({"step": statistics.median(timer.times), "workers": workers}),
+        flush=True,
+    )

@@ -1,10 +1,10 @@
 """One side of the pipeline benchmark; prints ``BENCH {json}`` with seconds per step.
 
-  baseline  one compute unit (1 intra-op, 1 inter-op thread): the plain model, a
-            1-stage pipeline with 1 microbatch, and with 8 microbatches
-  pipeline  two compute units (1 intra-op thread per op, 2 inter-op threads, 2
-            virtual CPU devices): the 2-stage pipeline under each schedule (1F1B, GPipe,
-            interleaved with 2 chunks per stage, ZB-H1), with its measured bubble
+baseline  one compute unit (1 intra-op, 1 inter-op thread): the plain model, a
+          1-stage pipeline with 1 microbatch, and with 8 microbatches
+pipeline  two compute units (1 intra-op thread per op, 2 inter-op threads, 2
+          virtual CPU devices): the 2-stage pipeline under each schedule (1F1B, GPipe,
+          interleaved with 2 chunks per stage, ZB-H1), with its measured bubble
 """
 
 import argparse
@@ -49,21 +49,29 @@ x = rng.normal(size=(args.batch * args.steps, args.width)).astype("float32")
 y = rng.integers(0, 10, size=args.batch * args.steps)
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch, drop_remainder=True).repeat()
 if args.mode == "baseline":
-    variants = {"plain": build(), "1 stage x 1": Pipeline(num_stages=1, num_microbatches=1).stage(build()),
-                "1 stage x 8": Pipeline(num_stages=1, num_microbatches=MICROBATCHES).stage(build())}
+    variants = {
+        "plain": build(),
+        "1 stage x 1": Pipeline(num_stages=1, num_microbatches=1).stage(build()),
+        "1 stage x 8": Pipeline(num_stages=1, num_microbatches=MICROBATCHES).stage(build()),
+    }
 else:
-    variants = {"2 stages x 8" + ("" if schedule == "1f1b" else f" {schedule}"):
-                Pipeline(num_stages=STAGES, num_microbatches=MICROBATCHES, schedule=schedule,
-                         balance="time").stage(build())
-                for schedule in ("1f1b", "gpipe", "interleaved", "zb-h1")}
+    variants = {
+        "2 stages x 8" + ("" if schedule == "1f1b" else f" {schedule}"): Pipeline(
+            num_stages=STAGES, num_microbatches=MICROBATCHES, schedule=schedule, balance="time"
+        ).stage(build())
+        for schedule in ("1f1b", "gpipe", "interleaved", "zb-h1")
+    }
     print(variants["2 stages x 8"].partition.describe(), flush=True)
 report = {}
 for name, model in variants.items():
-    model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     callbacks = [tfpar.callbacks.Throughput(args.batch)]
     callbacks += [tfpar.callbacks.PipelineBubble()] if args.mode == "pipeline" else []
-    history = model.fit(dataset, steps_per_epoch=args.steps, epochs=args.epochs + 1, verbose=0,
-                        callbacks=callbacks)
+    history = model.fit(
+        dataset, steps_per_epoch=args.steps, epochs=args.epochs + 1, verbose=0, callbacks=callbacks
+    )
     report[name] = statistics.median(history.history["step_time"][1:])  # the first epoch traces
     if args.mode == "pipeline":
         report[f"bubble {name}"] = statistics.median(history.history["bubble"][1:])

@@ -1,6 +1,7 @@
 """One side of the parameter-server benchmark; prints ``BENCH {json}``.
 
-  ps  a model (--model cnn|mlp|linear) on ParameterServer.local(num_workers=2, num_ps=1), timed in fit
+  ps  a model (--model cnn|mlp|linear) on ParameterServer.local(num_workers=2, num_ps=1),
+      timed in fit
   dp  the same model and global batch on DataParallel over 2 virtual CPU devices
 
 For ps, also the CPU seconds each process (the coordinator, each worker and ps) spends per step
@@ -38,7 +39,6 @@ else:
     tfpar.configure_devices(2)
     strategy = tfpar.DataParallel()
 import tensorflow as tf  # noqa: E402
-
 from common import make_data, make_model  # noqa: E402
 
 keras = tfpar.keras
@@ -46,9 +46,14 @@ x, y = make_data(args.model, args.global_batch * args.steps)
 with strategy.scope():
     keras.utils.set_random_seed(0)
     model = make_model(args.model)
-    model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy",
-                  steps_per_execution=args.steps_per_execution)
-train = tfpar.data.distribute(lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.global_batch)
+    model.compile(
+        keras.optimizers.SGD(0.01),
+        "sparse_categorical_crossentropy",
+        steps_per_execution=args.steps_per_execution,
+    )
+train = tfpar.data.distribute(
+    lambda: tf.data.Dataset.from_tensor_slices((x, y)), strategy, args.global_batch
+)
 
 
 def cpu_seconds(pids):
@@ -83,8 +88,15 @@ class CPUPerStep(keras.callbacks.Callback):
 def ps_tasks():
     """{"coordinator": pid, "worker 0": pid, ..., "ps 0": pid} and the servers' addresses."""
     cluster = strategy.config.cluster.cluster
-    pids = {"coordinator": os.getpid(), **{name: proc.pid for name, proc in strategy.local_servers.items()}}
-    return pids, {name: cluster[name.split()[0]][int(name.split()[1])] for name in pids if name != "coordinator"}
+    pids = {
+        "coordinator": os.getpid(),
+        **{name: proc.pid for name, proc in strategy.local_servers.items()},
+    }
+    return pids, {
+        name: cluster[name.split()[0]][int(name.split()[1])]
+        for name in pids
+        if name != "coordinator"
+    }
 
 
 def trace_epochs(addresses, optimizer_scope, epochs=3):
@@ -97,7 +109,9 @@ def trace_epochs(addresses, optimizer_scope, epochs=3):
 
     logdir = tempfile.mkdtemp(prefix="tfpar-ps-trace-")
     service = ",".join("grpc://" + address for address in addresses.values())
-    remote = threading.Thread(target=tf.profiler.experimental.client.trace, args=(service, logdir, 8000))
+    remote = threading.Thread(
+        target=tf.profiler.experimental.client.trace, args=(service, logdir, 8000)
+    )
     remote.start()
     time.sleep(1.0)  # the servers' profilers have started
     tf.profiler.experimental.start(logdir)
@@ -107,12 +121,16 @@ def trace_epochs(addresses, optimizer_scope, epochs=3):
     by_address = {address: name for name, address in addresses.items()}
     profiles = {}
     for path in glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")):
-        host = os.path.basename(path)[:-len(".xplane.pb")].replace("_", ":")
+        host = os.path.basename(path)[: -len(".xplane.pb")].replace("_", ":")
         profiles[by_address.get(host, "coordinator")] = xplane_breakdown(path, optimizer_scope)
     steps = sum(calls for _, calls, _ in profiles.values()) or train.steps_per_epoch * epochs
-    return {task: {**{what: total / steps for what, total in ms.items()},
-                   **({"step function ms per call": call_ms / calls, "steps run": calls} if calls else {})}
-            for task, (ms, calls, call_ms) in profiles.items()}
+    return {
+        task: {
+            **{what: total / steps for what, total in ms.items()},
+            **({"step function ms per call": call_ms / calls, "steps run": calls} if calls else {}),
+        }
+        for task, (ms, calls, call_ms) in profiles.items()
+    }
 
 
 OP_EVENT = re.compile(r"^[\w/.\-]+:(_?\w+)$")  # "scope/name:OpType", one event per op run
@@ -138,7 +156,8 @@ def xplane_breakdown(path, optimizer_scope):
                     continue
                 op = OP_EVENT.match(name)
                 if op is None or name.startswith("EagerService"):
-                    continue  # the runtime's own spans (executor, eager service), which hold the ops
+                    # the runtime's own spans (executor, eager service), which hold the ops
+                    continue
                 if name.startswith(optimizer_scope + "/"):
                     what = "optimizer update ops"
                 elif op.group(1) in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
@@ -156,8 +175,13 @@ callbacks = [tfpar.callbacks.Throughput(args.global_batch)]
 if args.mode == "ps":
     pids, addresses = ps_tasks()
     callbacks.append(CPUPerStep(pids))
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=0,
-                    callbacks=callbacks)
+history = model.fit(
+    train.dataset,
+    steps_per_epoch=train.steps_per_epoch,
+    epochs=args.epochs,
+    verbose=0,
+    callbacks=callbacks,
+)
 step = statistics.median(history.history["step_time"][1:])  # epoch 1 traces
 variable_bytes = sum(int(v.shape.num_elements()) * v.dtype.size for v in model.trainable_variables)
 result = {"step_seconds": step, "variable_bytes": variable_bytes}

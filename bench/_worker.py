@@ -1,7 +1,8 @@
 """One process of a data-parallel benchmark job; prints ``BENCH {json}`` on worker 0.
 
 Modes:
-  tfpar     tfpar.DataParallel + tfpar.data.distribute, timed in fit (--compression: its gradients' on the wire)
+  tfpar     tfpar.DataParallel + tfpar.data.distribute, timed in fit (--compression: its
+            gradients' on the wire)
   bare      tf.distribute.MultiWorkerMirroredStrategy from TF_CONFIG, same
             communication options, the plain Keras input recipe, timed in fit
   allreduce all-reduce of a float32 tensor of --mib MiB with tfpar.DataParallel
@@ -28,6 +29,8 @@ parser.add_argument("--bytes-per-pack", type=int, default=0)
 args = parser.parse_args()
 
 import tfpar  # noqa: E402  (sets TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import tensorflow as tf  # noqa: E402
 
 TIMEOUT = 300.0
@@ -35,10 +38,16 @@ if args.mode == "bare":
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-            timeout_seconds=TIMEOUT))
+            timeout_seconds=TIMEOUT,
+        )
+    )
 else:
-    strategy = tfpar.DataParallel(all_reduce="auto", timeout_seconds=TIMEOUT, compression=args.compression,
-                                  bytes_per_pack=args.bytes_per_pack)
+    strategy = tfpar.DataParallel(
+        all_reduce="auto",
+        timeout_seconds=TIMEOUT,
+        compression=args.compression,
+        bytes_per_pack=args.bytes_per_pack,
+    )
 
 
 from common import bus_bandwidth, make_data, make_model  # noqa: E402
@@ -72,7 +81,14 @@ if args.mode == "allreduce":
     assert float(out[0][0]) == strategy.num_replicas_in_sync
     seconds = statistics.median(times)
     size = n * 4
-    report({"seconds": seconds, "busbw": bus_bandwidth(size, workers, seconds), "bytes": size, "workers": workers})
+    report(
+        {
+            "seconds": seconds,
+            "busbw": bus_bandwidth(size, workers, seconds),
+            "bytes": size,
+            "workers": workers,
+        }
+    )
     raise SystemExit(0)
 
 keras = tfpar.keras
@@ -90,9 +106,21 @@ else:  # the recipe of the TensorFlow tutorial: global batch, auto-sharding by t
     data, steps = source.batch(global_batch).repeat(), args.steps
 
 
-history = model.fit(data, steps_per_epoch=steps, epochs=args.epochs, verbose=0,
-                    callbacks=[tfpar.callbacks.Throughput(global_batch)])
+history = model.fit(
+    data,
+    steps_per_epoch=steps,
+    epochs=args.epochs,
+    verbose=0,
+    callbacks=[tfpar.callbacks.Throughput(global_batch)],
+)
 step_times = history.history["step_time"][1:]  # epoch 1 traces
 step = statistics.median(step_times)
-report({"step_seconds": step, "examples_per_second": global_batch / step, "workers": workers,
-        "replicas": strategy.num_replicas_in_sync, "params": model.count_params()})
+report(
+    {
+        "step_seconds": step,
+        "examples_per_second": global_batch / step,
+        "workers": workers,
+        "replicas": strategy.num_replicas_in_sync,
+        "params": model.count_params(),
+    }
+)

@@ -16,12 +16,18 @@ keras = tfpar.keras
 
 
 def quick_options(doc, plot=False):
-    """Parses a driver's command line: ``--quick`` for tiny settings (a smoke run, not a measurement),
-    and with ``plot``, ``--plot DIR`` (where the driver draws its figures)."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)")
+    """Parses a driver's command line: ``--quick`` for tiny settings (a smoke run, not a
+    measurement), and with ``plot``, ``--plot DIR`` (where the driver draws its figures)."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny settings (a smoke run, not a measurement)"
+    )
     if plot:
-        parser.add_argument("--plot", metavar="DIR", default=None, help="draw this benchmark's figures in DIR")
+        parser.add_argument(
+            "--plot", metavar="DIR", default=None, help="draw this benchmark's figures in DIR"
+        )
     return parser.parse_args()
 
 
@@ -45,8 +51,11 @@ def print_step_times(timed, steps_per_epoch):
     """Prints `median_seconds_in_turns`' epochs per step; returns ``{name: seconds per step}``."""
     step = {name: seconds / steps_per_epoch for name, (seconds, _) in timed.items()}
     for name, seconds in step.items():
-        print(f"{name:>8}: {seconds * 1e3:.2f} ms/step, {timed[name][1]} epochs of {steps_per_epoch} steps timed",
-              flush=True)
+        print(
+            f"{name:>8}: {seconds * 1e3:.2f} ms/step, "
+            f"{timed[name][1]} epochs of {steps_per_epoch} steps timed",
+            flush=True,
+        )
     return step
 
 
@@ -67,34 +76,43 @@ def machine_keys():
 
 
 def bus_bandwidth(nbytes, workers, seconds):
-    """An all-reduce's bus bandwidth (bytes/s): each byte crosses 2 (n-1)/n links (NCCL's definition)."""
+    """An all-reduce's bus bandwidth (bytes/s): each byte crosses 2 (n-1)/n links (NCCL's
+    definition)."""
     return nbytes * 2 * (workers - 1) / workers / seconds
 
 
 def make_model(kind):
-    """"cnn": a 66k-parameter conv net on 16x16 images; "mlp": a 2.6M-parameter MLP;
+    """ "cnn": a 66k-parameter conv net on 16x16 images; "mlp": a 2.6M-parameter MLP;
     "linear": a 7.9k-parameter softmax regression on the MLP's input (almost no compute)."""
     if kind == "cnn":
-        return keras.Sequential([
-            keras.layers.Input((16, 16, 1)),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(10, activation="softmax"),
-        ])
+        return keras.Sequential(
+            [
+                keras.layers.Input((16, 16, 1)),
+                keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+                keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
     if kind == "linear":
-        return keras.Sequential([keras.layers.Input((784,)), keras.layers.Dense(10, activation="softmax")])
-    return keras.Sequential([
-        keras.layers.Input((784,)),
-        keras.layers.Dense(1152, activation="relu"),
-        keras.layers.Dense(1024, activation="relu"),
-        keras.layers.Dense(512, activation="relu"),
-        keras.layers.Dense(10),
-        keras.layers.Activation("softmax", dtype="float32"),  # float32 output under any precision policy
-    ])
+        return keras.Sequential(
+            [keras.layers.Input((784,)), keras.layers.Dense(10, activation="softmax")]
+        )
+    return keras.Sequential(
+        [
+            keras.layers.Input((784,)),
+            keras.layers.Dense(1152, activation="relu"),
+            keras.layers.Dense(1024, activation="relu"),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(10),
+            keras.layers.Activation(
+                "softmax", dtype="float32"
+            ),  # float32 output under any precision policy
+        ]
+    )
 
 
 def mlp_model():

@@ -6,8 +6,8 @@
 bandwidth per size against the loopback TCP limit measured in the same run (tfpar.report).
 
 Last line:
-    RESULT data_parallel overhead=<x> mw_overhead=<y> busbw_ratio=<z> weak_scaling_cnn=<a> weak_scaling_mlp=<b>
-           weak_scaling_mlp_bf16=<c> bf16_gain=<c/b>
+    RESULT data_parallel overhead=<x> mw_overhead=<y> busbw_ratio=<z> weak_scaling_cnn=<a>
+           weak_scaling_mlp=<b> weak_scaling_mlp_bf16=<c> bf16_gain=<c/b>
 
 - overhead: median step time of tfpar.DataParallel (+ tfpar.data input) ÷ bare
   tf.distribute.MirroredStrategy (+ the plain Keras input recipe), same model,
@@ -42,8 +42,18 @@ from common import loopback_tcp_throughput, parse_bench_line, quick_options, run
 
 def run_tfpar_job(workers, args, env=None, timeout=600):
     """Runs _worker.py under `tfpar launch -n workers`; returns worker 0's numbers."""
-    cmd = [sys.executable, "-m", "tfpar.cli", "launch", "-n", str(workers), "--",
-           sys.executable, WORKER, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfpar.cli",
+        "launch",
+        "-n",
+        str(workers),
+        "--",
+        sys.executable,
+        WORKER,
+        *args,
+    ]
     return run_job(cmd, cwd=HERE, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
@@ -54,10 +64,19 @@ def run_hand_job(workers, args, timeout=600):
     addresses = [f"127.0.0.1:{p}" for p in free_ports(workers)]
     procs = []
     for index in range(workers):
-        tf_config = json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
-        procs.append(subprocess.Popen([sys.executable, WORKER, *args], cwd=HERE,
-                                      env={**os.environ, "TF_CONFIG": tf_config},
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        tf_config = json.dumps(
+            {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, WORKER, *args],
+                cwd=HERE,
+                env={**os.environ, "TF_CONFIG": tf_config},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = []
     try:
         for proc in procs:
@@ -76,7 +95,6 @@ def one_host_overhead(rounds, steps):
 
     tfpar.configure_devices(2)
     import tensorflow as tf
-
     from common import make_data, make_model
 
     keras = tfpar.keras
@@ -84,8 +102,10 @@ def one_host_overhead(rounds, steps):
     x, y = make_data("cnn", global_batch * steps)
     source = tf.data.Dataset.from_tensor_slices((x, y))
     runs = {}
-    for name, strategy in (("tfpar", tfpar.DataParallel()),
-                           ("bare", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))):
+    for name, strategy in (
+        ("tfpar", tfpar.DataParallel()),
+        ("bare", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])),
+    ):
         with strategy.scope():
             keras.utils.set_random_seed(0)
             model = make_model("cnn")
@@ -117,9 +137,14 @@ def main():
     print(f"one host: DataParallel / MirroredStrategy step time = {overhead:.3f}", flush=True)
 
     mw = {"tfpar": [], "bare": []}
-    for mode in (["tfpar", "bare"] if opts.quick else ["tfpar", "bare", "bare", "tfpar", "tfpar", "bare"]):
-        job = (run_tfpar_job(2, [mode, *common]) if mode == "tfpar"
-               else run_hand_job(2, [mode, *common]))
+    for mode in (
+        ["tfpar", "bare"] if opts.quick else ["tfpar", "bare", "bare", "tfpar", "tfpar", "bare"]
+    ):
+        job = (
+            run_tfpar_job(2, [mode, *common])
+            if mode == "tfpar"
+            else run_hand_job(2, [mode, *common])
+        )
         mw[mode].append(job)
         print(f"2 workers, {mode}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
     step = {m: statistics.median(j["step_seconds"] for j in jobs) for m, jobs in mw.items()}
@@ -128,8 +153,11 @@ def main():
     tcp = loopback_tcp_throughput()
     reduce = run_tfpar_job(2, ["allreduce", "--mib", str(mib)])
     busbw_ratio = reduce["busbw"] / tcp
-    print(f"all-reduce {mib} MiB over 2 workers: {reduce['seconds'] * 1e3:.0f} ms, busbw "
-          f"{reduce['busbw'] / 1e9:.2f} GB/s; loopback TCP {tcp / 1e9:.2f} GB/s", flush=True)
+    print(
+        f"all-reduce {mib} MiB over 2 workers: {reduce['seconds'] * 1e3:.0f} ms, busbw "
+        f"{reduce['busbw'] / 1e9:.2f} GB/s; loopback TCP {tcp / 1e9:.2f} GB/s",
+        flush=True,
+    )
     if opts.plot:
         from tfpar.report import bandwidth_plot
 
@@ -138,29 +166,44 @@ def main():
             if size != mib:
                 busbw[size * 2**20] = run_tfpar_job(2, ["allreduce", "--mib", str(size)])["busbw"]
         os.makedirs(opts.plot, exist_ok=True)
-        print(f"plot: {bandwidth_plot(os.path.join(opts.plot, 'busbw.png'), busbw, tcp)}", flush=True)
+        print(
+            f"plot: {bandwidth_plot(os.path.join(opts.plot, 'busbw.png'), busbw, tcp)}", flush=True
+        )
 
     scaling = {}
     mlp_jobs = {"none": [], "bf16": []}
-    for compression in (["none", "bf16"] if opts.quick else ["none", "bf16", "bf16", "none"]):
+    for compression in ["none", "bf16"] if opts.quick else ["none", "bf16", "bf16", "none"]:
         job = run_tfpar_job(2, ["tfpar", "--model", "mlp", "--compression", compression, *common])
         mlp_jobs[compression].append(job["examples_per_second"])
-        print(f"mlp, 2 workers, compression={compression}: {job['examples_per_second']:,.0f} ex/s", flush=True)
-    for model, key, two in (("cnn", "cnn", statistics.median(j["examples_per_second"] for j in mw["tfpar"])),
-                            ("mlp", "mlp", statistics.median(mlp_jobs["none"])),
-                            ("mlp", "mlp_bf16", statistics.median(mlp_jobs["bf16"]))):
+        print(
+            f"mlp, 2 workers, compression={compression}: {job['examples_per_second']:,.0f} ex/s",
+            flush=True,
+        )
+    for model, key, two in (
+        ("cnn", "cnn", statistics.median(j["examples_per_second"] for j in mw["tfpar"])),
+        ("mlp", "mlp", statistics.median(mlp_jobs["none"])),
+        ("mlp", "mlp_bf16", statistics.median(mlp_jobs["bf16"])),
+    ):
         if model not in scaling.get("_one", {}):
-            one = run_tfpar_job(1, ["tfpar", "--model", model, *common], env={"TFPAR_NUM_CPU_DEVICES": "1"})
+            one = run_tfpar_job(
+                1, ["tfpar", "--model", model, *common], env={"TFPAR_NUM_CPU_DEVICES": "1"}
+            )
             scaling.setdefault("_one", {})[model] = one
         one = scaling["_one"][model]
         scaling[key] = two / (2 * one["examples_per_second"])
-        print(f"{key} ({one['params']:,} parameters): 1 worker {one['examples_per_second']:,.0f} ex/s, "
-              f"2 workers {two:,.0f} ex/s, weak scaling {scaling[key]:.2f}", flush=True)
+        print(
+            f"{key} ({one['params']:,} parameters): "
+            f"1 worker {one['examples_per_second']:,.0f} ex/s, "
+            f"2 workers {two:,.0f} ex/s, weak scaling {scaling[key]:.2f}",
+            flush=True,
+        )
 
-    print(f"RESULT data_parallel overhead={overhead:.3f} mw_overhead={mw_overhead:.3f} "
-          f"busbw_ratio={busbw_ratio:.3f} weak_scaling_cnn={scaling['cnn']:.3f} "
-          f"weak_scaling_mlp={scaling['mlp']:.3f} weak_scaling_mlp_bf16={scaling['mlp_bf16']:.3f} "
-          f"bf16_gain={scaling['mlp_bf16'] / scaling['mlp']:.3f}")
+    print(
+        f"RESULT data_parallel overhead={overhead:.3f} mw_overhead={mw_overhead:.3f} "
+        f"busbw_ratio={busbw_ratio:.3f} weak_scaling_cnn={scaling['cnn']:.3f} "
+        f"weak_scaling_mlp={scaling['mlp']:.3f} weak_scaling_mlp_bf16={scaling['mlp_bf16']:.3f} "
+        f"bf16_gain={scaling['mlp_bf16'] / scaling['mlp']:.3f}"
+    )
 
 
 if __name__ == "__main__":

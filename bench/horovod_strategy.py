@@ -31,16 +31,31 @@ from common import loopback_tcp_throughput, machine_keys, quick_options, run_job
 
 
 def run_horovod_job(ranks, args):
-    return run_job(["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable,
-                    os.path.join(HERE, "_horovod_worker.py"), *args], cwd=HERE)
+    return run_job(
+        [
+            "horovodrun",
+            "-np",
+            str(ranks),
+            "-H",
+            f"localhost:{ranks}",
+            "--gloo",
+            sys.executable,
+            os.path.join(HERE, "_horovod_worker.py"),
+            *args,
+        ],
+        cwd=HERE,
+    )
 
 
 def main():
     opts = quick_options(__doc__)
     steps, epochs, mib = (5, 2, 8) if opts.quick else (40, 6, 64)
     common = ["--steps", str(steps), "--epochs", str(epochs)]
-    order = ["strategy", "recipe"] if opts.quick else ["strategy", "recipe", "recipe", "strategy",
-                                                        "strategy", "recipe"]
+    order = (
+        ["strategy", "recipe"]
+        if opts.quick
+        else ["strategy", "recipe", "recipe", "strategy", "strategy", "recipe"]
+    )
     times = {"strategy": [], "recipe": []}
     kerases = {}
     for mode in order:
@@ -58,10 +73,16 @@ def main():
     tcp = loopback_tcp_throughput()
     reduce = run_horovod_job(2, ["allreduce", "--mib", str(mib)])
     busbw_ratio = reduce["busbw"] / tcp
-    print(f"hvd.allreduce {mib} MiB over 2 ranks: {reduce['seconds'] * 1e3:.0f} ms, busbw "
-          f"{reduce['busbw'] / 1e9:.2f} GB/s; loopback TCP {tcp / 1e9:.2f} GB/s", flush=True)
+    print(
+        f"hvd.allreduce {mib} MiB over 2 ranks: {reduce['seconds'] * 1e3:.0f} ms, busbw "
+        f"{reduce['busbw'] / 1e9:.2f} GB/s; loopback TCP {tcp / 1e9:.2f} GB/s",
+        flush=True,
+    )
     keras = f"keras={kerases['strategy']}/{kerases['recipe']}"
-    print(f"RESULT horovod overhead={overhead:.3f} busbw_ratio={busbw_ratio:.3f} {keras} {machine_keys()}")
+    print(
+        f"RESULT horovod overhead={overhead:.3f} busbw_ratio={busbw_ratio:.3f} "
+        f"{keras} {machine_keys()}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tfpar  # noqa: E402
 from common import median_seconds_in_turns, print_step_times, quick_options  # noqa: E402
+
+import tfpar  # noqa: E402
 
 
 def main():
@@ -30,18 +31,23 @@ def main():
 
     strategy = tfpar.DataParallel()
     (x, y), _ = load_digits()
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64,
-                                  shuffle_buffer=len(x), seed=0)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64, shuffle_buffer=len(x), seed=0
+    )
     runs = {}
     for name, k in (("tf_keras", tfpar.keras), ("keras3", keras3)):
         model = strategy.build(lambda k=k: build_model(k))
         with strategy.scope():
             model.compile(k.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
-        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False)  # traces
+        model.fit(
+            train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False
+        )  # traces
         runs[name] = model
 
     def epoch(name):
-        runs[name].fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False)
+        runs[name].fit(
+            train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False
+        )
 
     timed = median_seconds_in_turns(("tf_keras", "keras3"), rounds, epoch)
     step = print_step_times(timed, train.steps_per_epoch)

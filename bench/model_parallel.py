@@ -2,12 +2,13 @@
 
     python bench/model_parallel.py [--quick]
 
-One process with 4 virtual CPU devices. The model is `tfpar.demo.tokens.transformer` (4 blocks; width
-256, 8 heads, MLP 1024, vocabulary 512, 32 tokens), trained with Adam.
+One process with 4 virtual CPU devices. The model is `tfpar.demo.tokens.transformer` (4 blocks;
+width 256, 8 heads, MLP 1024, vocabulary 512, 32 tokens), trained with Adam.
 
 Last line:
-    RESULT model_parallel tp2_bytes_ratio=<a> tp4_bytes_ratio=<b> tp2_step_ratio=<c> pp_dp_weak_scaling=<w>
-           pp_span_step_ratio=<s> reductions_per_block=<F>/<B> tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n>
+    RESULT model_parallel tp2_bytes_ratio=<a> tp4_bytes_ratio=<b> tp2_step_ratio=<c>
+           pp_dp_weak_scaling=<w> pp_span_step_ratio=<s> reductions_per_block=<F>/<B>
+           tp2_bytes_expected=<d> tp4_bytes_expected=<e> largest_tp1=<n>
            largest_tp2=<n> largest_tp4=<n> llama_params=<n> llama_tp2_bytes_ratio=<a>
            llama_tp4_bytes_ratio=<b> llama_tp2_bytes_expected=<d> llama_tp4_bytes_expected=<e>
            llama_tp2_step_ratio=<c>
@@ -22,10 +23,11 @@ Last line:
 - pp_dp_weak_scaling: a 2-stage pipeline's step on 1 worker ÷ on 2 workers under `tfpar launch -n 2`
   (pipeline x data: each worker the same per-worker batch, the gradients all-reduced between them),
   the jobs alternating a b b a. 1.0 is perfect weak scaling; here 2 workers share 2 cores;
-- pp_span_step_ratio: the same 2-stage pipeline with its stages on 2 workers (`span_workers=True`
-  under `tfpar launch -n 2`: worker 0 drives both, each activation and gradient crossing between the
-  processes over gRPC on 127.0.0.1) ÷ on 2 devices of one process, the same batch, in the same turns.
-  Above 1 is the cost of the crossing; here the 2 workers also share the 2 cores;
+- pp_span_step_ratio: the same 2-stage pipeline with its stages on 2 workers
+  (`span_workers=True` under `tfpar launch -n 2`: worker 0 drives both, each activation and
+  gradient crossing between the processes over gRPC on 127.0.0.1) ÷ on 2 devices of one process,
+  the same batch, in the same turns. Above 1 is the cost of the crossing; here the 2 workers also
+  share the 2 cores;
 - reductions_per_block: all-reduces forward/backward per block, counted from the ops of a traced
   training step (Megatron-LM: 2/2);
 - llama_*: the same figures for KerasHub's LlamaCausalLM (56 M parameters, random weights; 8
@@ -78,18 +80,35 @@ def main():
     plain.optimizer.build(plain.trainable_variables)
     whole = sum(v.shape.num_elements() * 4 for v in plain.weights)
     whole += sum(v.shape.num_elements() * 4 for v in plain.optimizer.variables if v.shape.rank)
-    print(f"model: {plain.count_params():,} parameters, {whole:,} bytes with Adam's slots on one device", flush=True)
+    print(
+        f"model: {plain.count_params():,} parameters, "
+        f"{whole:,} bytes with Adam's slots on one device",
+        flush=True,
+    )
     ratios, expected, split = {}, {}, {}
     for degree in (2, 4):
-        model = compiled(TensorParallel(degree=degree, plan=TRANSFORMER_PLAN).shard(transformer(k, **size)))
+        model = compiled(
+            TensorParallel(degree=degree, plan=TRANSFORMER_PLAN).shard(transformer(k, **size))
+        )
         held = model.device_bytes()
         most = max(sum(h.values()) for h in held.values())
         ratios[degree] = most / whole
-        planned = sum(v.shape.num_elements() for layer in plain.layers if layer.name in model.styles
-                      for v in layer.weights if len(v.shape) > 1)  # the split weights: not a row layer's bias
-        expected[degree] = (planned / degree + (plain.count_params() - planned)) / plain.count_params()
-        print(f"T={degree}: " + ", ".join(f"{d} {sum(h.values()):,} B" for d, h in held.items())
-              + f"; most {ratios[degree]:.3f} of one device (plan: {expected[degree]:.3f})", flush=True)
+        planned = sum(
+            v.shape.num_elements()
+            for layer in plain.layers
+            if layer.name in model.styles
+            for v in layer.weights
+            if len(v.shape) > 1
+        )  # the split weights: not a row layer's bias
+        expected[degree] = (
+            planned / degree + (plain.count_params() - planned)
+        ) / plain.count_params()
+        print(
+            f"T={degree}: "
+            + ", ".join(f"{d} {sum(h.values()):,} B" for d, h in held.items())
+            + f"; most {ratios[degree]:.3f} of one device (plan: {expected[degree]:.3f})",
+            flush=True,
+        )
         split[degree] = model
     two = split[2]
 
@@ -101,29 +120,41 @@ def main():
 
     counts = count_communication(traced.get_concrete_function(x[:2], y[:2]).graph.as_graph_def())
     blocks = size["blocks"]
-    forward = (counts[FORWARD_REDUCTION] - 1) / blocks  # the embedding's one reduction is not a block's
+    forward = (
+        counts[FORWARD_REDUCTION] - 1
+    ) / blocks  # the embedding's one reduction is not a block's
     backward = counts[BACKWARD_REDUCTION] / blocks
     timed_size = dict(size, dim=64 if opts.quick else 128, hidden=256 if opts.quick else 512)
-    models = {"plain": compiled(transformer(k, **timed_size)),
-              "tp2": compiled(TensorParallel(degree=2, plan=TRANSFORMER_PLAN).shard(transformer(k, **timed_size)))}
+    models = {
+        "plain": compiled(transformer(k, **timed_size)),
+        "tp2": compiled(
+            TensorParallel(degree=2, plan=TRANSFORMER_PLAN).shard(transformer(k, **timed_size))
+        ),
+    }
     step = step_times(models, x, y, batch, rounds=1 if opts.quick else 2)
     llama = keras_hub_llama(opts.quick)
     weak, span = pipeline_jobs(opts.quick)
     largest = {1: BUDGET / BYTES_PER_PARAMETER}
     largest.update({t: BUDGET / BYTES_PER_PARAMETER / ratios[t] for t in ratios})
-    print("largest model for a 16 GiB device (Adam, float32): " + ", ".join(
-        f"T={t}: {n / 1e9:.2f}B parameters" for t, n in largest.items()), flush=True)
-    print(f"RESULT model_parallel tp2_bytes_ratio={ratios[2]:.3f} tp4_bytes_ratio={ratios[4]:.3f} "
-          f"tp2_step_ratio={step['tp2'] / step['plain']:.3f} pp_dp_weak_scaling={weak:.3f} "
-          f"pp_span_step_ratio={span:.3f} "
-          f"reductions_per_block={forward:g}/{backward:g} "
-          f"tp2_bytes_expected={expected[2]:.3f} tp4_bytes_expected={expected[4]:.3f} "
-          f"largest_tp1={largest[1]:.3g} largest_tp2={largest[2]:.3g} largest_tp4={largest[4]:.3g} "
-          f"llama_params={llama['params']} llama_tp2_bytes_ratio={llama['tp2_bytes']:.3f} "
-          f"llama_tp4_bytes_ratio={llama['tp4_bytes']:.3f} "
-          f"llama_tp2_bytes_expected={llama['tp2_expected']:.3f} "
-          f"llama_tp4_bytes_expected={llama['tp4_expected']:.3f} "
-          f"llama_tp2_step_ratio={llama['tp2_step']:.3f}", flush=True)
+    print(
+        "largest model for a 16 GiB device (Adam, float32): "
+        + ", ".join(f"T={t}: {n / 1e9:.2f}B parameters" for t, n in largest.items()),
+        flush=True,
+    )
+    print(
+        f"RESULT model_parallel tp2_bytes_ratio={ratios[2]:.3f} tp4_bytes_ratio={ratios[4]:.3f} "
+        f"tp2_step_ratio={step['tp2'] / step['plain']:.3f} pp_dp_weak_scaling={weak:.3f} "
+        f"pp_span_step_ratio={span:.3f} "
+        f"reductions_per_block={forward:g}/{backward:g} "
+        f"tp2_bytes_expected={expected[2]:.3f} tp4_bytes_expected={expected[4]:.3f} "
+        f"largest_tp1={largest[1]:.3g} largest_tp2={largest[2]:.3g} largest_tp4={largest[4]:.3g} "
+        f"llama_params={llama['params']} llama_tp2_bytes_ratio={llama['tp2_bytes']:.3f} "
+        f"llama_tp4_bytes_ratio={llama['tp4_bytes']:.3f} "
+        f"llama_tp2_bytes_expected={llama['tp2_expected']:.3f} "
+        f"llama_tp4_bytes_expected={llama['tp4_expected']:.3f} "
+        f"llama_tp2_step_ratio={llama['tp2_step']:.3f}",
+        flush=True,
+    )
 
 
 def keras_hub_llama(quick):
@@ -139,8 +170,14 @@ def keras_hub_llama(quick):
     from tfpar.tensor_parallel import TensorParallel
     from tfpar.tensor_parallel.nested import layer_tree
 
-    size = dict(vocabulary_size=32000, num_layers=8, hidden_dim=512, intermediate_dim=1408,
-                num_query_heads=8, num_key_value_heads=4)
+    size = dict(
+        vocabulary_size=32000,
+        num_layers=8,
+        hidden_dim=512,
+        intermediate_dim=1408,
+        num_query_heads=8,
+        num_key_value_heads=4,
+    )
     if quick:
         size.update(vocabulary_size=2000, num_layers=2, hidden_dim=128, intermediate_dim=256)
     batch, length, steps = 4, 32, 2 if quick else 4
@@ -163,20 +200,28 @@ def keras_hub_llama(quick):
     figures = {"params": params}
     split = {}
     for degree in (2, 4):
-        mesh = keras.distribution.DeviceMesh((1, degree), ("batch", "model"),
-                                             devices=[f"cpu:{i}" for i in range(degree)])
+        mesh = keras.distribution.DeviceMesh(
+            (1, degree), ("batch", "model"), devices=[f"cpu:{i}" for i in range(degree)]
+        )
         tp = TensorParallel(plan=keras_hub.models.LlamaBackbone.get_layout_map(mesh))
         model = compiled(tp.shard(plain))
         held = model.device_bytes()
         tree = layer_tree(plain)
-        planned = sum(v.shape.num_elements() for path in model.styles for v in tree[path].weights
-                      if len(v.shape) > 1)
+        planned = sum(
+            v.shape.num_elements()
+            for path in model.styles
+            for v in tree[path].weights
+            if len(v.shape) > 1
+        )
         figures[f"tp{degree}_bytes"] = max(sum(h.values()) for h in held.values()) / whole
         figures[f"tp{degree}_expected"] = (planned / degree + params - planned) / params
-        print(f"Llama {params / 1e6:.1f} M, T={degree}: "
-              + ", ".join(f"{d} {sum(h.values()):,} B" for d, h in held.items())
-              + f"; most {figures[f'tp{degree}_bytes']:.3f} of one device "
-              f"(plan: {figures[f'tp{degree}_expected']:.3f})", flush=True)
+        print(
+            f"Llama {params / 1e6:.1f} M, T={degree}: "
+            + ", ".join(f"{d} {sum(h.values()):,} B" for d, h in held.items())
+            + f"; most {figures[f'tp{degree}_bytes']:.3f} of one device "
+            f"(plan: {figures[f'tp{degree}_expected']:.3f})",
+            flush=True,
+        )
         split[degree] = model
     step = step_times({"llama": plain, "llama_tp2": split[2]}, x, y, batch, rounds=1)
     figures["tp2_step"] = step["llama_tp2"] / step["llama"]
@@ -214,17 +259,24 @@ def step_times(models, x, y, batch, rounds):
 
 
 def pipeline_jobs(quick):
-    """(weak scaling, span ratio): a 2-stage pipeline's step on 1 worker ÷ on 2 workers as data-parallel
-    replicas (`tfpar launch -n 2`); its stages on 2 workers ÷ on 1 (the same batch). Jobs in turns a b c c b a."""
+    """(weak scaling, span ratio): a 2-stage pipeline's step on 1 worker ÷ on 2 workers as
+    data-parallel replicas (`tfpar launch -n 2`); its stages on 2 workers ÷ on 1 (the same batch).
+    Jobs in turns a b c c b a."""
     import statistics
 
-    worker = [sys.executable, os.path.join(HERE, "_model_parallel_worker.py"),
-              *(["8", "3", "32", "128"] if quick else ["16", "6", "128", "512"])]
+    worker = [
+        sys.executable,
+        os.path.join(HERE, "_model_parallel_worker.py"),
+        *(["8", "3", "32", "128"] if quick else ["16", "6", "128", "512"]),
+    ]
     launch = [sys.executable, "-m", "tfpar.cli", "launch", "-n", "2", "--"]
-    jobs = {"1 worker": worker, "2 workers, data x pipeline": [*launch, *worker],
-            "2 workers, one pipeline over both": [*launch, *worker, "span"]}
+    jobs = {
+        "1 worker": worker,
+        "2 workers, data x pipeline": [*launch, *worker],
+        "2 workers, one pipeline over both": [*launch, *worker, "span"],
+    }
     steps: dict = {name: [] for name in jobs}
-    for name in (list(jobs) if quick else [*jobs, *reversed(jobs)]):
+    for name in list(jobs) if quick else [*jobs, *reversed(jobs)]:
         steps[name].append(run_job(jobs[name], cwd=HERE)["step"])
         print(f"pipeline, {name}: {steps[name][-1] * 1e3:.1f} ms/step", flush=True)
     one, data, span = (statistics.median(steps[name]) for name in jobs)

@@ -91,46 +91,89 @@ def main():
         job = run(mode, common)
         jobs[mode].append(job)
         print(f"{mode}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
-    comm = [run("ps", common + ["--model", "mlp", "--global-batch", "8"] + ["--trace"] * (i == 0))
-            for i, _ in enumerate(order[:2])]
+    comm = [
+        run("ps", common + ["--model", "mlp", "--global-batch", "8"] + ["--trace"] * (i == 0))
+        for i, _ in enumerate(order[:2])
+    ]
     overhead = run("ps", common + ["--model", "linear", "--global-batch", "8"])
-    ps_step, dp_step, comm_step = median_step(jobs["ps"]), median_step(jobs["dp"]), median_step(comm)
+    ps_step, dp_step, comm_step = (
+        median_step(jobs["ps"]),
+        median_step(jobs["dp"]),
+        median_step(comm),
+    )
     tcp = loopback_tcp_throughput()
     rtt = loopback_round_trip()
     variable_bytes = comm[0]["variable_bytes"]
     floor = 2 * variable_bytes / tcp + rtt
-    print(f"CNN: PS {ps_step * 1e3:.1f} ms/step, DataParallel {dp_step * 1e3:.1f} ms/step", flush=True)
-    print(f"MLP floor: 2 x {variable_bytes:,} bytes / {tcp / 1e9:.2f} GB/s + RTT {rtt * 1e6:.0f} us "
-          f"= {floor * 1e3:.2f} ms; measured {comm_step * 1e3:.1f} ms/step", flush=True)
-    print(f"coordinator cost per step (7.9k-parameter linear model): "
-          f"{overhead['step_seconds'] * 1e3:.1f} ms", flush=True)
+    print(
+        f"CNN: PS {ps_step * 1e3:.1f} ms/step, DataParallel {dp_step * 1e3:.1f} ms/step", flush=True
+    )
+    print(
+        f"MLP floor: 2 x {variable_bytes:,} bytes / {tcp / 1e9:.2f} GB/s + RTT {rtt * 1e6:.0f} us "
+        f"= {floor * 1e3:.2f} ms; measured {comm_step * 1e3:.1f} ms/step",
+        flush=True,
+    )
+    print(
+        f"coordinator cost per step (7.9k-parameter linear model): "
+        f"{overhead['step_seconds'] * 1e3:.1f} ms",
+        flush=True,
+    )
     mlp = common + ["--model", "mlp", "--global-batch", "8"]
     spe8 = run("ps", mlp + ["--steps-per-execution", "8"])["step_seconds"]
     two_ps = run("ps", mlp + ["--num-ps", "2"])["step_seconds"]
-    linear_spe8 = run("ps", common + ["--model", "linear", "--global-batch", "8", "--steps-per-execution", "8"])
-    print(f"coordinator cost per step with steps_per_execution=8: {linear_spe8['step_seconds'] * 1e3:.1f} ms", flush=True)
-    print(f"MLP breakdown, ms/step: measured {comm_step * 1e3:.1f} = coordinator {overhead['step_seconds'] * 1e3:.1f} "
-          f"+ the rest {(comm_step - overhead['step_seconds']) * 1e3:.1f} (floor {floor * 1e3:.2f}); "
-          f"steps_per_execution=8: {spe8 * 1e3:.1f}; 2 ps: {two_ps * 1e3:.1f}", flush=True)
+    linear_spe8 = run(
+        "ps", common + ["--model", "linear", "--global-batch", "8", "--steps-per-execution", "8"]
+    )
+    print(
+        "coordinator cost per step with steps_per_execution=8: "
+        f"{linear_spe8['step_seconds'] * 1e3:.1f} ms",
+        flush=True,
+    )
+    print(
+        f"MLP breakdown, ms/step: measured {comm_step * 1e3:.1f} = "
+        f"coordinator {overhead['step_seconds'] * 1e3:.1f} "
+        f"+ the rest {(comm_step - overhead['step_seconds']) * 1e3:.1f} (floor {floor * 1e3:.2f}); "
+        f"steps_per_execution=8: {spe8 * 1e3:.1f}; 2 ps: {two_ps * 1e3:.1f}",
+        flush=True,
+    )
     cpu = statistics.median(sum(job["cpu_per_step"].values()) for job in comm)
     cores = len(os.sched_getaffinity(0))
     print_trace(comm[0])
-    print(f"MLP CPU per step, all processes: {cpu * 1e3:.1f} ms on {cores} cores: a CPU floor of "
-          f"{cpu / cores * 1e3:.1f} ms/step, against the bandwidth floor of {floor * 1e3:.2f} ms", flush=True)
-    print(f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} model_ratio={comm_step / floor:.3f} "
-          f"model_ratio_spe8={spe8 / floor:.3f} model_ratio_2ps={two_ps / floor:.3f} "
-          f"model_ratio_cpu={comm_step / max(floor, cpu / cores):.3f}")
+    print(
+        f"MLP CPU per step, all processes: {cpu * 1e3:.1f} ms on {cores} cores: a CPU floor of "
+        f"{cpu / cores * 1e3:.1f} ms/step, against the bandwidth floor of {floor * 1e3:.2f} ms",
+        flush=True,
+    )
+    print(
+        f"RESULT parameter_server steps_ratio={dp_step / ps_step:.3f} "
+        f"model_ratio={comm_step / floor:.3f} "
+        f"model_ratio_spe8={spe8 / floor:.3f} model_ratio_2ps={two_ps / floor:.3f} "
+        f"model_ratio_cpu={comm_step / max(floor, cpu / cores):.3f}"
+    )
 
 
 def print_trace(job):
     """The profile of the MLP per task (ms per step) and each process' CPU per step."""
     print("MLP profile, thread-ms per step (ops on different threads add up):", flush=True)
     for task, parts in sorted(job["trace_ms_per_step"].items()):
-        call = (f"; its step function: {parts.pop('step function ms per call'):.1f} ms wall per call, "
-                f"{parts.pop('steps run')} steps") if "steps run" in parts else ""
-        ops = ", ".join(f"{what} {ms:.1f}" for what, ms in sorted(parts.items(), key=lambda kv: -kv[1]))
-        print(f"  {task}: CPU {job['cpu_per_step'][task] * 1e3:.1f} ms/step; ops: {ops or 'none'}{call}",
-              flush=True)
+        call = (
+            (
+                f"; its step function: {parts.pop('step function ms per call'):.1f} ms "
+                "wall per call, "
+                f"{parts.pop('steps run')} steps"
+            )
+            if "steps run" in parts
+            else ""
+        )
+        ops = ", ".join(
+            f"{what} {ms:.1f}" for what, ms in sorted(parts.items(), key=lambda kv: -kv[1])
+        )
+        print(
+            f"  {task}: CPU {job['cpu_per_step'][task] * 1e3:.1f} ms/step; "
+            f"ops: {ops or 'none'}{call}",
+            flush=True,
+        )
+
 
 if __name__ == "__main__":
     main()

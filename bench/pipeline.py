@@ -37,16 +37,33 @@ from common import quick_options, run_job  # noqa: E402
 
 def main():
     opts = quick_options(__doc__)
-    size = ["--width", "256", "--depth", "4", "--batch", "64", "--steps", "3", "--epochs", "1"] if opts.quick else []
-    order = ["baseline", "pipeline"] if opts.quick else ["baseline", "pipeline", "pipeline", "baseline"]
+    size = (
+        ["--width", "256", "--depth", "4", "--batch", "64", "--steps", "3", "--epochs", "1"]
+        if opts.quick
+        else []
+    )
+    order = (
+        ["baseline", "pipeline"] if opts.quick else ["baseline", "pipeline", "pipeline", "baseline"]
+    )
     jobs = {"baseline": [], "pipeline": []}
     for mode in order:
-        jobs[mode].append(run_job([sys.executable, os.path.join(HERE, "_pipeline_worker.py"), mode, *size], cwd=HERE))
+        jobs[mode].append(
+            run_job(
+                [sys.executable, os.path.join(HERE, "_pipeline_worker.py"), mode, *size], cwd=HERE
+            )
+        )
         print(mode, jobs[mode][-1], flush=True)
-    step = {name: statistics.median(job[name] for job in jobs[mode])
-            for mode in jobs for name in jobs[mode][0] if not name.startswith("bubble")}
-    bubble = {name: statistics.median(job[f"bubble {name}"] for job in jobs["pipeline"])
-              for name in jobs["pipeline"][0] if name.startswith("2 stages")}
+    step = {
+        name: statistics.median(job[name] for job in jobs[mode])
+        for mode in jobs
+        for name in jobs[mode][0]
+        if not name.startswith("bubble")
+    }
+    bubble = {
+        name: statistics.median(job[f"bubble {name}"] for job in jobs["pipeline"])
+        for name in jobs["pipeline"][0]
+        if name.startswith("2 stages")
+    }
     theory = {name: jobs["pipeline"][0][f"bubble_theory {name}"] for name in bubble}
     for name, seconds in step.items():
         print(f"{name:>13}: {seconds * 1e3:7.1f} ms/step", flush=True)
@@ -54,19 +71,29 @@ def main():
     ideal = microbatches * stages / (microbatches + stages - 1)
     speedup = step["1 stage x 8"] / step["2 stages x 8"]
     one_f = "2 stages x 8"
-    print(f"speedup {speedup:.3f} (ideal {ideal:.3f}); bubble measured {bubble[one_f]:.3f}, theory "
-          f"{theory[one_f]:.3f}", flush=True)
+    print(
+        f"speedup {speedup:.3f} (ideal {ideal:.3f}); bubble measured {bubble[one_f]:.3f}, theory "
+        f"{theory[one_f]:.3f}",
+        flush=True,
+    )
     for name in bubble:
-        print(f"{name:>26}: bubble {bubble[name]:.3f} (theory {theory[name]:.3f}, ratio "
-              f"{bubble[name] / theory[name]:.2f}), step {step[name] * 1e3:.1f} ms, efficiency vs GPipe "
-              f"{step[one_f + ' gpipe'] / step[name]:.3f}, vs 1F1B {step[one_f] / step[name]:.3f}", flush=True)
-    print(f"RESULT pipeline efficiency={speedup / ideal:.3f} bubble_ratio={bubble[one_f] / theory[one_f]:.3f} "
-          f"overhead_1stage={step['1 stage x 1'] / step['plain']:.3f} "
-          f"microbatch_cost={step['1 stage x 8'] / step['plain']:.3f} "
-          f"zb_bubble_vs_1f1b={bubble[one_f + ' zb-h1'] / bubble[one_f]:.3f} "
-          f"zb_vs_1f1b={step[one_f] / step[one_f + ' zb-h1']:.3f} "
-          f"interleaved_vs_1f1b={step[one_f] / step[one_f + ' interleaved']:.3f} "
-          f"gpipe_vs_1f1b={step[one_f] / step[one_f + ' gpipe']:.3f}")
+        print(
+            f"{name:>26}: bubble {bubble[name]:.3f} (theory {theory[name]:.3f}, ratio "
+            f"{bubble[name] / theory[name]:.2f}), step {step[name] * 1e3:.1f} ms, "
+            "efficiency vs GPipe "
+            f"{step[one_f + ' gpipe'] / step[name]:.3f}, vs 1F1B {step[one_f] / step[name]:.3f}",
+            flush=True,
+        )
+    print(
+        f"RESULT pipeline efficiency={speedup / ideal:.3f} "
+        f"bubble_ratio={bubble[one_f] / theory[one_f]:.3f} "
+        f"overhead_1stage={step['1 stage x 1'] / step['plain']:.3f} "
+        f"microbatch_cost={step['1 stage x 8'] / step['plain']:.3f} "
+        f"zb_bubble_vs_1f1b={bubble[one_f + ' zb-h1'] / bubble[one_f]:.3f} "
+        f"zb_vs_1f1b={step[one_f] / step[one_f + ' zb-h1']:.3f} "
+        f"interleaved_vs_1f1b={step[one_f] / step[one_f + ' interleaved']:.3f} "
+        f"gpipe_vs_1f1b={step[one_f] / step[one_f + ' gpipe']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,17 +26,28 @@ POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 def main():
     opts = quick_options(__doc__)
     steps, epochs = ("3", "1") if opts.quick else ("20", "3")
-    order = POLICIES if opts.quick else ("float32", "mixed_bfloat16", "mixed_float16", "mixed_bfloat16", "float32")
+    order = (
+        POLICIES
+        if opts.quick
+        else ("float32", "mixed_bfloat16", "mixed_float16", "mixed_bfloat16", "float32")
+    )
     times = {policy: [] for policy in POLICIES}
     for policy in order:
-        size = ("2", "1") if policy == "mixed_float16" else (steps, epochs)  # emulated: ~20 s a step
-        job = run_job([sys.executable, os.path.join(HERE, "_precision_worker.py"), policy, *size], cwd=HERE,
-                      timeout=900)
+        size = (
+            ("2", "1") if policy == "mixed_float16" else (steps, epochs)
+        )  # emulated: ~20 s a step
+        job = run_job(
+            [sys.executable, os.path.join(HERE, "_precision_worker.py"), policy, *size],
+            cwd=HERE,
+            timeout=900,
+        )
         times[policy].append(job["step_seconds"])
         print(f"{policy:>15}: {job['step_seconds'] * 1e3:.1f} ms/step", flush=True)
     step = {policy: statistics.median(t) for policy, t in times.items()}
-    print(f"RESULT precision mixed_float16={step['mixed_float16'] / step['float32']:.3f} "
-          f"mixed_bfloat16={step['mixed_bfloat16'] / step['float32']:.3f}")
+    print(
+        f"RESULT precision mixed_float16={step['mixed_float16'] / step['float32']:.3f} "
+        f"mixed_bfloat16={step['mixed_bfloat16'] / step['float32']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tfpar  # noqa: E402
 from common import quick_options  # noqa: E402
+
+import tfpar  # noqa: E402
 
 
 class EpochTimes(tfpar.keras.callbacks.Callback):
@@ -47,8 +48,9 @@ def main():
 
     strategy = tfpar.DataParallel()
     (x, y), _ = load_digits()
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64,
-                                  shuffle_buffer=len(x), seed=0)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64, shuffle_buffer=len(x), seed=0
+    )
     models = {name: strategy.build(compiled_model) for name in ("plain", "timeline", "exchange")}
     times = {name: [] for name in models}
     with tempfile.TemporaryDirectory() as folder:
@@ -56,16 +58,29 @@ def main():
             for name in ("plain", "timeline", "exchange", "exchange", "timeline", "plain"):
                 callbacks = [EpochTimes(times[name])]
                 if name != "plain":
-                    callbacks.append(tfpar.callbacks.Timeline(os.path.join(folder, "timeline.json"),
-                                                              exchange=name == "exchange"))
-                models[name].fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0,
-                                 callbacks=callbacks)
+                    callbacks.append(
+                        tfpar.callbacks.Timeline(
+                            os.path.join(folder, "timeline.json"), exchange=name == "exchange"
+                        )
+                    )
+                models[name].fit(
+                    train.dataset,
+                    steps_per_epoch=train.steps_per_epoch,
+                    epochs=epochs,
+                    verbose=0,
+                    callbacks=callbacks,
+                )
     step = {name: statistics.median(t) / train.steps_per_epoch for name, t in times.items()}
     for name, seconds in step.items():
-        print(f"{name:>9}: {seconds * 1e3:.2f} ms/step, {len(times[name])} epochs of {train.steps_per_epoch} "
-              "steps timed", flush=True)
-    print(f"RESULT timeline overhead={step['timeline'] / step['plain']:.3f} "
-          f"overhead_exchange={step['exchange'] / step['plain']:.3f}")
+        print(
+            f"{name:>9}: {seconds * 1e3:.2f} ms/step, "
+            f"{len(times[name])} epochs of {train.steps_per_epoch} steps timed",
+            flush=True,
+        )
+    print(
+        f"RESULT timeline overhead={step['timeline'] / step['plain']:.3f} "
+        f"overhead_exchange={step['exchange'] / step['plain']:.3f}"
+    )
 
 
 if __name__ == "__main__":

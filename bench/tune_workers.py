@@ -1,4 +1,5 @@
-"""`tfpar tune --workers 2` on the communication-bound MLP (2.6M parameters), 2 workers on this host.
+"""`tfpar tune --workers 2` on the communication-bound MLP (2.6M parameters),
+2 workers on this host.
 
     python bench/tune_workers.py [--quick]
 
@@ -30,14 +31,26 @@ def main():
     sys.path.insert(0, HERE)
     from tfpar.tune import DEFAULTS, tune, workers_space
 
-    space = ({"strategy": ["data_parallel", "horovod"], "compression": ["none", "bf16"]} if opts.quick
-             else workers_space())
-    result = tune("common:mlp_model", "common:mlp_dataset", space, steps=10 if opts.quick else 30, workers=2,
-                  print_fn=lambda line: print(line, flush=True))
+    space = (
+        {"strategy": ["data_parallel", "horovod"], "compression": ["none", "bf16"]}
+        if opts.quick
+        else workers_space()
+    )
+    result = tune(
+        "common:mlp_model",
+        "common:mlp_dataset",
+        space,
+        steps=10 if opts.quick else 30,
+        workers=2,
+        print_fn=lambda line: print(line, flush=True),
+    )
     print(result.describe(), flush=True)
     default = result.default["examples_per_second"]
-    same_batch = max(t["examples_per_second"] for t in result.trials
-                     if t["status"] == "ok" and t["config"]["per_replica_batch"] == DEFAULTS["per_replica_batch"])
+    same_batch = max(
+        t["examples_per_second"]
+        for t in result.trials
+        if t["status"] == "ok" and t["config"]["per_replica_batch"] == DEFAULTS["per_replica_batch"]
+    )
     print(f"RESULT tune speedup={result.speedup:.3f} same_batch_speedup={same_batch / default:.3f}")
 
 

@@ -1,8 +1,8 @@
 """MkDocs hooks: the pages made from the code at build time.
 
-``<!-- tfpar:cli -->`` in a page becomes the ``--help`` of ``tfpar`` and of each subcommand, from the
-argparse parsers themselves (`tfpar.cli._parser`), and ``<!-- tfpar:exit-codes -->`` the table of
-`tfpar.cli.EXIT_CODES`: the reference cannot drift from the command.
+``<!-- tfpar:cli -->`` in a page becomes the ``--help`` of ``tfpar`` and of each subcommand, from
+the argparse parsers themselves (`tfpar.cli._parser`), and ``<!-- tfpar:exit-codes -->`` the table
+of `tfpar.cli.EXIT_CODES`: the reference cannot drift from the command.
 """
 
 import argparse
@@ -35,9 +35,14 @@ def exit_codes_table():
     from tfpar.cli import EXIT_CODES
 
     rows = ["| code | meaning |", "|---|---|"]
-    rows += [f"| {'128 + N' if code == 128 else code} | {meaning.removeprefix('plus N: ')} |"
-             for code, meaning in EXIT_CODES.items()]
-    rows.append("| any other | `tfpar launch`: the exit code of the task that failed first, which the launcher names |")
+    rows += [
+        f"| {'128 + N' if code == 128 else code} | {meaning.removeprefix('plus N: ')} |"
+        for code, meaning in EXIT_CODES.items()
+    ]
+    rows.append(
+        "| any other | `tfpar launch`: the exit code of the task that failed first, "
+        "which the launcher names |"
+    )
     return "\n".join(rows)
 
 

@@ -23,7 +23,9 @@ from tfpar.demo import build_model, default_epochs, load_digits
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=default_epochs(5), help="default 5, or $TFPAR_EPOCHS")
+    parser.add_argument(
+        "--epochs", type=int, default=default_epochs(5), help="default 5, or $TFPAR_EPOCHS"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument("--out", help="folder for worker_<i>.npz and worker_<i>.json")
     args = parser.parse_args()
@@ -35,13 +37,22 @@ def main():
     (x, y), _ = load_digits()
     with strategy.scope():
         model = build_model()
-        model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
-                      weighted_metrics=["accuracy"])
+        model.compile(
+            keras.optimizers.Adam(1e-3),
+            "sparse_categorical_crossentropy",
+            weighted_metrics=["accuracy"],
+        )
     print(strategy.describe(global_batch_size=args.batch_size, model=model))
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy,
-                                  args.batch_size, shuffle_buffer=len(x), seed=1)
-    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch,
-                        epochs=args.epochs, verbose=2)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)),
+        strategy,
+        args.batch_size,
+        shuffle_buffer=len(x),
+        seed=1,
+    )
+    history = model.fit(
+        train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=args.epochs, verbose=2
+    )
     losses = history.history["loss"]
     print(f"loss: first epoch {losses[0]:.4f}, last epoch {losses[-1]:.4f}")
     if args.out:
@@ -50,7 +61,9 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker_{index}.npz"), *model.get_weights())
         with open(os.path.join(args.out, f"worker_{index}.json"), "w") as f:
-            json.dump({"loss": losses, "replicas": strategy.num_replicas_in_sync, "devices": devices}, f)
+            json.dump(
+                {"loss": losses, "replicas": strategy.num_replicas_in_sync, "devices": devices}, f
+            )
 
 
 if __name__ == "__main__":
