@@ -39,11 +39,16 @@ def pytest_collection_modifyitems(config, items):
     """How the test processes of ``--dist loadgroup`` (pytest.ini) share the tests: one at a time,
     but the tests that share a session fixture of this conftest together (``doctor``: it is made
     once, not once per test process), then those of a file that share a module fixture, and a test
-    that names its group joins it (group "ray": test_ray.py and the documentation's Ray block, one local
-    Ray cluster at a time). The multi-process tier goes first, so that the last tests are short ones."""
+    that names its group joins it (group "ray": test_ray.py and the documentation's Ray block, one
+    local Ray cluster at a time). The multi-process tier goes first, so that the last tests are
+    short ones."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            groups = {_sharing_group(d, item) for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds}
+            groups = {
+                _sharing_group(d, item)
+                for ds in item._fixtureinfo.name2fixturedefs.values()
+                for d in ds
+            }
             groups.discard(None)
             session = groups - {item.module.__name__}  # a session fixture's group first
             item.add_marker(pytest.mark.xdist_group(min(session or groups or {item.nodeid})))
@@ -69,8 +74,11 @@ def pytest_fixture_setup(fixturedef, request):
     wanted = _sharing_group(fixturedef, item) if item is not None else None
     marker = item.get_closest_marker("xdist_group") if wanted else None
     if marker is not None and marker.args and marker.args[0] != wanted:
-        pytest.fail(f"{item.nodeid} takes the {fixturedef.scope} fixture {fixturedef.argname!r} outside its group "
-                    f"{wanted!r} (through request.getfixturevalue?): name it as an argument of the test")
+        pytest.fail(
+            f"{item.nodeid} takes the {fixturedef.scope} fixture {fixturedef.argname!r} outside "
+            "its group "
+            f"{wanted!r} (through request.getfixturevalue?): name it as an argument of the test"
+        )
 
 
 def _cpu_seconds():
@@ -78,8 +86,10 @@ def _cpu_seconds():
     waited-for children: a launcher's workers count toward the test that ran the launcher)."""
     import resource
 
-    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
-               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return sum(
+        resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -88,7 +98,9 @@ def pytest_runtest_makereport(item, call):
     shared by everything that runs, so CPU, not wall time, is what a test costs the run."""
     outcome = yield
     now = _cpu_seconds()
-    outcome.get_result().user_properties.append(("cpu", now - getattr(item, "_tfpar_cpu_mark", now)))
+    outcome.get_result().user_properties.append(
+        ("cpu", now - getattr(item, "_tfpar_cpu_mark", now))
+    )
     item._tfpar_cpu_mark = now
 
 
@@ -110,10 +122,14 @@ def pytest_terminal_summary(terminalreporter):
                 cpus[tier[0]] += cpu
                 nodeid = report.nodeid.split("@", 1)[0]  # under --dist loadgroup: "nodeid@group"
                 by_test[nodeid] = by_test.get(nodeid, 0.0) + cpu
-    terminalreporter.write_line("tier times (sums of test durations): " +
-                                ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in times.items()))
-    terminalreporter.write_line("tier CPU (the tests' processes included): " +
-                                ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in cpus.items()))
+    terminalreporter.write_line(
+        "tier times (sums of test durations): "
+        + ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in times.items())
+    )
+    terminalreporter.write_line(
+        "tier CPU (the tests' processes included): "
+        + ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in cpus.items())
+    )
     costs_file = os.environ.get("TFPAR_TEST_COSTS")
     if costs_file:  # every test's CPU, for planning CI's budget
         import json
@@ -144,14 +160,22 @@ def run_command(args, timeout, env=None, cwd=ROOT):
             full_env.pop(name, None)
         else:
             full_env[name] = value
-    proc = subprocess.Popen(args, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        pytest.fail(f"{args} did not finish in {timeout} s:\n{output.decode(errors='replace')[-4000:]}")
+        pytest.fail(
+            f"{args} did not finish in {timeout} s:\n{output.decode(errors='replace')[-4000:]}"
+        )
     return Finished(proc.returncode, output.decode(errors="replace"))
 
 
@@ -169,13 +193,20 @@ def horovod_installed():
         pytest.skip(message)
 
 
-# A user's shell: none of what this process set for itself (tfpar's import sets TF_USE_LEGACY_KERAS).
+# A user's shell: none of what this process set for itself (tfpar's import sets
+# TF_USE_LEGACY_KERAS).
 USER_SHELL = {"TF_USE_LEGACY_KERAS": None, "PYTHONPATH": None}
 
 
-DOCUMENTS = ("README.md", *sorted(os.path.relpath(os.path.join(folder, name), ROOT)
-                                   for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
-                                   for name in names if name.endswith(".md")))
+DOCUMENTS = (
+    "README.md",
+    *sorted(
+        os.path.relpath(os.path.join(folder, name), ROOT)
+        for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
+        for name in names
+        if name.endswith(".md")
+    ),
+)
 """The documents whose code blocks are tested: the README and every page of the site."""
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
 
@@ -194,8 +225,8 @@ def public_modules():
 
 
 def document_blocks(languages=("bash", "python")):
-    """``[(document, language, text, line)]``: every block of those languages in `DOCUMENTS`, a block
-    that appears in several documents only where it appears first."""
+    """``[(document, language, text, line)]``: every block of those languages in `DOCUMENTS`, a
+    block that appears in several documents only where it appears first."""
     blocks, seen = [], set()
     for document in DOCUMENTS:
         with open(os.path.join(ROOT, document), encoding="utf-8") as f:
@@ -203,25 +234,39 @@ def document_blocks(languages=("bash", "python")):
         for match in _BLOCK.finditer(text):
             if match.group(1) in languages and match.group(2) not in seen:
                 seen.add(match.group(2))
-                blocks.append((document, match.group(1), match.group(2), text[:match.start()].count("\n") + 1))
+                blocks.append(
+                    (
+                        document,
+                        match.group(1),
+                        match.group(2),
+                        text[: match.start()].count("\n") + 1,
+                    )
+                )
     return blocks
 
 
 def docs_command(command):
     """The argv of ``command``, a whole line of a bash block of the documentation (its comment left
     out): a test that runs a documented command with more checks than tests/multiproc/test_docs.py
-    (which then leaves that line out: LINES_RUN_ELSEWHERE) takes it from here, so the two stay one text."""
+    (which then leaves that line out: LINES_RUN_ELSEWHERE) takes it from here, so the two stay one
+    text."""
     import shlex
 
-    lines = [line.split("#", 1)[0].strip() for _, _, block, _ in document_blocks(("bash",))
-             for line in block.splitlines()]
-    assert lines.count(command) == 1, f"the documentation's bash blocks have {command!r} {lines.count(command)} time(s), not once"
+    lines = [
+        line.split("#", 1)[0].strip()
+        for _, _, block, _ in document_blocks(("bash",))
+        for line in block.splitlines()
+    ]
+    assert lines.count(command) == 1, (
+        f"the documentation's bash blocks have {command!r} {lines.count(command)} time(s), not once"
+    )
     return shlex.split(command)
 
 
 @pytest.fixture(scope="session")
 def doctor():
-    """``tfpar doctor`` as the documentation writes it and a user's shell runs it, once for the tests that read its report."""
+    """``tfpar doctor`` as the documentation writes it and a user's shell runs it, once for the
+    tests that read its report."""
     result = run_command(docs_command("tfpar doctor"), timeout=240, env=USER_SHELL)
     assert result.returncode == 0, result.output[-2000:]
     return result
@@ -252,7 +297,11 @@ def run_json_script(script, timeout):
 def trace_tracks(trace):
     """A `tfpar.callbacks.Timeline` trace's spans: {(worker, track name): [events by start]} (events
     on no named track, Horovod's merged ones, left out)."""
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e.get("name") == "thread_name"
+    }
     tracks = {}
     for e in trace["traceEvents"]:
         if e["ph"] == "X" and (e["pid"], e.get("tid")) in names:

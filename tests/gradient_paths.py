@@ -43,14 +43,17 @@ def _text(k):
 
 
 def _image(k):
-    model = k.Sequential([
-        k.Input((8, 8, 1)),
-        k.layers.Conv2D(4, 3, use_bias=False, name="conv"),
-        k.layers.BatchNormalization(synchronized=True, name="norm"),
-        k.layers.Activation("relu"),
-        k.layers.Flatten(),
-        k.layers.Dense(3, name="logits", dtype="float32"),
-    ], name="image")
+    model = k.Sequential(
+        [
+            k.Input((8, 8, 1)),
+            k.layers.Conv2D(4, 3, use_bias=False, name="conv"),
+            k.layers.BatchNormalization(synchronized=True, name="norm"),
+            k.layers.Activation("relu"),
+            k.layers.Flatten(),
+            k.layers.Dense(3, name="logits", dtype="float32"),
+        ],
+        name="image",
+    )
     model.compile(k.optimizers.Adam(1e-2), k.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
@@ -98,8 +101,9 @@ def keras_hub_task(name, examples=48, kv_heads=1):
         model = models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     elif name == "bert":
         backbone = models.BertBackbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
-        model = models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None,
-                                          dropout=0.0)
+        model = models.BertTextClassifier(
+            backbone=backbone, num_classes=2, preprocessor=None, dropout=0.0
+        )
         x["segment_ids"] = np.zeros_like(ids)
         y = ids[:, 0] % 2
     elif name == "bert_masked_lm":  # its head holds the backbone's embedding (tied logits)
@@ -112,8 +116,9 @@ def keras_hub_task(name, examples=48, kv_heads=1):
         backbone = models.LlamaBackbone(**sizes, num_query_heads=2, num_key_value_heads=kv_heads)
         model = models.LlamaCausalLM(backbone=backbone, preprocessor=None)
     else:
-        backbone = models.GemmaBackbone(**sizes, num_query_heads=2, num_key_value_heads=kv_heads,
-                                         head_dim=8)
+        backbone = models.GemmaBackbone(
+            **sizes, num_query_heads=2, num_key_value_heads=kv_heads, head_dim=8
+        )
         model = models.GemmaCausalLM(backbone=backbone, preprocessor=None)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(keras.optimizers.Adam(1e-2), loss)

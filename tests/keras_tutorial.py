@@ -12,14 +12,17 @@ FF = 32
 
 
 def tutorial_classes(k):
-    """The tutorial's ``TransformerBlock`` and ``TokenAndPositionEmbedding`` for Keras module ``k``."""
+    """The tutorial's ``TransformerBlock`` and ``TokenAndPositionEmbedding`` for Keras module
+    ``k``."""
     layers = k.layers
 
     class TransformerBlock(layers.Layer):
         def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1, **kwargs):
             super().__init__(**kwargs)
             self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
-            self.ffn = k.Sequential([layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)])
+            self.ffn = k.Sequential(
+                [layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)]
+            )
             self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
             self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
             self.dropout1 = layers.Dropout(rate)

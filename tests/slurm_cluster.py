@@ -65,8 +65,10 @@ def ensure_slurm():
     if os.geteuid() == 0 and shutil.which("apt-get"):
         print(f"SLURM is missing: installing {' '.join(PACKAGES)} with apt-get", flush=True)
         env = {"DEBIAN_FRONTEND": "noninteractive"}
-        for args in (["apt-get", "update", "-qq"],
-                     ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]):
+        for args in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+        ):
             result = run_command(args, timeout=600, env=env)
             assert result.returncode == 0, result.output[-3000:]
         return
@@ -93,13 +95,17 @@ class SlurmCluster:
         env = {**os.environ, **self.env}
         for argv in (["slurmctld", "-D", "-i"], ["slurmd", "-D", "-N", "localhost"]):
             log = open(os.path.join(self.folder, f"{argv[0]}.log"), "wb")
-            self._daemons.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  start_new_session=True))
+            self._daemons.append(
+                subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
             log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
-                                   timeout=10).stdout.strip()
+            state = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
             if state == "idle":
                 return self
             if any(d.poll() is not None for d in self._daemons):
@@ -109,34 +115,57 @@ class SlurmCluster:
         pytest.fail(f"SLURM did not come up in {timeout} s (node state {state!r}):\n{self.logs()}")
 
     def logs(self):
-        return "\n".join(open(os.path.join(self.folder, f"{name}.log"), errors="replace").read()[-2000:]
-                         for name in ("slurmctld", "slurmd"))
+        return "\n".join(
+            open(os.path.join(self.folder, f"{name}.log"), errors="replace").read()[-2000:]
+            for name in ("slurmctld", "slurmd")
+        )
 
     def srun(self, argv, ntasks, *, mpi="none", timeout=300, env=None):
         """One job step of ``ntasks`` tasks on the node (``srun --mpi=MPI``); a `Finished`."""
-        return run_command(["srun", f"--ntasks={ntasks}", f"--mpi={mpi}", "--kill-on-bad-exit=1",
-                            f"--time={max(1, timeout // 60)}", *argv],
-                           timeout=timeout, env={**self.env, **(env or {})})
+        return run_command(
+            [
+                "srun",
+                f"--ntasks={ntasks}",
+                f"--mpi={mpi}",
+                "--kill-on-bad-exit=1",
+                f"--time={max(1, timeout // 60)}",
+                *argv,
+            ],
+            timeout=timeout,
+            env={**self.env, **(env or {})},
+        )
 
     def sbatch(self, script, output, *, timeout=300, env=None):
-        """Submits ``script`` and waits for the job to end; a `Finished` with the job's exit code and
-        its output. It asks slurmctld every half second: ``sbatch --wait`` polls at growing
+        """Submits ``script`` and waits for the job to end; a `Finished` with the job's exit code
+        and its output. It asks slurmctld every half second: ``sbatch --wait`` polls at growing
         intervals (up to 10 s), which cost these tests more waiting than the jobs' own run."""
-        submitted = run_command(["sbatch", "--parsable", f"--output={output}", script], timeout=60,
-                                env={**self.env, **(env or {})})
+        submitted = run_command(
+            ["sbatch", "--parsable", f"--output={output}", script],
+            timeout=60,
+            env={**self.env, **(env or {})},
+        )
         if submitted.returncode != 0:
             return submitted
         job = submitted.output.strip().splitlines()[-1].split(";")[0]
         env = {**os.environ, **self.env}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            info = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True,
-                                  timeout=10).stdout
+            info = subprocess.run(
+                ["scontrol", "show", "job", "-o", job],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
             state = re.search(r"JobState=(\S+)", info)
             if state and state.group(1) not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
                 code, by_signal = map(int, re.search(r" ExitCode=(\d+):(\d+)", info).groups())
                 returncode = 0 if state.group(1) == "COMPLETED" else (code or by_signal or 1)
-                text = Path(output).read_text(errors="replace") if os.path.exists(output) else "(no output file)"
+                text = (
+                    Path(output).read_text(errors="replace")
+                    if os.path.exists(output)
+                    else "(no output file)"
+                )
                 return Finished(returncode, submitted.output + text)
             time.sleep(0.5)
         subprocess.run(["scancel", job], env=env, capture_output=True, timeout=10)
@@ -145,7 +174,9 @@ class SlurmCluster:
     def stop(self):
         env = {**os.environ, **self.env}
         if self._daemons and self._daemons[0].poll() is None:
-            subprocess.run(["scancel", "--full", "--user=root"], env=env, capture_output=True, timeout=10)
+            subprocess.run(
+                ["scancel", "--full", "--user=root"], env=env, capture_output=True, timeout=10
+            )
         for daemon in reversed(self._daemons):
             if daemon.poll() is None:
                 os.killpg(daemon.pid, signal.SIGTERM)

@@ -19,8 +19,12 @@ def _ids(n):
 @pytest.mark.parametrize("replicas", [1, 2])
 @pytest.mark.parametrize("n", [23, 37])
 def test_data_sharding_pad_sees_every_example_exactly_once(workers, replicas, n):
-    report = check_coverage(_ids(n), num_workers=workers, replicas_per_worker=replicas,
-                            global_batch_size=4 * workers * replicas)
+    report = check_coverage(
+        _ids(n),
+        num_workers=workers,
+        replicas_per_worker=replicas,
+        global_batch_size=4 * workers * replicas,
+    )
     assert report.exactly_once, str(report)
     assert sum(report.expected.values()) == n
     global_batch = 4 * workers * replicas
@@ -30,7 +34,9 @@ def test_data_sharding_pad_sees_every_example_exactly_once(workers, replicas, n)
 @pytest.mark.parametrize("workers", [2, 3])
 def test_data_sharding_drop_loses_less_than_a_global_batch(workers):
     n, global_batch = 37, 4 * workers
-    report = check_coverage(_ids(n), num_workers=workers, global_batch_size=global_batch, remainder="drop")
+    report = check_coverage(
+        _ids(n), num_workers=workers, global_batch_size=global_batch, remainder="drop"
+    )
     assert not report.duplicated and report.padded == 0
     assert len(set(report.steps_per_worker)) == 1
     assert len(report.missing) == n - (n // global_batch) * global_batch
@@ -39,8 +45,13 @@ def test_data_sharding_drop_loses_less_than_a_global_batch(workers):
 @pytest.mark.parametrize("workers, sizes", [(2, [7, 3, 9]), (3, [5, 5, 1, 8]), (3, [10, 1, 1])])
 def test_file_sharding_with_uneven_files(tmp_path, workers, sizes):
     paths, reader = write_id_files(tmp_path, sizes)
-    report = check_coverage(paths, num_workers=workers, global_batch_size=2 * workers,
-                            shard_policy="file", reader=reader)
+    report = check_coverage(
+        paths,
+        num_workers=workers,
+        global_batch_size=2 * workers,
+        shard_policy="file",
+        reader=reader,
+    )
     assert report.exactly_once, str(report)
     assert sum(report.seen.values()) == sum(sizes)
 
@@ -55,7 +66,9 @@ def test_fewer_files_than_workers_falls_back_to_data_with_a_warning(tmp_path):
 def test_forced_file_policy_with_more_workers_than_files(tmp_path):
     paths, reader = write_id_files(tmp_path, [4, 4])
     with pytest.raises(ValueError, match=r"Received: 2 file\(s\) for 3 workers"):
-        check_coverage(paths, num_workers=3, global_batch_size=3, shard_policy="file", reader=reader)
+        check_coverage(
+            paths, num_workers=3, global_batch_size=3, shard_policy="file", reader=reader
+        )
 
 
 def test_user_sample_weights_are_kept_and_padding_gets_weight_zero():
@@ -93,8 +106,8 @@ def test_fit_runs_epochs_back_to_back_without_hanging(remainder):
     (kernel,), bias = model.get_weights()[0], model.get_weights()[1]
     x = np.arange(23, dtype="float64")
     error = x * kernel[0] + bias[0] - x
-    steps = [error[i:i + 4] for i in range(0, 23 if remainder == "pad" else 20, 4)]
-    assert loss == pytest.approx(np.mean([np.mean(s ** 2) for s in steps]), rel=1e-5)
+    steps = [error[i : i + 4] for i in range(0, 23 if remainder == "pad" else 20, 4)]
+    assert loss == pytest.approx(np.mean([np.mean(s**2) for s in steps]), rel=1e-5)
     assert mae == pytest.approx(np.mean([np.mean(np.abs(s)) for s in steps]), rel=1e-5)
 
 
@@ -112,15 +125,22 @@ def test_padding_is_masked_out_of_weighted_metrics():
 
 
 def _constant_examples():
-    """23 examples with x=1, y=5: a zero-initialised Dense(1) makes every example's loss exactly 5."""
-    return tf.data.Dataset.from_tensor_slices((np.ones((23, 1), "float32"), np.full((23, 1), 5.0, "float32")))
+    """23 examples with x=1, y=5: a zero-initialised Dense(1) makes every example's loss exactly
+    5."""
+    return tf.data.Dataset.from_tensor_slices(
+        (np.ones((23, 1), "float32"), np.full((23, 1), 5.0, "float32"))
+    )
 
 
 def test_padding_leaves_the_loss_the_mean_over_real_examples():
     strategy = tfpar.DataParallel()
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Input((1,)),
-                                  keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+        model = keras.Sequential(
+            [
+                keras.layers.Input((1,)),
+                keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros"),
+            ]
+        )
         model.compile("sgd", "mae", weighted_metrics=["mae"])
     data = tfpar.data.distribute(_constant_examples(), strategy, 4)
     assert data.steps_per_epoch == 6 and data.plan.padded_step_weights == (4 / 3,)
@@ -137,8 +157,14 @@ def test_a_padded_epoch_trains_like_one_device_fed_a_short_last_batch():
     y = rng.normal(size=(23, 1)).astype("float32")
 
     def build():
-        model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(
-            1, kernel_initializer=keras.initializers.Constant(0.3), bias_initializer="zeros")])
+        model = keras.Sequential(
+            [
+                keras.layers.Input((3,)),
+                keras.layers.Dense(
+                    1, kernel_initializer=keras.initializers.Constant(0.3), bias_initializer="zeros"
+                ),
+            ]
+        )
         model.compile(keras.optimizers.SGD(0.1), "mse", weighted_metrics=["mae"])
         return model
 
@@ -154,14 +180,32 @@ def test_a_padded_epoch_trains_like_one_device_fed_a_short_last_batch():
     assert not np.allclose(single.get_weights()[0], 0.3, atol=1e-3)  # it trained
 
 
-@pytest.mark.parametrize("source, kwargs, error, match", [
-    (lambda: _ids(10), dict(shard_policy="chunks"), ValueError, r"Unknown shard_policy 'chunks'"),
-    (lambda: _ids(10), dict(remainder="wrap"), ValueError, r"Unknown remainder 'wrap'"),
-    (lambda: _ids(10), dict(shuffle_buffer=-1), ValueError, r"shuffle_buffer must be an int >= 0"),
-    (lambda: tf.data.Dataset.range(10), {}, ValueError, r"remainder='pad' needs \(inputs, targets\)"),
-    (lambda: 42, {}, TypeError, r"must return a tf.data.Dataset. Received: int"),
-    ([], {}, ValueError, r"list of input files is empty"),
-])
+@pytest.mark.parametrize(
+    "source, kwargs, error, match",
+    [
+        (
+            lambda: _ids(10),
+            dict(shard_policy="chunks"),
+            ValueError,
+            r"Unknown shard_policy 'chunks'",
+        ),
+        (lambda: _ids(10), dict(remainder="wrap"), ValueError, r"Unknown remainder 'wrap'"),
+        (
+            lambda: _ids(10),
+            dict(shuffle_buffer=-1),
+            ValueError,
+            r"shuffle_buffer must be an int >= 0",
+        ),
+        (
+            lambda: tf.data.Dataset.range(10),
+            {},
+            ValueError,
+            r"remainder='pad' needs \(inputs, targets\)",
+        ),
+        (lambda: 42, {}, TypeError, r"must return a tf.data.Dataset. Received: int"),
+        ([], {}, ValueError, r"list of input files is empty"),
+    ],
+)
 def test_bad_input(source, kwargs, error, match):
     strategy = tfpar.DataParallel()
     with pytest.raises(error, match=match):
@@ -169,7 +213,10 @@ def test_bad_input(source, kwargs, error, match):
 
 
 def test_non_int_batch():
-    with pytest.raises(TypeError, match=r"global_batch_size must be an int. Received: global_batch_size=4.0 \(float\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"global_batch_size must be an int. Received: global_batch_size=4.0 \(float\)",
+    ):
         tfpar.data.distribute(_ids(10), tfpar.DataParallel(), 4.0)
 
 
@@ -183,13 +230,17 @@ def test_each_epoch_has_its_own_order_built_alike_in_any_process():
     config = InputConfig(global_batch_size=8, shuffle_buffer=40, seed=5)
 
     def order(epoch, worker=0):
-        dataset, _ = worker_dataset(source, config, num_workers=2, worker_index=worker, num_replicas=2, epoch=epoch)
+        dataset, _ = worker_dataset(
+            source, config, num_workers=2, worker_index=worker, num_replicas=2, epoch=epoch
+        )
         return [int(v) for batch in dataset.as_numpy_iterator() for v in batch[0]]
 
     first = [order(e) for e in range(3)]
     tf.random.set_seed(123)  # a script's global seed changes nothing
     assert [order(e) for e in (2, 0, 1)] == [first[2], first[0], first[1]]
-    assert all(sorted(o + order(e, worker=1)) == list(range(40)) for e, o in enumerate(first))  # each once
+    assert all(
+        sorted(o + order(e, worker=1)) == list(range(40)) for e, o in enumerate(first)
+    )  # each once
     assert len({tuple(o) for o in first}) == 3 and order(0, worker=1) != order(0)
 
 
@@ -198,18 +249,27 @@ def test_each_epoch_has_its_own_order_built_alike_in_any_process():
 def test_a_resized_epoch_still_sees_every_example_exactly_once(replicas, resize):
     """An elastic job's epoch: 3 workers, then the rest of the epoch read by another number of
     workers from a step on (a resume there), shuffled with a seed and padded at the end (470
-    examples, 10 steps of 48 with one replica a worker): every example once, in epochs 0 and 1 (each its own order)."""
+    examples, 10 steps of 48 with one replica a worker): every example once, in epochs 0 and 1 (each
+    its own order)."""
     global_batch = 48 * replicas
     for epoch in (0, 1):
-        report = check_coverage(_ids(470), num_workers=3, replicas_per_worker=replicas, resize=resize, epoch=epoch,
-                                global_batch_size=global_batch, shuffle_buffer=470, seed=3)
+        report = check_coverage(
+            _ids(470),
+            num_workers=3,
+            replicas_per_worker=replicas,
+            resize=resize,
+            epoch=epoch,
+            global_batch_size=global_batch,
+            shuffle_buffer=470,
+            seed=3,
+        )
         assert report.exactly_once, str(report)
         assert sum(report.seen.values()) == 470 and report.padded == -470 % global_batch
 
 
 def test_a_step_holds_the_same_examples_whatever_the_number_of_workers():
-    """Why a resize keeps exactly once: under DATA sharding with a seed, step s of epoch e is the same
-    set of examples for 1, 2, 3 or 4 workers (the job's order, dealt step by step)."""
+    """Why a resize keeps exactly once: under DATA sharding with a seed, step s of epoch e is the
+    same set of examples for 1, 2, 3 or 4 workers (the job's order, dealt step by step)."""
     from tfpar.data.sharding import InputConfig, worker_dataset
 
     config = InputConfig(global_batch_size=12, shuffle_buffer=100, seed=8)
@@ -217,9 +277,17 @@ def test_a_step_holds_the_same_examples_whatever_the_number_of_workers():
     def steps(workers):
         per_worker = []
         for worker in range(workers):
-            dataset, _ = worker_dataset(_ids(100), config, num_workers=workers, worker_index=worker,
-                                        num_replicas=workers, epoch=2)
-            per_worker.append([[int(v) for v, w in zip(b[1], b[2]) if w > 0] for b in dataset.as_numpy_iterator()])
+            dataset, _ = worker_dataset(
+                _ids(100),
+                config,
+                num_workers=workers,
+                worker_index=worker,
+                num_replicas=workers,
+                epoch=2,
+            )
+            per_worker.append(
+                [[int(v) for v, w in zip(b[1], b[2]) if w > 0] for b in dataset.as_numpy_iterator()]
+            )
         return [sorted(sum((w[s] for w in per_worker), [])) for s in range(len(per_worker[0]))]
 
     one = steps(1)

@@ -11,11 +11,17 @@ import tfpar
 from tests import gradient_paths as models
 from tfpar.verify._paths import PATHS, relative_update_error
 
+
 @pytest.mark.parametrize("shape", ["text", "image"])
 def test_every_gradient_path_trains_like_one_device(any_keras, shape):
     name = "keras3" if any_keras.__name__ == "keras" else "tf_keras"
-    report = tfpar.verify.verify(getattr(models, f"{shape}_{name}"), getattr(models, f"{shape}_data"), steps=4,
-                                 global_batch_size=16, paths="all")
+    report = tfpar.verify.verify(
+        getattr(models, f"{shape}_{name}"),
+        getattr(models, f"{shape}_data"),
+        steps=4,
+        global_batch_size=16,
+        paths="all",
+    )
     rows = {row.path: row for row in report.rows}
     assert list(rows) == list(PATHS) and len(rows) == 20
     for path, row in rows.items():
@@ -36,12 +42,18 @@ def test_every_gradient_path_trains_like_one_device(any_keras, shape):
 
 
 def test_bad_paths_are_refused():
-    with pytest.raises(ValueError, match=r"paths takes 'all' or names of .*Received: paths='zero3'"):
+    with pytest.raises(
+        ValueError, match=r"paths takes 'all' or names of .*Received: paths='zero3'"
+    ):
         tfpar.verify.verify(models.text_tf_keras, models.text_data, paths="zero3")
-    with pytest.raises(ValueError, match=r"paths are the gradient paths of data_parallel and horovod. Received: "
-                                         r"strategy 'pipeline'"):
-        tfpar.verify.verify(models.text_tf_keras, models.text_data, strategy="pipeline",
-                            paths="all", steps=3)
+    with pytest.raises(
+        ValueError,
+        match=r"paths are the gradient paths of data_parallel and horovod. Received: "
+        r"strategy 'pipeline'",
+    ):
+        tfpar.verify.verify(
+            models.text_tf_keras, models.text_data, strategy="pipeline", paths="all", steps=3
+        )
 
 
 def test_the_callers_precision_policy_is_put_back():
@@ -52,8 +64,13 @@ def test_the_callers_precision_policy_is_put_back():
 
     use("mixed_bfloat16")
     try:
-        tfpar.verify.verify(models.text_tf_keras, models.text_data, steps=2, global_batch_size=16,
-                            paths="plain,mixed_float16")
+        tfpar.verify.verify(
+            models.text_tf_keras,
+            models.text_data,
+            steps=2,
+            global_batch_size=16,
+            paths="plain,mixed_float16",
+        )
         assert tfpar.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
         assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
     finally:
@@ -70,12 +87,17 @@ def test_a_path_tfpar_refuses_is_a_row_with_the_reason():
         model.compile(keras.optimizers.Adam(1e-2, clipvalue=0.5), model.loss)
         return model
 
-    report = tfpar.verify.verify(model_fn, models.text_data, steps=2, global_batch_size=16, paths="plain,zero1")
+    report = tfpar.verify.verify(
+        model_fn, models.text_data, steps=2, global_batch_size=16, paths="plain,zero1"
+    )
     plain, zero = report.rows
     assert plain.verdict == "ok" and report.passed
     assert zero.verdict == "refused"
     assert "zero_stage=1 cannot clip a sparse gradient by value" in zero.detail
-    assert "Received: clipvalue=0.5" in zero.detail and "Use global_clipnorm=, or zero_stage=0" in zero.detail
+    assert (
+        "Received: clipvalue=0.5" in zero.detail
+        and "Use global_clipnorm=, or zero_stage=0" in zero.detail
+    )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "gemma"])
@@ -97,8 +119,12 @@ def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
     with one.scope():
         start = models.keras_hub_task(name)[0].get_weights()
     reference = trained(one, start).get_weights()
-    for options, bound in [({}, 1e-5), ({"zero_stage": 1}, 1e-5), ({"zero_stage": 2}, 1e-5),
-                           ({"compression": "bf16"}, None)]:
+    for options, bound in [
+        ({}, 1e-5),
+        ({"zero_stage": 1}, 1e-5),
+        ({"zero_stage": 2}, 1e-5),
+        ({"compression": "bf16"}, None),
+    ]:
         weights = trained(tfpar.DataParallel(**options), start).get_weights()
         if bound is not None:
             largest = max(float(np.abs(a - b).max()) for a, b in zip(reference, weights))
@@ -114,8 +140,9 @@ def test_verify_paths_on_a_keras_hub_model_as_the_docs_show():
     all 20 paths ok (108 s here); CI runs one path of each kind: float32, sharded with accumulation,
     16-bit, mixed."""
     paths = ["plain", "zero2+accumulate", "bf16", "mixed_float16"]
-    report = tfpar.verify.verify(models.gpt2_keras_hub, models.gpt2_data, steps=4,
-                                 global_batch_size=16, paths=paths)
+    report = tfpar.verify.verify(
+        models.gpt2_keras_hub, models.gpt2_data, steps=4, global_batch_size=16, paths=paths
+    )
     assert [row.path for row in report.rows] == paths
     assert {row.verdict for row in report.rows} == {"ok"} and report.passed, report.describe()
 
@@ -136,7 +163,9 @@ def test_a_keras_hub_preprocessor_goes_into_the_input_pipeline_as_the_refusal_sa
         model.preprocessor = preprocessor
     text = tf.data.Dataset.from_tensor_slices(["a b", "b a b", "a a", "b"] * 4)
     train = tfpar.data.distribute(text, strategy, 8)
-    with pytest.raises(ValueError, match=r"Received: a GPT2CausalLM with preprocessor GPT2CausalLMPreprocessor"):
+    with pytest.raises(
+        ValueError, match=r"Received: a GPT2CausalLM with preprocessor GPT2CausalLMPreprocessor"
+    ):
         model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, verbose=0)
     train = tfpar.data.distribute(text.map(preprocessor), strategy, 8)
     model.preprocessor = None

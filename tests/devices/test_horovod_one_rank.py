@@ -26,13 +26,22 @@ def test_missing_horovod_says_how_to_install(monkeypatch):
         horovod.HorovodStrategy()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(op="mean"), r"Unknown op 'mean'. Received: op='mean'"),
-    (dict(compression="int8"), r"Unknown compression 'int8'"),
-    (dict(backward_passes_per_step=0), r"backward_passes_per_step must be an int >= 1.*Received: backward_passes_per_step=0"),
-    (dict(op="adasum", compression="bf16"), r"compression='bf16' cannot be combined with op='adasum'.*"
-                                            r"Received: op='adasum', compression='bf16'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(op="mean"), r"Unknown op 'mean'. Received: op='mean'"),
+        (dict(compression="int8"), r"Unknown compression 'int8'"),
+        (
+            dict(backward_passes_per_step=0),
+            r"backward_passes_per_step must be an int >= 1.*Received: backward_passes_per_step=0",
+        ),
+        (
+            dict(op="adasum", compression="bf16"),
+            r"compression='bf16' cannot be combined with op='adasum'.*"
+            r"Received: op='adasum', compression='bf16'",
+        ),
+    ],
+)
 def test_bad_options(kwargs, match):
     from tfpar.strategies.horovod import HorovodConfig
 
@@ -88,10 +97,11 @@ def test_describe_counts_a_keras3_model():
 
 
 def test_horovods_distributed_optimizer_for_keras3_wraps_the_optimizer_it_is_given():
-    """tfpar/install_horovod/_copied_into_horovod/keras3.py, which the installer adds to Horovod, in this process: a Keras 3
-    optimizer is recognized (a tf_keras one is not), the copy keeps its class name and config, its
-    apply hands every gradient to the all-reduce with the tf.Variable each Keras 3 variable holds,
-    and an unsupported backward_passes_per_step is refused naming the fix."""
+    """tfpar/install_horovod/_copied_into_horovod/keras3.py, which the installer adds to Horovod, in
+    this process: a Keras 3 optimizer is recognized (a tf_keras one is not), the copy keeps its
+    class name and config, its apply hands every gradient to the all-reduce with the tf.Variable
+    each Keras 3 variable holds, and an unsupported backward_passes_per_step is refused naming the
+    fix."""
     import keras as keras3
 
     from tfpar.install_horovod._copied_into_horovod.keras3 import (
@@ -99,7 +109,9 @@ def test_horovods_distributed_optimizer_for_keras3_wraps_the_optimizer_it_is_giv
         is_keras3_optimizer,
     )
 
-    assert is_keras3_optimizer(keras3.optimizers.SGD(0.1)) and not is_keras3_optimizer(keras.optimizers.SGD(0.1))
+    assert is_keras3_optimizer(keras3.optimizers.SGD(0.1)) and not is_keras3_optimizer(
+        keras.optimizers.SGD(0.1)
+    )
     seen = []
 
     def doubled(grads, variables):  # an all-reduce summing two ranks with equal gradients
@@ -113,7 +125,10 @@ def test_horovods_distributed_optimizer_for_keras3_wraps_the_optimizer_it_is_giv
     optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
     np.testing.assert_allclose(variable.numpy(), [0.8, 1.8])  # 0.1 x the doubled gradient
     assert len(seen) == 1 and isinstance(seen[0][0], tf.Variable)
-    with pytest.raises(ValueError, match=r"backward_passes_per_step=1 with a Keras 3 optimizer. Received: "
-                                         r"backward_passes_per_step=2. Accumulate with Keras 3's own "
-                                         r"gradient_accumulation_steps"):
+    with pytest.raises(
+        ValueError,
+        match=r"backward_passes_per_step=1 with a Keras 3 optimizer. Received: "
+        r"backward_passes_per_step=2. Accumulate with Keras 3's own "
+        r"gradient_accumulation_steps",
+    ):
         distributed_optimizer(keras3.optimizers.SGD(0.1), doubled, backward_passes_per_step=2)

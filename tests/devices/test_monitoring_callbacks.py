@@ -1,8 +1,8 @@
 """Throughput, NaNGuard, MetricAverage and global-norm clipping on 2 virtual CPU devices."""
 
 import numpy as np
-import tensorflow as tf
 import pytest
+import tensorflow as tf
 
 import tfpar
 from tfpar.callbacks import MetricAverage, NaNGuard, Throughput
@@ -27,19 +27,23 @@ def _model(strategy, learning_rate=0.01, **optimizer):
 def test_throughput_logs_totals_per_worker_and_scaling_efficiency(tmp_path):
     x, y = _data()
     callback = Throughput(64, reference_examples_per_second=1000.0, log_dir=str(tmp_path))
-    history = _model(tfpar.DataParallel()).fit(x, y, batch_size=64, epochs=2, verbose=0,
-                                               callbacks=[callback, MetricAverage()])
+    history = _model(tfpar.DataParallel()).fit(
+        x, y, batch_size=64, epochs=2, verbose=0, callbacks=[callback, MetricAverage()]
+    )
     logs = history.history
     assert all(e > 0 for e in logs["examples_per_second"])
     assert logs["examples_per_second_per_worker"] == logs["examples_per_second"]  # one worker here
     assert logs["step_time"] == pytest.approx([64 / e for e in logs["examples_per_second"]])
-    assert logs["scaling_efficiency"] == pytest.approx([e / (1000.0 * 2) for e in logs["examples_per_second"]])
+    assert logs["scaling_efficiency"] == pytest.approx(
+        [e / (1000.0 * 2) for e in logs["examples_per_second"]]
+    )
     assert list(tmp_path.rglob("events.out.tfevents*"))
 
 
 def test_throughput_stops_the_epoch_clock_where_validation_begins(monkeypatch):
-    """fit's validation (on_test_begin inside an epoch) is not training: an epoch of 4 steps that trained
-    for 2 s and validated for 8 logs 2 s; an epoch without validation logs its whole 10 s."""
+    """fit's validation (on_test_begin inside an epoch) is not training: an epoch of 4 steps that
+    trained for 2 s and validated for 8 logs 2 s; an epoch without validation logs its whole 10
+    s."""
     import tfpar.callbacks.monitoring as monitoring
 
     ticks = iter([0.0, 2.0, 10.0, 20.0, 30.0])
@@ -80,8 +84,9 @@ def test_throughput_agrees_with_an_independent_timer():
 
     x, y = _data(640)
     clock = Clock()
-    history = _model(tfpar.DataParallel()).fit(x, y, batch_size=64, epochs=3, verbose=0,
-                                               callbacks=[clock, Throughput(64), Slow()])
+    history = _model(tfpar.DataParallel()).fit(
+        x, y, batch_size=64, epochs=3, verbose=0, callbacks=[clock, Throughput(64), Slow()]
+    )
     reported = [10 * 64 / e for e in history.history["examples_per_second"]]  # 10 steps an epoch
     for theirs, ours in zip(reported, clock.seconds):
         assert 0.75 * ours <= theirs <= 1.25 * ours, (reported, clock.seconds)
@@ -97,7 +102,9 @@ def test_nan_guard_restores_weights_whose_loss_was_finite(check, any_keras):
     strategy = tfpar.DataParallel()
     with strategy.scope():
         k = any_keras
-        model = k.Sequential([k.layers.Input((1,)), k.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+        model = k.Sequential(
+            [k.layers.Input((1,)), k.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+        )
         model.compile(k.optimizers.SGD(5.0), "mse")
     x, y = np.ones((8, 1), "float32"), np.zeros((8, 1), "float32")
     guard = NaNGuard(check=check)
@@ -107,10 +114,15 @@ def test_nan_guard_restores_weights_whose_loss_was_finite(check, any_keras):
     assert stop == len(losses) and not np.isfinite(losses[-1]) and np.isfinite(losses[:-1]).all()
     assert stop == 21 and guard.restored_step == stop - 1
     last_finite = losses[guard.restored_step - 1]
-    assert last_finite == pytest.approx(81.0 ** (guard.restored_step - 1), rel=1e-5) and last_finite > 1e36
+    assert (
+        last_finite == pytest.approx(81.0 ** (guard.restored_step - 1), rel=1e-5)
+        and last_finite > 1e36
+    )
     restored = model.evaluate(x, y, batch_size=8, verbose=0)
     assert np.isfinite(restored) and restored == pytest.approx(last_finite, rel=1e-6)
-    assert model.get_weights()[0][0, 0] == pytest.approx((-9.0) ** (guard.restored_step - 1), rel=1e-5)
+    assert model.get_weights()[0][0, 0] == pytest.approx(
+        (-9.0) ** (guard.restored_step - 1), rel=1e-5
+    )
 
 
 @pytest.mark.parametrize("check", ["batch", "epoch"])
@@ -121,8 +133,12 @@ def test_nan_guard_counts_fits_steps_under_gradient_accumulation(check):
     accumulation)."""
     strategy = tfpar.DataParallel(gradient_accumulation_steps=2)
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(
-            1, use_bias=False, kernel_initializer="ones")])
+        model = keras.Sequential(
+            [
+                keras.layers.Input((1,)),
+                keras.layers.Dense(1, use_bias=False, kernel_initializer="ones"),
+            ]
+        )
         model.compile(keras.optimizers.SGD(5.0), "mse")
     x = np.ones((8, 1), "float32")
     y = np.zeros((8, 1), "float32")
@@ -137,28 +153,42 @@ def test_nan_guard_counts_steps_with_several_steps_per_execution():
     must still be the optimizer's, and the restored weights' loss finite."""
     strategy = tfpar.DataParallel()
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(
-            1, use_bias=False, kernel_initializer="ones")])
+        model = keras.Sequential(
+            [
+                keras.layers.Input((1,)),
+                keras.layers.Dense(1, use_bias=False, kernel_initializer="ones"),
+            ]
+        )
         model.compile(keras.optimizers.SGD(5.0), "mse", steps_per_execution=2)
     x, y = np.ones((16, 1), "float32"), np.zeros((16, 1), "float32")
     guard = NaNGuard()
     model.fit(x, y, batch_size=8, epochs=30, shuffle=False, verbose=0, callbacks=[guard])
-    assert guard.stopped_at_step == int(model.optimizer.iterations.numpy()) and guard.stopped_at_step % 2 == 0
-    assert guard.restored_step == guard.stopped_at_step - 3  # the first step of the execution before
+    assert (
+        guard.stopped_at_step == int(model.optimizer.iterations.numpy())
+        and guard.stopped_at_step % 2 == 0
+    )
+    assert (
+        guard.restored_step == guard.stopped_at_step - 3
+    )  # the first step of the execution before
     assert np.isfinite(model.evaluate(x, y, batch_size=8, verbose=0))
 
 
 def test_nan_guard_keeps_its_buffers_on_the_devices_and_runs_fit_after_fit():
     strategy = tfpar.DataParallel()
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Input((1,)), keras.layers.Dense(1, kernel_initializer="ones")])
+        model = keras.Sequential(
+            [keras.layers.Input((1,)), keras.layers.Dense(1, kernel_initializer="ones")]
+        )
         model.compile(keras.optimizers.SGD(0.1), "mse")
     guard = NaNGuard()
     x, y = np.ones((8, 1), "float32"), np.zeros((8, 1), "float32")
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[guard])
     buffers = guard._buffers
     assert all(isinstance(v, tf.distribute.DistributedValues) for buffer in buffers for v in buffer)
-    assert {d.split("/")[-1] for v in buffers[0] for d in (c.device for c in v.values)} == {"device:CPU:0", "device:CPU:1"}
+    assert {d.split("/")[-1] for v in buffers[0] for d in (c.device for c in v.values)} == {
+        "device:CPU:0",
+        "device:CPU:1",
+    }
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[guard])
     assert guard._buffers is buffers and guard.stopped_at_step is None  # no new variables per fit
 
@@ -192,16 +222,37 @@ def test_global_norm_clipping_happens_after_the_replicas_gradients_are_averaged(
     assert np.abs(update - before).max() > 0.1
 
 
-@pytest.mark.parametrize("make, error, match", [
-    (lambda: Throughput(0), ValueError, r"global_batch_size must be an int >= 1. Received: global_batch_size=0"),
-    (lambda: Throughput(64.0), TypeError, r"global_batch_size must be an int. Received: global_batch_size=64.0"),
-    (lambda: MetricAverage(keys="loss"), TypeError,
-     r"keys must be a list of names. Received: keys='loss'. Write \['loss'\]"),
-    (lambda: Throughput(64, reference_examples_per_second=-1), ValueError,
-     r"reference_examples_per_second must be a number > 0. Received: reference_examples_per_second=-1"),
-    (lambda: NaNGuard(check="step"), ValueError,
-     r"Unknown check 'step'. Received: check='step'. Use one of \['batch', 'epoch'\]"),
-])
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (
+            lambda: Throughput(0),
+            ValueError,
+            r"global_batch_size must be an int >= 1. Received: global_batch_size=0",
+        ),
+        (
+            lambda: Throughput(64.0),
+            TypeError,
+            r"global_batch_size must be an int. Received: global_batch_size=64.0",
+        ),
+        (
+            lambda: MetricAverage(keys="loss"),
+            TypeError,
+            r"keys must be a list of names. Received: keys='loss'. Write \['loss'\]",
+        ),
+        (
+            lambda: Throughput(64, reference_examples_per_second=-1),
+            ValueError,
+            r"reference_examples_per_second must be a number > 0. Received: "
+            r"reference_examples_per_second=-1",
+        ),
+        (
+            lambda: NaNGuard(check="step"),
+            ValueError,
+            r"Unknown check 'step'. Received: check='step'. Use one of \['batch', 'epoch'\]",
+        ),
+    ],
+)
 def test_bad_callback_arguments(make, error, match):
     with pytest.raises(error, match=match):
         make()

@@ -16,7 +16,7 @@ from tfpar import _owned
 
 METHODS = ("compile", "fit", "evaluate", "predict")
 
-_PLAIN_PROCESS = r"""
+_PLAIN_PROCESS = """
 import importlib, json, os, pkgutil, sys, traceback
 import numpy as np
 import keras, tf_keras
@@ -40,7 +40,8 @@ with tfpar.DataParallel().scope():  # a tfpar scope entered and left: Keras' cla
     keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
 tfpar.precision.use("mixed_bfloat16")
 tfpar.precision.use("float32")
-result = {"imported": len(imported), "skipped": skipped, "same": {}, "instance": {}, "trained": {}, "frames": {}}
+result = {"imported": len(imported), "skipped": skipped, "same": {}, "instance": {}, "trained": \
+{}, "frames": {}}
 x, y = np.zeros((8, 4), "float32"), np.zeros((8, 2), "float32")
 for name, k in kerases.items():
     result["same"][name] = {m: getattr(k.Model, m) is before[name][m] for m in %(methods)r}
@@ -53,15 +54,22 @@ for name, k in kerases.items():
         model.fit(np.zeros((8, 5), "float32"), y, verbose=0)  # the wrong width
     except Exception:
         frames = traceback.extract_tb(sys.exc_info()[2])
-        result["frames"][name] = [f.filename for f in frames if os.sep + "tfpar" + os.sep in f.filename]
+        result["frames"][name] = [f.filename for f in frames if os.sep + "tfpar" + os.sep in \
+f.filename]
 print("RESULT " + json.dumps(result))
 """
 
 
 def test_a_process_that_imported_every_tfpar_module_trains_plain_keras_as_keras_made_it():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFPAR_")}
-    done = subprocess.run([sys.executable, "-c", _PLAIN_PROCESS % {"methods": METHODS}], capture_output=True,
-                          text=True, timeout=240, cwd=ROOT, env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = subprocess.run(
+        [sys.executable, "-c", _PLAIN_PROCESS % {"methods": METHODS}],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert result["imported"] > 60 and result["skipped"] == [], result["skipped"]
@@ -111,7 +119,9 @@ def test_an_owned_model_deep_copied_runs_its_own_checks_on_the_copy(any_keras):
 
 def test_checks_are_refused_unless_they_are_method_when_function_triples(any_keras):
     model = _dense(any_keras, "m")
-    with pytest.raises(ValueError, match=r"\(method, when, function\) triples.*Received: \('fit', 'during'"):
+    with pytest.raises(
+        ValueError, match=r"\(method, when, function\) triples.*Received: \('fit', 'during'"
+    ):
         _owned.own(model, [("fit", "during", print)])
     assert _owned.checks_of(model) == ()
 
@@ -126,15 +136,29 @@ def test_the_keras3_global_policy_set_without_tfpar_is_respected_after_a_timelin
         model = _dense(keras, "timed")
         model.compile(keras.optimizers.SGD(0.1), "mse")
     x = np.zeros((8, 4), "float32")
-    model.fit(x, x[:, :2], batch_size=4, epochs=1, verbose=0,
-              callbacks=[tfpar.callbacks.Timeline(str(tmp_path / "t.json"))])
+    model.fit(
+        x,
+        x[:, :2],
+        batch_size=4,
+        epochs=1,
+        verbose=0,
+        callbacks=[tfpar.callbacks.Timeline(str(tmp_path / "t.json"))],
+    )
     assert (tmp_path / "t.json").exists()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
-        late = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2),
-                                 keras.layers.Activation("linear", dtype="float32")])
+        late = keras.Sequential(
+            [
+                keras.layers.Input((4,)),
+                keras.layers.Dense(2),
+                keras.layers.Activation("linear", dtype="float32"),
+            ]
+        )
         late.compile("sgd", "mse")  # tf_keras' global policy is float32: no refusal
         late.fit(x, x[:, :2], batch_size=4, epochs=1, verbose=0)
-        assert late.layers[0].compute_dtype == "bfloat16" and int(late.optimizer.iterations.numpy()) == 2
+        assert (
+            late.layers[0].compute_dtype == "bfloat16"
+            and int(late.optimizer.iterations.numpy()) == 2
+        )
     finally:
         keras.mixed_precision.set_global_policy("float32")

@@ -1,8 +1,8 @@
 """One script, unchanged, on any tfpar parallelism: a strategy, the pipeline or tensor parallelism
 (`tfpar._parallelism`).
 
-Run on 2 virtual CPU devices: DataParallel (2 replicas), the pipeline (2 stages), tensor parallelism and
-TensorFlow's default strategy give the same losses on the same global batches.
+Run on 2 virtual CPU devices: DataParallel (2 replicas), the pipeline (2 stages), tensor parallelism
+and TensorFlow's default strategy give the same losses on the same global batches.
 """
 
 import numpy as np
@@ -13,7 +13,6 @@ from tests.models import compile_for_equivalence, equivalence_data, pipeline_mod
 from tfpar.pipeline import Pipeline
 from tfpar.tensor_parallel import TensorParallel
 
-
 tf = pytest.importorskip("tensorflow")
 
 
@@ -23,7 +22,9 @@ def _script(parallelism, global_batch_size=32):
     with parallelism.scope():
         compile_for_equivalence(model)
     x, y = equivalence_data()
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, global_batch_size)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)), parallelism, global_batch_size
+    )
     history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=0)
     return model, train, history.history["loss"]
 
@@ -33,12 +34,23 @@ def reference():
     return _script(tfpar.DataParallel(devices=["/cpu:0"]))[2]
 
 
-@pytest.mark.parametrize("make, replicas, kind, described", [
-    (lambda: tfpar.DataParallel(), 2, "Functional", "16 per replica"),
-    (lambda: Pipeline(num_stages=2, num_microbatches=4), 1, "PipelineModel", "stage 1"),
-    (lambda: TensorParallel(degree=2), 1, "TensorParallelModel", "'dense_a': 'column', 'dense_b': 'row'"),
-], ids=["data_parallel", "pipeline", "tensor_parallel"])
-def test_the_same_script_trains_the_same_on_a_strategy_and_on_the_pipeline(reference, make, replicas, kind, described):
+@pytest.mark.parametrize(
+    "make, replicas, kind, described",
+    [
+        (lambda: tfpar.DataParallel(), 2, "Functional", "16 per replica"),
+        (lambda: Pipeline(num_stages=2, num_microbatches=4), 1, "PipelineModel", "stage 1"),
+        (
+            lambda: TensorParallel(degree=2),
+            1,
+            "TensorParallelModel",
+            "'dense_a': 'column', 'dense_b': 'row'",
+        ),
+    ],
+    ids=["data_parallel", "pipeline", "tensor_parallel"],
+)
+def test_the_same_script_trains_the_same_on_a_strategy_and_on_the_pipeline(
+    reference, make, replicas, kind, described
+):
     parallelism = make()
     model, train, losses = _script(parallelism)
     assert parallelism.num_replicas_in_sync == replicas
@@ -58,18 +70,29 @@ def test_strategies_build_their_variables_under_their_scope():
 
 
 def test_build_wants_the_function_and_the_pipeline_stays_out_of_other_scopes():
-    with pytest.raises(TypeError, match=r"model_fn must be a function .* Received: model_fn=<tf_keras"):
+    with pytest.raises(
+        TypeError, match=r"model_fn must be a function .* Received: model_fn=<tf_keras"
+    ):
         tfpar.DataParallel().build(pipeline_model())
     with pytest.raises(TypeError, match=r"model_fn must be a function"):
         Pipeline(num_stages=2).build(pipeline_model())
     strategy = tfpar.DataParallel()
-    with strategy.scope(), pytest.raises(ValueError, match=r"cannot run inside another strategy's scope\. "
-                                                            r"Received: a call inside MirroredDataParallel"):
+    with (
+        strategy.scope(),
+        pytest.raises(
+            ValueError,
+            match=r"cannot run inside another strategy's scope\. "
+            r"Received: a call inside MirroredDataParallel",
+        ),
+    ):
         Pipeline(num_stages=2).build(pipeline_model)
 
 
 def test_distribute_names_a_wrong_strategy():
-    with pytest.raises(TypeError, match=r"strategy must be a tf.distribute.Strategy .* Received: strategy='mirrored'"):
+    with pytest.raises(
+        TypeError,
+        match=r"strategy must be a tf.distribute.Strategy .* Received: strategy='mirrored'",
+    ):
         tfpar.data.distribute(tf.data.Dataset.range(8), "mirrored", 4)
 
 
@@ -79,8 +102,13 @@ def test_every_parallelism_and_tensorflow_strategy_answers_its_topology():
 
     mirrored = tfpar.DataParallel()
     assert mirrored.topology == topology_of(mirrored) == Topology(1, 0, 2, False)
-    assert mirrored.topology.is_chief and mirrored.topology.num_replicas == mirrored.num_replicas_in_sync == 2
-    assert topology_of(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])) == Topology(1, 0, 2, False)
+    assert (
+        mirrored.topology.is_chief
+        and mirrored.topology.num_replicas == mirrored.num_replicas_in_sync == 2
+    )
+    assert topology_of(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])) == Topology(
+        1, 0, 2, False
+    )
     assert topology_of() == Topology()  # the default strategy, outside any scope
     with mirrored.scope():
         assert topology_of() is not None and topology_of().replicas_per_worker == 2
@@ -89,16 +117,30 @@ def test_every_parallelism_and_tensorflow_strategy_answers_its_topology():
     assert topology_of(HorovodStrategy()) == Topology(1, 0, 1, False)  # one rank, alone
 
 
-@pytest.mark.parametrize("spec, code", [
-    (dict(), "tfpar.DataParallel()"),
-    (dict(compression="bf16", num_packs=2), "tfpar.DataParallel(compression='bf16', num_packs=2, "
-                                            "all_reduce='hierarchical')"),
-    (dict(kind="horovod", compression="fp16"), "tfpar.strategies.HorovodStrategy(compression='fp16')"),
-    (dict(kind="pipeline", microbatches=4, schedule="interleaved", virtual_stages=2),
-     "tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule='interleaved', virtual_stages=2)"),
-    (dict(kind="parameter_server", devices=3), "tfpar.strategies.ParameterServer.local(num_workers=3, num_ps=1)"),
-    (dict(kind="tensor_parallel", devices=2), "tfpar.tensor_parallel.TensorParallel(degree=2)"),
-])
+@pytest.mark.parametrize(
+    "spec, code",
+    [
+        (dict(), "tfpar.DataParallel()"),
+        (
+            dict(compression="bf16", num_packs=2),
+            "tfpar.DataParallel(compression='bf16', num_packs=2, all_reduce='hierarchical')",
+        ),
+        (
+            dict(kind="horovod", compression="fp16"),
+            "tfpar.strategies.HorovodStrategy(compression='fp16')",
+        ),
+        (
+            dict(kind="pipeline", microbatches=4, schedule="interleaved", virtual_stages=2),
+            "tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule='interleaved', "
+            "virtual_stages=2)",
+        ),
+        (
+            dict(kind="parameter_server", devices=3),
+            "tfpar.strategies.ParameterServer.local(num_workers=3, num_ps=1)",
+        ),
+        (dict(kind="tensor_parallel", devices=2), "tfpar.tensor_parallel.TensorParallel(degree=2)"),
+    ],
+)
 def test_one_spec_builds_a_parallelism_and_prints_the_code_that_builds_the_same(spec, code):
     from tfpar._factory import ParallelismSpec
 

@@ -10,8 +10,13 @@ import tfpar
 from tests.gradient_paths import keras_hub_task
 from tfpar.pipeline import Pipeline
 
-BLOCKS = {"gpt2": "transformer_layer", "bert": "transformer_layer", "llama": "transformer_layer",
-          "gemma": "decoder_block", "bert_masked_lm": "transformer_layer"}
+BLOCKS = {
+    "gpt2": "transformer_layer",
+    "bert": "transformer_layer",
+    "llama": "transformer_layer",
+    "gemma": "decoder_block",
+    "bert_masked_lm": "transformer_layer",
+}
 
 
 def _staged_and_one_device(name, **options):
@@ -52,12 +57,19 @@ def test_a_task_model_is_cut_between_its_backbone_s_blocks_and_trains_like_one_d
     assert max(first.parameters, second.parameters) <= total / 2 + one_block
 
 
-@pytest.mark.parametrize("name, options", [
-    ("gpt2", {"schedule": "zb-h1"}),
-    ("gpt2", {"schedule": "interleaved", "virtual_stages": 2}),
-    ("bert", {"recompute": True}),  # its second stage recomputes; the first holds the embeddings
-    ("llama", {"balance": "time"}),  # each block's forward and backward measured
-], ids=["zb-h1", "interleaved", "recompute", "time"])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("gpt2", {"schedule": "zb-h1"}),
+        ("gpt2", {"schedule": "interleaved", "virtual_stages": 2}),
+        (
+            "bert",
+            {"recompute": True},
+        ),  # its second stage recomputes; the first holds the embeddings
+        ("llama", {"balance": "time"}),  # each block's forward and backward measured
+    ],
+    ids=["zb-h1", "interleaved", "recompute", "time"],
+)
 def test_the_schedules_and_recomputation_cut_task_models_like_one_device(name, options, caplog):
     staged, trained, one_device = _staged_and_one_device(name, **options)
     assert _largest(trained, one_device) < 1e-5
@@ -139,19 +151,37 @@ def test_a_global_norm_clip_of_a_tied_embedding_is_refused_at_compile():
         staged.compile(keras.optimizers.Adam(1e-2, global_clipnorm=1.0), "mse")
 
 
-@pytest.mark.parametrize("options, error, message", [
-    ({"tensor_parallel": 2, "tensor_plan": {"no_such_layer": "column"}}, ValueError,
-     "plan names layer(s) the model does not have: ['no_such_layer']"),
-    ({"cut_points": ["no_such_layer"]}, ValueError,
-     "cut point 'no_such_layer' names no call of a layer"),
-    ({"cut_points": ["transformer_layer_0", "transformer_layer_0"], "num_stages": 3}, ValueError,
-     "cut_points must name distinct layers before the last"),
-    ({"cut_points": "transformer_layer_0"}, TypeError,
-     "cut_points must be 'auto' or a list of layer names"),
-    ({"cut_points": 1}, TypeError, "Received: cut_points=1."),
-    ({"balance": "time", "layer_costs": {"transformer_layer_0": 1.0}}, ValueError,
-     "balance='time' on 'gpt2_causal_lm', which nests a model, needs"),
-])
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (
+            {"tensor_parallel": 2, "tensor_plan": {"no_such_layer": "column"}},
+            ValueError,
+            "plan names layer(s) the model does not have: ['no_such_layer']",
+        ),
+        (
+            {"cut_points": ["no_such_layer"]},
+            ValueError,
+            "cut point 'no_such_layer' names no call of a layer",
+        ),
+        (
+            {"cut_points": ["transformer_layer_0", "transformer_layer_0"], "num_stages": 3},
+            ValueError,
+            "cut_points must name distinct layers before the last",
+        ),
+        (
+            {"cut_points": "transformer_layer_0"},
+            TypeError,
+            "cut_points must be 'auto' or a list of layer names",
+        ),
+        ({"cut_points": 1}, TypeError, "Received: cut_points=1."),
+        (
+            {"balance": "time", "layer_costs": {"transformer_layer_0": 1.0}},
+            ValueError,
+            "balance='time' on 'gpt2_causal_lm', which nests a model, needs",
+        ),
+    ],
+)
 def test_a_cut_tfpar_cannot_make_is_refused_before_anything_is_built(options, error, message):
     import re
 

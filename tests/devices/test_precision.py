@@ -18,26 +18,40 @@ def float32_after():
     tfpar.precision.use("float32")
 
 
-@pytest.mark.parametrize("gpus, flags, expected", [
-    ([("H100", (9, 0))], set(), "mixed_float16"),
-    ([("K80", (3, 7))], set(), "float32"),
-    ([], {"avx512f", "avx512_bf16"}, "mixed_bfloat16"),
-    ([], {"amx_bf16"}, "mixed_bfloat16"),
-    ([], {"avx2"}, "float32"),
-])
+@pytest.mark.parametrize(
+    "gpus, flags, expected",
+    [
+        ([("H100", (9, 0))], set(), "mixed_float16"),
+        ([("K80", (3, 7))], set(), "float32"),
+        ([], {"avx512f", "avx512_bf16"}, "mixed_bfloat16"),
+        ([], {"amx_bf16"}, "mixed_bfloat16"),
+        ([], {"avx2"}, "float32"),
+    ],
+)
 def test_auto_choice_and_its_reason(gpus, flags, expected):
     name, reason = choose(gpus=gpus, cpu_flags=flags)
     assert name == expected and reason
 
 
-@pytest.mark.parametrize("flags, vector, int8, policy", [
-    ({"sse4_2", "avx2", "fma"}, "avx2, fma", "no int8 dot-product instructions", "float32"),
-    ({"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"}, "avx2, fma, avx512f, avx512_vnni, avx512_bf16",
-     "int8 dot products in hardware (avx512_vnni)", "mixed_bfloat16"),
-    ({"avx2", "amx_bf16", "amx_int8"}, "avx2, amx_bf16, amx_int8", "int8 dot products in hardware (amx_int8)",
-     "mixed_bfloat16"),
-    (set(), "none of avx2, fma", "no int8 dot-product instructions", "float32"),
-])
+@pytest.mark.parametrize(
+    "flags, vector, int8, policy",
+    [
+        ({"sse4_2", "avx2", "fma"}, "avx2, fma", "no int8 dot-product instructions", "float32"),
+        (
+            {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"},
+            "avx2, fma, avx512f, avx512_vnni, avx512_bf16",
+            "int8 dot products in hardware (avx512_vnni)",
+            "mixed_bfloat16",
+        ),
+        (
+            {"avx2", "amx_bf16", "amx_int8"},
+            "avx2, amx_bf16, amx_int8",
+            "int8 dot products in hardware (amx_int8)",
+            "mixed_bfloat16",
+        ),
+        (set(), "none of avx2, fma", "no int8 dot-product instructions", "float32"),
+    ],
+)
 def test_doctor_says_what_the_cpu_computes_natively(flags, vector, int8, policy):
     from tfpar.doctor import cpu_lines
 
@@ -56,27 +70,42 @@ def test_doctor_says_which_kernels_tensorflow_runs():
 
 
 def test_use_sets_the_keras_policy_and_auto_follows_the_hardware(any_keras):
-    assert tfpar.precision.use("auto") == choose()[0] == any_keras.mixed_precision.global_policy().name
+    assert (
+        tfpar.precision.use("auto") == choose()[0] == any_keras.mixed_precision.global_policy().name
+    )
     assert tfpar.precision.use("mixed_bfloat16") == "mixed_bfloat16"
     assert any_keras.layers.Dense(2).compute_dtype == "bfloat16"
-    with pytest.raises(ValueError, match=r"Unknown precision policy 'half'. Received: policy='half'. Use one of"):
+    with pytest.raises(
+        ValueError, match=r"Unknown precision policy 'half'. Received: policy='half'. Use one of"
+    ):
         tfpar.precision.use("half")
-    with pytest.warns(PrecisionWarning, match="mixed_float16 without a GPU that has float16 tensor cores"):
+    with pytest.warns(
+        PrecisionWarning, match="mixed_float16 without a GPU that has float16 tensor cores"
+    ):
         tfpar.precision.use("mixed_float16")  # this machine has no GPU
 
 
 def _softmax_model(float32_output, k=keras):
-    return k.Sequential([k.layers.Input((4,)), k.layers.Dense(3),
-                         k.layers.Activation("softmax", dtype="float32" if float32_output else None)])
+    return k.Sequential(
+        [
+            k.layers.Input((4,)),
+            k.layers.Dense(3),
+            k.layers.Activation("softmax", dtype="float32" if float32_output else None),
+        ]
+    )
 
 
 def test_compile_warns_about_a_16_bit_output_and_strict_mode_raises(any_keras):
     tfpar.precision.use("mixed_bfloat16")
-    with pytest.warns(PrecisionWarning, match=r"computed in bfloat16, so the loss is too.*dtype='float32'"):
+    with pytest.warns(
+        PrecisionWarning, match=r"computed in bfloat16, so the loss is too.*dtype='float32'"
+    ):
         _softmax_model(False, any_keras).compile("sgd", "sparse_categorical_crossentropy")
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrecisionWarning)
-        _softmax_model(True, any_keras).compile("sgd", "sparse_categorical_crossentropy")  # no warning
+        _softmax_model(True, any_keras).compile(
+            "sgd", "sparse_categorical_crossentropy"
+        )  # no warning
     tfpar.precision.use("mixed_bfloat16", strict=True)
     with pytest.raises(ValueError, match=r"Received: policy 'mixed_bfloat16' with strict=True"):
         _softmax_model(False, any_keras).compile("sgd", "sparse_categorical_crossentropy")
@@ -90,7 +119,10 @@ def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(any_keras, r
     reduces its decision over the replicas)."""
     report = overflow_step(tfpar.DataParallel(), k=any_keras, replica=replica)
     # One loss-scale optimizer around the plain one (each Keras' compile wraps it once).
-    assert report["optimizer"] in ("LossScaleOptimizerV3", "LossScaleOptimizer") and report["inner"] == "SGD"
+    assert (
+        report["optimizer"] in ("LossScaleOptimizerV3", "LossScaleOptimizer")
+        and report["inner"] == "SGD"
+    )
     assert report["skipped"] and report["per_replica_equal"]
     assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]  # halved once, then kept
     assert report["updated"]  # the next, finite step applies
@@ -123,7 +155,9 @@ def test_pipeline_under_mixed_float16_scales_the_loss_and_matches_the_plain_mode
         return model
 
     plain = trained(pipeline_model(regularize=False, k=k))
-    staged = trained(Pipeline(num_stages=2, num_microbatches=4).stage(pipeline_model(regularize=False, k=k)))
+    staged = trained(
+        Pipeline(num_stages=2, num_microbatches=4).stage(pipeline_model(regularize=False, k=k))
+    )
     assert isinstance(staged.optimizer, k.mixed_precision.LossScaleOptimizer)
     assert _loss_scale(staged.optimizer) == _loss_scale(plain.optimizer)
     for a, b in zip(plain.get_weights(), staged.plain_model().get_weights()):
@@ -135,7 +169,11 @@ def test_the_compile_check_acts_while_a_policy_of_use_is_set_and_never_on_a_poli
 
     keras = tfpar.keras
     originals = {k: k.Model.__dict__.get("compile") for k in (keras, keras3)}
-    for name in ("mixed_bfloat16", "mixed_bfloat16", "float32"):  # use() twice wraps once; float32 unwraps
+    for name in (
+        "mixed_bfloat16",
+        "mixed_bfloat16",
+        "float32",
+    ):  # use() twice wraps once; float32 unwraps
         tfpar.precision.use(name)
         for k, original in originals.items():
             assert (k.Model.__dict__.get("compile") is original) == (name == "float32")

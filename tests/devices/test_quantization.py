@@ -10,17 +10,28 @@ import pytest
 
 import tfpar
 from tests.models import digits_subset, qat_model
-from tfpar.quantization import (cluster, export_tflite, prune, quantize, quantizer_ranges, sparsity, strip_clustering,
-                                strip_pruning, unique_weights)
+from tfpar.quantization import (
+    cluster,
+    export_tflite,
+    prune,
+    quantize,
+    quantizer_ranges,
+    sparsity,
+    strip_clustering,
+    strip_pruning,
+    unique_weights,
+)
 from tfpar.quantization.deploy import AccuracyDropError
-
 
 keras = tfpar.keras
 
 
 def _compile(model, optimizer=None):
-    model.compile(optimizer or keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer or keras.optimizers.SGD(0.05),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
 
 
 def _qat(strategy, epochs=2, ranges="mean"):
@@ -65,8 +76,13 @@ def test_int8_tflite_export_runs_and_keeps_the_accuracy(tmp_path):
     strategy = tfpar.DataParallel()
     with strategy.scope():
         trained = quantize(qat_model())
-        trained.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    trained.fit(x, y, batch_size=64, epochs=12, shuffle=False, verbose=0)  # 0.93 on the held-out digits here
+        trained.compile(
+            keras.optimizers.Adam(3e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    trained.fit(
+        x, y, batch_size=64, epochs=12, shuffle=False, verbose=0
+    )  # 0.93 on the held-out digits here
     export = export_tflite(trained, str(tmp_path / "int8.tflite"), representative_data=x[:100])
     assert export.int8 and export.size_bytes == (tmp_path / "int8.tflite").stat().st_size
     interpreter = export.interpreter()
@@ -99,17 +115,25 @@ class _Subclassed(keras.Model):
 
 
 def test_bad_quantization_input_gets_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"Cannot quantize the subclassed model .* Sequential or Functional"):
+    with pytest.raises(
+        ValueError, match=r"Cannot quantize the subclassed model .* Sequential or Functional"
+    ):
         quantize(_Subclassed())
     with pytest.raises(ValueError, match=r"exclude names no layer of 'qat_model': \['nope'\]"):
         quantize(qat_model(), exclude=["nope"])
-    with pytest.raises(ValueError, match=r"needs representative_data.*Received: representative_data=None"):
+    with pytest.raises(
+        ValueError, match=r"needs representative_data.*Received: representative_data=None"
+    ):
         export_tflite(qat_model(), str(tmp_path / "m.tflite"))
-    with pytest.raises(ValueError, match=r"target_sparsity must be in \[0, 1\). Received: target_sparsity=1.5"):
+    with pytest.raises(
+        ValueError, match=r"target_sparsity must be in \[0, 1\). Received: target_sparsity=1.5"
+    ):
         prune(qat_model(), 1.5, end_step=10)
     tfpar.precision.use("mixed_bfloat16")
     try:
-        with pytest.raises(ValueError, match=r"runs in float32. Received: the global policy 'mixed_bfloat16'"):
+        with pytest.raises(
+            ValueError, match=r"runs in float32. Received: the global policy 'mixed_bfloat16'"
+        ):
             quantize(qat_model())
     finally:
         tfpar.precision.use("float32")
@@ -135,13 +159,22 @@ def test_exact_ranges_make_qat_on_two_replicas_train_like_one(qat_two_replicas):
     for a, b in zip(one.get_weights(), two.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5)
     # Averaged ranges ("mean", the default) are not the global batch's: they differ by more.
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(one.get_weights(), qat_two_replicas.get_weights())) > 1e-4
+    assert (
+        max(
+            float(np.max(np.abs(a - b)))
+            for a, b in zip(one.get_weights(), qat_two_replicas.get_weights())
+        )
+        > 1e-4
+    )
 
 
 def _per_replica(model, marker):
     """Variable name -> its value on each replica, for the variables whose name holds ``marker``."""
-    return {v.name: [np.asarray(t.numpy()) for t in getattr(v, "values", (v,))]
-            for v in model.variables if marker in v.name}
+    return {
+        v.name: [np.asarray(t.numpy()) for t in getattr(v, "values", (v,))]
+        for v in model.variables
+        if marker in v.name
+    }
 
 
 def _assert_equal_on_every_replica(model, marker, replicas=2):
@@ -182,7 +215,9 @@ def pruned_two_replicas():
     return trained, pruned
 
 
-def test_pruning_masks_are_equal_on_every_replica_and_leave_the_float_model_as_it_was(pruned_two_replicas):
+def test_pruning_masks_are_equal_on_every_replica_and_leave_the_float_model_as_it_was(
+    pruned_two_replicas,
+):
     trained, pruned = pruned_two_replicas
     _assert_equal_on_every_replica(pruned, "mask")
     assert abs(sparsity(strip_pruning(pruned)) - 0.6) <= 0.01
@@ -195,12 +230,16 @@ def test_clustering_under_data_parallel_shares_the_centroids_across_replicas(pru
     x, y, _, _ = digits_subset()
     with trained.distribute_strategy.scope():
         clustered = cluster(trained, clusters=8)
-        _compile(clustered, keras.optimizers.Adam(1e-3))  # fine-tuning: a large SGD step merges the centroids
+        _compile(
+            clustered, keras.optimizers.Adam(1e-3)
+        )  # fine-tuning: a large SGD step merges the centroids
     clustered.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
     _assert_equal_on_every_replica(clustered, "cluster_centroids")
     _assert_equal_on_every_replica(clustered, "pulling_indices")
     counts = unique_weights(strip_clustering(clustered))
-    assert set(counts) == {"conv", "hidden", "logits"} and all(1 < c <= 8 for c in counts.values()), counts
+    assert set(counts) == {"conv", "hidden", "logits"} and all(
+        1 < c <= 8 for c in counts.values()
+    ), counts
     for a, b in zip(before, trained.get_weights()):  # the model clustered is left as it was
         np.testing.assert_array_equal(a, b)
 
@@ -220,7 +259,9 @@ def test_pruning_preserving_qat_keeps_every_zero(pruned_two_replicas):
     _assert_equal_on_every_replica(pqat, "_min")
 
 
-def test_sparsity_preserving_clustering_then_cqat_keeps_the_zeros_and_the_clusters(pruned_two_replicas):
+def test_sparsity_preserving_clustering_then_cqat_keeps_the_zeros_and_the_clusters(
+    pruned_two_replicas,
+):
     trained, pruned = pruned_two_replicas
     x, y, x_val, y_val = digits_subset()
     zeros = {name: kernel == 0 for name, kernel in _kernels(strip_pruning(pruned)).items()}
@@ -243,7 +284,10 @@ def test_sparsity_preserving_clustering_then_cqat_keeps_the_zeros_and_the_cluste
     for name, mask in zeros.items():
         assert np.all(after[name][mask] == 0), name
         assert 1 < np.unique(after[name]).size <= 8, (name, np.unique(after[name]).size)
-    accuracy = {name: m.evaluate(x_val, y_val, verbose=0)[1] for name, m in (("float", trained), ("cqat", cqat))}
+    accuracy = {
+        name: m.evaluate(x_val, y_val, verbose=0)[1]
+        for name, m in (("float", trained), ("cqat", cqat))
+    }
     assert accuracy["float"] >= 0.85 and accuracy["cqat"] >= accuracy["float"] - 0.1, accuracy
 
 
@@ -252,14 +296,18 @@ def test_pqat_on_a_dense_model_warns_why():
         warnings.simplefilter("always")
         quantize(qat_model(), preserve="sparsity")
     messages = [str(w.message) for w in caught if "Pruning-preserving QAT" in str(w.message)]
-    assert len(messages) == 1 and "0.0% zeros" in messages[0] and "Prune it first" in messages[0], messages
+    assert len(messages) == 1 and "0.0% zeros" in messages[0] and "Prune it first" in messages[0], (
+        messages
+    )
 
 
 @pytest.fixture(scope="module")
 def trained_float():
     x, y, _, _ = digits_subset()
     model = qat_model()
-    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     model.fit(x, y, batch_size=64, epochs=12, shuffle=False, verbose=0)
     return model
 
@@ -269,9 +317,15 @@ def test_compressed_export_reports_sizes_sparsity_accuracy_and_latency(trained_f
     pruned, callbacks = prune(trained_float, 0.5, end_step=8, frequency=2)
     _compile(pruned)
     pruned.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
-    export = export_tflite(quantize(pruned, preserve="sparsity"), str(tmp_path / "deploy.tflite"),
-                           representative_data=x[:100], compress=True, validation_data=(x_val, y_val),
-                           reference=trained_float, max_accuracy_drop=1.0)
+    export = export_tflite(
+        quantize(pruned, preserve="sparsity"),
+        str(tmp_path / "deploy.tflite"),
+        representative_data=x[:100],
+        compress=True,
+        validation_data=(x_val, y_val),
+        reference=trained_float,
+        max_accuracy_drop=1.0,
+    )
     report = export.report
     content = (tmp_path / "deploy.tflite").read_bytes()
     import gzip
@@ -281,11 +335,16 @@ def test_compressed_export_reports_sizes_sparsity_accuracy_and_latency(trained_f
     assert report.reference_size_bytes > 2 * report.size_bytes and report.gzip_ratio > 4
     kernels = {w.name: w for w in report.weights}
     assert len(kernels) == 3 and all(w.dtype == "int8" for w in kernels.values()), kernels
-    assert all(0.45 <= w.sparsity <= 0.55 for w in kernels.values()) and 0.45 <= report.sparsity <= 0.55
+    assert (
+        all(0.45 <= w.sparsity <= 0.55 for w in kernels.values())
+        and 0.45 <= report.sparsity <= 0.55
+    )
     assert all(1 < w.unique <= 255 for w in kernels.values())
     assert report.examples == len(y_val) and 0.8 <= report.reference_accuracy <= 1
     expected = float((export.predict(x_val).argmax(-1) == y_val).mean())
-    assert report.accuracy == expected and report.accuracy_drop == report.reference_accuracy - expected
+    assert (
+        report.accuracy == expected and report.accuracy_drop == report.reference_accuracy - expected
+    )
     assert report.latency_seconds > 0 and report.reference_latency_seconds > 0
     summary = report.describe()
     for text in ("gzipped", "held-out", "us per example", "distinct values", "% zero"):
@@ -295,8 +354,17 @@ def test_compressed_export_reports_sizes_sparsity_accuracy_and_latency(trained_f
 def test_compressed_export_refuses_to_write_past_max_accuracy_drop(trained_float, tmp_path):
     x, y, x_val, y_val = digits_subset()
     untrained = quantize(qat_model())  # a model far worse than the reference
-    with pytest.raises(AccuracyDropError, match=r"Not written to .*refused.tflite.*max_accuracy_drop=0.05") as info:
-        export_tflite(untrained, str(tmp_path / "refused.tflite"), representative_data=x[:100], compress=True,
-                      validation_data=(x_val, y_val), reference=trained_float, max_accuracy_drop=0.05)
+    with pytest.raises(
+        AccuracyDropError, match=r"Not written to .*refused.tflite.*max_accuracy_drop=0.05"
+    ) as info:
+        export_tflite(
+            untrained,
+            str(tmp_path / "refused.tflite"),
+            representative_data=x[:100],
+            compress=True,
+            validation_data=(x_val, y_val),
+            reference=trained_float,
+            max_accuracy_drop=0.05,
+        )
     assert isinstance(info.value, ValueError) and info.value.report.accuracy_drop > 0.05
     assert os.listdir(tmp_path) == []  # nothing written, no temporary file left

@@ -1,4 +1,5 @@
-"""`tfpar.report`: the plots of runs traced in this process (2 replicas, a pipeline, a skipped step)."""
+"""`tfpar.report`: the plots of runs traced in this process (2 replicas, a pipeline, a skipped
+step)."""
 
 import struct
 
@@ -23,8 +24,14 @@ def _fit(model, parallelism, folder, x=None, y=None, before=()):
     if x is None:
         x, y = equivalence_data(192)
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, 32)
-    return model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0, shuffle=False,
-                     callbacks=[*before, tfpar.callbacks.Timeline(str(folder / "timeline.json"))])
+    return model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
+        callbacks=[*before, tfpar.callbacks.Timeline(str(folder / "timeline.json"))],
+    )
 
 
 def test_a_data_parallel_run_gets_its_throughput_plot_with_scaling_efficiency(tmp_path):
@@ -32,13 +39,21 @@ def test_a_data_parallel_run_gets_its_throughput_plot_with_scaling_efficiency(tm
 
     alone = tfpar.strategies.DataParallel(devices=["/cpu:0"])  # one replica: the reference
     (tmp_path / "one").mkdir()
-    one = _fit(alone.build(verify_model), alone, tmp_path / "one", before=[tfpar.callbacks.Throughput(32)])
+    one = _fit(
+        alone.build(verify_model), alone, tmp_path / "one", before=[tfpar.callbacks.Throughput(32)]
+    )
     reference = one.history["examples_per_second"][-1]
     strategy = tfpar.DataParallel()
-    history = _fit(strategy.build(verify_model), strategy, tmp_path,
-                   before=[tfpar.callbacks.Throughput(32, reference_examples_per_second=reference)])
+    history = _fit(
+        strategy.build(verify_model),
+        strategy,
+        tmp_path,
+        before=[tfpar.callbacks.Throughput(32, reference_examples_per_second=reference)],
+    )
     _, counters = _tracks(load_timeline(str(tmp_path)))
-    assert [v for _, v in counters["scaling_efficiency"][0]] == pytest.approx(history.history["scaling_efficiency"])
+    assert [v for _, v in counters["scaling_efficiency"][0]] == pytest.approx(
+        history.history["scaling_efficiency"]
+    )
     assert [v for _, v in counters["loss"][0]] == pytest.approx(history.history["loss"])
     written = report(str(tmp_path))
     assert written == [str(tmp_path / "throughput.png")]  # no pipeline, no loss scale
@@ -48,10 +63,15 @@ def test_a_data_parallel_run_gets_its_throughput_plot_with_scaling_efficiency(tm
 def test_a_pipeline_run_gets_its_schedule_as_a_gantt_chart(tmp_path):
     pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4)
     model = pipeline.stage(verify_model())
-    model.compile(tfpar.keras.optimizers.SGD(0.1), tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        tfpar.keras.optimizers.SGD(0.1),
+        tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     _fit(model, pipeline, tmp_path)
     written = report(str(tmp_path), out=str(tmp_path / "plots"))
-    assert sorted(written) == [str(tmp_path / "plots" / name) for name in ("pipeline.png", "throughput.png")]
+    assert sorted(written) == [
+        str(tmp_path / "plots" / name) for name in ("pipeline.png", "throughput.png")
+    ]
     assert all(_png_size(path) == SIZE for path in written)
 
 
@@ -60,7 +80,9 @@ def test_a_skipped_step_shows_in_the_loss_scale_plot(tmp_path):
     strategy = tfpar.DataParallel()
     with strategy.scope():
         model = verify_model()
-        model.compile(keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1)), model.loss)
+        model.compile(
+            keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1)), model.loss
+        )
     x, y = equivalence_data(192)
     x[100] = 3e38  # its gradients overflow: that step is skipped and the scale halves
     _fit(model, strategy, tmp_path, x, y)
@@ -70,13 +92,19 @@ def test_a_skipped_step_shows_in_the_loss_scale_plot(tmp_path):
     scale = np.array([v for _, v in counters["loss scale"][0]])
     assert len(scale) == 12 and np.sum(scale[1:] < scale[:-1]) >= 1, scale
     written = report(str(tmp_path))
-    assert str(tmp_path / "loss_scale.png") in written and _png_size(str(tmp_path / "loss_scale.png")) == SIZE
+    assert (
+        str(tmp_path / "loss_scale.png") in written
+        and _png_size(str(tmp_path / "loss_scale.png")) == SIZE
+    )
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p / "missing", "which is not a folder"),
-    (lambda p: p, "holds no run: no timeline.json in it"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing", "which is not a folder"),
+        (lambda p: p, "holds no run: no timeline.json in it"),
+    ],
+)
 def test_a_folder_without_a_run_is_refused(tmp_path, make, message):
     with pytest.raises(ValueError) as info:
         report(str(make(tmp_path)))
@@ -84,7 +112,8 @@ def test_a_folder_without_a_run_is_refused(tmp_path, make, message):
 
 
 def test_the_bandwidth_plot_draws_measured_all_reduces_against_a_measured_link(tmp_path):
-    """As `bench/data_parallel.py --plot` draws it; here 2 devices of this process and a socket pair."""
+    """As `bench/data_parallel.py --plot` draws it; here 2 devices of this process and a socket
+    pair."""
     import socket
     import threading
     import time

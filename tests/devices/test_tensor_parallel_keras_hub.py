@@ -16,17 +16,32 @@ BLOCKS = 2  # keras_hub_task's num_layers
 _LLAMA_ATTENTION = {f"self_attention/{name}": "column" for name in ("query", "key", "value")}
 _GEMMA_ATTENTION = {f"attention/{name}": "column" for name in ("query", "key", "value")}
 SPLIT_IN_EACH_BLOCK = {
-    "gpt2": {"self_attention": "heads", "feedforward_intermediate_dense": "column",
-             "feedforward_output_dense": "row"},
-    "bert": {"self_attention_layer": "heads", "feedforward_intermediate_dense": "column",
-             "feedforward_output_dense": "row"},
+    "gpt2": {
+        "self_attention": "heads",
+        "feedforward_intermediate_dense": "column",
+        "feedforward_output_dense": "row",
+    },
+    "bert": {
+        "self_attention_layer": "heads",
+        "feedforward_intermediate_dense": "column",
+        "feedforward_output_dense": "row",
+    },
     # KerasHub's own attention (grouped-query, rotary): its projections, gathered around the
     # attention itself; the gated MLP: the gate and up projections by columns, down by rows.
-    "llama": {**_LLAMA_ATTENTION, "self_attention/attention_output": "row",
-              "feedforward_gate_dense": "column", "feedforward_intermediate_dense": "column",
-              "feedforward_output_dense": "row"},
-    "gemma": {**_GEMMA_ATTENTION, "attention/attention_output": "row", "ffw_gating": "column",
-              "ffw_gating_2": "column", "ffw_linear": "row"},
+    "llama": {
+        **_LLAMA_ATTENTION,
+        "self_attention/attention_output": "row",
+        "feedforward_gate_dense": "column",
+        "feedforward_intermediate_dense": "column",
+        "feedforward_output_dense": "row",
+    },
+    "gemma": {
+        **_GEMMA_ATTENTION,
+        "attention/attention_output": "row",
+        "ffw_gating": "column",
+        "ffw_gating_2": "column",
+        "ffw_linear": "row",
+    },
 }
 
 
@@ -34,10 +49,12 @@ SPLIT_IN_EACH_BLOCK = {
 # on its query, key and value itself (rotary, grouped heads), and their gated MLP multiplies the
 # gate and up projections before the down one. GPT-2's and BERT's MLP pass theirs to the row layer
 # in parts: nothing is gathered.
-READ_WHOLE = {"gpt2": set(), "bert": set(),
-              "llama": {"query", "key", "value", "feedforward_gate_dense",
-                        "feedforward_intermediate_dense"},
-              "gemma": {"query", "key", "value", "ffw_gating", "ffw_gating_2"}}
+READ_WHOLE = {
+    "gpt2": set(),
+    "bert": set(),
+    "llama": {"query", "key", "value", "feedforward_gate_dense", "feedforward_intermediate_dense"},
+    "gemma": {"query", "key", "value", "ffw_gating", "ffw_gating_2"},
+}
 
 
 def _split_and_one_device(name, tp=None, kv_heads=1):
@@ -113,12 +130,20 @@ def test_a_gpt2_step_holds_megatron_s_two_reductions_forward_and_two_backward_pe
     assert len(gathers) == BLOCKS + 1 and len(read) == 1, [op.name for op in read]
 
 
-@pytest.mark.parametrize("plan, message", [
-    ({".*/no_such_layer": "column"}, r"plan names layer\(s\) the model does not have: \['\.\*/no_"),
-    ({".*transformer_layer_0/self_attention": "column"},
-     "is a CachedMultiHeadAttention, and style"),
-    ({".*transformer_layer_0/feedforward_output_dense": "row"}, None),
-])
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        (
+            {".*/no_such_layer": "column"},
+            r"plan names layer\(s\) the model does not have: \['\.\*/no_",
+        ),
+        (
+            {".*transformer_layer_0/self_attention": "column"},
+            "is a CachedMultiHeadAttention, and style",
+        ),
+        ({".*transformer_layer_0/feedforward_output_dense": "row"}, None),
+    ],
+)
 def test_a_plan_names_layers_inside_blocks_by_their_paths(plan, message):
     model, _, _ = keras_hub_task("gpt2", examples=4)
     tp = TensorParallel(degree=2, plan=plan)
@@ -136,8 +161,11 @@ def _model_parallel(backbone, shape=(1, 2)):
     backbone's own layout map."""
     import keras
 
-    mesh = keras.distribution.DeviceMesh(shape=shape, axis_names=("batch", "model"),
-                                         devices=[f"cpu:{i}" for i in range(shape[0] * shape[1])])
+    mesh = keras.distribution.DeviceMesh(
+        shape=shape,
+        axis_names=("batch", "model"),
+        devices=[f"cpu:{i}" for i in range(shape[0] * shape[1])],
+    )
     layout_map = backbone.get_layout_map(mesh)
     return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
 
@@ -145,12 +173,20 @@ def _model_parallel(backbone, shape=(1, 2)):
 # The backbones' own layouts: Llama's splits its query, key and value by the hidden axis (rows),
 # Gemma's by heads (its kernels' axis 0); both the attention output by heads, the MLP as Megatron.
 LAYOUT_STYLES = {
-    "llama": {**{f"self_attention/{name}": "row" for name in ("query", "key", "value")},
-              "self_attention/attention_output": "row:0", "feedforward_gate_dense": "column",
-              "feedforward_intermediate_dense": "column", "feedforward_output_dense": "row"},
-    "gemma": {**{f"attention/{name}": "column:0" for name in ("query", "key", "value")},
-              "attention/attention_output": "row:0", "ffw_gating": "column",
-              "ffw_gating_2": "column", "ffw_linear": "row"},
+    "llama": {
+        **{f"self_attention/{name}": "row" for name in ("query", "key", "value")},
+        "self_attention/attention_output": "row:0",
+        "feedforward_gate_dense": "column",
+        "feedforward_intermediate_dense": "column",
+        "feedforward_output_dense": "row",
+    },
+    "gemma": {
+        **{f"attention/{name}": "column:0" for name in ("query", "key", "value")},
+        "attention/attention_output": "row:0",
+        "ffw_gating": "column",
+        "ffw_gating_2": "column",
+        "ffw_linear": "row",
+    },
 }
 
 
@@ -169,26 +205,48 @@ def test_the_backbone_s_own_layout_map_splits_every_block_and_trains_like_one_de
 def _layout(entries, shape=(1, 2)):
     import keras
 
-    mesh = keras.distribution.DeviceMesh(shape=shape, axis_names=("batch", "model"),
-                                         devices=[f"cpu:{i}" for i in range(shape[0] * shape[1])])
+    mesh = keras.distribution.DeviceMesh(
+        shape=shape,
+        axis_names=("batch", "model"),
+        devices=[f"cpu:{i}" for i in range(shape[0] * shape[1])],
+    )
     layout_map = keras.distribution.LayoutMap(mesh)
     for key, axes in entries.items():
         layout_map[key] = axes
     return layout_map
 
 
-@pytest.mark.parametrize("entries, shape, message", [
-    ({"no_such_layer/kernel": ("model", None)}, (1, 2),
-     r"The layout map names variables the model does not have: \['no_such_layer/kernel'\]"),
-    ({"token_embedding/embeddings": (None, None)}, (1, 2),
-     r"The layout map splits no variable of 'gpt2_causal_lm\w*' over the mesh's model axis"),
-    ({"token_embedding/embeddings": (None, "model")}, (1, 2),
-     r"variable 'token_embedding/embeddings' \(layout \(None, 'model'\)\) splits an embedding"),
-    ({"transformer_layer_0/feedforward_output_dense/bias": ("model",)}, (1, 2),
-     "belongs to Dense 'feedforward_output_dense'; tfpar splits the kernels"),
-    ({"token_embedding/embeddings": ("model", None)}, (2, 2),
-     r"The LayoutMap mesh's 'batch' axis is 2: data-parallel replicas, one per worker"),
-])
+@pytest.mark.parametrize(
+    "entries, shape, message",
+    [
+        (
+            {"no_such_layer/kernel": ("model", None)},
+            (1, 2),
+            r"The layout map names variables the model does not have: \['no_such_layer/kernel'\]",
+        ),
+        (
+            {"token_embedding/embeddings": (None, None)},
+            (1, 2),
+            r"The layout map splits no variable of 'gpt2_causal_lm\w*' over the mesh's model axis",
+        ),
+        (
+            {"token_embedding/embeddings": (None, "model")},
+            (1, 2),
+            r"variable 'token_embedding/embeddings' \(layout \(None, 'model'\)\) splits an "
+            r"embedding",
+        ),
+        (
+            {"transformer_layer_0/feedforward_output_dense/bias": ("model",)},
+            (1, 2),
+            "belongs to Dense 'feedforward_output_dense'; tfpar splits the kernels",
+        ),
+        (
+            {"token_embedding/embeddings": ("model", None)},
+            (2, 2),
+            r"The LayoutMap mesh's 'batch' axis is 2: data-parallel replicas, one per worker",
+        ),
+    ],
+)
 def test_a_layout_tfpar_cannot_realise_is_refused_naming_the_variable(entries, shape, message):
     model, _, _ = keras_hub_task("gpt2", examples=4)
     with pytest.raises(ValueError, match=message):
@@ -203,11 +261,15 @@ def test_a_degree_against_the_mesh_a_batch_only_mesh_and_a_distribution_as_plan_
     data_parallel = keras.distribution.DataParallel(devices=["cpu:0", "cpu:1"])
     with pytest.raises(TypeError, match="from_distribution takes a keras.distribution.Model"):
         TensorParallel.from_distribution(data_parallel)
-    with pytest.raises(TypeError, match="For a keras.distribution.ModelParallel use "
-                                        r"TensorParallel.from_distribution\(distribution\)"):
+    with pytest.raises(
+        TypeError,
+        match="For a keras.distribution.ModelParallel use "
+        r"TensorParallel.from_distribution\(distribution\)",
+    ):
         TensorParallel(plan=data_parallel)
-    batch_only = keras.distribution.DeviceMesh(shape=(2,), axis_names=("batch",),
-                                               devices=["cpu:0", "cpu:1"])
+    batch_only = keras.distribution.DeviceMesh(
+        shape=(2,), axis_names=("batch",), devices=["cpu:0", "cpu:1"]
+    )
     with pytest.raises(ValueError, match="The mesh has only the batch axis 'batch': no model axis"):
         TensorParallel(plan=keras.distribution.LayoutMap(batch_only))
 

@@ -15,8 +15,14 @@ def _fit(model, parallelism, path, epochs=2, examples=96, batch=16, exchange=Fal
 
     x, y = equivalence_data(examples)
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, batch)
-    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0, shuffle=False,
-              callbacks=[Timeline(str(path), exchange=exchange)])
+    model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=epochs,
+        verbose=0,
+        shuffle=False,
+        callbacks=[Timeline(str(path), exchange=exchange)],
+    )
     return train.steps_per_epoch * epochs
 
 
@@ -28,7 +34,11 @@ def test_each_step_shows_its_phases_in_order_within_it(any_keras, exchange, accu
     model = strategy.build(lambda: verify_model(k=any_keras))
     steps = _fit(model, strategy, tmp_path / "timeline.json", exchange=exchange)
     tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
-    phases = ["input wait", "forward+backward", "exchange+apply"] if exchange else ["input wait", "compute"]
+    phases = (
+        ["input wait", "forward+backward", "exchange+apply"]
+        if exchange
+        else ["input wait", "compute"]
+    )
     assert {name for _, name in tracks} == {"step", "epoch", *phases}
     step = tracks[0, "step"]
     assert [e["name"] for e in tracks[0, "epoch"]] == ["epoch 1", "epoch 2"]
@@ -38,7 +48,9 @@ def test_each_step_shows_its_phases_in_order_within_it(any_keras, exchange, accu
         assert all(a["ts"] + a["dur"] <= b["ts"] + 1 for a, b in zip(spans, spans[1:]))
         assert spans[-1]["ts"] + spans[-1]["dur"] <= s["ts"] + s["dur"] + slack
     assert all(len(tracks[0, name]) == steps for name in ["step", *phases])
-    assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(step, step[1:]))  # one step after another
+    assert all(
+        a["ts"] + a["dur"] <= b["ts"] for a, b in zip(step, step[1:])
+    )  # one step after another
     # fit without a Timeline afterwards: the training function is Keras' own again
     assert "train_step" not in model.__dict__ and "apply_gradients" not in model.optimizer.__dict__
 
@@ -48,9 +60,13 @@ def test_with_steps_per_execution_a_step_is_one_call_of_the_training_function(tm
     with strategy.scope():
         model = verify_model()
         model.compile(model.optimizer, model.loss, steps_per_execution=3)
-    calls = _fit(model, strategy, tmp_path / "timeline.json", examples=192) // 3  # 24 steps: 8 calls
+    calls = (
+        _fit(model, strategy, tmp_path / "timeline.json", examples=192) // 3
+    )  # 24 steps: 8 calls
     tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
-    assert len(tracks[0, "step"]) == len(tracks[0, "input wait"]) == len(tracks[0, "compute"]) == calls
+    assert (
+        len(tracks[0, "step"]) == len(tracks[0, "input wait"]) == len(tracks[0, "compute"]) == calls
+    )
     for s, w, c in zip(tracks[0, "step"], tracks[0, "input wait"], tracks[0, "compute"]):
         assert w["ts"] == s["ts"] and w["ts"] + w["dur"] <= c["ts"] + 1
 
@@ -61,11 +77,18 @@ def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_pat
     appear on their stage's track in the schedule's order, each after the one it depends on."""
     pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, schedule=schedule)
     model = pipeline.stage(pipeline_model())
-    model.compile(tfpar.keras.optimizers.SGD(0.1), tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        tfpar.keras.optimizers.SGD(0.1),
+        tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     steps = _fit(model, pipeline, tmp_path / "timeline.json", epochs=1)
     trace = json.loads((tmp_path / "timeline.json").read_text())
     assert trace["otherData"]["pipeline_schedule"] == {  # what tfpar report reads its theory from
-        "name": schedule, "num_stages": 2, "num_microbatches": 4, "virtual_stages": 2 if schedule == "interleaved" else 1}
+        "name": schedule,
+        "num_stages": 2,
+        "num_microbatches": 4,
+        "virtual_stages": 2 if schedule == "interleaved" else 1,
+    }
     tracks = _tracks(trace)
     streams = model.schedule.streams()
     label = (lambda i: f"{i}c{i.stage}") if schedule == "interleaved" else str
@@ -73,7 +96,7 @@ def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_pat
     for stage, expected in enumerate(streams):
         events = tracks[0, f"stage {stage}"]
         assert len(events) == steps * len(expected)
-        per_step = [events[i:i + len(expected)] for i in range(0, len(events), len(expected))]
+        per_step = [events[i : i + len(expected)] for i in range(0, len(events), len(expected))]
         for run in per_step:
             assert [e["name"] for e in run] == [label(i) for i in expected]
             assert all(a["ts"] + a["dur"] <= b["ts"] + 1 for a, b in zip(run, run[1:]))
@@ -86,12 +109,15 @@ def test_a_pipeline_trace_shows_each_stage_running_the_schedule_in_order(tmp_pat
             assert event["ts"] >= before["ts"] + before["dur"] - 1, (instruction, dependency)
 
 
-@pytest.mark.parametrize("path, message", [
-    ("/nonexistent-folder/timeline.json", "path cannot be written"),
-    ("/etc/hostname/timeline.json", "path cannot be written"),
-    ("/tmp", "path is a folder"),
-    (None, "Timeline needs a file to write"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/nonexistent-folder/timeline.json", "path cannot be written"),
+        ("/etc/hostname/timeline.json", "path cannot be written"),
+        ("/tmp", "path is a folder"),
+        (None, "Timeline needs a file to write"),
+    ],
+)
 def test_a_path_that_cannot_be_written_is_refused_at_once(path, message, monkeypatch):
     monkeypatch.delenv("TFPAR_TIMELINE", raising=False)
     with pytest.raises(ValueError) as info:

@@ -1,4 +1,5 @@
-"""`tfpar.verify`: one replica against 2 (virtual devices) or a 2-stage pipeline, in this process."""
+"""`tfpar.verify`: one replica against 2 (virtual devices) or a 2-stage pipeline, in this
+process."""
 
 import math
 
@@ -12,7 +13,9 @@ from tfpar.verify._causes import loss_scale_finding as _loss_scale_finding
 
 
 def _causes(report):
-    return [cause for v in report.variables if v.max_difference > report.tolerance for cause in v.causes]
+    return [
+        cause for v in report.variables if v.max_difference > report.tolerance for cause in v.causes
+    ]
 
 
 def _whole_batches():
@@ -30,31 +33,51 @@ def test_the_demo_model_trains_like_one_replica(strategy):
     assert report.describe().endswith("PASSED: trains like one replica")
 
 
-@pytest.mark.parametrize("kind, data, cause", [
-    ("batchnorm", _whole_batches, "BatchNormalization statistics taken per replica (layer 'batch_normalization"),
-    ("dropout", _whole_batches, "random layer 'dropout"),
-    ("synchronized_batchnorm", equivalence_data, "BatchNormalization statistics count padding"),
-])
+@pytest.mark.parametrize(
+    "kind, data, cause",
+    [
+        (
+            "batchnorm",
+            _whole_batches,
+            "BatchNormalization statistics taken per replica (layer 'batch_normalization",
+        ),
+        ("dropout", _whole_batches, "random layer 'dropout"),
+        ("synchronized_batchnorm", equivalence_data, "BatchNormalization statistics count padding"),
+    ],
+)
 def test_a_model_that_differs_fails_naming_the_cause(any_keras, kind, data, cause):
     report = verify(lambda: verify_model(kind, any_keras), data, steps=2)
     assert not report.passed
     differing = [v for v in report.variables if v.max_difference > report.tolerance]
-    assert differing and all(any(cause in c for c in v.causes) for v in differing), report.describe()
-    assert cause in report.describe() and report.describe().endswith("FAILED: differs from one replica")
+    assert differing and all(any(cause in c for c in v.causes) for v in differing), (
+        report.describe()
+    )
+    assert cause in report.describe() and report.describe().endswith(
+        "FAILED: differs from one replica"
+    )
 
 
 def test_synchronized_batchnorm_trains_like_one_replica(any_keras):
-    report = verify(lambda: verify_model("synchronized_batchnorm", any_keras), _whole_batches, steps=2)
+    report = verify(
+        lambda: verify_model("synchronized_batchnorm", any_keras), _whole_batches, steps=2
+    )
     assert report.passed, report.describe()
 
 
 def test_a_seeded_dropout_with_a_mask_shared_across_the_batch_is_not_blamed():
     def model():
         keras = tfpar.keras
-        m = keras.Sequential([keras.layers.Input((8, 8, 1)), keras.layers.Flatten(),
-                              keras.layers.Dropout(0.3, noise_shape=(1, 64), seed=3, rng_type="stateless"),
-                              keras.layers.Dense(3)])
-        m.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        m = keras.Sequential(
+            [
+                keras.layers.Input((8, 8, 1)),
+                keras.layers.Flatten(),
+                keras.layers.Dropout(0.3, noise_shape=(1, 64), seed=3, rng_type="stateless"),
+                keras.layers.Dense(3),
+            ]
+        )
+        m.compile(
+            keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
         return m
 
     report = verify(model, _whole_batches, steps=2)
@@ -79,8 +102,10 @@ def test_qat_ranges_taken_per_replica_are_named_and_exact_ranges_pass(ranges):
 
     def model():
         q = quantize(verify_model(), ranges=ranges)
-        q.compile(tfpar.keras.optimizers.SGD(0.1),
-                  tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        q.compile(
+            tfpar.keras.optimizers.SGD(0.1),
+            tfpar.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
         return q
 
     report = verify(model, _whole_batches, steps=2)
@@ -88,14 +113,15 @@ def test_qat_ranges_taken_per_replica_are_named_and_exact_ranges_pass(ranges):
         assert report.passed, report.describe()
         return
     assert not report.passed
-    assert any("QAT ranges taken per replica" in c and "ranges='exact'" in c for c in _causes(report)), \
-        report.describe()
+    assert any(
+        "QAT ranges taken per replica" in c and "ranges='exact'" in c for c in _causes(report)
+    ), report.describe()
 
 
 def test_loss_scales_that_disagree_are_a_finding():
     keras = tfpar.keras
-    a = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0 ** 15)
-    b = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0 ** 14)
+    a = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**15)
+    b = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**14)
     assert _loss_scale_finding(a, a) == [] and _loss_scale_finding(keras.optimizers.SGD(), a) == []
     (finding,) = _loss_scale_finding(a, b)
     assert "loss-scale skips differ" in finding and "32768" in finding and "16384" in finding
@@ -105,7 +131,11 @@ def test_a_report_passes_only_within_the_tolerance():
     from tfpar.verify import VariableDifference
 
     report = VerifyReport("d", 1, 1e-5, (VariableDifference("w", 2e-5),))
-    assert not report.passed and "DIFF w" in report.describe() and "no cause tfpar can detect" in report.describe()
+    assert (
+        not report.passed
+        and "DIFF w" in report.describe()
+        and "no cause tfpar can detect" in report.describe()
+    )
 
 
 class _Subclassed(tfpar.keras.Model):
@@ -124,21 +154,37 @@ def _unbuilt_subclassed():
 
 
 def _uncompiled():
-    return tfpar.keras.Sequential([tfpar.keras.layers.Input((8, 8, 1)), tfpar.keras.layers.Flatten(),
-                                   tfpar.keras.layers.Dense(3)])
+    return tfpar.keras.Sequential(
+        [
+            tfpar.keras.layers.Input((8, 8, 1)),
+            tfpar.keras.layers.Flatten(),
+            tfpar.keras.layers.Dense(3),
+        ]
+    )
 
 
-@pytest.mark.parametrize("arguments, error, message", [
-    (dict(steps=0), ValueError, "steps must be an int >= 1. Received: steps=0"),
-    (dict(tolerance=math.nan), ValueError, "tolerance must be a finite number"),
-    (dict(strategy="mirrored"), ValueError, "Unknown strategy 'mirrored'"),
-    (dict(global_batch_size=33), ValueError, "global_batch_size=33 with 2 replicas. Use e.g. 32 or 34"),
-    (dict(strategy="horovod", replicas=2), ValueError, "takes its replicas from the launcher"),
-    (dict(model_fn=_unbuilt_subclassed), ValueError, "has none yet (a subclassed model is built at its first call)"),
-    (dict(model_fn=_uncompiled), ValueError, "model_fn must return a compiled Keras model"),
-    (dict(model_fn=verify_model()), TypeError, "model_fn must be a function that builds"),
-    (dict(data_fn=lambda: np.zeros(3)), TypeError, "data_fn must return (x, y)"),
-])
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        (dict(steps=0), ValueError, "steps must be an int >= 1. Received: steps=0"),
+        (dict(tolerance=math.nan), ValueError, "tolerance must be a finite number"),
+        (dict(strategy="mirrored"), ValueError, "Unknown strategy 'mirrored'"),
+        (
+            dict(global_batch_size=33),
+            ValueError,
+            "global_batch_size=33 with 2 replicas. Use e.g. 32 or 34",
+        ),
+        (dict(strategy="horovod", replicas=2), ValueError, "takes its replicas from the launcher"),
+        (
+            dict(model_fn=_unbuilt_subclassed),
+            ValueError,
+            "has none yet (a subclassed model is built at its first call)",
+        ),
+        (dict(model_fn=_uncompiled), ValueError, "model_fn must return a compiled Keras model"),
+        (dict(model_fn=verify_model()), TypeError, "model_fn must be a function that builds"),
+        (dict(data_fn=lambda: np.zeros(3)), TypeError, "data_fn must return (x, y)"),
+    ],
+)
 def test_bad_input_is_refused_clearly(arguments, error, message):
     call = {"model_fn": verify_model, "data_fn": _whole_batches, **arguments}
     with pytest.raises(error) as info:
@@ -146,12 +192,15 @@ def test_bad_input_is_refused_clearly(arguments, error, message):
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize("spec, error, message", [
-    ("tests.models", ValueError, "takes module:function"),
-    ("no_such_module_here:f", ValueError, "cannot import 'no_such_module_here'"),
-    ("tests.models:nothing", ValueError, "tests.models has no 'nothing'"),
-    ("tests.models:keras", TypeError, "must name a function"),
-])
+@pytest.mark.parametrize(
+    "spec, error, message",
+    [
+        ("tests.models", ValueError, "takes module:function"),
+        ("no_such_module_here:f", ValueError, "cannot import 'no_such_module_here'"),
+        ("tests.models:nothing", ValueError, "tests.models has no 'nothing'"),
+        ("tests.models:keras", TypeError, "must name a function"),
+    ],
+)
 def test_a_function_spec_that_cannot_be_loaded_is_refused(spec, error, message):
     with pytest.raises(error) as info:
         load_function(spec, "--model")
@@ -161,8 +210,11 @@ def test_a_function_spec_that_cannot_be_loaded_is_refused(spec, error, message):
 def test_tensor_parallel_is_refused_for_a_strategy_whose_stages_it_cannot_split():
     from tfpar.demo import compiled_model, digits_dataset
 
-    with pytest.raises(ValueError, match=r"tensor_parallel splits a pipeline's stages. Received: tensor_parallel=2 "
-                                         r"with strategy 'data_parallel'"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor_parallel splits a pipeline's stages. Received: tensor_parallel=2 "
+        r"with strategy 'data_parallel'",
+    ):
         verify(compiled_model, digits_dataset, strategy="data_parallel", tensor_parallel=2)
 
 

@@ -20,11 +20,17 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 def test_launch_nproc_per_node_trains_two_workers_a_device_each_to_identical_weights(tmp_path):
-    """The README's launch line, torchrun's spelling: each worker gets its own device (here, one virtual CPU device each:
-    no GPU on this machine; the GPU ids each would get are tested in tests/unit/test_nodes.py)."""
-    command = docs_command("tfpar launch --nproc-per-node 2 -- python examples/train_data_parallel.py")
-    result = run_command([*command, "--epochs", "3", "--out", str(tmp_path)], timeout=300,
-                         env={**USER_SHELL, "TFPAR_NUM_CPU_DEVICES": None})
+    """The README's launch line, torchrun's spelling: each worker gets its own device (here, one
+    virtual CPU device each: no GPU on this machine; the GPU ids each would get are tested in
+    tests/unit/test_nodes.py)."""
+    command = docs_command(
+        "tfpar launch --nproc-per-node 2 -- python examples/train_data_parallel.py"
+    )
+    result = run_command(
+        [*command, "--epochs", "3", "--out", str(tmp_path)],
+        timeout=300,
+        env={**USER_SHELL, "TFPAR_NUM_CPU_DEVICES": None},
+    )
     assert result.returncode == 0, result.output[-4000:]
     assert "MultiWorkerDataParallel (MultiWorkerMirroredStrategy)" in result.output
     weights = [np.load(tmp_path / f"worker_{i}.npz") for i in range(2)]
@@ -42,9 +48,14 @@ def test_launch_nproc_per_node_trains_two_workers_a_device_each_to_identical_wei
 # The cases of a job share its processes and strategy, one TensorFlow start for them all.
 EQUIVALENCE_JOBS = {
     "default": ([], ["whole-steps:96:2", "padded-last-step-keras3:90:3", "lars-keras3:96:3:lars"]),
-    "ring-4KiB-packs-accumulate-2": (["all_reduce=ring", "bytes_per_pack=4096", "gradient_accumulation_steps=2"],
-                                     ["ring-accumulate-keras3:96:3"]),
-    "zero-2": (["zero_stage=2"], ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"]),
+    "ring-4KiB-packs-accumulate-2": (
+        ["all_reduce=ring", "bytes_per_pack=4096", "gradient_accumulation_steps=2"],
+        ["ring-accumulate-keras3:96:3"],
+    ),
+    "zero-2": (
+        ["zero_stage=2"],
+        ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"],
+    ),
     "zero-1-bf16": (["zero_stage=1", "compression=bf16"], ["zero-adamw-bf16-keras3:96:3:adamw"]),
 }
 
@@ -55,16 +66,36 @@ def equivalence_jobs(tmp_path_factory):
     runs = {}
     for job, (options, cases) in EQUIVALENCE_JOBS.items():
         folder = tmp_path_factory.mktemp(job)
-        result = run_command(tfpar_command(
-            "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "multiworker_train.py"),
-            str(folder), "16", "2", ",".join(cases), *options), timeout=300, env={"PYTHONPATH": ROOT})
+        result = run_command(
+            tfpar_command(
+                "launch",
+                "-n",
+                "2",
+                "--",
+                sys.executable,
+                os.path.join(SCRIPTS, "multiworker_train.py"),
+                str(folder),
+                "16",
+                "2",
+                ",".join(cases),
+                *options,
+            ),
+            timeout=300,
+            env={"PYTHONPATH": ROOT},
+        )
         assert result.returncode == 0, result.output[-4000:]
         runs[job] = result.output, folder
     return runs
 
 
-@pytest.mark.parametrize("job, case", [pytest.param(job, case, id=case.split(":")[0])
-                                       for job, (_, cases) in EQUIVALENCE_JOBS.items() for case in cases])
+@pytest.mark.parametrize(
+    "job, case",
+    [
+        pytest.param(job, case, id=case.split(":")[0])
+        for job, (_, cases) in EQUIVALENCE_JOBS.items()
+        for case in cases
+    ],
+)
 def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     """2 workers, global batch 16 (8 per replica), against one device with the same batches:
     90 examples leave the last step 10 real examples and 6 padding rows, trained in Keras 3 beside
@@ -72,11 +103,16 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     4 KiB (the model's gradients are 9.6 KiB) and accumulates 2 steps per update, so one device
     takes batches of 32; the third shards the optimizer state over the workers (ZeRO: SGD with
     Nesterov momentum, Adam clipped by the global norm, AdamW excluding the biases from its decay),
-    the fourth with bf16 on the wire (to its rounding). LARS (Keras 3) takes its trust ratio from the
-    workers' all-reduced gradient, as one device from its whole batch."""
+    the fourth with bf16 on the wire (to its rounding). LARS (Keras 3) takes its trust ratio from
+    the workers' all-reduced gradient, as one device from its whole batch."""
     import importlib
 
-    from tests.models import equivalence_data, equivalence_model, one_device_model, one_device_weights
+    from tests.models import (
+        equivalence_data,
+        equivalence_model,
+        one_device_model,
+        one_device_weights,
+    )
     from tfpar import keras as tfpar_keras
 
     output, folder = equivalence_jobs[job]
@@ -92,15 +128,20 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
         np.testing.assert_array_equal(a, b)
     k = importlib.import_module("keras") if keras_version == "3" else tfpar_keras
     accumulated = 2 if "gradient_accumulation_steps=2" in options else 1
-    reference = one_device_model(examples, 16 * accumulated, 2, k, optimizer[0]).get_weights() if optimizer else \
-        one_device_weights(examples, 16 * accumulated, k=k)
+    reference = (
+        one_device_model(examples, 16 * accumulated, 2, k, optimizer[0]).get_weights()
+        if optimizer
+        else one_device_weights(examples, 16 * accumulated, k=k)
+    )
     difference = max(float(np.abs(a - b).max()) for a, b in zip(workers[0], reference))
-    # sharded (ZeRO): SGD within 1e-6; Adam and AdamW magnify the last bits of a loss summed over 2 workers
-    # instead of one batch by its 1/sqrt(v) (as over Horovod's ranks)
+    # sharded (ZeRO): SGD within 1e-6; Adam and AdamW magnify the last bits of a loss summed over 2
+    # workers instead of one batch by its 1/sqrt(v) (as over Horovod's ranks)
     if "compression=bf16" in options:  # the reduce-scatter's all-to-all carries bf16: its rounding
         assert 1e-4 < difference < 2e-2, difference
     else:
-        assert difference < ((1e-6 if optimizer == ["sgd"] else 5e-6) if optimizer else 1e-5), difference
+        assert difference < ((1e-6 if optimizer == ["sgd"] else 5e-6) if optimizer else 1e-5), (
+            difference
+        )
     print(f"{case}: {difference:.2e} from one device")
     if optimizer:
         return  # evaluate and predict: the other jobs
@@ -110,36 +151,56 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     trained = equivalence_model(k=k)
     trained.set_weights(workers[0])
     x, y = equivalence_data(examples)
-    losses = k.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")(y, trained(x))
-    loss = np.mean([np.mean(step) for step in np.array_split(np.asarray(losses), range(16, examples, 16))])
+    losses = k.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")(
+        y, trained(x)
+    )
+    loss = np.mean(
+        [np.mean(step) for step in np.array_split(np.asarray(losses), range(16, examples, 16))]
+    )
     for i in range(2):
         with np.load(tmp_path / f"scored_{i}.npz") as scored:
             assert float(scored["loss"]) == pytest.approx(loss, rel=1e-5)
-            np.testing.assert_allclose(scored["predictions"], trained.predict(x, verbose=0), atol=1e-5)
+            np.testing.assert_allclose(
+                scored["predictions"], trained.predict(x, verbose=0), atol=1e-5
+            )
 
 
 def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equivalence_jobs):
     """zero_stage=2 across 2 workers: each keeps half of the optimizer state (describe's bytes), and
-    the checkpoint each wrote (gathered from both) holds one device's whole state: loaded into a plain
-    optimizer on one device, it is the state one device reaches."""
+    the checkpoint each wrote (gathered from both) holds one device's whole state: loaded into a
+    plain optimizer on one device, it is the state one device reaches."""
     import importlib
 
     from tests.models import equivalence_model, one_device_model, zero_optimizer
 
     output, folder = equivalence_jobs["zero-2"]
-    assert "zero:       stage 2: each replica keeps and updates 1/2 of the optimizer state" in output
+    assert (
+        "zero:       stage 2: each replica keeps and updates 1/2 of the optimizer state" in output
+    )
     for case in EQUIVALENCE_JOBS["zero-2"][1]:
         name, examples, keras_version, optimizer = case.split(":")
         k = importlib.import_module("keras" if keras_version == "3" else "tf_keras")
         reference = one_device_model(int(examples), 16, 2, k, optimizer)
         for worker in range(2):
             restored = equivalence_model(k=k)
-            restored.compile(zero_optimizer(k, optimizer), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+            restored.compile(
+                zero_optimizer(k, optimizer),
+                k.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
             restored.optimizer.build(restored.trainable_variables)
-            restored.load_weights(str(folder / name / (f"ckpt_{worker}" + (".weights.h5" if keras_version == "3" else ""))))
+            restored.load_weights(
+                str(
+                    folder
+                    / name
+                    / (f"ckpt_{worker}" + (".weights.h5" if keras_version == "3" else ""))
+                )
+            )
             state = [[np.asarray(v) for v in m.optimizer.variables] for m in (restored, reference)]
             slots = 1 if optimizer == "sgd" else 2
-            assert len(state[0]) == len(state[1]) > slots * len(reference.trainable_weights), (case, worker)
+            assert len(state[0]) == len(state[1]) > slots * len(reference.trainable_weights), (
+                case,
+                worker,
+            )
             for a, b in zip(*state):
                 np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
@@ -147,9 +208,20 @@ def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equi
 @pytest.mark.parametrize("workers, n", [(2, 23), (3, 31)])
 def test_each_example_reaches_exactly_one_worker_and_epochs_end_cleanly(tmp_path, workers, n):
     global_batch = 2 * workers
-    result = run_command(tfpar_command(
-        "launch", "-n", str(workers), "--", sys.executable, os.path.join(SCRIPTS, "coverage_worker.py"),
-        str(n), str(global_batch), str(tmp_path)), timeout=300)
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            str(workers),
+            "--",
+            sys.executable,
+            os.path.join(SCRIPTS, "coverage_worker.py"),
+            str(n),
+            str(global_batch),
+            str(tmp_path),
+        ),
+        timeout=300,
+    )
     assert result.returncode == 0, result.output[-4000:]
     logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(workers)]
     counts = collections.Counter(i for log in logs for i in log["seen"])
@@ -165,16 +237,33 @@ def test_files_are_counted_once_for_the_job_and_every_example_is_read_once(tmp_p
 
     sizes = [5, 9, 3, 6]
     write_id_files(tmp_path, sizes)
-    result = run_command(tfpar_command(
-        "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "coverage_worker.py"),
-        str(sum(sizes)), "4", str(tmp_path), "--files", ",".join(map(str, sizes))), timeout=300,
-        env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            "2",
+            "--",
+            sys.executable,
+            os.path.join(SCRIPTS, "coverage_worker.py"),
+            str(sum(sizes)),
+            "4",
+            str(tmp_path),
+            "--files",
+            ",".join(map(str, sizes)),
+        ),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
     for worker in range(2):
-        assert (f"[worker {worker}] INFO:tfpar.data:counted 2 of the 4 input files here; the other "
-                "worker(s) counted the rest and the 2 workers summed the counts") in result.output
+        assert (
+            f"[worker {worker}] INFO:tfpar.data:counted 2 of the 4 input files here; the other "
+            "worker(s) counted the rest and the 2 workers summed the counts"
+        ) in result.output
     logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(2)]
-    assert collections.Counter(i for log in logs for i in log["seen"]) == collections.Counter(range(sum(sizes)))
+    assert collections.Counter(i for log in logs for i in log["seen"]) == collections.Counter(
+        range(sum(sizes))
+    )
     assert logs[0]["steps"] == logs[1]["steps"]
 
 
@@ -186,11 +275,24 @@ def test_a_lost_peer_makes_the_survivor_fail_instead_of_hanging(tmp_path):
     try:
         for index in range(2):
             info = ClusterInfo(cluster=cluster, task_type="worker", task_index=index)
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(SCRIPTS, "coverage_worker.py"), "23", "4", str(tmp_path),
-                 "--die-after-epoch", "1"],
-                cwd=ROOT, env=dict(env, TF_CONFIG=info.to_tf_config()), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        os.path.join(SCRIPTS, "coverage_worker.py"),
+                        "23",
+                        "4",
+                        str(tmp_path),
+                        "--die-after-epoch",
+                        "1",
+                    ],
+                    cwd=ROOT,
+                    env=dict(env, TF_CONFIG=info.to_tf_config()),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         assert procs[1].wait(timeout=240) == 9
         start = time.monotonic()
         code = procs[0].wait(timeout=240)
@@ -210,30 +312,49 @@ def test_a_lost_peer_makes_the_survivor_fail_instead_of_hanging(tmp_path):
     # start-up), and the error names the peer.
     assert waited < 20 + 20, f"survivor failed {waited:.1f} s after its peer died"
     assert "UnavailableError" in output, output[-3000:]
-    assert re.search(r"stopped sending heartbeats|Connection reset by peer|Socket closed", output), output[-3000:]
+    assert re.search(
+        r"stopped sending heartbeats|Connection reset by peer|Socket closed", output
+    ), output[-3000:]
     assert re.search(r"/job:worker/(replica:0/)?task:1\b", output), output[-3000:]
 
 
 def test_a_multi_worker_strategy_made_after_tensorflow_ran_says_to_create_it_first():
     cluster = local_cluster({"worker": 2})
     tf_config = ClusterInfo(cluster=cluster, task_type="worker", task_index=0).to_tf_config()
-    code = ("import tfpar, tensorflow as tf; tf.constant(1.0) + 1\n"
-            "try:\n    tfpar.DataParallel()\nexcept RuntimeError as e:\n    print('REFUSED', e)")
+    code = (
+        "import tfpar, tensorflow as tf; tf.constant(1.0) + 1\n"
+        "try:\n    tfpar.DataParallel()\nexcept RuntimeError as e:\n    print('REFUSED', e)"
+    )
     result = run_command([sys.executable, "-c", code], timeout=120, env={"TF_CONFIG": tf_config})
-    assert "REFUSED A multi-worker DataParallel must be created before TensorFlow runs anything" in result.output
+    assert (
+        "REFUSED A multi-worker DataParallel must be created before TensorFlow runs anything"
+        in result.output
+    )
     assert "Create the strategy first, at the top of the script" in result.output
 
 
 def test_keras_tuner_searches_under_two_workers_with_tfpar_callbacks(tmp_path):
     """KerasTuner (Keras 3) under `tfpar launch -n 2`: both workers run the same trials in step
     under MultiWorkerDataParallel, with tfpar's callbacks, and agree on every score."""
-    result = run_command(tfpar_command(
-        "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "tuner_multiworker.py"), str(tmp_path)),
-        timeout=300, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            "2",
+            "--",
+            sys.executable,
+            os.path.join(SCRIPTS, "tuner_multiworker.py"),
+            str(tmp_path),
+        ),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
     seen = [json.loads((tmp_path / f"tuner_{i}.json").read_text()) for i in range(2)]
     trials = seen[0]["trials"]
-    assert sorted(t["lr"] for t in trials) == [0.01, 0.03] and all(t["status"] == "COMPLETED" for t in trials)
+    assert sorted(t["lr"] for t in trials) == [0.01, 0.03] and all(
+        t["status"] == "COMPLETED" for t in trials
+    )
     assert all(0 < t["score"] <= 1 for t in trials)
     assert seen[1]["trials"] == trials and seen[1]["best"] == seen[0]["best"]
     for worker in seen:
@@ -242,6 +363,13 @@ def test_keras_tuner_searches_under_two_workers_with_tfpar_callbacks(tmp_path):
             assert run["strategy"] == "MultiWorkerDataParallel" and run["replicas"] == 2
             assert all(v > 0 for v in run["history"]["examples_per_second"])
         # Both workers logged the same losses: one model, trained together.
-        assert [r["history"]["loss"] for r in worker["runs"]] == [r["history"]["loss"] for r in seen[0]["runs"]]
+        assert [r["history"]["loss"] for r in worker["runs"]] == [
+            r["history"]["loss"] for r in seen[0]["runs"]
+        ]
     # Only the chief reported and saved: one oracle, one checkpoint per trial, in the shared folder.
-    assert sorted(p.name for p in (tmp_path / "search").iterdir()) == ["oracle.json", "trial_0", "trial_1", "tuner0.json"]
+    assert sorted(p.name for p in (tmp_path / "search").iterdir()) == [
+        "oracle.json",
+        "trial_0",
+        "trial_1",
+        "tuner0.json",
+    ]

@@ -15,12 +15,17 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fault_resume.py")
 
 
 def _launch(backup, *args):
-    return run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, str(backup), *args),
-                       timeout=300, env={"PYTHONPATH": ROOT})
+    return run_command(
+        tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, str(backup), *args),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
 
 
 def _epochs(output):
-    return [line.split("Epoch ")[1].split()[0] for line in output.splitlines() if "] Epoch " in line]
+    return [
+        line.split("Epoch ")[1].split()[0] for line in output.splitlines() if "] Epoch " in line
+    ]
 
 
 def _losses(output):
@@ -30,8 +35,21 @@ def _losses(output):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The undisturbed job, watched (the tests below compare their resumed runs with it)."""
-    result = run_command(tfpar_command("launch", "-n", "2", "--heartbeat-timeout", "60", "--", sys.executable, SCRIPT,
-                                       str(tmp_path_factory.mktemp("reference"))), timeout=300, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            "2",
+            "--heartbeat-timeout",
+            "60",
+            "--",
+            sys.executable,
+            SCRIPT,
+            str(tmp_path_factory.mktemp("reference")),
+        ),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
     assert _epochs(result.output) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
     return result
@@ -40,16 +58,28 @@ def reference(tmp_path_factory):
 def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tmp_path, reference):
 
     first = _launch(tmp_path / "backup", "--kill")
-    assert first.returncode == 128 + 9, first.output[-3000:]  # worker 1's SIGKILL, as a shell reports it
-    assert "tfpar launch: error: worker 1 was killed by SIGKILL" in first.output  # the dead worker, by name
+    assert first.returncode == 128 + 9, first.output[
+        -3000:
+    ]  # worker 1's SIGKILL, as a shell reports it
+    assert (
+        "tfpar launch: error: worker 1 was killed by SIGKILL" in first.output
+    )  # the dead worker, by name
     assert _epochs(first.output) == ["1/5", "2/5", "3/5"] and "DONE" not in first.output
     # Only the chief's backup is there, of epoch 2 (worker 1's own copies were temporary), with the
     # input's layout the chief recorded beside it (where the next run continues: epoch 3, step 1).
     backup = tmp_path / "backup"
     assert sorted(str(p.relative_to(backup)) for p in backup.rglob("*")) == [
-        "chief", "chief/checkpoint", "chief/ckpt-2.data-00000-of-00001", "chief/ckpt-2.index", "tfpar_input.json"]
-    assert {k: v for k, v in json.loads((backup / "tfpar_input.json").read_text()).items()
-            if k in ("epoch", "step", "num_workers")} == {"epoch": 2, "step": 0, "num_workers": 2}
+        "chief",
+        "chief/checkpoint",
+        "chief/ckpt-2.data-00000-of-00001",
+        "chief/ckpt-2.index",
+        "tfpar_input.json",
+    ]
+    assert {
+        k: v
+        for k, v in json.loads((backup / "tfpar_input.json").read_text()).items()
+        if k in ("epoch", "step", "num_workers")
+    } == {"epoch": 2, "step": 0, "num_workers": 2}
 
     second = _launch(tmp_path / "backup")
     assert second.returncode == 0, second.output[-4000:]
@@ -61,18 +91,26 @@ def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tm
     resumed, uninterrupted = _losses(second.output), _losses(reference.output)
     assert len(resumed) == 3
     np.testing.assert_allclose(resumed, uninterrupted[2:], rtol=1e-5)
-    assert not os.listdir(tmp_path / "backup") or all(n.startswith(".") for n in os.listdir(tmp_path / "backup"))
+    assert not os.listdir(tmp_path / "backup") or all(
+        n.startswith(".") for n in os.listdir(tmp_path / "backup")
+    )
 
 
 def test_an_unwritable_backup_directory_fails_at_once(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(ValueError, match=r"cannot be written .* Received: backup_dir=.*file/backup"):
+    with pytest.raises(
+        ValueError, match=r"cannot be written .* Received: backup_dir=.*file/backup"
+    ):
         FaultTolerance(str(blocker / "backup"))
 
 
 def _epochs_completed(output):
-    return [int(line.split("EPOCH_COMPLETE ")[1].split()[0]) for line in output.splitlines() if "EPOCH_COMPLETE " in line]
+    return [
+        int(line.split("EPOCH_COMPLETE ")[1].split()[0])
+        for line in output.splitlines()
+        if "EPOCH_COMPLETE " in line
+    ]
 
 
 def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(tmp_path, reference):
@@ -80,41 +118,98 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
     the launcher restarts the whole job twice on fresh ports; each run resumes after the last
     completed epoch, so no epoch completes twice, and the job ends like an undisturbed run."""
     # The undisturbed run was watched: at the end the launcher reports each task's mean step time.
-    steps = re.search(r"tfpar launch: mean step time per task \(÷ the median\): worker 0 ([0-9.]+) ms \(([0-9.]+)x\), "
-                      r"worker 1 ([0-9.]+) ms \(([0-9.]+)x\)", reference.output)
-    assert steps and float(steps.group(1)) > 0 and float(steps.group(3)) > 0, reference.output[-2000:]
-    assert float(steps.group(2)) + float(steps.group(4)) == pytest.approx(2.0, abs=0.02)  # two: the median is the mean
-    result = run_command(tfpar_command(
-        "launch", "-n", "2", "--max-restarts", "3", "--", sys.executable, SCRIPT, str(tmp_path / "backup"),
-        "--kill-at", "0:1:2:3", "--kill-at", "1:0:4:1"), timeout=400, env={"PYTHONPATH": ROOT})
+    steps = re.search(
+        r"tfpar launch: mean step time per task \(÷ the median\): worker 0 ([0-9.]+) ms "
+        r"\(([0-9.]+)x\), "
+        r"worker 1 ([0-9.]+) ms \(([0-9.]+)x\)",
+        reference.output,
+    )
+    assert steps and float(steps.group(1)) > 0 and float(steps.group(3)) > 0, reference.output[
+        -2000:
+    ]
+    assert float(steps.group(2)) + float(steps.group(4)) == pytest.approx(
+        2.0, abs=0.02
+    )  # two: the median is the mean
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            "2",
+            "--max-restarts",
+            "3",
+            "--",
+            sys.executable,
+            SCRIPT,
+            str(tmp_path / "backup"),
+            "--kill-at",
+            "0:1:2:3",
+            "--kill-at",
+            "1:0:4:1",
+        ),
+        timeout=400,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
-    restarts = [line for line in result.output.splitlines() if line.startswith("tfpar launch: restart ")]
+    restarts = [
+        line for line in result.output.splitlines() if line.startswith("tfpar launch: restart ")
+    ]
     assert len(restarts) == 2, result.output[-4000:]
-    assert re.match(r"tfpar launch: restart 1 of 3 at [0-9.]+ s: worker 1 was killed by SIGKILL; starting the 2 "
-                    r"task\(s\) again on fresh ports", restarts[0])
-    assert re.match(r"tfpar launch: restart 2 of 3 at [0-9.]+ s: worker 0 was killed by SIGKILL", restarts[1])
+    assert re.match(
+        r"tfpar launch: restart 1 of 3 at [0-9.]+ s: worker 1 was killed by SIGKILL; starting the "
+        r"2 "
+        r"task\(s\) again on fresh ports",
+        restarts[0],
+    )
+    assert re.match(
+        r"tfpar launch: restart 2 of 3 at [0-9.]+ s: worker 0 was killed by SIGKILL", restarts[1]
+    )
     assert "warning: the command made no tfpar.callbacks.FaultTolerance backup" not in result.output
-    assert _epochs_completed(result.output) == [1, 2, 3, 4, 5]  # each epoch completed once, in order
+    assert _epochs_completed(result.output) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]  # each epoch completed once, in order
     assert "at epoch 2" in result.output and "at epoch 4" in result.output  # where each run resumed
     np.testing.assert_allclose(_losses(result.output), _losses(reference.output)[3:], rtol=1e-4)
 
 
 def test_a_restart_without_a_backup_warns_and_trains_from_the_first_epoch(tmp_path):
-    """A Keras fit with no FaultTolerance, worker 1 killed in epoch 1: the restart warns that training
-    starts over, and it does. (Giving up after the last restart: tests/unit/test_launch.py.)"""
-    result = run_command(tfpar_command(
-        "launch", "-n", "2", "--max-restarts", "1", "--", sys.executable, SCRIPT, str(tmp_path / "b"), "--kill-at",
-        "0:1:1:2", "--no-backup"), timeout=400, env={"PYTHONPATH": ROOT})
+    """A Keras fit with no FaultTolerance, worker 1 killed in epoch 1: the restart warns that
+    training starts over, and it does. (Giving up after the last restart:
+    tests/unit/test_launch.py.)"""
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            "2",
+            "--max-restarts",
+            "1",
+            "--",
+            sys.executable,
+            SCRIPT,
+            str(tmp_path / "b"),
+            "--kill-at",
+            "0:1:1:2",
+            "--no-backup",
+        ),
+        timeout=400,
+        env={"PYTHONPATH": ROOT},
+    )
     assert "restart 1 of 1" in result.output, result.output[-3000:]
-    assert "warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts over" in result.output
+    assert (
+        "warning: the command made no tfpar.callbacks.FaultTolerance backup, so training starts "
+        "over" in result.output
+    )
     assert result.returncode == 0 and _epochs_completed(result.output)[-5:] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("strategy", ["data_parallel", "horovod"])
 def test_a_frozen_worker_is_named_its_stack_dumped_and_the_job_stopped(tmp_path, strategy):
-    """Worker (rank) 1 SIGSTOPs itself at step 4 of epoch 2; its peer waits for it in the all-reduce.
-    With --heartbeat-timeout 5 the launcher names it within the timeout plus a few seconds, dumps
-    its stack and stops the job (code 124), long before any collective timeout."""
+    """Worker (rank) 1 SIGSTOPs itself at step 4 of epoch 2; its peer waits for it in the
+    all-reduce. With --heartbeat-timeout 5 the launcher names it within the timeout plus a few
+    seconds, dumps its stack and stops the job (code 124), long before any collective timeout."""
     if strategy == "horovod":
         from tests.conftest import HOROVOD_INSTALLED
 
@@ -123,15 +218,39 @@ def test_a_frozen_worker_is_named_its_stack_dumped_and_the_job_stopped(tmp_path,
         launcher, name, extra = ["--horovod"], "rank 1", ["--horovod"]
     else:
         launcher, name, extra = [], "worker 1", []
-    result = run_command(tfpar_command(
-        "launch", *launcher, "-n", "2", "--heartbeat-timeout", "5", "--", sys.executable, SCRIPT, str(tmp_path / "b"),
-        "--freeze-at", "0:1:2:3", *extra), timeout=300, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch",
+            *launcher,
+            "-n",
+            "2",
+            "--heartbeat-timeout",
+            "5",
+            "--",
+            sys.executable,
+            SCRIPT,
+            str(tmp_path / "b"),
+            "--freeze-at",
+            "0:1:2:3",
+            *extra,
+        ),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 124, result.output[-4000:]
     assert "FREEZING" in result.output
-    line = next(l for l in result.output.splitlines() if "(--heartbeat-timeout 5)" in l)
-    assert line.startswith(f"tfpar launch: {name} is stopped (state T: SIGSTOP or a debugger): its last step "), line
-    waited = float(re.search(r"its last step ([0-9.]+) s ago", line).group(1))  # about when it froze
-    assert 5 <= waited < 5 + 10, line  # the timeout, plus the poll and the last beat's age (on a loaded machine)
+    line = next(
+        printed for printed in result.output.splitlines() if "(--heartbeat-timeout 5)" in printed
+    )
+    assert line.startswith(
+        f"tfpar launch: {name} is stopped (state T: SIGSTOP or a debugger): its last step "
+    ), line
+    waited = float(
+        re.search(r"its last step ([0-9.]+) s ago", line).group(1)
+    )  # about when it froze
+    assert 5 <= waited < 5 + 10, (
+        line
+    )  # the timeout, plus the poll and the last beat's age (on a loaded machine)
     assert f"tfpar launch: error: {name} hung: it is stopped" in result.output
     # faulthandler's dump of the frozen task's Python stacks (let run again to write them, it has
     # left the frame where it froze, or not, by then).

@@ -19,8 +19,11 @@ ENV = {"PYTHONPATH": ROOT}
 
 
 def _horovodrun(np_, *args, timeout=300, env=None):
-    return run_command(["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-                        sys.executable, *args], timeout=timeout, env={**ENV, **(env or {})})
+    return run_command(
+        ["horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, *args],
+        timeout=timeout,
+        env={**ENV, **(env or {})},
+    )
 
 
 # Every training case of this file's gloo tests, in one horovodrun (one TensorFlow and Horovod
@@ -49,14 +52,18 @@ def _case_arguments(cases):
 def trained(tmp_path_factory):
     """{case: (each rank's weights, each rank's history, rank 1's strategy description)}."""
     out = tmp_path_factory.mktemp("horovod_train")
-    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), *_case_arguments(CASES))
+    result = _horovodrun(
+        2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), *_case_arguments(CASES)
+    )
     assert result.returncode == 0, result.output[-4000:]
     runs = {}
     for name in CASES:
         assert_started_from_worker_0(out / name)  # the broadcast of rank 0's initial values
-        runs[name] = ([load_arrays(out / name / f"rank_{r}.npz") for r in range(2)],
-                      [json.loads((out / name / f"rank_{r}.json").read_text()) for r in range(2)],
-                      (out / name / "describe_1.txt").read_text())
+        runs[name] = (
+            [load_arrays(out / name / f"rank_{r}.npz") for r in range(2)],
+            [json.loads((out / name / f"rank_{r}.json").read_text()) for r in range(2)],
+            (out / name / "describe_1.txt").read_text(),
+        )
     runs["folder"] = out
     return runs
 
@@ -67,7 +74,12 @@ def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96, hi
     import tensorflow as tf
 
     import tfpar
-    from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, one_device_weights
+    from tests.models import (
+        compile_for_equivalence,
+        equivalence_data,
+        equivalence_model,
+        one_device_weights,
+    )
 
     if strategy is None:
         return one_device_weights(examples, global_batch, epochs, lr)
@@ -75,7 +87,9 @@ def _reference(lr=0.1, global_batch=16, epochs=2, strategy=None, examples=96, hi
     with strategy.scope():
         model = equivalence_model()
         compile_for_equivalence(model)
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch
+    )
     logs = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=0)
     if history is not None:
         history.update(logs.history)
@@ -98,7 +112,9 @@ def test_two_ranks_end_identical_and_equal_to_data_parallel(trained):
     np.testing.assert_allclose(logs[0]["loss"], history["loss"], rtol=1e-5)
     reads = json.loads((trained["folder"] / "average" / "reads_0.json").read_text())
     assert reads["metrics"] >= 2 and reads["after_gradients"] == reads["metrics"], reads
-    assert logs[0]["rank_number"] == [1.5, 1.5] and all(e > 0 for e in logs[0]["examples_per_second"])
+    assert logs[0]["rank_number"] == [1.5, 1.5] and all(
+        e > 0 for e in logs[0]["examples_per_second"]
+    )
     assert "workers:    2 (this is rank 1" in output and "8 per replica, 16 global" in output
 
 
@@ -128,7 +144,9 @@ def test_sum_and_compression_change_the_numbers_as_they_should(trained):
 
 
 @pytest.mark.parametrize("case", ["zero-sgd", "zero-adam", "zero-adamw-bf16"])
-def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_whole_optimizer_state(trained, case):
+def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_whole_optimizer_state(
+    trained, case
+):
     """HorovodStrategy(zero_stage=1 or 2): each rank keeps half of the optimizer state and updates
     half of the weights (hvd.reducescatter, hvd.allgather); the ranks end identical and where one
     device does (SGD with Nesterov momentum under tf_keras, Adam clipped by the global norm under
@@ -145,27 +163,42 @@ def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_wh
     k = importlib.import_module("keras" if keras_version == 3 else "tf_keras")
     reference = one_device_model(96, 16, 2, k, optimizer)
     difference = max(float(np.abs(a - b).max()) for a, b in zip(rank0, reference.get_weights()))
-    # Adam divides by sqrt(v), which magnifies the last bits of a loss summed over 2 ranks instead of
-    # one batch: 1.4e-6 measured (Keras 3, 2 epochs); SGD's ends within 1e-6; bf16 rounds.
-    assert 1e-4 < difference < 2e-2 if compression == "bf16" else difference < (5e-6 if optimizer == "adam" else 1e-6), \
-        difference
-    assert f"zero:       stage {stage}: each replica keeps and updates 1/2 of the optimizer state" in output
+    # Adam divides by sqrt(v), which magnifies the last bits of a loss summed over 2 ranks instead
+    # of one batch: 1.4e-6 measured (Keras 3, 2 epochs); SGD's ends within 1e-6; bf16 rounds.
+    assert (
+        1e-4 < difference < 2e-2
+        if compression == "bf16"
+        else difference < (5e-6 if optimizer == "adam" else 1e-6)
+    ), difference
+    assert (
+        f"zero:       stage {stage}: each replica keeps and updates 1/2 of the optimizer state"
+        in output
+    )
     slots = 1 if optimizer == "sgd" else 2
     params = sum(int(np.prod(v.shape)) for v in reference.trainable_weights)
-    assert f"optimizer state {4 * slots * params:,} B -> {4 * slots * -(-params // 2):,} B" in output
+    assert (
+        f"optimizer state {4 * slots * params:,} B -> {4 * slots * -(-params // 2):,} B" in output
+    )
     restored = equivalence_model(k=k)
-    restored.compile(zero_optimizer(k, optimizer), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    restored.compile(
+        zero_optimizer(k, optimizer), k.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     restored.optimizer.build(restored.trainable_variables)
-    restored.load_weights(str(trained["folder"] / case / ("ckpt_1.weights.h5" if keras_version == 3 else "ckpt_1")))
+    restored.load_weights(
+        str(trained["folder"] / case / ("ckpt_1.weights.h5" if keras_version == 3 else "ckpt_1"))
+    )
     state = [_values(m.optimizer.variables) for m in (restored, reference)]
-    assert len(state[0]) == len(state[1]) > slots * len(reference.trainable_weights), [len(s) for s in state]
+    assert len(state[0]) == len(state[1]) > slots * len(reference.trainable_weights), [
+        len(s) for s in state
+    ]
     for a, b in zip(*state):
         np.testing.assert_allclose(a, b, atol=2e-2 if compression == "bf16" else 1e-6, rtol=0)
 
 
 def test_lamb_over_two_ranks_trains_like_one_device(trained):
-    """tfpar.optimizers.LAMB under HorovodStrategy: the trust ratio of Horovod's averaged gradient, the same
-    on both ranks, so they end identical and where one device ends with the whole batches."""
+    """tfpar.optimizers.LAMB under HorovodStrategy: the trust ratio of Horovod's averaged gradient,
+    the same on both ranks, so they end identical and where one device ends with the whole
+    batches."""
     from tests.models import one_device_model
 
     (rank0, rank1), _, _ = trained["lamb"]
@@ -179,7 +212,8 @@ def test_lamb_over_two_ranks_trains_like_one_device(trained):
 
 def test_zero_with_accumulation_over_two_ranks_trains_like_unsharded_accumulation(trained):
     """backward_passes_per_step=2 with zero_stage=2 (Keras 3): each rank reduce-scatters every step
-    and sums its chunk, applied every 2nd step: the run ends where the unsharded accumulation does."""
+    and sums its chunk, applied every 2nd step: the run ends where the unsharded accumulation
+    does."""
     (sharded, other), _, output = trained["zero-accumulate-keras3"]
     (whole, _), _, _ = trained["accumulate-keras3"]
     for a, b in zip(sharded, other):
@@ -203,16 +237,24 @@ def _kernels(output):
 @pytest.fixture(scope="module")
 def one_step():
     """{"op:compression": {rank: kernel}}: every gloo case of one step, in one horovodrun."""
-    cases = ["average:none", "sum:none", "average:fp16", "average:bf16", "average:none:embedding",
-             "sum:none:embedding"]
+    cases = [
+        "average:none",
+        "sum:none",
+        "average:fp16",
+        "average:bf16",
+        "average:none:embedding",
+        "sum:none:embedding",
+    ]
     result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_one_step.py"), *cases)
     assert result.returncode == 0, result.output[-4000:]
     kernels = _kernels(result.output)
-    assert sorted(kernels) == sorted(cases) and all(sorted(k) == ["0", "1"] for k in kernels.values()), kernels
+    assert sorted(kernels) == sorted(cases) and all(
+        sorted(k) == ["0", "1"] for k in kernels.values()
+    ), kernels
     return kernels
 
 
-@pytest.mark.parametrize("compression, rounding", [("fp16", 2.0 ** -10), ("bf16", 2.0 ** -8)])
+@pytest.mark.parametrize("compression, rounding", [("fp16", 2.0**-10), ("bf16", 2.0**-8)])
 def test_compression_rounds_one_step_to_its_precision(one_step, compression, rounding):
     """fp16 goes through Horovod's all-reduce, bf16 through one allgather of bf16 bits: either way
     the step is the float32 one to within the format's rounding, and rounded."""
@@ -222,7 +264,9 @@ def test_compression_rounds_one_step_to_its_precision(one_step, compression, rou
     exact = -(a + b) / 2
     np.testing.assert_allclose(kernels["0"], exact, atol=2e-3, rtol=0)
     np.testing.assert_allclose(kernels["0"], exact, rtol=rounding)  # within the format's rounding
-    assert not np.allclose(kernels["0"], exact, rtol=1e-6, atol=0)  # and rounded: it went in 16 bits
+    assert not np.allclose(
+        kernels["0"], exact, rtol=1e-6, atol=0
+    )  # and rounded: it went in 16 bits
 
 
 @pytest.mark.parametrize("keras_version", ["2", "3"])
@@ -237,16 +281,27 @@ def test_gradient_accumulation_trains_like_a_larger_batch(trained, keras_version
     assert "backward_passes_per_step=2" in output
     for a, b in zip(rank0, rank1):
         np.testing.assert_array_equal(a, b)
-    k = importlib.import_module("keras") if keras_version == "3" else importlib.import_module("tfpar").keras
+    k = (
+        importlib.import_module("keras")
+        if keras_version == "3"
+        else importlib.import_module("tfpar").keras
+    )
     for a, b in zip(rank0, one_device_weights(96, 16, k=k)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
 def test_adasum_is_refused_clearly_on_gloo(tmp_path):
-    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path),
-                         *_case_arguments({"adasum": (16, 1, 96, "adasum", "none", 1, 2)}))
+    result = _horovodrun(
+        2,
+        os.path.join(SCRIPTS, "horovod_train.py"),
+        str(tmp_path),
+        *_case_arguments({"adasum": (16, 1, 96, "adasum", "none", 1, 2)}),
+    )
     assert result.returncode != 0
-    assert "Adasum needs Horovod's MPI controller" in result.output and "Received: op='adasum'" in result.output
+    assert (
+        "Adasum needs Horovod's MPI controller" in result.output
+        and "Received: op='adasum'" in result.output
+    )
 
 
 def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path, trained):
@@ -256,11 +311,22 @@ def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path, trained)
         pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
     (average, _), _, _ = trained["average"]
     out = tmp_path / "adasum"
-    result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi", sys.executable,
-                          os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path),
-                          *_case_arguments({"adasum": (16, 2, 96, "adasum", "none", 1, 2)})],
-                         timeout=300, env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1",
-                                           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    result = run_command(
+        [
+            "horovodrun",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--mpi",
+            sys.executable,
+            os.path.join(SCRIPTS, "horovod_train.py"),
+            str(tmp_path),
+            *_case_arguments({"adasum": (16, 2, 96, "adasum", "none", 1, 2)}),
+        ],
+        timeout=300,
+        env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+    )
     assert result.returncode == 0, result.output[-4000:]
     adasum, rank1 = (load_arrays(out / f"rank_{r}.npz") for r in range(2))
     for a, b in zip(adasum, rank1):
@@ -271,12 +337,16 @@ def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path, trained)
 
 
 def _adasum(a, b):
-    """Horovod's Adasum of two gradients (Maleki et al.): each scaled down by its share of the other."""
+    """Horovod's Adasum of two gradients (Maleki et al.): each scaled down by its share of the
+    other."""
     dot = float(np.dot(a, b))
     return (1 - dot / (2 * np.dot(a, a))) * a + (1 - dot / (2 * np.dot(b, b))) * b
 
 
-A, B = np.array([1.0, 0.0]), np.array([1.0, 1.0])  # rank 0's gradient, rank 1's, in the one-step tests
+A, B = (
+    np.array([1.0, 0.0]),
+    np.array([1.0, 1.0]),
+)  # rank 0's gradient, rank 1's, in the one-step tests
 
 
 def _assert_one_sgd_step(kernels, expected):
@@ -285,13 +355,18 @@ def _assert_one_sgd_step(kernels, expected):
         np.testing.assert_allclose(kernel, -expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("op, expected", [("average", (A + B) / 2), ("sum", A + B)], ids=["average", "sum"])
+@pytest.mark.parametrize(
+    "op, expected", [("average", (A + B) / 2), ("sum", A + B)], ids=["average", "sum"]
+)
 def test_one_step_applies_the_reduction_rule_to_known_gradients(one_step, op, expected):
     _assert_one_sgd_step(one_step[f"{op}:none"], expected)
 
 
-@pytest.mark.parametrize("op, expected", [("average", [0.5, 0.25, 0.25]), ("sum", [1.0, 0.5, 0.5])],
-                         ids=["average", "sum"])
+@pytest.mark.parametrize(
+    "op, expected",
+    [("average", [0.5, 0.25, 0.25]), ("sum", [1.0, 0.5, 0.5])],
+    ids=["average", "sum"],
+)
 def test_a_sparse_gradient_takes_the_reduction_rule_of_a_dense_one(one_step, op, expected):
     """An Embedding's sparse gradient, densified for op="sum" (Horovod scales dense tensors only):
     the loss is the mean of a rank's 2 looked-up rows over 2 replicas, so each lookup's gradient is
@@ -306,9 +381,21 @@ def test_one_step_of_adasum_over_mpi_applies_its_combination_rule():
         pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
     expected = _adasum(A, B)
     assert not np.allclose(expected, (A + B) / 2) and not np.allclose(expected, A + B)
-    result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi", sys.executable,
-                          os.path.join(SCRIPTS, "horovod_one_step.py"), "adasum:none"], timeout=300,
-                         env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    result = run_command(
+        [
+            "horovodrun",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--mpi",
+            sys.executable,
+            os.path.join(SCRIPTS, "horovod_one_step.py"),
+            "adasum:none",
+        ],
+        timeout=300,
+        env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+    )
     assert result.returncode == 0, result.output[-4000:]
     _assert_one_sgd_step(_kernels(result.output)["adasum:none"], expected)
 
@@ -317,8 +404,10 @@ def test_adasum_needs_a_power_of_two_ranks(tmp_path):
     code = "from tfpar.strategies.horovod import HorovodStrategy; HorovodStrategy(op='adasum')"
     result = _horovodrun(3, "-c", code, timeout=200)
     assert result.returncode != 0
-    assert "Adasum needs a number of ranks that is a power of two. Received: op='adasum' with 3 ranks" \
+    assert (
+        "Adasum needs a number of ranks that is a power of two. Received: op='adasum' with 3 ranks"
         in result.output
+    )
 
 
 def test_a_dead_rank_fails_the_job_within_bounded_time():
@@ -330,15 +419,22 @@ def test_a_dead_rank_fails_the_job_within_bounded_time():
     # horovodrun names the rank that died and its code, and the job ends within a minute
     # (5 s here, start-up included) instead of the test's 240 s limit.
     assert "Process 1 exit with status code 9." in result.output
-    assert "Horovod detected that one or more processes exited with non-zero status" in result.output
+    assert (
+        "Horovod detected that one or more processes exited with non-zero status" in result.output
+    )
     assert time.monotonic() - start < 60
 
 
 def test_tfpar_launch_horovod_starts_a_gloo_job(tmp_path):
-    code = ("from tfpar.strategies.horovod import HorovodStrategy; s = HorovodStrategy(); "
-            "print('rank', s.rank, 'of', s.size)")
-    result = run_command(tfpar_command("launch", "--horovod", "-n", "2", "--", sys.executable, "-c", code),
-                         timeout=200, env=ENV)
+    code = (
+        "from tfpar.strategies.horovod import HorovodStrategy; s = HorovodStrategy(); "
+        "print('rank', s.rank, 'of', s.size)"
+    )
+    result = run_command(
+        tfpar_command("launch", "--horovod", "-n", "2", "--", sys.executable, "-c", code),
+        timeout=200,
+        env=ENV,
+    )
     assert result.returncode == 0, result.output[-3000:]
     assert re.search(r"rank 0 of 2", result.output) and re.search(r"rank 1 of 2", result.output)
 
@@ -351,18 +447,33 @@ def test_horovodrun_starts_its_ranks_without_a_process_that_imports_tensorflow(d
     """Horovod's runner asks a new process that imports TensorFlow which controllers are built
     (about 8 s of CPU before the ranks start, each time); tfpar's build answers from the note its
     install wrote. Every Python process of the job logs its imports (PYTHONPROFILEIMPORTTIME)."""
-    imports_tensorflow = re.compile(r"^(\[\d\]<stderr>:)?import time:.*\| tensorflow$", re.MULTILINE)
+    imports_tensorflow = re.compile(
+        r"^(\[\d\]<stderr>:)?import time:.*\| tensorflow$", re.MULTILINE
+    )
     code = "import os; print('rank', os.environ['HOROVOD_RANK'], 'started')"
-    started = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", code],
-                          timeout=120, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    started = run_command(
+        ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", code],
+        timeout=120,
+        env={"PYTHONPROFILEIMPORTTIME": "1"},
+    )
     assert started.returncode == 0, started.output[-3000:]
     assert sorted(re.findall(r"rank (\d) started", started.output)) == ["0", "1"]
     assert "| horovod.runner.launch" in started.output  # the runner's imports are logged
     assert not imports_tensorflow.findall(started.output)
-    check = run_command(["horovodrun", "--check-build"], timeout=60, env={"PYTHONPROFILEIMPORTTIME": "1"})
-    assert check.returncode == 0 and not imports_tensorflow.findall(check.output), check.output[-3000:]
+    check = run_command(
+        ["horovodrun", "--check-build"], timeout=60, env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    assert check.returncode == 0 and not imports_tensorflow.findall(check.output), check.output[
+        -3000:
+    ]
     mpi = "MPI" in re.search(r"controllers: (.*)", doctor.output).group(1)
-    for mark, name in (("X", "TensorFlow"), (" ", "PyTorch"), (" ", "MXNet"), ("X", "Gloo"), ("X" if mpi else " ", "MPI")):
+    for mark, name in (
+        ("X", "TensorFlow"),
+        (" ", "PyTorch"),
+        (" ", "MXNet"),
+        ("X", "Gloo"),
+        ("X" if mpi else " ", "MPI"),
+    ):
         assert f"[{mark}] {name}\n" in check.output, check.output
 
 
@@ -377,29 +488,64 @@ def test_demo_on_horovod_reaches_the_accuracy_target():
 
 
 def test_demo_on_horovod_with_a_keras3_model_and_its_optimizer_state_sharded():
-    result = run_command(["tfpar", "demo", "--strategy", "horovod", "--keras", "3", "--epochs", "3", "--zero-stage", "1"],
-                         timeout=400)
+    result = run_command(
+        [
+            "tfpar",
+            "demo",
+            "--strategy",
+            "horovod",
+            "--keras",
+            "3",
+            "--epochs",
+            "3",
+            "--zero-stage",
+            "1",
+        ],
+        timeout=400,
+    )
     assert result.returncode == 0, result.output[-3000:]
-    assert "HorovodStrategy (Horovod ring all-reduce)" in result.output and "keras:      Keras 3 3." in result.output
-    assert "zero:       stage 1: each replica keeps and updates 1/2 of the optimizer state" in result.output
+    assert (
+        "HorovodStrategy (Horovod ring all-reduce)" in result.output
+        and "keras:      Keras 3 3." in result.output
+    )
+    assert (
+        "zero:       stage 1: each replica keeps and updates 1/2 of the optimizer state"
+        in result.output
+    )
     accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
-    assert accuracy >= 0.8, result.output[-3000:]  # 3 epochs; the default 8 epochs' target is tested above
+    assert accuracy >= 0.8, result.output[
+        -3000:
+    ]  # 3 epochs; the default 8 epochs' target is tested above
     assert result.output.count("validation accuracy:") == 1
 
 
 def test_horovod_example_runs_under_horovodrun(tmp_path):
-    result = _horovodrun(2, "examples/train_horovod.py", "--epochs", "2", "--compression", "fp16",
-                         "--checkpoint-dir", str(tmp_path))
+    result = _horovodrun(
+        2,
+        "examples/train_horovod.py",
+        "--epochs",
+        "2",
+        "--compression",
+        "fp16",
+        "--checkpoint-dir",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.output[-3000:]
-    accuracy = float(re.search(r"validation accuracy after 2 epochs: ([0-9.]+)", result.output).group(1))
+    accuracy = float(
+        re.search(r"validation accuracy after 2 epochs: ([0-9.]+)", result.output).group(1)
+    )
     assert accuracy > 0.5
     assert result.output.count("validation accuracy after") == 1
     # Keras' epoch lines come from rank 0 only.
-    assert re.search(r"\[0\]<stdout>:.*val_accuracy.* - lr: 0.0020", result.output)  # 1e-3 x 2 ranks
+    assert re.search(
+        r"\[0\]<stdout>:.*val_accuracy.* - lr: 0.0020", result.output
+    )  # 1e-3 x 2 ranks
     assert not re.search(r"\[1\]<stdout>:.*val_accuracy", result.output)
     # Only rank 0 writes checkpoints; rank 1's temporary copies are removed.
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("epoch_2")) == \
-        ["epoch_2.data-00000-of-00001", "epoch_2.index"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("epoch_2")) == [
+        "epoch_2.data-00000-of-00001",
+        "epoch_2.index",
+    ]
     assert not [p for p in tmp_path.rglob("workertemp_*")]
 
 

@@ -15,7 +15,9 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "precision_overflow.
 
 
 def _reports(output):
-    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in output.splitlines() if "REPORT " in line]
+    reports = [
+        json.loads(line.split("REPORT ", 1)[1]) for line in output.splitlines() if "REPORT " in line
+    ]
     return sorted(reports, key=lambda r: r["worker"])
 
 
@@ -25,9 +27,23 @@ def _assert_same_arrays(first, second):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-OVERFLOW_JOBS = {"data_parallel": tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, "2", "3"),
-                 "horovod": ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
-                             "--horovod", "--zero", "2", "3"]}
+OVERFLOW_JOBS = {
+    "data_parallel": tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, "2", "3"),
+    "horovod": [
+        "horovodrun",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+        sys.executable,
+        SCRIPT,
+        "--horovod",
+        "--zero",
+        "2",
+        "3",
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,43 +54,74 @@ def overflow_job():
 
     def run(launcher):
         if launcher not in outputs:
-            outputs[launcher] = run_command(OVERFLOW_JOBS[launcher], timeout=300, env={"PYTHONPATH": ROOT})
+            outputs[launcher] = run_command(
+                OVERFLOW_JOBS[launcher], timeout=300, env={"PYTHONPATH": ROOT}
+            )
         return outputs[launcher]
+
     return run
 
 
 @pytest.mark.parametrize("keras_version", ["2", "3"], ids=["tf_keras", "keras3"])
 @pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
-def test_an_overflow_on_one_worker_skips_the_step_everywhere(overflow_job, launcher, keras_version, request):
+def test_an_overflow_on_one_worker_skips_the_step_everywhere(
+    overflow_job, launcher, keras_version, request
+):
     if launcher == "horovod":
         request.getfixturevalue("horovod_installed")
     result = overflow_job(launcher)
     assert result.returncode == 0, result.output[-4000:]
-    reports = [r for r in _reports(result.output) if r["keras"] == keras_version and "zero" not in r]
+    reports = [
+        r for r in _reports(result.output) if r["keras"] == keras_version and "zero" not in r
+    ]
     assert [r["worker"] for r in reports] == [0, 1]
     for report in reports:
         optimizer = "LossScaleOptimizer" if keras_version == "3" else "LossScaleOptimizerV3"
         assert report["optimizer"] == optimizer and report["inner"] == "SGD"
         assert report["skipped"] and report["updated"]
         assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]
-    _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])  # identical weights on both workers
+    _assert_same_arrays(
+        reports[0]["weights"], reports[1]["weights"]
+    )  # identical weights on both workers
 
 
-def test_an_overflow_on_one_rank_skips_the_sharded_step_on_every_rank(overflow_job, horovod_installed):
+def test_an_overflow_on_one_rank_skips_the_sharded_step_on_every_rank(
+    overflow_job, horovod_installed
+):
     """HorovodStrategy(zero_stage=1) under mixed_float16: the loss-scale optimizer wraps the sharded
-    Adam, an inf gradient on rank 0 only skips the step on both ranks, the scale halves, and the next
-    step ends where the unsharded run's does (both Kerases)."""
+    Adam, an inf gradient on rank 0 only skips the step on both ranks, the scale halves, and the
+    next step ends where the unsharded run's does (both Kerases)."""
     result = overflow_job("horovod")
     assert result.returncode == 0, result.output[-4000:]
     for keras_version in ("2", "3"):
-        runs = {zero: [r for r in _reports(result.output) if r["keras"] == keras_version and r.get("zero") == zero]
-                for zero in (0, 1)}
-        assert [r["worker"] for r in runs[1]] == [0, 1] and runs[1][0]["sharded"] and runs[1][0]["inner"] == "Adam"
+        runs = {
+            zero: [
+                r
+                for r in _reports(result.output)
+                if r["keras"] == keras_version and r.get("zero") == zero
+            ]
+            for zero in (0, 1)
+        }
+        assert (
+            [r["worker"] for r in runs[1]] == [0, 1]
+            and runs[1][0]["sharded"]
+            and runs[1][0]["inner"] == "Adam"
+        )
         for sharded, whole in zip(runs[1], runs[0]):
             assert sharded["skipped"] and sharded["updated"] and not whole["sharded"]
             assert sharded["loss_scale"] == whole["loss_scale"] == [32768.0, 16384.0, 16384.0]
-            numeric = [(a, b) for a, b in zip(whole["weights"], sharded["weights"]) if np.asarray(a).dtype != bool]
-            assert max(float(np.abs(np.asarray(a, float) - np.asarray(b, float)).max()) for a, b in numeric) < 1e-6
+            numeric = [
+                (a, b)
+                for a, b in zip(whole["weights"], sharded["weights"])
+                if np.asarray(a).dtype != bool
+            ]
+            assert (
+                max(
+                    float(np.abs(np.asarray(a, float) - np.asarray(b, float)).max())
+                    for a, b in numeric
+                )
+                < 1e-6
+            )
         _assert_same_arrays(runs[1][0]["weights"], runs[1][1]["weights"])
 
 
@@ -93,14 +140,29 @@ def compress_job(tmp_path_factory):
         if launcher not in reports:
             out = tmp_path_factory.mktemp(f"compress_{launcher}")
             if launcher == "horovod":
-                command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, COMPRESS,
-                           str(out), "--horovod"]
+                command = [
+                    "horovodrun",
+                    "-np",
+                    "2",
+                    "-H",
+                    "localhost:2",
+                    "--gloo",
+                    sys.executable,
+                    COMPRESS,
+                    str(out),
+                    "--horovod",
+                ]
             else:
-                command = tfpar_command("launch", "-n", "2", "--", sys.executable, COMPRESS, str(out))
+                command = tfpar_command(
+                    "launch", "-n", "2", "--", sys.executable, COMPRESS, str(out)
+                )
             result = run_command(command, timeout=300, env={"PYTHONPATH": ROOT})
             assert result.returncode == 0, result.output[-4000:]
-            reports[launcher] = [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]
+            reports[launcher] = [
+                json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)
+            ]
         return reports[launcher]
+
     return run
 
 
@@ -108,21 +170,28 @@ def compress_job(tmp_path_factory):
 def test_qat_across_processes_ends_identical_on_both_workers(compress_job, launcher, request):
     reports = compress_job(launcher, request)
     assert [r["worker"] for r in reports] == [0, 1]
-    assert reports[0]["qat_ranges"] and reports[0]["qat_ranges"].keys() == reports[1]["qat_ranges"].keys()
+    assert (
+        reports[0]["qat_ranges"]
+        and reports[0]["qat_ranges"].keys() == reports[1]["qat_ranges"].keys()
+    )
     for name in reports[0]["qat_ranges"]:
         _assert_same_arrays(reports[0]["qat_ranges"][name], reports[1]["qat_ranges"][name])
     _assert_same_arrays(reports[0]["qat_weights"], reports[1]["qat_weights"])
 
 
 @pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
-def test_collaborative_compression_across_processes_agrees_on_both_workers(compress_job, launcher, request):
+def test_collaborative_compression_across_processes_agrees_on_both_workers(
+    compress_job, launcher, request
+):
     reports = compress_job(launcher, request)
     assert [r["worker"] for r in reports] == [0, 1]
     for part in ("masks", "centroids", "pqat", "cqat"):
         first, second = reports[0][part], reports[1][part]
         assert first and first.keys() == second.keys(), part
         for name in first:
-            np.testing.assert_array_equal(np.asarray(first[name]), np.asarray(second[name]), err_msg=name)
+            np.testing.assert_array_equal(
+                np.asarray(first[name]), np.asarray(second[name]), err_msg=name
+            )
     masks = [np.asarray(m) for m in reports[0]["masks"].values()]
     assert len(masks) == 3 and all(0.45 <= 1 - m.mean() <= 0.55 for m in masks)  # pruned to 50 %
     assert sum("cluster_centroids" in name for name in reports[0]["centroids"]) == 3

@@ -16,15 +16,22 @@ import pytest
 from tests.conftest import ROOT, run_command
 
 # Pages the issue names: the home page, choosing a strategy, one API page. (path, its h1)
-PAGES = [("index.html", "tfpar"), ("choosing/index.html", "Choosing a strategy"),
-         ("reference/api/strategies/index.html", "tfpar.strategies")]
+PAGES = [
+    ("index.html", "tfpar"),
+    ("choosing/index.html", "Choosing a strategy"),
+    ("reference/api/strategies/index.html", "tfpar.strategies"),
+]
 # What an unresolved reference or a failed generation leaves in a page.
 UNRESOLVED = ("::: tfpar", "<!-- tfpar:", "Could not collect", "autorefs-not-found", "[tfpar.")
 
 
 def _build(config_dir, site):
-    return run_command([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                       timeout=300, cwd=str(config_dir), env={"NO_MKDOCS_2_WARNING": "1"})
+    return run_command(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        timeout=300,
+        cwd=str(config_dir),
+        env={"NO_MKDOCS_2_WARNING": "1"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +58,24 @@ def test_the_site_builds_strictly_with_every_page_of_the_nav(site):
         built = site / (page[:-3] + ".html" if page == "index.md" else page[:-3] + "/index.html")
         assert built.is_file(), page
     cli = (site / "reference" / "cli" / "index.html").read_text()
-    for command in ("tfpar launch", "--nproc-per-node", "--master-addr", "tfpar verify", "install-horovod"):
+    for command in (
+        "tfpar launch",
+        "--nproc-per-node",
+        "--master-addr",
+        "tfpar verify",
+        "install-horovod",
+    ):
         assert command in cli, command  # generated from the parsers
     assert "(default: 29500)" in cli and "124" in cli
 
 
-@pytest.mark.parametrize("breakage, named", [
-    ("[a page that is not there](nowhere.md)", "nowhere.md"),
-    ("::: tfpar.strategies.data_parallel.NoSuchStrategy", "NoSuchStrategy"),
-])
+@pytest.mark.parametrize(
+    "breakage, named",
+    [
+        ("[a page that is not there](nowhere.md)", "nowhere.md"),
+        ("::: tfpar.strategies.data_parallel.NoSuchStrategy", "NoSuchStrategy"),
+    ],
+)
 def test_a_broken_link_or_reference_fails_the_build(tmp_path, breakage, named):
     shutil.copytree(os.path.join(ROOT, "docs"), tmp_path / "docs")
     shutil.copy(os.path.join(ROOT, "mkdocs.yml"), tmp_path / "mkdocs.yml")
@@ -72,7 +88,9 @@ def test_a_broken_link_or_reference_fails_the_build(tmp_path, breakage, named):
 def _chromium():
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        message = "Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)"
+        message = (
+            "Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -85,17 +103,28 @@ def test_a_page_renders_in_chromium_with_its_heading(site, page, heading, tmp_pa
     there, no reference is left unresolved, and the picture is a page, not a blank."""
     chromium = _chromium()
     url = (site / page).as_uri()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1400",
-             f"--user-data-dir={tmp_path / 'profile'}"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1280,1400",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
     dom = run_command([chromium, *flags, "--dump-dom", url], timeout=120, cwd=str(tmp_path))
     assert dom.returncode == 0, dom.output[-2000:]
     import re
 
-    titles = [re.sub(r"<[^>]+>", "", t).replace("¶", "").strip() for t in re.findall(r"<h1[^>]*>(.*?)</h1>", dom.output, re.S)]
+    titles = [
+        re.sub(r"<[^>]+>", "", t).replace("¶", "").strip()
+        for t in re.findall(r"<h1[^>]*>(.*?)</h1>", dom.output, re.S)
+    ]
     assert heading in titles, titles
     assert not [text for text in UNRESOLVED if text in dom.output]
     picture = tmp_path / (page.replace("/", "_") + ".png")
-    shot = run_command([chromium, *flags, f"--screenshot={picture}", url], timeout=120, cwd=str(tmp_path))
+    shot = run_command(
+        [chromium, *flags, f"--screenshot={picture}", url], timeout=120, cwd=str(tmp_path)
+    )
     assert shot.returncode == 0 and picture.is_file(), shot.output[-2000:]
     keep = os.environ.get("TFPAR_SCREENSHOTS")  # a folder to keep them in, to look at
     if keep:

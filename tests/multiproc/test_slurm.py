@@ -9,17 +9,21 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, tfpar_command
-from tests.models import (assert_started_from_worker_0, assert_trained_together_like_one_device, load_arrays,
-                          one_device_weights)
+from tests.models import (
+    assert_started_from_worker_0,
+    assert_trained_together_like_one_device,
+    load_arrays,
+    one_device_weights,
+)
 from tests.slurm_cluster import SlurmCluster, ensure_slurm
 from tfpar.cluster.addresses import free_ports
-
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 def _free_consecutive_ports(count):
-    """A first port whose next ``count - 1`` ports are free too, on 127.0.0.1, outside the ephemeral range."""
+    """A first port whose next ``count - 1`` ports are free too, on 127.0.0.1, outside the ephemeral
+    range."""
     return free_ports(count, consecutive=True)[0]
 
 
@@ -40,26 +44,59 @@ def _job_env():
 def test_launch_slurm_trains_the_tasks_together_like_one_device(slurm, tmp_path):
     """2 srun tasks, each `tfpar launch --slurm`: one multi-worker job, equal to one device."""
     script = os.path.join(SCRIPTS, "multiworker_train.py")
-    result = slurm.srun(tfpar_command("launch", "--slurm", "--", sys.executable, script, str(tmp_path), "16", "2",
-                                      "padded:90:2"),
-                        2, env=_job_env())
+    result = slurm.srun(
+        tfpar_command(
+            "launch",
+            "--slurm",
+            "--",
+            sys.executable,
+            script,
+            str(tmp_path),
+            "16",
+            "2",
+            "padded:90:2",
+        ),
+        2,
+        env=_job_env(),
+    )
     assert result.returncode == 0, result.output[-4000:]
-    assert "2 (this is worker 0, chief)" in result.output and "2 (this is worker 1, not chief)" in result.output
+    assert (
+        "2 (this is worker 0, chief)" in result.output
+        and "2 (this is worker 1, not chief)" in result.output
+    )
     assert_trained_together_like_one_device(tmp_path / "padded", 90)
 
 
-@pytest.mark.parametrize("mpi, picked", [("none", "MultiWorkerDataParallel"), ("pmix", "HorovodStrategy")])
+@pytest.mark.parametrize(
+    "mpi, picked", [("none", "MultiWorkerDataParallel"), ("pmix", "HorovodStrategy")]
+)
 def test_auto_under_srun_picks_a_worker_or_a_rank_per_task(slurm, mpi, picked, horovod_installed):
-    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "which_strategy.py")], 2, mpi=mpi, env=_job_env(),
-                        timeout=200)
+    result = slurm.srun(
+        [sys.executable, os.path.join(SCRIPTS, "which_strategy.py")],
+        2,
+        mpi=mpi,
+        env=_job_env(),
+        timeout=200,
+    )
     assert result.returncode == 0, result.output[-4000:]
     assert result.output.count(f"strategy {picked} 2") == 2, result.output[-3000:]
 
 
-def test_horovod_strategy_under_srun_mpi_pmix_trains_like_one_device(slurm, tmp_path, horovod_installed):
+def test_horovod_strategy_under_srun_mpi_pmix_trains_like_one_device(
+    slurm, tmp_path, horovod_installed
+):
     """SLURM's PMIx server, not horovodrun, makes the two tasks one MPI (Horovod) job."""
-    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), str(tmp_path),
-                         "average:16:2:96:average:none:1:2"], 2, mpi="pmix", env=_job_env())
+    result = slurm.srun(
+        [
+            sys.executable,
+            os.path.join(SCRIPTS, "horovod_train.py"),
+            str(tmp_path),
+            "average:16:2:96:average:none:1:2",
+        ],
+        2,
+        mpi="pmix",
+        env=_job_env(),
+    )
     assert result.returncode == 0, result.output[-4000:]
     out = tmp_path / "average"
     assert "workers:    2 (this is rank 1" in (out / "describe_1.txt").read_text()
@@ -71,25 +108,42 @@ def test_horovod_strategy_under_srun_mpi_pmix_trains_like_one_device(slurm, tmp_
 
 
 def test_horovod_strategy_under_srun_without_mpi_is_refused_clearly(slurm, horovod_installed):
-    result = slurm.srun([sys.executable, os.path.join(SCRIPTS, "horovod_train.py"), "/nonexistent",
-                         "average:16:1:96:average:none:1:2"], 2,
-                        env=_job_env(), timeout=200)
+    result = slurm.srun(
+        [
+            sys.executable,
+            os.path.join(SCRIPTS, "horovod_train.py"),
+            "/nonexistent",
+            "average:16:1:96:average:none:1:2",
+        ],
+        2,
+        env=_job_env(),
+        timeout=200,
+    )
     assert result.returncode != 0
-    assert "ValueError: HorovodStrategy under srun needs SLURM's MPI plugin" in result.output, result.output[-3000:]
+    assert "ValueError: HorovodStrategy under srun needs SLURM's MPI plugin" in result.output, (
+        result.output[-3000:]
+    )
     assert "srun --mpi=pmix" in result.output
 
 
-@pytest.mark.parametrize("script, says", [
-    ("data_parallel.sbatch", ("2 (this is worker 0, chief)", "loss: first epoch")),
-    ("horovod.sbatch", ("workers:    2 (this is rank 0", "validation accuracy after 1 epochs")),
-])
+@pytest.mark.parametrize(
+    "script, says",
+    [
+        ("data_parallel.sbatch", ("2 (this is worker 0, chief)", "loss: first epoch")),
+        ("horovod.sbatch", ("workers:    2 (this is rank 0", "validation accuracy after 1 epochs")),
+    ],
+)
 def test_the_sbatch_examples_run_under_sbatch(slurm, tmp_path, script, says, horovod_installed):
     """Each example as submitted, sized for this one node: 2 tasks, no GPU, 1 epoch."""
     with open(os.path.join(ROOT, "examples", "slurm", script)) as f:
         text = f.read()
-    for directive, here in (("--nodes=2", "--nodes=1"), ("--ntasks-per-node=4", "--ntasks-per-node=2"),
-                            ("--gpus-per-task=1", "--cpus-per-task=1"), ("--cpus-per-task=8", "--cpus-per-task=1"),
-                            ("--epochs 10", "--epochs 1")):
+    for directive, here in (
+        ("--nodes=2", "--nodes=1"),
+        ("--ntasks-per-node=4", "--ntasks-per-node=2"),
+        ("--gpus-per-task=1", "--cpus-per-task=1"),
+        ("--cpus-per-task=8", "--cpus-per-task=1"),
+        ("--epochs 10", "--epochs 1"),
+    ):
         assert directive in text
         text = text.replace(directive, here)
     job = tmp_path / script

@@ -13,8 +13,14 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_model():
     report = run_json_script(os.path.join(SCRIPTS, "tensor_parallel_checks.py"), timeout=600)
-    assert len(report) == 7  # 3 models at T = 4, the block in 3 layouts, 2 x 2 x 2 under both Kerases
-    assert {run.split()[-2] for run in report if " tensor 4 " in run} == {"mlp", "block", "embedding"}
+    assert (
+        len(report) == 7
+    )  # 3 models at T = 4, the block in 3 layouts, 2 x 2 x 2 under both Kerases
+    assert {run.split()[-2] for run in report if " tensor 4 " in run} == {
+        "mlp",
+        "block",
+        "embedding",
+    }
     for layout in ("pipeline 2 x tensor 2", "data 2 x tensor 2", "data 2 x pipeline 2 x tensor 2"):
         assert any(f" {layout} block " in run for run in report), layout
     assert {run.split()[0] for run in report} == {"tf_keras", "keras"}
@@ -27,8 +33,12 @@ def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_mod
 
 # Each layout once (the CI budget): both Kerases and both optimizers among them, and Horovod's ranks
 # run 2 x 2 x 2 again below. 40 examples: a last global batch of 8, padded by tfpar.data.
-CASES = ["pipeline:tf_keras:adam", "gpt2:keras:adam", "gpt2_pipeline_tensor:keras:sgd",
-         "tensor_alone:tf_keras:sgd:40"]
+CASES = [
+    "pipeline:tf_keras:adam",
+    "gpt2:keras:adam",
+    "gpt2_pipeline_tensor:keras:sgd",
+    "tensor_alone:tf_keras:sgd:40",
+]
 
 
 def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_device(tmp_path):
@@ -40,14 +50,27 @@ def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_devi
     from tests.conftest import ROOT, run_command, tfpar_command
 
     script = os.path.join(SCRIPTS, "model_parallel_workers.py")
-    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script, str(tmp_path), ",".join(CASES)),
-                         timeout=600, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch", "-n", "2", "--", sys.executable, script, str(tmp_path), ",".join(CASES)
+        ),
+        timeout=600,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
-    assert "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)" in result.output
-    assert re.search(r"/CPU:3: weights [0-9,]+ B, optimizer [0-9,]+ B \(\d+% of one device's", result.output)
+    assert (
+        "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)"
+        in result.output
+    )
+    assert re.search(
+        r"/CPU:3: weights [0-9,]+ B, optimizer [0-9,]+ B \(\d+% of one device's", result.output
+    )
     styles = re.search(r"gpt2 styles: (.*)", result.output).group(1)  # split inside every block
-    inside = [("self_attention", "heads"), ("feedforward_intermediate_dense", "column"),
-              ("feedforward_output_dense", "row")]
+    inside = [
+        ("self_attention", "heads"),
+        ("feedforward_intermediate_dense", "column"),
+        ("feedforward_output_dense", "row"),
+    ]
     for block in range(2):
         for path, style in inside:
             planned = f"('gpt2_backbone/transformer_layer_{block}/{path}', '{style}')"
@@ -58,15 +81,35 @@ def test_two_workers_of_pipelines_and_tensor_parallel_models_train_like_one_devi
 HOROVOD_CASES = ["pipeline_tensor:tf_keras:adam", "tensor_alone:keras:sgd"]
 
 
-def test_two_horovod_ranks_of_a_pipeline_and_a_tensor_parallel_model_train_like_one_device(tmp_path, horovod_installed):
-    """The same under `horovodrun -np 2 --gloo`: Horovod's all-reduce and all-gather sum the gradients."""
+def test_two_horovod_ranks_of_a_pipeline_and_a_tensor_parallel_model_train_like_one_device(
+    tmp_path, horovod_installed
+):
+    """The same under `horovodrun -np 2 --gloo`: Horovod's all-reduce and all-gather sum the
+    gradients."""
     from tests.conftest import ROOT, run_command
 
     script = os.path.join(SCRIPTS, "model_parallel_workers.py")
-    result = run_command(["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, script,
-                          str(tmp_path), ",".join(HOROVOD_CASES)], timeout=600, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        [
+            "horovodrun",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--gloo",
+            sys.executable,
+            script,
+            str(tmp_path),
+            ",".join(HOROVOD_CASES),
+        ],
+        timeout=600,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
-    assert "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)" in result.output
+    assert (
+        "mesh:       data 2 x pipeline 2 x tensor 2 (2 workers x 1 replicas; this is worker 0)"
+        in result.output
+    )
     _assert_like_one_device(tmp_path, HOROVOD_CASES)
 
 
@@ -82,38 +125,61 @@ def _assert_like_one_device(tmp_path, cases, workers=2):
         folder = tmp_path / "-".join([layout, keras_name, optimizer, *examples])
         trained = [load_arrays(str(folder / f"worker_{i}.npz")) for i in range(workers)]
         for a, b in zip(trained[0], trained[-1]):
-            np.testing.assert_array_equal(a, b)  # the replicas agree exactly: worker 1 started from worker 0's
+            np.testing.assert_array_equal(
+                a, b
+            )  # the replicas agree exactly: worker 1 started from worker 0's
         k = importlib.import_module(keras_name)
         plain, x, y = case_model(layout, k, int(examples[0]) if examples else 32)
-        plain.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
-                      k.losses.SparseCategoricalCrossentropy(from_logits=True))
+        plain.compile(
+            k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
+            k.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
         initial = plain.get_weights()
         plain.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
         assert max(float(np.abs(a - b).max()) for a, b in zip(initial, plain.get_weights())) > 5e-3
         differences = weight_differences(plain, plain.get_weights(), trained[0], optimizer)
-        assert max(differences.values()) < 1e-5, (case, sorted(differences.items(), key=lambda kv: -kv[1])[:3])
+        assert max(differences.values()) < 1e-5, (
+            case,
+            sorted(differences.items(), key=lambda kv: -kv[1])[:3],
+        )
 
 
 SPAN_CASES = ["span:keras:adam", "span_tensor:tf_keras:sgd"]
 
 
 def test_a_pipeline_over_two_workers_trains_like_one_device(tmp_path):
-    """`Pipeline(span_workers=True)` under `tfpar launch -n 2`: 4 stages over the 2 workers' 2 devices
-    each, and 2 stages each 2-way tensor-parallel inside one worker; worker 0 trains, worker 1
-    serves its devices and ends with it (the job's exit code is 0 only if both end so)."""
+    """`Pipeline(span_workers=True)` under `tfpar launch -n 2`: 4 stages over the 2 workers' 2
+    devices each, and 2 stages each 2-way tensor-parallel inside one worker; worker 0 trains, worker
+    1 serves its devices and ends with it (the job's exit code is 0 only if both end so)."""
     from tests.conftest import ROOT, run_command, tfpar_command
 
     script = os.path.join(SCRIPTS, "model_parallel_workers.py")
-    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable, script, str(tmp_path),
-                                       ",".join(SPAN_CASES)), timeout=600, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch", "-n", "2", "--", sys.executable, script, str(tmp_path), ",".join(SPAN_CASES)
+        ),
+        timeout=600,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
     assert "tfpar server: worker 1 serving at 127.0.0.1:" in result.output
-    assert result.output.count("(stages over the devices of 2 workers; worker 0 runs it)") == len(SPAN_CASES)
-    assert ("devices:    [['/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1', "
-            "'/job:worker/replica:0/task:1/device:CPU:0', '/job:worker/replica:0/task:1/device:CPU:1']]") in result.output
-    assert ("devices:    [[('/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1'), "
-            "('/job:worker/replica:0/task:1/device:CPU:0', '/job:worker/replica:0/task:1/device:CPU:1')]]") in result.output
-    assert not any(f.name == "worker_1.npz" for f in tmp_path.rglob("*.npz"))  # worker 1 ran no training
+    assert result.output.count("(stages over the devices of 2 workers; worker 0 runs it)") == len(
+        SPAN_CASES
+    )
+    assert (
+        "devices:    [['/job:worker/replica:0/task:0/device:CPU:0', "
+        "'/job:worker/replica:0/task:0/device:CPU:1', "
+        "'/job:worker/replica:0/task:1/device:CPU:0', '/job:worker/replica:0/task:1/device:CPU:1']]"
+    ) in result.output
+    assert (
+        "devices:    [[('/job:worker/replica:0/task:0/device:CPU:0', "
+        "'/job:worker/replica:0/task:0/device:CPU:1'), "
+        "('/job:worker/replica:0/task:1/device:CPU:0', "
+        "'/job:worker/replica:0/task:1/device:CPU:1')]]"
+    ) in result.output
+    assert not any(
+        f.name == "worker_1.npz" for f in tmp_path.rglob("*.npz")
+    )  # worker 1 ran no training
     _assert_like_one_device(tmp_path, SPAN_CASES, workers=1)
 
 
@@ -122,12 +188,20 @@ def test_a_lost_worker_of_a_pipeline_over_two_workers_fails_the_job_at_once():
     UnavailableError within seconds (not a hang), and the launcher ends the job with the cause."""
     from tests.conftest import ROOT, run_command, tfpar_command
 
-    result = run_command(tfpar_command("launch", "-n", "2", "--", sys.executable,
-                                       os.path.join(SCRIPTS, "span_lost_worker.py")), timeout=300, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch", "-n", "2", "--", sys.executable, os.path.join(SCRIPTS, "span_lost_worker.py")
+        ),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode != 0
     assert "worker 1 was killed by SIGKILL" in result.output, result.output[-3000:]
     # Worker 0 fails its step at once, unless the launcher, which stops the other tasks as soon as
-    # one dies, got there first (CI saw both); either way the job ended, within run_command's timeout.
+    # one dies, got there first (CI saw both); either way the job ended, within run_command's
+    # timeout.
     lost = re.search(r"LOST after ([0-9.]+) s: (\w+)", result.output)
-    assert lost is None or (lost.group(2) == "UnavailableError" and float(lost.group(1)) < 30), lost.group(0)
+    assert lost is None or (lost.group(2) == "UnavailableError" and float(lost.group(1)) < 30), (
+        lost.group(0)
+    )
     assert "FINISHED without noticing" not in result.output

@@ -5,39 +5,84 @@ import pytest
 from tests.conftest import ROOT, run_command, tfpar_command
 from tests.gradient_paths import EXPECTED_DIFFERENCES
 
-DEMO = ["--model", "tfpar.demo:compiled_model", "--data", "tfpar.demo:digits_dataset", "--steps", "4"]
+DEMO = [
+    "--model",
+    "tfpar.demo:compiled_model",
+    "--data",
+    "tfpar.demo:digits_dataset",
+    "--steps",
+    "4",
+]
 VERIFY = [*tfpar_command("verify"), *DEMO]
 
 
 def test_the_demo_model_trains_like_one_replica_under_parameter_servers():
-    """Under workers and Horovod ranks, the synchronized-BatchNorm checks below run the same command."""
-    result = run_command([*VERIFY, "--strategy", "parameter_server"], timeout=300, env={"PYTHONPATH": ROOT})
+    """Under workers and Horovod ranks, the synchronized-BatchNorm checks below run the same
+    command."""
+    result = run_command(
+        [*VERIFY, "--strategy", "parameter_server"], timeout=300, env={"PYTHONPATH": ROOT}
+    )
     assert result.returncode == 0, result.output[-4000:]
-    assert result.output.count("PASSED: trains like one replica") == 1, result.output[-3000:]  # the chief's
+    assert result.output.count("PASSED: trains like one replica") == 1, result.output[
+        -3000:
+    ]  # the chief's
     assert result.output.count(" ok   ") == 8 and "DIFF" not in result.output
 
 
-@pytest.mark.parametrize("launcher", [["-n", "2"], ["--horovod", "-n", "2"]], ids=["2-workers", "horovod"])
+@pytest.mark.parametrize(
+    "launcher", [["-n", "2"], ["--horovod", "-n", "2"]], ids=["2-workers", "horovod"]
+)
 def test_synchronized_batchnorm_trains_like_one_device_on_the_global_batch(launcher, request):
     """Its moving statistics too: verify compares every variable (3 whole global batches)."""
     if "--horovod" in launcher:
         request.getfixturevalue("horovod_installed")
     strategy = ["--strategy", "horovod"] if "--horovod" in launcher else []
-    result = run_command(tfpar_command("launch", *launcher, "--", *tfpar_command("verify"), "--model",
-                                       "tests.models:verify_synchronized_batchnorm_model", "--data",
-                                       "tests.models:equivalence_data", "--batch-size", "32", "--steps", "3",
-                                       *strategy), timeout=300, env={"PYTHONPATH": ROOT})
+    result = run_command(
+        tfpar_command(
+            "launch",
+            *launcher,
+            "--",
+            *tfpar_command("verify"),
+            "--model",
+            "tests.models:verify_synchronized_batchnorm_model",
+            "--data",
+            "tests.models:equivalence_data",
+            "--batch-size",
+            "32",
+            "--steps",
+            "3",
+            *strategy,
+        ),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.output[-4000:]
     assert "moving_mean" in result.output and "moving_variance" in result.output
     assert "PASSED: trains like one replica" in result.output and "DIFF" not in result.output
 
 
 def test_a_model_that_differs_exits_1_naming_the_cause():
-    result = run_command([*tfpar_command("verify"), "--model", "tests.models:verify_batchnorm_model", "--data",
-                          "tests.models:equivalence_data", "--batch-size", "32", "--steps", "3"],
-                         timeout=300, env={"PYTHONPATH": None}, cwd=ROOT)  # the module from the folder it runs in
+    result = run_command(
+        [
+            *tfpar_command("verify"),
+            "--model",
+            "tests.models:verify_batchnorm_model",
+            "--data",
+            "tests.models:equivalence_data",
+            "--batch-size",
+            "32",
+            "--steps",
+            "3",
+        ],
+        timeout=300,
+        env={"PYTHONPATH": None},
+        cwd=ROOT,
+    )  # the module from the folder it runs in
     assert result.returncode == 1, result.output[-4000:]
-    assert "[1] BatchNormalization statistics taken per replica (layer 'batch_normalization')" in result.output
+    assert (
+        "[1] BatchNormalization statistics taken per replica (layer 'batch_normalization')"
+        in result.output
+    )
     assert "FAILED: differs from one replica" in result.output
 
 
@@ -47,7 +92,7 @@ def _path_verdicts(output):
     verdicts = {}
     for line in output.splitlines():
         for prefix in ("[worker 0] ", "[0]<stdout>:"):
-            row = line[len(prefix):].split() if line.startswith(prefix) else []
+            row = line[len(prefix) :].split() if line.startswith(prefix) else []
             if len(row) > 1 and row[1] in ("ok", "DIFF"):
                 verdicts[row[0]] = row[1]
     return verdicts
@@ -70,10 +115,26 @@ def test_every_gradient_path_trains_like_one_device_across_processes(engine, sha
         request.getfixturevalue("horovod_installed")
         launcher = ["--horovod", "-n", "2"]
         strategy = ["--strategy", "horovod"]
-    model = ["--model", f"tests.gradient_paths:{shape}_{keras}",
-             "--data", f"tests.gradient_paths:{shape}_data"]
-    command = tfpar_command("launch", *launcher, "--", *tfpar_command("verify"), *strategy, *model,
-                            "--batch-size", "16", "--steps", "4", "--paths", "all")
+    model = [
+        "--model",
+        f"tests.gradient_paths:{shape}_{keras}",
+        "--data",
+        f"tests.gradient_paths:{shape}_data",
+    ]
+    command = tfpar_command(
+        "launch",
+        *launcher,
+        "--",
+        *tfpar_command("verify"),
+        *strategy,
+        *model,
+        "--batch-size",
+        "16",
+        "--steps",
+        "4",
+        "--paths",
+        "all",
+    )
     result = run_command(command, timeout=400, env={"PYTHONPATH": ROOT})
     verdicts = _path_verdicts(result.output)
     assert len(verdicts) == 20, result.output[-4000:]

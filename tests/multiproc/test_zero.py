@@ -1,4 +1,5 @@
-"""ZeRO over 3 replicas, more devices than the test process has (tests/multiproc/scripts/zero_checks.py)."""
+"""ZeRO over 3 replicas, more devices than the test process has
+(tests/multiproc/scripts/zero_checks.py)."""
 
 import os
 
@@ -6,12 +7,18 @@ from tests.conftest import run_json_script
 
 
 def test_three_replicas_shard_the_optimizer_state_train_like_one_device_and_reshard_checkpoints():
-    report = run_json_script(os.path.join(os.path.dirname(__file__), "scripts", "zero_checks.py"), timeout=600)
-    assert len(report) == 3 + 2  # SGD (Nesterov), Adam (global-norm clipping), AdamW (exclusions); 2 resumes
+    report = run_json_script(
+        os.path.join(os.path.dirname(__file__), "scripts", "zero_checks.py"), timeout=600
+    )
+    assert (
+        len(report) == 3 + 2
+    )  # SGD (Nesterov), Adam (global-norm clipping), AdamW (exclusions); 2 resumes
     for run, result in report.items():
         if " resume " in run:
             assert result["difference"] < 1e-6, (run, result)  # the checkpoint's state resharded
             continue
         assert result["difference"] < 1e-6, (run, result)
-        assert (result["total"], result["chunk"]) == (58, 20), run  # 58 parameters: 20, 20 and 18 + 2 padding
+        assert (result["total"], result["chunk"]) == (58, 20), (
+            run
+        )  # 58 parameters: 20, 20 and 18 + 2 padding
         assert result["slot_devices"] == ["CPU:0", "CPU:1", "CPU:2"], run

@@ -1,4 +1,5 @@
-"""`tfpar._compat`: every private TensorFlow, tf_keras and TFMOT symbol tfpar uses, touched on real objects.
+"""`tfpar._compat`: every private TensorFlow, tf_keras and TFMOT symbol tfpar uses, touched on real
+objects.
 
 A TensorFlow or tf_keras upgrade that moves one fails here, naming it. (It runs in the unit tier:
 it builds small objects on the 2 virtual CPU devices of this process, and runs nothing.)
@@ -24,7 +25,8 @@ def test_every_name_of_the_seam_resolves():
 @pytest.mark.parametrize("hook", _compat.MIRRORED_EXTENDED_HOOKS)
 def test_mirrored_extended_still_has_the_hooks_horovod_strategy_uses(hook):
     assert hasattr(_compat.MirroredExtended, hook), (
-        f"MirroredExtended.{hook} is gone: HorovodStrategy overrides or calls it")
+        f"MirroredExtended.{hook} is gone: HorovodStrategy overrides or calls it"
+    )
 
 
 @pytest.mark.parametrize("hook", _compat.CROSS_DEVICE_OPS_HOOKS)
@@ -35,7 +37,9 @@ def test_cross_device_ops_still_has_the_hooks_horovod_strategy_overrides(hook):
 @pytest.mark.parametrize("hook", _compat.KERAS_CALLBACK_HOOKS)
 def test_keras_callbacks_still_ask_the_hooks_tfpar_overrides(hook):
     assert isinstance(getattr(keras.callbacks.Callback(), hook)(), bool)
-    assert hook in inspect.getsource(keras.callbacks.CallbackList), f"CallbackList no longer asks {hook}"
+    assert hook in inspect.getsource(keras.callbacks.CallbackList), (
+        f"CallbackList no longer asks {hook}"
+    )
 
 
 @pytest.mark.parametrize("member", _compat.KERAS_READS_FROM_EXTENDED)
@@ -47,9 +51,13 @@ def test_tf_keras_still_reads_what_horovod_strategy_defines(member):
 
 def test_mirrored_strategy_members():
     strategy = tfpar.DataParallel(all_reduce="hierarchical", num_packs=2)
-    assert isinstance(_compat.cross_device_ops_of(strategy), tf.distribute.HierarchicalCopyAllReduce)
+    assert isinstance(
+        _compat.cross_device_ops_of(strategy), tf.distribute.HierarchicalCopyAllReduce
+    )
     assert strategy.extended._collective_key_base >= 100_000  # what set_collective_key_base gave it
-    assert "container_strategy._collective_key_base" in inspect.getsource(_compat.MirroredExtended.__init__)
+    assert "container_strategy._collective_key_base" in inspect.getsource(
+        _compat.MirroredExtended.__init__
+    )
     with strategy.scope():
         mirrored = tf.Variable(1.0)
         own = _compat.ResourceVariable(2.0)  # not intercepted by the strategy's creator
@@ -72,7 +80,8 @@ def test_multi_worker_collective_set_up_still_reads_what_tfpar_sets():
     assert "collective_key_base" in source
     assert hasattr(context.context(), "_collective_ops_server_def")
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec({"worker": ["127.0.0.1:1"]}), task_type="worker", task_id=0)
+        tf.train.ClusterSpec({"worker": ["127.0.0.1:1"]}), task_type="worker", task_id=0
+    )
     extended = type("Extended", (), {})()
     assert not _compat.keep_started_collective_server(extended, resolver)  # none started here
     assert not hasattr(extended, "_std_server_started")
@@ -84,7 +93,9 @@ def test_a_keras3_optimizer_still_counts_every_step_where_it_accumulates():
     optimizer = keras3.optimizers.SGD(gradient_accumulation_steps=2)
     optimizer.build([keras3.Variable(1.0)])
     assert int(_compat.optimizer_steps(optimizer)) == 0
-    assert "floor_divide(" in inspect.getsource(type(optimizer).iterations.fget)  # iterations: updates
+    assert "floor_divide(" in inspect.getsource(
+        type(optimizer).iterations.fget
+    )  # iterations: updates
 
 
 def test_keras_hub_fit_is_still_a_wrapper_of_keras_fit():
@@ -95,9 +106,14 @@ def test_keras_hub_fit_is_still_a_wrapper_of_keras_fit():
 
     assert "fit" in vars(PipelineModel)
     assert "preprocess_samples" in inspect.getsource(PipelineModel.fit)
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=8, num_layers=1, num_heads=1,
-                                             hidden_dim=4, intermediate_dim=4,
-                                             max_sequence_length=4)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=8,
+        num_layers=1,
+        num_heads=1,
+        hidden_dim=4,
+        intermediate_dim=4,
+        max_sequence_length=4,
+    )
     model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     strategy = tfpar.DataParallel()
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
@@ -110,7 +126,9 @@ def test_distributed_dataset_builders_take_the_arguments_tfpar_passes():
     single = inspect.signature(_compat.get_distributed_dataset).parameters
     assert list(single)[:3] == ["dataset", "input_workers", "strategy"] and "options" in single
     from_function = inspect.signature(_compat.get_distributed_datasets_from_function).parameters
-    assert {"dataset_fn", "input_workers", "input_contexts", "strategy", "options"} <= set(from_function)
+    assert {"dataset_fn", "input_workers", "input_contexts", "strategy", "options"} <= set(
+        from_function
+    )
 
 
 def test_xla_context_is_seen():
@@ -137,7 +155,9 @@ def test_checkpoint_initial_values_unwrap():
 def test_parameter_server_worker_count_is_kept_where_read():
     from tensorflow.python.distribute import parameter_server_strategy_v2 as ps
 
-    assert "self._num_workers = " in inspect.getsource(ps.ParameterServerStrategyV2Extended.__init__)
+    assert "self._num_workers = " in inspect.getsource(
+        ps.ParameterServerStrategyV2Extended.__init__
+    )
 
 
 def test_the_dataset_creator_adapter_is_replaced_once_by_tfpars():
@@ -146,8 +166,13 @@ def test_the_dataset_creator_adapter_is_replaced_once_by_tfpars():
     from tfpar.data import _ps_input
 
     adapters = data_adapter.ALL_ADAPTER_CLS
-    assert _ps_input._StepsExplainingAdapter in adapters and _compat.DatasetCreatorAdapter not in adapters
-    _compat.replace_data_adapter(_compat.DatasetCreatorAdapter, _ps_input._StepsExplainingAdapter)  # again: no-op
+    assert (
+        _ps_input._StepsExplainingAdapter in adapters
+        and _compat.DatasetCreatorAdapter not in adapters
+    )
+    _compat.replace_data_adapter(
+        _compat.DatasetCreatorAdapter, _ps_input._StepsExplainingAdapter
+    )  # again: no-op
     assert adapters.count(_ps_input._StepsExplainingAdapter) == 1
 
 
@@ -221,16 +246,27 @@ def test_tfmot_internals_tfpar_reaches():
     pruning_wrapper, clustering_wrapper = _compat.tfmot_wrapper_classes()
     dense = keras.layers.Dense(4, input_shape=(3,))
     schedule = tfmot.sparsity.keras.ConstantSparsity(0.5, 0)
-    assert isinstance(tfmot.sparsity.keras.prune_low_magnitude(dense, pruning_schedule=schedule), pruning_wrapper)
-    assert isinstance(tfmot.clustering.keras.cluster_weights(
-        keras.layers.Dense(4, input_shape=(3,)), number_of_clusters=2,
-        cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.LINEAR), clustering_wrapper)
+    assert isinstance(
+        tfmot.sparsity.keras.prune_low_magnitude(dense, pruning_schedule=schedule), pruning_wrapper
+    )
+    assert isinstance(
+        tfmot.clustering.keras.cluster_weights(
+            keras.layers.Dense(4, input_shape=(3,)),
+            number_of_clusters=2,
+            cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.LINEAR,
+        ),
+        clustering_wrapper,
+    )
     prelu = keras.layers.PReLU()
     prelu.build((None, 3))  # a weight of its own that TFMOT has no clustering for
     assert _compat.tfmot_can_cluster(keras.layers.Dense(4)) and not _compat.tfmot_can_cluster(prelu)
-    quant_ops = _compat.tfmot_quant_ops()  # the two calls exact ranges intercept, through these names
+    quant_ops = (
+        _compat.tfmot_quant_ops()
+    )  # the two calls exact ranges intercept, through these names
     source = inspect.getsource(quant_ops)
-    assert "tf.__internal__.train.assign_moving_average(" in source and "tf_compat.assign(" in source
+    assert (
+        "tf.__internal__.train.assign_moving_average(" in source and "tf_compat.assign(" in source
+    )
     assert quant_ops.tf_compat.assign and quant_ops.tf.__internal__.train.assign_moving_average
 
 
@@ -239,14 +275,19 @@ def test_where_each_keras_resumes_a_backup(tmp_path):
 
     model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    assert _compat.tf_keras_resume_point(model, 10, 3) == (3, 0)  # no backup restored: fit's own start
+    assert _compat.tf_keras_resume_point(model, 10, 3) == (
+        3,
+        0,
+    )  # no backup restored: fit's own start
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "b"), save_freq=5)
     backup.set_model(model)
     backup.on_train_begin()
     model._training_state._ckpt_saved_epoch.assign(1)  # what a backup after step 5 of epoch 2 holds
     model._training_state._ckpt_saved_batch.assign(4)
     assert _compat.tf_keras_resume_point(model, 10, 0) == (1, 5)
-    _compat.tf_keras_set_resume_point(model, 2, 0, 10)  # step 0 of epoch 2: after epoch 1's last step
+    _compat.tf_keras_set_resume_point(
+        model, 2, 0, 10
+    )  # step 0 of epoch 2: after epoch 1's last step
     assert _compat.tf_keras_resume_point(model, 10, 0) == (2, 0)
     model3 = keras3.Sequential([keras3.layers.Input((2,)), keras3.layers.Dense(1)])
     _compat.keras3_start_at_epoch(model3, 2)
@@ -259,15 +300,22 @@ def test_the_remote_function_removal_tfpar_stops_at_exit():
     from tensorflow.python.eager import context
     from tensorflow.python.eager.polymorphic_function import atomic_function
 
-    assert callable(context.context().remove_function)  # what _compat.stop_removing_functions replaces
-    assert "self._bound_context.remove_function(self.name)" in inspect.getsource(atomic_function.AtomicFunction)
+    assert callable(
+        context.context().remove_function
+    )  # what _compat.stop_removing_functions replaces
+    assert "self._bound_context.remove_function(self.name)" in inspect.getsource(
+        atomic_function.AtomicFunction
+    )
     assert callable(_compat.stop_removing_functions)
 
 
 def test_every_model_of_each_keras_runs_the_constructor_tfpar_wraps_under_a_scope():
     import keras as keras3
 
-    for k, cls in ((keras, _compat.tf_keras_model_class()), (keras3, _compat.keras3_trainer_class())):
+    for k, cls in (
+        (keras, _compat.tf_keras_model_class()),
+        (keras3, _compat.keras3_trainer_class()),
+    ):
         seen, original = [], cls.__dict__["__init__"]
 
         def init(self, *args, _original=original, **kwargs):
@@ -313,7 +361,9 @@ def test_the_keras_internals_tfpar_reads_in_a_step_and_a_callback():
     inner = keras.Sequential([keras.layers.Dense(1)], name="inner")
     outer = keras.Sequential([keras.Input((2,)), inner], name="outer")
     names = [layer.name for layer in _compat.flatten_layers(outer)]
-    assert names[0] == "outer" and {"inner", inner.layers[0].name} <= set(names)  # the nested layer too
+    assert names[0] == "outer" and {"inner", inner.layers[0].name} <= set(
+        names
+    )  # the nested layer too
     model = keras3.Sequential([keras3.Input((2,)), keras3.layers.Dense(1, kernel_regularizer="l2")])
     model.compile("sgd", "mse")
     y, y_pred = np.ones((4, 1), "float32"), np.zeros((4, 1), "float32")
@@ -357,13 +407,17 @@ def test_the_graph_walk_gives_each_layer_s_arguments_from_the_computed_values(an
     assert [values[key] for key in output_keys] == ["out"]
 
 
-@pytest.mark.parametrize("environment, expected", [
-    ({}, [(-3, 32 * 2**20), (-1, 64 * 2**20)]),  # the ceiling of glibc's dynamic rule
-    ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, [(-3, 1048576)]),  # the user's, which TF replaced
-    ({"MALLOC_TRIM_THRESHOLD_": "0"}, []),  # the user chose glibc's fixed policy: 128 KiB stays
-])
-def test_the_malloc_thresholds_set_after_tensorflow_keep_what_the_user_chose(monkeypatch, environment,
-                                                                           expected):
+@pytest.mark.parametrize(
+    "environment, expected",
+    [
+        ({}, [(-3, 32 * 2**20), (-1, 64 * 2**20)]),  # the ceiling of glibc's dynamic rule
+        ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, [(-3, 1048576)]),  # the user's, which TF replaced
+        ({"MALLOC_TRIM_THRESHOLD_": "0"}, []),  # the user chose glibc's fixed policy: 128 KiB stays
+    ],
+)
+def test_the_malloc_thresholds_set_after_tensorflow_keep_what_the_user_chose(
+    monkeypatch, environment, expected
+):
     from tfpar._compat import allocator
 
     for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
@@ -378,8 +432,13 @@ def test_the_values_checkpoint_base_and_collectives_tfpar_builds_on():
     assert [float(v) for v in pair.values] == [1.0, 2.0]
     assert issubclass(tf.train.Checkpoint, _compat.Trackable)
     t = tf.constant([[1.0, 2.0]])
-    for key, collective in enumerate((_compat.collective_all_reduce, _compat.collective_all_gather,
-                                      _compat.collective_all_to_all)):
+    for key, collective in enumerate(
+        (
+            _compat.collective_all_reduce,
+            _compat.collective_all_gather,
+            _compat.collective_all_to_all,
+        )
+    ):
         # A group of one: each collective gives the tensor back, as TensorFlow's own ops do.
         out = collective(t, group_size=1, group_key=7, instance_key=100 + key)
         np.testing.assert_array_equal(out.numpy(), t.numpy())

@@ -6,8 +6,13 @@ import importlib
 
 import pytest
 
-PURE = ["tfpar._checks", "tfpar.data.batching", "tfpar.data.plan", "tfpar.pipeline.schedule",
-        "tfpar.pipeline.partition"]
+PURE = [
+    "tfpar._checks",
+    "tfpar.data.batching",
+    "tfpar.data.plan",
+    "tfpar.pipeline.schedule",
+    "tfpar.pipeline.partition",
+]
 
 
 @pytest.mark.parametrize("module_name", PURE)

@@ -26,7 +26,9 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
 
 
 def test_a_file_in_a_missing_folder_is_refused_before_any_work(tmp_path):
-    with pytest.raises(ValueError, match=r"--json must be a file in an existing folder. Received: --json="):
+    with pytest.raises(
+        ValueError, match=r"--json must be a file in an existing folder. Received: --json="
+    ):
         check_folder_of("--json", str(tmp_path / "no" / "out.json"))
 
 

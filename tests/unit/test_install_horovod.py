@@ -31,12 +31,26 @@ def _tarball(path, size=20_000):
 def test_a_tampered_sdist_is_refused_before_anything_is_built(tmp_path):
     sdist = _tarball(tmp_path / "horovod-0.28.1.tar.gz")
     cache = tmp_path / "cache"
-    result = run_command(tfpar_command("install-horovod", "--force", "--mpi", "no", "--sdist", str(sdist),
-                                       "--cache", str(cache)), timeout=120)
+    result = run_command(
+        tfpar_command(
+            "install-horovod",
+            "--force",
+            "--mpi",
+            "no",
+            "--sdist",
+            str(sdist),
+            "--cache",
+            str(cache),
+        ),
+        timeout=120,
+    )
     assert result.returncode == 1, result.output[-2000:]
     actual = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    assert (f"tfpar install-horovod: error: The Horovod sdist {sdist} ({sdist.stat().st_size} bytes) has "
-            f"sha256 {actual}, expected {ih.SDIST_SHA256}: it was changed or cut short.") in result.output
+    assert (
+        f"tfpar install-horovod: error: The Horovod sdist {sdist} ({sdist.stat().st_size} bytes) "
+        "has "
+        f"sha256 {actual}, expected {ih.SDIST_SHA256}: it was changed or cut short."
+    ) in result.output
     assert os.listdir(cache) == [".lock"]  # no entry, no half-built folder
 
 
@@ -44,12 +58,18 @@ def test_a_truncated_sdist_is_refused(tmp_path):
     whole = _tarball(tmp_path / "whole.tar.gz").read_bytes()
     cut = tmp_path / "horovod-0.28.1.tar.gz"
     cut.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(ih.InstallError, match=rf"\({len(whole) // 2} bytes\) has sha256 .*expected {ih.SDIST_SHA256}"):
+    with pytest.raises(
+        ih.InstallError,
+        match=rf"\({len(whole) // 2} bytes\) has sha256 .*expected {ih.SDIST_SHA256}",
+    ):
         ih.fetch_sdist(str(tmp_path), sdist=str(cut))
 
 
 def test_a_missing_sdist_file_is_named():
-    with pytest.raises(ih.InstallError, match=r"--sdist must be an existing file. Received: --sdist '/nowhere.tar.gz'"):
+    with pytest.raises(
+        ih.InstallError,
+        match=r"--sdist must be an existing file. Received: --sdist '/nowhere.tar.gz'",
+    ):
         ih.fetch_sdist("/tmp", sdist="/nowhere.tar.gz")
 
 
@@ -57,6 +77,7 @@ def _fake_build(size=20_000):
     def build(folder):
         with open(os.path.join(folder, "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"), "wb") as f:
             f.write(b"w" * size)
+
     return build
 
 
@@ -66,8 +87,11 @@ def test_a_cached_wheel_is_checked_against_its_record(tmp_path):
     assert ih.cached_wheel(entry) == wheel
     with open(wheel, "r+b") as f:  # tamper: same size, other bytes
         f.write(b"x")
-    with pytest.raises(ih.InstallError, match=r"cached Horovod wheel .* has sha256 .*changed or cut short. "
-                                              r"Rebuild it: tfpar install-horovod --force"):
+    with pytest.raises(
+        ih.InstallError,
+        match=r"cached Horovod wheel .* has sha256 .*changed or cut short. "
+        r"Rebuild it: tfpar install-horovod --force",
+    ):
         ih.cached_wheel(entry)
     assert ih.wheel_for(entry, _fake_build(), force=True) == wheel  # --force replaces the entry
     assert ih.cached_wheel(entry) == wheel
@@ -108,8 +132,13 @@ _RACER = textwrap.dedent("""
 
 
 def _racer(root, timeout):
-    return subprocess.Popen([sys.executable, "-c", _RACER, str(root), str(timeout)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _RACER, str(root), str(timeout)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for_line(proc, text):
@@ -152,12 +181,23 @@ def test_a_lock_held_too_long_fails_clearly(tmp_path):
     assert "waited 0 s for the lock" in out_second and "raise --lock-timeout" in out_second
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(mpi="maybe"), r"Unknown mpi 'maybe'. Received: mpi='maybe'. Use one of \['auto', 'yes', 'no'\]"),
-    (dict(lock_timeout_seconds=0), r"lock_timeout_seconds must be a number > 0. Received: lock_timeout_seconds=0"),
-    (dict(lock_timeout_seconds=float("inf")),
-     r"lock_timeout_seconds must be a finite number. Received: lock_timeout_seconds=inf"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            dict(mpi="maybe"),
+            r"Unknown mpi 'maybe'. Received: mpi='maybe'. Use one of \['auto', 'yes', 'no'\]",
+        ),
+        (
+            dict(lock_timeout_seconds=0),
+            r"lock_timeout_seconds must be a number > 0. Received: lock_timeout_seconds=0",
+        ),
+        (
+            dict(lock_timeout_seconds=float("inf")),
+            r"lock_timeout_seconds must be a finite number. Received: lock_timeout_seconds=inf",
+        ),
+    ],
+)
 def test_bad_arguments(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         ih.install(cache=str(tmp_path), **kwargs)
@@ -190,7 +230,10 @@ def test_a_ref_patch_with_another_count_fails_loudly_and_writes_nothing(tmp_path
     _sdist_shaped_tree(tmp_path, ref_calls=1)
     before = {path: (tmp_path / path).read_text() for path, _, _ in patches.PATCHES}
     path, count = patches.REF_PATCHES[0]
-    with pytest.raises(ih.InstallError, match=rf"`<name>.ref\(\)` {count} times in {path}, found it {count + 1} time"):
+    with pytest.raises(
+        ih.InstallError,
+        match=rf"`<name>.ref\(\)` {count} times in {path}, found it {count + 1} time",
+    ):
         ih.apply_patches(str(tmp_path))
     assert {path: (tmp_path / path).read_text() for path, _, _ in patches.PATCHES} == before
 

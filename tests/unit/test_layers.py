@@ -7,50 +7,74 @@ import os
 
 from tests.conftest import ROOT
 
-PURE = frozenset({
-    "tfpar._checks",
-    "tfpar._files",
-    "tfpar._lazy",
-    "tfpar._tasks",
-    "tfpar._tasks.env",
-    "tfpar._tasks.heartbeat",
-    "tfpar._tasks.timeline_files",
-    "tfpar._tasks.elastic_batch",
-    "tfpar._local",
-    "tfpar._local.processes",
-    "tfpar._local.loopback",
-    "tfpar.cluster",
-    "tfpar.cluster.addresses",
-    "tfpar.cluster.slurm",
-    "tfpar.launch.job",
-    "tfpar.launch.supervisor",
-    "tfpar.launch.node",
-    "tfpar.launch.rendezvous",
-    "tfpar.launch.rendezvous.static",
-    "tfpar.launch.rendezvous.protocol",
-    "tfpar.launch.rendezvous.rounds",
-    "tfpar.launch.rendezvous.elastic",
-    "tfpar.launch.elastic",
-    "tfpar.launch.elastic.discovery",
-    "tfpar.launch.elastic.membership",
-    "tfpar.pipeline.schedule",
-    "tfpar.pipeline.streams",
-    "tfpar.pipeline.simulation",
-    "tfpar.data.plan",
-    "tfpar.data.batching",
-    "tfpar.tensor_parallel.plan",
-    "tfpar.tensor_parallel.rules",
-})
+PURE = frozenset(
+    {
+        "tfpar._checks",
+        "tfpar._files",
+        "tfpar._lazy",
+        "tfpar._tasks",
+        "tfpar._tasks.env",
+        "tfpar._tasks.heartbeat",
+        "tfpar._tasks.timeline_files",
+        "tfpar._tasks.elastic_batch",
+        "tfpar._local",
+        "tfpar._local.processes",
+        "tfpar._local.loopback",
+        "tfpar.cluster",
+        "tfpar.cluster.addresses",
+        "tfpar.cluster.slurm",
+        "tfpar.launch.job",
+        "tfpar.launch.supervisor",
+        "tfpar.launch.node",
+        "tfpar.launch.rendezvous",
+        "tfpar.launch.rendezvous.static",
+        "tfpar.launch.rendezvous.protocol",
+        "tfpar.launch.rendezvous.rounds",
+        "tfpar.launch.rendezvous.elastic",
+        "tfpar.launch.elastic",
+        "tfpar.launch.elastic.discovery",
+        "tfpar.launch.elastic.membership",
+        "tfpar.pipeline.schedule",
+        "tfpar.pipeline.streams",
+        "tfpar.pipeline.simulation",
+        "tfpar.data.plan",
+        "tfpar.data.batching",
+        "tfpar.tensor_parallel.plan",
+        "tfpar.tensor_parallel.rules",
+    }
+)
 """Layer 1: planning and protocol, no TensorFlow (tests/unit/test_public_names.py loads them)."""
 
 LAYERS = {
     2: ("tfpar._keras", "tfpar._compat", "tfpar._owned"),
-    3: ("tfpar.devices", "tfpar.precision", "tfpar.optimizers", "tfpar._topology", "tfpar._local.server"),
-    4: ("tfpar._parallelism", "tfpar.strategies", "tfpar.pipeline", "tfpar.tensor_parallel", "tfpar.data",
-        "tfpar.quantization"),
+    3: (
+        "tfpar.devices",
+        "tfpar.precision",
+        "tfpar.optimizers",
+        "tfpar._topology",
+        "tfpar._local.server",
+    ),
+    4: (
+        "tfpar._parallelism",
+        "tfpar.strategies",
+        "tfpar.pipeline",
+        "tfpar.tensor_parallel",
+        "tfpar.data",
+        "tfpar.quantization",
+    ),
     5: ("tfpar.callbacks", "tfpar._factory", "tfpar.integrations"),
-    6: ("tfpar", "tfpar.__main__", "tfpar.launch", "tfpar.cli", "tfpar.demo", "tfpar.verify", "tfpar.tune",
-        "tfpar.report", "tfpar.doctor", "tfpar.install_horovod"),
+    6: (
+        "tfpar",
+        "tfpar.__main__",
+        "tfpar.launch",
+        "tfpar.cli",
+        "tfpar.demo",
+        "tfpar.verify",
+        "tfpar.tune",
+        "tfpar.report",
+        "tfpar.doctor",
+        "tfpar.install_horovod",
+    ),
 }
 """Layers 2 to 6 of ARCHITECTURE.md: the modules (and packages, with their modules) of each."""
 
@@ -64,6 +88,7 @@ def layer_of(module):
             if module == name or (name != "tfpar" and module.startswith(name + ".")):
                 return layer
     return None
+
 
 def _modules():
     """{module name: path} of every module of the tfpar package."""
@@ -98,7 +123,7 @@ def _imports():
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(parts + ([base] if base else []))
                 submodules = [f"{base}.{alias.name}" for alias in node.names]
                 names.update(submodules if all(s in modules for s in submodules) else [base])
@@ -137,8 +162,12 @@ def _cycles(graph):
 
 def test_the_walk_sees_lazy_imports_and_reads_submodule_imports_as_modules():
     graph = _imports()
-    assert "tfpar._tasks.timeline_files" in graph["tfpar.launch.command"]  # imported inside a function
-    assert "tfpar.quantization.deploy" in graph["tfpar.quantization.export"]  # from tfpar.quantization import deploy
+    assert (
+        "tfpar._tasks.timeline_files" in graph["tfpar.launch.command"]
+    )  # imported inside a function
+    assert (
+        "tfpar.quantization.deploy" in graph["tfpar.quantization.export"]
+    )  # from tfpar.quantization import deploy
     assert "tfpar.quantization" not in graph["tfpar.quantization.export"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
 
@@ -152,15 +181,23 @@ def test_the_pure_modules_import_only_pure_modules():
 
 def test_every_module_has_a_layer_and_imports_only_its_own_layer_or_lower():
     graph = _imports()
-    assert [m for m in sorted(graph) if layer_of(m) is None] == [], "give each module a layer in ARCHITECTURE.md"
-    upward = [f"{m} ({layer_of(m)}) -> {t} ({layer_of(t)})" for m in sorted(graph) for t in sorted(graph[m])
-              if layer_of(t) > layer_of(m)]
+    assert [m for m in sorted(graph) if layer_of(m) is None] == [], (
+        "give each module a layer in ARCHITECTURE.md"
+    )
+    upward = [
+        f"{m} ({layer_of(m)}) -> {t} ({layer_of(t)})"
+        for m in sorted(graph)
+        for t in sorted(graph[m])
+        if layer_of(t) > layer_of(m)
+    ]
     assert upward == [], f"imports from a higher layer: {upward}"
 
 
 def test_no_import_cycle():
     cycles = _cycles(_imports())
-    assert [sorted(cycle) for cycle in cycles] == [], "import cycles (ARCHITECTURE.md: layers point down)"
+    assert [sorted(cycle) for cycle in cycles] == [], (
+        "import cycles (ARCHITECTURE.md: layers point down)"
+    )
 
 
 def test_the_training_runtime_never_imports_the_launcher():
@@ -169,6 +206,8 @@ def test_the_training_runtime_never_imports_the_launcher():
     graph = _imports()
     runtime = [m for m in graph if layer_of(m) in (2, 3, 4, 5)]
     assert len(runtime) > 50
-    reached = {m: sorted(t for t in graph[m] if t == "tfpar.launch" or t.startswith("tfpar.launch."))
-               for m in runtime}
+    reached = {
+        m: sorted(t for t in graph[m] if t == "tfpar.launch" or t.startswith("tfpar.launch."))
+        for m in runtime
+    }
     assert {m: t for m, t in reached.items() if t} == {}

@@ -4,10 +4,22 @@ import itertools
 
 import pytest
 
-from tfpar.pipeline.schedule import GPipe, Instruction, Interleaved1F1B, OneFOneB, ZeroBubbleH1, make_schedule
+from tfpar.pipeline.schedule import (
+    GPipe,
+    Instruction,
+    Interleaved1F1B,
+    OneFOneB,
+    ZeroBubbleH1,
+    make_schedule,
+)
 
 GRID = list(itertools.product(range(1, 9), range(1, 33)))
-COSTS = [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 0.5), (1.0, 1.5, 0.25)]  # F, B, W of a whole stage
+COSTS = [
+    (1.0, 1.0, 1.0),
+    (1.0, 2.0, 1.0),
+    (2.0, 1.0, 0.5),
+    (1.0, 1.5, 0.25),
+]  # F, B, W of a whole stage
 
 
 def _new_schedules():
@@ -36,7 +48,8 @@ def test_new_schedules_run_every_instruction_once_each_after_what_it_needs():
                 if instruction.kind == "weight":
                     assert ("backward", instruction.stage, instruction.microbatch) in before
         assert sorted((i.kind, i.stage, i.microbatch) for i in everything) == sorted(
-            (kind, c, i) for kind in kinds for c in range(schedule.num_chunks) for i in range(m))
+            (kind, c, i) for kind in kinds for c in range(schedule.num_chunks) for i in range(m)
+        )
         order = schedule.simulate().order()  # raises on a deadlock
         done = set()
         for instruction in order:
@@ -52,12 +65,19 @@ def test_new_schedules_simulated_bubble_equals_their_formula_for_equal_and_unequ
             timeline = schedule.simulate(forward, backward, weight)
             work = m * (forward + backward + weight)
             if schedule.splits_backward:
-                assert timeline.makespan == pytest.approx(work + (p - 1) * (forward + backward - weight)), schedule
+                assert timeline.makespan == pytest.approx(
+                    work + (p - 1) * (forward + backward - weight)
+                ), schedule
             else:
-                assert timeline.makespan == pytest.approx(work + (p - 1) * (forward + backward + weight) / v), schedule
-            assert timeline.bubble_fraction == pytest.approx(schedule.bubble(forward, backward, weight)), schedule
+                assert timeline.makespan == pytest.approx(
+                    work + (p - 1) * (forward + backward + weight) / v
+                ), schedule
+            assert timeline.bubble_fraction == pytest.approx(
+                schedule.bubble(forward, backward, weight)
+            ), schedule
         assert schedule.bubble_fraction == pytest.approx(
-            (p - 1) / (3 * m + p - 1) if schedule.splits_backward else (p - 1) / (v * m + p - 1))
+            (p - 1) / (3 * m + p - 1) if schedule.splits_backward else (p - 1) / (v * m + p - 1)
+        )
 
 
 def test_zb_h1_holds_no_more_activations_than_1f1b_at_a_third_of_its_bubble():
@@ -66,7 +86,9 @@ def test_zb_h1_holds_no_more_activations_than_1f1b_at_a_third_of_its_bubble():
             continue
         zb, one = ZeroBubbleH1(p, m), OneFOneB(p, m)
         assert [zb.peak_activations(s) for s in range(p)] == [p] * p
-        assert max(zb.peak_activations(s) for s in range(p)) == max(one.peak_activations(s) for s in range(p))
+        assert max(zb.peak_activations(s) for s in range(p)) == max(
+            one.peak_activations(s) for s in range(p)
+        )
         # F = B = W: 1F1B's bubble is (p-1)·3 units, ZB-H1's (p-1)·1
         assert zb.simulate(1, 1, 1).makespan - 3 * m == pytest.approx((p - 1))
         assert one.simulate(1, 1, 1).makespan - 3 * m == pytest.approx(3 * (p - 1))
@@ -75,13 +97,37 @@ def test_zb_h1_holds_no_more_activations_than_1f1b_at_a_third_of_its_bubble():
 def test_interleaved_streams_follow_megatron():
     """p = 2, v = 2, m = 4: chunks 0 and 2 on stage 0, 1 and 3 on stage 1; p microbatches per
     chunk at a time; stage 0 warms up with 2(p-1) + (v-1)p = 4 forwards."""
-    streams = [[f"{i}c{i.stage}" for i in stream] for stream in make_schedule("interleaved", 2, 4).streams()]
-    assert streams[0] == ["F0c0", "F1c0", "F0c2", "F1c2", "F2c0", "B0c2", "F3c0", "B1c2", "F2c2", "B0c0",
-                          "F3c2", "B1c0", "B2c2", "B3c2", "B2c0", "B3c0"]
+    streams = [
+        [f"{i}c{i.stage}" for i in stream]
+        for stream in make_schedule("interleaved", 2, 4).streams()
+    ]
+    assert streams[0] == [
+        "F0c0",
+        "F1c0",
+        "F0c2",
+        "F1c2",
+        "F2c0",
+        "B0c2",
+        "F3c0",
+        "B1c2",
+        "F2c2",
+        "B0c0",
+        "F3c2",
+        "B1c0",
+        "B2c2",
+        "B3c2",
+        "B2c0",
+        "B3c0",
+    ]
     assert make_schedule("interleaved", 2, 4, virtual_stages=3).num_chunks == 6
     assert make_schedule("zb-h1", 3, 4).streams()[2][:6] == [
-        Instruction("forward", 2, 0), Instruction("backward", 2, 0), Instruction("forward", 2, 1),
-        Instruction("backward", 2, 1), Instruction("forward", 2, 2), Instruction("backward", 2, 2)]
+        Instruction("forward", 2, 0),
+        Instruction("backward", 2, 0),
+        Instruction("forward", 2, 1),
+        Instruction("backward", 2, 1),
+        Instruction("forward", 2, 2),
+        Instruction("backward", 2, 2),
+    ]
 
 
 @pytest.mark.parametrize("cls", [GPipe, OneFOneB])
@@ -90,7 +136,8 @@ def test_every_stage_runs_each_forward_and_backward_once_forward_first(cls):
         schedule = cls(p, m)
         for stage, stream in enumerate(schedule.streams()):
             assert sorted((i.kind, i.microbatch) for i in stream) == sorted(
-                [("forward", k) for k in range(m)] + [("backward", k) for k in range(m)])
+                [("forward", k) for k in range(m)] + [("backward", k) for k in range(m)]
+            )
             assert all(i.stage == stage for i in stream)
             seen = set()
             for instruction in stream:
@@ -135,19 +182,38 @@ def test_1f1b_streams_look_like_pipedream_flush():
     assert str(Instruction("backward", 1, 7)) == "B7"
 
 
-@pytest.mark.parametrize("args, match", [
-    (("zigzag", 2, 4), r"Unknown pipeline schedule 'zigzag'. Received: schedule='zigzag'. "
-                       r"Use one of \['1f1b', 'gpipe', 'interleaved', 'zb-h1'\]"),
-    (("gpipe", 0, 4), r"num_stages must be an int >= 1. Received: num_stages=0"),
-    (("1f1b", 2, 0), r"num_microbatches must be an int >= 1. Received: num_microbatches=0"),
-    (("interleaved", 4, 6), r"'interleaved' schedule needs num_microbatches a multiple of the 4 stages. "
-                            r"Received: num_microbatches=6 with num_stages=4. Use e.g. \[4, 8, 12\]"),
-    (("interleaved", 4, 2), r"a multiple of the 4 stages. Received: num_microbatches=2"),
-    (("zb-h1", 4, 3), r"'zb-h1' schedule needs num_microbatches at least the 4 stages. Received: "
-                      r"num_microbatches=3 with num_stages=4. Use e.g. \[4, 5, 6\]"),
-    (("1f1b", 2, 4, 2), r"virtual_stages applies to schedule='interleaved'. Received: schedule='1f1b', virtual_stages=2"),
-    (("interleaved", 2, 4, 0), r"virtual_stages must be an int >= 1. Received: virtual_stages=0"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (
+            ("zigzag", 2, 4),
+            r"Unknown pipeline schedule 'zigzag'. Received: schedule='zigzag'. "
+            r"Use one of \['1f1b', 'gpipe', 'interleaved', 'zb-h1'\]",
+        ),
+        (("gpipe", 0, 4), r"num_stages must be an int >= 1. Received: num_stages=0"),
+        (("1f1b", 2, 0), r"num_microbatches must be an int >= 1. Received: num_microbatches=0"),
+        (
+            ("interleaved", 4, 6),
+            r"'interleaved' schedule needs num_microbatches a multiple of the 4 stages. "
+            r"Received: num_microbatches=6 with num_stages=4. Use e.g. \[4, 8, 12\]",
+        ),
+        (("interleaved", 4, 2), r"a multiple of the 4 stages. Received: num_microbatches=2"),
+        (
+            ("zb-h1", 4, 3),
+            r"'zb-h1' schedule needs num_microbatches at least the 4 stages. Received: "
+            r"num_microbatches=3 with num_stages=4. Use e.g. \[4, 5, 6\]",
+        ),
+        (
+            ("1f1b", 2, 4, 2),
+            r"virtual_stages applies to schedule='interleaved'. Received: schedule='1f1b', "
+            r"virtual_stages=2",
+        ),
+        (
+            ("interleaved", 2, 4, 0),
+            r"virtual_stages must be an int >= 1. Received: virtual_stages=0",
+        ),
+    ],
+)
 def test_bad_schedule_arguments(args, match):
     with pytest.raises(ValueError, match=match):
         make_schedule(*args)

@@ -18,13 +18,22 @@ def _dealt(n, workers, part):
 
 @pytest.mark.parametrize("remainder", ["pad", "drop"])
 def test_steps_equal_on_every_worker_and_cover_the_input(remainder):
-    for workers, replicas, batch, n in itertools.product(range(1, 5), range(1, 4), range(1, 5), range(1, 60)):
+    for workers, replicas, batch, n in itertools.product(
+        range(1, 5), range(1, 4), range(1, 5), range(1, 60)
+    ):
         global_batch = workers * replicas * batch
         if remainder == "drop" and n < global_batch:
             continue
         plans = [
-            plan_shard(num_workers=workers, worker_index=w, replicas_per_worker=replicas,
-                       per_replica_batch=batch, policy="data", remainder=remainder, num_elements=n)
+            plan_shard(
+                num_workers=workers,
+                worker_index=w,
+                replicas_per_worker=replicas,
+                per_replica_batch=batch,
+                policy="data",
+                remainder=remainder,
+                num_elements=n,
+            )
             for w in range(workers)
         ]
         steps = {p.steps for p in plans}
@@ -44,27 +53,76 @@ def test_steps_equal_on_every_worker_and_cover_the_input(remainder):
 
 def test_file_policy_balances_by_the_largest_and_smallest_shard():
     sizes = [10, 1, 7, 3, 3]
-    plans = [plan_shard(num_workers=2, worker_index=w, replicas_per_worker=1, per_replica_batch=4,
-                        policy="file", num_elements=sum(sizes), files=list("abcde"), file_sizes=sizes)
-             for w in range(2)]
+    plans = [
+        plan_shard(
+            num_workers=2,
+            worker_index=w,
+            replicas_per_worker=1,
+            per_replica_batch=4,
+            policy="file",
+            num_elements=sum(sizes),
+            files=list("abcde"),
+            file_sizes=sizes,
+        )
+        for w in range(2)
+    ]
     assert plans[0].files == ("a", "c", "e") and plans[1].files == ("b", "d")
     assert {p.steps for p in plans} == {math.ceil(20 / 4)}  # worker 0 holds 20 examples
-    drop = plan_shard(num_workers=2, worker_index=1, replicas_per_worker=1, per_replica_batch=4,
-                      policy="file", remainder="drop", num_elements=24, files=list("abcde"),
-                      file_sizes=sizes)
+    drop = plan_shard(
+        num_workers=2,
+        worker_index=1,
+        replicas_per_worker=1,
+        per_replica_batch=4,
+        policy="file",
+        remainder="drop",
+        num_elements=24,
+        files=list("abcde"),
+        file_sizes=sizes,
+    )
     assert drop.steps == 4 // 4  # worker 1 holds 4 examples
 
 
 def test_auto_policy():
-    assert plan_shard(num_workers=1, worker_index=0, replicas_per_worker=2, per_replica_batch=2,
-                      num_elements=10).policy == "off"
-    assert plan_shard(num_workers=2, worker_index=0, replicas_per_worker=1, per_replica_batch=2,
-                      num_elements=10).policy == "data"
-    assert plan_shard(num_workers=2, worker_index=0, replicas_per_worker=1, per_replica_batch=2,
-                      files=["a", "b", "c"], num_elements=None).policy == "file"
+    assert (
+        plan_shard(
+            num_workers=1,
+            worker_index=0,
+            replicas_per_worker=2,
+            per_replica_batch=2,
+            num_elements=10,
+        ).policy
+        == "off"
+    )
+    assert (
+        plan_shard(
+            num_workers=2,
+            worker_index=0,
+            replicas_per_worker=1,
+            per_replica_batch=2,
+            num_elements=10,
+        ).policy
+        == "data"
+    )
+    assert (
+        plan_shard(
+            num_workers=2,
+            worker_index=0,
+            replicas_per_worker=1,
+            per_replica_batch=2,
+            files=["a", "b", "c"],
+            num_elements=None,
+        ).policy
+        == "file"
+    )
     with pytest.warns(UserWarning, match="Sharding by DATA: there are 1 file"):
-        plan = plan_shard(num_workers=2, worker_index=0, replicas_per_worker=1, per_replica_batch=2,
-                          files=["a"], num_elements=None)
+        plan = plan_shard(
+            num_workers=2,
+            worker_index=0,
+            replicas_per_worker=1,
+            per_replica_batch=2,
+            files=["a"],
+            num_elements=None,
+        )
     assert plan.policy == "data"
 
 
@@ -75,16 +133,24 @@ def test_infinite_input_has_no_steps():
     assert plan.steps is None and plan.global_batch_size == 6
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(policy="files"), r"Unknown shard_policy 'files'.*Received: shard_policy='files'"),
-    (dict(remainder="keep"), r"Unknown remainder 'keep'"),
-    (dict(policy="file"), r"needs the input as a list of files"),
-    (dict(policy="file", files=["a", "b"], file_sizes=[1, 1]), r"at least one file per worker.*Received: 2 file\(s\) for 3 workers"),
-    (dict(worker_index=3), r"worker_index must be in \[0, 3\)"),
-    (dict(remainder="drop", num_elements=5), r"no step: 5 example\(s\) with remainder='drop'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(policy="files"), r"Unknown shard_policy 'files'.*Received: shard_policy='files'"),
+        (dict(remainder="keep"), r"Unknown remainder 'keep'"),
+        (dict(policy="file"), r"needs the input as a list of files"),
+        (
+            dict(policy="file", files=["a", "b"], file_sizes=[1, 1]),
+            r"at least one file per worker.*Received: 2 file\(s\) for 3 workers",
+        ),
+        (dict(worker_index=3), r"worker_index must be in \[0, 3\)"),
+        (dict(remainder="drop", num_elements=5), r"no step: 5 example\(s\) with remainder='drop'"),
+    ],
+)
 def test_bad_plans(kwargs, match):
-    args = dict(num_workers=3, worker_index=0, replicas_per_worker=1, per_replica_batch=2, num_elements=30)
+    args = dict(
+        num_workers=3, worker_index=0, replicas_per_worker=1, per_replica_batch=2, num_elements=30
+    )
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         plan_shard(**args)
@@ -92,22 +158,35 @@ def test_bad_plans(kwargs, match):
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
 @pytest.mark.parametrize("replicas_per_worker", [1, 2])
-def test_padded_step_weights_make_each_step_the_mean_over_its_real_examples(num_workers, replicas_per_worker):
+def test_padded_step_weights_make_each_step_the_mean_over_its_real_examples(
+    num_workers, replicas_per_worker
+):
     """Against a brute-force count: each worker's DATA shard (its part of every step) cut into
     per-replica batches, R of them per step; a padded step's real examples weigh global/real."""
     batch = 3
     global_batch = num_workers * replicas_per_worker * batch
     for n in range(global_batch, 4 * global_batch + 1):
-        plans = [plan_shard(num_workers=num_workers, worker_index=w, replicas_per_worker=replicas_per_worker,
-                            per_replica_batch=batch, policy="data", num_elements=n) for w in range(num_workers)]
+        plans = [
+            plan_shard(
+                num_workers=num_workers,
+                worker_index=w,
+                replicas_per_worker=replicas_per_worker,
+                per_replica_batch=batch,
+                policy="data",
+                num_elements=n,
+            )
+            for w in range(num_workers)
+        ]
         shards = _dealt(n, num_workers, replicas_per_worker * batch)
         real = [0] * plans[0].steps
         for shard in shards:
-            chunks = [shard[i:i + batch] for i in range(0, len(shard), batch)]
+            chunks = [shard[i : i + batch] for i in range(0, len(shard), batch)]
             for index, chunk in enumerate(chunks):
                 real[index // replicas_per_worker] += len(chunk)
         expected = tuple(global_batch / r for r in real if r < global_batch)
-        assert all(r == global_batch for r in real[:len(real) - len(expected)])  # only a tail is short
+        assert all(
+            r == global_batch for r in real[: len(real) - len(expected)]
+        )  # only a tail is short
         for plan in plans:
             assert plan.padded_step_weights == pytest.approx(expected), (n, real)
             assert plan.padded == bool(expected)

@@ -39,26 +39,43 @@ def test_horovod_strategy_is_reachable_like_data_parallel():
     from tfpar import strategies
     from tfpar.strategies.horovod import HorovodConfig, HorovodStrategy
 
-    assert strategies.HorovodStrategy is HorovodStrategy and strategies.HorovodConfig is HorovodConfig
+    assert (
+        strategies.HorovodStrategy is HorovodStrategy and strategies.HorovodConfig is HorovodConfig
+    )
     assert "HorovodStrategy" in strategies.__all__ and "HorovodStrategy" in dir(strategies)
 
 
-@pytest.mark.parametrize("code, expected", [
-    ("import tfpar, tensorflow as tf; print(tf.keras.Model.__module__)", "tf_keras."),
-    ("import tensorflow as tf; print(tf.keras.Model.__module__)", "keras."),  # without tfpar: Keras 3
-    # keras first loads TensorFlow first: tf.keras stays Keras 3, tfpar.keras is tf_keras, and a
-    # Keras 3 model trains under tfpar's strategies all the same
-    ("import keras, tfpar, tensorflow as tf; print(tfpar.keras.__name__, tf.keras.Model.__module__)",
-     "tf_keras keras."),
-], ids=["with-tfpar-first", "without-tfpar", "keras-first"])
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("import tfpar, tensorflow as tf; print(tf.keras.Model.__module__)", "tf_keras."),
+        (
+            "import tensorflow as tf; print(tf.keras.Model.__module__)",
+            "keras.",
+        ),  # without tfpar: Keras 3
+        # keras first loads TensorFlow first: tf.keras stays Keras 3, tfpar.keras is tf_keras, and a
+        # Keras 3 model trains under tfpar's strategies all the same
+        (
+            "import keras, tfpar, tensorflow as tf; print(tfpar.keras.__name__, "
+            "tf.keras.Model.__module__)",
+            "tf_keras keras.",
+        ),
+    ],
+    ids=["with-tfpar-first", "without-tfpar", "keras-first"],
+)
 def test_importing_tfpar_first_makes_tf_keras_the_keras_2_api(code, expected):
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith(expected), done.stdout
 
@@ -69,9 +86,12 @@ def test_the_pure_modules_load_no_tensorflow():
 
     from tests.unit.test_layers import PURE
 
-    code = (f"import sys, {', '.join(sorted(PURE | {'tfpar.cli'}))}; "
-            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras')); "
-            "print('LOADED', loaded)")
+    code = (
+        f"import sys, {', '.join(sorted(PURE | {'tfpar.cli'}))}; "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', "
+        "'keras')); "
+        "print('LOADED', loaded)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout, done.stdout
@@ -84,15 +104,30 @@ def test_the_version_is_defined_once_and_the_package_says_its_licence_and_python
     import sys
 
     metadata = importlib.metadata.metadata("tfpar")
-    assert importlib.metadata.version("tfpar") == tfpar.__version__  # pyproject.toml reads tfpar/__init__.py
-    assert metadata["License-Expression"] == "Apache-2.0" and "LICENSE" in metadata.get_all("License-File")
-    assert set(metadata.get_all("Provides-Extra")) == {"gpu", "horovod", "ray", "report", "docs", "dev"}
+    assert (
+        importlib.metadata.version("tfpar") == tfpar.__version__
+    )  # pyproject.toml reads tfpar/__init__.py
+    assert metadata["License-Expression"] == "Apache-2.0" and "LICENSE" in metadata.get_all(
+        "License-File"
+    )
+    assert set(metadata.get_all("Provides-Extra")) == {
+        "gpu",
+        "horovod",
+        "ray",
+        "report",
+        "docs",
+        "dev",
+    }
     root = os.path.dirname(os.path.dirname(tfpar.__file__))
-    assert os.path.exists(os.path.join(root, "pyproject.toml")) and not os.path.exists(os.path.join(root, "setup.py"))
+    assert os.path.exists(os.path.join(root, "pyproject.toml")) and not os.path.exists(
+        os.path.join(root, "setup.py")
+    )
     assert sorted(metadata["Requires-Python"].split(",")) == ["<3.12", ">=3.11"]  # what CI tests:
     assert sys.version_info[:2] == (3, 11)
     assert os.path.exists(os.path.join(os.path.dirname(tfpar.__file__), "py.typed"))
-    done = subprocess.run([sys.executable, "-m", "tfpar.cli", "--version"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfpar.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
     assert (done.returncode, done.stdout.strip()) == (0, f"tfpar {tfpar.__version__}"), done.stderr
 
 
@@ -104,27 +139,55 @@ def test_one_vocabulary_every_strategy_and_documented_exception_under_tfpar():
 
     from tfpar._factory import STRATEGIES
 
-    assert STRATEGIES == ("data_parallel", "horovod", "parameter_server", "pipeline", "tensor_parallel")
-    code = ("import tfpar, inspect\n"
-            "from tfpar import strategies, pipeline, devices, quantization\n"
-            "assert tfpar.DataParallel is strategies.DataParallel and tfpar.Pipeline is pipeline.Pipeline\n"
-            "assert tfpar.HorovodStrategy is strategies.HorovodStrategy and tfpar.ParameterServer is strategies.ParameterServer\n"
-            "assert tfpar.DevicesAlreadyInitializedError is devices.DevicesAlreadyInitializedError\n"
-            "assert tfpar.ParameterServerLostError is strategies.ParameterServerLostError\n"
-            "assert tfpar.AccuracyDropError is quantization.AccuracyDropError and issubclass(tfpar.AccuracyDropError, ValueError)\n"
-            "print(tfpar.verify.verify.__name__, tfpar.report.report.__name__, tfpar.doctor.report.__name__,\n"
-            "      tfpar.tune.tune.__name__, tfpar.demo.run_demo.__name__)\n")
+    assert STRATEGIES == (
+        "data_parallel",
+        "horovod",
+        "parameter_server",
+        "pipeline",
+        "tensor_parallel",
+    )
+    code = (
+        "import tfpar, inspect\n"
+        "from tfpar import strategies, pipeline, devices, quantization\n"
+        "assert tfpar.DataParallel is strategies.DataParallel and tfpar.Pipeline is "
+        "pipeline.Pipeline\n"
+        "assert tfpar.HorovodStrategy is strategies.HorovodStrategy and tfpar.ParameterServer is "
+        "strategies.ParameterServer\n"
+        "assert tfpar.DevicesAlreadyInitializedError is devices.DevicesAlreadyInitializedError\n"
+        "assert tfpar.ParameterServerLostError is strategies.ParameterServerLostError\n"
+        "assert tfpar.AccuracyDropError is quantization.AccuracyDropError and "
+        "issubclass(tfpar.AccuracyDropError, ValueError)\n"
+        "print(tfpar.verify.verify.__name__, tfpar.report.report.__name__, "
+        "tfpar.doctor.report.__name__,\n"
+        "      tfpar.tune.tune.__name__, tfpar.demo.run_demo.__name__)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["verify", "report", "report", "tune", "run_demo"]
 
 
-@pytest.mark.parametrize("name, options", [
-    ("DataParallel", ["all_reduce: str = 'auto'", "compression: str = 'none'", "gradient_accumulation_steps: int = 1"]),
-    ("HorovodStrategy", ["op: str = 'average'", "backward_passes_per_step: int = 1"]),
-    ("ParameterServer", ["variable_partitioner: object = 'auto'", "connect_timeout_seconds: float = 60.0"]),
-    ("Pipeline", ["num_stages: int = 2", "num_microbatches: int = 4", "schedule: str = '1f1b'"]),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        (
+            "DataParallel",
+            [
+                "all_reduce: str = 'auto'",
+                "compression: str = 'none'",
+                "gradient_accumulation_steps: int = 1",
+            ],
+        ),
+        ("HorovodStrategy", ["op: str = 'average'", "backward_passes_per_step: int = 1"]),
+        (
+            "ParameterServer",
+            ["variable_partitioner: object = 'auto'", "connect_timeout_seconds: float = 60.0"],
+        ),
+        (
+            "Pipeline",
+            ["num_stages: int = 2", "num_microbatches: int = 4", "schedule: str = '1f1b'"],
+        ),
+    ],
+)
 def test_help_of_a_strategy_lists_its_options(name, options):
     """``help(tfpar.DataParallel)`` shows the options of its config dataclass, not ``**kwargs``."""
     import pydoc
@@ -134,12 +197,22 @@ def test_help_of_a_strategy_lists_its_options(name, options):
     assert "**kwargs" not in header and all(option in header for option in options), header
 
 
-@pytest.mark.parametrize("path", [
-    "tfpar.launch.launch", "tfpar.launch.LaunchOptions", "tfpar.launch.LaunchError", "tfpar.launch.Task",
-    "tfpar.launch.run_tasks", "tfpar.cluster.ClusterInfo", "tfpar.cluster.free_ports",
-    "tfpar.cluster.expand_hostlist", "tfpar.install_horovod.main", "tfpar.demo.run_demo",
-    "tfpar.demo.transformer",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tfpar.launch.launch",
+        "tfpar.launch.LaunchOptions",
+        "tfpar.launch.LaunchError",
+        "tfpar.launch.Task",
+        "tfpar.launch.run_tasks",
+        "tfpar.cluster.ClusterInfo",
+        "tfpar.cluster.free_ports",
+        "tfpar.cluster.expand_hostlist",
+        "tfpar.install_horovod.main",
+        "tfpar.demo.run_demo",
+        "tfpar.demo.transformer",
+    ],
+)
 def test_the_public_paths_the_docs_show_lead_where_they_did_before_the_launcher_got_its_rooms(path):
     module_name, _, name = path.rpartition(".")
     assert callable(getattr(importlib.import_module(module_name), name))
@@ -149,7 +222,11 @@ def test_python_m_tfpar_install_horovod_still_runs_the_installer():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "tfpar.install_horovod", "--help"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfpar.install_horovod", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m tfpar.install_horovod")

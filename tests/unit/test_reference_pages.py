@@ -8,13 +8,21 @@ import re
 
 from tests.conftest import ROOT
 
-VARIABLE = re.compile(r"^(TF|TFPAR|HOROVOD|SLURM|CUDA|OMPI|PMI|PMIX|LOCAL|XDG|LD|CMAKE|GRPC|PYTHON|NCCL)_[A-Z0-9_]+$|^CC$")
-NOT_VARIABLES = {"KERAS_CALLBACK_HOOKS", "KERAS_READS_FROM_EXTENDED", "SLURM_MPI_MARKERS", "HOROVOD_OPS"}
+VARIABLE = re.compile(
+    r"^(TF|TFPAR|HOROVOD|SLURM|CUDA|OMPI|PMI|PMIX|LOCAL|XDG|LD|CMAKE|GRPC|PYTHON|NCCL)_[A-Z0-9_]+$|^CC$"
+)
+NOT_VARIABLES = {
+    "KERAS_CALLBACK_HOOKS",
+    "KERAS_READS_FROM_EXTENDED",
+    "SLURM_MPI_MARKERS",
+    "HOROVOD_OPS",
+}
 """Upper-case names in tfpar that are constants, not environment variables."""
 
 
 def _strings():
-    """Every string constant of tfpar's code, an f-string as its literal parts with a NUL per field."""
+    """Every string constant of tfpar's code, an f-string as its literal parts with a NUL per
+    field."""
     found = []
     for folder, _, names in os.walk(os.path.join(ROOT, "tfpar")):
         for name in names:
@@ -25,7 +33,12 @@ def _strings():
                     if isinstance(node, ast.Constant) and isinstance(node.value, str):
                         found.append(node.value)
                     elif isinstance(node, ast.JoinedStr):
-                        found.append("".join(v.value if isinstance(v, ast.Constant) else "\0" for v in node.values))
+                        found.append(
+                            "".join(
+                                v.value if isinstance(v, ast.Constant) else "\0"
+                                for v in node.values
+                            )
+                        )
     return found
 
 

@@ -11,15 +11,23 @@ import sys
 from tests.conftest import ROOT, public_modules
 
 KERAS_HOOKS = ("on_", "set_model", "set_params")  # a callback's hooks: Keras calls them
-KERAS_MODEL_METHODS = {"call", "fit", "get_config", "train_step"}  # PipelineModel's Keras base is chosen per model
+KERAS_MODEL_METHODS = {
+    "call",
+    "fit",
+    "get_config",
+    "train_step",
+}  # PipelineModel's Keras base is chosen per model
 NOT_YET = {"tfpar.pipeline.model.PipelineModel.__init__"}  # made by Pipeline.stage only
-"""Exported callables left unannotated, each with its reason (ARCHITECTURE.md, "Where the code stands")."""
+"""Exported callables left unannotated, each with its reason (ARCHITECTURE.md, "Where the code
+stands")."""
 
 
 def _overrides_a_library_method(klass, name):
     if klass.__name__ == "PipelineModel" and name in KERAS_MODEL_METHODS:
         return True
-    return any(name in vars(base) for base in klass.__mro__ if not base.__module__.startswith("tfpar"))
+    return any(
+        name in vars(base) for base in klass.__mro__ if not base.__module__.startswith("tfpar")
+    )
 
 
 def _exported_callables():
@@ -36,7 +44,11 @@ def _exported_callables():
                 for name, member in vars(klass).items():
                     member = getattr(member, "__func__", member)  # classmethods, staticmethods
                     public = not name.startswith(("_",) + KERAS_HOOKS) or name == "__init__"
-                    if inspect.isfunction(member) and public and not _overrides_a_library_method(obj, name):
+                    if (
+                        inspect.isfunction(member)
+                        and public
+                        and not _overrides_a_library_method(obj, name)
+                    ):
                         found[f"{klass.__module__}.{klass.__qualname__}.{name}"] = member
         elif inspect.isfunction(obj) and obj.__module__.startswith("tfpar"):
             found[f"{obj.__module__}.{obj.__qualname__}"] = obj
@@ -49,9 +61,15 @@ def test_every_exported_callable_is_annotated():
     missing = {}
     for name, function in callables.items():
         signature = inspect.signature(function)
-        unannotated = [p.name for p in signature.parameters.values()
-                       if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty]
-        if function.__name__ != "__init__" and signature.return_annotation is inspect.Signature.empty:
+        unannotated = [
+            p.name
+            for p in signature.parameters.values()
+            if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty
+        ]
+        if (
+            function.__name__ != "__init__"
+            and signature.return_annotation is inspect.Signature.empty
+        ):
             unannotated.append("return")
         if unannotated and not any(name == n or name.startswith(n + ".") for n in NOT_YET):
             missing[name] = unannotated
@@ -59,7 +77,12 @@ def test_every_exported_callable_is_annotated():
 
 
 def test_mypy_passes_over_the_package():
-    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "Success: no issues found" in done.stdout

@@ -1,10 +1,11 @@
 """Plain QAT and TFMOT's collaborative chain under multi-worker DataParallel (run under
 `tfpar launch -n 2`), or under HorovodStrategy with --horovod (`horovodrun -np 2`): QAT of the
 trained model (TFMOT's default 8-bit); pruning, then pruning-preserving QAT, and clustering that
-keeps the zeros, then cluster-preserving QAT, both with exact ranges. Writes ``worker_<i>.json`` into the folder given as the first argument,
-with this worker's QAT ranges and weights, pruning masks, cluster centroids and indices, whole
-(compared element by element): a file, because horovodrun forwards each rank's output in chunks and
-a line this long can come back interleaved with the other rank's."""
+keeps the zeros, then cluster-preserving QAT, both with exact ranges. Writes ``worker_<i>.json``
+into the folder given as the first argument, with this worker's QAT ranges and weights, pruning
+masks, cluster centroids and indices, whole (compared element by element): a file, because
+horovodrun forwards each rank's output in chunks and a line this long can come back interleaved with
+the other rank's."""
 
 import json
 import os
@@ -25,15 +26,27 @@ train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strate
 
 def fit(model, epochs=1, callbacks=()):
     with strategy.scope():
-        model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, callbacks=list(callbacks),
-              verbose=0)
+        model.compile(
+            keras.optimizers.Adam(1e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=epochs,
+        callbacks=list(callbacks),
+        verbose=0,
+    )
     return model
 
 
 def values(model, *markers):
     """Name -> value (this worker's, as a list) of the variables whose name holds a marker."""
-    return {v.name: np.asarray(v.numpy()).tolist() for v in model.variables if any(m in v.name for m in markers)}
+    return {
+        v.name: np.asarray(v.numpy()).tolist()
+        for v in model.variables
+        if any(m in v.name for m in markers)
+    }
 
 
 with strategy.scope():
@@ -55,12 +68,18 @@ with strategy.scope():
     cqat = quantize(clustered, preserve=("clusters", "sparsity"), ranges="exact")
 fit(cqat)
 with open(os.path.join(sys.argv[1], f"worker_{worker}.json"), "w") as f:
-    json.dump({
-        "worker": worker,
-        "qat_ranges": {name: [np.asarray(v).tolist() for v in vs] for name, vs in quantizer_ranges(qat).items()},
-        "qat_weights": [w.tolist() for w in qat.get_weights()],
-        "masks": values(pruned, "mask"),
-        "centroids": values(clustered, "cluster_centroids", "pulling_indices"),
-        "pqat": values(pqat, "_min", "_max", "kernel"),
-        "cqat": values(cqat, "_min", "_max", "kernel"),
-    }, f)
+    json.dump(
+        {
+            "worker": worker,
+            "qat_ranges": {
+                name: [np.asarray(v).tolist() for v in vs]
+                for name, vs in quantizer_ranges(qat).items()
+            },
+            "qat_weights": [w.tolist() for w in qat.get_weights()],
+            "masks": values(pruned, "mask"),
+            "centroids": values(clustered, "cluster_centroids", "pulling_indices"),
+            "pqat": values(pqat, "_min", "_max", "kernel"),
+            "cqat": values(cqat, "_min", "_max", "kernel"),
+        },
+        f,
+    )

@@ -1,6 +1,7 @@
 """One worker of a coverage job: records which example ids its replicas were fed.
 
-Usage (under tfpar launch): coverage_worker.py N GLOBAL_BATCH OUT_DIR [--die-after-epoch K | --files SIZES]
+Usage (under tfpar launch): coverage_worker.py N GLOBAL_BATCH OUT_DIR [--die-after-epoch K | --files
+SIZES]
 
 With ``--files 5,9,3,6`` the ids come from TFRecord files of those sizes in OUT_DIR (written
 by the test, `tests.models.write_id_files`), counted once for the job (each worker its share).
@@ -14,7 +15,11 @@ import tfpar
 
 n, global_batch, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 die_after = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[4] == "--die-after-epoch" else None
-file_sizes = [int(v) for v in sys.argv[5].split(",")] if len(sys.argv) > 5 and sys.argv[4] == "--files" else None
+file_sizes = (
+    [int(v) for v in sys.argv[5].split(",")]
+    if len(sys.argv) > 5 and sys.argv[4] == "--files"
+    else None
+)
 
 strategy = tfpar.DataParallel(timeout_seconds=float(os.environ.get("COLLECTIVE_TIMEOUT", "60")))
 import numpy as np  # noqa: E402
@@ -57,8 +62,11 @@ class Die(keras.callbacks.Callback):
             os._exit(9)
 
 
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=2,
-                    callbacks=[Die()])
+history = model.fit(
+    train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=3, verbose=2, callbacks=[Die()]
+)
 with open(os.path.join(out, f"worker_{worker}.json"), "w") as f:
-    json.dump({"seen": seen, "steps": train.steps_per_epoch, "epochs": len(history.history["loss"])}, f)
+    json.dump(
+        {"seen": seen, "steps": train.steps_per_epoch, "epochs": len(history.history["loss"])}, f
+    )
 print("done", flush=True)

@@ -5,8 +5,8 @@ Usage: fault_resume.py BACKUP_DIR [--kill] [--kill-at RESTART:WORKER:EPOCH:STEP 
 With --kill, worker 1 SIGKILLs itself at the 6th step of epoch 3; --kill-at makes WORKER do so at
 STEP (0-based) of EPOCH (1-based) in the run whose $TFPAR_RESTART_COUNT is RESTART (under
 `tfpar launch --max-restarts`); --freeze-at makes it SIGSTOP itself there instead (it hangs,
-alive; it prints "FREEZING <time>" first). The chief prints "EPOCH_COMPLETE k" after each completed epoch, and
-"DONE {json}" (its losses per epoch) when training completes.
+alive; it prints "FREEZING <time>" first). The chief prints "EPOCH_COMPLETE k" after each completed
+epoch, and "DONE {json}" (its losses per epoch) when training completes.
 """
 
 import json
@@ -20,8 +20,16 @@ import numpy as np
 import tfpar
 
 backup, kill = sys.argv[1], "--kill" in sys.argv
-kill_at = {tuple(int(v) for v in sys.argv[i + 1].split(":")) for i, a in enumerate(sys.argv) if a == "--kill-at"}
-freeze_at = {tuple(int(v) for v in sys.argv[i + 1].split(":")) for i, a in enumerate(sys.argv) if a == "--freeze-at"}
+kill_at = {
+    tuple(int(v) for v in sys.argv[i + 1].split(":"))
+    for i, a in enumerate(sys.argv)
+    if a == "--kill-at"
+}
+freeze_at = {
+    tuple(int(v) for v in sys.argv[i + 1].split(":"))
+    for i, a in enumerate(sys.argv)
+    if a == "--freeze-at"
+}
 restart = int(os.environ.get("TFPAR_RESTART_COUNT", "0"))
 if "--horovod" in sys.argv:  # under horovodrun (tfpar launch --horovod): ranks instead of workers
     from tfpar.strategies.horovod import HorovodStrategy
@@ -40,8 +48,9 @@ x = rng.normal(size=(1024, 8)).astype("float32")
 y = (x @ w)[:, 0] + 0.1 * rng.normal(size=1024).astype("float32")
 with strategy.scope():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(16, activation="tanh"),
-                              keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.layers.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)]
+    )
     model.compile(keras.optimizers.SGD(0.02), "mse")
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64)
 
@@ -51,7 +60,12 @@ class Die(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if (kill and worker == 1 and self.epoch == 2 and batch == 5) or (restart, worker, self.epoch + 1, batch) in kill_at:
+        if (kill and worker == 1 and self.epoch == 2 and batch == 5) or (
+            restart,
+            worker,
+            self.epoch + 1,
+            batch,
+        ) in kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         if (restart, worker, self.epoch + 1, batch) in freeze_at:
             print(f"FREEZING {time.time():.3f}", flush=True)
@@ -63,7 +77,12 @@ class Die(keras.callbacks.Callback):
 
 
 backups = [] if "--no-backup" in sys.argv else [tfpar.callbacks.FaultTolerance(backup)]
-history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=5, verbose=2 if worker == 0 else 0,
-                    callbacks=[*backups, Die()])
+history = model.fit(
+    train.dataset,
+    steps_per_epoch=train.steps_per_epoch,
+    epochs=5,
+    verbose=2 if worker == 0 else 0,
+    callbacks=[*backups, Die()],
+)
 if worker == 0:
     print("DONE " + json.dumps({"loss": history.history["loss"]}), flush=True)

@@ -18,8 +18,9 @@ import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
 
 cases = sys.argv[1:]
-strategies = [HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1])
-              for case in cases]
+strategies = [
+    HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1]) for case in cases
+]
 
 import tensorflow as tf  # noqa: E402
 
@@ -28,11 +29,19 @@ keras = tfpar.keras
 
 def _model(embedding):
     if embedding:
-        return keras.Sequential([keras.layers.Input((2,), dtype="int32"),
-                                 keras.layers.Embedding(3, 1, embeddings_initializer="zeros"),
-                                 keras.layers.Flatten()])
-    return keras.Sequential([keras.layers.Input((2,)),
-                             keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+        return keras.Sequential(
+            [
+                keras.layers.Input((2,), dtype="int32"),
+                keras.layers.Embedding(3, 1, embeddings_initializer="zeros"),
+                keras.layers.Flatten(),
+            ]
+        )
+    return keras.Sequential(
+        [
+            keras.layers.Input((2,)),
+            keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros"),
+        ]
+    )
 
 
 for strategy, case in zip(strategies, cases):

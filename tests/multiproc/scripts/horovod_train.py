@@ -24,21 +24,36 @@ import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
 
 out = sys.argv[1]
-cases = [case.split(":") + ["0", "-"][len(case.split(":")) - 8:] for case in sys.argv[2:]]  # "-": the model's own optimizer
-strategies = [HorovodStrategy(op=op, compression=compression, backward_passes_per_step=int(passes), zero_stage=int(zero))
-              for _, _, _, _, op, compression, passes, _, zero, _ in cases]  # each refuses bad options before any training
+# "-": the model's own optimizer
+cases = [case.split(":") + ["0", "-"][len(case.split(":")) - 8 :] for case in sys.argv[2:]]
+# each refuses bad options before any training
+strategies = [
+    HorovodStrategy(
+        op=op, compression=compression, backward_passes_per_step=int(passes), zero_stage=int(zero)
+    )
+    for _, _, _, _, op, compression, passes, _, zero, _ in cases
+]
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, zero_optimizer  # noqa: E402
+from tests.models import (  # noqa: E402
+    compile_for_equivalence,
+    equivalence_data,
+    equivalence_model,
+    zero_optimizer,
+)
 
 
 def metric_reads(model):
     """{"metrics": the Horovod all-reduces in fit's traced step that read a metric's variable,
     "after_gradients": how many of them have the step's gradients among their inputs' ancestors}."""
     graphs = [step.graph for step in model.train_function._list_all_concrete_functions()]
-    reads = [op for graph in graphs for op in graph.get_operations()
-             if op.type.startswith("Horovod") and _reads_a_variable(op)]
+    reads = [
+        op
+        for graph in graphs
+        for op in graph.get_operations()
+        if op.type.startswith("Horovod") and _reads_a_variable(op)
+    ]
     return {"metrics": len(reads), "after_gradients": sum(map(_after_gradients, reads))}
 
 
@@ -61,7 +76,18 @@ def _after_gradients(op):
     return False
 
 
-for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zero, optimizer) in zip(strategies, cases):
+for strategy, (
+    name,
+    global_batch,
+    epochs,
+    examples,
+    _,
+    _,
+    _,
+    keras_version,
+    zero,
+    optimizer,
+) in zip(strategies, cases):
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
@@ -79,7 +105,9 @@ for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zer
     np.savez(os.path.join(folder, f"local_start_{rank}.npz"), *local_start)
     with open(os.path.join(folder, f"describe_{rank}.txt"), "w") as f:
         f.write(strategy.describe(global_batch_size=global_batch, model=model))
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch
+    )
 
     class RankNumber(k.callbacks.Callback):
         """A per-rank number (rank + 1) for MetricAverage to average over the ranks."""
@@ -87,12 +115,23 @@ for strategy, (name, global_batch, epochs, examples, _, _, _, keras_version, zer
         def on_epoch_end(self, epoch, logs=None):
             logs["rank_number"] = float(rank + 1)
 
-    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=int(epochs), verbose=2,
-                        callbacks=[RankNumber(), tfpar.callbacks.Throughput(global_batch),
-                                   tfpar.callbacks.MetricAverage(), tfpar.callbacks.NaNGuard()])
+    history = model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=int(epochs),
+        verbose=2,
+        callbacks=[
+            RankNumber(),
+            tfpar.callbacks.Throughput(global_batch),
+            tfpar.callbacks.MetricAverage(),
+            tfpar.callbacks.NaNGuard(),
+        ],
+    )
     np.savez(os.path.join(folder, f"rank_{rank}.npz"), *model.get_weights())
     if int(zero):
-        model.save_weights(os.path.join(folder, f"ckpt_{rank}" + (".weights.h5" if keras_version == "3" else "")))
+        model.save_weights(
+            os.path.join(folder, f"ckpt_{rank}" + (".weights.h5" if keras_version == "3" else ""))
+        )
     if keras_version == "2":
         with open(os.path.join(folder, f"reads_{rank}.json"), "w") as f:
             json.dump(metric_reads(model), f)

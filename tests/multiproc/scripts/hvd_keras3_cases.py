@@ -17,10 +17,9 @@ Run under `horovodrun -np 2 -H localhost:2 --gloo`; each rank prints ``CASE <nam
 
 import json
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-
-import horovod.tensorflow as hvd
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -32,16 +31,31 @@ def report(name, **values):
 
 # syncbn: the rows of every rank, stacked; this rank normalizes its own row.
 for channels in (2, 1):
-    x = tf.convert_to_tensor(np.stack([np.array([[r + c, r * 2 + c, r * 3 + c, r * 4 + c] for c in range(channels)]).T
-                                       for r in range(size)]), np.float32)  # (size, 4, channels)
+    x = tf.convert_to_tensor(
+        np.stack(
+            [
+                np.array([[r + c, r * 2 + c, r * 3 + c, r * 4 + c] for c in range(channels)]).T
+                for r in range(size)
+            ]
+        ),
+        np.float32,
+    )  # (size, 4, channels)
     bn = tf.keras.layers.BatchNormalization(axis=1)
     sync_bn = hvd.SyncBatchNormalization(axis=1)
     whole = bn(x, training=True).numpy()
     mine = sync_bn(tf.expand_dims(x[rank], 0), training=True).numpy()
-    report("syncbn", keras=type(bn).__module__.split(".")[0], channels=channels,
-           output=float(np.abs(mine - whole[rank:rank + 1]).max()),
-           moving_mean=float(np.abs(np.asarray(sync_bn.moving_mean) - np.asarray(bn.moving_mean)).max()),
-           moving_variance=float(np.abs(np.asarray(sync_bn.moving_variance) - np.asarray(bn.moving_variance)).max()))
+    report(
+        "syncbn",
+        keras=type(bn).__module__.split(".")[0],
+        channels=channels,
+        output=float(np.abs(mine - whole[rank : rank + 1]).max()),
+        moving_mean=float(
+            np.abs(np.asarray(sync_bn.moving_mean) - np.asarray(bn.moving_mean)).max()
+        ),
+        moving_variance=float(
+            np.abs(np.asarray(sync_bn.moving_variance) - np.asarray(bn.moving_variance)).max()
+        ),
+    )
 
 # partial-tape: a shared Dense and a local one, each rank with its own input.
 tf.random.set_seed(0)  # the same weights on every rank
@@ -68,9 +82,16 @@ errors = {}
 for variable, g, gathered in zip(model.trainable_variables, reduced, every):
     is_local = any(variable is w for w in local.trainable_weights)
     expected = gathered[rank] / size if is_local else gathered.mean(0)
-    errors[variable.path if hasattr(variable, "path") else variable.name] = (is_local, float(np.abs(g.numpy() - expected).max()))
-report("partial-tape", keras=type(model).__module__.split(".")[0], errors=errors,
-       local_differs=bool(np.abs(every[-1][0] - every[-1][1]).max() > 0))
+    errors[variable.path if hasattr(variable, "path") else variable.name] = (
+        is_local,
+        float(np.abs(g.numpy() - expected).max()),
+    )
+report(
+    "partial-tape",
+    keras=type(model).__module__.split(".")[0],
+    errors=errors,
+    local_differs=bool(np.abs(every[-1][0] - every[-1][1]).max() > 0),
+)
 
 
 # model-parallel: the whole model, then rank r's half of its hidden units as a local layer.
@@ -82,7 +103,7 @@ whole = tf.keras.Sequential([tf.keras.Input((4,)), hidden_whole, out_whole])
 kernel, bias = (np.asarray(w) for w in hidden_whole.get_weights())
 part = tf.keras.layers.Dense(2, activation="relu", name="part")
 part.build((None, 4))
-part.set_weights([kernel[:, 2 * rank:2 * rank + 2], bias[2 * rank:2 * rank + 2]])
+part.set_weights([kernel[:, 2 * rank : 2 * rank + 2], bias[2 * rank : 2 * rank + 2]])
 out = tf.keras.layers.Dense(1, name="out")
 out.build((None, 4))
 out.set_weights(out_whole.get_weights())
@@ -93,32 +114,64 @@ def split_forward(x):
     return out(tf.transpose(units))
 
 
-for forward, variables, distributed in ((whole, whole.trainable_variables, False),
-                                        (split_forward, part.trainable_variables + out.trainable_variables, True)):
+for forward, variables, distributed in (
+    (whole, whole.trainable_variables, False),
+    (split_forward, part.trainable_variables + out.trainable_variables, True),
+):
     with tf.GradientTape() as tape:
         value = tf.reduce_mean((forward(x) - y) ** 2)
     if distributed:
-        tape = hvd.PartialDistributedGradientTape(tape, local_layers=[part], scale_local_gradients=False)
+        tape = hvd.PartialDistributedGradientTape(
+            tape, local_layers=[part], scale_local_gradients=False
+        )
     tf.keras.optimizers.SGD(0.1).apply_gradients(zip(tape.gradient(value, variables), variables))
 kernel, bias = (np.asarray(w) for w in hidden_whole.get_weights())
-expected = [kernel[:, 2 * rank:2 * rank + 2], bias[2 * rank:2 * rank + 2], *out_whole.get_weights()]
-report("model-parallel", keras=type(part).__module__.split(".")[0],
-       error=float(max(np.abs(np.asarray(a) - np.asarray(b)).max()
-                       for a, b in zip(part.get_weights() + out.get_weights(), expected))),
-       output=float(np.abs(split_forward(x).numpy() - whole(x).numpy()).max()))
+expected = [
+    kernel[:, 2 * rank : 2 * rank + 2],
+    bias[2 * rank : 2 * rank + 2],
+    *out_whole.get_weights(),
+]
+report(
+    "model-parallel",
+    keras=type(part).__module__.split(".")[0],
+    error=float(
+        max(
+            np.abs(np.asarray(a) - np.asarray(b)).max()
+            for a, b in zip(part.get_weights() + out.get_weights(), expected)
+        )
+    ),
+    output=float(np.abs(split_forward(x).numpy() - whole(x).numpy()).max()),
+)
 
 # optimizer: DistributedOptimizer over Keras 3's SGD in fit, each rank on half of the batch.
 tf.random.set_seed(2)
 x = tf.random.normal((8, 3))
 y = tf.random.normal((8, 1))
 models = []
-for optimizer in (tf.keras.optimizers.SGD(0.1), hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))):
+for optimizer in (
+    tf.keras.optimizers.SGD(0.1),
+    hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+):
     tf.keras.utils.set_random_seed(3)  # the same weights in both models, on both ranks
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer, "mse")
     models.append(model)
-models[0].fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)  # the whole batch, one process
-models[1].fit(x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4], batch_size=4, epochs=2, shuffle=False, verbose=0)
-report("optimizer", keras=type(models[1].optimizer).__module__.split(".")[0],
-       wrapped=type(models[1].optimizer).__name__,
-       error=float(max(np.abs(a - b).max() for a, b in zip(models[0].get_weights(), models[1].get_weights()))))
+models[0].fit(
+    x, y, batch_size=8, epochs=2, shuffle=False, verbose=0
+)  # the whole batch, one process
+models[1].fit(
+    x[4 * rank : 4 * rank + 4],
+    y[4 * rank : 4 * rank + 4],
+    batch_size=4,
+    epochs=2,
+    shuffle=False,
+    verbose=0,
+)
+report(
+    "optimizer",
+    keras=type(models[1].optimizer).__module__.split(".")[0],
+    wrapped=type(models[1].optimizer).__name__,
+    error=float(
+        max(np.abs(a - b).max() for a, b in zip(models[0].get_weights(), models[1].get_weights()))
+    ),
+)

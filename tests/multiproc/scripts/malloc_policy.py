@@ -19,13 +19,15 @@ def faults_per_step(strategy):
     """Minor page faults per step of ``fit``'s second epoch under ``strategy``."""
     with strategy.scope():
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([
-            keras.layers.Input((16, 16, 1)),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(10),
-        ])
+        model = keras.Sequential(
+            [
+                keras.layers.Input((16, 16, 1)),
+                keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(10),
+            ]
+        )
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     images = tf.random.stateless_normal([64 * STEPS, 16, 16, 1], seed=[0, 1])
     labels = tf.random.stateless_uniform([64 * STEPS], [0, 1], maxval=10, dtype=tf.int32)

@@ -1,7 +1,8 @@
-"""Each worker of a `tfpar launch -n 2` (or `horovodrun -np 2`) job trains the transformer block of tests.models under
-pipeline x data, tensor x data and pipeline x tensor x data (2 x 2 x 2), each case from the same
-plain weights (worker 1 perturbs its copy first: only worker 0's broadcast makes them agree), fed
-by tfpar.data. Writes OUT/<case>/worker_<i>.npz (the plain model's trained weights).
+"""Each worker of a `tfpar launch -n 2` (or `horovodrun -np 2`) job trains the transformer block of
+tests.models under pipeline x data, tensor x data and pipeline x tensor x data (2 x 2 x 2), each
+case from the same plain weights (worker 1 perturbs its copy first: only worker 0's broadcast makes
+them agree), fed by tfpar.data. Writes OUT/<case>/worker_<i>.npz (the plain model's trained
+weights).
 
 The span layouts (alone in a job) are one pipeline over both workers (``span_workers=True``):
 "span", 4 stages on the 2 x 2 devices; "span_tensor", 2 stages, each 2-way tensor-parallel on one
@@ -33,12 +34,16 @@ LAYOUTS = {
     "tensor": dict(num_stages=1, num_microbatches=1, tensor_parallel=2),
     "pipeline_tensor": dict(num_stages=2, num_microbatches=2, tensor_parallel=2),
 }
-SPAN = {"span": dict(num_stages=4, num_microbatches=2, span_workers=True),
-        "span_tensor": dict(num_stages=2, num_microbatches=2, tensor_parallel=2, span_workers=True)}
+SPAN = {
+    "span": dict(num_stages=4, num_microbatches=2, span_workers=True),
+    "span_tensor": dict(num_stages=2, num_microbatches=2, tensor_parallel=2, span_workers=True),
+}
 spanning = {layout for layout, *_ in cases} & set(SPAN)
 # first (worker 1 of a span job serves from the first spanning pipeline on, and goes no further)
-parallelisms = {layout: tfpar.pipeline.Pipeline(**options)
-                for layout, options in ({name: SPAN[name] for name in spanning} or LAYOUTS).items()}
+parallelisms = {
+    layout: tfpar.pipeline.Pipeline(**options)
+    for layout, options in ({name: SPAN[name] for name in spanning} or LAYOUTS).items()
+}
 # the same as "tensor", as a user writes it
 tensor_alone = None if spanning else tfpar.tensor_parallel.TensorParallel(degree=2)
 
@@ -58,8 +63,10 @@ for layout, keras_name, optimizer, *examples in cases:
     print(parallelism.describe(global_batch_size=16, model=split), flush=True)
     if layout == "gpt2":  # the one-stage pipeline each worker runs: its split layers
         print(f"gpt2 styles: {sorted(split.stages[0].styles.items())}", flush=True)
-    split.compile(k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
-                  k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    split.compile(
+        k.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else k.optimizers.Adam(0.003),
+        k.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), parallelism, 16)
     split.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=2)
     folder = os.path.join(out, "-".join([layout, keras_name, optimizer, *examples]))

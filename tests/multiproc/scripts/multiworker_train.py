@@ -8,8 +8,8 @@ all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1).
 each worker also writes the weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras
 3's .weights.h5). Each case writes to
 OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation, and those the
-worker drew alone), worker_<i>.npz (the trained weights) and, without OPTIMIZER, scored_<i>.npz (evaluate's loss on the
-padded input, predict's output on every example).
+worker drew alone), worker_<i>.npz (the trained weights) and, without OPTIMIZER, scored_<i>.npz
+(evaluate's loss on the padded input, predict's output on every example).
 """
 
 import importlib
@@ -22,15 +22,25 @@ import tfpar
 
 out, global_batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cases = [case.split(":") for case in sys.argv[4].split(",")]
-options = {key: int(value) if value.isdigit() else value for key, value in (a.split("=", 1) for a in sys.argv[5:])}
+options = {
+    key: int(value) if value.isdigit() else value
+    for key, value in (a.split("=", 1) for a in sys.argv[5:])
+}
 strategy = tfpar.DataParallel(timeout_seconds=120, **options)
 
 import tensorflow as tf  # noqa: E402
 
-from tests.models import compile_for_equivalence, equivalence_data, equivalence_model, zero_optimizer  # noqa: E402
+from tests.models import (  # noqa: E402
+    compile_for_equivalence,
+    equivalence_data,
+    equivalence_model,
+    zero_optimizer,
+)
 
 index = tfpar.ClusterInfo.from_tf_config().worker_index
-seed = 1 if index == 0 else 100 + index  # only the strategy's broadcast can make the workers start alike
+seed = (
+    1 if index == 0 else 100 + index
+)  # only the strategy's broadcast can make the workers start alike
 for name, examples, keras_version, *optimizer in cases:
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
     folder = os.path.join(out, name)
@@ -45,13 +55,20 @@ for name, examples, keras_version, *optimizer in cases:
     np.savez(os.path.join(folder, f"start_{index}.npz"), *model.get_weights())
     np.savez(os.path.join(folder, f"local_start_{index}.npz"), *local_start)
     print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch
+    )
     model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
     np.savez(os.path.join(folder, f"worker_{index}.npz"), *model.get_weights())
     if options.get("zero_stage"):
-        model.save_weights(os.path.join(folder, f"ckpt_{index}" + (".weights.h5" if keras_version == "3" else "")))
+        model.save_weights(
+            os.path.join(folder, f"ckpt_{index}" + (".weights.h5" if keras_version == "3" else ""))
+        )
     if optimizer:  # the sharded cases: evaluate and predict are the default job's
         continue
     scores = model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0, return_dict=True)
-    np.savez(os.path.join(folder, f"scored_{index}.npz"), loss=scores["loss"],
-             predictions=model.predict(x, batch_size=global_batch, verbose=0))
+    np.savez(
+        os.path.join(folder, f"scored_{index}.npz"),
+        loss=scores["loss"],
+        predictions=model.predict(x, batch_size=global_batch, verbose=0),
+    )

@@ -27,18 +27,30 @@ def train(model):
 
 plain = pipeline_model()
 report = {"plain": train(plain)}
-configs = {f"3 stages {s}{' recompute' if r else ''}": dict(num_stages=3, schedule=s, recompute=r)
-           for s in ("gpipe", "1f1b") for r in (False, True)}
+configs = {
+    f"3 stages {s}{' recompute' if r else ''}": dict(num_stages=3, schedule=s, recompute=r)
+    for s in ("gpipe", "1f1b")
+    for r in (False, True)
+}
 configs["2 stages x 2 replicas 1f1b"] = dict(num_stages=2, replicas=2, schedule="1f1b")
-configs["2 stages x 2 replicas gpipe recompute"] = dict(num_stages=2, replicas=2, schedule="gpipe", recompute=True)
+configs["2 stages x 2 replicas gpipe recompute"] = dict(
+    num_stages=2, replicas=2, schedule="gpipe", recompute=True
+)
 configs["3 stages zb-h1"] = dict(num_stages=3, schedule="zb-h1")
-configs["2 stages x 2 replicas interleaved"] = dict(num_stages=2, replicas=2, schedule="interleaved")
-configs["2 stages x 2 replicas zb-h1 recompute"] = dict(num_stages=2, replicas=2, schedule="zb-h1", recompute=True)
+configs["2 stages x 2 replicas interleaved"] = dict(
+    num_stages=2, replicas=2, schedule="interleaved"
+)
+configs["2 stages x 2 replicas zb-h1 recompute"] = dict(
+    num_stages=2, replicas=2, schedule="zb-h1", recompute=True
+)
 for name, config in configs.items():
     staged = Pipeline(num_microbatches=4, **config).stage(pipeline_model())
     loss = train(staged)
     devices = sorted({v.device.split("device:")[-1] for v in staged.trainable_variables})
-    report[name] = {"loss": loss, "max_difference": max_weight_difference(staged.plain_model(), plain),
-                    "variable_devices": devices}
+    report[name] = {
+        "loss": loss,
+        "max_difference": max_weight_difference(staged.plain_model(), plain),
+        "variable_devices": devices,
+    }
 json.dump(report, sys.stdout)
 print()

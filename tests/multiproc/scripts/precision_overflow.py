@@ -20,6 +20,15 @@ for keras_version in [a for a in sys.argv[1:] if a in ("2", "3")]:
     for zero in (1, 0) if "--zero" in sys.argv else ():
         from tfpar.strategies.horovod import HorovodStrategy
 
-        report = overflow_step(HorovodStrategy(zero_stage=zero), global_batch=8, first_worker=worker == 0, k=k,
-                               optimizer=lambda k: k.optimizers.Adam(0.01))
-        print("REPORT " + json.dumps({"worker": worker, "keras": keras_version, "zero": zero, **report}), flush=True)
+        report = overflow_step(
+            HorovodStrategy(zero_stage=zero),
+            global_batch=8,
+            first_worker=worker == 0,
+            k=k,
+            optimizer=lambda k: k.optimizers.Adam(0.01),
+        )
+        print(
+            "REPORT "
+            + json.dumps({"worker": worker, "keras": keras_version, "zero": zero, **report}),
+            flush=True,
+        )

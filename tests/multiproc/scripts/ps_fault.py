@@ -66,6 +66,7 @@ class KillWorker(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == 1:
+
             def shoot():
                 os.kill(strategy.local_servers["worker 1"].pid, signal.SIGKILL)
                 strategy.local_servers["worker 1"].wait()
@@ -76,8 +77,8 @@ class KillWorker(keras.callbacks.Callback):
 
 class UntilRestartedWorkerSteps(keras.callbacks.Callback):
     """Stops once the restarted process ran a few steps, or after 240 s (the coordinator finds the
-    new process again after a while, longer on a loaded machine: seen on a CI run, the new process took
-    40 s to start TensorFlow and had run 1 step at 120 s)."""
+    new process again after a while, longer on a loaded machine: seen on a CI run, the new process
+    took 40 s to start TensorFlow and had run 1 step at 120 s)."""
 
     def on_epoch_end(self, epoch, logs=None):
         if restarted_steps() >= 5 or time.monotonic() - RESTARTED > 240:
@@ -85,10 +86,18 @@ class UntilRestartedWorkerSteps(keras.callbacks.Callback):
 
 
 def fit(model, epochs, callbacks):
-    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2,
-                        callbacks=callbacks)
-    return {"loss": history.history["loss"], "iterations": int(model.optimizer.iterations.numpy()),
-            "alive": {name: p.poll() is None for name, p in strategy.local_servers.items()}}
+    history = model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=epochs,
+        verbose=2,
+        callbacks=callbacks,
+    )
+    return {
+        "loss": history.history["loss"],
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "alive": {name: p.poll() is None for name, p in strategy.local_servers.items()},
+    }
 
 
 report = {"undisturbed": fit(new_model(), 4, [])}

@@ -23,7 +23,10 @@ def worker_1_pid():
             config = json.loads(env.get(b"TF_CONFIG", b"{}"))
         except (OSError, ValueError):
             continue
-        if config.get("cluster") == cluster and config.get("task") == {"type": "worker", "index": 1}:
+        if config.get("cluster") == cluster and config.get("task") == {
+            "type": "worker",
+            "index": 1,
+        }:
             return int(pid)
     raise RuntimeError("worker 1 not found")
 
@@ -36,5 +39,11 @@ class FreezeWorker1(keras.callbacks.Callback):
 
 
 model, train = ps_sum_regression(strategy, 2048)
-model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, verbose=2, callbacks=[FreezeWorker1()])
+model.fit(
+    train.dataset,
+    steps_per_epoch=train.steps_per_epoch,
+    epochs=4,
+    verbose=2,
+    callbacks=[FreezeWorker1()],
+)
 print("finished", flush=True)

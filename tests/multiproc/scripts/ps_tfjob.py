@@ -8,4 +8,7 @@ from tests.models import ps_sum_regression  # noqa: E402
 
 model, train = ps_sum_regression(strategy, 512)
 history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=2)
-print(f"chief finished: loss {history.history['loss'][0]:.4f} -> {history.history['loss'][-1]:.4f}", flush=True)
+print(
+    f"chief finished: loss {history.history['loss'][0]:.4f} -> {history.history['loss'][-1]:.4f}",
+    flush=True,
+)

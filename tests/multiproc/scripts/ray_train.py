@@ -31,7 +31,9 @@ def train_loop(config):
 
     import tfpar
 
-    strategy = tfpar.DataParallel(timeout_seconds=60, zero_stage=config["zero"])  # TF_CONFIG from Ray
+    strategy = tfpar.DataParallel(
+        timeout_seconds=60, zero_stage=config["zero"]
+    )  # TF_CONFIG from Ray
     import tensorflow as tf
 
     keras = tfpar.keras
@@ -41,8 +43,13 @@ def train_loop(config):
     y = x.sum(1)
     with strategy.scope():
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(16, activation="tanh"),
-                                  keras.layers.Dense(1)])
+        model = keras.Sequential(
+            [
+                keras.layers.Input((8,)),
+                keras.layers.Dense(16, activation="tanh"),
+                keras.layers.Dense(1),
+            ]
+        )
         model.compile(keras.optimizers.SGD(0.02, momentum=0.9), "mse")
     if rank == 0:
         print(strategy.describe(global_batch_size=32, model=model), flush=True)
@@ -53,15 +60,27 @@ def train_loop(config):
     class Die(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
             marker = os.path.join(config["out"], "killed")
-            if config["kill"] and rank == 1 and self.epoch == 2 and batch == 3 and not os.path.exists(marker):
+            if (
+                config["kill"]
+                and rank == 1
+                and self.epoch == 2
+                and batch == 3
+                and not os.path.exists(marker)
+            ):
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
-    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=4, initial_epoch=start,
-                        verbose=0, callbacks=[tfpar.callbacks.Throughput(32), Die(), tfpar_ray.ReportCheckpoints()])
+    history = model.fit(
+        train.dataset,
+        steps_per_epoch=train.steps_per_epoch,
+        epochs=4,
+        initial_epoch=start,
+        verbose=0,
+        callbacks=[tfpar.callbacks.Throughput(32), Die(), tfpar_ray.ReportCheckpoints()],
+    )
     np.savez(os.path.join(config["out"], f"worker_{rank}.npz"), *model.get_weights())
     with open(os.path.join(config["out"], f"epochs_{rank}_{start}.json"), "w") as f:
         json.dump({"start": start, "loss": history.history["loss"]}, f)
@@ -77,12 +96,31 @@ except ValueError as error:
     ray.shutdown()
     sys.exit(3)
 trainer = TensorflowTrainer(
-    train_loop, train_loop_config={"out": out, "kill": "--kill-worker" in sys.argv, "zero": int("--zero" in sys.argv)}, scaling_config=scaling,
-    run_config=RunConfig(storage_path=os.path.join(out, "ray"), name="tfpar",
-                         failure_config=FailureConfig(max_failures=1),
-                         checkpoint_config=CheckpointConfig(num_to_keep=2)))
+    train_loop,
+    train_loop_config={
+        "out": out,
+        "kill": "--kill-worker" in sys.argv,
+        "zero": int("--zero" in sys.argv),
+    },
+    scaling_config=scaling,
+    run_config=RunConfig(
+        storage_path=os.path.join(out, "ray"),
+        name="tfpar",
+        failure_config=FailureConfig(max_failures=1),
+        checkpoint_config=CheckpointConfig(num_to_keep=2),
+    ),
+)
 result = trainer.fit()
-print("RESULT " + json.dumps({"ray_start_seconds": up, "total_seconds": time.monotonic() - STARTED,
-                              "checkpoint": result.checkpoint.path if result.checkpoint else None,
-                              "metrics": result.metrics}), flush=True)
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "ray_start_seconds": up,
+            "total_seconds": time.monotonic() - STARTED,
+            "checkpoint": result.checkpoint.path if result.checkpoint else None,
+            "metrics": result.metrics,
+        }
+    ),
+    flush=True,
+)
 ray.shutdown()

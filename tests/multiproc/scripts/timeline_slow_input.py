@@ -25,6 +25,7 @@ x, y = equivalence_data(192)
 def source():
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     if index == slow:  # a slow input on this worker only
+
         def late(a, b):
             time.sleep(0.025)
             return a, b
