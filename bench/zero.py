@@ -249,13 +249,13 @@ def _bytes_on(variables, device, skip=()):
     """Bytes of the (components of the) variables that live on ``device``."""
     import tensorflow as tf
 
-    from tfpar.strategies._zero import _tf_variable
+    from tfpar.strategies._zero_state import tf_variable
 
     total = 0
     for v in variables:
         if any(word in v.name for word in skip):
             continue
-        v = _tf_variable(v)  # Keras 3 wraps it
+        v = tf_variable(v)  # Keras 3 wraps it
         for part in getattr(v, "values", (v,)):
             if part.device.endswith(device):
                 total += part.shape.num_elements() * tf.as_dtype(part.dtype).size

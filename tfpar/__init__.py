@@ -96,7 +96,7 @@ def _elastic_fit(model, arguments):
     each fit: a test sets it in-process): every size the job may have takes the batch; under
     ``--elastic-batch scale-lr`` the learning rate follows the global batch."""
     if os.environ.get(_ELASTIC):
-        from tfpar.callbacks.learning_rate import elastic_learning_rate
+        from tfpar.callbacks.elastic_rate import elastic_learning_rate
         from tfpar.data.resume import check_elastic_batch
 
         check_elastic_batch(model, arguments)

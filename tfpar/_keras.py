@@ -117,10 +117,11 @@ def check_tf_keras_model(model: Any, feature: str | None = None, why: str | None
     raise TypeError(f"Expected a tf_keras.Model, received {kind}. {_FIX}")
 
 
+# tfpar.keras is tf_keras
 _NAMES = {
     "keras": ("Keras 3", "keras"),
     "tf_keras": ("tf_keras", "tf_keras"),
-}  # tfpar.keras is tf_keras
+}
 
 
 def _other_keras_layers(model, family):

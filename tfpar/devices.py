@@ -69,9 +69,8 @@ def check_devices(name: str, devices: Sequence[str]) -> Sequence[str]:
         )
     specs = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
     present = {(s.device_type, s.device_index) for s in specs}
-    remote = {
-        (s.job, s.task or 0, s.device_type, s.device_index) for s in specs
-    }  # a connected cluster's too
+    # a connected cluster's too
+    remote = {(s.job, s.task or 0, s.device_type, s.device_index) for s in specs}
     for device in devices:
         try:
             spec = tf.DeviceSpec.from_string(device)

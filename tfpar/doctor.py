@@ -194,7 +194,7 @@ def report() -> list[str]:
     lines += job_lines()
     hv = horovod_report()
     if not hv["installed"] or not hv.get("importable"):
-        from tfpar.strategies.horovod import INSTALL_HINT
+        from tfpar.strategies._horovod_init import INSTALL_HINT
 
         lines.append(f"horovod:     unavailable ({hv['error']}). {INSTALL_HINT}")
     else:

@@ -31,8 +31,8 @@ TRACKS = (
 )
 """The host's tracks, by index; a model's device tracks follow them."""
 STEP, INPUT, FORWARD, EXCHANGE, EPOCH, COMPUTE, COUNTER = range(len(TRACKS))
-# An event is (start, end, track, label); a COUNTER event is (time, value, COUNTER, its name's
-# label).
+"""The tracks' indices. An event is (start, end, track, label); a COUNTER event is (time, value,
+COUNTER, its name's label)."""
 
 
 def gather(strategy, events):

@@ -40,7 +40,8 @@ def elastic_learning_rate(model: Any, arguments: dict) -> None:
     from tfpar._tasks.elastic_batch import ElasticBatch
     from tfpar.data.resume import position_of
 
-    setting, position = ElasticBatch.from_env(), position_of(arguments.get("x"))
+    setting = ElasticBatch.from_env()
+    position = position_of(arguments.get("x"))
     if setting is None or not setting.scales_learning_rate:
         return
     if position is None:
@@ -50,7 +51,8 @@ def elastic_learning_rate(model: Any, arguments: dict) -> None:
             f"input only. Received: x of type {type(arguments.get('x')).__name__}. Feed fit "
             "tfpar.data.distribute(...).dataset, or use --elastic-batch accumulate."
         )
-    factor, layout = position.layout["learning_rate_factor"], position.layout
+    layout = position.layout
+    factor = layout["learning_rate_factor"]
     rescale_learning_rate(model, factor)
     if factor != 1.0:
         chief_print(

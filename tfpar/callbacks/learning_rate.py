@@ -16,7 +16,7 @@ from tfpar._keras import keras
 from tfpar._tasks.elastic_batch import SCALING_RULES, rule_factor
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator, chief_print
 
-# defined in decay.py and elastic_rate.py; their names stay importable from here too
+# defined in decay.py and elastic_rate.py; importable from here too, as before they moved
 from tfpar.callbacks.decay import cosine_decay, exponential_decay, step_decay
 from tfpar.callbacks.elastic_rate import elastic_learning_rate, rescale_learning_rate
 from tfpar.strategies._windows import steps_trained

@@ -155,10 +155,8 @@ class _LayerWise:
             assign(slot, value)
         assign(variable, new)
 
-    def _step(
-        self, variable, gradient, slots, learning_rate, step, decay, adapt
-    ):  # pragma: no cover - each rule has its own
-        raise NotImplementedError
+    def _step(self, variable, gradient, slots, learning_rate, step, decay, adapt):
+        raise NotImplementedError  # pragma: no cover - each rule has its own
 
 
 class LARS(_LayerWise):

@@ -201,9 +201,8 @@ def current() -> str:
 def check_output_precision(model: Any, strict: bool = False) -> list[str]:
     """Finds outputs computed in 16 bits: warns (or raises) with the fix; returns the messages."""
     problems = []
-    model = getattr(model, "stages", [model])[
-        -1
-    ]  # a PipelineModel: its last stage computes the output
+    # a PipelineModel: its last stage computes the output
+    model = getattr(model, "stages", [model])[-1]
     for tensor in model.outputs or []:
         dtype = tf.as_dtype(tensor.dtype)  # a tf.DType in tf_keras, a name in Keras 3
         if dtype in (tf.float16, tf.bfloat16):

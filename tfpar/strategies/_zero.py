@@ -34,8 +34,7 @@ from tfpar._keras import is_keras3, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
-from tfpar.strategies._zero_state import ShardedState, window_of
-from tfpar.strategies._zero_state import tf_variable as _tf_variable
+from tfpar.strategies._zero_state import ShardedState, tf_variable, window_of
 
 __all__ = ["ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state"]
 
@@ -75,7 +74,7 @@ class ShardedOptimizer(ShardedState):
         summed = skip_gradients_aggregation or not kwargs.get(
             "experimental_aggregate_gradients", True
         )
-        by_variable = {id(_tf_variable(v)): g for g, v in grads_and_vars}
+        by_variable = {id(tf_variable(v)): g for g, v in grads_and_vars}
         unknown = set(by_variable) - {id(v) for v in self.variables}
         if unknown:
             raise ValueError(

@@ -149,7 +149,9 @@ class ShardedState:
     def _pieces(self, i):
         """``(local replica, chunk slice, whole-slot slice)`` of this process's chunks holding
         variable ``i``'s elements."""
-        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
+        c = self.chunk
+        start = self.offsets[i]
+        end = start + self.sizes[i]
         for k, j in enumerate(self.comm.owned):
             lo, hi = max(start, j * c), min(end, (j + 1) * c)
             if lo < hi:
@@ -159,7 +161,9 @@ class ShardedState:
         """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
         replica's chunks: a collective under Horovod, which every rank runs)."""
         mine = {k: self.slots[k][name][part] for k, part, _ in self._pieces(i)}
-        c, start, end = self.chunk, self.offsets[i], self.offsets[i] + self.sizes[i]
+        c = self.chunk
+        start = self.offsets[i]
+        end = start + self.sizes[i]
         lengths = [max(0, min(end, (j + 1) * c) - max(start, j * c)) for j in range(self.comm.size)]
         parts = [mine.get(k, tf.zeros([0])) for k in range(len(self.devices))]
         whole = self.comm.gather(parts, lengths, f"tfpar_zero_checkpoint_{name}_{i}")
@@ -177,7 +181,8 @@ class ShardedState:
         """``{what: (bytes unsharded, bytes sharded)}`` one replica holds: weights, reduced
         gradients (accumulated whole at stage 1), optimizer state (its slots; a chunk is padded to a
         whole N-th)."""
-        full, slots = 4 * self.total, len(self.slot_names)
+        full = 4 * self.total
+        slots = len(self.slot_names)
         # a whole buffer accumulates
         whole = self.window > 1 and (self.stage == 1 or self.strategy_accumulates)
         gradients = full if whole else 4 * self.chunk

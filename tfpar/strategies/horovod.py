@@ -40,7 +40,6 @@ from tfpar.strategies._gradients import (
     gradient_variables,
     marked_variables,
 )
-from tfpar.strategies._horovod_init import INSTALL_HINT as INSTALL_HINT  # doctor's, the launcher's
 from tfpar.strategies._horovod_init import import_horovod
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
 from tfpar.strategies._started_by import refuse_elastic_horovodrun

@@ -47,6 +47,7 @@ DEFAULTS = {
 }
 """What a trial leaves unset is tfpar's default; in a space of several trials (not pipelines) this
 one runs too, as the reference of the speed-up."""
+# values that are the strategy's own default
 _UNSET = {
     "bytes_per_pack": 0,
     "horovod_autotune": False,
@@ -55,7 +56,8 @@ _UNSET = {
     "optimizer": "model",
     "scaling_rule": "none",
     "warmup_epochs": 0,
-}  # values that are the strategy's own default
+}
+# axis -> the one strategy it applies to (a pipeline's: none)
 _ONLY = {
     "horovod_autotune": "horovod",
     "bytes_per_pack": "data_parallel",
@@ -64,7 +66,7 @@ _ONLY = {
     "schedule": "data_parallel",
     "virtual_stages": "data_parallel",
     "tensor_degree": "data_parallel",
-}  # axis -> the one strategy it applies to (a pipeline's: none)
+}
 
 
 def workers_space() -> dict[str, list]:

@@ -31,8 +31,12 @@ class Comparison:
         """``accumulation``: the parallelism applies every that many steps, so the one-replica run
         takes steps of that many global batches; ``references``: one-replica runs kept for other
         comparisons."""
-        self.model_fn, self.data_fn, self.parallelism = model_fn, data_fn, parallelism
-        self.steps, self.tolerance, self.seed = steps, tolerance, seed
+        self.model_fn = model_fn
+        self.data_fn = data_fn
+        self.parallelism = parallelism
+        self.steps = steps
+        self.tolerance = tolerance
+        self.seed = seed
         self.replicas = parallelism.num_replicas_in_sync
         self.batch = global_batch_size or 32 * self.replicas
         self.accumulation = accumulation

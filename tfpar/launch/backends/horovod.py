@@ -41,7 +41,7 @@ class Horovod(Backend):
             hint=" (seconds a rank may make no step)",
         )
         if shutil.which("horovodrun") is None:
-            from tfpar.strategies.horovod import INSTALL_HINT
+            from tfpar.strategies._horovod_init import INSTALL_HINT
 
             raise ValueError(
                 f"tfpar launch --horovod needs horovodrun, which is not on PATH. {INSTALL_HINT}"
