@@ -20,9 +20,8 @@ import tfpar  # noqa: E402
 per_worker, steps, dim, hidden = (int(a) for a in sys.argv[1:5])
 span = sys.argv[5:] == ["span"]
 tfpar.configure_devices(1 if span else 2)
-pipeline = tfpar.pipeline.Pipeline(
-    num_stages=2, num_microbatches=4, span_workers=span
-)  # first: it joins the job
+# first: it joins the job
+pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=4, span_workers=span)
 import tensorflow as tf  # noqa: E402
 
 from tfpar.demo.tokens import token_data, transformer  # noqa: E402

@@ -108,9 +108,8 @@ def make_model(kind):
             keras.layers.Dense(1024, activation="relu"),
             keras.layers.Dense(512, activation="relu"),
             keras.layers.Dense(10),
-            keras.layers.Activation(
-                "softmax", dtype="float32"
-            ),  # float32 output under any precision policy
+            # float32 output under any precision policy
+            keras.layers.Activation("softmax", dtype="float32"),
         ]
     )
 

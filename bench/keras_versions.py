@@ -39,9 +39,10 @@ def main():
         model = strategy.build(lambda k=k: build_model(k))
         with strategy.scope():
             model.compile(k.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+        # traces
         model.fit(
             train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0, shuffle=False
-        )  # traces
+        )
         runs[name] = model
 
     def epoch(name):

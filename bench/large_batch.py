@@ -100,9 +100,8 @@ def run(name, batch, make_optimizer, rate, warmup, data, epochs):
     strategy = tfpar.DataParallel()
     with strategy.scope():
         net = model(k)
-        optimizer = make_optimizer(
-            rate / 16 if warmup else rate
-        )  # a warm-up climbs from the base batch's rate
+        # a warm-up climbs from the base batch's rate
+        optimizer = make_optimizer(rate / 16 if warmup else rate)
         net.compile(optimizer, k.losses.SparseCategoricalCrossentropy(from_logits=True))
     steps = len(x) // batch
     accuracy = Accuracy(validation, steps)

@@ -93,13 +93,14 @@ def main():
         held = model.device_bytes()
         most = max(sum(h.values()) for h in held.values())
         ratios[degree] = most / whole
+        # the split weights: not a row layer's bias
         planned = sum(
             v.shape.num_elements()
             for layer in plain.layers
             if layer.name in model.styles
             for v in layer.weights
             if len(v.shape) > 1
-        )  # the split weights: not a row layer's bias
+        )
         expected[degree] = (
             planned / degree + (plain.count_params() - planned)
         ) / plain.count_params()

@@ -33,9 +33,8 @@ def main():
     )
     times = {policy: [] for policy in POLICIES}
     for policy in order:
-        size = (
-            ("2", "1") if policy == "mixed_float16" else (steps, epochs)
-        )  # emulated: ~20 s a step
+        # emulated: ~20 s a step
+        size = ("2", "1") if policy == "mixed_float16" else (steps, epochs)
         job = run_job(
             [sys.executable, os.path.join(HERE, "_precision_worker.py"), policy, *size],
             cwd=HERE,

@@ -534,12 +534,10 @@ def weight_differences(model, a, b, optimizer):
 
 ZERO_OPTIMIZERS = {
     "sgd": lambda k: k.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
-    "adam": lambda k: k.optimizers.Adam(
-        0.01, global_clipnorm=0.5
-    ),  # clipped by the norm over every chunk
-    "adamw": lambda k: k.optimizers.AdamW(
-        0.01, weight_decay=0.1
-    ),  # the biases excluded from the decay
+    # clipped by the norm over every chunk
+    "adam": lambda k: k.optimizers.Adam(0.01, global_clipnorm=0.5),
+    # the biases excluded from the decay
+    "adamw": lambda k: k.optimizers.AdamW(0.01, weight_decay=0.1),
 }
 
 
@@ -630,9 +628,8 @@ def zero_resume(k, folder, first, then, optimizer="adam"):
     before.save_weights(path)
     before.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
     after = model_on(then)
-    after.fit(
-        x[:12], y[:12], batch_size=12, epochs=1, verbose=0
-    )  # built (and its optimizer), then overwritten
+    # built (and its optimizer), then overwritten
+    after.fit(x[:12], y[:12], batch_size=12, epochs=1, verbose=0)
     after.load_weights(path)
     after.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
     return max(

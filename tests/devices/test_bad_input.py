@@ -509,9 +509,8 @@ def test_bad_input_is_refused_at_once_by_tfpar(case, tmp_path):
     for name in names:
         assert name in message, f"{name!r} not in: {message}"
     assert _children() <= before  # nothing started (and left running)
-    assert (
-        sorted(os.listdir(tmp_path)) == files_before or case == "cluster-file-null"
-    )  # nothing written
+    # nothing written
+    assert sorted(os.listdir(tmp_path)) == files_before or case == "cluster-file-null"
 
 
 @pytest.mark.parametrize(

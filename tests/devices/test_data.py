@@ -238,9 +238,8 @@ def test_each_epoch_has_its_own_order_built_alike_in_any_process():
     first = [order(e) for e in range(3)]
     tf.random.set_seed(123)  # a script's global seed changes nothing
     assert [order(e) for e in (2, 0, 1)] == [first[2], first[0], first[1]]
-    assert all(
-        sorted(o + order(e, worker=1)) == list(range(40)) for e, o in enumerate(first)
-    )  # each once
+    # each once
+    assert all(sorted(o + order(e, worker=1)) == list(range(40)) for e, o in enumerate(first))
     assert len({tuple(o) for o in first}) == 3 and order(0, worker=1) != order(0)
 
 

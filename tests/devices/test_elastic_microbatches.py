@@ -185,11 +185,8 @@ def test_a_replica_batch_that_does_not_split_is_refused(monkeypatch):
 @pytest.mark.parametrize(
     "batch, global_batch, refused",
     [
-        (
-            "accumulate",
-            24,
-            None,
-        ),  # 2 workers: 2 x 2 replicas x 2 micro-batches = 8 parts; 3: 6 parts
+        # 2 workers: 2 x 2 replicas x 2 micro-batches = 8 parts; 3: 6 parts
+        ("accumulate", 24, None),
         ("accumulate", 12, "2 \\(8 parts\\)"),
         ("grow", 12, None),
         ("grow", 8, "3 \\(6 parts\\)"),

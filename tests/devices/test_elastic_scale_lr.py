@@ -145,9 +145,8 @@ def test_a_resume_with_another_global_batch_continues_at_the_exact_example(
         in out
     ), out
     assert (rate, steps) == (pytest.approx(0.1), 5)
-    kept = [
-        r for r in before if r["step"] < 3
-    ]  # the failed run's steps after its backup are rolled back
+    # the failed run's steps after its backup are rolled back
+    kept = [r for r in before if r["step"] < 3]
     for epoch in (0, 1):
         trained = [
             i

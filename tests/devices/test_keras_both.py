@@ -89,9 +89,8 @@ def test_every_callback_runs_under_each_keras(any_keras, tmp_path):
     ]
     _, _, history = _train(any_keras, tfpar.DataParallel(), epochs=3, callbacks=callbacks)
     lr = history.history["lr"]
-    assert 0.05 < lr[0] < 0.1 and lr[1:] == pytest.approx(
-        [0.1, 0.1], rel=1e-6
-    )  # warm-up, then the schedule
+    # warm-up, then the schedule
+    assert 0.05 < lr[0] < 0.1 and lr[1:] == pytest.approx([0.1, 0.1], rel=1e-6)
     assert all(v > 0 for v in history.history["examples_per_second"])
     assert all(np.isfinite(history.history["loss"]))
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())  # deleted when done
@@ -167,9 +166,8 @@ def test_a_mid_epoch_resume_trains_every_example_once_under_each_keras(any_keras
     k = any_keras
     first, resumed = collections.defaultdict(list), collections.defaultdict(list)
     with pytest.raises(RuntimeError, match="the process dies here"):
-        _recorded_fit(
-            k, tmp_path / "b", first, crash_at=(1, 7)
-        )  # step 8 of epoch 2: the backup is after step 5
+        # step 8 of epoch 2: the backup is after step 5
+        _recorded_fit(k, tmp_path / "b", first, crash_at=(1, 7))
     backup = _recorded_fit(k, tmp_path / "b", resumed)
     assert (backup.resumed_at_epoch, backup.resumed_at_step) == (1, 5)
     per_epoch = collections.defaultdict(collections.Counter)

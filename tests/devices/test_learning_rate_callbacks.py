@@ -43,9 +43,8 @@ def test_warmup_climbs_linearly_to_the_rate_times_replicas():
     rates, history = _fit([LearningRateWarmup(warmup_steps=4)])
     expected = [0.1 * (1 + min(t, 4) / 4) for t in range(12)]  # 2 replicas: 0.1 -> 0.2
     np.testing.assert_allclose(rates, expected, rtol=1e-6)
-    assert history.history["lr"] == pytest.approx(
-        [0.175, 0.2, 0.2]
-    )  # the rate of each epoch's last step
+    # the rate of each epoch's last step
+    assert history.history["lr"] == pytest.approx([0.175, 0.2, 0.2])
 
 
 def test_warmup_counts_fits_steps_when_the_optimizer_counts_accumulated_updates():

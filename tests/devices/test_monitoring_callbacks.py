@@ -167,9 +167,8 @@ def test_nan_guard_counts_steps_with_several_steps_per_execution():
         guard.stopped_at_step == int(model.optimizer.iterations.numpy())
         and guard.stopped_at_step % 2 == 0
     )
-    assert (
-        guard.restored_step == guard.stopped_at_step - 3
-    )  # the first step of the execution before
+    # the first step of the execution before
+    assert guard.restored_step == guard.stopped_at_step - 3
     assert np.isfinite(model.evaluate(x, y, batch_size=8, verbose=0))
 
 

@@ -34,11 +34,12 @@ CASES = {  # name: (class, its options, (decayed, adapted) per variable, in PATH
         [(1, 1), (0, 1), (0, 0), (0, 0), (1, 1), (0, 1)],
     ),
     "lamb": (LAMB, dict(learning_rate=0.01, weight_decay=0.01), None),
+    # adaptation: the decay's exclusions
     "lamb-excluding": (
         LAMB,
         dict(learning_rate=0.01, weight_decay=0.01, exclude_from_weight_decay=NO_DECAY),
         [(1, 1), (0, 0), (0, 0), (0, 0), (1, 1), (0, 0)],
-    ),  # adaptation: the decay's exclusions
+    ),
 }
 
 
@@ -148,9 +149,8 @@ def test_each_of_100_steps_follows_the_papers_equations(any_keras, name):
         else v.name.split(":")[0]
         for v in model.trainable_variables
     ] == list(PATHS)
-    assert (
-        max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), start)) > 0.05
-    )  # it trained
+    # it trained
+    assert max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), start)) > 0.05
     assert worst < 1e-6, worst
 
 
@@ -294,9 +294,8 @@ def test_a_pattern_that_matches_nothing_is_named_in_a_warning(any_keras):
         r"variable, so it excludes nothing. The variables: .*dense/kernel",
     ):
         optimizer.build(model.trainable_variables)
-    assert (
-        optimizer._decay_of(model.trainable_variables[1]) == 0.0
-    )  # 'bias' matched, and no warning named it
+    # 'bias' matched, and no warning named it
+    assert optimizer._decay_of(model.trainable_variables[1]) == 0.0
 
 
 def test_an_optimizer_of_the_other_keras_is_refused_with_the_fix(any_keras):

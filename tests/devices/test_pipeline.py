@@ -63,9 +63,8 @@ def test_two_stage_pipeline_trains_exactly_like_the_plain_model(any_keras, sched
     # Each stage's variables live on its own device (chunk c on stage c mod 2).
     assert len(staged.stages) == (4 if schedule == "interleaved" else 2)
     for index, stage in enumerate(staged.stages):
-        devices = [
-            v.device if hasattr(v, "device") else v.value.device for v in stage.variables
-        ]  # Keras 3: .value
+        # Keras 3: .value
+        devices = [v.device if hasattr(v, "device") else v.value.device for v in stage.variables]
         assert all(d.endswith(f"device:CPU:{index % 2}") for d in devices), devices
 
 
@@ -419,14 +418,12 @@ def test_a_schedule_with_its_own_chunk_placement_is_one_class_and_trains_like_th
     assert [staged.schedule.stage_of(c) for c in range(4)] == [0, 1, 1, 0]
     _train(staged)
     assert max_weight_difference(staged.plain_model(), reference) < 1e-5
-    for chunk, stage in enumerate(
-        staged.stages
-    ):  # chunk c's variables on the device the schedule placed it on
+    # chunk c's variables on the device the schedule placed it on
+    for chunk, stage in enumerate(staged.stages):
         assert all(v.device.endswith(f"device:CPU:{[0, 1, 1, 0][chunk]}") for v in stage.variables)
     timeline = staged.schedule.simulate()
-    assert (
-        timeline.busy(0) == timeline.busy(1) == 16 * 0.5
-    )  # 2 chunks x 4 microbatches x (F, B), half a stage each
+    # 2 chunks x 4 microbatches x (F, B), half a stage each
+    assert timeline.busy(0) == timeline.busy(1) == 16 * 0.5
 
 
 def test_a_pipeline_over_workers_spreads_its_stages_and_refuses_what_cannot_be_spread(monkeypatch):
@@ -437,18 +434,10 @@ def test_a_pipeline_over_workers_spreads_its_stages_and_refuses_what_cannot_be_s
 
     workers = [[f"w{w}:{d}" for d in range(4)] for w in range(2)]
     assert spread(workers, 1, 4, 1) == ["w0:0", "w0:1", "w1:0", "w1:1"]
-    assert spread(workers, 1, 2, 2) == [
-        "w0:0",
-        "w0:1",
-        "w1:0",
-        "w1:1",
-    ]  # tensor inside a host, pipeline across
-    assert spread(workers, 2, 2, 1) == [
-        "w0:0",
-        "w1:0",
-        "w0:1",
-        "w1:1",
-    ]  # each replica's stages on both workers
+    # tensor inside a host, pipeline across
+    assert spread(workers, 1, 2, 2) == ["w0:0", "w0:1", "w1:0", "w1:1"]
+    # each replica's stages on both workers
+    assert spread(workers, 2, 2, 1) == ["w0:0", "w1:0", "w0:1", "w1:1"]
     assert spread([["a"], ["b"], ["c"]], 1, 3, 1) == ["a", "b", "c"]
     with pytest.raises(
         ValueError,
@@ -464,9 +453,8 @@ def test_a_pipeline_over_workers_spreads_its_stages_and_refuses_what_cannot_be_s
     with pytest.raises(
         ValueError, match=r"No device '/job:worker/replica:0/task:1/device:CPU:0' in this process"
     ):
-        Pipeline(
-            devices=("/job:worker/replica:0/task:1/device:CPU:0", "/cpu:0")
-        )  # no cluster connected: no worker 1
+        # no cluster connected: no worker 1
+        Pipeline(devices=("/job:worker/replica:0/task:1/device:CPU:0", "/cpu:0"))
     monkeypatch.setenv("HOROVOD_RANK", "0")
     with pytest.raises(
         ValueError, match=r"horovodrun starts none. Received: span_workers=True under horovodrun"

@@ -62,10 +62,8 @@ def test_a_task_model_is_cut_between_its_backbone_s_blocks_and_trains_like_one_d
     [
         ("gpt2", {"schedule": "zb-h1"}),
         ("gpt2", {"schedule": "interleaved", "virtual_stages": 2}),
-        (
-            "bert",
-            {"recompute": True},
-        ),  # its second stage recomputes; the first holds the embeddings
+        # its second stage recomputes; the first holds the embeddings
+        ("bert", {"recompute": True}),
         ("llama", {"balance": "time"}),  # each block's forward and backward measured
     ],
     ids=["zb-h1", "interleaved", "recompute", "time"],

@@ -103,9 +103,8 @@ def test_compile_warns_about_a_16_bit_output_and_strict_mode_raises(any_keras):
         _softmax_model(False, any_keras).compile("sgd", "sparse_categorical_crossentropy")
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrecisionWarning)
-        _softmax_model(True, any_keras).compile(
-            "sgd", "sparse_categorical_crossentropy"
-        )  # no warning
+        # no warning
+        _softmax_model(True, any_keras).compile("sgd", "sparse_categorical_crossentropy")
     tfpar.precision.use("mixed_bfloat16", strict=True)
     with pytest.raises(ValueError, match=r"Received: policy 'mixed_bfloat16' with strict=True"):
         _softmax_model(False, any_keras).compile("sgd", "sparse_categorical_crossentropy")
@@ -169,11 +168,8 @@ def test_the_compile_check_acts_while_a_policy_of_use_is_set_and_never_on_a_poli
 
     keras = tfpar.keras
     originals = {k: k.Model.__dict__.get("compile") for k in (keras, keras3)}
-    for name in (
-        "mixed_bfloat16",
-        "mixed_bfloat16",
-        "float32",
-    ):  # use() twice wraps once; float32 unwraps
+    # use() twice wraps once; float32 unwraps
+    for name in ("mixed_bfloat16", "mixed_bfloat16", "float32"):
         tfpar.precision.use(name)
         for k, original in originals.items():
             assert (k.Model.__dict__.get("compile") is original) == (name == "float32")

@@ -80,9 +80,8 @@ def test_int8_tflite_export_runs_and_keeps_the_accuracy(tmp_path):
             keras.optimizers.Adam(3e-3),
             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-    trained.fit(
-        x, y, batch_size=64, epochs=12, shuffle=False, verbose=0
-    )  # 0.93 on the held-out digits here
+    # 0.93 on the held-out digits here
+    trained.fit(x, y, batch_size=64, epochs=12, shuffle=False, verbose=0)
     export = export_tflite(trained, str(tmp_path / "int8.tflite"), representative_data=x[:100])
     assert export.int8 and export.size_bytes == (tmp_path / "int8.tflite").stat().st_size
     interpreter = export.interpreter()
@@ -230,9 +229,8 @@ def test_clustering_under_data_parallel_shares_the_centroids_across_replicas(pru
     x, y, _, _ = digits_subset()
     with trained.distribute_strategy.scope():
         clustered = cluster(trained, clusters=8)
-        _compile(
-            clustered, keras.optimizers.Adam(1e-3)
-        )  # fine-tuning: a large SGD step merges the centroids
+        # fine-tuning: a large SGD step merges the centroids
+        _compile(clustered, keras.optimizers.Adam(1e-3))
     clustered.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
     _assert_equal_on_every_replica(clustered, "cluster_centroids")
     _assert_equal_on_every_replica(clustered, "pulling_indices")

@@ -102,9 +102,8 @@ def test_auto_plan_finds_megatron_s_splits_and_a_gathered_column_layer_still_tra
         "block1_up": "column",
         "block1_down": "row",
     }
-    assert (
-        auto_plan(model, 3, k) == {}
-    )  # 3 divides neither the heads, the vocabulary nor the widths
+    # 3 divides neither the heads, the vocabulary nor the widths
+    assert auto_plan(model, 3, k) == {}
     # A column layer no row layer follows gathers its output (one all-gather), and trains.
     mlp, x, y, _ = tensor_parallel_models(k)["mlp"]
     initial = mlp.get_weights()
@@ -284,9 +283,8 @@ def test_the_timeline_has_a_track_per_device_with_each_layer_part_and_the_activa
     ]
     assert all(sum(e["name"] == r for e in home) == steps for r in reductions)
     assert not any("all-reduce" in e["name"] for e in other)
-    first = {
-        e["name"]: e for e in home[: len(split_layers) + len(reductions)]
-    }  # the first step, in order
+    # the first step, in order
+    first = {e["name"]: e for e in home[: len(split_layers) + len(reductions)]}
     assert (
         first["block0_down all-reduce"]["ts"] + 1
         >= first["block0_down"]["ts"] + first["block0_down"]["dur"]
@@ -311,10 +309,8 @@ def test_an_einsum_dense_pair_splits_by_columns_and_rows_and_trains_like_the_pla
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(32, 4, 8)).astype("float32"), rng.integers(0, 3, 32)
     model = build()
-    assert TensorParallel(degree=2).styles(model) == {
-        "up": "column",
-        "down": "row",
-    }  # auto finds the pair
+    # auto finds the pair
+    assert TensorParallel(degree=2).styles(model) == {"up": "column", "down": "row"}
     split = TensorParallel(degree=2, plan={"up": "column", "down": "row"}).shard(model)
     plain = build()
     for m in (split, plain):

@@ -48,9 +48,8 @@ def test_each_step_shows_its_phases_in_order_within_it(any_keras, exchange, accu
         assert all(a["ts"] + a["dur"] <= b["ts"] + 1 for a, b in zip(spans, spans[1:]))
         assert spans[-1]["ts"] + spans[-1]["dur"] <= s["ts"] + s["dur"] + slack
     assert all(len(tracks[0, name]) == steps for name in ["step", *phases])
-    assert all(
-        a["ts"] + a["dur"] <= b["ts"] for a, b in zip(step, step[1:])
-    )  # one step after another
+    # one step after another
+    assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(step, step[1:]))
     # fit without a Timeline afterwards: the training function is Keras' own again
     assert "train_step" not in model.__dict__ and "apply_gradients" not in model.optimizer.__dict__
 
@@ -60,9 +59,8 @@ def test_with_steps_per_execution_a_step_is_one_call_of_the_training_function(tm
     with strategy.scope():
         model = verify_model()
         model.compile(model.optimizer, model.loss, steps_per_execution=3)
-    calls = (
-        _fit(model, strategy, tmp_path / "timeline.json", examples=192) // 3
-    )  # 24 steps: 8 calls
+    # 24 steps: 8 calls
+    calls = _fit(model, strategy, tmp_path / "timeline.json", examples=192) // 3
     tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
     assert (
         len(tracks[0, "step"]) == len(tracks[0, "input wait"]) == len(tracks[0, "compute"]) == calls

@@ -43,10 +43,8 @@ def resume_points(output):
 def assert_exactly_once(records, output, examples=EXAMPLES, epochs=EPOCHS, resumes=1):
     resumed_at = resume_points(output)
     assert len(resumed_at) == resumes, output[-3000:]
-    assert resumed_at[0] == (
-        1,
-        5,
-    )  # the backup after step 5 of epoch 2 (save_freq=5, 10 steps an epoch)
+    # the backup after step 5 of epoch 2 (save_freq=5, 10 steps an epoch)
+    assert resumed_at[0] == (1, 5)
     counts = trained_per_epoch(records, resumed_at)
     assert sorted(counts) == list(range(epochs))
     for epoch, seen in counts.items():
@@ -142,9 +140,8 @@ def test_an_elastic_job_across_nodes_loses_a_host_mid_epoch_and_grows_back_with_
 
     codes, outs = run_agents(str(tmp_path), "scale-lr")
     records, out = tmp_path / "records", outs[0]
-    lost = [
-        i for i, o in enumerate(outs) if "round 0: node 2 of 3" in o
-    ]  # agents 1 and 2 joined in either order
+    # agents 1 and 2 joined in either order
+    lost = [i for i, o in enumerate(outs) if "round 0: node 2 of 3" in o]
     assert lost in ([1], [2]) and codes == [0, 0, 0, 0][: lost[0]] + [-9] + [0] * (3 - lost[0]), (
         "\n=====\n".join(o[-3000:] for o in outs)
     )

@@ -81,9 +81,8 @@ def test_demo_with_mixed_bfloat16():
 
 
 def test_demo_qat_and_compress_export_int8_tflite_with_the_deployment_report():
-    result = run_command(
-        ["tfpar", "demo", "--qat", "--compress", "--epochs", "4"], timeout=400
-    )  # float: 0.975
+    # float: 0.975
+    result = run_command(["tfpar", "demo", "--qat", "--compress", "--epochs", "4"], timeout=400)
     assert result.returncode == 0, result.output[-3000:]
     accuracy = {
         name: float(value)
@@ -134,10 +133,8 @@ def test_doctor_reports_versions_and_devices(doctor):
         result.output,
         re.M,
     )
-    assert re.search(
-        r"^precision:\s+'auto' picks (float32|mixed_bfloat16): ", result.output, re.M
-    )  # no GPU here
+    # no GPU here
+    assert re.search(r"^precision:\s+'auto' picks (float32|mixed_bfloat16): ", result.output, re.M)
     assert re.search(r"^kernels:\s+(oneDNN's|Eigen's) ", result.output, re.M)
-    assert re.search(
-        r"^horovod:\s+", result.output, re.M
-    )  # its state either way (test_horovod.py: installed)
+    # its state either way (test_horovod.py: installed)
+    assert re.search(r"^horovod:\s+", result.output, re.M)

@@ -58,12 +58,10 @@ def reference(tmp_path_factory):
 def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tmp_path, reference):
 
     first = _launch(tmp_path / "backup", "--kill")
-    assert first.returncode == 128 + 9, first.output[
-        -3000:
-    ]  # worker 1's SIGKILL, as a shell reports it
-    assert (
-        "tfpar launch: error: worker 1 was killed by SIGKILL" in first.output
-    )  # the dead worker, by name
+    # worker 1's SIGKILL, as a shell reports it
+    assert first.returncode == 128 + 9, first.output[-3000:]
+    # the dead worker, by name
+    assert "tfpar launch: error: worker 1 was killed by SIGKILL" in first.output
     assert _epochs(first.output) == ["1/5", "2/5", "3/5"] and "DONE" not in first.output
     # Only the chief's backup is there, of epoch 2 (worker 1's own copies were temporary), with the
     # input's layout the chief recorded beside it (where the next run continues: epoch 3, step 1).
@@ -127,9 +125,8 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
     assert steps and float(steps.group(1)) > 0 and float(steps.group(3)) > 0, reference.output[
         -2000:
     ]
-    assert float(steps.group(2)) + float(steps.group(4)) == pytest.approx(
-        2.0, abs=0.02
-    )  # two: the median is the mean
+    # two: the median is the mean
+    assert float(steps.group(2)) + float(steps.group(4)) == pytest.approx(2.0, abs=0.02)
     result = run_command(
         tfpar_command(
             "launch",
@@ -164,13 +161,8 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
         r"tfpar launch: restart 2 of 3 at [0-9.]+ s: worker 0 was killed by SIGKILL", restarts[1]
     )
     assert "warning: the command made no tfpar.callbacks.FaultTolerance backup" not in result.output
-    assert _epochs_completed(result.output) == [
-        1,
-        2,
-        3,
-        4,
-        5,
-    ]  # each epoch completed once, in order
+    # each epoch completed once, in order
+    assert _epochs_completed(result.output) == [1, 2, 3, 4, 5]
     assert "at epoch 2" in result.output and "at epoch 4" in result.output  # where each run resumed
     np.testing.assert_allclose(_losses(result.output), _losses(reference.output)[3:], rtol=1e-4)
 
@@ -245,12 +237,10 @@ def test_a_frozen_worker_is_named_its_stack_dumped_and_the_job_stopped(tmp_path,
     assert line.startswith(
         f"tfpar launch: {name} is stopped (state T: SIGSTOP or a debugger): its last step "
     ), line
-    waited = float(
-        re.search(r"its last step ([0-9.]+) s ago", line).group(1)
-    )  # about when it froze
-    assert 5 <= waited < 5 + 10, (
-        line
-    )  # the timeout, plus the poll and the last beat's age (on a loaded machine)
+    # about when it froze
+    waited = float(re.search(r"its last step ([0-9.]+) s ago", line).group(1))
+    # the timeout, plus the poll and the last beat's age (on a loaded machine)
+    assert 5 <= waited < 5 + 10, line
     assert f"tfpar launch: error: {name} hung: it is stopped" in result.output
     # faulthandler's dump of the frozen task's Python stacks (let run again to write them, it has
     # left the frame where it froze, or not, by then).

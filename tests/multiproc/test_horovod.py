@@ -264,9 +264,8 @@ def test_compression_rounds_one_step_to_its_precision(one_step, compression, rou
     exact = -(a + b) / 2
     np.testing.assert_allclose(kernels["0"], exact, atol=2e-3, rtol=0)
     np.testing.assert_allclose(kernels["0"], exact, rtol=rounding)  # within the format's rounding
-    assert not np.allclose(
-        kernels["0"], exact, rtol=1e-6, atol=0
-    )  # and rounded: it went in 16 bits
+    # and rounded: it went in 16 bits
+    assert not np.allclose(kernels["0"], exact, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("keras_version", ["2", "3"])
@@ -343,10 +342,8 @@ def _adasum(a, b):
     return (1 - dot / (2 * np.dot(a, a))) * a + (1 - dot / (2 * np.dot(b, b))) * b
 
 
-A, B = (
-    np.array([1.0, 0.0]),
-    np.array([1.0, 1.0]),
-)  # rank 0's gradient, rank 1's, in the one-step tests
+# rank 0's gradient, rank 1's, in the one-step tests
+A, B = np.array([1.0, 0.0]), np.array([1.0, 1.0])
 
 
 def _assert_one_sgd_step(kernels, expected):
@@ -513,9 +510,8 @@ def test_demo_on_horovod_with_a_keras3_model_and_its_optimizer_state_sharded():
         in result.output
     )
     accuracy = float(re.search(r"validation accuracy: ([0-9.]+)", result.output).group(1))
-    assert accuracy >= 0.8, result.output[
-        -3000:
-    ]  # 3 epochs; the default 8 epochs' target is tested above
+    # 3 epochs; the default 8 epochs' target is tested above
+    assert accuracy >= 0.8, result.output[-3000:]
     assert result.output.count("validation accuracy:") == 1
 
 
@@ -537,9 +533,8 @@ def test_horovod_example_runs_under_horovodrun(tmp_path):
     assert accuracy > 0.5
     assert result.output.count("validation accuracy after") == 1
     # Keras' epoch lines come from rank 0 only.
-    assert re.search(
-        r"\[0\]<stdout>:.*val_accuracy.* - lr: 0.0020", result.output
-    )  # 1e-3 x 2 ranks
+    # 1e-3 x 2 ranks
+    assert re.search(r"\[0\]<stdout>:.*val_accuracy.* - lr: 0.0020", result.output)
     assert not re.search(r"\[1\]<stdout>:.*val_accuracy", result.output)
     # Only rank 0 writes checkpoints; rank 1's temporary copies are removed.
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("epoch_2")) == [

@@ -86,9 +86,8 @@ def test_mnist_shaped_keras_script_runs_unchanged(tmp_path):
     expected = _expected_rates(logs[0]["initial_lr"], RANKS, 2, logs[0]["steps_per_epoch"], epochs)
     for log in logs:
         np.testing.assert_allclose(log["lr"], expected, rtol=1e-6)
-    assert expected[0] == pytest.approx(
-        0.002 * (1 + 1 / (2 * logs[0]["steps_per_epoch"]))
-    )  # 0.004 / 2 ranks
+    # 0.004 / 2 ranks
+    assert expected[0] == pytest.approx(0.002 * (1 + 1 / (2 * logs[0]["steps_per_epoch"])))
     assert "finished gradual learning rate warmup to 0.004" in result.output
 
     # Checkpoints: rank 0 writes one per epoch, and the last holds the final weights.
@@ -123,9 +122,8 @@ def test_synthetic_benchmark_shaped_keras_script_runs_unchanged(tmp_path, option
     )
     assert result.returncode == 0, result.output[-4000:]
     assert "Total img/sec on 2 CPU(s)" in result.output
-    assert (
-        "Keras of the model: tf_keras, of applications: tf_keras" in result.output
-    )  # the import statement too
+    # the import statement too
+    assert "Keras of the model: tf_keras, of applications: tf_keras" in result.output
     final = [load_arrays(tmp_path / f"rank_{r}.npz") for r in range(RANKS)]
     for a, b in zip(*final):
         np.testing.assert_array_equal(a, b)
@@ -250,9 +248,8 @@ def test_horovods_elastic_keras_example_survives_a_killed_rank_and_grows_back(tm
     done = sorted(re.findall(r"DONE rank (\d) size (\d) epoch (\d)", output))
     assert done == [("0", "2", "8"), ("1", "2", "8")], output[-3000:]
     assert ran["rank0-size1"] == [2, 3, 4]  # epoch 3 again from its commit, alone, into epoch 5
-    assert ran["rank0-size2"] == [0, 1, 2, 4, 5, 6, 7] == ran["rank1-size2"], (
-        ran
-    )  # together, then again
+    # together, then again
+    assert ran["rank0-size2"] == [0, 1, 2, 4, 5, 6, 7] == ran["rank1-size2"], ran
 
 
 @pytest.mark.usefixtures("horovod_installed")

@@ -131,9 +131,8 @@ def test_the_readmes_parameter_server_block_run_as_a_plain_script_keeps_every_se
         )
         == 1
     )
-    assert len({port for _, port in seen}) >= 4, (
-        seen
-    )  # the chief, the ps and the two workers at least
+    # the chief, the ps and the two workers at least
+    assert len({port for _, port in seen}) >= 4, seen
     assert {address for address, _ in seen} <= LOOPBACK, seen
     assert "listens on all interfaces" not in output
     assert output.count("Failed to remove function remotely") == 0, output[-3000:]
@@ -236,9 +235,8 @@ def test_doctor_lists_what_a_running_local_job_listens_on():
         assert result.returncode == 0, result.output
         import psutil
 
-        ours = {
-            p.pid for p in psutil.Process(job.pid).children(recursive=True)
-        }  # other tests' jobs may run too
+        # other tests' jobs may run too
+        ours = {p.pid for p in psutil.Process(job.pid).children(recursive=True)}
         lines = [printed for printed in result.output.splitlines() if printed.startswith("jobs:")]
         for task in ("ps 0", "worker 0"):
             (line,) = [

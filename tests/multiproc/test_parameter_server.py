@@ -283,6 +283,5 @@ def test_a_frozen_worker_server_is_named_and_the_job_stopped():
     ), line
     assert 5 <= float(re.search(r"last step ([0-9.]+) s ago", line).group(1)) < 5 + 10, line
     assert "stalled: chief 0." in line
-    assert re.search(
-        r"\[worker 1\] (Current thread|Thread) 0x", result.output.split(line, 1)[1]
-    )  # its dump
+    # its dump
+    assert re.search(r"\[worker 1\] (Current thread|Thread) 0x", result.output.split(line, 1)[1])

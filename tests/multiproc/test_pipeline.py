@@ -37,9 +37,10 @@ def test_three_stages_and_the_hybrid_train_exactly_like_the_plain_model():
 )
 def test_demo_on_a_pipeline(extra, header, tmp_path):
     folder = tmp_path / "report"
+    # as in the README, with its timeline and plots
     result = run_command(
         ["tfpar", "demo", "--strategy", "pipeline", *extra, "--report", str(folder)], timeout=400
-    )  # as in the README, with its timeline and plots
+    )
     assert result.returncode == 0, result.output[-3000:]
     assert f"timeline: {folder / 'timeline.json'}" in result.output
     assert (

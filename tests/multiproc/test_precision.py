@@ -80,9 +80,8 @@ def test_an_overflow_on_one_worker_skips_the_step_everywhere(
         assert report["optimizer"] == optimizer and report["inner"] == "SGD"
         assert report["skipped"] and report["updated"]
         assert report["loss_scale"] == [32768.0, 16384.0, 16384.0]
-    _assert_same_arrays(
-        reports[0]["weights"], reports[1]["weights"]
-    )  # identical weights on both workers
+    # identical weights on both workers
+    _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])
 
 
 def test_an_overflow_on_one_rank_skips_the_sharded_step_on_every_rank(

@@ -18,9 +18,8 @@ if importlib.util.find_spec("ray") is None:
     if os.environ.get("CI"):
         raise ImportError("Ray is not installed, but [dev] installs it: the install is broken")
     pytest.skip("Ray is not installed (pip install '.[ray]')", allow_module_level=True)
-pytestmark = pytest.mark.xdist_group(
-    "ray"
-)  # with the README's Ray block: one local Ray cluster at a time
+# with the README's Ray block: one local Ray cluster at a time
+pytestmark = pytest.mark.xdist_group("ray")
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ray_train.py")
 # Ray takes this machine's outward address for its nodes and for TF_CONFIG unless told it runs on
 # one machine: then every Ray and TensorFlow address is 127.0.0.1.
@@ -92,9 +91,8 @@ def test_a_killed_ray_worker_restarts_the_group_which_resumes_from_the_last_chec
         np.testing.assert_array_equal(a, b)  # the checkpoint of the last epoch
     momenta = [np.asarray(v) for v in plain.optimizer.variables if v.name.startswith("m/")]
     assert [m.shape for m in momenta] == [v.shape for v in plain.trainable_variables]
-    assert all(
-        np.abs(m).max() > 0 for m in momenta
-    )  # every variable's whole momentum, from both workers' halves
+    # every variable's whole momentum, from both workers' halves
+    assert all(np.abs(m).max() > 0 for m in momenta)
     print(
         f"Ray start-up {report['ray_start_seconds']:.1f} s, whole job "
         f"{report['total_seconds']:.1f} s"

@@ -13,9 +13,8 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 def test_tensor_4_and_the_one_host_compositions_train_exactly_like_the_plain_model():
     report = run_json_script(os.path.join(SCRIPTS, "tensor_parallel_checks.py"), timeout=600)
-    assert (
-        len(report) == 7
-    )  # 3 models at T = 4, the block in 3 layouts, 2 x 2 x 2 under both Kerases
+    # 3 models at T = 4, the block in 3 layouts, 2 x 2 x 2 under both Kerases
+    assert len(report) == 7
     assert {run.split()[-2] for run in report if " tensor 4 " in run} == {
         "mlp",
         "block",
@@ -125,9 +124,8 @@ def _assert_like_one_device(tmp_path, cases, workers=2):
         folder = tmp_path / "-".join([layout, keras_name, optimizer, *examples])
         trained = [load_arrays(str(folder / f"worker_{i}.npz")) for i in range(workers)]
         for a, b in zip(trained[0], trained[-1]):
-            np.testing.assert_array_equal(
-                a, b
-            )  # the replicas agree exactly: worker 1 started from worker 0's
+            # the replicas agree exactly: worker 1 started from worker 0's
+            np.testing.assert_array_equal(a, b)
         k = importlib.import_module(keras_name)
         plain, x, y = case_model(layout, k, int(examples[0]) if examples else 32)
         plain.compile(
@@ -177,9 +175,8 @@ def test_a_pipeline_over_two_workers_trains_like_one_device(tmp_path):
         "('/job:worker/replica:0/task:1/device:CPU:0', "
         "'/job:worker/replica:0/task:1/device:CPU:1')]]"
     ) in result.output
-    assert not any(
-        f.name == "worker_1.npz" for f in tmp_path.rglob("*.npz")
-    )  # worker 1 ran no training
+    # worker 1 ran no training
+    assert not any(f.name == "worker_1.npz" for f in tmp_path.rglob("*.npz"))
     _assert_like_one_device(tmp_path, SPAN_CASES, workers=1)
 
 

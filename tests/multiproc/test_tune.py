@@ -7,9 +7,8 @@ from tests.conftest import run_command, tfpar_command
 
 def test_tune_picks_the_fastest_trial_and_reports_the_failed_ones(tmp_path):
     out = tmp_path / "tune.json"
-    space = {
-        "steps_per_execution": [1, 4]
-    }  # tfpar's default (batch 32, 1 step) among them, the reference
+    # tfpar's default (batch 32, 1 step) among them, the reference
+    space = {"steps_per_execution": [1, 4]}
     result = run_command(
         tfpar_command("tune", "--space", json.dumps(space), "--steps", "8", "--json", str(out)),
         timeout=400,
@@ -77,9 +76,8 @@ def test_tune_across_workers_tries_both_backends_and_says_how_to_reproduce_the_f
     """--workers 2: each trial is a 2-worker job (tfpar launch, or launch --horovod), tfpar's
     defaults among them; the report gives the speed-up over the defaults and the code."""
     out = tmp_path / "tune.json"
-    space = {
-        "strategy": ["data_parallel", "horovod"]
-    }  # two trials: the defaults (data_parallel) and horovod
+    # two trials: the defaults (data_parallel) and horovod
+    space = {"strategy": ["data_parallel", "horovod"]}
     result = run_command(
         tfpar_command(
             "tune",
@@ -182,11 +180,9 @@ def test_a_trial_fastest_per_example_that_never_reaches_the_target_does_not_win(
     )
     first, second = result.trials
     assert second["config"]["per_replica_batch"] == 512 and second["seconds_to_target"] is None
-    assert (
-        second["examples_per_second"] > first["examples_per_second"]
-    )  # the fastest per example (2.3x alone)...
+    # the fastest per example (2.3x alone)...
+    assert second["examples_per_second"] > first["examples_per_second"]
     assert result.best is first and first["seconds_to_target"] is not None  # ...is not the winner
-    assert (
-        second["stopped"] == f"stopped at {first['seconds_to_target']:.1f} s"
-    )  # it ran as long as the winner took
+    # it ran as long as the winner took
+    assert second["stopped"] == f"stopped at {first['seconds_to_target']:.1f} s"
     assert "did not reach the target" in result.describe()

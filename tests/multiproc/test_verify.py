@@ -23,9 +23,8 @@ def test_the_demo_model_trains_like_one_replica_under_parameter_servers():
         [*VERIFY, "--strategy", "parameter_server"], timeout=300, env={"PYTHONPATH": ROOT}
     )
     assert result.returncode == 0, result.output[-4000:]
-    assert result.output.count("PASSED: trains like one replica") == 1, result.output[
-        -3000:
-    ]  # the chief's
+    # the chief's
+    assert result.output.count("PASSED: trains like one replica") == 1, result.output[-3000:]
     assert result.output.count(" ok   ") == 8 and "DIFF" not in result.output
 
 
@@ -62,6 +61,7 @@ def test_synchronized_batchnorm_trains_like_one_device_on_the_global_batch(launc
 
 
 def test_a_model_that_differs_exits_1_naming_the_cause():
+    # the module from the folder it runs in
     result = run_command(
         [
             *tfpar_command("verify"),
@@ -77,7 +77,7 @@ def test_a_model_that_differs_exits_1_naming_the_cause():
         timeout=300,
         env={"PYTHONPATH": None},
         cwd=ROOT,
-    )  # the module from the folder it runs in
+    )
     assert result.returncode == 1, result.output[-4000:]
     assert (
         "[1] BatchNormalization statistics taken per replica (layer 'batch_normalization')"

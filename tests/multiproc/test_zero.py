@@ -10,15 +10,13 @@ def test_three_replicas_shard_the_optimizer_state_train_like_one_device_and_resh
     report = run_json_script(
         os.path.join(os.path.dirname(__file__), "scripts", "zero_checks.py"), timeout=600
     )
-    assert (
-        len(report) == 3 + 2
-    )  # SGD (Nesterov), Adam (global-norm clipping), AdamW (exclusions); 2 resumes
+    # SGD (Nesterov), Adam (global-norm clipping), AdamW (exclusions); 2 resumes
+    assert len(report) == 3 + 2
     for run, result in report.items():
         if " resume " in run:
             assert result["difference"] < 1e-6, (run, result)  # the checkpoint's state resharded
             continue
         assert result["difference"] < 1e-6, (run, result)
-        assert (result["total"], result["chunk"]) == (58, 20), (
-            run
-        )  # 58 parameters: 20, 20 and 18 + 2 padding
+        # 58 parameters: 20, 20 and 18 + 2 padding
+        assert (result["total"], result["chunk"]) == (58, 20), run
         assert result["slot_devices"] == ["CPU:0", "CPU:1", "CPU:2"], run

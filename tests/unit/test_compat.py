@@ -93,9 +93,8 @@ def test_a_keras3_optimizer_still_counts_every_step_where_it_accumulates():
     optimizer = keras3.optimizers.SGD(gradient_accumulation_steps=2)
     optimizer.build([keras3.Variable(1.0)])
     assert int(_compat.optimizer_steps(optimizer)) == 0
-    assert "floor_divide(" in inspect.getsource(
-        type(optimizer).iterations.fget
-    )  # iterations: updates
+    # iterations: updates
+    assert "floor_divide(" in inspect.getsource(type(optimizer).iterations.fget)
 
 
 def test_keras_hub_fit_is_still_a_wrapper_of_keras_fit():
@@ -170,9 +169,8 @@ def test_the_dataset_creator_adapter_is_replaced_once_by_tfpars():
         _ps_input._StepsExplainingAdapter in adapters
         and _compat.DatasetCreatorAdapter not in adapters
     )
-    _compat.replace_data_adapter(
-        _compat.DatasetCreatorAdapter, _ps_input._StepsExplainingAdapter
-    )  # again: no-op
+    # again: no-op
+    _compat.replace_data_adapter(_compat.DatasetCreatorAdapter, _ps_input._StepsExplainingAdapter)
     assert adapters.count(_ps_input._StepsExplainingAdapter) == 1
 
 
@@ -260,9 +258,8 @@ def test_tfmot_internals_tfpar_reaches():
     prelu = keras.layers.PReLU()
     prelu.build((None, 3))  # a weight of its own that TFMOT has no clustering for
     assert _compat.tfmot_can_cluster(keras.layers.Dense(4)) and not _compat.tfmot_can_cluster(prelu)
-    quant_ops = (
-        _compat.tfmot_quant_ops()
-    )  # the two calls exact ranges intercept, through these names
+    # the two calls exact ranges intercept, through these names
+    quant_ops = _compat.tfmot_quant_ops()
     source = inspect.getsource(quant_ops)
     assert (
         "tf.__internal__.train.assign_moving_average(" in source and "tf_compat.assign(" in source
@@ -275,19 +272,16 @@ def test_where_each_keras_resumes_a_backup(tmp_path):
 
     model = keras.Sequential([keras.layers.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    assert _compat.tf_keras_resume_point(model, 10, 3) == (
-        3,
-        0,
-    )  # no backup restored: fit's own start
+    # no backup restored: fit's own start
+    assert _compat.tf_keras_resume_point(model, 10, 3) == (3, 0)
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "b"), save_freq=5)
     backup.set_model(model)
     backup.on_train_begin()
     model._training_state._ckpt_saved_epoch.assign(1)  # what a backup after step 5 of epoch 2 holds
     model._training_state._ckpt_saved_batch.assign(4)
     assert _compat.tf_keras_resume_point(model, 10, 0) == (1, 5)
-    _compat.tf_keras_set_resume_point(
-        model, 2, 0, 10
-    )  # step 0 of epoch 2: after epoch 1's last step
+    # step 0 of epoch 2: after epoch 1's last step
+    _compat.tf_keras_set_resume_point(model, 2, 0, 10)
     assert _compat.tf_keras_resume_point(model, 10, 0) == (2, 0)
     model3 = keras3.Sequential([keras3.layers.Input((2,)), keras3.layers.Dense(1)])
     _compat.keras3_start_at_epoch(model3, 2)
@@ -300,9 +294,8 @@ def test_the_remote_function_removal_tfpar_stops_at_exit():
     from tensorflow.python.eager import context
     from tensorflow.python.eager.polymorphic_function import atomic_function
 
-    assert callable(
-        context.context().remove_function
-    )  # what _compat.stop_removing_functions replaces
+    # what _compat.stop_removing_functions replaces
+    assert callable(context.context().remove_function)
     assert "self._bound_context.remove_function(self.name)" in inspect.getsource(
         atomic_function.AtomicFunction
     )
@@ -361,9 +354,8 @@ def test_the_keras_internals_tfpar_reads_in_a_step_and_a_callback():
     inner = keras.Sequential([keras.layers.Dense(1)], name="inner")
     outer = keras.Sequential([keras.Input((2,)), inner], name="outer")
     names = [layer.name for layer in _compat.flatten_layers(outer)]
-    assert names[0] == "outer" and {"inner", inner.layers[0].name} <= set(
-        names
-    )  # the nested layer too
+    # the nested layer too
+    assert names[0] == "outer" and {"inner", inner.layers[0].name} <= set(names)
     model = keras3.Sequential([keras3.Input((2,)), keras3.layers.Dense(1, kernel_regularizer="l2")])
     model.compile("sgd", "mse")
     y, y_pred = np.ones((4, 1), "float32"), np.zeros((4, 1), "float32")

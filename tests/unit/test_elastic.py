@@ -36,17 +36,13 @@ def test_an_unparsable_host_line_is_refused_naming_it(line):
 
 def test_the_membership_drops_a_slot_past_its_restarts_and_a_host_brings_its_slots_back():
     m = Membership(2, 3, max_restarts=1)
-    assert (
-        m.change(m.slots({"127.0.0.1": 2, "localhost": 2})) == "3 worker(s); world size 3"
-    )  # at most 3
+    # at most 3
+    assert m.change(m.slots({"127.0.0.1": 2, "localhost": 2})) == "3 worker(s); world size 3"
     assert m.failed(2) is None  # its first failure: restarted
     assert "localhost slot 0 dropped" in m.failed(2)
     slots = m.slots({"127.0.0.1": 2, "localhost": 2})
-    assert slots == [
-        "127.0.0.1 slot 0",
-        "127.0.0.1 slot 1",
-        "localhost slot 1",
-    ]  # the next slot takes its place
+    # the next slot takes its place
+    assert slots == ["127.0.0.1 slot 0", "127.0.0.1 slot 1", "localhost slot 1"]
     assert (
         m.change(slots)
         == "workers 3 -> 3 (left: localhost slot 0; joined: localhost slot 1); world size 3"

@@ -351,10 +351,8 @@ def test_bad_launch_arguments(args, match):
         (["--hosts", "a,b", "--task-index", "0"], "hosts"),
         (["--cluster", "c.json", "--task-index", "0"], "hosts"),
         (["--slurm"], "slurm"),
-        (
-            ["--slurm", "--hosts", "a", "--cluster", "c.json"],
-            "hosts",
-        ),  # the "not both" mistake is named first
+        # the "not both" mistake is named first
+        (["--slurm", "--hosts", "a", "--cluster", "c.json"], "hosts"),
         (["--horovod", "-n", "2"], "horovod"),
         (["--horovod", "--hosts", "a"], "horovod"),  # which refuses --hosts, naming the fix
         (["--nproc-per-node", "2"], "local"),
@@ -364,10 +362,8 @@ def test_bad_launch_arguments(args, match):
         (["--horovod", "--nproc-per-node", "2"], "horovod"),
         (["--min-workers", "2", "-n", "3"], "elastic"),
         (["--host-discovery-file", "hosts"], "elastic"),
-        (
-            ["--max-workers", "2", "--hosts", "a,b", "--task-index", "0"],
-            "elastic",
-        ),  # which refuses --hosts, naming it
+        # which refuses --hosts, naming it
+        (["--max-workers", "2", "--hosts", "a,b", "--task-index", "0"], "elastic"),
     ],
 )
 def test_each_command_line_picks_one_launcher_backend_from_the_table(argv, backend):

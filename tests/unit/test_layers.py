@@ -162,12 +162,10 @@ def _cycles(graph):
 
 def test_the_walk_sees_lazy_imports_and_reads_submodule_imports_as_modules():
     graph = _imports()
-    assert (
-        "tfpar._tasks.timeline_files" in graph["tfpar.launch.command"]
-    )  # imported inside a function
-    assert (
-        "tfpar.quantization.deploy" in graph["tfpar.quantization.export"]
-    )  # from tfpar.quantization import deploy
+    # imported inside a function
+    assert "tfpar._tasks.timeline_files" in graph["tfpar.launch.command"]
+    # from tfpar.quantization import deploy
+    assert "tfpar.quantization.deploy" in graph["tfpar.quantization.export"]
     assert "tfpar.quantization" not in graph["tfpar.quantization.export"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
 

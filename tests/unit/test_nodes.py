@@ -149,12 +149,8 @@ def test_nnodes_agree_on_one_cluster_through_node_0_whichever_starts_first():
     workers = tasks[0]["cluster"]["worker"]
     assert len(set(workers)) == 4 and all(w.startswith("127.0.0.1:") for w in workers)
     assert [t["env"]["LOCAL_RANK"] for t in tasks] == ["0", "1", "0", "1"]
-    assert [t["env"]["TFPAR_NUM_CPU_DEVICES"] for t in tasks] == [
-        "1",
-        "1",
-        "2",
-        "2",
-    ]  # node 1 had 4 to share
+    # node 1 had 4 to share
+    assert [t["env"]["TFPAR_NUM_CPU_DEVICES"] for t in tasks] == ["1", "1", "2", "2"]
     with pytest.raises(OSError):  # the coordinator closed its port
         socket.create_connection(("127.0.0.1", port), timeout=1)
 

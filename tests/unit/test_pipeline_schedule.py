@@ -14,12 +14,8 @@ from tfpar.pipeline.schedule import (
 )
 
 GRID = list(itertools.product(range(1, 9), range(1, 33)))
-COSTS = [
-    (1.0, 1.0, 1.0),
-    (1.0, 2.0, 1.0),
-    (2.0, 1.0, 0.5),
-    (1.0, 1.5, 0.25),
-]  # F, B, W of a whole stage
+# F, B, W of a whole stage
+COSTS = [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 0.5), (1.0, 1.5, 0.25)]
 
 
 def _new_schedules():

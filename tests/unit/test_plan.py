@@ -184,9 +184,8 @@ def test_padded_step_weights_make_each_step_the_mean_over_its_real_examples(
             for index, chunk in enumerate(chunks):
                 real[index // replicas_per_worker] += len(chunk)
         expected = tuple(global_batch / r for r in real if r < global_batch)
-        assert all(
-            r == global_batch for r in real[: len(real) - len(expected)]
-        )  # only a tail is short
+        # only a tail is short
+        assert all(r == global_batch for r in real[: len(real) - len(expected)])
         for plan in plans:
             assert plan.padded_step_weights == pytest.approx(expected), (n, real)
             assert plan.padded == bool(expected)

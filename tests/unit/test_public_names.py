@@ -49,10 +49,8 @@ def test_horovod_strategy_is_reachable_like_data_parallel():
     "code, expected",
     [
         ("import tfpar, tensorflow as tf; print(tf.keras.Model.__module__)", "tf_keras."),
-        (
-            "import tensorflow as tf; print(tf.keras.Model.__module__)",
-            "keras.",
-        ),  # without tfpar: Keras 3
+        # without tfpar: Keras 3
+        ("import tensorflow as tf; print(tf.keras.Model.__module__)", "keras."),
         # keras first loads TensorFlow first: tf.keras stays Keras 3, tfpar.keras is tf_keras, and a
         # Keras 3 model trains under tfpar's strategies all the same
         (
@@ -104,9 +102,8 @@ def test_the_version_is_defined_once_and_the_package_says_its_licence_and_python
     import sys
 
     metadata = importlib.metadata.metadata("tfpar")
-    assert (
-        importlib.metadata.version("tfpar") == tfpar.__version__
-    )  # pyproject.toml reads tfpar/__init__.py
+    # pyproject.toml reads tfpar/__init__.py
+    assert importlib.metadata.version("tfpar") == tfpar.__version__
     assert metadata["License-Expression"] == "Apache-2.0" and "LICENSE" in metadata.get_all(
         "License-File"
     )

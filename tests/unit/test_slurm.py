@@ -60,9 +60,8 @@ def test_tasks_are_laid_out_block_by_block_with_a_port_per_local_task():
 
 def test_the_port_comes_from_the_job_id_unless_set():
     assert slurm_port({"SLURM_JOB_ID": "123456"}) == 20000 + 123456 % 12000
-    assert (
-        max(slurm_port({"SLURM_JOB_ID": str(job)}) for job in range(24000)) + 64 < 32768
-    )  # not ephemeral
+    # not ephemeral
+    assert max(slurm_port({"SLURM_JOB_ID": str(job)}) for job in range(24000)) + 64 < 32768
     assert slurm_port({"SLURM_JOB_ID": "1", "TFPAR_SLURM_PORT": "5555"}) == 5555
 
 
@@ -182,17 +181,11 @@ class _Built:
     "env, mpi, refused",
     [
         (_srun(0, SLURM_NTASKS="2"), True, "needs SLURM's MPI plugin"),  # plain srun, 2 tasks
-        (
-            _srun(0, SLURM_NTASKS="2", PMIX_RANK="0"),
-            False,
-            "needs a Horovod built with MPI",
-        ),  # --mpi=pmix, Gloo-only Horovod
+        # --mpi=pmix, Gloo-only Horovod
+        (_srun(0, SLURM_NTASKS="2", PMIX_RANK="0"), False, "needs a Horovod built with MPI"),
         (_srun(0, SLURM_NTASKS="2", PMIX_RANK="0"), True, None),  # --mpi=pmix, MPI Horovod
-        (
-            _srun(0, SLURM_NTASKS="2", HOROVOD_RANK="0"),
-            False,
-            None,
-        ),  # horovodrun inside an allocation
+        # horovodrun inside an allocation
+        (_srun(0, SLURM_NTASKS="2", HOROVOD_RANK="0"), False, None),
         ({**_srun(0), "SLURM_NTASKS": "1"}, False, None),  # one task: one rank
         ({}, False, None),  # not under SLURM
     ],

@@ -11,12 +11,8 @@ import sys
 from tests.conftest import ROOT, public_modules
 
 KERAS_HOOKS = ("on_", "set_model", "set_params")  # a callback's hooks: Keras calls them
-KERAS_MODEL_METHODS = {
-    "call",
-    "fit",
-    "get_config",
-    "train_step",
-}  # PipelineModel's Keras base is chosen per model
+# PipelineModel's Keras base is chosen per model
+KERAS_MODEL_METHODS = {"call", "fit", "get_config", "train_step"}
 NOT_YET = {"tfpar.pipeline.model.PipelineModel.__init__"}  # made by Pipeline.stage only
 """Exported callables left unannotated, each with its reason (ARCHITECTURE.md, "Where the code
 stands")."""

@@ -48,9 +48,8 @@ k = keras_of_env()
 hosts = sys.argv[sys.argv.index("--elastic") + 1] if "--elastic" in sys.argv else None
 elastic = hosts is not None or "--elastic-nodes" in sys.argv
 n, global_batch, epochs, victim, kill_step = (480, 48, 5, 2, 6) if elastic else (320, 32, 4, 1, 5)
-victim = (
-    -1 if "--undisturbed" in sys.argv else victim
-)  # the same job, nobody killed (bench/elastic.py)
+# the same job, nobody killed (bench/elastic.py)
+victim = -1 if "--undisturbed" in sys.argv else victim
 where = {"epoch": 0, "step": 0}
 log = open(os.path.join(records, f"attempt{attempt}-worker{worker}.jsonl"), "a", encoding="utf-8")
 
@@ -156,9 +155,8 @@ model.fit(
 )
 log.close()
 kernel, bias = model.get_weights()
-loss = float(
-    np.mean((x[:, 1:] @ kernel[:, 0] + bias[0] - y) ** 2)
-)  # the trained model's, over every example
+# the trained model's, over every example
+loss = float(np.mean((x[:, 1:] @ kernel[:, 0] + bias[0] - y) ** 2))
 if worker == 0:
     print(f"LOSS {loss!r}", flush=True)
     print("DONE", flush=True)

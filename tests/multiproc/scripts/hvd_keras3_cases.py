@@ -31,6 +31,7 @@ def report(name, **values):
 
 # syncbn: the rows of every rank, stacked; this rank normalizes its own row.
 for channels in (2, 1):
+    # (size, 4, channels)
     x = tf.convert_to_tensor(
         np.stack(
             [
@@ -39,7 +40,7 @@ for channels in (2, 1):
             ]
         ),
         np.float32,
-    )  # (size, 4, channels)
+    )
     bn = tf.keras.layers.BatchNormalization(axis=1)
     sync_bn = hvd.SyncBatchNormalization(axis=1)
     whole = bn(x, training=True).numpy()
@@ -156,9 +157,8 @@ for optimizer in (
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer, "mse")
     models.append(model)
-models[0].fit(
-    x, y, batch_size=8, epochs=2, shuffle=False, verbose=0
-)  # the whole batch, one process
+# the whole batch, one process
+models[0].fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
 models[1].fit(
     x[4 * rank : 4 * rank + 4],
     y[4 * rank : 4 * rank + 4],

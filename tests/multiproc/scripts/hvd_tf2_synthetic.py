@@ -50,9 +50,8 @@ hvd.init()
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
 # Set up standard model (on 32 x 32 images, 10 classes).
-tf.random.set_seed(
-    hvd.rank()
-)  # each rank draws its own weights: the broadcast must make them alike
+# each rank draws its own weights: the broadcast must make them alike
+tf.random.set_seed(hvd.rank())
 model = getattr(applications, args.model)(weights=None, input_shape=(32, 32, 3), classes=10)
 opt = tf.optimizers.SGD(0.01)
 if args.out:  # what this rank drew

@@ -38,9 +38,8 @@ from tests.models import (  # noqa: E402
 )
 
 index = tfpar.ClusterInfo.from_tf_config().worker_index
-seed = (
-    1 if index == 0 else 100 + index
-)  # only the strategy's broadcast can make the workers start alike
+# only the strategy's broadcast can make the workers start alike
+seed = 1 if index == 0 else 100 + index
 for name, examples, keras_version, *optimizer in cases:
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
     folder = os.path.join(out, name)

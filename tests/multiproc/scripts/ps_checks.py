@@ -58,9 +58,8 @@ history = model.fit(
         tfpar.callbacks.MetricAverage(),
     ],
 )
-with (
-    strategy.scope()
-):  # LARS: its update (norms, trust ratio) runs where the variables live, on the ps
+# LARS: its update (norms, trust ratio) runs where the variables live, on the ps
+with strategy.scope():
     lars_model = mlp()
     lars_model.compile(
         tfpar.optimizers.LARS(1.0, eta=0.02, weight_decay=1e-4, exclude_from_weight_decay=["bias"]),

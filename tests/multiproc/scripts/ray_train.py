@@ -31,9 +31,8 @@ def train_loop(config):
 
     import tfpar
 
-    strategy = tfpar.DataParallel(
-        timeout_seconds=60, zero_stage=config["zero"]
-    )  # TF_CONFIG from Ray
+    # TF_CONFIG from Ray
+    strategy = tfpar.DataParallel(timeout_seconds=60, zero_stage=config["zero"])
     import tensorflow as tf
 
     keras = tfpar.keras

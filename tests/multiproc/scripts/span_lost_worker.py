@@ -11,9 +11,8 @@ import time
 import tfpar
 
 tfpar.configure_devices(1)
-pipeline = tfpar.pipeline.Pipeline(
-    num_stages=2, num_microbatches=2, span_workers=True
-)  # worker 1 serves here
+# worker 1 serves here
+pipeline = tfpar.pipeline.Pipeline(num_stages=2, num_microbatches=2, span_workers=True)
 
 import numpy as np  # noqa: E402
 

@@ -17,9 +17,8 @@ tfpar.configure_devices(3)
 from tests.models import ZERO_OPTIMIZERS, train_zero_pair, zero_resume  # noqa: E402
 
 report = {}
-for i, optimizer in enumerate(
-    ZERO_OPTIMIZERS
-):  # each under one Keras here (both on 2 replicas: tests/devices/test_zero.py)
+# each under one Keras here (both on 2 replicas: tests/devices/test_zero.py)
+for i, optimizer in enumerate(ZERO_OPTIMIZERS):
     keras_name, stage = ("tf_keras", "keras")[i % 2], 1 + i % 2
     whole, sharded, model = train_zero_pair(
         importlib.import_module(keras_name), optimizer, ["/cpu:0", "/cpu:1", "/cpu:2"], stage
@@ -36,10 +35,8 @@ for i, optimizer in enumerate(
             }
         ),
     }
-for keras_name, first, then in (
-    ("tf_keras", 2, 3),
-    ("keras", 3, 1),
-):  # a checkpoint of 2 replicas on 3, of 3 on one device
+# a checkpoint of 2 replicas on 3, of 3 on one device
+for keras_name, first, then in (("tf_keras", 2, 3), ("keras", 3, 1)):
     devices = ["/cpu:0", "/cpu:1", "/cpu:2"]
     report[f"{keras_name} resume {first} -> {then}"] = {
         "difference": zero_resume(
