@@ -26,14 +26,14 @@ from tfpar.tensor_parallel.ops import (
 )
 from tfpar.tensor_parallel.plan import parse_style
 from tfpar.tensor_parallel.rules import dense_split
-from tfpar.tensor_parallel.shards import Shards
+from tfpar.tensor_parallel.shards import _Shards
 
 __all__ = ["layer_class"]
 
 _LARGE_NEGATIVE = -1e9  # what both Kerases' masked softmax adds where the mask is 0 (float32)
 
 
-class _Dense(Shards):
+class _Dense(_Shards):
     """Dense or EinsumDense split by columns (``keep_split``: hand the split output to a row layer)
     or by rows (its input arrives split)."""
 
@@ -111,7 +111,7 @@ class _Dense(Shards):
 _ATTENTION_WEIGHT = re.compile(r"(query|key|value|attention_output)/(kernel|bias)")
 
 
-class _Attention(Shards):
+class _Attention(_Shards):
     """MultiHeadAttention split by heads: Q, K, V by columns, the output projection by rows."""
 
     def __init__(self, source, style, devices, keep_split=False, **kwargs):
@@ -226,7 +226,7 @@ class _Attention(Shards):
         return mask
 
 
-class _Embedding(Shards):
+class _Embedding(_Shards):
     """Embedding split by vocabulary: each device looks up the ids in its rows, and the parts are
     summed."""
 

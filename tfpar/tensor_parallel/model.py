@@ -27,7 +27,7 @@ from tfpar.tensor_parallel.nested import paired, plain_weights_back, rebuilt, sp
 from tfpar.tensor_parallel.ops import Sharded, gather_from, recording
 from tfpar.tensor_parallel.pairs import is_elementwise, split_outputs
 from tfpar.tensor_parallel.rules import kind_of
-from tfpar.tensor_parallel.shards import Shards
+from tfpar.tensor_parallel.shards import _Shards
 
 __all__ = ["TensorParallelModel", "build_optimizer_beside_variables"]
 
@@ -38,7 +38,7 @@ def build_optimizer_beside_variables(model: Any) -> None:
     optimizer = getattr(model, "optimizer", None)
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss-scale optimizer
     if isinstance(inner, (LARS, LAMB)) and any(
-        isinstance(layer, Shards) for layer in all_layers(model)
+        isinstance(layer, _Shards) for layer in all_layers(model)
     ):
         raise ValueError(
             f"{type(inner).__name__} scales each layer's step by the norms of its whole weights "
@@ -116,7 +116,7 @@ class TensorParallelModel:
         values = dict(zip(input_keys, tf.nest.flatten(inputs)))
         for layer, in_keys, out_keys, fill in steps:
             args, kwargs = fill(values)
-            if isinstance(layer, Shards):
+            if isinstance(layer, _Shards):
                 out = layer.tp_call(
                     *args, **dict(kwargs, training=kwargs.get("training", training))
                 )
@@ -177,7 +177,7 @@ class TensorParallelModel:
             if layer.weights:
                 copy = self.inner.get_layer(layer.name)
                 layer.set_weights(
-                    copy.full_weights() if isinstance(copy, Shards) else copy.get_weights()
+                    copy.full_weights() if isinstance(copy, _Shards) else copy.get_weights()
                 )
         return self._source
 
@@ -215,7 +215,7 @@ def _clone_split(source, styles, devices, k):
     for layer in source.layers:
         if layer.weights:
             copy = inner.get_layer(layer.name)
-            (copy.load if isinstance(copy, Shards) else copy.set_weights)(layer.get_weights())
+            (copy.load if isinstance(copy, _Shards) else copy.set_weights)(layer.get_weights())
     return inner
 
 

@@ -1,4 +1,4 @@
-"""A split layer's weights (`Shards`, the base of every split layer of `layers.py`): 1/T of each
+"""A split layer's weights (`_Shards`, the base of every split layer of `layers.py`): 1/T of each
 planned weight of the source layer on each of T devices, or a weight kept whole on the home
 device; made empty, loaded from the source layer's weights, and given back whole in its order.
 """
@@ -8,10 +8,10 @@ import numpy as np
 from tfpar._keras import tf
 from tfpar.tensor_parallel.ops import Sharded, gather_from
 
-__all__ = ["Shards"]
+__all__: list[str] = []  # _Shards: the base of layers.py's split layers, for this room only
 
 
-class Shards:
+class _Shards:
     """What every split layer does with its weights: ``self._slots`` lists, in the source layer's
     weight order, (variables, axis): one variable per device split along ``axis``, or one on the
     home device (axis None)."""
