@@ -67,6 +67,10 @@ def test_two_replicas_train_exactly_like_one_device_with_the_same_global_batch(o
     )
     assert train.steps_per_epoch == -(-len(x) // global_batch)
     parallel.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, verbose=0)
+    # Its momentum slots were made before the first step, so the step was traced once (a plain
+    # tf_keras fit traces it twice: once to make them).
+    assert parallel.train_function.experimental_get_tracing_count() == 1
+    assert single.train_function.experimental_get_tracing_count() == 2
 
     for a, b in zip(single.get_weights(), parallel.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
@@ -287,3 +291,32 @@ def test_fit_under_a_tfpar_strategy_reuses_freed_memory_where_tf_distribute_maps
     )
     # 1 to 400 a step here (a thread's heap still growing), against 13,000
     assert faults["tfpar_faults_per_step"] * 10 < faults["mirrored_faults_per_step"], faults
+
+
+def test_a_train_step_of_the_users_keeps_its_optimizer_to_the_variables_it_updates():
+    """A ``train_step`` written as Keras' guide to customizing ``fit`` writes it, updating only the
+    last layer: the optimizer is built by that step, with that layer's variables, as without
+    tfpar (tfpar builds it before the first step only under Keras' own ``train_step``)."""
+    keras = tfpar.keras
+
+    class LastLayerOnly(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compiled_loss(y, self(x, training=True))
+            head = self.layers[-1].trainable_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, head), head))
+            return {"loss": loss}
+
+    x, y = _data(32)
+    with DataParallel().scope():
+        inputs = keras.Input((8, 8, 1))
+        hidden = keras.layers.Dense(4, activation="relu")(keras.layers.Flatten()(inputs))
+        model = LastLayerOnly(inputs, keras.layers.Dense(3)(hidden))
+        model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy())
+    body = [v.numpy() for v in model.layers[2].trainable_variables]
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    moments = [v for v in model.optimizer.variables() if "/m/" in v.name]
+    assert [m.shape for m in moments] == [v.shape for v in model.layers[-1].trainable_variables]
+    for before, after in zip(body, model.layers[2].trainable_variables):
+        np.testing.assert_array_equal(before, after.numpy())

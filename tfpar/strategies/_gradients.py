@@ -18,6 +18,7 @@ from tfpar._keras import is_keras3, keras_of, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._accumulation import AccumulatedUpdates, GradientAccumulator
 from tfpar.strategies._microbatches import elastic_microbatches, split_into_microbatches
+from tfpar.strategies._prebuild import build_optimizer_state
 from tfpar.strategies._windows import count_updates, warn_about_remainder
 
 __all__ = [
@@ -154,8 +155,10 @@ GRADIENT_CHECKS = (
     ("compile", "after", count_updates),
     ("fit", "before", warn_about_remainder),
     ("fit", "before", split_into_microbatches),
+    ("fit", "before", build_optimizer_state),
 )
-"""The model checks of a strategy whose replicas compress or accumulate their gradients."""
+"""The model checks of a strategy whose replicas compress or accumulate their gradients (and
+whose tf_keras step is traced once: `tfpar.strategies._prebuild`)."""
 
 
 class GradientReduction(AccumulatedUpdates):
