@@ -451,6 +451,15 @@ def test_the_optimizer_internals_of_each_keras():
     assert _compat.keras3_tf_optimizer_class(keras) is None  # tf_keras has no such base
 
 
+def test_tf_keras_trains_the_variables_trainable_at_compile():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.layers[0].trainable = False
+    trained = _compat.tf_keras_trained_variables(model)
+    assert len(trained) == 4 and len(model.trainable_variables) == 2
+    assert not model.layers[0].trainable  # put back as the user set it
+
+
 def test_the_parameter_server_worker_count_and_the_cpu_s_kernels():
     from tensorflow.python.distribute import parameter_server_strategy_v2 as ps
 

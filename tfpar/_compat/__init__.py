@@ -79,6 +79,7 @@ from tfpar._compat.tf_keras import (
     tf_keras_model_class,
     tf_keras_resume_point,
     tf_keras_set_resume_point,
+    tf_keras_trained_variables,
 )
 from tfpar._compat.tfmot import (
     tfmot_can_cluster,
@@ -139,6 +140,7 @@ __all__ = [
     "tf_keras_model_class",
     "tf_keras_resume_point",
     "tf_keras_set_resume_point",
+    "tf_keras_trained_variables",
     "tfmot_can_cluster",
     "tfmot_quant_ops",
     "tfmot_wrapper_classes",

@@ -1,5 +1,6 @@
 """tf_keras' private internals: what it reads from a strategy and a callback, its printer, its
-data adapters, where its fit resumes, its Model constructor and its random layers."""
+data adapters, where its fit resumes, the variables it trains, its Model constructor and its random
+layers."""
 
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
@@ -15,6 +16,7 @@ __all__ = [
     "tf_keras_model_class",
     "tf_keras_resume_point",
     "tf_keras_set_resume_point",
+    "tf_keras_trained_variables",
 ]
 
 
@@ -71,6 +73,16 @@ def tf_keras_model_class():
     from tf_keras.src.engine.training import Model
 
     return Model if "__init__" in Model.__dict__ else None
+
+
+def tf_keras_trained_variables(model):
+    """The variables tf_keras' ``fit`` trains: ``model.trainable_variables`` with each layer's
+    ``trainable`` as it was at ``compile``, which ``fit`` puts back for its run (a layer frozen or
+    unfrozen after ``compile`` counts as it was then); no public API gives them."""
+    from tf_keras.src.engine import training_utils
+
+    with training_utils.RespectCompiledTrainableState(model):
+        return list(model.trainable_variables)
 
 
 def take_logs_as_they_are(callback):

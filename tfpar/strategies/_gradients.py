@@ -154,8 +154,8 @@ GRADIENT_CHECKS = (
     ("compile", "after", mark_keras3_gradient_reduction),
     ("compile", "after", count_updates),
     ("fit", "before", warn_about_remainder),
+    ("fit", "before", build_optimizer_state),  # before the micro-batches' own train_step
     ("fit", "before", split_into_microbatches),
-    ("fit", "before", build_optimizer_state),
 )
 """The model checks of a strategy whose replicas compress or accumulate their gradients (and
 whose tf_keras step is traced once: `tfpar.strategies._prebuild`)."""

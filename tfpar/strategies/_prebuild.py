@@ -2,38 +2,56 @@
 
 ``tf.function`` traces a function again when its first trace made variables: the second trace is
 the one that runs, and it must make none. tf_keras' optimizers make their slots (Adam's moments,
-momentum) inside ``apply_gradients``, so tf_keras' ``fit`` traced its whole distributed step twice,
-the first time only to make them. Built before ``fit`` with the variables Keras' own
-``train_step`` hands them, under the name scope ``apply_gradients`` gives them, they are the same
-variables with the same names, made once, and the step is traced once. Keras 3 builds its
-optimizer before tracing already; ZeRO makes its sharded state itself.
+momentum) and a schedule's current rate inside ``apply_gradients``, so tf_keras' ``fit`` traced
+its whole distributed step twice, the first time only to make them. Made before ``fit`` for the
+variables Keras' own ``train_step`` hands the optimizer (each layer trainable as at ``compile``),
+under the name scope ``apply_gradients`` gives them, they are the same variables with the same
+names, made once, and the step is traced once (where it makes no variable of its own: gradient
+accumulation's buffers are still made in it). Keras 3 builds its optimizer before tracing
+already; ZeRO makes its sharded state itself. A change to the optimizer's variables must then come
+before ``fit`` (``exclude_from_weight_decay`` in a callback's ``on_train_begin`` comes too late).
 """
 
 import contextlib
 
+from tfpar import _compat
 from tfpar._keras import is_keras3, keras, tf
 
 __all__ = ["build_optimizer_state"]
 
 
 def build_optimizer_state(model, arguments=None):
-    """Before ``fit`` of a tf_keras model whose ``train_step`` is Keras' own: its optimizer builds
-    its slots for ``model.trainable_variables`` now, under the model's strategy. A model not built
-    yet, a ``train_step`` of the user's (it may update some variables only), a legacy optimizer,
-    Keras 3 or ZeRO: left to the first step."""
+    """Before ``fit`` of a tf_keras model that trains with Keras' own step: its optimizer builds
+    its slots (and a schedule's current rate) for the variables ``fit`` trains, now, under the
+    model's strategy. Left to the first step: a model not built yet, a ``train_step`` or
+    ``make_train_function`` of the user's (it may update some variables only), a moving average
+    of the weights (``use_ema``: it copies them when built), a legacy optimizer, Keras 3, ZeRO."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or is_keras3(model) or not model.built:
-        return
-    if type(model).train_step is not keras.Model.train_step:
+    if optimizer is None or is_keras3(model) or not model.built or not _keras_own_step(model):
         return
     strategy = model.distribute_strategy
     if getattr(getattr(strategy, "config", None), "zero_stage", 0):
         return
-    variables = model.trainable_variables
-    if not isinstance(optimizer, keras.optimizers.Optimizer) or not variables:
+    if not isinstance(optimizer, keras.optimizers.Optimizer) or optimizer.use_ema:
         return
-    with strategy.scope(), _apply_scope(optimizer):
-        optimizer.build(variables)  # a no-op where it is built already
+    variables = _compat.tf_keras_trained_variables(model)
+    if not variables:
+        return
+    with strategy.scope():
+        with _apply_scope(optimizer):
+            optimizer.build(variables)  # a no-op where it is built already
+        _compat.current_learning_rate(getattr(optimizer, "inner_optimizer", optimizer))
+
+
+def _keras_own_step(model):
+    """Whether ``fit`` runs Keras' own ``train_step`` of ``model`` (no class or instance of the
+    user's replaces it or the training function)."""
+    cls = type(model)
+    return (
+        cls.train_step is keras.Model.train_step
+        and cls.make_train_function is keras.Model.make_train_function
+        and "train_step" not in vars(model)
+    )
 
 
 def _apply_scope(optimizer):
