@@ -16,6 +16,7 @@ import contextlib
 
 from tfpar import _compat
 from tfpar._keras import is_keras3, keras, tf
+from tfpar.strategies._zero import zero_stage_of
 
 __all__ = ["build_optimizer_state"]
 
@@ -30,7 +31,7 @@ def build_optimizer_state(model, arguments=None):
     if optimizer is None or is_keras3(model) or not model.built or not _keras_own_step(model):
         return
     strategy = model.distribute_strategy
-    if getattr(getattr(strategy, "config", None), "zero_stage", 0):
+    if zero_stage_of(strategy):
         return
     if not isinstance(optimizer, keras.optimizers.Optimizer) or optimizer.use_ema:
         return

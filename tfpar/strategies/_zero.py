@@ -36,7 +36,13 @@ from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
 from tfpar.strategies._zero_state import ShardedState, tf_variable, window_of
 
-__all__ = ["ZERO_STAGES", "ShardedOptimizer", "check_zero_stage", "shard_optimizer_state"]
+__all__ = [
+    "ZERO_STAGES",
+    "ShardedOptimizer",
+    "check_zero_stage",
+    "shard_optimizer_state",
+    "zero_stage_of",
+]
 
 ZERO_STAGES = (0, 1, 2)
 """0: every replica holds the whole optimizer state; 1: each holds the slots of its chunk; 2: also
@@ -237,6 +243,12 @@ class ShardedOptimizer(ShardedState):
         return writes
 
 
+def zero_stage_of(strategy):
+    """The ZeRO stage ``strategy`` shards its optimizer state at (0: none, or not a tfpar
+    strategy with one)."""
+    return getattr(getattr(strategy, "config", None), "zero_stage", 0)
+
+
 def shard_optimizer_state(model, arguments=None):
     """After ``compile`` of a model of a `DataParallel` with ``zero_stage`` > 0: its optimizer's
     updates go through a `ShardedOptimizer` (on that optimizer instance only).
@@ -245,7 +257,7 @@ def shard_optimizer_state(model, arguments=None):
         ValueError: an optimizer whose state cannot be sharded, with the reason.
     """
     strategy = model.distribute_strategy
-    stage = getattr(getattr(strategy, "config", None), "zero_stage", 0)
+    stage = zero_stage_of(strategy)
     outer = getattr(model, "optimizer", None)
     if not stage or outer is None:
         return
