@@ -7,6 +7,7 @@ import numpy as np
 
 from tfpar._checks import check_int
 from tfpar._parallelism import PlacesItself
+from tfpar.strategies._prebuild import build_optimizer_state
 from tfpar.verify._causes import causes, loss_scale_finding
 from tfpar.verify._report import VariableDifference, VerifyReport
 
@@ -120,6 +121,7 @@ class Comparison:
             batch, count = key[0], steps // self.accumulation
             if self.accumulation > 1 and _accumulates_itself(reference, self.accumulation):
                 batch, count = self.batch, steps
+            build_optimizer_state(reference)  # its step traced once, as the strategies' are
             history = reference.fit(
                 examples().batch(batch), epochs=1, steps_per_epoch=count, shuffle=False, verbose=0
             ).history
