@@ -57,11 +57,13 @@ def pytest_collection_modifyitems(config, items):
 
 def _sharing_group(fixturedef, item):
     """The group of the tests that share ``fixturedef`` (made once in a test process), or None: a
-    session fixture of this conftest groups by its name, a module fixture of the tests by module."""
+    session fixture of this conftest groups by its name, a module fixture of the tests by module
+    (or by the group the module names: ``pytestmark = pytest.mark.xdist_group(...)``)."""
     if fixturedef.scope == "session" and fixturedef.func.__module__ == __name__:
         return fixturedef.argname
     if fixturedef.scope == "module" and fixturedef.func.__module__.startswith("tests."):
-        return item.module.__name__
+        named = item.getparent(pytest.Module).get_closest_marker("xdist_group")
+        return named.args[0] if named is not None else item.module.__name__
     return None
 
 

@@ -1,11 +1,13 @@
 """tfpar inside Ray Train on a local Ray cluster (127.0.0.1): TensorflowTrainer with 2 workers.
 
-Usage: ray_train.py OUT_DIR [--kill-worker] [--zero] [--cpus N]
-Each worker trains 4 epochs under DataParallel (with --zero, its optimizer state sharded over the
-workers: zero_stage=1) with tfpar.data and tfpar's callbacks, reports a
-checkpoint to Ray at every epoch (tfpar.integrations.ray) and writes worker_<rank>.npz. With
---kill-worker, worker 1 SIGKILLs itself in epoch 3 of the first run; FailureConfig(max_failures=1)
-restarts the group, which resumes from the last checkpoint. Prints "RESULT {json}".
+Usage: ray_train.py OUT_DIR [--kill-worker] [--zero] [--refuse-workers N]
+First, with --refuse-workers, ScalingConfig(num_workers=N) is checked against the cluster (2 CPUs)
+and its refusal printed ("REFUSED ..."). Then each worker trains 4 epochs under DataParallel (with
+--zero, its optimizer state sharded over the workers: zero_stage=1) with tfpar.data and tfpar's
+callbacks, reports a checkpoint to Ray at every epoch (tfpar.integrations.ray) and writes
+worker_<rank>.npz. With --kill-worker, worker 1 SIGKILLs itself in epoch 3 of the first run;
+FailureConfig(max_failures=1) restarts the group, which resumes from the last checkpoint. Prints
+"RESULT {json}".
 """
 
 import json
@@ -21,7 +23,10 @@ from ray.train.tensorflow import TensorflowTrainer  # noqa: E402
 import tfpar.integrations.ray as tfpar_ray  # noqa: E402
 
 out = sys.argv[1]
-cpus = int(sys.argv[sys.argv.index("--cpus") + 1]) if "--cpus" in sys.argv else 2
+
+
+def _option(name):
+    return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else None
 
 
 def train_loop(config):
@@ -85,15 +90,15 @@ def train_loop(config):
         json.dump({"start": start, "loss": history.history["loss"]}, f)
 
 
-ray.init(num_cpus=cpus, include_dashboard=False)
+ray.init(num_cpus=2, include_dashboard=False)
 up = time.monotonic() - STARTED
+if _option("--refuse-workers"):
+    try:
+        tfpar_ray.check_resources(ScalingConfig(num_workers=_option("--refuse-workers")))
+    except ValueError as error:
+        print(f"REFUSED after {time.monotonic() - STARTED - up:.3f} s: {error}", flush=True)
 scaling = ScalingConfig(num_workers=2)
-try:
-    tfpar_ray.check_resources(scaling)
-except ValueError as error:
-    print(f"REFUSED {error}", flush=True)
-    ray.shutdown()
-    sys.exit(3)
+tfpar_ray.check_resources(scaling)
 trainer = TensorflowTrainer(
     train_loop,
     train_loop_config={
