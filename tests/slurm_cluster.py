@@ -8,6 +8,12 @@ job sees, and the addresses tfpar derives from it, stay on loopback. Both daemon
 127.0.0.1 only (``CommunicationParameters=NoInAddrAny,NoCtldInAddrAny``, and tfpar's loopback
 library in their environment).
 
+Everything a job leaves stays in the cluster's folder, ``TmpFS`` included: a ``--mpi=pmix`` step
+makes ``<TmpFS>/spmix_appdir_<uid>_<job>.<step>`` and cannot launch where one is already there
+("task 0 launch failed: Unspecified error"). With the default ``/tmp``, a step killed in one test
+session left it for the job of the same number in every later one (each new cluster numbers its
+jobs from 1).
+
 Debian's packages are installed with apt-get when missing and this is root (as `tfpar
 install-horovod` installs OpenMPI); elsewhere the tests that need SLURM skip, or fail under CI.
 """
@@ -39,6 +45,7 @@ SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool
+TmpFS={folder}/tmp
 SlurmctldPidFile={folder}/slurmctld.pid
 SlurmdPidFile={folder}/slurmd.pid
 ProctrackType=proctrack/pgid
@@ -83,7 +90,7 @@ class SlurmCluster:
 
     def __init__(self, folder, ctld_port, slurmd_port):
         self.folder = folder
-        for sub in ("state", "spool"):
+        for sub in ("state", "spool", "tmp"):
             os.makedirs(os.path.join(folder, sub), exist_ok=True)
         self.conf = os.path.join(folder, "slurm.conf")
         with open(self.conf, "w", encoding="utf-8") as f:

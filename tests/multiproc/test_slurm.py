@@ -3,6 +3,9 @@
 by `HorovodStrategy` over ``srun --mpi=pmix``."""
 
 import os
+import re
+import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -151,3 +154,29 @@ def test_the_sbatch_examples_run_under_sbatch(slurm, tmp_path, script, says, hor
     result = slurm.sbatch(str(job), output=str(tmp_path / "job.out"), env=_job_env())
     assert result.returncode == 0, result.output[-4000:]
     assert all(line in result.output for line in says), result.output[-3000:]
+
+
+def test_a_pmix_step_launches_past_what_an_earlier_session_left_in_tmp(slurm):
+    """A ``--mpi=pmix`` step cannot launch where its PMIx folder ``spmix_appdir_<uid>_<job>.<step>``
+    is already there ("task 0 launch failed: Unspecified error"). In ``/tmp``, SLURM's default, a
+    step killed in one session left it for the job of that number in every later one (each new
+    cluster numbers its jobs from 1): the test cluster keeps it in its own folder (``TmpFS``)."""
+    config = subprocess.run(
+        ["scontrol", "show", "config"],
+        env={**os.environ, **slurm.env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    job = re.search(r"NEXT_JOB_ID\s*=\s*(\d+)", config).group(1)
+    left = f"/tmp/spmix_appdir_{os.getuid()}_{job}.0"
+    ours = not os.path.exists(left)
+    os.makedirs(left, exist_ok=True)
+    try:
+        result = slurm.srun(["/bin/echo", "launched"], 2, mpi="pmix", timeout=60)
+    finally:
+        if ours:
+            shutil.rmtree(left, ignore_errors=True)
+    assert result.returncode == 0 and result.output.count("launched") == 2, result.output[-3000:]
+    assert "launch failed" not in result.output
+    assert os.path.isdir(os.path.join(slurm.folder, "tmp"))
