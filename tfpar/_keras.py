@@ -29,6 +29,7 @@ __all__ = [
     "check_keras_model",
     "check_one_keras",
     "check_tf_keras_model",
+    "inner_optimizer",
     "is_keras3",
     "keras3",
     "keras_of",
@@ -67,6 +68,11 @@ def is_keras3(obj):
 def keras_of(obj):
     """The Keras module ``obj`` belongs to: ``tf_keras``, or Keras 3."""
     return keras3() if is_keras3(obj) else keras
+
+
+def inner_optimizer(optimizer):
+    """The optimizer a loss-scale optimizer wraps (either Keras'), or ``optimizer`` itself."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def all_layers(model):

@@ -5,6 +5,7 @@ backup restores the rate of a run on another number of workers."""
 from typing import Any
 
 from tfpar import _compat
+from tfpar._keras import inner_optimizer
 from tfpar.callbacks._hooks import chief_print
 
 __all__ = ["elastic_learning_rate", "rescale_learning_rate"]
@@ -17,7 +18,7 @@ def rescale_learning_rate(model: Any, factor: float, applied: float | None = Non
     """Puts the optimizer's rate, which carries the scaling factor ``applied`` (an elastic job's, 1
     for none; None: the one this process set), on ``factor`` instead: a backup restores the rate its
     run trained with (a loss-scale optimizer's: the rate of the optimizer it wraps)."""
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    optimizer = inner_optimizer(model.optimizer)
     applied = getattr(optimizer, _FACTOR, 1.0) if applied is None else applied
     rate = _compat.given_learning_rate(optimizer)
     if applied != factor:

@@ -5,7 +5,7 @@ made at those boundaries only (`AccumulatedUpdates`). `fit`'s view of the same w
 `tfpar.strategies._windows`."""
 
 from tfpar import _compat
-from tfpar._keras import tf
+from tfpar._keras import inner_optimizer, tf
 
 __all__ = ["AccumulatedUpdates", "GradientAccumulator"]
 
@@ -117,7 +117,7 @@ class GradientAccumulator:
         """``optimizer``'s ``iterations`` (those of the one a loss-scale optimizer wraps, which both
         Kerases' ``iterations`` name and which counts where the gradients are reduced) move at the
         boundaries only."""
-        counter = getattr(optimizer, "inner_optimizer", optimizer).iterations
+        counter = inner_optimizer(optimizer).iterations
         if not isinstance(counter, tf.Variable):
             counter = counter.value  # Keras 3 wraps a tf.Variable
         self.counters.add(counter.ref())

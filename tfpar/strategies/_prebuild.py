@@ -15,7 +15,7 @@ before ``fit`` (``exclude_from_weight_decay`` in a callback's ``on_train_begin``
 import contextlib
 
 from tfpar import _compat
-from tfpar._keras import is_keras3, keras, tf
+from tfpar._keras import inner_optimizer, is_keras3, keras, tf
 from tfpar.strategies._zero import zero_stage_of
 
 __all__ = ["build_optimizer_state"]
@@ -41,7 +41,7 @@ def build_optimizer_state(model, arguments=None):
     with strategy.scope():
         with _apply_scope(optimizer):
             optimizer.build(variables)  # a no-op where it is built already
-        _compat.current_learning_rate(getattr(optimizer, "inner_optimizer", optimizer))
+        _compat.current_learning_rate(inner_optimizer(optimizer))
 
 
 def _keras_own_step(model):

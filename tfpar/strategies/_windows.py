@@ -10,7 +10,7 @@ import logging
 import math
 
 from tfpar import _compat
-from tfpar._keras import tf
+from tfpar._keras import inner_optimizer, tf
 
 __all__ = [
     "accumulator_of",
@@ -35,11 +35,6 @@ def calls_per_step(strategy) -> int:
     return getattr(getattr(strategy, "extended", None), "_microbatches", 1)
 
 
-def _inner(optimizer):
-    """The optimizer a loss-scale optimizer wraps, or ``optimizer``."""
-    return getattr(optimizer, "inner_optimizer", optimizer)
-
-
 def steps_per_update(model) -> int:
     """``fit``'s steps per update of ``model``'s optimizer: its strategy's accumulation window, or
     the window of Keras 3's optimizer's own ``gradient_accumulation_steps``; 1 without either."""
@@ -47,7 +42,7 @@ def steps_per_update(model) -> int:
     accumulator = accumulator_of(strategy)
     if accumulator is not None:
         return accumulator.steps // calls_per_step(strategy)
-    optimizer = _inner(getattr(model, "optimizer", None))
+    optimizer = inner_optimizer(getattr(model, "optimizer", None))
     return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 
 
@@ -67,7 +62,8 @@ def _steps_into_window(model, window):
         return 0
     accumulator = accumulator_of(model.distribute_strategy)
     if accumulator is None:  # Keras 3's own accumulation
-        return int(tf.convert_to_tensor(_compat.optimizer_steps(_inner(model.optimizer)))) % window
+        steps = _compat.optimizer_steps(inner_optimizer(model.optimizer))
+        return int(tf.convert_to_tensor(steps)) % window
     calls = calls_per_step(model.distribute_strategy)
     sharded = getattr(model, "_tfpar_zero", None)
     counter = getattr(sharded, "counter", None)  # ZeRO accumulating in its own buffers
@@ -88,7 +84,7 @@ def count_updates(model, arguments=None):
     optimizer = getattr(model, "optimizer", None)
     if accumulator is None or optimizer is None:
         return
-    own = getattr(_inner(optimizer), "gradient_accumulation_steps", None)
+    own = getattr(inner_optimizer(optimizer), "gradient_accumulation_steps", None)
     if own:
         raise ValueError(_accumulated_twice(model, own, accumulator.steps))
     accumulator.count_updates(optimizer)

@@ -30,7 +30,7 @@ bf16 keeps float32's range and stays 16-bit.
 
 from tfpar import _compat
 from tfpar._checks import check_choice, check_int
-from tfpar._keras import is_keras3, tf
+from tfpar._keras import inner_optimizer, is_keras3, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
@@ -262,7 +262,7 @@ def shard_optimizer_state(model, arguments=None):
     if not stage or outer is None:
         return
     # the one a LossScaleOptimizer wraps: its update is sharded
-    optimizer = getattr(outer, "inner_optimizer", outer)
+    optimizer = inner_optimizer(outer)
     refusal = rules.sharding_refusal(optimizer)
     if refusal:
         raise ValueError(

@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 from tfpar import _compat
-from tfpar._keras import all_layers, is_keras3, keras, keras3, tf
+from tfpar._keras import all_layers, inner_optimizer, is_keras3, keras, keras3, tf
 from tfpar.optimizers import LAMB, LARS
 from tfpar.tensor_parallel.accounting import bytes_by_device
 from tfpar.tensor_parallel.calls import keeping_split
@@ -36,7 +36,7 @@ def build_optimizer_beside_variables(model: Any) -> None:
     """Makes ``model``'s optimizer slots now, outside any function: each is created next to its
     variable then. (Keras 3 makes them in the first step's trace otherwise, all on one device.)"""
     optimizer = getattr(model, "optimizer", None)
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss-scale optimizer
+    inner = inner_optimizer(optimizer)
     if isinstance(inner, (LARS, LAMB)) and any(
         isinstance(layer, _Shards) for layer in all_layers(model)
     ):

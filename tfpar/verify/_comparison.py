@@ -185,12 +185,12 @@ def _accumulates_itself(model, steps):
     """Keras 3: ``model`` compiled again with its optimizer's own ``gradient_accumulation_steps``,
     the reference for a strategy's accumulation (`tfpar.verify._paths`); returns whether it was.
     tf_keras has no such option: there one step of the larger batch is the reference."""
-    from tfpar._keras import is_keras3, keras_of
+    from tfpar._keras import inner_optimizer, is_keras3, keras_of
 
     if not is_keras3(model):
         return False
     k, optimizer = keras_of(model), model.optimizer
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    inner = inner_optimizer(optimizer)
     accumulating = type(inner).from_config(
         {**inner.get_config(), "gradient_accumulation_steps": steps}
     )
