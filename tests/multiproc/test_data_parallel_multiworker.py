@@ -44,8 +44,9 @@ def test_launch_nproc_per_node_trains_two_workers_a_device_each_to_identical_wei
     assert losses[-1] < 0.7 * losses[0]
 
 
-# Jobs of multiworker_train.py: (DataParallel's options, its cases NAME:EXAMPLES:KERAS[:OPTIMIZER]).
-# The cases of a job share its processes and strategy, one TensorFlow start for them all.
+# Groups of multiworker_train.py: (DataParallel's options, its cases
+# NAME:EXAMPLES:KERAS[:OPTIMIZER]). The cases of a group share a strategy; the groups share one job,
+# one TensorFlow start for them all.
 EQUIVALENCE_JOBS = {
     "default": ([], ["whole-steps:96:2", "padded-last-step-keras3:90:3", "lars-keras3:96:3:lars"]),
     "ring-4KiB-packs-accumulate-2": (
@@ -62,30 +63,30 @@ EQUIVALENCE_JOBS = {
 
 @pytest.fixture(scope="module")
 def equivalence_jobs(tmp_path_factory):
-    """Each job of EQUIVALENCE_JOBS run once: {job: (its output, its folder)}."""
-    runs = {}
-    for job, (options, cases) in EQUIVALENCE_JOBS.items():
-        folder = tmp_path_factory.mktemp(job)
-        result = run_command(
-            tfpar_command(
-                "launch",
-                "-n",
-                "2",
-                "--",
-                sys.executable,
-                os.path.join(SCRIPTS, "multiworker_train.py"),
-                str(folder),
-                "16",
-                "2",
-                ",".join(cases),
-                *options,
-            ),
-            timeout=300,
-            env={"PYTHONPATH": ROOT},
-        )
-        assert result.returncode == 0, result.output[-4000:]
-        runs[job] = result.output, folder
-    return runs
+    """The groups of EQUIVALENCE_JOBS run in one job, each under a strategy of its options, in the
+    same 2 processes: {group: (the job's output, its folder)}."""
+    folder = tmp_path_factory.mktemp("equivalence")
+    groups = []
+    for options, cases in EQUIVALENCE_JOBS.values():
+        groups += ["+", ",".join(cases), *options]
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            "2",
+            "--",
+            sys.executable,
+            os.path.join(SCRIPTS, "multiworker_train.py"),
+            str(folder),
+            "16",
+            "2",
+            *groups[1:],
+        ),
+        timeout=400,
+        env={"PYTHONPATH": ROOT},
+    )
+    assert result.returncode == 0, result.output[-4000:]
+    return {job: (result.output, folder) for job in EQUIVALENCE_JOBS}
 
 
 @pytest.mark.parametrize(

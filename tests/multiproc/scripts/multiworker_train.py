@@ -2,14 +2,17 @@
 once per case, under one strategy (one TensorFlow start and one collective for every case).
 
 Usage: multiworker_train.py OUT_DIR GLOBAL_BATCH EPOCHS CASE[,CASE ...] [OPTION=VALUE ...]
-A CASE is ``NAME:EXAMPLES:KERAS[:OPTIMIZER]`` (KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of
+                             [+ CASE[,CASE ...] [OPTION=VALUE ...] ...]
+Each group after a ``+`` trains its cases under a strategy of its own options, in the same
+processes (a second MultiWorkerDataParallel keeps the first one's server). A CASE is
+``NAME:EXAMPLES:KERAS[:OPTIMIZER]`` (KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of
 tests.models.ZERO_OPTIMIZERS, else SGD with momentum); the options are DataParallel's (e.g.
 all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1). With zero_stage,
 each worker also writes the weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras
-3's .weights.h5). Each case writes to
-OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation, and those the
-worker drew alone), worker_<i>.npz (the trained weights) and, without OPTIMIZER, scored_<i>.npz
-(evaluate's loss on the padded input, predict's output on every example).
+3's .weights.h5). Each case writes to OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the
+weights after creation, and those the worker drew alone), worker_<i>.npz (the trained weights)
+and, without OPTIMIZER, scored_<i>.npz (evaluate's loss on the padded input, predict's output on
+every example).
 """
 
 import importlib
@@ -21,12 +24,27 @@ import numpy as np
 import tfpar
 
 out, global_batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cases = [case.split(":") for case in sys.argv[4].split(",")]
-options = {
-    key: int(value) if value.isdigit() else value
-    for key, value in (a.split("=", 1) for a in sys.argv[5:])
-}
-strategy = tfpar.DataParallel(timeout_seconds=120, **options)
+
+
+def _groups(argv):
+    """[(cases, options)] of the groups of ``argv`` (CASES [OPTION=VALUE ...], joined by "+")."""
+    groups = [[]]
+    for arg in argv:
+        if arg == "+":
+            groups.append([])
+        else:
+            groups[-1].append(arg)
+    return [
+        (
+            [case.split(":") for case in cases.split(",")],
+            {k: int(v) if v.isdigit() else v for k, v in (a.split("=", 1) for a in options)},
+        )
+        for cases, *options in groups
+    ]
+
+
+groups = _groups(sys.argv[4:])
+strategy = tfpar.DataParallel(timeout_seconds=120, **groups[0][1])
 
 import tensorflow as tf  # noqa: E402
 
@@ -40,7 +58,9 @@ from tests.models import (  # noqa: E402
 index = tfpar.ClusterInfo.from_tf_config().worker_index
 # only the strategy's broadcast can make the workers start alike
 seed = 1 if index == 0 else 100 + index
-for name, examples, keras_version, *optimizer in cases:
+
+
+def train_case(strategy, name, examples, keras_version, *optimizer, options):
     k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
@@ -54,20 +74,25 @@ for name, examples, keras_version, *optimizer in cases:
     np.savez(os.path.join(folder, f"start_{index}.npz"), *model.get_weights())
     np.savez(os.path.join(folder, f"local_start_{index}.npz"), *local_start)
     print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
-    train = tfpar.data.distribute(
-        tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch
-    )
-    model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=epochs, verbose=2)
+    data = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
+    model.fit(data.dataset, steps_per_epoch=data.steps_per_epoch, epochs=epochs, verbose=2)
     np.savez(os.path.join(folder, f"worker_{index}.npz"), *model.get_weights())
     if options.get("zero_stage"):
         model.save_weights(
             os.path.join(folder, f"ckpt_{index}" + (".weights.h5" if keras_version == "3" else ""))
         )
     if optimizer:  # the sharded cases: evaluate and predict are the default job's
-        continue
-    scores = model.evaluate(train.dataset, steps=train.steps_per_epoch, verbose=0, return_dict=True)
+        return
+    scores = model.evaluate(data.dataset, steps=data.steps_per_epoch, verbose=0, return_dict=True)
     np.savez(
         os.path.join(folder, f"scored_{index}.npz"),
         loss=scores["loss"],
         predictions=model.predict(x, batch_size=global_batch, verbose=0),
     )
+
+
+for number, (cases, options) in enumerate(groups):
+    if number:
+        strategy = tfpar.DataParallel(timeout_seconds=120, **options)
+    for case in cases:
+        train_case(strategy, *case, options=options)
