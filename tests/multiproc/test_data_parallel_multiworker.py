@@ -19,6 +19,13 @@ from tfpar.cluster import ClusterInfo, local_cluster
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
+def _launch(workers, script, *args, timeout=300, env=None):
+    """``tfpar launch -n WORKERS -- python scripts/SCRIPT ARGS...``: a `Finished`."""
+    command = [sys.executable, os.path.join(SCRIPTS, script), *map(str, args)]
+    launch = tfpar_command("launch", "-n", str(workers), "--", *command)
+    return run_command(launch, timeout=timeout, env=env)
+
+
 def test_launch_nproc_per_node_trains_two_workers_a_device_each_to_identical_weights(tmp_path):
     """The README's launch line, torchrun's spelling: each worker gets its own device (here, one
     virtual CPU device each: no GPU on this machine; the GPU ids each would get are tested in
@@ -69,19 +76,13 @@ def equivalence_jobs(tmp_path_factory):
     groups = []
     for options, cases in EQUIVALENCE_JOBS.values():
         groups += ["+", ",".join(cases), *options]
-    result = run_command(
-        tfpar_command(
-            "launch",
-            "-n",
-            "2",
-            "--",
-            sys.executable,
-            os.path.join(SCRIPTS, "multiworker_train.py"),
-            str(folder),
-            "16",
-            "2",
-            *groups[1:],
-        ),
+    result = _launch(
+        2,
+        "multiworker_train.py",
+        folder,
+        16,
+        2,
+        *groups[1:],
         timeout=400,
         env={"PYTHONPATH": ROOT},
     )
@@ -209,20 +210,7 @@ def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equi
 @pytest.mark.parametrize("workers, n", [(2, 23), (3, 31)])
 def test_each_example_reaches_exactly_one_worker_and_epochs_end_cleanly(tmp_path, workers, n):
     global_batch = 2 * workers
-    result = run_command(
-        tfpar_command(
-            "launch",
-            "-n",
-            str(workers),
-            "--",
-            sys.executable,
-            os.path.join(SCRIPTS, "coverage_worker.py"),
-            str(n),
-            str(global_batch),
-            str(tmp_path),
-        ),
-        timeout=300,
-    )
+    result = _launch(workers, "coverage_worker.py", n, global_batch, tmp_path)
     assert result.returncode == 0, result.output[-4000:]
     logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(workers)]
     counts = collections.Counter(i for log in logs for i in log["seen"])
@@ -238,21 +226,14 @@ def test_files_are_counted_once_for_the_job_and_every_example_is_read_once(tmp_p
 
     sizes = [5, 9, 3, 6]
     write_id_files(tmp_path, sizes)
-    result = run_command(
-        tfpar_command(
-            "launch",
-            "-n",
-            "2",
-            "--",
-            sys.executable,
-            os.path.join(SCRIPTS, "coverage_worker.py"),
-            str(sum(sizes)),
-            "4",
-            str(tmp_path),
-            "--files",
-            ",".join(map(str, sizes)),
-        ),
-        timeout=300,
+    result = _launch(
+        2,
+        "coverage_worker.py",
+        sum(sizes),
+        4,
+        tmp_path,
+        "--files",
+        ",".join(map(str, sizes)),
         env={"PYTHONPATH": ROOT},
     )
     assert result.returncode == 0, result.output[-4000:]
@@ -337,19 +318,7 @@ def test_a_multi_worker_strategy_made_after_tensorflow_ran_says_to_create_it_fir
 def test_keras_tuner_searches_under_two_workers_with_tfpar_callbacks(tmp_path):
     """KerasTuner (Keras 3) under `tfpar launch -n 2`: both workers run the same trials in step
     under MultiWorkerDataParallel, with tfpar's callbacks, and agree on every score."""
-    result = run_command(
-        tfpar_command(
-            "launch",
-            "-n",
-            "2",
-            "--",
-            sys.executable,
-            os.path.join(SCRIPTS, "tuner_multiworker.py"),
-            str(tmp_path),
-        ),
-        timeout=300,
-        env={"PYTHONPATH": ROOT},
-    )
+    result = _launch(2, "tuner_multiworker.py", tmp_path, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
     seen = [json.loads((tmp_path / f"tuner_{i}.json").read_text()) for i in range(2)]
     trials = seen[0]["trials"]
