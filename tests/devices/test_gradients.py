@@ -52,6 +52,9 @@ def test_accumulating_n_steps_trains_like_one_step_of_n_times_the_batch(any_kera
     )
     for a, b in zip(accumulated.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    if any_keras is tfpar.keras:  # (Keras 3's train_function is a plain function around one)
+        # its buffers bypass tf.function's variable creator: the step is traced once
+        assert accumulated.train_function.experimental_get_tracing_count() == 1
 
 
 def test_accumulation_runs_eagerly_as_in_a_function_and_then_lets_assignments_through(any_keras):

@@ -6,10 +6,11 @@ momentum) and a schedule's current rate inside ``apply_gradients``, so tf_keras'
 its whole distributed step twice, the first time only to make them. Made before ``fit`` for the
 variables Keras' own ``train_step`` hands the optimizer (each layer trainable as at ``compile``),
 under the name scope ``apply_gradients`` gives them, they are the same variables with the same
-names, made once, and the step is traced once (where it makes no variable of its own: gradient
-accumulation's buffers are still made in it). Keras 3 builds its optimizer before tracing
-already; ZeRO makes its sharded state itself. A change to the optimizer's variables must then come
-before ``fit`` (``exclude_from_weight_decay`` in a callback's ``on_train_begin`` comes too late).
+names, made once, and the step is traced once (gradient accumulation's buffers, made in the
+step, bypass ``tf.function``'s variable creator and cause no second trace). Keras 3 builds its
+optimizer before tracing already; ZeRO makes its sharded state itself. A change to the optimizer's
+variables must then come before ``fit`` (``exclude_from_weight_decay`` in a callback's
+``on_train_begin`` comes too late).
 """
 
 import contextlib
