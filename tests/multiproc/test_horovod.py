@@ -516,17 +516,14 @@ def test_demo_on_horovod_with_a_keras3_model_and_its_optimizer_state_sharded():
 
 
 def test_horovod_example_runs_under_horovodrun(tmp_path):
-    result = _horovodrun(
-        2,
-        "examples/train_horovod.py",
-        "--epochs",
-        "2",
-        "--compression",
-        "fp16",
-        "--checkpoint-dir",
-        str(tmp_path),
+    """The Horovod guide's line, from a user's shell, with options of the example added."""
+    command = docs_command(
+        "horovodrun -np 2 -H localhost:2 --gloo python examples/train_horovod.py"
     )
+    options = ["--epochs", "2", "--compression", "fp16", "--checkpoint-dir", str(tmp_path)]
+    result = run_command([*command, *options], timeout=300, env=USER_SHELL)
     assert result.returncode == 0, result.output[-3000:]
+    assert "HorovodStrategy (Horovod ring all-reduce)" in result.output
     accuracy = float(
         re.search(r"validation accuracy after 2 epochs: ([0-9.]+)", result.output).group(1)
     )

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.conftest import run_command, run_json_script
+from tests.conftest import USER_SHELL, docs_command, run_command, run_json_script
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -37,10 +37,9 @@ def test_three_stages_and_the_hybrid_train_exactly_like_the_plain_model():
 )
 def test_demo_on_a_pipeline(extra, header, tmp_path):
     folder = tmp_path / "report"
-    # as in the README, with its timeline and plots
-    result = run_command(
-        ["tfpar", "demo", "--strategy", "pipeline", *extra, "--report", str(folder)], timeout=400
-    )
+    # as the CLI reference writes it, from a user's shell, with its timeline and plots
+    command = docs_command("tfpar demo --strategy pipeline")
+    result = run_command([*command, *extra, "--report", str(folder)], timeout=400, env=USER_SHELL)
     assert result.returncode == 0, result.output[-3000:]
     assert f"timeline: {folder / 'timeline.json'}" in result.output
     assert (
