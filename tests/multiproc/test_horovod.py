@@ -48,12 +48,38 @@ def _case_arguments(cases):
     return [":".join(map(str, (name, *cases[name]))) for name in cases]
 
 
+def _kernels(output):
+    """{case: {rank: kernel}} from horovod_one_step.py's lines."""
+    kernels = {}
+    for case, rank, kernel in re.findall(r"KERNEL (\S+) (\d) (\[[^\]]*\])", output):
+        kernels.setdefault(case, {})[rank] = np.array(json.loads(kernel))
+    return kernels
+
+
+# The one-step cases of horovod_one_step.py (OP:COMPRESSION[:embedding]), run after CASES in the
+# same horovodrun.
+ONE_STEP_CASES = [
+    "average:none",
+    "sum:none",
+    "average:fp16",
+    "average:bf16",
+    "average:none:embedding",
+    "sum:none:embedding",
+]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """{case: (each rank's weights, each rank's history, rank 1's strategy description)}."""
+    """{case: (each rank's weights, each rank's history, rank 1's strategy description)}, and
+    "kernels": {one-step case: {rank: kernel}}."""
     out = tmp_path_factory.mktemp("horovod_train")
     result = _horovodrun(
-        2, os.path.join(SCRIPTS, "horovod_train.py"), str(out), *_case_arguments(CASES)
+        2,
+        os.path.join(SCRIPTS, "horovod_train.py"),
+        str(out),
+        *_case_arguments(CASES),
+        "--",
+        *ONE_STEP_CASES,
     )
     assert result.returncode == 0, result.output[-4000:]
     runs = {}
@@ -65,6 +91,7 @@ def trained(tmp_path_factory):
             (out / name / "describe_1.txt").read_text(),
         )
     runs["folder"] = out
+    runs["kernels"] = _kernels(result.output)
     return runs
 
 
@@ -226,29 +253,11 @@ def _values(variables):
     return [np.asarray(v) for v in (variables() if callable(variables) else variables)]
 
 
-def _kernels(output):
-    """{case: {rank: kernel}} from horovod_one_step.py's lines."""
-    kernels = {}
-    for case, rank, kernel in re.findall(r"KERNEL (\S+) (\d) (\[[^\]]*\])", output):
-        kernels.setdefault(case, {})[rank] = np.array(json.loads(kernel))
-    return kernels
-
-
 @pytest.fixture(scope="module")
-def one_step():
-    """{"op:compression": {rank: kernel}}: every gloo case of one step, in one horovodrun."""
-    cases = [
-        "average:none",
-        "sum:none",
-        "average:fp16",
-        "average:bf16",
-        "average:none:embedding",
-        "sum:none:embedding",
-    ]
-    result = _horovodrun(2, os.path.join(SCRIPTS, "horovod_one_step.py"), *cases)
-    assert result.returncode == 0, result.output[-4000:]
-    kernels = _kernels(result.output)
-    assert sorted(kernels) == sorted(cases) and all(
+def one_step(trained):
+    """{"op:compression": {rank: kernel}}: every gloo case of one step, in the training job."""
+    kernels = trained["kernels"]
+    assert sorted(kernels) == sorted(ONE_STEP_CASES) and all(
         sorted(k) == ["0", "1"] for k in kernels.values()
     ), kernels
     return kernels
@@ -303,13 +312,15 @@ def test_adasum_is_refused_clearly_on_gloo(tmp_path):
     )
 
 
-def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path, trained):
+@pytest.fixture(scope="module")
+def over_mpi(tmp_path_factory):
+    """Adasum under `horovodrun --mpi`, one job: the training case "adasum" (its folder) and the
+    one-step case "adasum:none" (the job's output)."""
     import horovod.tensorflow as hvd
 
-    if not hvd.mpi_built():
+    if not hvd.mpi_built():  # Horovod runs Adasum over MPI only
         pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
-    (average, _), _, _ = trained["average"]
-    out = tmp_path / "adasum"
+    out = tmp_path_factory.mktemp("over_mpi")
     result = run_command(
         [
             "horovodrun",
@@ -320,18 +331,26 @@ def test_adasum_over_mpi_trains_with_its_own_combination_rule(tmp_path, trained)
             "--mpi",
             sys.executable,
             os.path.join(SCRIPTS, "horovod_train.py"),
-            str(tmp_path),
+            str(out),
             *_case_arguments({"adasum": (16, 2, 96, "adasum", "none", 1, 2)}),
+            "--",
+            "adasum:none",
         ],
         timeout=300,
         env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
     )
     assert result.returncode == 0, result.output[-4000:]
-    adasum, rank1 = (load_arrays(out / f"rank_{r}.npz") for r in range(2))
+    return out / "adasum", result.output
+
+
+def test_adasum_over_mpi_trains_with_its_own_combination_rule(over_mpi, trained):
+    (average, _), _, _ = trained["average"]
+    folder, _ = over_mpi
+    adasum, rank1 = (load_arrays(folder / f"rank_{r}.npz") for r in range(2))
     for a, b in zip(adasum, rank1):
         np.testing.assert_array_equal(a, b)
     assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(adasum, average))
-    loss = json.loads((out / "rank_0.json").read_text())["loss"]
+    loss = json.loads((folder / "rank_0.json").read_text())["loss"]
     assert loss[-1] < loss[0]
 
 
@@ -371,30 +390,11 @@ def test_a_sparse_gradient_takes_the_reduction_rule_of_a_dense_one(one_step, op,
     _assert_one_sgd_step(one_step[f"{op}:none:embedding"], np.array(expected))
 
 
-def test_one_step_of_adasum_over_mpi_applies_its_combination_rule():
-    import horovod.tensorflow as hvd
-
-    if not hvd.mpi_built():  # Horovod runs Adasum over MPI only
-        pytest.skip("this Horovod has no MPI (tfpar install-horovod builds it in where OpenMPI is)")
+def test_one_step_of_adasum_over_mpi_applies_its_combination_rule(over_mpi):
     expected = _adasum(A, B)
     assert not np.allclose(expected, (A + B) / 2) and not np.allclose(expected, A + B)
-    result = run_command(
-        [
-            "horovodrun",
-            "-np",
-            "2",
-            "-H",
-            "localhost:2",
-            "--mpi",
-            sys.executable,
-            os.path.join(SCRIPTS, "horovod_one_step.py"),
-            "adasum:none",
-        ],
-        timeout=300,
-        env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
-    )
-    assert result.returncode == 0, result.output[-4000:]
-    _assert_one_sgd_step(_kernels(result.output)["adasum:none"], expected)
+    _, output = over_mpi
+    _assert_one_sgd_step(_kernels(output)["adasum:none"], expected)
 
 
 def test_adasum_needs_a_power_of_two_ranks(tmp_path):

@@ -6,23 +6,17 @@ rank 1 gets [1, 1] (tfpar.data shards by rank); with COMPRESSION "fp16" or "bf16
 and [0.3, 0.7], which neither 16-bit format can hold exactly. A case OP:COMPRESSION:embedding
 trains an Embedding(3, 1) instead, whose gradient is sparse: rank 0 looks up rows 0 and 1, rank 1
 rows 0 and 2.
-Usage: horovod_one_step.py OP:COMPRESSION[:embedding] ...; prints ``KERNEL <case> <rank> <kernel>``.
+horovod_train.py runs them after its training cases, in the same ranks: ``one_step(cases)``
+prints ``KERNEL <case> <rank> <kernel>`` for each case OP:COMPRESSION[:embedding].
 """
 
 import json
-import sys
 
 import numpy as np
+import tensorflow as tf
 
 import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
-
-cases = sys.argv[1:]
-strategies = [
-    HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1]) for case in cases
-]
-
-import tensorflow as tf  # noqa: E402
 
 keras = tfpar.keras
 
@@ -44,19 +38,26 @@ def _model(embedding):
     )
 
 
-for strategy, case in zip(strategies, cases):
-    embedding = case.endswith(":embedding")
-    with strategy.scope():
-        model = _model(embedding)
-        model.compile(keras.optimizers.SGD(1.0), loss=lambda y_true, y_pred: y_pred)
-    if embedding:
-        x = np.array([[0, 1], [0, 2]], "int32")
-    elif ":none" in case:
-        x = np.array([[1.0, 0.0], [1.0, 1.0]], "float32")
-    else:
-        x = np.array([[0.1, 0.2], [0.3, 0.7]], "float32")
-    y = np.zeros((2, 1), "float32")
-    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 2)
-    model.fit(train.dataset, steps_per_epoch=1, epochs=1, verbose=0)
-    kernel = model.get_weights()[0][:, 0].tolist()
-    print(f"KERNEL {case} {strategy.rank} " + json.dumps(kernel), flush=True)
+def _inputs(case):
+    if case.endswith(":embedding"):
+        return np.array([[0, 1], [0, 2]], "int32")
+    if ":none" in case:
+        return np.array([[1.0, 0.0], [1.0, 1.0]], "float32")
+    return np.array([[0.1, 0.2], [0.3, 0.7]], "float32")
+
+
+def one_step(cases):
+    """One step of each case in turn, each under its own strategy; prints each rank's kernel."""
+    strategies = [
+        HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1]) for case in cases
+    ]
+    for strategy, case in zip(strategies, cases):
+        with strategy.scope():
+            model = _model(case.endswith(":embedding"))
+            model.compile(keras.optimizers.SGD(1.0), loss=lambda y_true, y_pred: y_pred)
+        y = np.zeros((2, 1), "float32")
+        examples = tf.data.Dataset.from_tensor_slices((_inputs(case), y))
+        train = tfpar.data.distribute(examples, strategy, 2)
+        model.fit(train.dataset, steps_per_epoch=1, epochs=1, verbose=0)
+        kernel = model.get_weights()[0][:, 0].tolist()
+        print(f"KERNEL {case} {strategy.rank} " + json.dumps(kernel), flush=True)
