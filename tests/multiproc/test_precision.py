@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT, run_command, tfpar_command
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "precision_overflow.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "precision_multiworker.py")
 
 
 def _reports(output):
@@ -27,37 +27,27 @@ def _assert_same_arrays(first, second):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-OVERFLOW_JOBS = {
-    "data_parallel": tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, "2", "3"),
-    "horovod": [
-        "horovodrun",
-        "-np",
-        "2",
-        "-H",
-        "localhost:2",
-        "--gloo",
-        sys.executable,
-        SCRIPT,
-        "--horovod",
-        "--zero",
-        "2",
-        "3",
-    ],
-}
-
-
 @pytest.fixture(scope="module")
-def overflow_job():
-    """The overflow check on 2 workers (tfpar launch) or on 2 Horovod ranks (horovodrun), the job
-    running it under tf_keras and then Keras 3: each job once, its output."""
-    outputs = {}
+def precision_job(tmp_path_factory):
+    """The script's checks on 2 workers (tfpar launch) or on 2 Horovod ranks (horovodrun), each job
+    once: {launcher: (its output, [worker 0's compression report, worker 1's])}."""
+    jobs = {}
 
-    def run(launcher):
-        if launcher not in outputs:
-            outputs[launcher] = run_command(
-                OVERFLOW_JOBS[launcher], timeout=300, env={"PYTHONPATH": ROOT}
-            )
-        return outputs[launcher]
+    def run(launcher, request):
+        if launcher == "horovod":
+            request.getfixturevalue("horovod_installed")
+        if launcher not in jobs:
+            out = tmp_path_factory.mktemp(f"precision_{launcher}")
+            if launcher == "horovod":
+                hosts = ["-np", "2", "-H", "localhost:2", "--gloo"]
+                command = ["horovodrun", *hosts, sys.executable, SCRIPT, str(out), "--horovod"]
+            else:
+                command = tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, str(out))
+            result = run_command(command, timeout=400, env={"PYTHONPATH": ROOT})
+            assert result.returncode == 0, result.output[-4000:]
+            reports = [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]
+            jobs[launcher] = (result.output, reports)
+        return jobs[launcher]
 
     return run
 
@@ -65,15 +55,10 @@ def overflow_job():
 @pytest.mark.parametrize("keras_version", ["2", "3"], ids=["tf_keras", "keras3"])
 @pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
 def test_an_overflow_on_one_worker_skips_the_step_everywhere(
-    overflow_job, launcher, keras_version, request
+    precision_job, launcher, keras_version, request
 ):
-    if launcher == "horovod":
-        request.getfixturevalue("horovod_installed")
-    result = overflow_job(launcher)
-    assert result.returncode == 0, result.output[-4000:]
-    reports = [
-        r for r in _reports(result.output) if r["keras"] == keras_version and "zero" not in r
-    ]
+    output, _ = precision_job(launcher, request)
+    reports = [r for r in _reports(output) if r["keras"] == keras_version and "zero" not in r]
     assert [r["worker"] for r in reports] == [0, 1]
     for report in reports:
         optimizer = "LossScaleOptimizer" if keras_version == "3" else "LossScaleOptimizerV3"
@@ -84,20 +69,15 @@ def test_an_overflow_on_one_worker_skips_the_step_everywhere(
     _assert_same_arrays(reports[0]["weights"], reports[1]["weights"])
 
 
-def test_an_overflow_on_one_rank_skips_the_sharded_step_on_every_rank(
-    overflow_job, horovod_installed
-):
+def test_an_overflow_on_one_rank_skips_the_sharded_step_on_every_rank(precision_job, request):
     """HorovodStrategy(zero_stage=1) under mixed_float16: the loss-scale optimizer wraps the sharded
     Adam, an inf gradient on rank 0 only skips the step on both ranks, the scale halves, and the
     next step ends where the unsharded run's does (both Kerases)."""
-    result = overflow_job("horovod")
-    assert result.returncode == 0, result.output[-4000:]
+    output, _ = precision_job("horovod", request)
     for keras_version in ("2", "3"):
         runs = {
             zero: [
-                r
-                for r in _reports(result.output)
-                if r["keras"] == keras_version and r.get("zero") == zero
+                r for r in _reports(output) if r["keras"] == keras_version and r.get("zero") == zero
             ]
             for zero in (0, 1)
         }
@@ -124,50 +104,9 @@ def test_an_overflow_on_one_rank_skips_the_sharded_step_on_every_rank(
         _assert_same_arrays(runs[1][0]["weights"], runs[1][1]["weights"])
 
 
-COMPRESS = os.path.join(os.path.dirname(__file__), "scripts", "compress_multiworker.py")
-
-
-@pytest.fixture(scope="module")
-def compress_job(tmp_path_factory):
-    """QAT and the collaborative chain on 2 workers (tfpar launch) or 2 Horovod ranks (horovodrun),
-    each job once: {launcher: [worker 0's report, worker 1's]}."""
-    reports = {}
-
-    def run(launcher, request):
-        if launcher == "horovod":
-            request.getfixturevalue("horovod_installed")
-        if launcher not in reports:
-            out = tmp_path_factory.mktemp(f"compress_{launcher}")
-            if launcher == "horovod":
-                command = [
-                    "horovodrun",
-                    "-np",
-                    "2",
-                    "-H",
-                    "localhost:2",
-                    "--gloo",
-                    sys.executable,
-                    COMPRESS,
-                    str(out),
-                    "--horovod",
-                ]
-            else:
-                command = tfpar_command(
-                    "launch", "-n", "2", "--", sys.executable, COMPRESS, str(out)
-                )
-            result = run_command(command, timeout=300, env={"PYTHONPATH": ROOT})
-            assert result.returncode == 0, result.output[-4000:]
-            reports[launcher] = [
-                json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)
-            ]
-        return reports[launcher]
-
-    return run
-
-
 @pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
-def test_qat_across_processes_ends_identical_on_both_workers(compress_job, launcher, request):
-    reports = compress_job(launcher, request)
+def test_qat_across_processes_ends_identical_on_both_workers(precision_job, launcher, request):
+    _, reports = precision_job(launcher, request)
     assert [r["worker"] for r in reports] == [0, 1]
     assert (
         reports[0]["qat_ranges"]
@@ -180,9 +119,9 @@ def test_qat_across_processes_ends_identical_on_both_workers(compress_job, launc
 
 @pytest.mark.parametrize("launcher", ["data_parallel", "horovod"])
 def test_collaborative_compression_across_processes_agrees_on_both_workers(
-    compress_job, launcher, request
+    precision_job, launcher, request
 ):
-    reports = compress_job(launcher, request)
+    _, reports = precision_job(launcher, request)
     assert [r["worker"] for r in reports] == [0, 1]
     for part in ("masks", "centroids", "pqat", "cqat"):
         first, second = reports[0][part], reports[1][part]

@@ -1,12 +1,19 @@
-"""Plain QAT and TFMOT's collaborative chain under multi-worker DataParallel (run under
-`tfpar launch -n 2`), or under HorovodStrategy with --horovod (`horovodrun -np 2`): QAT of the
-trained model (TFMOT's default 8-bit); pruning, then pruning-preserving QAT, and clustering that
-keeps the zeros, then cluster-preserving QAT, both with exact ranges. Writes ``worker_<i>.json``
-into the folder given as the first argument, with this worker's QAT ranges and weights, pruning
-masks, cluster centroids and indices, whole (compared element by element): a file, because
-horovodrun forwards each rank's output in chunks and a line this long can come back interleaved with
-the other rank's."""
+"""Precision across processes, one job: run under `tfpar launch -n 2` (multi-worker DataParallel),
+or with --horovod under `horovodrun -np 2` (HorovodStrategy).
 
+First QAT and TFMOT's collaborative chain: QAT of the trained model (TFMOT's default 8-bit);
+pruning, then pruning-preserving QAT, and clustering that keeps the zeros, then cluster-preserving
+QAT, both with exact ranges. Writes ``worker_<i>.json`` into the folder given as the first
+argument, with this worker's QAT ranges and weights, pruning masks, cluster centroids and indices,
+whole (compared element by element): a file, because horovodrun forwards each rank's output in
+chunks and a line this long can come back interleaved with the other rank's.
+
+Then the loss-scale consistency check, under tf_keras and then Keras 3 with the same strategy: an
+inf gradient on the first worker's replica only, under mixed_float16; prints ``REPORT {json}`` per
+Keras. With --horovod, then Adam's under HorovodStrategy with the optimizer state sharded over the
+ranks and without, per Keras ("zero": 1 or 0 in the report)."""
+
+import importlib
 import json
 import os
 import sys
@@ -14,7 +21,7 @@ import sys
 import numpy as np
 
 import tfpar
-from tests.models import digits_subset, process_strategy, qat_model
+from tests.models import digits_subset, overflow_step, process_strategy, qat_model
 from tfpar.quantization import cluster, prune, quantize, quantizer_ranges
 
 keras = tfpar.keras
@@ -83,3 +90,23 @@ with open(os.path.join(sys.argv[1], f"worker_{worker}.json"), "w") as f:
         },
         f,
     )
+
+for keras_version in ("2", "3"):
+    k = importlib.import_module("keras") if keras_version == "3" else tfpar.keras
+    report = overflow_step(strategy, global_batch=8, first_worker=worker == 0, k=k)
+    print("REPORT " + json.dumps({"worker": worker, "keras": keras_version, **report}), flush=True)
+    for zero in (1, 0) if "--horovod" in sys.argv else ():
+        from tfpar.strategies.horovod import HorovodStrategy
+
+        report = overflow_step(
+            HorovodStrategy(zero_stage=zero),
+            global_batch=8,
+            first_worker=worker == 0,
+            k=k,
+            optimizer=lambda k: k.optimizers.Adam(0.01),
+        )
+        print(
+            "REPORT "
+            + json.dumps({"worker": worker, "keras": keras_version, "zero": zero, **report}),
+            flush=True,
+        )
