@@ -1,8 +1,10 @@
 """Trains on a local parameter-server cluster and reports JSON (run in its own process:
 connecting to a cluster changes the process's TensorFlow context for good)."""
 
+import importlib
 import json
 import sys
+import traceback
 
 import numpy as np
 
@@ -95,6 +97,16 @@ try:
         synchronized.compile("sgd", "mse")
 except ValueError as e:
     synchronized_error = str(e)
+# Keras 3's fit has no ClusterCoordinator: tfpar's input refuses it from tfpar's own code.
+keras3 = importlib.import_module("keras")
+with strategy.scope():
+    keras3_model = keras3.Sequential([keras3.layers.Input((8,)), keras3.layers.Dense(4)])
+    keras3_model.compile("sgd", "mse")
+keras3_error = None
+try:
+    keras3_model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, verbose=0)
+except TypeError as e:
+    keras3_error = [traceback.extract_tb(e.__traceback__)[-1].filename, str(e)]
 resolver_report = {
     "cluster": strategy.cluster_resolver.cluster_spec().as_dict(),
     "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id],
@@ -133,6 +145,7 @@ json.dump(
         "describe": strategy.describe(global_batch_size=32, model=embedder),
         "dataset_error": error,
         "synchronized_batchnorm_error": synchronized_error,
+        "keras3_error": keras3_error,
         "resolver": resolver_report,
         "local_cluster": local_cluster,
         "shutdown": shutdown,
