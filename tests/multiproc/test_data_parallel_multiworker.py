@@ -68,26 +68,51 @@ EQUIVALENCE_JOBS = {
 }
 
 
+FILE_SIZES = [5, 9, 3, 6]
+
+
 @pytest.fixture(scope="module")
-def equivalence_jobs(tmp_path_factory):
-    """The groups of EQUIVALENCE_JOBS run in one job, each under a strategy of its options, in the
-    same 2 processes: {group: (the job's output, its folder)}."""
-    folder = tmp_path_factory.mktemp("equivalence")
+def two_worker_job(tmp_path_factory):
+    """One job of 2 workers for the scripts of the tests below, in turn (scripts/in_turn.py), one
+    TensorFlow start for them all: the equivalence groups of EQUIVALENCE_JOBS, every example of 23
+    reaching one worker, KerasTuner's search, the callbacks, the examples of 4 uneven files (last:
+    it turns on tfpar.data's log). Returns the job's output and {script's folder: path}."""
+    root = tmp_path_factory.mktemp("two_workers")
+    folders = {name: root / name for name in ("equivalence", "coverage", "tuner", "files")}
+    for folder in folders.values():
+        folder.mkdir()
+    from tests.models import write_id_files
+
+    write_id_files(folders["files"], FILE_SIZES)
     groups = []
     for options, cases in EQUIVALENCE_JOBS.values():
         groups += ["+", ",".join(cases), *options]
-    result = _launch(
-        2,
-        "multiworker_train.py",
-        folder,
-        16,
-        2,
-        *groups[1:],
-        timeout=400,
-        env={"PYTHONPATH": ROOT},
-    )
+    runs = [
+        ["multiworker_train.py", folders["equivalence"], 16, 2, *groups[1:]],
+        ["coverage_worker.py", 23, 4, folders["coverage"]],
+        ["tuner_multiworker.py", folders["tuner"]],
+        ["callbacks_multiworker.py"],
+        [
+            "coverage_worker.py",
+            sum(FILE_SIZES),
+            4,
+            folders["files"],
+            "--files",
+            ",".join(map(str, FILE_SIZES)),
+        ],
+    ]
+    arguments = [argument for run in runs for argument in ["--then", *run]]
+    result = _launch(2, "in_turn.py", *arguments[1:], timeout=600, env={"PYTHONPATH": ROOT})
     assert result.returncode == 0, result.output[-4000:]
-    return {job: (result.output, folder) for job in EQUIVALENCE_JOBS}
+    return result.output, folders
+
+
+@pytest.fixture(scope="module")
+def equivalence_jobs(two_worker_job):
+    """The groups of EQUIVALENCE_JOBS, each under a strategy of its options, in the same 2
+    processes: {group: (the job's output, its folder)}."""
+    output, folders = two_worker_job
+    return {job: (output, folders["equivalence"]) for job in EQUIVALENCE_JOBS}
 
 
 @pytest.mark.parametrize(
@@ -207,44 +232,37 @@ def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equi
                 np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("workers, n", [(2, 23), (3, 31)])
-def test_each_example_reaches_exactly_one_worker_and_epochs_end_cleanly(tmp_path, workers, n):
-    global_batch = 2 * workers
-    result = _launch(workers, "coverage_worker.py", n, global_batch, tmp_path)
-    assert result.returncode == 0, result.output[-4000:]
-    logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(workers)]
+def _assert_each_example_once(folder, workers, n, global_batch):
+    logs = [json.loads((folder / f"worker_{i}.json").read_text()) for i in range(workers)]
     counts = collections.Counter(i for log in logs for i in log["seen"])
     assert counts == collections.Counter(range(n))
     assert {log["steps"] for log in logs} == {-(-n // global_batch)}
     assert all(log["epochs"] == 3 for log in logs)
 
 
-def test_files_are_counted_once_for_the_job_and_every_example_is_read_once(tmp_path):
+def test_each_example_reaches_exactly_one_worker_and_epochs_end_cleanly(two_worker_job):
+    _, folders = two_worker_job
+    _assert_each_example_once(folders["coverage"], 2, 23, 4)
+
+
+def test_each_example_reaches_exactly_one_of_three_workers_and_epochs_end_cleanly(tmp_path):
+    result = _launch(3, "coverage_worker.py", 31, 6, tmp_path)
+    assert result.returncode == 0, result.output[-4000:]
+    _assert_each_example_once(tmp_path, 3, 31, 6)
+
+
+def test_files_are_counted_once_for_the_job_and_every_example_is_read_once(two_worker_job):
     """4 uneven files, 2 workers: each worker counts 2 of them, the counts are summed over the
     workers, and both plan the same steps from them: every example is read exactly once."""
-    from tests.models import write_id_files
-
-    sizes = [5, 9, 3, 6]
-    write_id_files(tmp_path, sizes)
-    result = _launch(
-        2,
-        "coverage_worker.py",
-        sum(sizes),
-        4,
-        tmp_path,
-        "--files",
-        ",".join(map(str, sizes)),
-        env={"PYTHONPATH": ROOT},
-    )
-    assert result.returncode == 0, result.output[-4000:]
+    output, folders = two_worker_job
     for worker in range(2):
         assert (
             f"[worker {worker}] INFO:tfpar.data:counted 2 of the 4 input files here; the other "
             "worker(s) counted the rest and the 2 workers summed the counts"
-        ) in result.output
-    logs = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in range(2)]
+        ) in output
+    logs = [json.loads((folders["files"] / f"worker_{i}.json").read_text()) for i in range(2)]
     assert collections.Counter(i for log in logs for i in log["seen"]) == collections.Counter(
-        range(sum(sizes))
+        range(sum(FILE_SIZES))
     )
     assert logs[0]["steps"] == logs[1]["steps"]
 
@@ -315,12 +333,12 @@ def test_a_multi_worker_strategy_made_after_tensorflow_ran_says_to_create_it_fir
     assert "Create the strategy first, at the top of the script" in result.output
 
 
-def test_keras_tuner_searches_under_two_workers_with_tfpar_callbacks(tmp_path):
+def test_keras_tuner_searches_under_two_workers_with_tfpar_callbacks(two_worker_job):
     """KerasTuner (Keras 3) under `tfpar launch -n 2`: both workers run the same trials in step
     under MultiWorkerDataParallel, with tfpar's callbacks, and agree on every score."""
-    result = _launch(2, "tuner_multiworker.py", tmp_path, env={"PYTHONPATH": ROOT})
-    assert result.returncode == 0, result.output[-4000:]
-    seen = [json.loads((tmp_path / f"tuner_{i}.json").read_text()) for i in range(2)]
+    _, folders = two_worker_job
+    folder = folders["tuner"]
+    seen = [json.loads((folder / f"tuner_{i}.json").read_text()) for i in range(2)]
     trials = seen[0]["trials"]
     assert sorted(t["lr"] for t in trials) == [0.01, 0.03] and all(
         t["status"] == "COMPLETED" for t in trials
@@ -337,9 +355,35 @@ def test_keras_tuner_searches_under_two_workers_with_tfpar_callbacks(tmp_path):
             r["history"]["loss"] for r in seen[0]["runs"]
         ]
     # Only the chief reported and saved: one oracle, one checkpoint per trial, in the shared folder.
-    assert sorted(p.name for p in (tmp_path / "search").iterdir()) == [
+    assert sorted(p.name for p in (folder / "search").iterdir()) == [
         "oracle.json",
         "trial_0",
         "trial_1",
         "tuner0.json",
     ]
+
+
+def test_metric_average_throughput_and_nan_guard_on_two_workers(two_worker_job):
+    """scripts/callbacks_multiworker.py: averaging, throughput and the NaN guard, where workers
+    matter."""
+    output, _ = two_worker_job
+    reports = sorted(
+        (
+            json.loads(line.split("REPORT ", 1)[1])
+            for line in output.splitlines()
+            if "REPORT " in line
+        ),
+        key=lambda r: r["worker"],
+    )
+    assert [r["worker"] for r in reports] == [0, 1]
+    for report in reports:
+        assert report["worker_number"] == [1.5, 1.5]  # (1 + 2) / 2 on both workers
+        # not in keys: per worker
+        assert report["kept_number"] == [10.0 * (report["worker"] + 1)] * 2
+        assert all(e > 0 for e in report["examples_per_second"])
+        # Each worker measures its own wall time; per worker = total / 2 workers.
+        assert report["per_worker"] == [e / 2 for e in report["examples_per_second"]]
+        assert report["finite_after_stop"]
+    # Both workers stopped at the same step (neither was left waiting in a collective).
+    assert reports[0]["stopped_at_step"] is not None
+    assert reports[0]["stopped_at_step"] == reports[1]["stopped_at_step"]
