@@ -75,8 +75,9 @@ FILE_SIZES = [5, 9, 3, 6]
 def two_worker_job(tmp_path_factory):
     """One job of 2 workers for the scripts of the tests below, in turn (scripts/in_turn.py), one
     TensorFlow start for them all: the equivalence groups of EQUIVALENCE_JOBS, every example of 23
-    reaching one worker, KerasTuner's search, the callbacks, the examples of 4 uneven files (last:
-    it turns on tfpar.data's log). Returns the job's output and {script's folder: path}."""
+    reaching one worker, KerasTuner's search, the callbacks, the strategy auto() picks, the
+    examples of 4 uneven files (last: it turns on tfpar.data's log). Returns the job's output and
+    {script's folder: path}."""
     root = tmp_path_factory.mktemp("two_workers")
     folders = {name: root / name for name in ("equivalence", "coverage", "tuner", "files")}
     for folder in folders.values():
@@ -92,6 +93,7 @@ def two_worker_job(tmp_path_factory):
         ["coverage_worker.py", 23, 4, folders["coverage"]],
         ["tuner_multiworker.py", folders["tuner"]],
         ["callbacks_multiworker.py"],
+        ["which_strategy.py"],
         [
             "coverage_worker.py",
             sum(FILE_SIZES),
@@ -387,3 +389,14 @@ def test_metric_average_throughput_and_nan_guard_on_two_workers(two_worker_job):
     # Both workers stopped at the same step (neither was left waiting in a collective).
     assert reports[0]["stopped_at_step"] is not None
     assert reports[0]["stopped_at_step"] == reports[1]["stopped_at_step"]
+
+
+def test_one_script_picks_data_parallel_without_horovod(two_worker_job):
+    """`tfpar.strategies.auto()` (scripts/which_strategy.py): multi-worker under `tfpar launch`, one
+    host under plain python (under horovodrun it picks HorovodStrategy:
+    tests/multiproc/test_horovod.py)."""
+    output, _ = two_worker_job
+    assert output.count("strategy MultiWorkerDataParallel 2") == 2
+    script = os.path.join(SCRIPTS, "which_strategy.py")
+    alone = run_command([sys.executable, script], timeout=200, env={"PYTHONPATH": ROOT})
+    assert alone.returncode == 0 and alone.output.count("strategy MirroredDataParallel 2") == 1

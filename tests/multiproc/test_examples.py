@@ -1,14 +1,13 @@
 """The main job and every example run as a user would run them (tiny settings)."""
 
 import json
-import os
 import re
 import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, tfpar_command
+from tests.conftest import USER_SHELL, docs_command, run_command, tfpar_command
 
 
 @pytest.mark.parametrize("keras_version, named", [("2", "tf_keras 2."), ("3", "Keras 3 3.")])
@@ -107,20 +106,6 @@ def test_demo_qat_and_compress_export_int8_tflite_with_the_deployment_report():
     )
     assert smaller >= 8 and drop <= 0.01 and 74 <= sparsity <= 76, result.output[-2000:]
     assert len(re.findall(r"int8\[.*\]: \d+ distinct values, 7[45]\.\d% zero", result.output)) == 4
-
-
-def test_one_script_picks_data_parallel_without_horovod():
-    """`tfpar.strategies.auto()`: multi-worker under `tfpar launch`, one host under plain python
-    (under horovodrun it picks HorovodStrategy: tests/multiproc/test_horovod.py)."""
-    script = os.path.join(ROOT, "tests", "multiproc", "scripts", "which_strategy.py")
-    env = {"PYTHONPATH": ROOT}
-    under_launch = run_command(
-        tfpar_command("launch", "-n", "2", "--", sys.executable, script), timeout=200, env=env
-    )
-    assert under_launch.returncode == 0, under_launch.output[-3000:]
-    assert under_launch.output.count("strategy MultiWorkerDataParallel 2") == 2
-    alone = run_command([sys.executable, script], timeout=200, env=env)
-    assert alone.returncode == 0 and alone.output.count("strategy MirroredDataParallel 2") == 1
 
 
 def test_doctor_reports_versions_and_devices(doctor):

@@ -70,16 +70,20 @@ ONE_STEP_CASES = [
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """{case: (each rank's weights, each rank's history, rank 1's strategy description)}, and
-    "kernels": {one-step case: {rank: kernel}}."""
+    """{case: (each rank's weights, each rank's history, rank 1's strategy description)},
+    "kernels": {one-step case: {rank: kernel}} and the job's "output": horovod_train.py's cases,
+    then which_strategy.py, in the same ranks (scripts/in_turn.py)."""
     out = tmp_path_factory.mktemp("horovod_train")
     result = _horovodrun(
         2,
-        os.path.join(SCRIPTS, "horovod_train.py"),
+        os.path.join(SCRIPTS, "in_turn.py"),
+        "horovod_train.py",
         str(out),
         *_case_arguments(CASES),
         "--",
         *ONE_STEP_CASES,
+        "--then",
+        "which_strategy.py",
     )
     assert result.returncode == 0, result.output[-4000:]
     runs = {}
@@ -92,6 +96,7 @@ def trained(tmp_path_factory):
         )
     runs["folder"] = out
     runs["kernels"] = _kernels(result.output)
+    runs["output"] = result.output
     return runs
 
 
@@ -541,9 +546,7 @@ def test_horovod_example_runs_under_horovodrun(tmp_path):
     assert not [p for p in tmp_path.rglob("workertemp_*")]
 
 
-def test_one_script_picks_horovod_under_horovodrun():
-    """The same script picks DataParallel elsewhere: tests/multiproc/test_examples.py."""
-    script = os.path.join(SCRIPTS, "which_strategy.py")
-    under_horovod = _horovodrun(2, script, timeout=200)
-    assert under_horovod.returncode == 0, under_horovod.output[-3000:]
-    assert under_horovod.output.count("strategy HorovodStrategy 2") == 2
+def test_one_script_picks_horovod_under_horovodrun(trained):
+    """scripts/which_strategy.py; the same script picks DataParallel elsewhere:
+    tests/multiproc/test_data_parallel_multiworker.py."""
+    assert trained["output"].count("strategy HorovodStrategy 2") == 2
