@@ -244,26 +244,25 @@ def test_each_epoch_has_its_own_order_built_alike_in_any_process():
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-@pytest.mark.parametrize("resize", [{7: 2}, {3: 2, 8: 3}, {5: 1, 9: 2}])
+@pytest.mark.parametrize("resize", [{3: 2, 8: 3}, {5: 1, 9: 2}])
 def test_a_resized_epoch_still_sees_every_example_exactly_once(replicas, resize):
     """An elastic job's epoch: 3 workers, then the rest of the epoch read by another number of
-    workers from a step on (a resume there), shuffled with a seed and padded at the end (470
-    examples, 10 steps of 48 with one replica a worker): every example once, in epochs 0 and 1 (each
-    its own order)."""
+    workers from a step on (a resume there), twice (shrunk, then grown), shuffled with a seed and
+    padded at the end (470 examples, 10 steps of 48 with one replica a worker): every example once.
+    Epoch 1: its own order (which depends on the epoch alone: the test above)."""
     global_batch = 48 * replicas
-    for epoch in (0, 1):
-        report = check_coverage(
-            _ids(470),
-            num_workers=3,
-            replicas_per_worker=replicas,
-            resize=resize,
-            epoch=epoch,
-            global_batch_size=global_batch,
-            shuffle_buffer=470,
-            seed=3,
-        )
-        assert report.exactly_once, str(report)
-        assert sum(report.seen.values()) == 470 and report.padded == -470 % global_batch
+    report = check_coverage(
+        _ids(470),
+        num_workers=3,
+        replicas_per_worker=replicas,
+        resize=resize,
+        epoch=1,
+        global_batch_size=global_batch,
+        shuffle_buffer=470,
+        seed=3,
+    )
+    assert report.exactly_once, str(report)
+    assert sum(report.seen.values()) == 470 and report.padded == -470 % global_batch
 
 
 def test_a_step_holds_the_same_examples_whatever_the_number_of_workers():
