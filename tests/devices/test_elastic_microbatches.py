@@ -102,16 +102,15 @@ def test_micro_batches_with_sharded_optimizer_state(options, monkeypatch):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("overflow", [False, True], ids=["finite", "one-overflow"])
-def test_micro_batches_under_mixed_precision(any_keras, monkeypatch, overflow):
+def test_micro_batches_under_mixed_precision(any_keras, monkeypatch):
     """mixed_float16 (a dynamic loss scale), 2 epochs of 96 examples: the micro-batched run equals
     the unsplit one to fp16's accuracy, with the same iterations and loss scale. With an example
     beyond float16's range in the first micro-batch of each epoch's second step, both runs skip that
-    step and halve the scale, and the later steps still apply at their ends (Keras 3 does not reduce
-    a skipped call's gradients: the accumulator's window is dropped, not shifted)."""
+    step and halve the scale (once an epoch, never for a finite step), and the later steps still
+    apply at their ends (Keras 3 does not reduce a skipped call's gradients: the accumulator's
+    window is dropped, not shifted)."""
     examples = _examples(96)
-    if overflow:
-        examples = examples.enumerate().map(lambda i, xy: (tf.where(i == 25, 1e5, xy[0]), xy[1]))
+    examples = examples.enumerate().map(lambda i, xy: (tf.where(i == 25, 1e5, xy[0]), xy[1]))
     with pytest.warns(tfpar.precision.PrecisionWarning):  # no float16 GPU here: emulated
         tfpar.precision.use("mixed_float16")
     try:
@@ -125,7 +124,7 @@ def test_micro_batches_under_mixed_precision(any_keras, monkeypatch, overflow):
         (split_weights, split_iterations, split_seen, _, split_scale),
     ) = runs
     assert split_seen == {6} and split_iterations == iterations
-    assert split_scale == scale == 2.0 ** (13 if overflow else 15)  # halved once an epoch
+    assert split_scale == scale == 2.0**13  # halved once an epoch
     for a, b in zip(split_weights, weights):
         assert np.isfinite(a).all()
         np.testing.assert_allclose(a, b, atol=2e-3, rtol=0)
