@@ -57,13 +57,6 @@ def test_a_model_that_differs_fails_naming_the_cause(any_keras, kind, data, caus
     )
 
 
-def test_synchronized_batchnorm_trains_like_one_replica(any_keras):
-    report = verify(
-        lambda: verify_model("synchronized_batchnorm", any_keras), _whole_batches, steps=2
-    )
-    assert report.passed, report.describe()
-
-
 def test_a_seeded_dropout_with_a_mask_shared_across_the_batch_is_not_blamed():
     def model():
         keras = tfpar.keras
