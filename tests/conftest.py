@@ -181,6 +181,13 @@ def run_command(args, timeout, env=None, cwd=ROOT):
     return Finished(proc.returncode, output.decode(errors="replace"))
 
 
+def in_turn_failure(output):
+    """What a failed job of tests/multiproc/scripts/in_turn.py says: the script that failed first
+    (its "IN TURN FAILED" line) and the end of the job's output."""
+    failed = [line for line in output.splitlines() if "IN TURN FAILED" in line]
+    return "\n".join([*failed[:1], output[-4000:]])
+
+
 HOROVOD_INSTALLED = importlib.util.find_spec("horovod") is not None
 
 

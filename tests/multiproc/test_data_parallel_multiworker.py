@@ -12,7 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, tfpar_command
+from tests.conftest import (
+    ROOT,
+    USER_SHELL,
+    docs_command,
+    in_turn_failure,
+    run_command,
+    tfpar_command,
+)
 from tests.models import assert_started_from_worker_0, load_arrays
 from tfpar.cluster import ClusterInfo, local_cluster
 
@@ -71,6 +78,14 @@ EQUIVALENCE_JOBS = {
 FILE_SIZES = [5, 9, 3, 6]
 
 
+def _joined(parts, separator):
+    """The lists ``parts`` as one argument list, ``separator`` between them."""
+    joined = []
+    for part in parts:
+        joined += [separator, *part] if joined else list(part)
+    return joined
+
+
 @pytest.fixture(scope="module")
 def two_worker_job(tmp_path_factory):
     """One job of 2 workers for the scripts of the tests below, in turn (scripts/in_turn.py), one
@@ -85,11 +100,9 @@ def two_worker_job(tmp_path_factory):
     from tests.models import write_id_files
 
     write_id_files(folders["files"], FILE_SIZES)
-    groups = []
-    for options, cases in EQUIVALENCE_JOBS.values():
-        groups += ["+", ",".join(cases), *options]
+    groups = [[",".join(cases), *options] for options, cases in EQUIVALENCE_JOBS.values()]
     runs = [
-        ["multiworker_train.py", folders["equivalence"], 16, 2, *groups[1:]],
+        ["multiworker_train.py", folders["equivalence"], 16, 2, *_joined(groups, "+")],
         ["coverage_worker.py", 23, 4, folders["coverage"]],
         ["tuner_multiworker.py", folders["tuner"]],
         ["callbacks_multiworker.py"],
@@ -103,9 +116,10 @@ def two_worker_job(tmp_path_factory):
             ",".join(map(str, FILE_SIZES)),
         ],
     ]
-    arguments = [argument for run in runs for argument in ["--then", *run]]
-    result = _launch(2, "in_turn.py", *arguments[1:], timeout=600, env={"PYTHONPATH": ROOT})
-    assert result.returncode == 0, result.output[-4000:]
+    result = _launch(
+        2, "in_turn.py", *_joined(runs, "--then"), timeout=600, env={"PYTHONPATH": ROOT}
+    )
+    assert result.returncode == 0, in_turn_failure(result.output)
     return result.output, folders
 
 

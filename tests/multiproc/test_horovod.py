@@ -9,7 +9,14 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, USER_SHELL, docs_command, run_command, tfpar_command
+from tests.conftest import (
+    ROOT,
+    USER_SHELL,
+    docs_command,
+    in_turn_failure,
+    run_command,
+    tfpar_command,
+)
 from tests.models import assert_started_from_worker_0, load_arrays
 
 pytestmark = pytest.mark.usefixtures("horovod_installed")
@@ -84,8 +91,9 @@ def trained(tmp_path_factory):
         *ONE_STEP_CASES,
         "--then",
         "which_strategy.py",
+        timeout=450,
     )
-    assert result.returncode == 0, result.output[-4000:]
+    assert result.returncode == 0, in_turn_failure(result.output)
     runs = {}
     for name in CASES:
         assert_started_from_worker_0(out / name)  # the broadcast of rank 0's initial values
@@ -341,7 +349,7 @@ def over_mpi(tmp_path_factory):
             "--",
             "adasum:none",
         ],
-        timeout=300,
+        timeout=400,
         env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
     )
     assert result.returncode == 0, result.output[-4000:]

@@ -48,10 +48,8 @@ def _inputs(case):
 
 def one_step(cases):
     """One step of each case in turn, each under its own strategy; prints each rank's kernel."""
-    strategies = [
-        HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1]) for case in cases
-    ]
-    for strategy, case in zip(strategies, cases):
+    for case in cases:
+        strategy = HorovodStrategy(op=case.split(":")[0], compression=case.split(":")[1])
         with strategy.scope():
             model = _model(case.endswith(":embedding"))
             model.compile(keras.optimizers.SGD(1.0), loss=lambda y_true, y_pred: y_pred)

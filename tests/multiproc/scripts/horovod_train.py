@@ -20,16 +20,16 @@ import os
 import sys
 
 import numpy as np
+from in_turn import split_at  # this folder's
 
 import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
 
 out = sys.argv[1]
-arguments = sys.argv[2:]
-split = arguments.index("--") if "--" in arguments else len(arguments)
-one_step_cases = arguments[split + 1 :]
+parts = split_at(sys.argv[2:], "--")
+one_step_cases = parts[1] if len(parts) > 1 else []
 # "-": the model's own optimizer
-cases = [case.split(":") + ["0", "-"][len(case.split(":")) - 8 :] for case in arguments[:split]]
+cases = [case.split(":") + ["0", "-"][len(case.split(":")) - 8 :] for case in parts[0]]
 # each refuses bad options before any training
 strategies = [
     HorovodStrategy(

@@ -20,6 +20,7 @@ import os
 import sys
 
 import numpy as np
+from in_turn import split_at  # this folder's
 
 import tfpar
 
@@ -28,18 +29,12 @@ out, global_batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
 def _groups(argv):
     """[(cases, options)] of the groups of ``argv`` (CASES [OPTION=VALUE ...], joined by "+")."""
-    groups = [[]]
-    for arg in argv:
-        if arg == "+":
-            groups.append([])
-        else:
-            groups[-1].append(arg)
     return [
         (
             [case.split(":") for case in cases.split(",")],
             {k: int(v) if v.isdigit() else v for k, v in (a.split("=", 1) for a in options)},
         )
-        for cases, *options in groups
+        for cases, *options in split_at(argv, "+")
     ]
 
 
