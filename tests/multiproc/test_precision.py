@@ -29,8 +29,9 @@ def _assert_same_arrays(first, second):
 
 @pytest.fixture(scope="module")
 def precision_job(tmp_path_factory):
-    """The script's checks on 2 workers (tfpar launch) or on 2 Horovod ranks (horovodrun), each job
-    once: {launcher: (its output, [worker 0's compression report, worker 1's])}."""
+    """``run(launcher, request)``: the script's checks on 2 workers (tfpar launch) or on 2 Horovod
+    ranks (horovodrun), each job once; its output and [worker 0's compression report, worker
+    1's]."""
     jobs = {}
 
     def run(launcher, request):
@@ -44,10 +45,11 @@ def precision_job(tmp_path_factory):
             else:
                 command = tfpar_command("launch", "-n", "2", "--", sys.executable, SCRIPT, str(out))
             result = run_command(command, timeout=400, env={"PYTHONPATH": ROOT})
-            assert result.returncode == 0, result.output[-4000:]
-            reports = [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]
-            jobs[launcher] = (result.output, reports)
-        return jobs[launcher]
+            jobs[launcher] = (out, result)
+        out, result = jobs[launcher]  # a failed job fails each test that reads it, run once
+        assert result.returncode == 0, result.output[-4000:]
+        reports = [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]
+        return result.output, reports
 
     return run
 
