@@ -248,20 +248,22 @@ def test_each_epoch_has_its_own_order_built_alike_in_any_process():
 def test_a_resized_epoch_still_sees_every_example_exactly_once(replicas, resize):
     """An elastic job's epoch: 3 workers, then the rest of the epoch read by another number of
     workers from a step on (a resume there), twice (shrunk, then grown), shuffled with a seed and
-    padded at the end (470 examples, 10 steps of 48 with one replica a worker): every example once.
-    Epoch 1: its own order (which depends on the epoch alone: the test above)."""
+    padded at the end (470 examples, 10 steps of 48 with one replica a worker, 5 of 96 with two: the
+    resizes' steps halved): every example once, every phase reading steps. Epoch 1: its own order
+    (which depends on the epoch alone: the test above)."""
     global_batch = 48 * replicas
     report = check_coverage(
         _ids(470),
         num_workers=3,
         replicas_per_worker=replicas,
-        resize=resize,
+        resize={step // replicas: workers for step, workers in resize.items()},
         epoch=1,
         global_batch_size=global_batch,
         shuffle_buffer=470,
         seed=3,
     )
     assert report.exactly_once, str(report)
+    assert len(report.phases) == 3 and all(steps > 0 for steps in report.steps_per_worker), report
     assert sum(report.seen.values()) == 470 and report.padded == -470 % global_batch
 
 
