@@ -13,18 +13,21 @@ from tfpar.verify._paths import PATHS, paths_from, relative_update_error
 
 # Stage 2 differs from stage 1 only where it accumulates (tfpar.strategies._zero: the sum a replica
 # keeps between updates); without accumulation the two run one code path, so on one host these rows
-# are stage 1's. All 20 rows run across processes, on the text and on the image model
-# (tests/multiproc/test_verify.py).
+# are stage 1's. All 20 rows run across processes: the text model's over 2 workers, the image
+# model's under 2 Horovod ranks (tests/multiproc/test_verify.py).
 SAME_CODE_AS_ZERO1 = {"zero2", "bf16+zero2", "fp16+zero2", "zero2+mixed_float16"}
-# Compression and ZeRO reduce the image model's gradients (Conv2D's, BatchNormalization's: dense
-# float32) as they reduce the text model's dense ones; the image model's rows are those where its
-# synchronized BatchNormalization's statistics take another way.
+# Compression reduces the image model's gradients (Conv2D's, BatchNormalization's: dense float32)
+# as it reduces the text model's dense ones: the image model takes its synchronized
+# BatchNormalization through every other path, and through bf16 (its statistics' all-reduce stays
+# float32 under compression).
 BATCHNORM_PATHS = {
     "plain",
+    "bf16",
     "zero1",
     "accumulate",
     "mixed_float16",
     "zero1+accumulate",
+    "zero1+mixed_float16",
     "zero2+accumulate",
     "accumulate+mixed_float16",
 }
