@@ -90,8 +90,8 @@ RUN_ELSEWHERE = {
     "watched)"
 }
 # Lines of bash blocks that another test runs as written (tests.conftest.docs_command), from a
-# user's shell, with more checks (the demos to their accuracy targets at their default epochs):
-# the block runs without them.
+# user's shell, with more checks (the demos to their accuracy targets at their default epochs; an
+# example with options of its own added): the block runs without them.
 LINES_RUN_ELSEWHERE = {
     "tfpar doctor": "tests/conftest.py",
     "tfpar tune --target val_accuracy=0.95": "tests/multiproc/test_tune.py",

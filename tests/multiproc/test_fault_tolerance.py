@@ -92,7 +92,8 @@ def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tm
     # Epochs 1-2 are not done again: only the interrupted epoch 3 is, then 4 and 5.
     assert _epochs(second.output) == ["3/5", "4/5", "5/5"]
     # The backup holds the weights and the optimizer after epoch 2; the input has no shuffle and
-    # SGD no randomness, so epochs 3-5 repeat the uninterrupted run's to float rounding.
+    # SGD no randomness, so epochs 3-5 repeat those of the reference's run from the first epoch (an
+    # uninterrupted run) to float rounding.
     resumed, uninterrupted = _losses(second.output), _losses(reference.output)
     assert len(resumed) == 3
     np.testing.assert_allclose(resumed, uninterrupted[2:], rtol=1e-5)
@@ -122,7 +123,8 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
     """Worker 1 dies at step 4 of epoch 2, then (after the restart) worker 0 at step 2 of epoch 4:
     the launcher restarts the whole job twice on fresh ports; each run resumes after the last
     completed epoch, so no epoch completes twice, and the job ends like an undisturbed run."""
-    # The undisturbed run was watched: at the end the launcher reports each task's mean step time.
+    # The reference was watched: at the end of its last run the launcher reports each task's mean
+    # step time.
     steps = re.search(
         r"tfpar launch: mean step time per task \(÷ the median\): worker 0 ([0-9.]+) ms "
         r"\(([0-9.]+)x\), "

@@ -65,6 +65,7 @@ def test_local_cluster_trains_places_and_shards_variables():
         in report["synchronized_batchnorm_error"]
     )
     # Keras 3's fit has no ClusterCoordinator: tfpar's input refuses it from tfpar's own code.
+    assert report["keras3_error"], "Keras 3's fit under parameter servers was not refused"
     where, message = report["keras3_error"]
     assert where.endswith("/tfpar/data/_ps_input.py")
     assert "Parameter-server training in fit needs a tf_keras (Keras 2) model" in message

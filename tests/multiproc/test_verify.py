@@ -17,8 +17,8 @@ VERIFY = [*tfpar_command("verify"), *DEMO]
 
 
 def test_the_demo_model_trains_like_one_replica_under_parameter_servers():
-    """Under workers and Horovod ranks, the synchronized-BatchNorm checks below run the same
-    command."""
+    """Over workers, the synchronized-BatchNorm check below runs the same command; under Horovod
+    ranks, the image model's path job."""
     result = run_command(
         [*VERIFY, "--strategy", "parameter_server"], timeout=300, env={"PYTHONPATH": ROOT}
     )
