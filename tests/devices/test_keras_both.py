@@ -277,22 +277,20 @@ def _tuner_model(hp):
     return model
 
 
-def test_keras_tuner_searches_under_data_parallel_with_tfpar_callbacks(tmp_path):
-    """Hyperband's trials of 1 and 2 epochs under the strategy. RandomSearch with tfpar's
-    callbacks: over 2 workers (tests/multiproc/test_data_parallel_multiworker.py) and on 2 devices
-    as the Keras 3 guide writes it (docs/guides/keras3.md, run as written)."""
+@pytest.mark.parametrize("kind", ["RandomSearch", "Hyperband"])
+def test_keras_tuner_searches_under_data_parallel_with_tfpar_callbacks(kind, tmp_path):
     import keras_tuner as kt  # a test dependency ([dev]): a missing one fails, not skips
 
     strategy = tfpar.DataParallel()
-    tuner = kt.Hyperband(
+    options = dict(max_trials=2) if kind == "RandomSearch" else dict(max_epochs=2, factor=2)
+    tuner = getattr(kt, kind)(
         _tuner_model,
         objective="val_accuracy",
         distribution_strategy=strategy,
         directory=str(tmp_path),
-        project_name="Hyperband",
+        project_name=kind,
         seed=1,
-        max_epochs=2,
-        factor=2,
+        **options,
     )
     x, y = _data()
     train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 16)
