@@ -45,6 +45,7 @@ def _plain(k):
         ("interleaved", False),
         ("zb-h1", False),
         ("1f1b", True),
+        ("interleaved", True),
         ("zb-h1", True),
     ],
 )
@@ -52,7 +53,8 @@ def test_two_stage_pipeline_trains_exactly_like_the_plain_model(any_keras, sched
     """Every schedule: "interleaved" cuts the model into 4 chunks, 2 per device; "zb-h1" takes
     each chunk's input gradient and its weight gradients in two separate calls. Recomputation is a
     chunk's own (tfpar.pipeline.executor.run_stage, whatever the order the schedule calls chunks
-    in): under 1F1B, and under ZB-H1, whose split backward it changes."""
+    in): under 1F1B (GPipe's chunks are its chunks, in another order), interleaved's 2 chunks a
+    device, and ZB-H1, whose split backward it changes."""
     k = any_keras
     reference, history = _plain(k)
     staged = Pipeline(
