@@ -80,9 +80,9 @@ FILE_SIZES = [5, 9, 3, 6]
 
 def _joined(parts, separator):
     """The lists ``parts`` as one argument list, ``separator`` between them."""
-    joined = []
-    for part in parts:
-        joined += [separator, *part] if joined else list(part)
+    joined = list(parts[0])
+    for part in parts[1:]:
+        joined += [separator, *part]
     return joined
 
 
