@@ -288,7 +288,7 @@ def test_fit_under_a_tfpar_strategy_reuses_freed_memory_where_tf_distribute_maps
     assert faults["mirrored_faults_per_step"] > 1000, (
         f"{faults}: TensorFlow no longer pins the threshold; keep_malloc_policy can go"
     )
-    # 1 to 400 a step here (a thread's heap still growing), against 13,000
+    # about 1 a step here in the steady state (the fewest of epochs 2-4), against 13,000
     assert faults["tfpar_faults_per_step"] * 10 < faults["mirrored_faults_per_step"], faults
 
 
