@@ -89,11 +89,10 @@ def _joined(parts, separator):
 @pytest.fixture(scope="module")
 def two_worker_job(tmp_path_factory):
     """One job of 2 workers for the scripts of the tests below, in turn (scripts/in_turn.py), one
-    TensorFlow start for them all: verify of synchronized BatchNorm (first: it sets each worker's
-    devices), the equivalence groups of EQUIVALENCE_JOBS, every example of 23 reaching one worker,
-    KerasTuner's search, the callbacks, the strategy auto() picks, the examples of 4 uneven files
-    (last: it turns on tfpar.data's log).
-    Returns the job's output and {script's folder: path}."""
+    TensorFlow start for them all: the equivalence groups of EQUIVALENCE_JOBS, every example of 23
+    reaching one worker, KerasTuner's search, the callbacks, the strategy auto() picks, the
+    examples of 4 uneven files (last: it turns on tfpar.data's log). Returns the job's output and
+    {script's folder: path}."""
     root = tmp_path_factory.mktemp("two_workers")
     folders = {name: root / name for name in ("equivalence", "coverage", "tuner", "files")}
     for folder in folders.values():
@@ -103,7 +102,6 @@ def two_worker_job(tmp_path_factory):
     write_id_files(folders["files"], FILE_SIZES)
     groups = [[",".join(cases), *options] for options, cases in EQUIVALENCE_JOBS.values()]
     runs = [
-        ["verify_batchnorm.py"],  # first: verify gives each worker its one device
         ["multiworker_train.py", folders["equivalence"], 16, 2, *_joined(groups, "+")],
         ["coverage_worker.py", 23, 4, folders["coverage"]],
         ["tuner_multiworker.py", folders["tuner"]],
@@ -416,23 +414,3 @@ def test_one_script_picks_data_parallel_without_horovod(two_worker_job):
     script = os.path.join(SCRIPTS, "which_strategy.py")
     alone = run_command([sys.executable, script], timeout=200, env={"PYTHONPATH": ROOT})
     assert alone.returncode == 0 and alone.output.count("strategy MirroredDataParallel 2") == 1
-
-
-def _chief_lines(output, script):
-    """What worker 0 printed while ``script`` ran in the job of in_turn.py."""
-    lines = [line for line in output.splitlines() if line.startswith("[worker 0] ")]
-    start = lines.index(f"[worker 0] IN TURN {script}")
-    following = [i for i, line in enumerate(lines[start + 1 :], start + 1) if "IN TURN " in line]
-    return lines[start + 1 : following[0] if following else len(lines)]
-
-
-def test_synchronized_batchnorm_trains_like_one_device_on_the_global_batch_across_workers(
-    two_worker_job,
-):
-    """scripts/verify_batchnorm.py: `tfpar.verify` compares every variable, the moving statistics
-    too (3 whole global batches); under Horovod ranks, the image model's "plain" row of
-    tests/multiproc/test_verify.py's path job."""
-    output, _ = two_worker_job
-    report = "\n".join(_chief_lines(output, "verify_batchnorm.py"))
-    assert "moving_mean" in report and "moving_variance" in report, report
-    assert "PASSED: trains like one replica" in report and "DIFF" not in report, report

@@ -17,9 +17,8 @@ VERIFY = [*tfpar_command("verify"), *DEMO]
 
 
 def test_the_demo_model_trains_like_one_replica_under_parameter_servers():
-    """Over workers, the synchronized-BatchNorm check of
-    tests/multiproc/test_data_parallel_multiworker.py verifies the same way; under Horovod ranks,
-    the image model's path job below."""
+    """Over workers, the synchronized-BatchNorm check below runs the same command; under Horovod
+    ranks, the image model's path job."""
     result = run_command(
         [*VERIFY, "--strategy", "parameter_server"], timeout=300, env={"PYTHONPATH": ROOT}
     )
@@ -27,6 +26,34 @@ def test_the_demo_model_trains_like_one_replica_under_parameter_servers():
     # the chief's
     assert result.output.count("PASSED: trains like one replica") == 1, result.output[-3000:]
     assert result.output.count(" ok   ") == 8 and "DIFF" not in result.output
+
+
+def test_synchronized_batchnorm_trains_like_one_device_on_the_global_batch_across_workers():
+    """Its moving statistics too: verify compares every variable (3 whole global batches). Under
+    Horovod ranks, the image model's "plain" row below is this check: its BatchNormalization is
+    synchronized, and the row compares every variable, the moving statistics included."""
+    result = run_command(
+        tfpar_command(
+            "launch",
+            "-n",
+            "2",
+            "--",
+            *tfpar_command("verify"),
+            "--model",
+            "tests.models:verify_synchronized_batchnorm_model",
+            "--data",
+            "tests.models:equivalence_data",
+            "--batch-size",
+            "32",
+            "--steps",
+            "3",
+        ),
+        timeout=300,
+        env={"PYTHONPATH": ROOT},
+    )
+    assert result.returncode == 0, result.output[-4000:]
+    assert "moving_mean" in result.output and "moving_variance" in result.output
+    assert "PASSED: trains like one replica" in result.output and "DIFF" not in result.output
 
 
 def test_a_model_that_differs_exits_1_naming_the_cause():
