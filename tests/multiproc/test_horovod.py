@@ -64,7 +64,7 @@ def _kernels(output):
 
 
 # The one-step cases of horovod_one_step.py (OP:COMPRESSION[:embedding]), run after CASES in the
-# same horovodrun.
+# same ranks.
 ONE_STEP_CASES = [
     "average:none",
     "sum:none",
@@ -79,7 +79,7 @@ ONE_STEP_CASES = [
 def trained(tmp_path_factory):
     """{case: (each rank's weights, each rank's history, rank 1's strategy description)},
     "kernels": {one-step case: {rank: kernel}} and the job's "output": horovod_train.py's cases,
-    then which_strategy.py, in the same ranks (scripts/in_turn.py)."""
+    then horovod_one_step.py's and which_strategy.py, in the same ranks (scripts/in_turn.py)."""
     out = tmp_path_factory.mktemp("horovod_train")
     result = _horovodrun(
         2,
@@ -87,7 +87,8 @@ def trained(tmp_path_factory):
         "horovod_train.py",
         str(out),
         *_case_arguments(CASES),
-        "--",
+        "--then",
+        "horovod_one_step.py",
         *ONE_STEP_CASES,
         "--then",
         "which_strategy.py",
@@ -343,16 +344,18 @@ def over_mpi(tmp_path_factory):
             "localhost:2",
             "--mpi",
             sys.executable,
-            os.path.join(SCRIPTS, "horovod_train.py"),
+            os.path.join(SCRIPTS, "in_turn.py"),
+            "horovod_train.py",
             str(out),
             *_case_arguments({"adasum": (16, 2, 96, "adasum", "none", 1, 2)}),
-            "--",
+            "--then",
+            "horovod_one_step.py",
             "adasum:none",
         ],
         timeout=400,
         env={**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
     )
-    assert result.returncode == 0, result.output[-4000:]
+    assert result.returncode == 0, in_turn_failure(result.output)
     return out / "adasum", result.output
 
 

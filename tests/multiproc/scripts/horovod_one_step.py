@@ -6,11 +6,12 @@ rank 1 gets [1, 1] (tfpar.data shards by rank); with COMPRESSION "fp16" or "bf16
 and [0.3, 0.7], which neither 16-bit format can hold exactly. A case OP:COMPRESSION:embedding
 trains an Embedding(3, 1) instead, whose gradient is sparse: rank 0 looks up rows 0 and 1, rank 1
 rows 0 and 2.
-horovod_train.py runs them after its training cases, in the same ranks: ``one_step(cases)``
-prints ``KERNEL <case> <rank> <kernel>`` for each case OP:COMPRESSION[:embedding].
+Usage: horovod_one_step.py OP:COMPRESSION[:embedding] ...; prints ``KERNEL <case> <rank> <kernel>``
+(the tests run it in turn after horovod_train.py, in the same ranks: in_turn.py).
 """
 
 import json
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -59,3 +60,7 @@ def one_step(cases):
         model.fit(train.dataset, steps_per_epoch=1, epochs=1, verbose=0)
         kernel = model.get_weights()[0][:, 0].tolist()
         print(f"KERNEL {case} {strategy.rank} " + json.dumps(kernel), flush=True)
+
+
+if __name__ == "__main__":
+    one_step(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Trains the equivalence model under HorovodStrategy, once per case, in one job of ranks.
 
-Usage: horovod_train.py OUT_DIR CASE [CASE ...] [-- ONE_STEP_CASE ...], a CASE being
+Usage: horovod_train.py OUT_DIR CASE [CASE ...], a CASE being
 ``NAME:GLOBAL_BATCH:EPOCHS:EXAMPLES:OP:COMPRESSION:BACKWARD_PASSES:KERAS[:ZERO_STAGE:OPTIMIZER]``
 (KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of tests.models.ZERO_OPTIMIZERS or
 LAYERWISE_OPTIMIZERS, "-": SGD with momentum). Each case trains its own strategy and model in turn,
@@ -10,8 +10,7 @@ drew alone), rank_<r>.npz (the trained weights), rank_<r>.json (the history), de
 strategy's description), reads_<r>.json (tf_keras: of the Horovod all-reduces of metrics in fit's
 traced step, how many wait for the step's gradients); with a ZERO_STAGE, every rank also writes the
 weights with the optimizer state, ckpt_<r> (tf_keras: TF format, Keras 3: .weights.h5), as ZeRO
-needs: each rank holds a part of the state. The ONE_STEP_CASEs run after them, in the same ranks
-(horovod_one_step.py).
+needs: each rank holds a part of the state.
 """
 
 import importlib
@@ -20,16 +19,13 @@ import os
 import sys
 
 import numpy as np
-from in_turn import split_at  # this folder's
 
 import tfpar
 from tfpar.strategies.horovod import HorovodStrategy
 
 out = sys.argv[1]
-parts = split_at(sys.argv[2:], "--")
-one_step_cases = parts[1] if len(parts) > 1 else []
 # "-": the model's own optimizer
-cases = [case.split(":") + ["0", "-"][len(case.split(":")) - 8 :] for case in parts[0]]
+cases = [case.split(":") + ["0", "-"][len(case.split(":")) - 8 :] for case in sys.argv[2:]]
 # each refuses bad options before any training
 strategies = [
     HorovodStrategy(
@@ -142,8 +138,3 @@ for strategy, (
     with open(os.path.join(folder, f"rank_{rank}.json"), "w") as f:
         json.dump({key: [float(v) for v in values] for key, values in history.history.items()}, f)
     print(f"CASE DONE {name} rank {rank}", flush=True)
-
-if one_step_cases:
-    from horovod_one_step import one_step
-
-    one_step(one_step_cases)
