@@ -60,6 +60,7 @@ __getattr__, __dir__, __all__ = _exports(
                 "pipeline",
                 "precision",
                 "quantization",
+                "remat",
                 "report",
                 "strategies",
                 "tensor_parallel",

@@ -7,6 +7,7 @@ shared base (`tfpar._parallelism`) knows none of them.
 """
 
 import dataclasses
+from typing import Any
 
 from tfpar._checks import check_choice, check_int
 from tfpar.pipeline.schedule import SCHEDULES
@@ -56,6 +57,9 @@ class ParallelismSpec:
     gradient_accumulation_steps: int = 1
     """"data_parallel" and "horovod": each replica's gradients summed over this many steps,
     applied once."""
+    remat: Any = "none"
+    """"data_parallel" and "horovod": the blocks that recompute their activations
+    (`tfpar.remat`)."""
 
     def __post_init__(self):
         check_choice("strategy", self.kind, STRATEGIES)
@@ -75,6 +79,12 @@ class ParallelismSpec:
                 "zero_stage shards the optimizer state of data_parallel's and horovod's replicas. "
                 f"Received: strategy {self.kind!r} with zero_stage={self.zero_stage}. Use "
                 "--strategy data_parallel or horovod, or leave zero_stage out."
+            )
+        if self.remat != "none" and self.kind not in ("data_parallel", "horovod"):
+            raise ValueError(
+                "remat applies to data_parallel's and horovod's models here. Received: strategy "
+                f"{self.kind!r} with remat={self.remat!r}. Use --strategy data_parallel or "
+                "horovod (a pipeline takes recompute=True)."
             )
         if self.gradient_accumulation_steps != 1 and self.kind not in ("data_parallel", "horovod"):
             raise ValueError(
@@ -97,6 +107,7 @@ class ParallelismSpec:
         if self.num_packs:  # the one-host all-reduce that packs on any device
             options["all_reduce"] = "hierarchical"
         options.update({"zero_stage": self.zero_stage} if self.zero_stage else {})
+        options.update({"remat": self.remat} if self.remat != "none" else {})
         if self.gradient_accumulation_steps > 1:
             name = (
                 "backward_passes_per_step"

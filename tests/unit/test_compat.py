@@ -130,6 +130,12 @@ def test_distributed_dataset_builders_take_the_arguments_tfpar_passes():
     )
 
 
+def test_a_recording_tape_is_seen():
+    assert not _compat.tape_recording()
+    with tf.GradientTape():
+        assert _compat.tape_recording()
+
+
 def test_xla_context_is_seen():
     assert not _compat.in_xla_context()
     seen = []

@@ -53,6 +53,7 @@ LAYERS = {
         "tfpar.optimizers",
         "tfpar._topology",
         "tfpar._local.server",
+        "tfpar.remat",
     ),
     4: (
         "tfpar._parallelism",

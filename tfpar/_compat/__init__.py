@@ -37,6 +37,7 @@ from tfpar._compat.distribute import (
     mirrored,
     ps_num_workers,
     stop_removing_functions,
+    tape_recording,
     unwrap_initial_value,
 )
 from tfpar._compat.graph import (
@@ -137,6 +138,7 @@ __all__ = [
     "set_collective_key_base",
     "stop_removing_functions",
     "take_logs_as_they_are",
+    "tape_recording",
     "tf_keras_model_class",
     "tf_keras_resume_point",
     "tf_keras_set_resume_point",

@@ -8,6 +8,7 @@ from tensorflow.python.distribute import distribute_utils as _distribute_utils
 from tensorflow.python.distribute import input_util as _input_util
 from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
 from tensorflow.python.distribute import values as _values
+from tensorflow.python.eager import record as _record
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 from tensorflow.python.trackable import base as _trackable_base
@@ -28,6 +29,7 @@ __all__ = [
     "in_xla_context",
     "mirrored",
     "ps_num_workers",
+    "tape_recording",
     "stop_removing_functions",
     "unwrap_initial_value",
 ]
@@ -100,6 +102,12 @@ def in_xla_context():
     return _control_flow_util.GraphOrParentsInXlaContext(
         __import__("tensorflow").compat.v1.get_default_graph()
     )
+
+
+def tape_recording():
+    """Whether a gradient tape is recording here (no public query): only then does a recomputed
+    call (`tfpar.remat`) differ from a plain one."""
+    return _record.could_possibly_record()
 
 
 def unwrap_initial_value(initial):

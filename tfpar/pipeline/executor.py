@@ -19,12 +19,13 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.pipeline.streams import BACKWARD, FORWARD, WEIGHT
+from tfpar.remat._recompute import floats, state_of
+from tfpar.remat._recompute import recompute as recomputed_call
 
 __all__ = [
     "ReplicaStep",
     "add_gradients",
     "chain_layers",
-    "floats",
     "recomputed",
     "run_replica",
     "run_stage",
@@ -288,34 +289,11 @@ def recomputed(stages: list, recompute: bool, keras_module: Any) -> list:
 
 def run_stage(stage: Any, x: Any, recompute: bool) -> Any:
     """A chunk's forward in training; with ``recompute``, its activations are recomputed in the
-    backward pass (`tf.recompute_grad`) from its floating-point inputs, and only its floating-point
-    outputs carry gradients (ids and masks cross a cut as they are)."""
+    backward pass (`tfpar.remat._recompute`: from its floating-point inputs, with its state as the
+    forward read it; only its floating-point outputs carry gradients)."""
     if not recompute:
         return stage(x, training=True)
-    flat = tf.nest.flatten(x)
-    at = [i for i, t in enumerate(flat) if t.dtype.is_floating]
-    first: list = []  # the forward's outputs, whole (the recomputation's are only differentiated)
-
-    def run(*inputs):
-        parts = list(flat)
-        for i, t in zip(at, inputs):
-            parts[i] = t
-        out = stage(tf.nest.pack_sequence_as(x, parts), training=True)
-        if not first:
-            first.append(out)
-        return floats(out)
-
-    differentiable = iter(tf.recompute_grad(run)(*[flat[i] for i in at]))
-    whole = tf.nest.flatten(first[0])
-    return tf.nest.pack_sequence_as(
-        first[0], [next(differentiable) if t.dtype.is_floating else t for t in whole]
-    )
-
-
-def floats(structure: Any) -> list:
-    """The floating-point tensors of a stage's inputs or outputs: what gradients flow through (a
-    padding mask or token ids cross a cut too, and have none)."""
-    return [t for t in tf.nest.flatten(structure) if t.dtype.is_floating]
+    return recomputed_call(lambda inputs: stage(inputs, training=True), (x,), {}, state_of(stage))
 
 
 def _zero_filled(gradients, tensors):

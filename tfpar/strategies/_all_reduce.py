@@ -12,12 +12,14 @@ from tfpar._keras import tf
 __all__ = [
     "ALL_REDUCES",
     "AllReduce",
+    "has_gpus",
     "multi_worker_names",
     "one_host_names",
     "quoted",
     "refuse_multi_worker_only",
     "refuse_num_packs",
     "refuse_one_host_only",
+    "refuse_without_gpus",
 ]
 
 
@@ -118,4 +120,18 @@ def refuse_multi_worker_only(all_reduce):
             f"all_reduce={all_reduce!r} needs several workers; one host uses "
             f"{quoted(one_host_names())}. Received: all_reduce={all_reduce!r} with one "
             "worker."
+        )
+
+
+def has_gpus():
+    """Whether this process sees a GPU."""
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def refuse_without_gpus(all_reduce):
+    """Raises ValueError if ``all_reduce`` needs GPUs and this process has none."""
+    if ALL_REDUCES[all_reduce].needs_gpus and not has_gpus():
+        raise ValueError(
+            f"all_reduce={all_reduce!r} needs GPUs and none was found. Received: "
+            f"all_reduce={all_reduce!r}. Use all_reduce='auto' on CPUs."
         )

@@ -1,4 +1,4 @@
-"""The lines every strategy's ``describe()`` ends with: batch split and model size; and ZeRO's."""
+"""The lines every strategy's ``describe()`` ends with: batch split and model size."""
 
 from tfpar._keras import check_keras_model
 from tfpar.data.batching import per_replica_batch_size
@@ -18,27 +18,4 @@ def batch_and_model_lines(num_replicas, global_batch_size=None, model=None):
     if model is not None:
         check_keras_model(model)
         lines.append(f"  model:      {model.name}, {model.count_params():,} parameters")
-    return lines
-
-
-def zero_lines(stage: int, num_replicas: int, model=None) -> list[str]:
-    """The ``describe()`` lines of ZeRO: the stage, and with a compiled model the bytes one replica
-    holds, sharded against unsharded."""
-    if not stage:
-        return []
-    lines = [
-        f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of the "
-        "optimizer state"
-        + (" and of the reduced gradients" if stage == 2 else "")
-        + " (reduce-scatter + all-gather)"
-    ]
-    sharded = getattr(model, "_tfpar_zero", None)
-    if sharded is not None:
-        held = sharded.state_bytes()
-        lines.append(
-            "  per replica: "
-            + ", ".join(
-                f"{name} {unsharded:,} B -> {mine:,} B" for name, (unsharded, mine) in held.items()
-            )
-        )
     return lines

@@ -21,16 +21,20 @@ from tfpar.devices import (
     configure_devices,
     local_devices,
 )
+from tfpar.remat import check_remat
 from tfpar.strategies._all_reduce import (
     ALL_REDUCES,
+    has_gpus,
     refuse_multi_worker_only,
     refuse_num_packs,
     refuse_one_host_only,
+    refuse_without_gpus,
 )
-from tfpar.strategies._describe import batch_and_model_lines, zero_lines
+from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._extendeds import KEY_BASES, MultiWorkerExtended, OneHostExtended
-from tfpar.strategies._gradients import GRADIENT_CHECKS, check_compression
-from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
+from tfpar.strategies._gradients import check_compression
+from tfpar.strategies._memory import memory_checks, memory_lines
+from tfpar.strategies._zero import check_zero_stage
 
 __all__ = [
     "ALL_REDUCE",
@@ -79,6 +83,10 @@ class DataParallelConfig:
     over the replicas (each keeps and updates 1/N of it; the gradients reduce-scattered, the weights
     all-gathered: the bytes of one all-reduce), 2 also the reduced gradients; 0 (default) none. One
     host or several workers, SGD/Adam/AdamW (`tfpar.strategies._zero`)."""
+    remat: Any = "none"
+    """Activation checkpointing (`tfpar.remat`): "blocks" (each layer with sublayers, a KerasHub
+    transformer layer's kind) or a list of layer names or patterns keep only their inputs in the
+    forward pass and run it again in the backward pass; "none" (default) keeps every activation."""
 
     def __post_init__(self):
         check_choice("all_reduce", self.all_reduce, tuple(ALL_REDUCES))
@@ -90,6 +98,7 @@ class DataParallelConfig:
             " (1: no accumulation.)",
         )
         check_zero_stage(self.zero_stage)
+        object.__setattr__(self, "remat", check_remat(self.remat))
         check_int("num_packs", self.num_packs, 0)
         check_int("bytes_per_pack", self.bytes_per_pack, 0)
         refuse_num_packs(self.all_reduce, self.num_packs)
@@ -128,18 +137,6 @@ def _build_config(config, kwargs):
     else:
         refuse_multi_worker_only(config.all_reduce)
     return config
-
-
-def _has_gpus():
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
-def _require_gpus(config):
-    if ALL_REDUCES[config.all_reduce].needs_gpus and not _has_gpus():
-        raise ValueError(
-            f"all_reduce={config.all_reduce!r} needs GPUs and none was found. Received: "
-            f"all_reduce={config.all_reduce!r}. Use all_reduce='auto' on CPUs."
-        )
 
 
 class DataParallel(Parallelism):
@@ -199,8 +196,7 @@ class DataParallel(Parallelism):
         """`Parallelism.model_checks`, and the gradient checks (`tfpar.strategies._gradients`)."""
         return (
             *super().model_checks(),
-            *GRADIENT_CHECKS,
-            ("compile", "after", shard_optimizer_state),
+            *memory_checks(self.config),
         )
 
     def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
@@ -245,7 +241,7 @@ class DataParallel(Parallelism):
             f"  devices:    {', '.join(devices)}",
             f"  all-reduce: {self._all_reduce_text()}{self._gradients_text()}",
         ]
-        lines += zero_lines(self.config.zero_stage, replicas, model)
+        lines += memory_lines(self.config, replicas, model)
         lines += batch_and_model_lines(replicas, global_batch_size, model)
         return "\n".join(lines)
 
@@ -257,7 +253,7 @@ class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):
 
     def __init__(self, config: DataParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = self._config_for(config, kwargs)
-        _require_gpus(self.config)
+        refuse_without_gpus(self.config.all_reduce)
         _compat.set_collective_key_base(self, next(KEY_BASES))
         devices = self.config.devices or _default_devices()
         # MirroredStrategy's own __init__ would build a plain MirroredExtended.
@@ -295,7 +291,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
 
     def __init__(self, config: DataParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = self._config_for(config, kwargs)
-        _require_gpus(self.config)
+        refuse_without_gpus(self.config.all_reduce)
         cluster = self.config.cluster
         assert cluster is not None  # a multi-worker config always has its cluster (_build_config)
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -330,7 +326,7 @@ class MultiWorkerDataParallel(DataParallel, tf.distribute.MultiWorkerMirroredStr
             ) from None
 
     def _implementation(self):
-        return ALL_REDUCES[self.config.all_reduce].multi_worker(_has_gpus())
+        return ALL_REDUCES[self.config.all_reduce].multi_worker(has_gpus())
 
     def _workers_text(self):
         cluster = self.config.cluster

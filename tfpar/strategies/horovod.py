@@ -31,19 +31,20 @@ from tfpar._checks import check_choice, check_int, config_from
 from tfpar._keras import keras, tf
 from tfpar._parallelism import Parallelism
 from tfpar._topology import Topology
+from tfpar.remat import check_remat
 from tfpar.strategies._accumulation import AccumulatedUpdates, GradientAccumulator
-from tfpar.strategies._describe import batch_and_model_lines, zero_lines
+from tfpar.strategies._describe import batch_and_model_lines
 from tfpar.strategies._gradients import (
     COMPRESSIONS,
-    GRADIENT_CHECKS,
     check_compression,
     gradient_variables,
     marked_variables,
 )
 from tfpar.strategies._horovod_init import import_horovod
 from tfpar.strategies._horovod_ops import XLA_OPS_BUILT, HorovodAllReduce
+from tfpar.strategies._memory import memory_checks, memory_lines
 from tfpar.strategies._started_by import refuse_elastic_horovodrun
-from tfpar.strategies._zero import check_zero_stage, shard_optimizer_state
+from tfpar.strategies._zero import check_zero_stage
 
 __all__ = [
     "HOROVOD_OPS",
@@ -79,6 +80,10 @@ class HorovodConfig:
     """ZeRO over the ranks (as `DataParallel`'s): 1 shards the optimizer state (each rank keeps and
     updates 1/N of it; hvd.reducescatter of the gradients, hvd.allgather of the weights), 2 also the
     reduced gradients; 0 (default) none. Every rank writes the checkpoints (each holds a part)."""
+    remat: Any = "none"
+    """Activation checkpointing (`tfpar.remat`): "blocks" (each layer with sublayers, a KerasHub
+    transformer layer's kind) or a list of layer names or patterns keep only their inputs in the
+    forward pass and run it again in the backward pass; "none" (default) keeps every activation."""
 
     def __post_init__(self):
         check_int(
@@ -87,6 +92,7 @@ class HorovodConfig:
         check_choice("op", self.op, HOROVOD_OPS)
         check_compression(self.compression, self.op)
         check_zero_stage(self.zero_stage)
+        object.__setattr__(self, "remat", check_remat(self.remat))
         if self.zero_stage and self.op == "adasum":
             raise ValueError(
                 f"zero_stage={self.zero_stage} reduce-scatters a sum of the gradients; Adasum "
@@ -303,8 +309,7 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
         ZeRO's."""
         return (
             *super().model_checks(),
-            *GRADIENT_CHECKS,
-            ("compile", "after", shard_optimizer_state),
+            *memory_checks(self.config),
         )
 
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
@@ -323,6 +328,6 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
             f"backward_passes_per_step={self.config.backward_passes_per_step}, "
             f"controllers: {', '.join(controllers) or 'none'}",
         ]
-        lines += zero_lines(self.config.zero_stage, self.num_replicas_in_sync, model)
+        lines += memory_lines(self.config, self.num_replicas_in_sync, model)
         lines += batch_and_model_lines(self.num_replicas_in_sync, global_batch_size, model)
         return "\n".join(lines)

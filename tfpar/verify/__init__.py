@@ -77,6 +77,7 @@ def verify(
     tensor_parallel: int = 1,
     zero_stage: int = 0,
     paths: Any = None,
+    remat: Any = "none",
 ) -> Any:
     """Trains ``steps`` steps on one replica and under ``strategy``; returns a `VerifyReport`.
 
@@ -95,6 +96,8 @@ def verify(
         steps: steps on each side, >= 1.
         tensor_parallel: "pipeline": each stage split over this many devices (``plan="auto"``).
         zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2).
+        remat: "data_parallel", "horovod": the blocks that recompute their activations
+            (`tfpar.remat`: "blocks", or layer names or patterns); the one replica keeps them all.
         paths: "data_parallel", "horovod": instead of one comparison, one per gradient path
             ("all", or names of `tfpar.verify._paths.PATHS`, a list or comma-separated); returns a
             `tfpar.verify._paths.PathsReport` of one row per path.
@@ -150,17 +153,19 @@ def verify(
         seed=seed,
     )
     if paths is not None:
-        return _verify_paths(comparison, strategy, replicas, steps, tolerance, paths, zero_stage)
+        return _verify_paths(
+            comparison, strategy, replicas, steps, tolerance, paths, zero_stage, remat
+        )
     if strategy == "pipeline":
         spec = ParallelismSpec(
             kind="pipeline", replicas=replicas or 1, balance="time", tensor_parallel=tensor_parallel
         )
     else:
-        spec = ParallelismSpec(kind=strategy, devices=replicas, zero_stage=zero_stage)
+        spec = ParallelismSpec(kind=strategy, devices=replicas, zero_stage=zero_stage, remat=remat)
     return comparison(spec.build()).run()
 
 
-def _verify_paths(comparison, strategy, replicas, steps, tolerance, paths, zero_stage):
+def _verify_paths(comparison, strategy, replicas, steps, tolerance, paths, zero_stage, remat):
     """`verify` of each gradient path (`tfpar.verify._paths`), the one-replica runs shared;
     ``comparison``: `verify`'s, a `Comparison` given the parallelism."""
     from tfpar.verify._paths import PathsReport, check_paths, compare_paths
@@ -174,7 +179,8 @@ def _verify_paths(comparison, strategy, replicas, steps, tolerance, paths, zero_
     references: dict = {}
 
     def compare(path):
-        parallelism = ParallelismSpec(kind=strategy, devices=replicas, **path.options()).build()
+        spec = ParallelismSpec(kind=strategy, devices=replicas, remat=remat, **path.options())
+        parallelism = spec.build()
         compared = comparison(parallelism, accumulation=path.accumulation, references=references)
         return compared.run(), compared.weights
 

@@ -1,0 +1,188 @@
+"""``remat`` (activation checkpointing) on `DataParallel` (issue 50), 2 replicas of this process:
+a block recomputed in the backward pass trains the weights it trains without (Keras 3's Dropout
+and BatchNormalization included), KerasHub's GPT-2 recomputed trains like one device, the blocks
+chosen and those kept say why, and bad options are refused. Peak memory:
+tests/multiproc/test_remat_memory.py."""
+
+import numpy as np
+import pytest
+
+import tfpar
+from tests import gradient_paths
+
+
+def tutorial_block(k):
+    """keras.io's "Text classification with Transformer" TransformerBlock, as the tutorial writes
+    it, counting the calls of its ``call`` (each trace of a forward or a recomputation)."""
+
+    class TransformerBlock(k.layers.Layer):
+        calls = 0
+
+        def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1, **kwargs):
+            super().__init__(**kwargs)
+            self.att = k.layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+            self.ffn = k.Sequential(
+                [k.layers.Dense(ff_dim, activation="relu"), k.layers.Dense(embed_dim)]
+            )
+            self.layernorm1 = k.layers.LayerNormalization(epsilon=1e-6)
+            self.layernorm2 = k.layers.LayerNormalization(epsilon=1e-6)
+            self.dropout1 = k.layers.Dropout(rate)
+            self.dropout2 = k.layers.Dropout(rate)
+
+        def call(self, inputs, training=False):
+            TransformerBlock.calls += 1
+            attn_output = self.att(inputs, inputs)
+            attn_output = self.dropout1(attn_output, training=training)
+            out1 = self.layernorm1(inputs + attn_output)
+            ffn_output = self.ffn(out1)
+            ffn_output = self.dropout2(ffn_output, training=training)
+            return self.layernorm2(out1 + ffn_output)
+
+    return TransformerBlock
+
+
+def text_model(k, rate):
+    k.utils.set_random_seed(1)
+    block = tutorial_block(k)
+    inputs = k.Input((8,), dtype="int32")
+    x = k.layers.Embedding(50, 16, name="embedding")(inputs)
+    x = block(16, 2, 32, rate=rate, name="block_a")(x)
+    x = block(16, 2, 32, rate=rate, name="block_b")(x)
+    x = k.layers.GlobalAveragePooling1D()(x)
+    model = k.Model(inputs, k.layers.Dense(3)(x))
+    model.compile(k.optimizers.Adam(1e-2), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, block
+
+
+def image_model(k):
+    """A residual block of Conv2D, BatchNormalization and Dropout, subclassed."""
+
+    class ResidualBlock(k.layers.Layer):
+        def __init__(self, filters, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = k.layers.Conv2D(filters, 3, padding="same")
+            self.norm = k.layers.BatchNormalization()
+            self.drop = k.layers.Dropout(0.2)
+
+        def call(self, inputs, training=False):
+            x = self.norm(self.conv(inputs), training=training)
+            return inputs + self.drop(k.activations.relu(x), training=training)
+
+    k.utils.set_random_seed(1)
+    inputs = k.Input((8, 8, 4))
+    x = ResidualBlock(4, name="residual")(inputs)
+    x = k.layers.GlobalAveragePooling2D()(x)
+    model = k.Model(inputs, k.layers.Dense(3)(x))
+    model.compile(k.optimizers.Adam(1e-2), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def train(k, make, remat, x, y):
+    """The model ``make`` builds, trained 4 steps under 2 replicas with ``remat``; its weights, the
+    strategy's description of it, and how often a block's call ran in fit."""
+    strategy = tfpar.DataParallel(remat=remat)
+    with strategy.scope():
+        model, block = make()
+    k.utils.set_random_seed(2)  # the same dropout seeds on both sides
+    before = block.calls if block else 0
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    calls = (block.calls - before) if block else 0
+    return model.get_weights(), strategy.describe(model=model), calls
+
+
+def largest_difference(a, b):
+    return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b))
+
+
+def test_recomputed_blocks_train_the_weights_they_train_without(any_keras):
+    """Keras 3's Dropout (rate 0.1) drops the forward's units when recomputed; tf_keras' blocks
+    recompute where they draw no random numbers (rate 0)."""
+    k = any_keras
+    rate = 0.1 if k.__name__ == "keras" else 0.0
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, (64, 8)).astype("int32")
+    y = rng.integers(0, 3, (64,))
+    plain, _, calls = train(k, lambda: text_model(k, rate), "none", x, y)
+    recomputed, described, recomputed_calls = train(k, lambda: text_model(k, rate), "blocks", x, y)
+    # each block's forward runs once more in each replica's traced step: its recomputation
+    assert recomputed_calls - calls == 2 * 2, (calls, recomputed_calls)
+    assert "2 block(s) recompute their activations" in described, described
+    assert "block_a, block_b" in described and "remat kept" not in described
+    assert largest_difference(plain, recomputed) < 1e-6
+    assert largest_difference(plain, text_model(k, rate)[0].get_weights()) > 1e-3  # it trained
+
+
+def test_a_recomputed_batch_normalization_moves_its_statistics_once_under_keras3():
+    import keras
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 8, 8, 4)).astype("float32")
+    y = rng.integers(0, 3, (64,))
+    plain, _, _ = train(keras, lambda: (image_model(keras), None), "none", x, y)
+    recomputed, described, _ = train(keras, lambda: (image_model(keras), None), "blocks", x, y)
+    assert "1 block(s) recompute" in described and "residual" in described, described
+    assert largest_difference(plain, recomputed) < 1e-6  # the moving mean and variance too
+
+
+def test_tf_keras_keeps_a_block_whose_recomputation_would_differ_and_says_why():
+    k = tfpar.keras
+    dropout = tfpar.remat.plan_remat(text_model(k, 0.1)[0], "blocks")
+    assert dropout.recomputed == ()
+    assert [name for name, _ in dropout.kept] == ["block_a", "block_b"]
+    assert "draws new random numbers when recomputed" in dropout.kept[0][1]
+    norm = tfpar.remat.plan_remat(image_model(k), "blocks")
+    assert norm.kept[0][0] == "residual" and "non-trainable weights" in norm.kept[0][1]
+
+
+def test_named_blocks_and_patterns_choose_the_outermost_layers_they_match():
+    import keras
+
+    model, _ = text_model(keras, 0.0)
+    plan = tfpar.remat.plan_remat(model, ["block_?", "block_a", "embedding"])
+    assert [layer.name for layer in plan.recomputed] == ["block_a", "block_b"]
+    assert plan.kept[0][0] == "embedding" and "dense" in plan.kept[0][1]
+    assert tfpar.remat.plan_remat(model, "none").lines() == []
+
+
+def test_keras_hub_gpt2_recomputed_trains_like_one_device():
+    """Its transformer layers are the blocks; its token and position embedding keeps its
+    activations (an Embedding's)."""
+    report = tfpar.verify.verify(
+        gradient_paths.gpt2_keras_hub,
+        gradient_paths.gpt2_data,
+        steps=3,
+        global_batch_size=16,
+        remat="blocks",
+    )
+    assert report.passed, report.describe()
+    model = gradient_paths.gpt2_keras_hub()
+    plan = tfpar.remat.plan_remat(model, "blocks")
+    assert [layer.name for layer in plan.recomputed] == [
+        "transformer_layer_0",
+        "transformer_layer_1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "remat, error, match",
+    [
+        ("block", ValueError, r"remat takes \"none\", \"blocks\" or a list .*remat='block'"),
+        (3, TypeError, r"Received: remat=3"),
+        ([], TypeError, r"non-empty list .*Received: remat=\[\]"),
+        (["ok", 4], TypeError, r"Received: 4 in remat=\['ok', 4\]"),
+    ],
+)
+def test_bad_remat_options_are_refused_at_once(remat, error, match):
+    with pytest.raises(error, match=match):
+        tfpar.DataParallel(remat=remat)
+
+
+def test_a_name_that_matches_no_layer_is_refused_before_fit_traces_anything():
+    import keras
+
+    strategy = tfpar.DataParallel(remat=["decoder_*"])
+    with strategy.scope():
+        model, _ = text_model(keras, 0.0)
+    with pytest.raises(ValueError, match=r"'decoder_\*' matches none of .*Its layers: "):
+        model.fit(np.zeros((16, 8), "int32"), np.zeros((16,)), batch_size=16, verbose=0)
+    assert model.optimizer.iterations.numpy() == 0

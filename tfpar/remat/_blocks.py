@@ -1,0 +1,155 @@
+"""Which layers of a model recompute their activations (`tfpar.remat`): the blocks a ``remat``
+option names, and those kept with the reason.
+
+Recomputing each small layer saves nothing: its output is kept as the next one's input anyway.
+A block saves what its sublayers hold between its input and its output, so ``"blocks"`` takes the
+layers that have sublayers of their own (a KerasHub backbone's transformer layers, a tutorial's
+``TransformerBlock``) in the model and in the models nested in it.
+"""
+
+import dataclasses
+import fnmatch
+from typing import Any
+
+__all__ = ["RematPlan", "check_remat", "plan_remat"]
+
+CHOICES = ("none", "blocks")
+
+
+def check_remat(value: Any) -> Any:
+    """Raises TypeError/ValueError unless ``value`` is a ``remat`` option: "none", "blocks" or a
+    list of layer names and fnmatch patterns; returns it (a list as a tuple)."""
+    if isinstance(value, str):
+        if value not in CHOICES:
+            raise ValueError(
+                f'remat takes "none", "blocks" or a list of layer names or patterns. Received: '
+                f"remat={value!r}. Give a list for one layer: remat=[{value!r}]."
+            )
+        return value
+    if not isinstance(value, (list, tuple)) or not value:
+        raise TypeError(
+            'remat takes "none", "blocks" or a non-empty list of layer names or patterns '
+            f'(fnmatch, e.g. ["transformer_layer_*"]). Received: remat={value!r}.'
+        )
+    for name in value:
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"remat's list holds layer names or patterns (non-empty strings). Received: "
+                f"{name!r} in remat={list(value)!r}."
+            )
+    return tuple(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class RematPlan:
+    """The blocks that recompute their activations and those kept, each with why."""
+
+    recomputed: tuple = ()
+    """The layers whose calls recompute their activations in the backward pass."""
+    kept: tuple = ()
+    """(layer name, why) of each block ``remat`` chose whose activations stay."""
+
+    def lines(self) -> list[str]:
+        """The ``describe()`` lines."""
+        if not self.recomputed and not self.kept:
+            return []
+        names = ", ".join(layer.name for layer in self.recomputed) or "none"
+        lines = [
+            f"  remat:      {len(self.recomputed)} block(s) recompute their activations in the "
+            f"backward pass (one more forward each): {names}"
+        ]
+        lines += [f"  remat kept: {name}: {why}" for name, why in self.kept]
+        return lines
+
+
+def plan_remat(model: Any, remat: Any) -> "RematPlan":
+    """The `RematPlan` of ``remat`` on ``model``.
+
+    Raises:
+        ValueError: a name or pattern of ``remat`` matches no layer of the model.
+    """
+    if remat == "none":
+        return RematPlan()
+    chosen = _blocks(model) if remat == "blocks" else _named(model, remat)
+    recomputed = []
+    kept = []
+    for layer in chosen:
+        why = _why_kept(layer)
+        if why:
+            kept.append((layer.name, why))
+        else:
+            recomputed.append(layer)
+    return RematPlan(tuple(recomputed), tuple(kept))
+
+
+def _sublayers(layer):
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def _is_model(layer):
+    return hasattr(layer, "fit") and hasattr(layer, "compile")
+
+
+def _blocks(container):
+    """The layers with sublayers of ``container`` and of the models nested in it."""
+    found = []
+    for layer in _sublayers(container):
+        if _is_model(layer):
+            found += _blocks(layer)
+        elif _sublayers(layer):
+            found.append(layer)
+    return found
+
+
+def _named(model, patterns):
+    from tfpar import _compat
+
+    layers = [layer for layer in _compat.flatten_layers(model) if layer is not model]
+    chosen = []
+    for pattern in patterns:
+        matched = [layer for layer in layers if fnmatch.fnmatchcase(layer.name, pattern)]
+        if not matched:
+            raise ValueError(
+                f"remat names layers of the model, and {pattern!r} matches none of "
+                f"{model.name!r}'s. Received: remat={list(patterns)!r}. Its layers: "
+                f"{', '.join(layer.name for layer in layers[:12])}"
+                + (", ..." if len(layers) > 12 else "")
+                + '. Name some of them, or give remat="blocks".'
+            )
+        chosen += [layer for layer in matched if layer not in chosen]
+    inside = {id(sub) for layer in chosen for sub in layer._flatten_layers(include_self=False)}
+    return [layer for layer in chosen if id(layer) not in inside and not _is_model(layer)]
+
+
+def _why_kept(block):
+    """Why ``block`` keeps its activations, or None: recomputing it would train another model."""
+    from tfpar import _compat
+    from tfpar._keras import is_keras3, keras_of
+
+    embedding = keras_of(block).layers.Embedding
+    layers = list(block._flatten_layers(include_self=True))
+    for layer in layers:
+        if isinstance(layer, embedding):
+            return (
+                f"holds the Embedding {layer.name!r}: a recomputed lookup's gradient is dense, and "
+                "Adam would move the rows no example used"
+            )
+        if getattr(layer, "activity_regularizer", None) is not None and layer is not block:
+            return (
+                f"{layer.name!r} adds an activity regularization loss in its forward, which a "
+                "recomputed block leaves without a gradient"
+            )
+    if is_keras3(block):
+        return None  # its state is read as the forward read it (tfpar.remat._recompute)
+    for layer in layers:
+        if _compat.random_generator_type(layer) is not None and getattr(layer, "rate", 1):
+            return (
+                f"tf_keras' {layer.name!r} draws new random numbers when recomputed (Keras 3 "
+                "reads the forward's seed again)"
+            )
+        if layer.non_trainable_weights:
+            return (
+                f"tf_keras' {layer.name!r} updates its non-trainable weights in training, and a "
+                "recomputation would update them twice (Keras 3 drops its updates)"
+            )
+    return None

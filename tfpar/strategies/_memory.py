@@ -1,0 +1,53 @@
+"""What each replica of a data-parallel strategy holds (`DataParallel`, `HorovodStrategy`): ZeRO's
+sharded optimizer state and gradients, and remat's recomputed blocks; the model checks that set
+them up and the ``describe()`` lines that show them."""
+
+from tfpar.remat import plan_remat, remat_check
+from tfpar.strategies._gradients import GRADIENT_CHECKS
+from tfpar.strategies._zero import shard_optimizer_state
+
+__all__ = ["memory_checks", "memory_lines"]
+
+
+def memory_checks(config) -> tuple:
+    """The model checks (`tfpar._owned`) of a data-parallel config: its gradients' (compression,
+    accumulation), ZeRO's sharding after compile, remat's blocks before fit."""
+    return (
+        *GRADIENT_CHECKS,
+        ("compile", "after", shard_optimizer_state),
+        *remat_check(config.remat),
+    )
+
+
+def memory_lines(config, num_replicas: int, model=None) -> list[str]:
+    """The ``describe()`` lines of ZeRO and remat (the blocks only with a model)."""
+    lines = zero_lines(config.zero_stage, num_replicas, model)
+    if config.remat != "none":
+        if model is None:
+            lines.append(f"  remat:      {config.remat!r} (the blocks: describe(model=...))")
+        else:
+            lines += plan_remat(model, config.remat).lines()
+    return lines
+
+
+def zero_lines(stage: int, num_replicas: int, model=None) -> list[str]:
+    """The ``describe()`` lines of ZeRO: the stage, and with a compiled model the bytes one replica
+    holds, sharded against unsharded."""
+    if not stage:
+        return []
+    lines = [
+        f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of the "
+        "optimizer state"
+        + (" and of the reduced gradients" if stage == 2 else "")
+        + " (reduce-scatter + all-gather)"
+    ]
+    sharded = getattr(model, "_tfpar_zero", None)
+    if sharded is not None:
+        held = sharded.state_bytes()
+        lines.append(
+            "  per replica: "
+            + ", ".join(
+                f"{name} {unsharded:,} B -> {mine:,} B" for name, (unsharded, mine) in held.items()
+            )
+        )
+    return lines
