@@ -144,17 +144,17 @@ def test_named_blocks_and_patterns_choose_the_outermost_layers_they_match():
     assert tfpar.remat.plan_remat(model, "none").lines() == []
 
 
-def test_keras_hub_gpt2_recomputed_trains_like_one_device():
-    """Its transformer layers are the blocks; its token and position embedding keeps its
-    activations (an Embedding's)."""
-    report = tfpar.verify.verify(
-        gradient_paths.gpt2_keras_hub,
-        gradient_paths.gpt2_data,
-        steps=3,
-        global_batch_size=16,
-        remat="blocks",
-    )
-    assert report.passed, report.describe()
+def test_keras_hub_gpt2_recomputed_trains_like_one_device(capsys):
+    """``tfpar verify --remat blocks`` as a user runs it: its transformer layers are the blocks;
+    its token and position embedding keeps its activations (an Embedding's)."""
+    from tfpar import cli
+
+    models = "tests.gradient_paths"
+    args = ["verify", "--model", f"{models}:gpt2_keras_hub", "--data", f"{models}:gpt2_data"]
+    assert cli.main([*args, "--steps", "3", "--batch-size", "16", "--remat", "blocks"]) == 0
+    printed = capsys.readouterr().out
+    assert "PASSED: trains like one replica" in printed, printed
+    assert "2 block(s) recompute their activations" in printed, printed
     model = gradient_paths.gpt2_keras_hub()
     plan = tfpar.remat.plan_remat(model, "blocks")
     assert [layer.name for layer in plan.recomputed] == [

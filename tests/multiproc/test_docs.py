@@ -68,6 +68,10 @@ EXPECT = {
     "model = pipeline.stage(gpt2)": ["stage 0:", "transformer_layer_1", "Epoch 2/2"],
     "tfpar.optimizers.LAMB(2e-3": ["LAMB steps: 4"],
     "scaled_learning_rate(5e-3": ["rate at batch 1024: 0.02"],
+    'DataParallel(remat="blocks")': [
+        "remat:      2 block(s) recompute their activations in the backward pass",
+        "transformer_layer_0, transformer_layer_1",
+    ],
     "DataParallel(zero_stage=1)": [
         "zero:       stage 1: each replica keeps and updates 1/2 of the optimizer state",
         "optimizer state 22,096 B -> 11,048 B",

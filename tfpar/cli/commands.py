@@ -111,6 +111,7 @@ def verify(args: argparse.Namespace, command_line: list[str] | None = None) -> i
         tensor_parallel=args.tensor_parallel,
         zero_stage=args.zero_stage,
         paths=args.paths,
+        remat=args.remat,
     )
     if report.chief:  # one report per job
         print(report.describe(), flush=True)

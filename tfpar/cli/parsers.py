@@ -196,6 +196,13 @@ def _verify_parser(sub):
         help="data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2)",
     )
     verify.add_argument(
+        "--remat",
+        type=_remat,
+        default="none",
+        help="data_parallel, horovod: the blocks that recompute their activations ('blocks', or "
+        "layer names and patterns, comma-separated; default none)",
+    )
+    verify.add_argument(
         "--paths",
         default=None,
         help="data_parallel, horovod: one row per gradient path instead ('all', or names: "
@@ -272,3 +279,10 @@ def _install_parser(sub):
     )
     install_horovod.add_arguments(install)
     install.set_defaults(func=lambda args, command_line=None: install_horovod.run(args))
+
+
+def _remat(text: str):
+    """``--remat``: "none", "blocks", or layer names and patterns separated by commas."""
+    if text in ("none", "blocks"):
+        return text
+    return [name.strip() for name in text.split(",") if name.strip()]

@@ -53,10 +53,12 @@ class RematPlan:
         """The ``describe()`` lines."""
         if not self.recomputed and not self.kept:
             return []
-        names = ", ".join(layer.name for layer in self.recomputed) or "none"
+        names = [layer.name for layer in self.recomputed]
+        if len(names) > 4:
+            names = [*names[:2], "...", names[-1]]
         lines = [
             f"  remat:      {len(self.recomputed)} block(s) recompute their activations in the "
-            f"backward pass (one more forward each): {names}"
+            f"backward pass (one more forward each): {', '.join(names) or 'none'}"
         ]
         lines += [f"  remat kept: {name}: {why}" for name, why in self.kept]
         return lines

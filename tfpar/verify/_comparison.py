@@ -47,7 +47,7 @@ class Comparison:
     def run(self):
         import tensorflow as tf
 
-        description = self.parallelism.describe(global_batch_size=self.batch)
+        self.parallelism.describe(global_batch_size=self.batch)  # a batch that does not divide
         chief = self.parallelism.input_strategy.extended.should_checkpoint
         # The first steps x batch examples, as arrays: every side (a parameter-server worker too)
         # builds the same dataset from them.
@@ -67,8 +67,8 @@ class Comparison:
         padded = count % self.batch  # real examples in a padded last step (0: none padded)
         reference, start, ref_history = self._reference(examples, steps)
         model, trained = self._build_distributed(start)
-        if isinstance(self.parallelism, PlacesItself):  # what it split, and each device's bytes
-            description = self.parallelism.describe(global_batch_size=self.batch, model=model)
+        # the model too: what it split and each device's bytes, the blocks it recomputes
+        description = self.parallelism.describe(global_batch_size=self.batch, model=model)
         from tfpar.data import distribute
 
         train = distribute(examples, self.parallelism, self.batch)
