@@ -138,3 +138,28 @@ def test_every_gradient_path_trains_like_one_device_across_processes(engine, sha
         expected = "DIFF" if (shape, keras, path) in EXPECTED_DIFFERENCES else "ok"
         assert verdict == expected, (path, result.output[-4000:])
     assert result.returncode == 1  # verify's exit code: a path differs (as on one host)
+
+
+def test_keras_hub_gpt2_recomputed_trains_like_one_device_under_horovod_ranks(request):
+    """``remat="blocks"`` under HorovodStrategy, 2 ranks: GPT-2's transformer layers recompute
+    their activations, and it trains like one device (`DataParallel`'s on one host:
+    tests/devices/test_remat.py). Its ``padding_mask``, a boolean Keras 3's ``fit`` reduces to read
+    its shape, reaches Horovod's all-reduce as this rank's (it took no booleans)."""
+    request.getfixturevalue("horovod_installed")
+    models = "tests.gradient_paths"
+    command = tfpar_command(
+        "launch",
+        "--horovod",
+        "-n",
+        "2",
+        "--",
+        *tfpar_command("verify"),
+        "--strategy",
+        "horovod",
+        *("--model", f"{models}:gpt2_keras_hub", "--data", f"{models}:gpt2_data"),
+        *("--batch-size", "16", "--steps", "3", "--remat", "blocks"),
+    )
+    result = run_command(command, timeout=300, env={"PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.output[-4000:]
+    assert "2 block(s) recompute their activations" in result.output, result.output[-3000:]
+    assert result.output.count("PASSED: trains like one replica") == 1, result.output[-3000:]

@@ -130,8 +130,14 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         return out
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        """One value all-reduced over the ranks; a boolean or string one is this rank's (no
+        reduction adds them: Keras 3's ``fit`` reduces a KerasHub model's first batch, its
+        ``padding_mask`` too, only to read the shapes)."""
+        local = self._local(per_replica_value)
+        if tf.as_dtype(getattr(local, "dtype", tf.float32)) in (tf.bool, tf.string):
+            return local
         with tf.control_dependencies(self._after_gradients()):
-            return self.allreduce(reduce_op, [self._local(per_replica_value)])[0]
+            return self.allreduce(reduce_op, [local])[0]
 
     def _after_gradients(self):
         """The ops of the gradients this traced function all-reduces (none elsewhere, or before).
