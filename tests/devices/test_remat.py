@@ -186,3 +186,22 @@ def test_a_name_that_matches_no_layer_is_refused_before_fit_traces_anything():
     with pytest.raises(ValueError, match=r"'decoder_\*' matches none of .*Its layers: "):
         model.fit(np.zeros((16, 8), "int32"), np.zeros((16,)), batch_size=16, verbose=0)
     assert model.optimizer.iterations.numpy() == 0
+
+
+def test_remat_composes_with_zero_accumulation_mixed_precision_and_compression(any_keras):
+    """The gradient-path matrix's text model (its self-attention the block) through three paths,
+    each with the attention recomputed, against one device: ZeRO 2 accumulating, ZeRO 1 under
+    mixed_float16, bf16 on the wire."""
+    name = "keras3" if any_keras.__name__ == "keras" else "tf_keras"
+    paths = ["zero2+accumulate", "zero1+mixed_float16", "bf16"]
+    report = tfpar.verify.verify(
+        getattr(gradient_paths, f"text_{name}"),
+        gradient_paths.text_data,
+        steps=4,
+        global_batch_size=16,
+        paths=paths,
+        remat="blocks",
+    )
+    assert [row.path for row in report.rows] == paths
+    assert all(row.verdict == "ok" for row in report.rows), report.describe()
+    assert "1 block(s) recompute their activations" in report.describe(), report.describe()

@@ -257,7 +257,7 @@ def compare_paths(value, compare, tolerance) -> tuple:
                     raise
                 rows.append(PathRow(path.name, "refused", detail=refusal))
                 continue
-            description = description or report.description.splitlines()[0]
+            description = description or _common_lines(report.description)
             chief = report.chief
             start, reference, distributed = weights
             rows.append(row_of(path, report, start, reference, distributed, tolerance))
@@ -280,3 +280,10 @@ def _refusal(error) -> str | None:
     if not files or not os.path.abspath(files[-1]).startswith(root) or "Received:" not in message:
         return None
     return re.split(r"(?:ValueError|TypeError): ", message)[-1].strip()
+
+
+def _common_lines(description):
+    """What every path's strategy shares, from one's description: its name, and the blocks it
+    recomputes (remat's lines)."""
+    lines = description.splitlines()
+    return "\n".join([lines[0], *(line for line in lines if line.startswith("  remat"))])
