@@ -168,6 +168,21 @@ def test_the_tensor_degree_makes_a_tensor_parallel_trial_without_compression():
     )
 
 
+def test_remat_is_an_axis_of_data_parallel_and_horovod_trials_not_of_pipelines():
+    from tfpar.tune.space import trial_configs as _trial_configs
+    from tfpar.tune.trial import trial_spec
+
+    configs = _trial_configs(
+        {"remat": ["none", "blocks"], "strategy": ["data_parallel", "horovod"]}
+    )
+    recomputed = [c for c in configs if c.get("remat")]
+    assert sorted(c["strategy"] for c in recomputed) == ["data_parallel", "horovod"]
+    spec = trial_spec(next(c for c in recomputed if c["strategy"] == "data_parallel"))
+    assert spec.code() == "tfpar.DataParallel(remat='blocks')"
+    pipelines = _trial_configs({"remat": ["none", "blocks"], "microbatches": [4]})
+    assert [c.get("remat") for c in pipelines] == [None]
+
+
 def test_the_zero_stage_shards_data_parallel_and_horovod_trials_compressed_or_not():
     from tfpar.tune.space import trial_configs as _trial_configs
     from tfpar.tune.trial import trial_spec

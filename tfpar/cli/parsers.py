@@ -178,6 +178,24 @@ def _verify_parser(sub):
     verify.add_argument(
         "--strategy", default="data_parallel", choices=STRATEGIES, help="the parallelism to check"
     )
+    _verify_parallelism_arguments(verify)
+    verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
+    verify.add_argument(
+        "--batch-size", type=_int, default=None, help="global batch (default 32 per replica)"
+    )
+    verify.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-5,
+        help="largest absolute difference per variable (default 1e-5)",
+    )
+    verify.add_argument(
+        "--seed", type=_int, default=0, help="Keras seed before each build (default 0)"
+    )
+
+
+def _verify_parallelism_arguments(verify):
+    """``tfpar verify``'s options of the parallelism it checks: its replicas and its options."""
     verify.add_argument(
         "--replicas",
         type=_int,
@@ -207,19 +225,6 @@ def _verify_parser(sub):
         default=None,
         help="data_parallel, horovod: one row per gradient path instead ('all', or names: "
         "plain, bf16, fp16, zero1, zero2, accumulate, mixed_float16, pairs as bf16+zero1)",
-    )
-    verify.add_argument("--steps", type=_int, default=10, help="steps on each side (default 10)")
-    verify.add_argument(
-        "--batch-size", type=_int, default=None, help="global batch (default 32 per replica)"
-    )
-    verify.add_argument(
-        "--tolerance",
-        type=float,
-        default=1e-5,
-        help="largest absolute difference per variable (default 1e-5)",
-    )
-    verify.add_argument(
-        "--seed", type=_int, default=0, help="Keras seed before each build (default 0)"
     )
 
 

@@ -42,9 +42,10 @@ def _search_arguments(group):
         help="JSON {axis: [values]}; axes: per_replica_batch, steps_per_execution, num_packs, "
         "bytes_per_pack, microbatches, schedule, virtual_stages, tensor_degree, strategy "
         "(data_parallel, horovod), compression (none, bf16, fp16), horovod_autotune (false, true), "
-        "zero_stage, optimizer (model, lars, lamb), scaling_rule (none, linear, sqrt), "
-        "warmup_epochs. Default: batch and steps_per_execution (with --target: batch, optimizer "
-        "and scaling rule); with --workers N > 1, both strategies too (tfpar.tune.workers_space)",
+        "zero_stage, remat (none, blocks), optimizer (model, lars, lamb), scaling_rule (none, "
+        "linear, sqrt), warmup_epochs. Default: batch and steps_per_execution (with --target: "
+        "batch, optimizer and scaling rule); with --workers N > 1, both strategies too "
+        "(tfpar.tune.workers_space)",
     )
     group.add_argument(
         "--target",

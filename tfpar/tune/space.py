@@ -35,6 +35,7 @@ CHOICE_AXES = {
     "horovod_autotune": (False, True),
     "schedule": tuple(SCHEDULES),  # every pipeline schedule tfpar has
     "zero_stage": (0, 1, 2),
+    "remat": ("none", "blocks"),
     "optimizer": ("model", "lars", "lamb"),
     "scaling_rule": ("none", "linear", "sqrt"),
 }
@@ -53,6 +54,7 @@ _UNSET = {
     "horovod_autotune": False,
     "tensor_degree": 1,
     "zero_stage": 0,
+    "remat": "none",
     "optimizer": "model",
     "scaling_rule": "none",
     "warmup_epochs": 0,
@@ -138,10 +140,10 @@ def _applies(axis, value, config):
         return False  # a pipeline, or one tensor-parallel model, all-reduces no gradients
     if axis == "tensor_degree" and config.get("microbatches"):
         return False
-    if axis == "zero_stage" and (
+    if axis in ("zero_stage", "remat") and (
         config.get("microbatches") or (config.get("tensor_degree") or 1) > 1
     ):
-        return False  # ZeRO shards a data-parallel optimizer's state
+        return False  # ZeRO shards a data-parallel optimizer's state; remat is data-parallel's
     if axis == "virtual_stages" and config.get("schedule") not in virtual_schedules():
         return False
     if (

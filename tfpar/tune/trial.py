@@ -47,6 +47,7 @@ def trial_spec(config: dict, devices: int | None = None, split_devices: bool = T
         schedule=config.get("schedule") or "1f1b",
         virtual_stages=config.get("virtual_stages"),
         zero_stage=(config.get("zero_stage") or 0) if kind in ("data_parallel", "horovod") else 0,
+        remat=(config.get("remat") or "none") if kind in ("data_parallel", "horovod") else "none",
     )
 
 
