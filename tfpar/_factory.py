@@ -58,7 +58,7 @@ class ParallelismSpec:
     """"data_parallel" and "horovod": each replica's gradients summed over this many steps,
     applied once."""
     remat: Any = "none"
-    """"data_parallel" and "horovod": the blocks that recompute their activations
+    """"data_parallel", "horovod" and "pipeline": the blocks that recompute their activations
     (`tfpar.remat`)."""
 
     def __post_init__(self):
@@ -80,11 +80,11 @@ class ParallelismSpec:
                 f"Received: strategy {self.kind!r} with zero_stage={self.zero_stage}. Use "
                 "--strategy data_parallel or horovod, or leave zero_stage out."
             )
-        if self.remat != "none" and self.kind not in ("data_parallel", "horovod"):
+        if self.remat != "none" and self.kind not in ("data_parallel", "horovod", "pipeline"):
             raise ValueError(
-                "remat applies to data_parallel's and horovod's models here. Received: strategy "
-                f"{self.kind!r} with remat={self.remat!r}. Use --strategy data_parallel or "
-                "horovod (a pipeline takes recompute=True)."
+                "remat recomputes the blocks of data_parallel's, horovod's and pipeline's models. "
+                f"Received: strategy {self.kind!r} with remat={self.remat!r}. Use one of those, "
+                "or leave remat out."
             )
         if self.gradient_accumulation_steps != 1 and self.kind not in ("data_parallel", "horovod"):
             raise ValueError(
@@ -123,6 +123,7 @@ class ParallelismSpec:
         options.update({"schedule": self.schedule} if self.schedule != "1f1b" else {})
         options.update({"virtual_stages": self.virtual_stages} if self.virtual_stages else {})
         options.update({"balance": self.balance} if self.balance != "params" else {})
+        options.update({"remat": self.remat} if self.remat != "none" else {})
         options.update(
             {"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {}
         )

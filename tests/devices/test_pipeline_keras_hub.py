@@ -195,3 +195,14 @@ def test_a_cut_tfpar_cannot_make_is_refused_before_anything_is_built(options, er
     with pytest.raises(error, match=pattern):
         Pipeline(**{"num_stages": 2, "num_microbatches": 2, **options}).stage(model)
     assert len(model.weights) == before
+
+
+def test_a_pipeline_recomputes_the_blocks_inside_its_stages_and_trains_like_one_device():
+    """``Pipeline(remat="blocks")``: GPT-2's transformer layers, one in each stage, recompute their
+    activations (the stage keeps their inputs)."""
+    staged, trained, one_device = _staged_and_one_device("gpt2", remat="blocks")
+    assert _largest(trained, one_device) < 1e-5
+    described = Pipeline(num_stages=2, remat="blocks").describe(model=staged)
+    assert "2 block(s) recompute their activations" in described, described
+    marked = [layer.name for layer in staged._flatten_layers() if "_tfpar_remat" in layer.__dict__]
+    assert sorted(marked) == ["transformer_layer_0", "transformer_layer_1"], described

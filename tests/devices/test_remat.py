@@ -175,6 +175,20 @@ def test_keras_hub_gpt2_recomputed_trains_like_one_device(capsys):
 def test_bad_remat_options_are_refused_at_once(remat, error, match):
     with pytest.raises(error, match=match):
         tfpar.DataParallel(remat=remat)
+    with pytest.raises(error, match=match):
+        tfpar.Pipeline(num_stages=2, remat=remat)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"recompute": True}, r"Received: recompute=True with remat='blocks'. Give one of them"),
+        ({"tensor_parallel": 2}, r"Received: remat='blocks' with tensor_parallel=2. Use recompute"),
+    ],
+)
+def test_a_pipeline_refuses_remat_with_what_it_does_not_combine_with(options, match):
+    with pytest.raises(ValueError, match=match):
+        tfpar.Pipeline(num_stages=2, remat="blocks", **options)
 
 
 def test_a_name_that_matches_no_layer_is_refused_before_fit_traces_anything():

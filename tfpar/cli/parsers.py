@@ -217,8 +217,8 @@ def _verify_parallelism_arguments(verify):
         "--remat",
         type=_remat,
         default="none",
-        help="data_parallel, horovod: the blocks that recompute their activations ('blocks', or "
-        "layer names and patterns, comma-separated; default none)",
+        help="data_parallel, horovod, pipeline: the blocks that recompute their activations "
+        "('blocks', or layer names and patterns, comma-separated; default none)",
     )
     verify.add_argument(
         "--paths",

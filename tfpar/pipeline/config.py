@@ -5,10 +5,12 @@ within each stage, and a pipeline that spans a job's workers."""
 import dataclasses
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from tfpar._checks import check_choice, check_int, check_names, check_number
 from tfpar.pipeline.partition import check_cut_points
 from tfpar.pipeline.schedule import SCHEDULES, make_schedule
+from tfpar.remat import check_remat
 
 __all__ = ["PipelineConfig"]
 
@@ -37,6 +39,9 @@ class PipelineConfig:
     """Data-parallel copies of the pipeline (uses replicas × num_stages devices)."""
     recompute: bool = False
     """Recompute each stage's activations in the backward pass (tf.recompute_grad)."""
+    remat: Any = "none"
+    """Recompute the activations of the blocks inside the stages instead (`tfpar.remat`, as
+    `DataParallel`'s: "blocks", or layer names and patterns): a stage keeps its blocks' inputs."""
     devices: tuple | None = None
     """Device names, replica-major (default: the GPUs, else the logical CPU devices; with
     ``span_workers``, every worker's, stage s on worker s × workers // num_stages)."""
@@ -103,6 +108,7 @@ class PipelineConfig:
             raise TypeError(
                 f"recompute must be True or False. Received: recompute={self.recompute!r}."
             )
+        object.__setattr__(self, "remat", _checked_remat(self))
         if self.num_microbatches < self.num_stages:
             _log.warning(
                 "num_microbatches=%d < num_stages=%d: the pipeline bubble (%.0f%% of the time) "
@@ -111,3 +117,21 @@ class PipelineConfig:
                 self.num_stages,
                 100 * make_schedule("1f1b", self.num_stages, self.num_microbatches).bubble_fraction,
             )
+
+
+def _checked_remat(config):
+    """``remat``, checked, and refused with what a pipeline does not combine it with."""
+    remat = check_remat(config.remat)
+    if remat != "none" and config.tensor_parallel > 1:
+        raise ValueError(
+            "remat recomputes whole blocks, and with tensor_parallel a stage's blocks are "
+            "split over its devices: that is not supported yet. Received: remat="
+            f"{remat!r} with tensor_parallel={config.tensor_parallel}. Use recompute=True "
+            "(each stage), or remat without tensor_parallel."
+        )
+    if config.recompute and remat != "none":
+        raise ValueError(
+            "recompute=True recomputes each whole stage; remat the blocks inside the stages. "
+            f"Received: recompute=True with remat={remat!r}. Give one of them."
+        )
+    return remat

@@ -21,6 +21,7 @@ from tfpar.pipeline.model import PipelineModel
 from tfpar.pipeline.partition import cut_positions, partition_model
 from tfpar.pipeline.schedule import make_schedule
 from tfpar.pipeline.workers import Workers
+from tfpar.remat import plan_remat, remat_check
 
 __all__ = ["Pipeline", "PipelineConfig"]
 
@@ -228,6 +229,10 @@ class Pipeline(PlacesItself):
             )
         return partition_model(model, c.num_stages * v, c.cut_points, c.balance, c.layer_costs)
 
+    def model_checks(self) -> tuple:
+        """`Parallelism.model_checks`, and remat's blocks set up before fit (`tfpar.remat`)."""
+        return (*super().model_checks(), *remat_check(self.config.remat))
+
     def describe(self, global_batch_size: int | None = None, model: Any = None) -> str:
         """A readable summary: schedule, devices, bubble and memory figures."""
         c, s = self.config, self.schedule
@@ -269,6 +274,8 @@ class Pipeline(PlacesItself):
                 if isinstance(model, PipelineModel)
                 else f"  model:      {model.name}, {model.count_params():,} parameters"
             )
+        if model is not None and c.remat != "none":
+            lines += plan_remat(model, c.remat).lines()
         if isinstance(model, PipelineModel) and c.tensor_parallel > 1:  # what each device holds
             from tfpar.tensor_parallel.accounting import bytes_by_device, describe_bytes
 

@@ -96,7 +96,7 @@ def verify(
         steps: steps on each side, >= 1.
         tensor_parallel: "pipeline": each stage split over this many devices (``plan="auto"``).
         zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2).
-        remat: "data_parallel", "horovod": the blocks that recompute their activations
+        remat: "data_parallel", "horovod", "pipeline": the blocks that recompute their activations
             (`tfpar.remat`: "blocks", or layer names or patterns); the one replica keeps them all.
         paths: "data_parallel", "horovod": instead of one comparison, one per gradient path
             ("all", or names of `tfpar.verify._paths.PATHS`, a list or comma-separated); returns a
@@ -158,7 +158,11 @@ def verify(
         )
     if strategy == "pipeline":
         spec = ParallelismSpec(
-            kind="pipeline", replicas=replicas or 1, balance="time", tensor_parallel=tensor_parallel
+            kind="pipeline",
+            replicas=replicas or 1,
+            balance="time",
+            tensor_parallel=tensor_parallel,
+            remat=remat,
         )
     else:
         spec = ParallelismSpec(kind=strategy, devices=replicas, zero_stage=zero_stage, remat=remat)
