@@ -26,6 +26,8 @@ def recompute(call, args, kwargs, state=()):
     (`state_of`), read as the forward read them when it is recomputed."""
     flat = tf.nest.flatten((args, kwargs))
     at = [i for i, t in enumerate(flat) if tf.is_tensor(t) and t.dtype.is_floating]
+    if not at:  # nothing to differentiate it by (ids in, a lookup first): its own call
+        return call(*args, **kwargs)
     read = [tf.stop_gradient(v.value) for v in state]  # before the forward changes them
     first: list = []  # the forward's outputs, whole (the recomputation's are only differentiated)
 
