@@ -4,6 +4,9 @@ and BatchNormalization included), KerasHub's GPT-2 recomputed trains like one de
 chosen and those kept say why, and bad options are refused. Peak memory:
 tests/multiproc/test_remat_memory.py."""
 
+import contextlib
+import functools
+
 import numpy as np
 import pytest
 
@@ -54,8 +57,10 @@ def text_model(k, rate):
     return model, block
 
 
-def image_model(k):
-    """A residual block of Conv2D, BatchNormalization and Dropout, subclassed."""
+def residual_block(k):
+    """A subclassed residual block of Conv2D, BatchNormalization and Dropout whose ``call`` takes
+    no ``training`` (its sublayers inherit it from the call) and which holds a weight of its own
+    (read under the policy's autocast)."""
 
     class ResidualBlock(k.layers.Layer):
         def __init__(self, filters, **kwargs):
@@ -64,17 +69,47 @@ def image_model(k):
             self.norm = k.layers.BatchNormalization()
             self.drop = k.layers.Dropout(0.2)
 
-        def call(self, inputs, training=False):
-            x = self.norm(self.conv(inputs), training=training)
-            return inputs + self.drop(k.activations.relu(x), training=training)
+        def build(self, input_shape):
+            self.gate = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="gate")
 
+        def call(self, inputs):
+            x = self.norm(self.conv(inputs))
+            return inputs + self.gate * self.drop(k.activations.relu(x))
+
+    return ResidualBlock
+
+
+def image_model(k, block=None):
+    """The residual block (``block``: its class) between an input of 8x8x4 and 3 logits."""
     k.utils.set_random_seed(1)
     inputs = k.Input((8, 8, 4))
-    x = ResidualBlock(4, name="residual")(inputs)
+    x = (block or residual_block(k))(4, name="residual")(inputs)
     x = k.layers.GlobalAveragePooling2D()(x)
-    model = k.Model(inputs, k.layers.Dense(3)(x))
+    model = k.Model(inputs, k.layers.Dense(3, dtype="float32")(x))
     model.compile(k.optimizers.Adam(1e-2), k.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+@contextlib.contextmanager
+def recomputations(cls):
+    """The names of the layers of ``cls`` whose ``call`` ran as a recomputation (tfpar's, in the
+    backward pass), while entered: a test that remat really recomputed."""
+    from tfpar.remat import _recompute
+
+    own = cls.call
+    names = []
+
+    @functools.wraps(own)  # Keras reads the call's signature through it
+    def call(self, *args, **kwargs):
+        if getattr(_recompute._recomputing, "layer", None) is self:
+            names.append(self.name)
+        return own(self, *args, **kwargs)
+
+    cls.call = call
+    try:
+        yield names
+    finally:
+        cls.call = own
 
 
 def train(k, make, remat, x, y):
@@ -112,16 +147,29 @@ def test_recomputed_blocks_train_the_weights_they_train_without(any_keras):
     assert largest_difference(plain, text_model(k, rate)[0].get_weights()) > 1e-3  # it trained
 
 
-def test_a_recomputed_batch_normalization_moves_its_statistics_once_under_keras3():
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_a_recomputed_block_keeps_its_training_mode_state_and_autocast_under_keras3(policy):
+    """Its Dropout and BatchNormalization in training mode (inherited: the block's call takes no
+    ``training``), the same dropout units, the moving statistics moved once, its own weight read
+    under the policy's autocast: the weights and statistics of the steps without remat."""
     import keras
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(64, 8, 8, 4)).astype("float32")
     y = rng.integers(0, 3, (64,))
-    plain, _, _ = train(keras, lambda: (image_model(keras), None), "none", x, y)
-    recomputed, described, _ = train(keras, lambda: (image_model(keras), None), "blocks", x, y)
+    kept = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        plain, _, _ = train(keras, lambda: (image_model(keras), None), "none", x, y)
+        block = residual_block(keras)
+        with recomputations(block) as recomputed:
+            make = lambda: (image_model(keras, block), None)  # noqa: E731
+            trained, described, _ = train(keras, make, "blocks", x, y)
+    finally:
+        keras.config.set_dtype_policy(kept)
+    assert recomputed == ["residual", "residual"], recomputed  # once in each replica's step
     assert "1 block(s) recompute" in described and "residual" in described, described
-    assert largest_difference(plain, recomputed) < 1e-6  # the moving mean and variance too
+    assert largest_difference(plain, trained) < 1e-6  # the moving mean and variance too
 
 
 def test_tf_keras_keeps_a_block_whose_recomputation_would_differ_and_says_why():
@@ -140,18 +188,22 @@ def test_named_blocks_and_patterns_choose_the_outermost_layers_they_match():
     model, _ = text_model(keras, 0.0)
     plan = tfpar.remat.plan_remat(model, ["block_?", "block_a", "embedding"])
     assert [layer.name for layer in plan.recomputed] == ["block_a", "block_b"]
-    assert plan.kept[0][0] == "embedding" and "dense" in plan.kept[0][1]
+    assert plan.kept[0][0] == "embedding" and "the whole table" in plan.kept[0][1]
     assert tfpar.remat.plan_remat(model, "none").lines() == []
 
 
 def test_keras_hub_gpt2_recomputed_trains_like_one_device(capsys):
     """``tfpar verify --remat blocks`` as a user runs it: its transformer layers are the blocks;
     its token and position embedding keeps its activations (an Embedding's)."""
+    import keras_hub
+
     from tfpar import cli
 
     models = "tests.gradient_paths"
     args = ["verify", "--model", f"{models}:gpt2_keras_hub", "--data", f"{models}:gpt2_data"]
-    assert cli.main([*args, "--steps", "3", "--batch-size", "16", "--remat", "blocks"]) == 0
+    with recomputations(keras_hub.layers.TransformerDecoder) as recomputed:
+        assert cli.main([*args, "--steps", "3", "--batch-size", "16", "--remat", "blocks"]) == 0
+    assert sorted(set(recomputed)) == ["transformer_layer_0", "transformer_layer_1"], recomputed
     printed = capsys.readouterr().out
     assert "PASSED: trains like one replica" in printed, printed
     assert "2 block(s) recompute their activations" in printed, printed
@@ -208,14 +260,52 @@ def test_remat_composes_with_zero_accumulation_mixed_precision_and_compression(a
     mixed_float16, bf16 on the wire."""
     name = "keras3" if any_keras.__name__ == "keras" else "tf_keras"
     paths = ["zero2+accumulate", "zero1+mixed_float16", "bf16"]
-    report = tfpar.verify.verify(
-        getattr(gradient_paths, f"text_{name}"),
-        gradient_paths.text_data,
-        steps=4,
-        global_batch_size=16,
-        paths=paths,
-        remat="blocks",
-    )
+    with recomputations(any_keras.layers.MultiHeadAttention) as recomputed:
+        report = tfpar.verify.verify(
+            getattr(gradient_paths, f"text_{name}"),
+            gradient_paths.text_data,
+            steps=4,
+            global_batch_size=16,
+            paths=paths,
+            remat="blocks",
+        )
+    assert set(recomputed) == {"attention"} and len(recomputed) >= 2 * len(paths), recomputed
     assert [row.path for row in report.rows] == paths
     assert all(row.verdict == "ok" for row in report.rows), report.describe()
     assert "1 block(s) recompute their activations" in report.describe(), report.describe()
+
+
+def test_a_block_that_adds_a_loss_in_its_forward_is_refused_when_traced(any_keras):
+    """A mixture of experts' router loss, an auxiliary loss: recomputed, it would have no
+    gradient."""
+    import tensorflow as tf
+
+    k = any_keras
+
+    class Routed(k.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = k.layers.Dense(4)
+
+        def call(self, inputs):
+            outputs = self.dense(inputs)
+            self.add_loss(1e-2 * tf.reduce_mean(outputs**2))
+            return outputs
+
+    strategy = tfpar.DataParallel(remat="blocks")
+    with strategy.scope():
+        inputs = k.Input((4,))
+        model = k.Model(inputs, k.layers.Dense(1)(Routed(name="router")(inputs)))
+        model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match=r"remat recomputes 'router', which adds a loss"):
+        model.fit(np.ones((16, 4), "float32"), np.ones((16, 1)), batch_size=16, verbose=0)
+
+
+def test_a_named_nested_model_is_its_blocks():
+    import keras
+
+    model, _ = text_model(keras, 0.0)
+    inputs = keras.Input((8,), dtype="int32")
+    outer = keras.Model(inputs, keras.layers.Dense(2)(model(inputs)))
+    plan = tfpar.remat.plan_remat(outer, [model.name])
+    assert [layer.name for layer in plan.recomputed] == ["block_a", "block_b"]

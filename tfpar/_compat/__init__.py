@@ -65,6 +65,8 @@ from tfpar._compat.models import (
     fit_arguments,
     flatten_layers,
     given_learning_rate,
+    losses_added,
+    training_of_the_call,
 )
 from tfpar._compat.ray import (
     ray_resources_per_worker,
@@ -125,6 +127,7 @@ __all__ = [
     "keras_hub_fit",
     "keras_layer_of",
     "layer_nodes_in",
+    "losses_added",
     "mirrored",
     "node_layer",
     "onednn_enabled",
@@ -139,6 +142,7 @@ __all__ = [
     "stop_removing_functions",
     "take_logs_as_they_are",
     "tape_recording",
+    "training_of_the_call",
     "tf_keras_model_class",
     "tf_keras_resume_point",
     "tf_keras_set_resume_point",

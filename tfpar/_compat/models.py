@@ -1,5 +1,6 @@
 """What both Kerases keep private on a running fit, a model and an optimizer: fit's arguments
-read from its frame, the nested layers, the learning rate given and the current one."""
+read from its frame, the nested layers, the training mode of the layer call running, the learning
+rate given and the current one."""
 
 import sys
 
@@ -10,6 +11,8 @@ __all__ = [
     "fit_arguments",
     "flatten_layers",
     "given_learning_rate",
+    "losses_added",
+    "training_of_the_call",
 ]
 
 
@@ -41,10 +44,35 @@ def fit_arguments(model, names=("x", "initial_epoch")):
     return None
 
 
-def flatten_layers(model):
+def flatten_layers(model, include_self=True, recursive=True):
     """``model`` and every layer in it, nested ones included (either Keras): Keras' own walk of its
-    tracked layers (``_flatten_layers``); the public ``layers`` lists one level only."""
-    return model._flatten_layers(include_self=True, recursive=True)
+    tracked layers (``_flatten_layers``); the public ``layers`` lists one level only. A list; with
+    ``recursive=False``, the direct sublayers only."""
+    return list(model._flatten_layers(include_self=include_self, recursive=recursive))
+
+
+def losses_added(layer):
+    """The losses ``layer`` and its sublayers added with ``add_loss`` (not their weights'
+    regularization, which the public ``losses`` computes anew at each read): Keras 3 keeps them in
+    ``_losses``, tf_keras in ``_losses`` and, in a call, ``_eager_losses``."""
+    added = []
+    for sub in flatten_layers(layer):
+        added += list(getattr(sub, "_losses", [])) + list(getattr(sub, "_eager_losses", []))
+    return added
+
+
+def training_of_the_call(keras3):
+    """The training mode of the layer call running in this thread, as Keras 3 (``keras3``) or
+    tf_keras resolved it (what its sublayers inherit; None outside a call): both keep it in a
+    private call context."""
+    if keras3:
+        from keras.src.backend.common import global_state
+
+        context = global_state.get_global_attribute("current_call_ctx")
+        return None if context is None else context.training
+    from tf_keras.src.engine import base_layer_utils
+
+    return base_layer_utils.call_context().training
 
 
 def given_learning_rate(optimizer):

@@ -268,8 +268,8 @@ class ReplicaStep:
 
 def recomputed(stages: list, recompute: bool, keras_module: Any) -> list:
     """Per stage, whether it recomputes its activations: with ``recompute``, each stage but one
-    that holds an Embedding (tf.recompute_grad gives a looked-up table a dense gradient, and Adam
-    then moves the rows no example used); those are named in a warning."""
+    that holds an Embedding (tf.recompute_grad gives a looked-up table a dense gradient: the whole
+    table where the lookup's is its rows); those are named in a warning."""
     embedding = keras_module.layers.Embedding
     lookups = [
         k
@@ -280,8 +280,8 @@ def recomputed(stages: list, recompute: bool, keras_module: Any) -> list:
     if lookups:
         _log.warning(
             "recompute: stage(s) %s hold an Embedding, whose gradient (the rows "
-            "looked up) tf.recompute_grad would make dense, updating every row under "
-            "Adam: they keep their activations; the others recompute theirs.",
+            "looked up) tf.recompute_grad would make dense, the whole table held and "
+            "reduced: they keep their activations; the others recompute theirs.",
             lookups,
         )
     return [recompute and k not in lookups for k in range(len(stages))]

@@ -85,7 +85,9 @@ def plan_remat(model: Any, remat: Any) -> "RematPlan":
 
 
 def _sublayers(layer):
-    return list(layer._flatten_layers(include_self=False, recursive=False))
+    from tfpar import _compat
+
+    return _compat.flatten_layers(layer, include_self=False, recursive=False)
 
 
 def _is_model(layer):
@@ -119,8 +121,14 @@ def _named(model, patterns):
                 + '. Name some of them, or give remat="blocks".'
             )
         chosen += [layer for layer in matched if layer not in chosen]
-    inside = {id(sub) for layer in chosen for sub in layer._flatten_layers(include_self=False)}
-    return [layer for layer in chosen if id(layer) not in inside and not _is_model(layer)]
+    # a model named: its blocks; a layer inside another chosen one: recomputed with it
+    chosen = [
+        block for layer in chosen for block in (_blocks(layer) if _is_model(layer) else [layer])
+    ]
+    inside = {
+        id(sub) for layer in chosen for sub in _compat.flatten_layers(layer, include_self=False)
+    }
+    return [layer for layer in chosen if id(layer) not in inside]
 
 
 def _why_kept(block):
@@ -129,29 +137,38 @@ def _why_kept(block):
     from tfpar._keras import is_keras3, keras_of
 
     embedding = keras_of(block).layers.Embedding
-    layers = list(block._flatten_layers(include_self=True))
+    layers = _compat.flatten_layers(block)
     for layer in layers:
         if isinstance(layer, embedding):
             return (
-                f"holds the Embedding {layer.name!r}: a recomputed lookup's gradient is dense, and "
-                "Adam would move the rows no example used"
+                f"holds the Embedding {layer.name!r}: recomputed, its gradient (the rows looked "
+                "up) would be the whole table, held and all-reduced whole"
             )
-        if getattr(layer, "activity_regularizer", None) is not None and layer is not block:
+        if getattr(layer, "activity_regularizer", None) is not None:
             return (
                 f"{layer.name!r} adds an activity regularization loss in its forward, which a "
-                "recomputed block leaves without a gradient"
+                "recomputed block would leave without a gradient"
             )
     if is_keras3(block):
         return None  # its state is read as the forward read it (tfpar.remat._recompute)
     for layer in layers:
-        if _compat.random_generator_type(layer) is not None and getattr(layer, "rate", 1):
+        if _compat.random_generator_type(layer) is not None and _draws(layer):
             return (
                 f"tf_keras' {layer.name!r} draws new random numbers when recomputed (Keras 3 "
                 "reads the forward's seed again)"
             )
-        if layer.non_trainable_weights:
+        if layer.trainable and layer.non_trainable_weights:
             return (
                 f"tf_keras' {layer.name!r} updates its non-trainable weights in training, and a "
                 "recomputation would update them twice (Keras 3 drops its updates)"
             )
     return None
+
+
+def _draws(layer):
+    """Whether a tf_keras random layer draws in training: a dropout at a rate above 0 (``rate``,
+    or a recurrent cell's ``dropout`` and ``recurrent_dropout``); any other one (noise,
+    augmentation)."""
+    rates = [getattr(layer, name, None) for name in ("rate", "dropout", "recurrent_dropout")]
+    rates = [rate for rate in rates if isinstance(rate, (int, float))]
+    return not rates or any(rates)
