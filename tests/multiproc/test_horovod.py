@@ -394,6 +394,15 @@ def test_one_step_applies_the_reduction_rule_to_known_gradients(one_step, op, ex
     _assert_one_sgd_step(one_step[f"{op}:none"], expected)
 
 
+def test_a_boolean_is_reduced_over_the_ranks_true_where_any_rank_s_is(trained):
+    """Horovod adds no booleans (a KerasHub model's padding_mask, which Keras 3's fit reduces):
+    counted as integers, true where any rank's is, and the same on every rank."""
+    printed = re.findall(r"BOOLEAN (\w+) (\d) (\[.*\])", trained["output"])
+    assert sorted(printed) == [
+        (op, rank, "[True, False]") for op in ("MEAN", "SUM") for rank in ("0", "1")
+    ], printed
+
+
 @pytest.mark.parametrize(
     "op, expected",
     [("average", [0.5, 0.25, 0.25]), ("sum", [1.0, 0.5, 0.5])],

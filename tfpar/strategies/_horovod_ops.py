@@ -130,13 +130,18 @@ class HorovodAllReduce(tf.distribute.CrossDeviceOps):
         return out
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
-        """One value all-reduced over the ranks; a boolean or string one is this rank's (no
-        reduction adds them: Keras 3's ``fit`` reduces a KerasHub model's first batch, its
-        ``padding_mask`` too, only to read the shapes)."""
+        """One value all-reduced over the ranks. Horovod adds no booleans (Keras 3's ``fit``
+        reduces a KerasHub model's first batch, its ``padding_mask`` too, to read its shapes):
+        they are counted as integers, true where any rank's is, under SUM and MEAN alike. A
+        string is this rank's: no reduction adds strings."""
         local = self._local(per_replica_value)
-        if tf.as_dtype(getattr(local, "dtype", tf.float32)) in (tf.bool, tf.string):
+        dtype = tf.as_dtype(getattr(local, "dtype", tf.float32))
+        if dtype == tf.string:
             return local
         with tf.control_dependencies(self._after_gradients()):
+            if dtype == tf.bool:
+                counted = self.allreduce(tf.distribute.ReduceOp.SUM, [tf.cast(local, tf.int32)])
+                return counted[0] > 0
             return self.allreduce(reduce_op, [local])[0]
 
     def _after_gradients(self):

@@ -7,7 +7,8 @@ and [0.3, 0.7], which neither 16-bit format can hold exactly. A case OP:COMPRESS
 trains an Embedding(3, 1) instead, whose gradient is sparse: rank 0 looks up rows 0 and 1, rank 1
 rows 0 and 2.
 Usage: horovod_one_step.py OP:COMPRESSION[:embedding] ...; prints ``KERNEL <case> <rank> <kernel>``
-(the tests run it in turn after horovod_train.py, in the same ranks: in_turn.py).
+(the tests run it in turn after horovod_train.py, in the same ranks: in_turn.py). Then each rank
+reduces a boolean that only rank 1 holds true, under MEAN and SUM: ``BOOLEAN <op> <rank> <value>``.
 """
 
 import json
@@ -62,5 +63,14 @@ def one_step(cases):
         print(f"KERNEL {case} {strategy.rank} " + json.dumps(kernel), flush=True)
 
 
+def booleans():
+    """A boolean only rank 1 holds true, reduced under MEAN and SUM (true where any rank's is)."""
+    strategy = HorovodStrategy()
+    for op in ("MEAN", "SUM"):
+        reduced = strategy.reduce(op, tf.constant([strategy.rank == 1, False]), axis=None)
+        print(f"BOOLEAN {op} {strategy.rank} {reduced.numpy().tolist()}", flush=True)
+
+
 if __name__ == "__main__":
     one_step(sys.argv[1:])
+    booleans()
