@@ -8,7 +8,8 @@ With several ``--remat``, each is measured in turn in this process (a test's one
 and the line holds a list.
 
 - persistent: the bytes the model adds to the device between steps, after a first step (the
-  weights, Adam's slots, what fit keeps);
+  weights, Adam's slots, what fit keeps); state: the bytes of the model's and its optimizer's
+  variables alone;
 - peak: the most the device held during the timed steps (`tf.config.experimental.get_memory_info`
   after `reset_memory_stats`); activations: the peak less what the device held before them, what
   one step adds (its activations and gradients);
@@ -94,6 +95,7 @@ def measure(args, remat):
         "remat": remat,
         "parameters": model.count_params(),
         "persistent": held - before,
+        "state": sum(v.numpy().nbytes for v in [*model.weights, *model.optimizer.variables]),
         "peak": peak,
         "activations": peak - held,
         "step": min(seconds),

@@ -23,8 +23,6 @@ def test_recomputed_blocks_cut_what_a_step_adds_to_the_device_and_keep_the_model
     assert none["activations"] > 4 * 2**20  # a step adds megabytes: there is something to save
     # the activations of 6 blocks become their 6 inputs, and one block's at a time
     assert blocks["activations"] < 0.4 * none["activations"], (none, blocks)
-    # the model, its Adam slots: as they were
-    assert abs(blocks["persistent"] - none["persistent"]) < 0.02 * none["persistent"], (
-        none,
-        blocks,
-    )
+    # the model, its Adam slots: as they were (remat adds no variable), and the device holds them
+    assert blocks["state"] == none["state"] > 0
+    assert blocks["persistent"] >= blocks["state"] and none["persistent"] >= none["state"]
