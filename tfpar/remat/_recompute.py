@@ -17,6 +17,9 @@ import threading
 
 import tensorflow as tf
 
+from tfpar import _compat
+from tfpar._keras import is_keras3
+
 __all__ = ["floats", "recompute", "recomputing", "state_of"]
 
 _recomputing = threading.local()  # .layer: the layer whose recomputation runs in this thread
@@ -75,8 +78,6 @@ def state_of(layer):
     """The variables a Keras 3 layer may change when called now (its non-trainable ones: moving
     statistics, seed generators' states; a frozen layer's weights); None under tf_keras, which has
     no scope to read them in (`tfpar.remat._blocks` keeps such blocks there)."""
-    from tfpar._keras import is_keras3
-
     return list(layer.non_trainable_variables) if is_keras3(layer) else None
 
 
@@ -90,11 +91,9 @@ def recomputing(layer):
             would have no gradient.
     """
 
-    from tfpar import _compat
-
     def call(*args, **kwargs):
         own = type(layer).call  # looked up at each call, as Keras' own __call__ does
-        if getattr(_recomputing, "layer", None) is layer or not _tape_recording():
+        if getattr(_recomputing, "layer", None) is layer or not _compat.tape_recording():
             return own(layer, *args, **kwargs)
         losses = {id(loss) for loss in _compat.losses_added(layer)}
         outputs = recompute(
@@ -115,18 +114,9 @@ def recomputing(layer):
     return layer
 
 
-def _tape_recording():
-    from tfpar import _compat
-
-    return _compat.tape_recording()
-
-
 def _through_keras(layer, kwargs):
     """The recomputation of ``layer``'s call: through Keras' ``__call__`` (the training mode of
     the forward, which its sublayers inherit; its autocast), to its own ``call``."""
-    from tfpar import _compat
-    from tfpar._keras import is_keras3
-
     training = kwargs.get("training", _compat.training_of_the_call(is_keras3(layer)))
 
     def again(*args, **kwargs):
@@ -140,8 +130,6 @@ def _through_keras(layer, kwargs):
 
 
 def _refuse_added_losses(layer, before):
-    from tfpar import _compat
-
     if any(id(loss) not in before for loss in _compat.losses_added(layer)):
         raise ValueError(
             f"remat recomputes {layer.name!r}, which adds a loss in its forward (add_loss: an "
