@@ -288,6 +288,8 @@ def _install_parser(sub):
 
 def _remat(text: str):
     """``--remat``: "none", "blocks", or layer names and patterns separated by commas."""
-    if text in ("none", "blocks"):
+    from tfpar.remat._blocks import CHOICES
+
+    if text in CHOICES:
         return text
     return [name.strip() for name in text.split(",") if name.strip()]

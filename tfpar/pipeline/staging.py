@@ -21,7 +21,7 @@ from tfpar.pipeline.model import PipelineModel
 from tfpar.pipeline.partition import cut_positions, partition_model
 from tfpar.pipeline.schedule import make_schedule
 from tfpar.pipeline.workers import Workers
-from tfpar.remat import plan_remat, remat_check
+from tfpar.remat import remat_check, remat_lines
 
 __all__ = ["Pipeline", "PipelineConfig"]
 
@@ -274,8 +274,7 @@ class Pipeline(PlacesItself):
                 if isinstance(model, PipelineModel)
                 else f"  model:      {model.name}, {model.count_params():,} parameters"
             )
-        if model is not None and c.remat != "none":
-            lines += plan_remat(model, c.remat).lines()
+        lines += remat_lines(c.remat, model)
         if isinstance(model, PipelineModel) and c.tensor_parallel > 1:  # what each device holds
             from tfpar.tensor_parallel.accounting import bytes_by_device, describe_bytes
 

@@ -15,7 +15,14 @@ from typing import Any
 
 from tfpar.remat._blocks import RematPlan, check_remat, plan_remat
 
-__all__ = ["RematPlan", "apply_remat", "check_remat", "plan_remat", "remat_check"]
+__all__ = [
+    "RematPlan",
+    "apply_remat",
+    "check_remat",
+    "plan_remat",
+    "remat_check",
+    "remat_lines",
+]
 
 
 def apply_remat(model: Any, remat: Any) -> RematPlan:
@@ -45,3 +52,13 @@ def remat_check(remat: Any) -> tuple:
     if remat == "none":
         return ()
     return (("fit", "before", _RematCheck(remat)),)
+
+
+def remat_lines(remat: Any, model: Any = None) -> list[str]:
+    """A parallelism's ``describe()`` lines of its ``remat`` option: with ``model``, the blocks
+    recomputed and those kept (`RematPlan.lines`)."""
+    if remat == "none":
+        return []
+    if model is None:
+        return [f"  remat:      {remat!r} (the blocks: describe(model=...))"]
+    return plan_remat(model, remat).lines()

@@ -2,7 +2,7 @@
 sharded optimizer state and gradients, and remat's recomputed blocks; the model checks that set
 them up and the ``describe()`` lines that show them."""
 
-from tfpar.remat import plan_remat, remat_check
+from tfpar.remat import remat_check, remat_lines
 from tfpar.strategies._gradients import GRADIENT_CHECKS
 from tfpar.strategies._zero import shard_optimizer_state
 
@@ -21,13 +21,7 @@ def memory_checks(config) -> tuple:
 
 def memory_lines(config, num_replicas: int, model=None) -> list[str]:
     """The ``describe()`` lines of ZeRO and remat (the blocks only with a model)."""
-    lines = zero_lines(config.zero_stage, num_replicas, model)
-    if config.remat != "none":
-        if model is None:
-            lines.append(f"  remat:      {config.remat!r} (the blocks: describe(model=...))")
-        else:
-            lines += plan_remat(model, config.remat).lines()
-    return lines
+    return zero_lines(config.zero_stage, num_replicas, model) + remat_lines(config.remat, model)
 
 
 def zero_lines(stage: int, num_replicas: int, model=None) -> list[str]:
