@@ -100,6 +100,7 @@ def measure(args, remat):
         "activations": peak - held,
         "step": min(seconds),
         "described": strategy.describe(model=model),
+        "blocks": len(tfpar.remat.plan_remat(model, remat).recomputed),
     }
 
 

@@ -45,7 +45,7 @@ def main():
         f"RESULT memory remat_activation_ratio={remat['activations'] / none['activations']:.3f} "
         f"remat_peak_ratio={_peak(remat) / _peak(none):.3f} "
         f"remat_step_ratio={step['blocks'] / step['none']:.3f} "
-        f"blocks={_blocks(remat)} "
+        f"blocks={remat['blocks']} "
         f"parameters={none['parameters']} activations_none={none['activations']} "
         f"activations_remat={remat['activations']} {machine_keys()}",
         flush=True,
@@ -55,12 +55,6 @@ def main():
 def _peak(run):
     """The model's bytes and what a step adds: its peak over an empty device."""
     return run["persistent"] + run["activations"]
-
-
-def _blocks(run):
-    """The number of blocks the worker's describe() says recompute."""
-    line = next(x for x in run["described"].splitlines() if x.strip().startswith("remat:"))
-    return int(line.split("remat:")[1].split()[0])
 
 
 if __name__ == "__main__":
