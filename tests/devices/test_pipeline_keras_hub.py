@@ -79,7 +79,8 @@ def test_the_schedules_and_recomputation_cut_task_models_like_one_device(name, o
     if options.get("virtual_stages"):
         assert len(staged.stages) == 4
     if options.get("recompute"):  # an embedding's stage keeps its activations, and says so
-        assert "recompute: stage(s) [0] hold an Embedding" in caplog.text
+        assert "recompute kept: stage 0 keeps its activations: holds the Embedding" in caplog.text
+        assert staged._recompute == [False, True]
     if options.get("balance"):  # cut between the blocks, the measured seconds as the costs
         first, second = staged.partition.stages
         assert "transformer_layer_0" in first.layers and "transformer_layer_1" in second.layers

@@ -6,6 +6,7 @@ tests/multiproc/test_remat_memory.py."""
 
 import contextlib
 import functools
+import logging
 
 import numpy as np
 import pytest
@@ -214,6 +215,39 @@ def test_bad_remat_options_are_refused_at_once(remat, error, match):
 def test_a_pipeline_refuses_remat_with_what_it_does_not_combine_with(options, match):
     with pytest.raises(ValueError, match=match):
         tfpar.Pipeline(num_stages=2, remat="blocks", **options)
+
+
+def test_a_tf_keras_pipeline_stage_that_draws_keeps_its_activations_under_recompute(caplog):
+    """recompute=True recomputes whole stages by the rule of remat's blocks: a tf_keras stage with
+    a Dropout would draw other units when recomputed (a gradient of another function), so it keeps
+    its activations and says why; the other stage recomputes. The weights are those of the same
+    steps without recompute."""
+    k = tfpar.keras
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(32, 6)).astype("float32")
+    y = rng.integers(0, 3, (32,))
+
+    def trained(recompute):
+        k.utils.set_random_seed(3)
+        inputs = k.Input((6,))
+        h = k.layers.Dense(16, activation="relu", name="dense_a")(inputs)
+        h = k.layers.Dropout(0.3, seed=7, name="drop")(h)
+        h = k.layers.Dense(16, activation="tanh", name="dense_b")(h)
+        source = k.Model(inputs, k.layers.Dense(3, name="logits")(h))
+        pipeline = tfpar.Pipeline(num_stages=2, cut_points=["drop"], recompute=recompute)
+        staged = pipeline.stage(source)
+        staged.compile(k.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+        k.utils.set_random_seed(5)  # the same dropout draws on both sides
+        staged.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        return staged
+
+    plain = trained(False)
+    with caplog.at_level(logging.WARNING, logger="tfpar.pipeline.executor"):
+        recomputed = trained(True)
+    assert recomputed._recompute == [False, True]
+    assert "recompute kept: stage 0 keeps its activations: tf_keras' 'drop' draws" in caplog.text
+    trained_weights = recomputed.plain_model().get_weights()
+    assert largest_difference(plain.plain_model().get_weights(), trained_weights) < 1e-6
 
 
 def test_a_name_that_matches_no_layer_is_refused_before_fit_traces_anything():

@@ -19,6 +19,7 @@ from typing import Any
 from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.pipeline.streams import BACKWARD, FORWARD, WEIGHT
+from tfpar.remat._blocks import why_kept
 from tfpar.remat._recompute import floats, state_of
 from tfpar.remat._recompute import recompute as recomputed_call
 
@@ -266,25 +267,16 @@ class ReplicaStep:
         return [g for g in result if g is not None]
 
 
-def recomputed(stages: list, recompute: bool, keras_module: Any) -> list:
-    """Per stage, whether it recomputes its activations: with ``recompute``, each stage but one
-    that holds an Embedding (tf.recompute_grad gives a looked-up table a dense gradient: the whole
-    table where the lookup's is its rows); those are named in a warning."""
-    embedding = keras_module.layers.Embedding
-    lookups = [
-        k
-        for k, stage in enumerate(stages)
-        if recompute
-        and any(isinstance(layer, embedding) for layer in stage._flatten_layers(include_self=False))
-    ]
-    if lookups:
-        _log.warning(
-            "recompute: stage(s) %s hold an Embedding, whose gradient (the rows "
-            "looked up) tf.recompute_grad would make dense, the whole table held and "
-            "reduced: they keep their activations; the others recompute theirs.",
-            lookups,
-        )
-    return [recompute and k not in lookups for k in range(len(stages))]
+def recomputed(stages: list, recompute: bool) -> list:
+    """Per stage, whether it recomputes its activations: with ``recompute``, each stage but those
+    whose recomputation would train another model (`tfpar.remat._blocks.why_kept`: an Embedding's
+    gradient made dense, a tf_keras Dropout drawing again...); those are named in a warning, each
+    with why."""
+    kept = {k: why_kept(stage) for k, stage in enumerate(stages) if recompute}
+    kept = {k: why for k, why in kept.items() if why}
+    for k, why in kept.items():
+        _log.warning("recompute kept: stage %d keeps its activations: %s.", k, why)
+    return [recompute and k not in kept for k in range(len(stages))]
 
 
 def run_stage(stage: Any, x: Any, recompute: bool) -> Any:

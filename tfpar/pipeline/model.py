@@ -65,7 +65,7 @@ class PipelineModel:
         self.recompute = recompute
         stages, copies = self._stages_of(source, partition, tensor_styles)
         self.stages = stages
-        self.__dict__["_recompute"] = recomputed(stages, recompute, self._keras)
+        self.__dict__["_recompute"] = recomputed(stages, recompute)
         self.__dict__["_copies"] = copies or None  # what ties each flattened stage to the source
         self.__dict__["_chains"] = self._chains_of(stages, tensor_styles)
         self.__dict__["_source"] = source  # not tracked: its weights are the stages' originals

@@ -11,7 +11,7 @@ import dataclasses
 import fnmatch
 from typing import Any
 
-__all__ = ["RematPlan", "check_remat", "plan_remat"]
+__all__ = ["RematPlan", "check_remat", "plan_remat", "why_kept"]
 
 CHOICES = ("none", "blocks")
 
@@ -76,7 +76,7 @@ def plan_remat(model: Any, remat: Any) -> "RematPlan":
     recomputed = []
     kept = []
     for layer in chosen:
-        why = _why_kept(layer)
+        why = why_kept(layer)
         if why:
             kept.append((layer.name, why))
         else:
@@ -131,7 +131,7 @@ def _named(model, patterns):
     return [layer for layer in chosen if id(layer) not in inside]
 
 
-def _why_kept(block):
+def why_kept(block):
     """Why ``block`` keeps its activations, or None: recomputing it would train another model."""
     from tfpar import _compat
     from tfpar._keras import is_keras3, keras_of
