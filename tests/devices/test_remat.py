@@ -146,6 +146,44 @@ def test_a_recomputed_block_keeps_its_training_mode_state_and_autocast_under_ker
     assert largest_difference(plain, trained) < 1e-6  # the moving mean and variance too
 
 
+def test_a_keras3_remat_scope_is_honoured_with_the_state_the_forward_read():
+    """A block named in a Keras 3 RematScope: Keras alone recomputes it from the state its forward
+    changed (its Dropout draws other units, its BatchNormalization moves twice); under tfpar, whose
+    ``remat="none"`` honours the scope, tfpar recomputes it with the state the forward read: the
+    weights of the same steps without a scope. A "larger_than" scope chooses by output size."""
+    import keras
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 8, 8, 4)).astype("float32")
+    y = rng.integers(0, 3, (64,))
+
+    def scoped(block=None, mode="list_of_layers"):
+        with keras.RematScope(mode=mode, layer_names=["residual"]):
+            return image_model(keras, block)
+
+    def keras_alone(model):
+        keras.utils.set_random_seed(2)
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    plain, _, _ = train(keras, lambda: (image_model(keras), None), "none", x, y)
+    block = residual_block(keras)
+    with recomputations(block) as recomputed:
+        trained, described, _ = train(keras, lambda: (scoped(block), None), "none", x, y)
+    assert recomputed == ["residual", "residual"], recomputed  # once in each replica's step
+    assert "1 block(s) recompute their activations" in described, described
+    assert "remat scope: 1 of them chosen by Keras' RematScope" in described, described
+    assert largest_difference(plain, trained) < 1e-6
+    alone = keras_alone(scoped())
+    assert largest_difference(keras_alone(scoped(mode=None)), alone) > 1e-3  # Keras' own
+    with keras.RematScope(mode="larger_than", output_size_threshold=40):
+        inputs = keras.Input((8,))
+        wide = keras.layers.Dense(64, name="wide")(inputs)
+        mlp = keras.Model(inputs, keras.layers.Dense(16, name="narrow")(wide))
+    plan = tfpar.remat.plan_remat(mlp, "none")
+    assert [layer.name for layer in plan.recomputed] == ["wide"] and plan.scoped == ("wide",)
+
+
 def test_tf_keras_keeps_a_block_whose_recomputation_would_differ_and_says_why():
     k = tfpar.keras
     dropout = tfpar.remat.plan_remat(text_model(k, 0.1)[0], "blocks")

@@ -481,6 +481,22 @@ def test_the_optimizer_internals_of_each_keras():
     assert _compat.keras3_tf_optimizer_class(keras) is None  # tf_keras has no such base
 
 
+def test_a_keras3_layer_keeps_its_remat_scope_and_keras_stops_recomputing_it_on_request():
+    import keras as keras3
+
+    with keras3.RematScope(mode="list_of_layers", layer_names=["chosen"]):
+        layer = keras3.layers.Dense(2, name="chosen")
+    scope = _compat.keras3_remat_mode(layer)
+    assert scope.mode == "list_of_layers" and scope.layer_names == ["chosen"]
+    assert _compat.keras3_remat_mode(keras3.layers.Dense(2)) is None
+    assert _compat.keras3_remat_mode(keras.layers.Dense(2)) is None  # tf_keras has no scope
+    call = layer.call
+    assert layer.rematerialized_call(call) is not call  # Keras' tf.recompute_grad of the call
+    _compat.stop_keras3_remat(layer)
+    assert layer.rematerialized_call(call) is call
+    assert _compat.keras3_remat_mode(layer) is scope
+
+
 def test_tf_keras_trains_the_variables_trainable_at_compile():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

@@ -52,10 +52,12 @@ from tfpar._compat.keras3 import (
     keras3_compute_loss,
     keras3_data_adapter_class,
     keras3_loss_tracker,
+    keras3_remat_mode,
     keras3_start_at_epoch,
     keras3_tf_optimizer_class,
     keras3_trainer_class,
     optimizer_steps,
+    stop_keras3_remat,
 )
 from tfpar._compat.keras_hub import (
     keras_hub_fit,
@@ -121,6 +123,7 @@ __all__ = [
     "keras3_compute_loss",
     "keras3_data_adapter_class",
     "keras3_loss_tracker",
+    "keras3_remat_mode",
     "keras3_start_at_epoch",
     "keras3_tf_optimizer_class",
     "keras3_trainer_class",
@@ -139,6 +142,7 @@ __all__ = [
     "ray_resources_per_worker",
     "replace_data_adapter",
     "set_collective_key_base",
+    "stop_keras3_remat",
     "stop_removing_functions",
     "take_logs_as_they_are",
     "tape_recording",

@@ -1,14 +1,16 @@
 """Keras 3's private internals on TensorFlow: where its fit starts, its data adapter, optimizer
-and trainer classes, and the loss its train_step computes and records."""
+and trainer classes, the loss its train_step computes and records, and a layer's RematScope."""
 
 __all__ = [
     "keras3_compute_loss",
     "keras3_data_adapter_class",
     "keras3_loss_tracker",
+    "keras3_remat_mode",
     "keras3_start_at_epoch",
     "keras3_tf_optimizer_class",
     "keras3_trainer_class",
     "optimizer_steps",
+    "stop_keras3_remat",
 ]
 
 
@@ -71,3 +73,20 @@ def optimizer_steps(optimizer):
     """Every step a Keras 3 optimizer took, those its own ``gradient_accumulation_steps``
     accumulated included (its ``_iterations``; the public ``iterations`` counts updates)."""
     return optimizer._iterations
+
+
+def keras3_remat_mode(layer):
+    """The `keras.RematScope` a Keras 3 layer was made in, or None: its ``_remat_mode``, which
+    Keras reads at each call (no public name; tf_keras layers have none), or where
+    `stop_keras3_remat` moved it."""
+    return getattr(layer, "_remat_mode", None) or layer.__dict__.get("_tfpar_remat_scope")
+
+
+def stop_keras3_remat(layer):
+    """Makes a Keras 3 layer call its ``call`` without its RematScope's own recomputation
+    (tfpar recomputes it, or keeps it, instead: `tfpar.remat`); `keras3_remat_mode` still gives
+    the scope."""
+    scope = getattr(layer, "_remat_mode", None)
+    if scope is not None:
+        layer.__dict__["_tfpar_remat_scope"] = scope
+        layer._remat_mode = None

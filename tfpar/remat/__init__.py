@@ -26,10 +26,17 @@ __all__ = [
 
 
 def apply_remat(model: Any, remat: Any) -> RematPlan:
-    """Makes the blocks `plan_remat` chooses recompute their activations; returns the plan."""
+    """Makes the blocks `plan_remat` chooses recompute their activations; returns the plan. In
+    every chosen block, recomputed or kept, Keras 3's own RematScope recomputation stops: it
+    would recompute a layer inside a recomputed block once more, and a Dropout or a
+    BatchNormalization from the state their forward changed."""
+    from tfpar import _compat
     from tfpar.remat._recompute import recomputing
 
     plan = plan_remat(model, remat)
+    for block in plan.taken:
+        for layer in _compat.flatten_layers(block):
+            _compat.stop_keras3_remat(layer)
     for layer in plan.recomputed:
         if not layer.__dict__.get("_tfpar_remat"):
             recomputing(layer)
@@ -48,17 +55,16 @@ class _RematCheck:
 
 
 def remat_check(remat: Any) -> tuple:
-    """The model checks (`tfpar._owned`) of a parallelism's ``remat`` option."""
-    if remat == "none":
-        return ()
+    """The model checks (`tfpar._owned`) of a parallelism's ``remat`` option (with "none" too: a
+    Keras 3 RematScope in the model is honoured)."""
     return (("fit", "before", _RematCheck(remat)),)
 
 
 def remat_lines(remat: Any, model: Any = None) -> list[str]:
     """A parallelism's ``describe()`` lines of its ``remat`` option: with ``model``, the blocks
     recomputed and those kept (`RematPlan.lines`)."""
+    if model is not None:
+        return plan_remat(model, remat).lines()
     if remat == "none":
         return []
-    if model is None:
-        return [f"  remat:      {remat!r} (the blocks: describe(model=...))"]
-    return plan_remat(model, remat).lines()
+    return [f"  remat:      {remat!r} (the blocks: describe(model=...))"]

@@ -48,6 +48,11 @@ class RematPlan:
     """The layers whose calls recompute their activations in the backward pass."""
     kept: tuple = ()
     """(layer name, why) of each block ``remat`` chose whose activations stay."""
+    scoped: tuple = ()
+    """The names of the blocks a Keras 3 `RematScope` chose (recomputed or kept)."""
+    taken: tuple = ()
+    """Every chosen layer, recomputed or kept: tfpar stops Keras' own RematScope recomputation in
+    them (`tfpar.remat.apply_remat`)."""
 
     def lines(self) -> list[str]:
         """The ``describe()`` lines."""
@@ -60,19 +65,28 @@ class RematPlan:
             f"  remat:      {len(self.recomputed)} block(s) recompute their activations in the "
             f"backward pass (one more forward each): {', '.join(names) or 'none'}"
         ]
+        if self.scoped:
+            lines.append(
+                f"  remat scope: {len(self.scoped)} of them chosen by Keras' RematScope, "
+                "recomputed by tfpar with the state their forward read"
+            )
         lines += [f"  remat kept: {name}: {why}" for name, why in self.kept]
         return lines
 
 
 def plan_remat(model: Any, remat: Any) -> "RematPlan":
-    """The `RematPlan` of ``remat`` on ``model``.
+    """The `RematPlan` of ``remat`` on ``model``, with the layers a Keras 3 `RematScope` chose
+    (whatever ``remat``: a scope the user set is honoured).
 
     Raises:
         ValueError: a name or pattern of ``remat`` matches no layer of the model.
     """
     if remat == "none":
-        return RematPlan()
-    chosen = _blocks(model) if remat == "blocks" else _named(model, remat)
+        chosen = []
+    else:
+        chosen = _blocks(model) if remat == "blocks" else _named(model, remat)
+    scoped = [layer for layer in _scoped(model) if layer not in chosen]
+    chosen = _outermost(chosen + scoped)
     recomputed = []
     kept = []
     for layer in chosen:
@@ -81,7 +95,12 @@ def plan_remat(model: Any, remat: Any) -> "RematPlan":
             kept.append((layer.name, why))
         else:
             recomputed.append(layer)
-    return RematPlan(tuple(recomputed), tuple(kept))
+    return RematPlan(
+        tuple(recomputed),
+        tuple(kept),
+        tuple(layer.name for layer in chosen if layer in scoped),
+        tuple(chosen),
+    )
 
 
 def _sublayers(layer):
@@ -121,14 +140,66 @@ def _named(model, patterns):
                 + '. Name some of them, or give remat="blocks".'
             )
         chosen += [layer for layer in matched if layer not in chosen]
-    # a model named: its blocks; a layer inside another chosen one: recomputed with it
-    chosen = [
+    # a model named: its blocks
+    return [
         block for layer in chosen for block in (_blocks(layer) if _is_model(layer) else [layer])
     ]
+
+
+def _outermost(layers):
+    """``layers`` but those inside another of them (recomputed with it)."""
+    from tfpar import _compat
+
     inside = {
-        id(sub) for layer in chosen for sub in _compat.flatten_layers(layer, include_self=False)
+        id(sub) for layer in layers for sub in _compat.flatten_layers(layer, include_self=False)
     }
-    return [layer for layer in chosen if id(layer) not in inside]
+    return [layer for layer in layers if id(layer) not in inside]
+
+
+def _scoped(model):
+    """The layers of ``model`` a Keras 3 `RematScope` would recompute, by its mode: every layer
+    made in a "full" scope, those named in a "list_of_layers" one, and those of a "larger_than" one
+    whose output (its first call in the model's graph, the batch counted as 1, as Keras counts)
+    is larger than its threshold. An "activations" scope recomputes activation functions only,
+    which hold no state: Keras' own recomputation is right there, and stays. A "larger_than"
+    layer whose output is not known before its call is left to Keras too."""
+    from tfpar import _compat
+
+    return [
+        layer
+        for layer in _compat.flatten_layers(model, include_self=False)
+        if _scope_chooses(layer)
+    ]
+
+
+def _scope_chooses(layer):
+    from tfpar import _compat
+
+    scope = _compat.keras3_remat_mode(layer)
+    if scope is None or _is_model(layer) or type(layer).__name__ == "InputLayer":
+        return False
+    if scope.mode == "full":
+        return True
+    if scope.mode == "list_of_layers":
+        return layer.name in scope.layer_names
+    if scope.mode == "larger_than":
+        return _output_size(layer) > scope.output_size_threshold
+    return False
+
+
+def _output_size(layer):
+    """The number of values of ``layer``'s output at its first call, the batch counted as 1; 0
+    where it is not known (a layer called outside a graph)."""
+    import math
+
+    try:
+        outputs = layer.output
+    except (AttributeError, ValueError):
+        return 0
+    flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    if isinstance(outputs, dict):
+        flat = list(outputs.values())
+    return sum(math.prod(d or 1 for d in tensor.shape) for tensor in flat)
 
 
 def why_kept(block):

@@ -241,9 +241,9 @@ class DataParallel(Parallelism):
             f"  devices:    {', '.join(devices)}",
             f"  all-reduce: {self._all_reduce_text()}{self._gradients_text()}",
         ]
+        model_lines = batch_and_model_lines(replicas, global_batch_size, model)  # checks model
         lines += memory_lines(self.config, replicas, model)
-        lines += batch_and_model_lines(replicas, global_batch_size, model)
-        return "\n".join(lines)
+        return "\n".join(lines + model_lines)
 
 
 class MirroredDataParallel(DataParallel, tf.distribute.MirroredStrategy):

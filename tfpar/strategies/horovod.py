@@ -328,6 +328,7 @@ class HorovodStrategy(Parallelism, tf.distribute.MirroredStrategy):
             f"backward_passes_per_step={self.config.backward_passes_per_step}, "
             f"controllers: {', '.join(controllers) or 'none'}",
         ]
-        lines += memory_lines(self.config, self.num_replicas_in_sync, model)
-        lines += batch_and_model_lines(self.num_replicas_in_sync, global_batch_size, model)
-        return "\n".join(lines)
+        replicas = self.num_replicas_in_sync
+        model_lines = batch_and_model_lines(replicas, global_batch_size, model)  # checks model
+        lines += memory_lines(self.config, replicas, model)
+        return "\n".join(lines + model_lines)
