@@ -227,6 +227,43 @@ def test_keras_hub_gpt2_recomputed_trains_like_one_device(capsys):
     ]
 
 
+def test_a_tensor_parallel_gpt2_recomputes_its_split_blocks_and_trains_like_one_device():
+    """`TensorParallel(remat="blocks")`: KerasHub's GPT-2 split over 2 devices (each block's
+    attention by heads, its MLP by columns then rows) recomputes each block, its split layers and
+    their all-reduces included, and trains the weights of one device; its embedding, split by
+    vocabulary, keeps its activations, named once."""
+    import keras
+    import keras_hub
+
+    from tfpar.tensor_parallel import TensorParallel
+
+    keras.utils.set_random_seed(0)
+    model, x, y = gradient_paths.keras_hub_task("gpt2", examples=12)
+    tp = TensorParallel(degree=2, remat="blocks")
+    split = tp.shard(model)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    split.compile(keras.optimizers.Adam(1e-2), model.loss)
+    with recomputations(keras_hub.layers.TransformerDecoder) as recomputed:
+        split.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert sorted(recomputed) == ["transformer_layer_0", "transformer_layer_1"], recomputed
+    described = tp.describe(model=split)
+    assert "2 block(s) recompute their activations" in described, described
+    assert described.count("remat kept: token_embedding: holds the Embedding") == 1, described
+    assert largest_difference(split.plain_model().get_weights(), model.get_weights()) < 1e-5
+
+
+def test_tensor_parallel_across_workers_refuses_remat_before_it_joins_them(monkeypatch):
+    from tfpar.cluster import ClusterInfo
+    from tfpar.tensor_parallel import TensorParallel
+
+    cluster = ClusterInfo(
+        cluster={"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, task_type="worker", task_index=0
+    )
+    monkeypatch.setenv("TF_CONFIG", cluster.to_tf_config())
+    with pytest.raises(ValueError, match=r"remat with TensorParallel across workers .* Received: "):
+        TensorParallel(degree=2, remat="blocks")
+
+
 @pytest.mark.parametrize(
     "remat, error, match",
     [
@@ -241,6 +278,8 @@ def test_bad_remat_options_are_refused_at_once(remat, error, match):
         tfpar.DataParallel(remat=remat)
     with pytest.raises(error, match=match):
         tfpar.Pipeline(num_stages=2, remat=remat)
+    with pytest.raises(error, match=match):
+        tfpar.tensor_parallel.TensorParallel(degree=2, remat=remat)
 
 
 @pytest.mark.parametrize(

@@ -45,15 +45,25 @@ class Workers:
             RuntimeError: TensorFlow already ran something (the server must start first).
             ImportError: started by horovodrun, and Horovod is not importable.
         """
-        from tfpar.cluster import ClusterInfo
         from tfpar.strategies._started_by import started_by_horovod
 
         if started_by_horovod():
             return _joined_horovod()
-        info = ClusterInfo.from_tf_config() if os.environ.get("TF_CONFIG", "").strip() else None
+        info = _tf_config_cluster()
         if info is None or info.num_workers < 2:
             return None
         return _joined(info.num_workers, info.worker_index)
+
+    @staticmethod
+    def several() -> bool:
+        """Whether `join` would join several workers, read from the environment alone (nothing
+        started): a Horovod rank of more than one, or a TF_CONFIG that names several workers."""
+        from tfpar.strategies._started_by import started_by_horovod
+
+        if started_by_horovod():
+            return int(os.environ.get("HOROVOD_SIZE", "2")) > 1
+        info = _tf_config_cluster()
+        return info is not None and info.num_workers > 1
 
     def _chained(self, previous, op, *args):
         with tf.control_dependencies(previous):
@@ -156,3 +166,10 @@ def _joined_horovod():
 
     hvd = import_horovod()
     return HorovodWorkers(hvd) if hvd.size() > 1 else None
+
+
+def _tf_config_cluster():
+    """TF_CONFIG's cluster (a `tfpar.cluster.ClusterInfo`), or None where it is not set."""
+    from tfpar.cluster import ClusterInfo
+
+    return ClusterInfo.from_tf_config() if os.environ.get("TF_CONFIG", "").strip() else None

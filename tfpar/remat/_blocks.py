@@ -114,12 +114,13 @@ def _is_model(layer):
 
 
 def _blocks(container):
-    """The layers with sublayers of ``container`` and of the models nested in it."""
+    """The layers with sublayers of ``container`` and of the models nested in it, each once (a
+    layer two models share, a task model's and its backbone's embedding, is one)."""
     found = []
     for layer in _sublayers(container):
         if _is_model(layer):
-            found += _blocks(layer)
-        elif _sublayers(layer):
+            found += [block for block in _blocks(layer) if block not in found]
+        elif _sublayers(layer) and layer not in found:
             found.append(layer)
     return found
 

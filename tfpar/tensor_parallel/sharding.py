@@ -14,6 +14,7 @@ from tfpar._checks import check_int, config_from
 from tfpar._keras import check_keras_model, keras_of
 from tfpar._parallelism import PlacesItself
 from tfpar._topology import Topology
+from tfpar.remat import check_remat, remat_check, remat_lines
 from tfpar.tensor_parallel.accounting import describe_bytes, describe_gathers
 from tfpar.tensor_parallel.layouts import is_layout_map, model_axis_of, styles_from_layouts
 from tfpar.tensor_parallel.model import TensorParallelModel
@@ -45,8 +46,12 @@ class TensorParallelConfig:
     devices: tuple | None = None
     """Device names (default: the first ``degree`` GPUs, else logical CPU devices); the first is the
     home device, where the replicated layers run."""
+    remat: Any = "none"
+    """Activation checkpointing of the split model (`tfpar.remat`): "none", "blocks" (each block,
+    its split layers inside) or a list of layer names and patterns. On one host."""
 
     def __post_init__(self):
+        object.__setattr__(self, "remat", check_remat(self.remat))
         if not isinstance(self.batch_axis, str):
             raise TypeError(
                 f"batch_axis names a mesh axis (a str). Received: batch_axis={self.batch_axis!r}."
@@ -132,6 +137,14 @@ class TensorParallel(PlacesItself):
     def __init__(self, config: TensorParallelConfig | None = None, **kwargs: Any) -> None:
         self.config = c = config_from(TensorParallelConfig, config, kwargs)
         from tfpar.pipeline import Pipeline
+        from tfpar.pipeline.workers import Workers
+
+        if c.remat != "none" and Workers.several():
+            raise ValueError(
+                "remat with TensorParallel across workers (each worker's split model a replica) "
+                f"is not supported yet. Received: remat={c.remat!r} in a job of several workers. "
+                "Use remat on one host's TensorParallel, or DataParallel(remat=...) across workers."
+            )
 
         # Across workers (TF_CONFIG), each worker's split model is a data-parallel replica: the
         # pipeline's replicas, with one stage.
@@ -175,6 +188,10 @@ class TensorParallel(PlacesItself):
                 f"devices=), or use degree <= {len(names)}."
             )
         return names[:degree]
+
+    def model_checks(self) -> tuple:
+        """The split model's checks (`tfpar._owned`): ``remat``'s blocks set up before ``fit``."""
+        return (*super().model_checks(), *remat_check(self.config.remat))
 
     def styles(self, model: Any) -> dict[str, str]:
         """``{layer name: style}`` of ``model``'s planned layers, each checked
@@ -227,6 +244,7 @@ class TensorParallel(PlacesItself):
             lines[2] = f"  plan:       {model.styles}"
             lines += describe_bytes(model.device_bytes())
             lines += describe_gathers(model.gathers())
+        lines += remat_lines(c.remat, model if isinstance(model, TensorParallelModel) else None)
         return "\n".join(lines)
 
 
