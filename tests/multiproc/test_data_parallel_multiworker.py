@@ -211,7 +211,9 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
 def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equivalence_jobs):
     """zero_stage=2 across 2 workers: each keeps half of the optimizer state (describe's bytes), and
     the checkpoint each wrote (gathered from both) holds one device's whole state: loaded into a
-    plain optimizer on one device, it is the state one device reaches."""
+    plain optimizer on one device, it is the state one device reaches. So does FaultTolerance's
+    last backup, which the chief alone keeps (Keras 3's, a .weights.h5; the other worker gathers
+    with it, in step)."""
     import importlib
 
     from tests.models import equivalence_model, one_device_model, zero_optimizer
@@ -224,25 +226,26 @@ def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equi
         name, examples, keras_version, optimizer = case.split(":")
         k = importlib.import_module("keras" if keras_version == "3" else "tf_keras")
         reference = one_device_model(int(examples), 16, 2, k, optimizer)
-        for worker in range(2):
+        written = [
+            f"ckpt_{worker}" + (".weights.h5" if keras_version == "3" else "") for worker in (0, 1)
+        ]
+        backup = folder / name / "backup"
+        assert backup.is_dir() and any(backup.iterdir()), case
+        if keras_version == "3":
+            written.append("backup/latest.weights.h5")
+        for path in written:
             restored = equivalence_model(k=k)
             restored.compile(
                 zero_optimizer(k, optimizer),
                 k.losses.SparseCategoricalCrossentropy(from_logits=True),
             )
             restored.optimizer.build(restored.trainable_variables)
-            restored.load_weights(
-                str(
-                    folder
-                    / name
-                    / (f"ckpt_{worker}" + (".weights.h5" if keras_version == "3" else ""))
-                )
-            )
+            restored.load_weights(str(folder / name / path))
             state = [[np.asarray(v) for v in m.optimizer.variables] for m in (restored, reference)]
             slots = 1 if optimizer == "sgd" else 2
             assert len(state[0]) == len(state[1]) > slots * len(reference.trainable_weights), (
                 case,
-                worker,
+                path,
             )
             for a, b in zip(*state):
                 np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

@@ -4,6 +4,7 @@ continues at."""
 
 import json
 import os
+import tempfile
 
 from tfpar._keras import keras, keras3, tf
 
@@ -64,6 +65,7 @@ def keras3_backup(backup_dir, **kwargs):
 
         def _save_model(self):
             if not self._chief():
+                self._save_in_step()
                 return
             super()._save_model()
             with open(self._training_metadata_path, encoding="utf-8") as f:
@@ -73,6 +75,15 @@ def keras3_backup(backup_dir, **kwargs):
                 json.dump(metadata, f)
             if self.tfpar_saved is not None:
                 self.tfpar_saved(*self._next, self._next[0] >= self.params.get("epochs", 0))
+
+        def _save_in_step(self):
+            """A worker but the chief writes no backup; but writing one gathers a sharded
+            optimizer state (ZeRO) from every worker, in collectives each must run: there it
+            writes a copy, in step with the chief, and deletes it (as tf_keras' workers do)."""
+            if getattr(self.model, "_tfpar_zero", None) is None:
+                return
+            with tempfile.TemporaryDirectory(prefix="tfpar_backup_") as scratch:
+                self.model.save_weights(os.path.join(scratch, "latest.weights.h5"))
 
         def resume_point(self, initial_epoch):
             """``(epoch, step)`` the restored run continues at (``initial_epoch, 0`` without a

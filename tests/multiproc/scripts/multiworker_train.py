@@ -9,10 +9,10 @@ processes (a second MultiWorkerDataParallel keeps the first one's server). A CAS
 tests.models.ZERO_OPTIMIZERS, else SGD with momentum); the options are DataParallel's (e.g.
 all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1). With zero_stage,
 each worker also writes the weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras
-3's .weights.h5). Each case writes to OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the
-weights after creation, and those the worker drew alone), worker_<i>.npz (the trained weights)
-and, without OPTIMIZER, scored_<i>.npz (evaluate's loss on the padded input, predict's output on
-every example).
+3's .weights.h5), and FaultTolerance backs them up after each epoch in OUT_DIR/NAME/backup. Each
+case writes to OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation,
+and those the worker drew alone), worker_<i>.npz (the trained weights) and, without OPTIMIZER,
+scored_<i>.npz (evaluate's loss on the padded input, predict's output on every example).
 """
 
 import importlib
@@ -70,7 +70,17 @@ def train_case(strategy, name, examples, keras_version, *optimizer, options):
     np.savez(os.path.join(folder, f"local_start_{index}.npz"), *local_start)
     print(strategy.describe(global_batch_size=global_batch, model=model), flush=True)
     data = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch)
-    model.fit(data.dataset, steps_per_epoch=data.steps_per_epoch, epochs=epochs, verbose=2)
+    # sharded: backed up after each epoch, the chief's backup gathered from both workers
+    backups = [
+        tfpar.callbacks.FaultTolerance(os.path.join(folder, "backup"), delete_checkpoint=False)
+    ]
+    model.fit(
+        data.dataset,
+        steps_per_epoch=data.steps_per_epoch,
+        epochs=epochs,
+        verbose=2,
+        callbacks=backups if options.get("zero_stage") else [],
+    )
     np.savez(os.path.join(folder, f"worker_{index}.npz"), *model.get_weights())
     if options.get("zero_stage"):
         model.save_weights(
