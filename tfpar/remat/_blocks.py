@@ -197,10 +197,11 @@ def _output_size(layer):
         outputs = layer.output
     except (AttributeError, ValueError):
         return 0
-    flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     if isinstance(outputs, dict):
-        flat = list(outputs.values())
-    return sum(math.prod(d or 1 for d in tensor.shape) for tensor in flat)
+        outputs = list(outputs.values())
+    if not isinstance(outputs, (list, tuple)):
+        outputs = [outputs]
+    return sum(math.prod(d or 1 for d in tensor.shape) for tensor in outputs)
 
 
 def why_kept(block):
