@@ -61,7 +61,7 @@ class Workers:
         from tfpar.strategies._started_by import started_by_horovod
 
         if started_by_horovod():
-            return int(os.environ.get("HOROVOD_SIZE", "2")) > 1
+            return _launched_size() != 1
         info = _tf_config_cluster()
         return info is not None and info.num_workers > 1
 
@@ -173,3 +173,27 @@ def _tf_config_cluster():
     from tfpar.cluster import ClusterInfo
 
     return ClusterInfo.from_tf_config() if os.environ.get("TF_CONFIG", "").strip() else None
+
+
+SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+"""Where horovodrun, mpirun and srun give a Horovod job's number of ranks."""
+
+
+def _launched_size():
+    """The number of ranks the launcher of this Horovod rank gives (`SIZE_VARIABLES`, the first
+    set), or None where none is set.
+
+    Raises:
+        ValueError: the variable is not a whole number.
+    """
+    for name in SIZE_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if not value:
+            continue
+        if not value.isdigit():
+            raise ValueError(
+                f"{name} gives the number of ranks of this job. Received: {name}={value!r}. "
+                "Start the job with horovodrun, mpirun or srun, which set it."
+            )
+        return int(value)
+    return None
