@@ -184,6 +184,36 @@ def test_a_keras3_remat_scope_is_honoured_with_the_state_the_forward_read():
     assert [layer.name for layer in plan.recomputed] == ["wide"] and plan.scoped == ("wide",)
 
 
+def test_a_model_made_in_a_full_remat_scope_trains_under_tfpar_as_without_it():
+    """Keras would recompute the model's own call too, whose ``training`` keyword its
+    ``tf.recompute_grad`` refuses in a graph: tfpar recomputes its layers instead."""
+    import keras
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = rng.integers(0, 3, (64,))
+
+    def mlp():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(3, name="logits")(hidden))
+        model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+        return model, None
+
+    def scoped():
+        with keras.RematScope(mode="full"):
+            return mlp()
+
+    plain, _, _ = train(keras, mlp, "none", x, y)
+    trained, described, _ = train(keras, scoped, "none", x, y)
+    assert "remat scope: 2 of them chosen by Keras' RematScope" in described, described
+    assert largest_difference(plain, trained) < 1e-6
+    keras_alone, _ = scoped()
+    with pytest.raises(ValueError, match="supports keywords arguments only when eager"):
+        keras_alone.fit(x, y, batch_size=16, verbose=0)
+
+
 def test_tf_keras_keeps_a_block_whose_recomputation_would_differ_and_says_why():
     k = tfpar.keras
     dropout = tfpar.remat.plan_remat(text_model(k, 0.1)[0], "blocks")
@@ -192,6 +222,10 @@ def test_tf_keras_keeps_a_block_whose_recomputation_would_differ_and_says_why():
     assert "draws new random numbers when recomputed" in dropout.kept[0][1]
     norm = tfpar.remat.plan_remat(image_model(k), "blocks")
     assert norm.kept[0][0] == "residual" and "non-trainable weights" in norm.kept[0][1]
+    frozen, _ = text_model(k, 0.0)
+    frozen.get_layer("block_a").att.trainable = False  # fine-tuning: a frozen layer moves nothing
+    plan = tfpar.remat.plan_remat(frozen, "blocks")
+    assert [layer.name for layer in plan.recomputed] == ["block_a", "block_b"], plan.kept
 
 
 def test_named_blocks_and_patterns_choose_the_outermost_layers_they_match():
@@ -241,7 +275,9 @@ def test_a_tensor_parallel_gpt2_recomputes_its_split_blocks_and_trains_like_one_
     model, x, y = gradient_paths.keras_hub_task("gpt2", examples=12)
     tp = TensorParallel(degree=2, remat="blocks")
     split = tp.shard(model)
+    model_before_fit = [w.copy() for w in model.get_weights()]
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    one_device = [w.copy() for w in model.get_weights()]  # plain_model() writes into model
     split.compile(keras.optimizers.Adam(1e-2), model.loss)
     with recomputations(keras_hub.layers.TransformerDecoder) as recomputed:
         split.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
@@ -249,7 +285,33 @@ def test_a_tensor_parallel_gpt2_recomputes_its_split_blocks_and_trains_like_one_
     described = tp.describe(model=split)
     assert "2 block(s) recompute their activations" in described, described
     assert described.count("remat kept: token_embedding: holds the Embedding") == 1, described
-    assert largest_difference(split.plain_model().get_weights(), model.get_weights()) < 1e-5
+    trained = split.plain_model().get_weights()
+    assert largest_difference(trained, one_device) < 1e-5
+    assert largest_difference(trained, model_before_fit) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize(
+    "environ, several",
+    [
+        ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"}, False),
+        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, True),
+        ({"PMI_RANK": "0"}, True),  # a rank of an unknown number: refused, to be safe
+        ({}, False),
+    ],
+)
+def test_several_workers_are_read_from_the_launcher_s_environment(monkeypatch, environ, several):
+    from tfpar.pipeline.workers import SIZE_VARIABLES, Workers
+
+    ranks = ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+    for name in ranks + SIZE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert Workers.several() is several
+    if environ:
+        monkeypatch.setenv("HOROVOD_SIZE", "two")
+        with pytest.raises(ValueError, match=r"Received: HOROVOD_SIZE='two'"):
+            Workers.several()
 
 
 def test_tensor_parallel_across_workers_refuses_remat_before_it_joins_them(monkeypatch):

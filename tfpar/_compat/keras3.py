@@ -76,7 +76,8 @@ def optimizer_steps(optimizer):
 
 
 def keras3_remat_mode(layer):
-    """The `keras.RematScope` a Keras 3 layer was made in, or None: its ``_remat_mode``, which
+    """The mode of the `keras.RematScope` a Keras 3 layer was made in (Keras' ``RematMode``:
+    ``.mode``, ``.layer_names``, ``.output_size_threshold``), or None: its ``_remat_mode``, which
     Keras reads at each call (no public name; tf_keras layers have none), or where
     `stop_keras3_remat` moved it."""
     return getattr(layer, "_remat_mode", None) or layer.__dict__.get("_tfpar_remat_scope")

@@ -272,8 +272,8 @@ def recomputed(stages: list, recompute: bool) -> list:
     whose recomputation would train another model (`tfpar.remat._blocks.why_kept`: an Embedding's
     gradient made dense, a tf_keras Dropout drawing again...); those are named in a warning, each
     with why."""
-    kept = {k: why_kept(stage) for k, stage in enumerate(stages) if recompute}
-    kept = {k: why for k, why in kept.items() if why}
+    reasons = {k: why_kept(stage) for k, stage in enumerate(stages) if recompute}
+    kept = {k: why for k, why in reasons.items() if why}
     for k, why in kept.items():
         _log.warning("recompute kept: stage %d keeps its activations: %s.", k, why)
     return [recompute and k not in kept for k in range(len(stages))]

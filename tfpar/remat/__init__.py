@@ -26,17 +26,19 @@ __all__ = [
 
 
 def apply_remat(model: Any, remat: Any) -> RematPlan:
-    """Makes the blocks `plan_remat` chooses recompute their activations; returns the plan. In
-    every chosen block, recomputed or kept, Keras 3's own RematScope recomputation stops: it
-    would recompute a layer inside a recomputed block once more, and a Dropout or a
-    BatchNormalization from the state their forward changed."""
+    """Makes the blocks `plan_remat` chooses recompute their activations; returns the plan.
+    Keras 3's own RematScope recomputation stops in each recomputed block and inside it (it would
+    recompute a layer once more, and a Dropout or a BatchNormalization from the state their
+    forward changed), in each kept block, and in the models (tfpar recomputes their blocks)."""
     from tfpar import _compat
     from tfpar.remat._recompute import recomputing
 
     plan = plan_remat(model, remat)
-    for block in plan.taken:
+    for block in plan.recomputed:
         for layer in _compat.flatten_layers(block):
             _compat.stop_keras3_remat(layer)
+    for layer in plan.taken:
+        _compat.stop_keras3_remat(layer)
     for layer in plan.recomputed:
         if not layer.__dict__.get("_tfpar_remat"):
             recomputing(layer)

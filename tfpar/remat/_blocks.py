@@ -9,6 +9,7 @@ layers that have sublayers of their own (a KerasHub backbone's transformer layer
 
 import dataclasses
 import fnmatch
+import math
 from typing import Any
 
 __all__ = ["RematPlan", "check_remat", "plan_remat", "why_kept"]
@@ -49,10 +50,11 @@ class RematPlan:
     kept: tuple = ()
     """(layer name, why) of each block ``remat`` chose whose activations stay."""
     scoped: tuple = ()
-    """The names of the blocks a Keras 3 `RematScope` chose (recomputed or kept)."""
+    """The names of the recomputed blocks a Keras 3 `RematScope` chose."""
     taken: tuple = ()
-    """Every chosen layer, recomputed or kept: tfpar stops Keras' own RematScope recomputation in
-    them (`tfpar.remat.apply_remat`)."""
+    """The kept blocks and the models: tfpar stops Keras' own RematScope recomputation of each
+    (not inside: a model's blocks are tfpar's, a kept block's layers stay as the user made them;
+    `tfpar.remat.apply_remat`)."""
 
     def lines(self) -> list[str]:
         """The ``describe()`` lines."""
@@ -85,21 +87,22 @@ def plan_remat(model: Any, remat: Any) -> "RematPlan":
         chosen = []
     else:
         chosen = _blocks(model) if remat == "blocks" else _named(model, remat)
-    scoped = [layer for layer in _scoped(model) if layer not in chosen]
-    chosen = _outermost(chosen + scoped)
+    by_scope = _scoped(model)
+    scoped = {id(layer) for layer in by_scope} - {id(layer) for layer in chosen}
     recomputed = []
     kept = []
-    for layer in chosen:
+    for layer in _outermost(chosen + by_scope):
         why = why_kept(layer)
         if why:
-            kept.append((layer.name, why))
+            kept.append((layer, why))
         else:
             recomputed.append(layer)
+    models = [layer for layer in _compat_flatten(model) if _is_model(layer)]
     return RematPlan(
         tuple(recomputed),
-        tuple(kept),
-        tuple(layer.name for layer in chosen if layer in scoped),
-        tuple(chosen),
+        tuple((layer.name, why) for layer, why in kept),
+        tuple(layer.name for layer in recomputed if id(layer) in scoped),
+        tuple([layer for layer, _ in kept] + models),
     )
 
 
@@ -107,6 +110,13 @@ def _sublayers(layer):
     from tfpar import _compat
 
     return _compat.flatten_layers(layer, include_self=False, recursive=False)
+
+
+def _compat_flatten(model):
+    """``model`` and every layer in it."""
+    from tfpar import _compat
+
+    return _compat.flatten_layers(model)
 
 
 def _is_model(layer):
@@ -148,36 +158,36 @@ def _named(model, patterns):
 
 
 def _outermost(layers):
-    """``layers`` but those inside another of them (recomputed with it)."""
+    """``layers`` once each, but those inside another of them (recomputed with it)."""
     from tfpar import _compat
 
+    unique = list({id(layer): layer for layer in layers}.values())
     inside = {
-        id(sub) for layer in layers for sub in _compat.flatten_layers(layer, include_self=False)
+        id(sub) for layer in unique for sub in _compat.flatten_layers(layer, include_self=False)
     }
-    return [layer for layer in layers if id(layer) not in inside]
+    return [layer for layer in unique if id(layer) not in inside]
 
 
 def _scoped(model):
     """The layers of ``model`` a Keras 3 `RematScope` would recompute, by its mode: every layer
     made in a "full" scope, those named in a "list_of_layers" one, and those of a "larger_than" one
-    whose output (its first call in the model's graph, the batch counted as 1, as Keras counts)
-    is larger than its threshold. An "activations" scope recomputes activation functions only,
-    which hold no state: Keras' own recomputation is right there, and stays. A "larger_than"
-    layer whose output is not known before its call is left to Keras too."""
-    from tfpar import _compat
-
-    return [
-        layer
-        for layer in _compat.flatten_layers(model, include_self=False)
-        if _scope_chooses(layer)
-    ]
+    whose output at its first call in the model's graph, the batch counted as 1, is larger than its
+    threshold (Keras sizes each call's output, its batch included, and may choose more: those stay
+    Keras'); a model chosen stands for its blocks. An "activations" scope recomputes activation
+    functions only, which hold no state: Keras' own recomputation is right there, and stays."""
+    chosen = []
+    for layer in _compat_flatten(model):
+        if _scope_chooses(layer):
+            chosen += _blocks(layer) if _is_model(layer) else [layer]
+    return chosen
 
 
 def _scope_chooses(layer):
     from tfpar import _compat
+    from tfpar._keras import keras_of
 
     scope = _compat.keras3_remat_mode(layer)
-    if scope is None or _is_model(layer) or type(layer).__name__ == "InputLayer":
+    if scope is None or isinstance(layer, keras_of(layer).layers.InputLayer):
         return False
     if scope.mode == "full":
         return True
@@ -191,17 +201,22 @@ def _scope_chooses(layer):
 def _output_size(layer):
     """The number of values of ``layer``'s output at its first call, the batch counted as 1; 0
     where it is not known (a layer called outside a graph)."""
-    import math
-
     try:
         outputs = layer.output
     except (AttributeError, ValueError):
         return 0
-    if isinstance(outputs, dict):
-        outputs = list(outputs.values())
-    if not isinstance(outputs, (list, tuple)):
-        outputs = [outputs]
-    return sum(math.prod(d or 1 for d in tensor.shape) for tensor in outputs)
+    return sum(
+        math.prod(d or 1 for d in leaf.shape) for leaf in _leaves(outputs) if hasattr(leaf, "shape")
+    )
+
+
+def _leaves(structure):
+    """The leaves of a nest of dicts, lists and tuples (a None among them too)."""
+    if isinstance(structure, dict):
+        structure = list(structure.values())
+    if isinstance(structure, (list, tuple)):
+        return [leaf for item in structure for leaf in _leaves(item)]
+    return [structure]
 
 
 def why_kept(block):
@@ -230,7 +245,7 @@ def why_kept(block):
                 f"tf_keras' {layer.name!r} draws new random numbers when recomputed (Keras 3 "
                 "reads the forward's seed again)"
             )
-        if layer.trainable and layer.non_trainable_weights:
+        if layer.trainable and layer.non_trainable_weights and not _sublayers(layer):
             return (
                 f"tf_keras' {layer.name!r} updates its non-trainable weights in training, and a "
                 "recomputation would update them twice (Keras 3 drops its updates)"
