@@ -82,7 +82,8 @@ def keras3_backup(backup_dir, **kwargs):
             writes a copy, in step with the chief, and deletes it (as tf_keras' workers do)."""
             if getattr(self.model, "_tfpar_zero", None) is None:
                 return
-            with tempfile.TemporaryDirectory(prefix="tfpar_backup_") as scratch:
+            os.makedirs(self.backup_dir, exist_ok=True)  # its file system, not a small /tmp
+            with tempfile.TemporaryDirectory(prefix="workertemp_", dir=self.backup_dir) as scratch:
                 self.model.save_weights(os.path.join(scratch, "latest.weights.h5"))
 
         def resume_point(self, initial_epoch):
