@@ -65,7 +65,7 @@ def keras3_backup(backup_dir, **kwargs):
 
         def _save_model(self):
             if not self._chief():
-                self._save_in_step()
+                _save_in_step(self.model, self.backup_dir)
                 return
             super()._save_model()
             with open(self._training_metadata_path, encoding="utf-8") as f:
@@ -75,16 +75,6 @@ def keras3_backup(backup_dir, **kwargs):
                 json.dump(metadata, f)
             if self.tfpar_saved is not None:
                 self.tfpar_saved(*self._next, self._next[0] >= self.params.get("epochs", 0))
-
-        def _save_in_step(self):
-            """A worker but the chief writes no backup; but writing one gathers a sharded
-            optimizer state (ZeRO) from every worker, in collectives each must run: there it
-            writes a copy, in step with the chief, and deletes it (as tf_keras' workers do)."""
-            if getattr(self.model, "_tfpar_zero", None) is None:
-                return
-            os.makedirs(self.backup_dir, exist_ok=True)  # its file system, not a small /tmp
-            with tempfile.TemporaryDirectory(prefix="workertemp_", dir=self.backup_dir) as scratch:
-                self.model.save_weights(os.path.join(scratch, "latest.weights.h5"))
 
         def resume_point(self, initial_epoch):
             """``(epoch, step)`` the restored run continues at (``initial_epoch, 0`` without a
@@ -104,3 +94,14 @@ def keras3_backup(backup_dir, **kwargs):
             return self.save_freq != "epoch"
 
     return Keras3Backup(backup_dir, double_checkpoint=True, **kwargs)
+
+
+def _save_in_step(model, backup_dir):
+    """A Keras 3 worker but the chief writes no backup; but writing one gathers a sharded
+    optimizer state (ZeRO) from every worker, in collectives each must run: there it writes a
+    copy, in step with the chief, and deletes it (as tf_keras' workers do)."""
+    if getattr(model, "_tfpar_zero", None) is None:
+        return
+    os.makedirs(backup_dir, exist_ok=True)  # its file system, not a small /tmp
+    with tempfile.TemporaryDirectory(prefix="workertemp_", dir=backup_dir) as scratch:
+        model.save_weights(os.path.join(scratch, "latest.weights.h5"))
