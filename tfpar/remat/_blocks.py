@@ -97,7 +97,9 @@ def plan_remat(model: Any, remat: Any) -> "RematPlan":
             kept.append((layer, why))
         else:
             recomputed.append(layer)
-    models = [layer for layer in _compat_flatten(model) if _is_model(layer)]
+    from tfpar import _compat
+
+    models = [layer for layer in _compat.flatten_layers(model) if _is_model(layer)]
     return RematPlan(
         tuple(recomputed),
         tuple((layer.name, why) for layer, why in kept),
@@ -110,13 +112,6 @@ def _sublayers(layer):
     from tfpar import _compat
 
     return _compat.flatten_layers(layer, include_self=False, recursive=False)
-
-
-def _compat_flatten(model):
-    """``model`` and every layer in it."""
-    from tfpar import _compat
-
-    return _compat.flatten_layers(model)
 
 
 def _is_model(layer):
@@ -175,8 +170,10 @@ def _scoped(model):
     threshold (Keras sizes each call's output, its batch included, and may choose more: those stay
     Keras'); a model chosen stands for its blocks. An "activations" scope recomputes activation
     functions only, which hold no state: Keras' own recomputation is right there, and stays."""
+    from tfpar import _compat
+
     chosen = []
-    for layer in _compat_flatten(model):
+    for layer in _compat.flatten_layers(model):
         if _scope_chooses(layer):
             chosen += _blocks(layer) if _is_model(layer) else [layer]
     return chosen
@@ -201,22 +198,14 @@ def _scope_chooses(layer):
 def _output_size(layer):
     """The number of values of ``layer``'s output at its first call, the batch counted as 1; 0
     where it is not known (a layer called outside a graph)."""
+    from tfpar._keras import tf
+
     try:
         outputs = layer.output
     except (AttributeError, ValueError):
         return 0
-    return sum(
-        math.prod(d or 1 for d in leaf.shape) for leaf in _leaves(outputs) if hasattr(leaf, "shape")
-    )
-
-
-def _leaves(structure):
-    """The leaves of a nest of dicts, lists and tuples (a None among them too)."""
-    if isinstance(structure, dict):
-        structure = list(structure.values())
-    if isinstance(structure, (list, tuple)):
-        return [leaf for item in structure for leaf in _leaves(item)]
-    return [structure]
+    leaves = tf.nest.flatten(outputs)  # a None among them too
+    return sum(math.prod(d or 1 for d in leaf.shape) for leaf in leaves if hasattr(leaf, "shape"))
 
 
 def why_kept(block):
