@@ -465,3 +465,18 @@ def test_a_launch_config_names_the_options_given_by_their_flags():
         "--task-index",
         "--slurm",
     ]
+
+
+def test_the_command_freezes_its_objects_before_its_process_exits_and_a_call_from_python_not():
+    """``tfpar`` run as the command (no argv: the process ends when it returns) freezes its objects,
+    so that the interpreter's exit does not walk them; called from Python with arguments, it leaves
+    the caller's collector alone."""
+    launch_nothing = ["launch", "-n", "1", "--", PY, "-c", "pass"]
+    code = (
+        "import gc, sys; from tfpar.cli import main; "
+        f"status = main({launch_nothing!r}); print('CALLED', status, gc.get_freeze_count()); "
+        f"sys.argv = ['tfpar', *{launch_nothing!r}]; "
+        "status = main(); print('COMMAND', status, gc.get_freeze_count() > 0)"
+    )
+    result = run_command([PY, "-c", code], timeout=120)
+    assert "CALLED 0 0" in result.output and "COMMAND 0 True" in result.output, result.output

@@ -4,7 +4,7 @@
 import sys
 from collections.abc import Sequence
 
-from tfpar._local.processes import LaunchError
+from tfpar._local.processes import LaunchError, skip_exit_collections
 from tfpar.cli import parsers
 
 __all__ = ["EXIT_CODES", "main"]
@@ -23,7 +23,9 @@ EXIT_CODES = {
 }
 """The exit codes of ``tfpar``. A task that fails ends ``tfpar launch`` with that task's own exit
 code (which the launcher names), as horovodrun and mpirun do."""
-EXIT_USAGE, EXIT_BAD_VALUE, EXIT_MISSING_DEPENDENCY = 2, 3, 4
+EXIT_USAGE = 2
+EXIT_BAD_VALUE = 3
+EXIT_MISSING_DEPENDENCY = 4
 
 
 def _parser():
@@ -31,7 +33,15 @@ def _parser():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the ``tfpar`` command; returns its exit status."""
+    """Runs the ``tfpar`` command; returns its exit status. Run as the command (``argv`` None), the
+    process ends when it returns (`tfpar._local.processes.skip_exit_collections`)."""
+    status = _run(argv)
+    if argv is None:
+        skip_exit_collections()
+    return status
+
+
+def _run(argv):
     args = _parser().parse_args(argv)
     try:
         # The real command line only: a call from Python (tests) is never replaced by exec.

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any
 
+from tfpar._local.processes import skip_exit_collections
+
 __all__ = ["ADAPTIVE", "trial_spec"]
 
 ADAPTIVE = {
@@ -227,3 +229,4 @@ def _report(result):
 
 if __name__ == "__main__":
     _trial(json.loads(sys.argv[1]))
+    skip_exit_collections()
