@@ -72,6 +72,7 @@ EQUIVALENCE_JOBS = {
         ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"],
     ),
     "zero-1-bf16": (["zero_stage=1", "compression=bf16"], ["zero-adamw-bf16-keras3:96:3:adamw"]),
+    "remat-conv": (["remat=[conv2d*]"], ["remat-conv:96:2", "remat-conv-keras3:96:3"]),
 }
 
 
@@ -146,8 +147,9 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     4 KiB (the model's gradients are 9.6 KiB) and accumulates 2 steps per update, so one device
     takes batches of 32; the third shards the optimizer state over the workers (ZeRO: SGD with
     Nesterov momentum, Adam clipped by the global norm, AdamW excluding the biases from its decay),
-    the fourth with bf16 on the wire (to its rounding). LARS (Keras 3) takes its trust ratio from
-    the workers' all-reduced gradient, as one device from its whole batch."""
+    the fourth with bf16 on the wire (to its rounding); the fifth recomputes the Conv2D's
+    activations in the backward pass (``remat``, both Kerases). LARS (Keras 3) takes its trust
+    ratio from the workers' all-reduced gradient, as one device from its whole batch."""
     import importlib
 
     from tests.models import (
@@ -165,6 +167,8 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     assert "8 per replica, 16 global" in output
     if "all_reduce=ring" in options:
         assert "all_reduce='ring'" in output and "bytes_per_pack=4096" in output
+    if "remat=[conv2d*]" in options:  # its Conv2D forward again in the backward, on each worker
+        assert "1 block(s) recompute their activations" in output, output[-3000:]
     assert_started_from_worker_0(tmp_path)
     workers = [load_arrays(tmp_path / f"worker_{i}.npz") for i in range(2)]
     for a, b in zip(*workers):

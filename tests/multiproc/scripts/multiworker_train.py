@@ -7,7 +7,8 @@ Each group after a ``+`` trains its cases under a strategy of its own options, i
 processes (a second MultiWorkerDataParallel keeps the first one's server). A CASE is
 ``NAME:EXAMPLES:KERAS[:OPTIMIZER]`` (KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of
 tests.models.ZERO_OPTIMIZERS, else SGD with momentum); the options are DataParallel's (e.g.
-all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1). With zero_stage,
+all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1, a list as
+remat=[conv2d*]). With zero_stage,
 each worker also writes the weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras
 3's .weights.h5), and FaultTolerance backs them up after each epoch in OUT_DIR/NAME/backup. Each
 case writes to OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation,
@@ -32,10 +33,19 @@ def _groups(argv):
     return [
         (
             [case.split(":") for case in cases.split(",")],
-            {k: int(v) if v.isdigit() else v for k, v in (a.split("=", 1) for a in options)},
+            {k: _value(v) for k, v in (a.split("=", 1) for a in options)},
         )
         for cases, *options in split_at(argv, "+")
     ]
+
+
+def _value(text):
+    """An option's value: a number, a list (``[a,b]``) or a string."""
+    if text.isdigit():
+        return int(text)
+    if text.startswith("["):
+        return text.strip("[]").split(",")
+    return text
 
 
 groups = _groups(sys.argv[4:])
