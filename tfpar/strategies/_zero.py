@@ -206,16 +206,13 @@ class ShardedOptimizer(ShardedState):
         """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their
         reduce-scatter sent; ``squares``: each chunk's sums of squared sparse rows and where they
         apply, or None), all-gathered into every local copy of the weights; returns the writes."""
-        c = self.chunk
         chunks, squares = rules.clipped(self.optimizer, chunks, squares, self.comm.total)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)
         updated = []
-        for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
+        for k, device in enumerate(self.devices):
             with tf.device(device):
-                params = self._flat([self._local(v, k) for v in self.variables])[
-                    j * c : (j + 1) * c
-                ]
+                params = self.own_chunk(k)
                 square = rules.squared(
                     chunks[k], squares[k] if squares and self.moment_squares else None
                 )

@@ -127,9 +127,26 @@ class ShardedState:
         return self.strategy.experimental_local_results(value)[k]
 
     def _flat(self, tensors):
-        """``tensors`` (one per variable, in order) as one flat vector padded to N chunks."""
+        """``tensors`` (one per variable, in order) as one flat vector padded to N chunks (one
+        concatenation: a step holds one flat copy of the gradients, not two)."""
         parts = [tf.reshape(t, [size]) for t, size in zip(tensors, self.sizes)]
-        return tf.pad(tf.concat(parts, 0), [[0, self.padding]])
+        return tf.concat([*parts, tf.zeros([self.padding])], 0)
+
+    def own_chunk(self, k):
+        """Local replica ``k``'s chunk of its flat weights, made of the variables it overlaps only
+        (its padded tail zeros): a step does not flatten the whole model to update a chunk."""
+        c = self.chunk
+        j = self.comm.owned[k]
+        parts = []
+        for i, variable in enumerate(self.variables):
+            start = self.offsets[i]
+            lo = max(start, j * c)
+            hi = min(start + self.sizes[i], (j + 1) * c)
+            if lo < hi:
+                flat = tf.reshape(self._local(variable, k), [-1])
+                parts.append(flat[lo - start : hi - start])
+        filled = sum(int(part.shape[0]) for part in parts)
+        return tf.concat([*parts, tf.zeros([c - filled])], 0)
 
     def _chunks_of(self, values):
         """This process's chunks of the flat vector of ``values`` (one number per variable)."""
