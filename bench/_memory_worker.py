@@ -1,8 +1,10 @@
 """One configuration of bench/memory.py, in a process of its own: KerasHub's LlamaCausalLM (random
-weights) trained with Adam under `tfpar.DataParallel` on one CPU device; prints one
-``BENCH {json}`` line.
+weights) trained with Adam under `tfpar.DataParallel` on one CPU device, or on each worker of a
+`tfpar launch` job (one device each, ``--batch`` examples per worker); prints one ``BENCH {json}``
+line (each worker its own).
 
     TF_CPU_ALLOCATOR_USE_BFC=true python bench/_memory_worker.py --remat blocks --layers 12 ...
+    TF_CPU_ALLOCATOR_USE_BFC=true tfpar launch -n 2 -- python bench/_memory_worker.py --zero-stage 2
 
 With several ``--remat``, each is measured in turn in this process (a test's one TensorFlow start),
 and the line holds a list.
@@ -13,7 +15,8 @@ and the line holds a list.
 - peak: the most the device held during the timed steps (`tf.config.experimental.get_memory_info`
   after `reset_memory_stats`); activations: the peak less what the device held before them, what
   one step adds (its activations and gradients);
-- step: seconds per step, the fastest of the timed epochs.
+- step: seconds per step, the fastest of the timed epochs;
+- zero: with ``--zero-stage``, ZeRO's ``{what: [bytes unsharded, bytes this replica holds]}``.
 """
 
 import argparse
@@ -34,6 +37,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--zero-stage", type=int, default=0)
     args = parser.parse_args()
     if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
         raise SystemExit("Set TF_CPU_ALLOCATOR_USE_BFC=true: only then does TensorFlow count bytes")
@@ -76,26 +80,45 @@ def measure(args, remat):
 
     import tfpar
 
+    workers = tfpar.ClusterInfo.from_tf_config()
+    one_device = {"devices": ["/cpu:0"]} if workers is None else {}
+    # first: a multi-worker strategy starts its server before TensorFlow runs anything
+    strategy = tfpar.DataParallel(remat=remat, zero_stage=args.zero_stage, **one_device)
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     keras.utils.set_random_seed(0)
-    strategy = tfpar.DataParallel(devices=["/cpu:0"], remat=remat)
     with strategy.scope():
         model = llama(args)
-    x, y = examples(args, args.batch * args.steps)
-    model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)  # traced, Adam's slots made
+    global_batch = args.batch * strategy.num_replicas_in_sync
+    x, y = examples(args, global_batch * args.steps)
+    train = tfpar.data.distribute(
+        tf.data.Dataset.from_tensor_slices((x, y)), strategy, global_batch
+    )
+
+    def epoch():
+        model.fit(train.dataset, steps_per_epoch=args.steps, epochs=1, verbose=0)
+
+    epoch()  # traced, Adam's slots made
     held = tf.config.experimental.get_memory_info("CPU:0")["current"]
     tf.config.experimental.reset_memory_stats("CPU:0")
     seconds = []
     for _ in range(args.epochs):
         start = time.perf_counter()
-        model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)
+        epoch()
         seconds.append((time.perf_counter() - start) / args.steps)
     peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    zero = getattr(model, "_tfpar_zero", None)
     return {
         "remat": remat,
+        "zero_stage": args.zero_stage,
+        "worker": 0 if workers is None else workers.worker_index,
+        "replicas": strategy.num_replicas_in_sync,
         "parameters": model.count_params(),
+        "tokens": args.batch * args.sequence,
+        "layers": args.layers,
+        "hidden": args.hidden,
         "persistent": held - before,
         "state": sum(v.numpy().nbytes for v in [*model.weights, *model.optimizer.variables]),
+        "zero": None if zero is None else zero.state_bytes(),
         "peak": peak,
         "activations": peak - held,
         "step": min(seconds),

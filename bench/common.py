@@ -167,10 +167,17 @@ def loopback_tcp_throughput(total=512 * 2**20, chunk=4 * 2**20, repeats=5):
 
 def parse_bench_line(output):
     """Returns the JSON of the first ``BENCH {...}`` line of a job's output."""
-    for line in output.splitlines():
-        if "BENCH " in line:
-            return json.loads(line.split("BENCH ", 1)[1])
-    raise RuntimeError("no BENCH line in the job's output:\n" + output[-3000:])
+    return parse_bench_lines(output)[0]
+
+
+def parse_bench_lines(output):
+    """Returns the JSON of every ``BENCH {...}`` line of a job's output (each worker's)."""
+    found = [
+        json.loads(line.split("BENCH ", 1)[1]) for line in output.splitlines() if "BENCH " in line
+    ]
+    if not found:
+        raise RuntimeError("no BENCH line in the job's output:\n" + output[-3000:])
+    return found
 
 
 def run_job(cmd, cwd, env=None, timeout=600):

@@ -1,23 +1,33 @@
-"""Memory benchmark: activation checkpointing (``remat="blocks"``) against none, peak bytes
-measured by TensorFlow's allocator.
+"""Memory benchmark: activation checkpointing (``remat="blocks"``) against none on one device, then
+ZeRO stage 2 and stage 2 with remat against stage 0 on 2 workers, peak bytes measured by
+TensorFlow's allocator; and the largest Llama-shaped model a 16 GiB and an 80 GiB device can train
+under each, derived from the bytes measured.
 
     python bench/memory.py [--quick]
 
-Each configuration runs in a process of its own (`_memory_worker.py`, TF_CPU_ALLOCATOR_USE_BFC=true,
-one CPU device under `tfpar.DataParallel`), in turns (a b b a), on KerasHub's LlamaCausalLM with
-random weights: 12 blocks, width 128, MLP 512, 4 query and 2 key/value heads, vocabulary 1,000,
-3.2 M parameters, batch 8 of 128 tokens, Adam.
+Each configuration runs in processes of its own (`_memory_worker.py`, TF_CPU_ALLOCATOR_USE_BFC=true,
+one CPU device each under `tfpar.DataParallel`), on KerasHub's LlamaCausalLM with random weights and
+Adam:
+- one device, in turns (a b b a): 12 blocks, width 128, MLP 512, 4 query and 2 key/value heads,
+  vocabulary 1,000, 3.2 M parameters, batch 8 of 128 tokens;
+- 2 workers of `tfpar launch` (a job each): 12 blocks, width 512, MLP 1,376, 8 query and 4
+  key/value heads, vocabulary 32,000, 67 M parameters, batch 4 of 128 tokens per worker.
 
 Last line:
     RESULT memory remat_activation_ratio=<a> remat_peak_ratio=<p> remat_step_ratio=<s>
-           blocks=<n> parameters=<n> activations_none=<bytes> activations_remat=<bytes>
+           zero2_persistent_ratio=<r> zero2_peak_ratio=<r> zero2_step_ratio=<s>
+           zero2_remat_peak_ratio=<r> zero2_remat_step_ratio=<s> blocks=<n> parameters=<n>
+           parameters_workers=<n> activations_none=<bytes> activations_remat=<bytes>
            cpu=<extensions> onednn=<on|off>
 
 - remat_activation_ratio: what one training step adds to the device's bytes (its peak less what it
   holds between steps) with remat="blocks" ÷ without (goal <= 0.4);
 - remat_peak_ratio: the model's bytes and a step's, with ÷ without;
 - remat_step_ratio: a step with ÷ without, each the fastest of its epochs in its turns (goal <= 1.4:
-  one more forward of each block).
+  one more forward of each block);
+- zero2_*: on 2 workers, the worker that holds the most: what it keeps between steps (persistent),
+  that and a step's (peak), and a step's seconds, stage 2 ÷ stage 0; zero2_remat_*: stage 2 with
+  remat="blocks" ÷ stage 2.
 """
 
 import os
@@ -25,31 +35,132 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from common import machine_keys, quick_options, run_job  # noqa: E402
+from common import machine_keys, parse_bench_lines, quick_options, run_job  # noqa: E402
+
+WORKERS_MODEL = [
+    *("--layers", "12", "--hidden", "512", "--intermediate", "1376", "--heads", "8"),
+    *("--vocabulary", "32000", "--sequence", "128", "--batch", "4", "--steps", "2"),
+    *("--epochs", "2"),
+]
+QUICK_WORKERS_MODEL = ["--layers", "2", "--sequence", "32", "--steps", "2", "--epochs", "1"]
+# name: (zero stage, remat), on 2 workers
+WORKER_CONFIGS = {
+    "stage 0": ("0", "none"),
+    "stage 2": ("2", "none"),
+    "stage 2 + remat": ("2", "blocks"),
+}
+ENV = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+DEVICES = {"16 GiB": 16 * 2**30, "80 GiB": 80 * 2**30}
+
+
+def one_device(quick):
+    """``(none, remat, step)``: the one-device runs, remat none and blocks in turns, and each one's
+    fastest step."""
+    sizes = ["--layers", "2", "--sequence", "32", "--epochs", "1"] if quick else []
+    runs = {"none": [], "blocks": []}
+    for remat in ("none", "blocks", "blocks", "none")[: 2 if quick else 4]:
+        cmd = [sys.executable, os.path.join(HERE, "_memory_worker.py"), "--remat", remat, *sizes]
+        runs[remat].append(run_job(cmd, cwd=HERE, env=ENV, timeout=900))
+        print(f"{remat:>6}: {runs[remat][-1]['activations']:,} B a step", flush=True)
+    step = {name: min(run["step"] for run in done) for name, done in runs.items()}
+    return runs["none"][0], runs["blocks"][0], step
+
+
+def two_workers(quick):
+    """``{config: the run of its worker that holds the most}`` on 2 workers of `tfpar launch`."""
+    import subprocess
+
+    results = {}
+    for name, (stage, remat) in WORKER_CONFIGS.items():
+        worker = [sys.executable, "_memory_worker.py", "--zero-stage", stage, "--remat", remat]
+        sizes = QUICK_WORKERS_MODEL if quick else WORKERS_MODEL
+        cmd = [sys.executable, "-m", "tfpar.cli", "launch", "-n", "2", "--", *worker, *sizes]
+        done = subprocess.run(cmd, cwd=HERE, env=ENV, capture_output=True, text=True, timeout=1800)
+        if done.returncode:
+            raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        runs = parse_bench_lines(done.stdout)
+        results[name] = max(runs, key=_peak)
+        step = max(run["step"] for run in runs)
+        print(
+            f"2 workers, {name:>15}: keeps {results[name]['persistent']:,} B, peaks at "
+            f"{_peak(results[name]):,} B over an empty device, {step:.3f} s a step",
+            flush=True,
+        )
+        results[name] = {**results[name], "step": step}
+    return results
 
 
 def main():
     opts = quick_options(__doc__)
-    sizes = ["--layers", "2", "--sequence", "32", "--epochs", "1"] if opts.quick else []
-    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
-    runs = {"none": [], "blocks": []}
-    for remat in ("none", "blocks", "blocks", "none")[: 2 if opts.quick else 4]:
-        cmd = [sys.executable, os.path.join(HERE, "_memory_worker.py"), "--remat", remat, *sizes]
-        runs[remat].append(run_job(cmd, cwd=HERE, env=env, timeout=900))
-        print(f"{remat:>6}: {runs[remat][-1]['activations']:,} B a step", flush=True)
-    none = runs["none"][0]
-    remat = runs["blocks"][0]
-    step = {name: min(run["step"] for run in done) for name, done in runs.items()}
+    none, remat, step = one_device(opts.quick)
     print(remat["described"], flush=True)
+    workers = two_workers(opts.quick)
+    print(largest_models_table(workers), flush=True)
+    zero0 = workers["stage 0"]
+    zero2 = workers["stage 2"]
+    zero2_remat = workers["stage 2 + remat"]
     print(
         f"RESULT memory remat_activation_ratio={remat['activations'] / none['activations']:.3f} "
         f"remat_peak_ratio={_peak(remat) / _peak(none):.3f} "
         f"remat_step_ratio={step['blocks'] / step['none']:.3f} "
-        f"blocks={remat['blocks']} "
-        f"parameters={none['parameters']} activations_none={none['activations']} "
+        f"zero2_persistent_ratio={zero2['persistent'] / zero0['persistent']:.3f} "
+        f"zero2_peak_ratio={_peak(zero2) / _peak(zero0):.3f} "
+        f"zero2_step_ratio={zero2['step'] / zero0['step']:.3f} "
+        f"zero2_remat_peak_ratio={_peak(zero2_remat) / _peak(zero2):.3f} "
+        f"zero2_remat_step_ratio={zero2_remat['step'] / zero2['step']:.3f} "
+        f"blocks={remat['blocks']} parameters={none['parameters']} "
+        f"parameters_workers={zero0['parameters']} activations_none={none['activations']} "
         f"activations_remat={remat['activations']} {machine_keys()}",
         flush=True,
     )
+
+
+def llama_shape(hidden):
+    """``(parameters, blocks)`` of a Llama-2-shaped model ``hidden`` wide (7 B: 4,096 wide, 32
+    blocks): hidden/128 blocks, an MLP 8/3 as wide, a vocabulary of 32,000, an untied output."""
+    blocks = hidden / 128
+    per_block = 4 * hidden**2 + 3 * hidden * (8 * hidden / 3) + 2 * hidden
+    return blocks * per_block + 2 * 32000 * hidden + hidden, blocks
+
+
+def largest_parameters(run, capacity):
+    """The parameters of the largest `llama_shape` model one replica of ``run``'s configuration
+    can train in ``capacity`` bytes: its model state at the bytes per parameter ``run`` kept
+    between steps, a step's gradients at 4 bytes per parameter (float32, whole before they are
+    reduced), its activations at the bytes per block, token and width the rest of ``run``'s step
+    took, on as many tokens per replica."""
+    per_parameter = run["persistent"] / run["parameters"]
+    rest = max(0, run["activations"] - 4 * run["parameters"])
+    per_unit = rest / (run["layers"] * run["tokens"] * run["hidden"])
+
+    def needed(hidden):
+        parameters, blocks = llama_shape(hidden)
+        return parameters * (per_parameter + 4) + per_unit * blocks * run["tokens"] * hidden
+
+    low = 64.0
+    high = 2.0**17
+    for _ in range(60):
+        middle = (low + high) / 2
+        if needed(middle) <= capacity:
+            low = middle
+        else:
+            high = middle
+    return llama_shape(low)[0]
+
+
+def largest_models_table(runs):
+    """The text of the table: the largest model each configuration of ``runs`` trains on each of
+    `DEVICES`."""
+    tokens = next(iter(runs.values()))["tokens"]
+    lines = [
+        f"the largest Llama-shaped model one replica trains (N = 2, {tokens} tokens a step per "
+        "replica, Adam; derived from the bytes above):",
+        f"{'':>17}" + "".join(f"{name:>12}" for name in DEVICES),
+    ]
+    for name, run in runs.items():
+        sizes = [largest_parameters(run, capacity) / 1e9 for capacity in DEVICES.values()]
+        lines.append(f"{name:>17}" + "".join(f"{size:>10.2f} B" for size in sizes))
+    return "\n".join(lines)
 
 
 def _peak(run):
