@@ -58,8 +58,11 @@ def dense(gradient, shape):
 
 def row_squares(gradient, shape):
     """Per element of a variable of ``shape``, the sum over a sparse ``gradient``'s rows of their
-    squares (zeros for a dense gradient, whose squares are taken after the reduction)."""
+    squares; for a dense gradient, whose square is taken after the reduction, -1 (a sum of squares
+    is never negative: `tfpar.strategies._zero_rules.squared` reads the sign). The -1 is made from
+    the gradient, not filled from a number: Grappler would fold such a fill into a constant the
+    step's function holds between steps."""
     if not is_sparse(gradient):
-        return tf.zeros(shape)
+        return tf.minimum(tf.abs(tf.cast(gradient, tf.float32)), -1.0)
     squares = tf.square(tf.cast(gradient.values, tf.float32))
     return tf.reshape(tf.math.unsorted_segment_sum(squares, gradient.indices, int(shape[0])), shape)

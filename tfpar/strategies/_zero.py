@@ -133,9 +133,7 @@ class ShardedOptimizer(ShardedState):
                     squares.append(self._gradients(grads, k, sparse.row_squares))
         if self.window == 1 and rows is not None:
             chunks, squares, sent = self._reduce_scatter_with_squares(flat, squares, summed)
-            writes = self._counted(
-                self._apply(chunks, sent, list(zip(squares, self._chunks_of(rows))))
-            )
+            writes = self._counted(self._apply(chunks, sent, squares))
         elif self.window == 1:
             writes = self._counted(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed)))
         elif self.strategy_accumulates:
@@ -204,8 +202,9 @@ class ShardedOptimizer(ShardedState):
 
     def _apply(self, chunks, sent, squares=None):
         """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their
-        reduce-scatter sent; ``squares``: each chunk's sums of squared sparse rows and where they
-        apply, or None), all-gathered into every local copy of the weights; returns the writes."""
+        reduce-scatter sent; ``squares``: each chunk's reduced sums of squared sparse rows, negative
+        where the gradient was dense, or None), all-gathered into every local copy of the weights;
+        returns the writes."""
         chunks, squares = rules.clipped(self.optimizer, chunks, squares, self.comm.total)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)

@@ -48,13 +48,12 @@ def weight_decay(optimizer) -> float:
     return float(getattr(optimizer, "weight_decay", None) or 0.0)
 
 
-def squared(g, squares=None):
+def squared(g, sums=None):
     """A chunk's squared gradient: ``g``'s square, but the sums of squared sparse rows where
-    ``squares`` (those sums, and 1 where they apply) says."""
-    if squares is None:
+    ``sums`` holds them (negative where the gradient was dense: `_sparse.row_squares`)."""
+    if sums is None:
         return tf.square(g)
-    sums, rows = squares
-    return tf.where(rows > 0, sums, tf.square(g))
+    return tf.where(sums < 0, tf.square(g), sums)
 
 
 def clipped(optimizer, chunks, squares, total):
@@ -68,7 +67,7 @@ def clipped(optimizer, chunks, squares, total):
         norm = tf.sqrt(total([tf.reduce_sum(squared(g, sq)) for g, sq in pairs]))
         scale = o.global_clipnorm / tf.maximum(norm, o.global_clipnorm)
         chunks = [g * scale for g in chunks]
-        squares = squares and [(sq * tf.square(scale), rows) for sq, rows in squares]
+        squares = squares and [sums * tf.square(scale) for sums in squares]  # signs kept
     return chunks, squares
 
 

@@ -148,11 +148,6 @@ class ShardedState:
         filled = sum(int(part.shape[0]) for part in parts)
         return tf.concat([*parts, tf.zeros([c - filled])], 0)
 
-    def _chunks_of(self, values):
-        """This process's chunks of the flat vector of ``values`` (one number per variable)."""
-        whole = self._flat([tf.fill([size], value) for size, value in zip(self.sizes, values)])
-        return [whole[j * self.chunk : (j + 1) * self.chunk] for j in self.comm.owned]
-
     def plain_slots(self) -> list:
         """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both
         Kerases: each variable's slots in turn, then AMSGrad's maxima), so that a checkpoint written
