@@ -182,7 +182,13 @@ def parse_bench_lines(output):
 
 def run_job(cmd, cwd, env=None, timeout=600):
     """Runs one benchmark job (a command line) and returns its ``BENCH`` numbers."""
+    return run_job_lines(cmd, cwd, env, timeout)[0]
+
+
+def run_job_lines(cmd, cwd, env=None, timeout=600):
+    """Runs one benchmark job (a command line) and returns every ``BENCH`` line's numbers (each
+    worker's)."""
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode:
         raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return parse_bench_line(done.stdout)
+    return parse_bench_lines(done.stdout)

@@ -35,7 +35,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from common import machine_keys, parse_bench_lines, quick_options, run_job  # noqa: E402
+from common import machine_keys, quick_options, run_job, run_job_lines  # noqa: E402
 
 WORKERS_MODEL = [
     *("--layers", "12", "--hidden", "512", "--intermediate", "1376", "--heads", "8"),
@@ -67,26 +67,21 @@ def one_device(quick):
 
 
 def two_workers(quick):
-    """``{config: the run of its worker that holds the most}`` on 2 workers of `tfpar launch`."""
-    import subprocess
-
+    """``{config: the run of its worker that holds the most, with the slower worker's step}`` on 2
+    workers of `tfpar launch`."""
     results = {}
     for name, (stage, remat) in WORKER_CONFIGS.items():
         worker = [sys.executable, "_memory_worker.py", "--zero-stage", stage, "--remat", remat]
         sizes = QUICK_WORKERS_MODEL if quick else WORKERS_MODEL
         cmd = [sys.executable, "-m", "tfpar.cli", "launch", "-n", "2", "--", *worker, *sizes]
-        done = subprocess.run(cmd, cwd=HERE, env=ENV, capture_output=True, text=True, timeout=1800)
-        if done.returncode:
-            raise RuntimeError(f"{cmd} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-        runs = parse_bench_lines(done.stdout)
-        results[name] = max(runs, key=_peak)
+        runs = run_job_lines(cmd, cwd=HERE, env=ENV, timeout=1800)
         step = max(run["step"] for run in runs)
+        results[name] = {**max(runs, key=_peak), "step": step}
         print(
             f"2 workers, {name:>15}: keeps {results[name]['persistent']:,} B, peaks at "
             f"{_peak(results[name]):,} B over an empty device, {step:.3f} s a step",
             flush=True,
         )
-        results[name] = {**results[name], "step": step}
     return results
 
 

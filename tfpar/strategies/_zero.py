@@ -119,9 +119,7 @@ class ShardedOptimizer(ShardedState):
                 "Embedding's (sparse) gradient. Use global_clipnorm=, or zero_stage=0."
             )
         uses = self.moment_squares or getattr(self.optimizer, "global_clipnorm", None)
-        if not (any(rows) and uses and self.window == 1):
-            return None
-        return [1.0 if r else 0.0 for r in rows]
+        return bool(any(rows) and uses and self.window == 1)
 
     def _step(self, strategy, grads, summed=False):
         rows = self._squared_rows(grads)
@@ -129,9 +127,9 @@ class ShardedOptimizer(ShardedState):
         for k, device in enumerate(self.devices):
             with tf.device(device):
                 flat.append(self._gradients(grads, k))
-                if rows is not None:
+                if rows:
                     squares.append(self._gradients(grads, k, sparse.row_squares))
-        if self.window == 1 and rows is not None:
+        if rows:
             chunks, squares, sent = self._reduce_scatter_with_squares(flat, squares, summed)
             writes = self._counted(self._apply(chunks, sent, squares))
         elif self.window == 1:

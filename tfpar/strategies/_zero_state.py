@@ -134,19 +134,16 @@ class ShardedState:
 
     def own_chunk(self, k):
         """Local replica ``k``'s chunk of its flat weights, made of the variables it overlaps only
-        (its padded tail zeros): a step does not flatten the whole model to update a chunk."""
-        c = self.chunk
-        j = self.comm.owned[k]
-        parts = []
-        for i, variable in enumerate(self.variables):
-            start = self.offsets[i]
-            lo = max(start, j * c)
-            hi = min(start + self.sizes[i], (j + 1) * c)
-            if lo < hi:
-                flat = tf.reshape(self._local(variable, k), [-1])
-                parts.append(flat[lo - start : hi - start])
+        (`_pieces`; its padded tail zeros): a step does not flatten the whole model to update a
+        chunk."""
+        parts = [
+            tf.reshape(self._local(variable, k), [-1])[whole]
+            for i, variable in enumerate(self.variables)
+            for replica, _, whole in self._pieces(i)
+            if replica == k
+        ]
         filled = sum(int(part.shape[0]) for part in parts)
-        return tf.concat([*parts, tf.zeros([c - filled])], 0)
+        return tf.concat([*parts, tf.zeros([self.chunk - filled])], 0)
 
     def plain_slots(self) -> list:
         """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both

@@ -8,12 +8,12 @@ processes (a second MultiWorkerDataParallel keeps the first one's server). A CAS
 ``NAME:EXAMPLES:KERAS[:OPTIMIZER]`` (KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of
 tests.models.ZERO_OPTIMIZERS, else SGD with momentum); the options are DataParallel's (e.g.
 all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1, a list as
-remat=[conv2d*]). With zero_stage,
-each worker also writes the weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras
-3's .weights.h5), and FaultTolerance backs them up after each epoch in OUT_DIR/NAME/backup. Each
-case writes to OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation,
-and those the worker drew alone), worker_<i>.npz (the trained weights) and, without OPTIMIZER,
-scored_<i>.npz (evaluate's loss on the padded input, predict's output on every example).
+remat=[conv2d*]). With zero_stage, each worker also writes the weights with the optimizer state:
+ckpt_<i> (tf_keras' TF format, Keras 3's .weights.h5), and FaultTolerance backs them up after each
+epoch in OUT_DIR/NAME/backup. Each case writes to OUT_DIR/NAME: start_<i>.npz and
+local_start_<i>.npz (the weights after creation, and those the worker drew alone), worker_<i>.npz
+(the trained weights) and, without OPTIMIZER, scored_<i>.npz (evaluate's loss on the padded input,
+predict's output on every example).
 """
 
 import importlib
