@@ -311,3 +311,54 @@ def test_the_reduce_scatter_of_squared_rows_stays_float32_under_fp16():
         reduced, sent = chunks.reduce_scatter(flat, 2, False, full=full)
         np.testing.assert_allclose([r.numpy() for r in reduced], expected, rtol=1e-6)
         assert sent == [width * 2, width * 2]
+
+
+def test_a_state_in_several_buckets_trains_resumes_and_accumulates_as_one_device(
+    any_keras, monkeypatch, tmp_path
+):
+    """Buckets of at most 80 bytes (20 float32s) cut the model's 35 + 5 + 15 + 3 parameters into 3
+    buckets ([35], [5, 15], [3]), each padded to 2 pieces (36, 20, 4: a chunk of 18 + 10 + 2), each
+    exchanged and written back in turn: Adam, a checkpoint resumed on one device, and stage 2's
+    accumulation end where one bucket (one device) does."""
+    from tfpar.strategies import _zero_state
+
+    monkeypatch.setattr(_zero_state, "BUCKET_BYTES", 80)
+    whole, sharded, model = train_zero_pair(any_keras, "adam", ["/cpu:0", "/cpu:1"], 2)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(whole, sharded)) < 1e-6
+    zero = model._tfpar_zero
+    assert [list(bucket.variables) for bucket in zero.buckets] == [[0], [1, 2], [3]]
+    assert [(bucket.start, bucket.size, bucket.own_start) for bucket in zero.buckets] == [
+        (0, 36, 0),
+        (36, 20, 18),
+        (56, 4, 28),
+    ]
+    assert (zero.chunk, zero.padding) == (30, 2)
+    # each replica sends its other piece of every bucket, then its own piece of every bucket
+    assert zero.sent_bytes == [4 * 30 + 4 * 30] * 2
+    devices = ["/cpu:0", "/cpu:1"]
+    assert zero_resume(any_keras, str(tmp_path), devices, devices[:1]) < 1e-6
+
+
+def test_a_sparse_gradients_squares_travel_in_its_own_bucket_only(monkeypatch):
+    """Keras 3's Adam on the text model (Embedding, attention, LayerNormalization, Dense) with
+    buckets of at most 1 KiB: the Embedding's 640 parameters are a bucket of their own, whose
+    exchange carries its rows' squares; the other buckets' squares are made on their owner (dense).
+    float32 ends within 1e-5 of one device. Under fp16 compression only the Embedding's bucket
+    travels in float32 (fp16 would flush its squares, 1e-8 and less, and Adam's step would divide
+    by its epsilon: an error near 1); the others are rounded to fp16: an error of 1e-3, not 0."""
+    from tests import gradient_paths as models
+    from tfpar.strategies import _zero_state
+
+    monkeypatch.setattr(_zero_state, "BUCKET_BYTES", 1024)
+    report = tfpar.verify.verify(
+        models.text_keras3,
+        models.text_data,
+        steps=4,
+        global_batch_size=16,
+        paths="zero1,fp16+zero1,zero2+accumulate",
+    )
+    rows = {row.path: row for row in report.rows}
+    assert all(row.verdict == "ok" for row in report.rows), report.rows
+    assert rows["zero1"].max_difference <= 1e-5
+    assert rows["zero2+accumulate"].max_difference <= 1e-5
+    assert 1e-4 < rows["fp16+zero1"].relative_error < 1e-2

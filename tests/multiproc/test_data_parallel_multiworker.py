@@ -68,7 +68,7 @@ EQUIVALENCE_JOBS = {
         ["ring-accumulate-keras3:96:3"],
     ),
     "zero-2": (
-        ["zero_stage=2"],
+        ["zero_stage=2", "zero_bucket_bytes=1024"],
         ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"],
     ),
     "zero-1-bf16": (["zero_stage=1", "compression=bf16"], ["zero-adamw-bf16-keras3:96:3:adamw"]),
@@ -146,7 +146,8 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
     a tf_keras model in the same processes; the second job splits the ring all-reduce into packs of
     4 KiB (the model's gradients are 9.6 KiB) and accumulates 2 steps per update, so one device
     takes batches of 32; the third shards the optimizer state over the workers (ZeRO: SGD with
-    Nesterov momentum, Adam clipped by the global norm, AdamW excluding the biases from its decay),
+    Nesterov momentum, Adam clipped by the global norm, AdamW excluding the biases from its decay;
+    in buckets of at most 1 KiB, each exchanged in turn),
     the fourth with bf16 on the wire (to its rounding); the fifth recomputes the Conv2D's
     activations in the backward pass (``remat``, both Kerases). LARS (Keras 3) takes its trust
     ratio from the workers' all-reduced gradient, as one device from its whole batch."""

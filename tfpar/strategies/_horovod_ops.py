@@ -183,9 +183,9 @@ class HorovodChunks:
         self.size, self.owned = ops._size, [ops._hvd.rank()]
         self.nccl = uses_nccl_reducescatter(device, ops._hvd.nccl_built())
 
-    def reduce_scatter(self, flat, c, summed, full=False):
-        """This rank's flat gradients ->
-        ``([its chunk of their sum over the ranks], [bytes sent])``; already summed ones are only
+    def reduce_scatter(self, flat, c, summed, full=False, index=0):
+        """This rank's flat gradients of bucket ``index`` ->
+        ``([its piece of their sum over the ranks], [bytes sent])``; already summed ones are only
         cut (``full``: sent in float32 whatever the compression)."""
         hvd, (j,) = self.ops._hvd, self.owned
         if summed or self.size == 1:
@@ -197,19 +197,20 @@ class HorovodChunks:
         if self.nccl and not bf16:
             compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
             mine = hvd.reducescatter(
-                flat[0], compression=compression, name="tfpar_zero_gradients", **args
+                flat[0], compression=compression, name=f"tfpar_zero_gradients_{index}", **args
             )
             return [mine], [width * c * (self.size - 1)]
         sent = tf.cast(flat[0], tf.float16 if fp16 else tf.bfloat16 if bf16 else tf.float32)
         wire = tf.bitcast(sent, tf.int16) if bf16 else sent
-        got = hvd.alltoall(wire, name="tfpar_zero_gradients")
+        got = hvd.alltoall(wire, name=f"tfpar_zero_gradients_{index}")
         got = tf.bitcast(got, tf.bfloat16) if bf16 else got
         mine = tf.reduce_sum(tf.cast(tf.reshape(got, [self.size, c]), tf.float32), 0)
         return [mine * args.get("prescale_factor", 1.0)], [width * c * (self.size - 1)]
 
-    def all_gather(self, updated):
-        """This rank's updated chunk -> ``([every rank's, in rank order], [bytes sent])``."""
-        whole = self.ops._hvd.allgather(updated[0], name="tfpar_zero_parameters")
+    def all_gather(self, updated, index=0):
+        """This rank's updated piece of bucket ``index`` ->
+        ``([every rank's, in rank order], [bytes sent])``."""
+        whole = self.ops._hvd.allgather(updated[0], name=f"tfpar_zero_parameters_{index}")
         return [whole], [4 * updated[0].shape.num_elements() * (self.size - 1)]
 
     def total(self, values):

@@ -1,31 +1,27 @@
 """Sharded optimizer states (ZeRO, Rajbhandari et al., SC'20) for `DataParallel` (one host or
 several workers) and `HorovodStrategy`.
 
-With ``zero_stage=1`` (or 2) each of the N replicas owns one N-th of the model's parameters, as one
-flat vector cut into N equal chunks (balanced by bytes, whatever the variables' sizes), keeps the
-optimizer slots of its chunk only, and updates only its chunk:
+With ``zero_stage=1`` (or 2) each of the N replicas owns one N-th of the model's parameters (its
+chunk: its piece of every bucket of consecutive variables, `tfpar.strategies._zero_state`; balanced
+by bytes, whatever the variables' sizes), keeps the optimizer slots of its chunk only, and updates
+only its chunk:
 
-1. the replicas' gradients are reduce-scattered: replica j gets chunk j of their sum (each sends
-   (N-1)/N of the gradients' bytes; half of them with the strategy's bf16/fp16 compression);
+1. the replicas' gradients are reduce-scattered: replica j gets piece j of each bucket's sum (each
+   sends (N-1)/N of the gradients' bytes; half of them with the strategy's bf16/fp16 compression);
 2. replica j applies the optimizer's update to its chunk, with its own slots;
-3. the updated chunks are all-gathered into every replica's copy of the weights.
+3. the updated pieces are all-gathered into every replica's copy of the weights.
 
-Steps 1 and 3 move the bytes of one all-reduce, each engine its own way
-(`tfpar.strategies._zero_comms`: one host's devices, TensorFlow's workers, Horovod's ranks). The
-update is the optimizer's own rule, written once for both Kerases in
+Steps 1 and 3 move the bytes of one all-reduce, bucket by bucket
+(`tfpar.strategies._zero_exchange`: a step holds one bucket's buffers at a time), each engine its
+own way (`tfpar.strategies._zero_comms`: one host's devices, TensorFlow's workers, Horovod's
+ranks). The update is the optimizer's own rule, written once for both Kerases in
 `tfpar.strategies._zero_rules` (its ``RULES``: SGD with momentum or Nesterov, Adam with AMSGrad,
 AdamW), with its learning rate (and schedule), weight decay and exclusions, and clipping by value
 or by the global norm over all chunks. An optimizer with another rule is refused with the reason.
 A LossScaleOptimizer wraps the sharded update (its overflow check agreed over the replicas), and
 checkpoints hold the whole state in the unsharded optimizer's layout
-(`tfpar.strategies._zero_checkpoint`).
-
-A sparse gradient's sums of squared rows, which Keras 3's Adam and a global norm take
-(`tfpar.strategies._sparse`), travel with the gradients in the same reduce-scatter (one
-collective, so that every engine runs a step's collectives in one order), which then sends twice
-the bytes. fp16's range would flush those squares (1e-8 and less) to zero, so under fp16
-compression that reduce-scatter, gradients included, travels in float32: 4 times fp16's bytes.
-bf16 keeps float32's range and stays 16-bit.
+(`tfpar.strategies._zero_checkpoint`). A sparse gradient's sums of squared rows, which Keras 3's
+Adam and a global norm take (`tfpar.strategies._sparse`), travel with its bucket's gradients.
 """
 
 from tfpar import _compat
@@ -34,7 +30,8 @@ from tfpar._keras import inner_optimizer, is_keras3, tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._zero_checkpoint import checkpoint_whole
-from tfpar.strategies._zero_state import ShardedState, tf_variable, window_of
+from tfpar.strategies._zero_exchange import BucketExchange
+from tfpar.strategies._zero_state import tf_variable, window_of
 
 __all__ = [
     "ZERO_STAGES",
@@ -54,18 +51,15 @@ def check_zero_stage(stage):
     return check_choice("zero_stage", check_int("zero_stage", stage, 0), ZERO_STAGES)
 
 
-class ShardedOptimizer(ShardedState):
+class ShardedOptimizer(BucketExchange):
     """The sharded update of one compiled model's optimizer over its strategy's replicas."""
 
     def __init__(self, optimizer, variables, strategy, stage, strategy_accumulates=False):
-        """The state (`ShardedState`, where ``strategy_accumulates`` is said), and how a sparse
+        """The state (`BucketExchange`, where ``strategy_accumulates`` is said), and how a sparse
         gradient's squared rows take part in the update."""
         super().__init__(optimizer, variables, strategy, stage, strategy_accumulates)
         # see tfpar.strategies._sparse
         self.moment_squares = is_keras3(optimizer) and self.name != "SGD"
-        # fp16 would flush squared rows to zero: their reduce-scatter travels in float32 there
-        compression = getattr(getattr(strategy, "config", None), "compression", "none")
-        self.squares_in_float32 = compression == "fp16"
 
     def apply(self, grads, trainable_variables=None):
         """Keras 3's ``apply`` (which its ``apply_gradients`` and its LossScaleOptimizer call)."""
@@ -97,15 +91,6 @@ class ShardedOptimizer(ShardedState):
             )
         return context.merge_call(self._step, args=(grads, summed))
 
-    def _gradients(self, grads, k, of=sparse.dense):
-        """Local replica ``k``'s flat gradients (``of`` each: summed rows, or their squares)."""
-        return self._flat(
-            [
-                tf.zeros(v.shape) if g is None else of(self._local(g, k), v.shape)
-                for g, v in zip(grads, self.variables)
-            ]
-        )
-
     def _squared_rows(self, grads):
         """Whether this step needs a sparse gradient's sums of squared rows
         (`tfpar.strategies._sparse`): Keras 3's Adam or a global norm takes them where rows are not
@@ -123,23 +108,19 @@ class ShardedOptimizer(ShardedState):
 
     def _step(self, strategy, grads, summed=False):
         rows = self._squared_rows(grads)
-        flat, squares = [], []
-        for k, device in enumerate(self.devices):
-            with tf.device(device):
-                flat.append(self._gradients(grads, k))
-                if rows:
-                    squares.append(self._gradients(grads, k, sparse.row_squares))
-        if rows:
-            chunks, squares, sent = self._reduce_scatter_with_squares(flat, squares, summed)
-            writes = self._counted(self._apply(chunks, sent, squares))
-        elif self.window == 1:
-            writes = self._counted(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed)))
+
+        def gradients(bucket, k):
+            return self._bucket_gradients(grads, bucket, k)
+
+        if self.window == 1:
+            squares = self._squares_of(grads) if rows else None
+            writes = self._counted(self._apply(*self._exchange(gradients, summed, squares)))
         elif self.strategy_accumulates:
             # a tf_keras loss-scale optimizer reduced them through the strategy, which accumulates
             # them (its sums, all-reduced at its boundary, zeros between): applied at its boundary
             # only
             def apply_summed():
-                self._counted(self._apply(*self.comm.reduce_scatter(flat, self.chunk, summed)))
+                self._counted(self._apply(*self._exchange(gradients, summed)))
                 return tf.constant(True)
 
             writes = [
@@ -150,46 +131,41 @@ class ShardedOptimizer(ShardedState):
                 )
             ]
         else:
-            # accumulated: stage 1 sums each replica's gradients, stage 2 the reduced chunks;
-            # applied every window-th step
-            chunks, sent = (
-                (flat, None)
-                if self.stage == 1
-                else self.comm.reduce_scatter(flat, self.chunk, summed)
-            )
-            added = [b.assign_add(g) for b, g in zip(self.accumulated, chunks)]
-            with tf.control_dependencies(added):
-                boundary = tf.equal(self.counter.assign_add(1) % self.window, 0)
-
-            def apply():
-                means = [b.read_value() / self.window for b in self.accumulated]
-                applied = (
-                    self._apply(*self.comm.reduce_scatter(means, self.chunk, summed))
-                    if self.stage == 1
-                    else self._apply(means, sent)
-                )
-                with tf.control_dependencies(self._counted(applied)):
-                    cleared = [b.assign(tf.zeros_like(b)) for b in self.accumulated]
-                with tf.control_dependencies(cleared):
-                    return tf.constant(True)
-
-            writes = [tf.cond(boundary, apply, lambda: tf.constant(False))]
+            writes = [self._accumulate(grads, gradients, summed)]
         with tf.control_dependencies(writes):
             return tf.identity(self.optimizer.iterations)
 
-    def _reduce_scatter_with_squares(self, flat, squares, summed):
-        """Each replica's flat gradients and sums of squared sparse rows, reduce-scattered as one:
-        chunk j of both travels together (one collective, so every engine runs them in one
-        order)."""
-        c, n = self.chunk, self.comm.size
-        both = []
-        for device, g, sq in zip(self.devices, flat, squares):
-            with tf.device(device):
-                both.append(
-                    tf.reshape(tf.concat([tf.reshape(g, [n, c]), tf.reshape(sq, [n, c])], 1), [-1])
-                )
-        reduced, sent = self.comm.reduce_scatter(both, 2 * c, summed, full=self.squares_in_float32)
-        return [r[:c] for r in reduced], [r[c:] for r in reduced], sent
+    def _accumulate(self, grads, gradients, summed):
+        """Accumulated: stage 1 sums each replica's whole flat gradients, stage 2 the reduced
+        chunks; applied every window-th step (a ``tf.cond``)."""
+        if self.stage == 1:
+            chunks = []
+            for k, device in enumerate(self.devices):
+                with tf.device(device):
+                    chunks.append(tf.concat([gradients(bucket, k) for bucket in self.buckets], 0))
+            sent = None
+        else:
+            chunks, sent, _ = self._exchange(gradients, summed)
+        added = [b.assign_add(g) for b, g in zip(self.accumulated, chunks)]
+        with tf.control_dependencies(added):
+            boundary = tf.equal(self.counter.assign_add(1) % self.window, 0)
+
+        def apply():
+            means = [b.read_value() / self.window for b in self.accumulated]
+            if self.stage == 1:
+
+                def summed_means(bucket, k):
+                    return means[k][bucket.start : bucket.start + bucket.size]
+
+                applied = self._apply(*self._exchange(summed_means, summed))
+            else:
+                applied = self._apply(means, sent)
+            with tf.control_dependencies(self._counted(applied)):
+                cleared = [b.assign(tf.zeros_like(b)) for b in self.accumulated]
+            with tf.control_dependencies(cleared):
+                return tf.constant(True)
+
+        return tf.cond(boundary, apply, lambda: tf.constant(False))
 
     def _counted(self, writes):
         """``writes`` of an update, then the optimizer's ``iterations`` counting it: it counts
@@ -226,12 +202,7 @@ class ShardedOptimizer(ShardedState):
                         self.decay_all,
                     )
                 )
-        wholes, gathered = self.comm.all_gather(updated)
-        writes = []
-        for k, device in enumerate(self.devices):
-            with tf.device(device):
-                for v, part in zip(self.variables, tf.split(wholes[k][: self.total], self.sizes)):
-                    writes.append(self._local(v, k).assign(tf.reshape(part, v.shape)))
+        writes, gathered = self._write_back(updated)
         # per local replica and update, from the shapes
         self.sent_bytes = [a + b for a, b in zip(sent, gathered)]
         return writes

@@ -1,10 +1,12 @@
 """ZeRO's collectives (`tfpar.strategies._zero`), one class per engine, each with the same four
 methods over this process's replicas (lists, one entry per local replica):
 
-- ``reduce_scatter(flat, c, summed, full=False)``: each replica's flat gradients (N chunks of
-  ``c``) -> chunk j of their sum on the replica that owns it, and the bytes each sent (``full``:
-  in float32 whatever the compression);
-- ``all_gather(updated)``: the updated chunks -> every chunk, in order, on each replica;
+- ``reduce_scatter(flat, c, summed, full=False, index=0)``: each replica's flat gradients of one
+  bucket (N pieces of ``c``) -> piece j of their sum on the replica that owns it, and the bytes
+  each sent (``full``: in float32 whatever the compression; ``index``: the bucket's, which names
+  the collective where an engine names them);
+- ``all_gather(updated, index=0)``: the updated pieces of one bucket -> every piece, in order, on
+  each replica;
 - ``total(values)``: the sum over all replicas of one value each;
 - ``gather(pieces, lengths, name)``: every replica's piece (of ``lengths[j]`` elements for replica
   j, none included), in replica order: a whole optimizer slot for a checkpoint.
@@ -57,7 +59,7 @@ class OneHostChunks:
         self.size, self.owned = len(self.devices), list(range(len(self.devices)))
         self.wire = WIRE_DTYPES.get(compression)
 
-    def reduce_scatter(self, flat, c, summed, full=False):
+    def reduce_scatter(self, flat, c, summed, full=False, index=0):
         chunks, sent = [], [0] * self.size
         wire = None if full else self.wire
         for j, device in enumerate(self.devices):
@@ -71,7 +73,7 @@ class OneHostChunks:
                 chunks.append(tf.add_n([tf.cast(part, tf.float32) for part in parts]))
         return chunks, sent
 
-    def all_gather(self, updated):
+    def all_gather(self, updated, index=0):
         wholes = []
         for device in self.devices:
             with tf.device(device):
@@ -125,7 +127,7 @@ class CollectiveChunks:
         self._previous = (graph, out)
         return out
 
-    def reduce_scatter(self, flat, c, summed, full=False):
+    def reduce_scatter(self, flat, c, summed, full=False, index=0):
         if summed:
             return [f[j * c : (j + 1) * c] for f, j in zip(flat, self.owned)], [0] * len(flat)
         wire = tf.float32 if full or self.wire is None else self.wire
@@ -139,7 +141,7 @@ class CollectiveChunks:
                 chunks.append(tf.reduce_sum(tf.cast(received, tf.float32), 0))
         return chunks, [wire.size * c * (self.size - 1)] * len(flat)
 
-    def all_gather(self, updated):
+    def all_gather(self, updated, index=0):
         wholes = self._each(_compat.collective_all_gather, updated)
         return wholes, [4 * u.shape.num_elements() * (self.size - 1) for u in updated]
 

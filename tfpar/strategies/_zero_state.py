@@ -1,10 +1,13 @@
 """What a sharded optimizer (`tfpar.strategies._zero`) holds: the model's float32 variables laid
-out as one flat vector cut into N equal chunks (balanced by bytes, the last padded), and each of
-this process's replicas' own variables for its chunk: the optimizer slots, the weight-decay mask
-and, under accumulation, the gradients' buffer. A slot is also read and written whole, in its
+out as one flat vector of buckets (`Bucket`: consecutive whole variables, about `BUCKET_BYTES`
+each, as PyTorch DDP buckets its gradients), each bucket padded to N equal pieces; a replica's
+chunk is its piece of every bucket (an N-th of the model, balanced by bytes). Each of this
+process's replicas keeps its own variables for its chunk: the optimizer slots, the weight-decay
+mask and, under accumulation, the gradients' buffer. A slot is also read and written whole, in its
 variable's shape, for checkpoints in the unsharded layout (`tfpar.strategies._zero_checkpoint`),
 and ``state_bytes`` gives ``describe()`` the bytes one replica holds."""
 
+import dataclasses
 import math
 
 from tfpar import _compat
@@ -13,7 +16,46 @@ from tfpar.strategies import _zero_rules as rules
 from tfpar.strategies._windows import accumulator_of
 from tfpar.strategies._zero_comms import chunks_for
 
-__all__ = ["ShardedState", "tf_variable", "window_of"]
+__all__ = ["BUCKET_BYTES", "Bucket", "ShardedState", "buckets_of", "tf_variable", "window_of"]
+
+BUCKET_BYTES = 25 * 2**20
+"""The gradients' bytes a bucket holds at most (a larger variable is a bucket of its own), as
+PyTorch DDP's ``bucket_cap_mb=25``: a step exchanges and writes back one bucket at a time, so that
+it holds one bucket's flat copy and exchange buffers, not the whole model's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """Consecutive whole variables, exchanged together: its place in the flat vector, and each
+    replica's piece of it."""
+
+    variables: range
+    """The variables' indices."""
+    start: int
+    """Where it starts in the flat vector (the buckets before it, padded)."""
+    size: int
+    """Its elements, padded to a multiple of the replicas."""
+    piece: int
+    """Each replica's elements of it: ``size`` / N."""
+    own_start: int
+    """Where a replica's piece of it starts in that replica's chunk."""
+
+
+def buckets_of(sizes, limit):
+    """The variables of ``sizes`` (elements each) as consecutive ranges of at most ``limit``
+    elements, a larger variable a range of its own."""
+    ranges = []
+    first = 0
+    filled = 0
+    for i, size in enumerate(sizes):
+        if i > first and filled + size > limit:
+            ranges.append(range(first, i))
+            first = i
+            filled = 0
+        filled += size
+    if sizes:
+        ranges.append(range(first, len(sizes)))
+    return ranges
 
 
 class ShardedState:
@@ -53,11 +95,26 @@ class ShardedState:
                 )
 
     def _lay_out(self, n):
-        """The variables' places in one flat vector of ``n`` (all the replicas) equal chunks."""
+        """The variables' places in one flat vector of buckets, each cut into ``n`` (all the
+        replicas) equal pieces."""
         self.sizes = [int(v.shape.num_elements()) for v in self.variables]
-        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         self.total = sum(self.sizes)
-        self.chunk = math.ceil(self.total / n)
+        self.offsets = [0] * len(self.sizes)
+        self.buckets = []
+        self.bucket_of = [0] * len(self.sizes)
+        start = 0
+        own_start = 0
+        for variables in buckets_of(self.sizes, BUCKET_BYTES // 4):
+            filled = 0
+            for i in variables:
+                self.offsets[i] = start + filled
+                self.bucket_of[i] = len(self.buckets)
+                filled += self.sizes[i]
+            piece = math.ceil(filled / n)
+            self.buckets.append(Bucket(variables, start, piece * n, piece, own_start))
+            start += piece * n
+            own_start += piece
+        self.chunk = own_start
         self.padding = self.chunk * n - self.total
 
     def _decay_mask(self, variables):
@@ -100,7 +157,7 @@ class ShardedState:
                 )
                 if mask is not None:
                     self.decay_masks[k] = _compat.ResourceVariable(
-                        mask[j * self.chunk : (j + 1) * self.chunk],
+                        self.replica_part(mask, j),
                         trainable=False,
                         name=f"tfpar_zero_decay_{j}",
                     )
@@ -127,23 +184,41 @@ class ShardedState:
         return self.strategy.experimental_local_results(value)[k]
 
     def _flat(self, tensors):
-        """``tensors`` (one per variable, in order) as one flat vector padded to N chunks (one
-        concatenation: a step holds one flat copy of the gradients, not two)."""
-        parts = [tf.reshape(t, [size]) for t, size in zip(tensors, self.sizes)]
-        return tf.concat([*parts, tf.zeros([self.padding])], 0)
+        """``tensors`` (one per variable, in order) as the whole flat vector, each bucket padded."""
+        return tf.concat([self.bucket_flat(tensors, bucket) for bucket in self.buckets], 0)
+
+    def bucket_flat(self, tensors, bucket):
+        """``bucket``'s part of `_flat` from ``tensors`` (one per variable of the bucket, in order):
+        one concatenation, its padding zeros."""
+        sizes = [self.sizes[i] for i in bucket.variables]
+        parts = [tf.reshape(t, [size]) for t, size in zip(tensors, sizes)]
+        return tf.concat([*parts, tf.zeros([bucket.size - sum(sizes)])], 0)
+
+    def replica_part(self, flat, j):
+        """Replica ``j``'s chunk of the whole ``flat`` vector: its piece of every bucket."""
+        return tf.concat(
+            [
+                flat[bucket.start + j * bucket.piece : bucket.start + (j + 1) * bucket.piece]
+                for bucket in self.buckets
+            ],
+            0,
+        )
 
     def own_chunk(self, k):
         """Local replica ``k``'s chunk of its flat weights, made of the variables it overlaps only
-        (`_pieces`; its padded tail zeros): a step does not flatten the whole model to update a
-        chunk."""
-        parts = [
-            tf.reshape(self._local(variable, k), [-1])[whole]
-            for i, variable in enumerate(self.variables)
-            for replica, _, whole in self._pieces(i)
-            if replica == k
-        ]
-        filled = sum(int(part.shape[0]) for part in parts)
-        return tf.concat([*parts, tf.zeros([self.chunk - filled])], 0)
+        (`_pieces`; each bucket's padding zeros): a step does not flatten the whole model to update
+        a chunk."""
+        parts = []
+        for bucket in self.buckets:
+            mine = [
+                tf.reshape(self._local(self.variables[i], k), [-1])[whole]
+                for i in bucket.variables
+                for replica, _, whole in self._pieces(i)
+                if replica == k
+            ]
+            filled = sum(int(part.shape[0]) for part in mine)
+            parts += [*mine, tf.zeros([bucket.piece - filled])]
+        return tf.concat(parts, 0)
 
     def plain_slots(self) -> list:
         """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both
@@ -158,22 +233,29 @@ class ShardedState:
     def _pieces(self, i):
         """``(local replica, chunk slice, whole-slot slice)`` of this process's chunks holding
         variable ``i``'s elements."""
-        c = self.chunk
+        bucket = self.buckets[self.bucket_of[i]]
         start = self.offsets[i]
-        end = start + self.sizes[i]
         for k, j in enumerate(self.comm.owned):
-            lo, hi = max(start, j * c), min(end, (j + 1) * c)
+            lo, hi = self._overlap(i, j)
             if lo < hi:
-                yield k, slice(lo - j * c, hi - j * c), slice(lo - start, hi - start)
+                first = bucket.start + j * bucket.piece - bucket.own_start
+                yield k, slice(lo - first, hi - first), slice(lo - start, hi - start)
+
+    def _overlap(self, i, j):
+        """Where variable ``i`` and replica ``j``'s piece of its bucket overlap in the flat vector
+        (``lo >= hi``: not at all)."""
+        bucket = self.buckets[self.bucket_of[i]]
+        first = bucket.start + j * bucket.piece
+        lo = max(self.offsets[i], first)
+        hi = min(self.offsets[i] + self.sizes[i], first + bucket.piece)
+        return lo, hi
 
     def whole_slot(self, name, i):
         """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
         replica's chunks: a collective under Horovod, which every rank runs)."""
         mine = {k: self.slots[k][name][part] for k, part, _ in self._pieces(i)}
-        c = self.chunk
-        start = self.offsets[i]
-        end = start + self.sizes[i]
-        lengths = [max(0, min(end, (j + 1) * c) - max(start, j * c)) for j in range(self.comm.size)]
+        spans = [self._overlap(i, j) for j in range(self.comm.size)]
+        lengths = [max(0, hi - lo) for lo, hi in spans]
         parts = [mine.get(k, tf.zeros([0])) for k in range(len(self.devices))]
         whole = self.comm.gather(parts, lengths, f"tfpar_zero_checkpoint_{name}_{i}")
         return tf.reshape(whole, self.variables[i].shape)

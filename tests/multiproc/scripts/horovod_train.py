@@ -10,7 +10,8 @@ drew alone), rank_<r>.npz (the trained weights), rank_<r>.json (the history), de
 strategy's description), reads_<r>.json (tf_keras: of the Horovod all-reduces of metrics in fit's
 traced step, how many wait for the step's gradients); with a ZERO_STAGE, every rank also writes the
 weights with the optimizer state, ckpt_<r> (tf_keras: TF format, Keras 3: .weights.h5), as ZeRO
-needs: each rank holds a part of the state.
+needs: each rank holds a part of the state. ZeRO's buckets hold 1 KiB here
+(`tfpar.strategies._zero_state.BUCKET_BYTES`): a step's exchange is several named collectives.
 """
 
 import importlib
@@ -21,7 +22,10 @@ import sys
 import numpy as np
 
 import tfpar
+from tfpar.strategies import _zero_state
 from tfpar.strategies.horovod import HorovodStrategy
+
+_zero_state.BUCKET_BYTES = 1024
 
 out = sys.argv[1]
 # "-": the model's own optimizer

@@ -8,12 +8,13 @@ processes (a second MultiWorkerDataParallel keeps the first one's server). A CAS
 ``NAME:EXAMPLES:KERAS[:OPTIMIZER]`` (KERAS 2: tf_keras, 3: Keras 3; OPTIMIZER one of
 tests.models.ZERO_OPTIMIZERS, else SGD with momentum); the options are DataParallel's (e.g.
 all_reduce=ring bytes_per_pack=4096 gradient_accumulation_steps=2 zero_stage=1, a list as
-remat=[conv2d*]). With zero_stage, each worker also writes the weights with the optimizer state:
-ckpt_<i> (tf_keras' TF format, Keras 3's .weights.h5), and FaultTolerance backs them up after each
-epoch in OUT_DIR/NAME/backup. Each case writes to OUT_DIR/NAME: start_<i>.npz and
-local_start_<i>.npz (the weights after creation, and those the worker drew alone), worker_<i>.npz
-(the trained weights) and, without OPTIMIZER, scored_<i>.npz (evaluate's loss on the padded input,
-predict's output on every example).
+remat=[conv2d*]), and ``zero_bucket_bytes=N``, which sets ZeRO's bucket size for the group
+(`tfpar.strategies._zero_state.BUCKET_BYTES`). With zero_stage, each worker also writes the
+weights with the optimizer state: ckpt_<i> (tf_keras' TF format, Keras 3's .weights.h5), and
+FaultTolerance backs them up after each epoch in OUT_DIR/NAME/backup. Each case writes to
+OUT_DIR/NAME: start_<i>.npz and local_start_<i>.npz (the weights after creation, and those the
+worker drew alone), worker_<i>.npz (the trained weights) and, without OPTIMIZER, scored_<i>.npz
+(evaluate's loss on the padded input, predict's output on every example).
 """
 
 import importlib
@@ -24,6 +25,9 @@ import numpy as np
 from in_turn import split_at  # this folder's
 
 import tfpar
+from tfpar.strategies import _zero_state
+
+DEFAULT_BUCKET_BYTES = _zero_state.BUCKET_BYTES
 
 out, global_batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
@@ -48,8 +52,15 @@ def _value(text):
     return text
 
 
+def _strategy(options):
+    """A DataParallel of a group's ``options``, ZeRO's buckets as they say (else the default)."""
+    _zero_state.BUCKET_BYTES = options.get("zero_bucket_bytes", DEFAULT_BUCKET_BYTES)
+    dp_options = {k: v for k, v in options.items() if k != "zero_bucket_bytes"}
+    return tfpar.DataParallel(timeout_seconds=120, **dp_options)
+
+
 groups = _groups(sys.argv[4:])
-strategy = tfpar.DataParallel(timeout_seconds=120, **groups[0][1])
+strategy = _strategy(groups[0][1])
 
 import tensorflow as tf  # noqa: E402
 
@@ -108,6 +119,6 @@ def train_case(strategy, name, examples, keras_version, *optimizer, options):
 
 for number, (cases, options) in enumerate(groups):
     if number:
-        strategy = tfpar.DataParallel(timeout_seconds=120, **options)
+        strategy = _strategy(options)
     for case in cases:
         train_case(strategy, *case, options=options)

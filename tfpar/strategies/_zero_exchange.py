@@ -1,0 +1,137 @@
+"""A ZeRO step's exchange (`tfpar.strategies._zero`), bucket by bucket (`Bucket`): each bucket's
+gradients reduce-scattered, each replica's piece of its sum updated, and the updated pieces
+all-gathered into every replica's weights. A bucket's exchange starts once the one before it is
+done, and its write-back once the one before it is written, so that a step holds one bucket's flat
+copy and collective buffers at a time, not the whole model's: PyTorch DDP's buckets, for memory
+here (Keras hands the optimizer every gradient at once, so there is no backward to overlap).
+
+A sparse gradient's sums of squared rows (`tfpar.strategies._sparse`) travel with its bucket's
+gradients in the same collective (so that every engine runs a step's collectives in one order),
+which then sends twice the bucket's bytes; the other buckets' squares are -1 (dense), made on the
+owner. fp16's range would flush those squares (1e-8 and less) to zero, so under fp16 compression
+such a bucket, gradients included, travels in float32."""
+
+from tfpar._keras import tf
+from tfpar.strategies import _sparse as sparse
+from tfpar.strategies._zero_state import ShardedState
+
+__all__ = ["BucketExchange"]
+
+
+class BucketExchange(ShardedState):
+    """The sharded state (`ShardedState`) and a step's exchanges over its buckets."""
+
+    def __init__(self, optimizer, variables, strategy, stage, strategy_accumulates=False):
+        """`ShardedState`'s, and the wire of a sparse gradient's squares."""
+        super().__init__(optimizer, variables, strategy, stage, strategy_accumulates)
+        # fp16 would flush squared rows to zero: their reduce-scatter travels in float32 there
+        compression = getattr(getattr(strategy, "config", None), "compression", "none")
+        self.squares_in_float32 = compression == "fp16"
+
+    def _bucket_gradients(self, grads, bucket, k, of=sparse.dense):
+        """Local replica ``k``'s flat gradients of ``bucket`` (``of`` each: summed rows, or their
+        squares)."""
+        return self.bucket_flat(
+            [
+                tf.zeros(self.variables[i].shape)
+                if grads[i] is None
+                else of(self._local(grads[i], k), self.variables[i].shape)
+                for i in bucket.variables
+            ],
+            bucket,
+        )
+
+    def _squares_of(self, grads):
+        """The sums of squared sparse rows of ``grads``' buckets that hold a sparse gradient, as
+        `_exchange` takes them (None for the other buckets)."""
+
+        def squares(bucket, k):
+            held = [grads[i] for i in bucket.variables if grads[i] is not None]
+            if not any(sparse.is_sparse(self._local(g, 0)) for g in held):
+                return None
+            return self._bucket_gradients(grads, bucket, k, sparse.row_squares)
+
+        return squares
+
+    def _exchange(self, flat_of, summed, squares_of=None):
+        """Bucket by bucket, each after the one before (a step holds one bucket's flat copy and
+        buffers at a time): every local replica's flat values of the bucket (``flat_of(bucket,
+        k)``), reduce-scattered. Returns each local replica's chunk of the sums, its chunk of the
+        sums of squared sparse rows (``squares_of``; negative where dense) or None, and the bytes
+        each sent."""
+        pieces = [[] for _ in self.devices]
+        square_pieces = [[] for _ in self.devices]
+        sent = [0] * len(self.devices)
+        after = []
+        for index, bucket in enumerate(self.buckets):
+            with tf.control_dependencies(after):
+                reduced, squares, sent_now = self._reduce_bucket(
+                    flat_of, squares_of, bucket, index, summed
+                )
+            after = reduced + squares
+            for k in range(len(self.devices)):
+                pieces[k].append(reduced[k])
+                square_pieces[k] += squares[k : k + 1]
+                sent[k] += sent_now[k]
+        chunks = [tf.concat(p, 0) for p in pieces]
+        if squares_of is None:
+            return chunks, sent, None
+        return chunks, sent, [tf.concat(p, 0) for p in square_pieces]
+
+    def _reduce_bucket(self, flat_of, squares_of, bucket, index, summed):
+        """One bucket's reduce-scatter: ``(pieces, squares' pieces or [], bytes sent)``, one per
+        local replica. Its squares travel with its gradients where it holds a sparse one; where not
+        (or where only some bucket does), its squares' pieces are -1 (dense), made from them."""
+        flat = []
+        squares = []
+        for k, device in enumerate(self.devices):
+            with tf.device(device):
+                flat.append(flat_of(bucket, k))
+                square = squares_of(bucket, k) if squares_of else None
+                squares += [] if square is None else [square]
+        if squares:
+            return self._reduce_scatter_with_squares(flat, squares, summed, bucket, index)
+        reduced, sent = self.comm.reduce_scatter(flat, bucket.piece, summed, index=index)
+        if squares_of is None:
+            return reduced, [], sent
+        return reduced, [tf.minimum(tf.abs(r), -1.0) for r in reduced], sent
+
+    def _reduce_scatter_with_squares(self, flat, squares, summed, bucket, index):
+        """Each replica's flat gradients and sums of squared sparse rows of ``bucket``,
+        reduce-scattered as one: piece j of both travels together (one collective, so every engine
+        runs them in one order)."""
+        c = bucket.piece
+        n = self.comm.size
+        both = []
+        for device, g, sq in zip(self.devices, flat, squares):
+            with tf.device(device):
+                both.append(
+                    tf.reshape(tf.concat([tf.reshape(g, [n, c]), tf.reshape(sq, [n, c])], 1), [-1])
+                )
+        reduced, sent = self.comm.reduce_scatter(
+            both, 2 * c, summed, full=self.squares_in_float32, index=index
+        )
+        return [r[:c] for r in reduced], [r[c:] for r in reduced], sent
+
+    def _write_back(self, updated):
+        """Each local replica's ``updated`` chunk all-gathered into every local copy of the
+        weights, bucket by bucket (each gathered once the one before is written); returns the
+        writes and the bytes each replica sent."""
+        writes = []
+        gathered = [0] * len(self.devices)
+        after = []
+        for index, bucket in enumerate(self.buckets):
+            own = slice(bucket.own_start, bucket.own_start + bucket.piece)
+            with tf.control_dependencies(after):
+                wholes, sent = self.comm.all_gather([u[own] for u in updated], index=index)
+            sizes = [self.sizes[i] for i in bucket.variables]
+            after = []
+            for k, device in enumerate(self.devices):
+                gathered[k] += sent[k]
+                with tf.device(device):
+                    parts = tf.split(wholes[k][: sum(sizes)], sizes)
+                    for i, part in zip(bucket.variables, parts):
+                        variable = self._local(self.variables[i], k)
+                        after.append(variable.assign(tf.reshape(part, variable.shape)))
+            writes += after
+        return writes, gathered
