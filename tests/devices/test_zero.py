@@ -313,17 +313,17 @@ def test_the_reduce_scatter_of_squared_rows_stays_float32_under_fp16():
         assert sent == [width * 2, width * 2]
 
 
-def test_a_state_in_several_buckets_trains_resumes_and_accumulates_as_one_device(
+def test_a_state_in_several_buckets_trains_and_resumes_as_one_device(
     any_keras, monkeypatch, tmp_path
 ):
     """Buckets of at most 80 bytes (20 float32s) cut the model's 35 + 5 + 15 + 3 parameters into 3
     buckets ([35], [5, 15], [3]), each padded to 2 pieces (36, 20, 4: a chunk of 18 + 10 + 2), each
-    exchanged and written back in turn: Adam, a checkpoint resumed on one device, and stage 2's
-    accumulation end where one bucket (one device) does."""
+    exchanged and written back in turn: AdamW (its decay mask laid out in buckets too) and a
+    checkpoint resumed on one device end where one device does."""
     from tfpar.strategies import _zero_state
 
     monkeypatch.setattr(_zero_state, "BUCKET_BYTES", 80)
-    whole, sharded, model = train_zero_pair(any_keras, "adam", ["/cpu:0", "/cpu:1"], 2)
+    whole, sharded, model = train_zero_pair(any_keras, "adamw", ["/cpu:0", "/cpu:1"], 2)
     assert max(float(np.abs(a - b).max()) for a, b in zip(whole, sharded)) < 1e-6
     zero = model._tfpar_zero
     assert [list(bucket.variables) for bucket in zero.buckets] == [[0], [1, 2], [3]]

@@ -185,7 +185,13 @@ class ShardedState:
 
     def _flat(self, tensors):
         """``tensors`` (one per variable, in order) as the whole flat vector, each bucket padded."""
-        return tf.concat([self.bucket_flat(tensors, bucket) for bucket in self.buckets], 0)
+        return tf.concat(
+            [
+                self.bucket_flat([tensors[i] for i in bucket.variables], bucket)
+                for bucket in self.buckets
+            ],
+            0,
+        )
 
     def bucket_flat(self, tensors, bucket):
         """``bucket``'s part of `_flat` from ``tensors`` (one per variable of the bucket, in order):
