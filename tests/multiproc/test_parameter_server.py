@@ -21,6 +21,21 @@ from tests.conftest import (
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
+def _servers_of(cluster):
+    """The PIDs of the running ``tfpar._local.server`` processes whose TF_CONFIG names an address
+    of ``cluster`` (read from /proc: nothing is sent)."""
+    import psutil
+
+    addresses = {address for group in cluster.values() for address in group}
+    found = []
+    for process in psutil.process_iter(["cmdline", "environ"]):
+        command = " ".join(process.info["cmdline"] or [])
+        config = (process.info["environ"] or {}).get("TF_CONFIG", "")
+        if "tfpar._local.server" in command and any(a in config for a in addresses):
+            found.append(process.pid)
+    return found
+
+
 def test_local_cluster_trains_places_and_shards_variables():
     report = run_json_script(os.path.join(SCRIPTS, "ps_checks.py"), timeout=300)
     assert report["steps_per_epoch"] == 16
@@ -97,9 +112,10 @@ def test_local_cluster_trains_places_and_shards_variables():
         "worker",
     ]
     assert {address for address, _ in report["listening_while_running"]} == {"127.0.0.1"}
-    # The servers stop by themselves within a second of the coordinator's exit.
+    # The servers stop by themselves within a second of the coordinator's exit (this cluster's:
+    # other tests' clusters may run beside it).
     deadline = time.monotonic() + 15
-    while "tfpar._local.server" in run_command(["ps", "ax"], timeout=30).output:
+    while _servers_of(report["local_cluster"]):
         assert time.monotonic() < deadline, "the local ps/worker servers outlived their coordinator"
         time.sleep(0.5)
 
