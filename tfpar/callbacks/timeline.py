@@ -15,7 +15,9 @@ Horovod rank) is a process, with these tracks:
   skipped step), and at each epoch's end ``loss`` and, from a `Throughput` callback before it,
   ``examples_per_second_per_worker`` and ``scaling_efficiency``;
 - for a `PipelineModel`, one track per stage (and replica) with each microbatch's forward ``F``
-  and backward ``B``, from the timestamps the pipeline takes around every instruction.
+  and backward ``B``, from the timestamps the pipeline takes around every instruction;
+- with ``zero_stage`` 1 or 2, a ``ZeRO exchange`` track: each bucket's ``reduce-scatter i``, the
+  ``update`` and each bucket's ``all-gather i`` (`tfpar.strategies._zero_exchange`).
 
 With ``steps_per_execution`` N, a ``step`` is one call of the training function, N steps, and
 its ``compute`` spans them all. The in-step times are ``tf.timestamp()`` ops in the training
@@ -193,9 +195,11 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             self._stamps.assign(_empty())
         # A model that traces its devices' work in a step (a pipeline: a track per stage and
         # replica, an event per F, B and W; a tensor-parallel model: a track per device, an event
-        # per layer part and per activation all-reduce) gives its trace's rows (start, end), their
-        # tracks and labels.
-        self._pipeline = getattr(self.model, "device_trace", None)
+        # per layer part and per activation all-reduce; a sharded optimizer state: one track, an
+        # event per bucket's reduce-scatter and all-gather and one for the update) gives its
+        # trace's rows (start, end), their tracks and labels.
+        self._source = trace_source(self.model)
+        self._pipeline = getattr(self._source, "device_trace", None)
         self._schedule = None
         if self._pipeline is not None:
             s = getattr(self.model, "schedule", None)
@@ -208,7 +212,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                     "virtual_stages": s.virtual_stages,
                 }
             self._first_device_track = first = len(self._tracks)
-            for track, name in enumerate(self.model.device_track_names(), first):
+            for track, name in enumerate(self._source.device_track_names(), first):
                 self._tracks[track] = name
             self._instructions = self._device_rows()
 
@@ -217,7 +221,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         knows them once its step is traced: read again until then)."""
         return [
             (self._first_device_track + track, self._label(label))
-            for track, label in self.model.device_trace_labels()
+            for track, label in self._source.device_trace_labels()
         ]
 
     def _label(self, text):
@@ -238,7 +242,8 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         if self._pipeline is not None:  # the step's instructions: [n, 2] (start, end)
             self._instructions = self._instructions or self._device_rows()
             for (start, stop), (track, label) in zip(self._pipeline.numpy(), self._instructions):
-                self._events.append((start, stop, track, label))
+                if np.isfinite(start):  # NaN: a branch the step did not take
+                    self._events.append((start, stop, track, label))
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.time()
@@ -288,6 +293,15 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                 self.path,
                 json.dumps(chrome_trace(workers, self._tracks, self._labels, self._schedule)),
             )
+
+
+def trace_source(model):
+    """What traces its devices' work in ``model``'s step: the model (a pipeline, a tensor-parallel
+    model), its sharded optimizer (ZeRO's exchange), or None."""
+    if getattr(model, "device_trace", None) is not None:
+        return model
+    sharded = getattr(model, "_tfpar_zero", None)
+    return sharded if getattr(sharded, "device_trace", None) is not None else None
 
 
 def _step_counter(strategy):

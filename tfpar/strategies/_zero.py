@@ -108,6 +108,7 @@ class ShardedOptimizer(BucketExchange):
 
     def _step(self, strategy, grads, summed=False):
         rows = self._squared_rows(grads)
+        self._events = []  # this step's, for the Timeline (`_trace`)
 
         def gradients(bucket, k):
             return self._bucket_gradients(grads, bucket, k)
@@ -115,19 +116,22 @@ class ShardedOptimizer(BucketExchange):
         if self.window == 1:
             squares = self._squares_of(grads) if rows else None
             writes = self._counted(self._apply(*self._exchange(gradients, summed, squares)))
+            writes.append(self._trace())
         elif self.strategy_accumulates:
             # a tf_keras loss-scale optimizer reduced them through the strategy, which accumulates
             # them (its sums, all-reduced at its boundary, zeros between): applied at its boundary
             # only
             def apply_summed():
-                self._counted(self._apply(*self._exchange(gradients, summed)))
-                return tf.constant(True)
+                with tf.control_dependencies(
+                    self._counted(self._apply(*self._exchange(gradients, summed)))
+                ):
+                    return self._traced(True)
 
             writes = [
                 tf.cond(
                     strategy.extended._accumulator.boundary,
                     apply_summed,
-                    lambda: tf.constant(False),
+                    lambda: self._traced(False, 0, len(self._events)),
                 )
             ]
         else:
@@ -149,6 +153,7 @@ class ShardedOptimizer(BucketExchange):
         added = [b.assign_add(g) for b, g in zip(self.accumulated, chunks)]
         with tf.control_dependencies(added):
             boundary = tf.equal(self.counter.assign_add(1) % self.window, 0)
+        exchanged = len(self._events)  # stage 2's reduce-scatters, at every step
 
         def apply():
             means = [b.read_value() / self.window for b in self.accumulated]
@@ -163,9 +168,16 @@ class ShardedOptimizer(BucketExchange):
             with tf.control_dependencies(self._counted(applied)):
                 cleared = [b.assign(tf.zeros_like(b)) for b in self.accumulated]
             with tf.control_dependencies(cleared):
-                return tf.constant(True)
+                return self._traced(True)
 
-        return tf.cond(boundary, apply, lambda: tf.constant(False))
+        # the false branch is traced after the true one, whose events it pads
+        return tf.cond(boundary, apply, lambda: self._traced(False, exchanged, len(self._events)))
+
+    def _traced(self, value, recorded=None, rows=None):
+        """A branch's ``value``, once it has written the step's events (`_trace`: the first
+        ``recorded``, NaN up to ``rows``)."""
+        with tf.control_dependencies([self._trace(recorded, rows)]):
+            return tf.constant(value)
 
     def _counted(self, writes):
         """``writes`` of an update, then the optimizer's ``iterations`` counting it: it counts
@@ -173,6 +185,29 @@ class ShardedOptimizer(BucketExchange):
         batch."""
         with tf.control_dependencies(writes):
             return [self.optimizer.iterations.assign_add(1)]
+
+    def _updated(self, chunks, squares, lr, step):
+        """Each local replica's chunk of the weights, updated by the optimizer's rule."""
+        updated = []
+        for k, device in enumerate(self.devices):
+            with tf.device(device):
+                square = rules.squared(
+                    chunks[k], squares[k] if squares and self.moment_squares else None
+                )
+                updated.append(
+                    rules.update(
+                        self.optimizer,
+                        self.slots[k],
+                        self.own_chunk(k),
+                        chunks[k],
+                        square,
+                        lr,
+                        step,
+                        self.decay_masks[k],
+                        self.decay_all,
+                    )
+                )
+        return updated
 
     def _apply(self, chunks, sent, squares=None):
         """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their
@@ -182,26 +217,7 @@ class ShardedOptimizer(BucketExchange):
         chunks, squares = rules.clipped(self.optimizer, chunks, squares, self.comm.total)
         lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
         step = tf.cast(self.optimizer.iterations + 1, tf.float32)
-        updated = []
-        for k, device in enumerate(self.devices):
-            with tf.device(device):
-                params = self.own_chunk(k)
-                square = rules.squared(
-                    chunks[k], squares[k] if squares and self.moment_squares else None
-                )
-                updated.append(
-                    rules.update(
-                        self.optimizer,
-                        self.slots[k],
-                        params,
-                        chunks[k],
-                        square,
-                        lr,
-                        step,
-                        self.decay_masks[k],
-                        self.decay_all,
-                    )
-                )
+        updated = self._timed("update", chunks, lambda: self._updated(chunks, squares, lr, step))
         writes, gathered = self._write_back(updated)
         # per local replica and update, from the shapes
         self.sent_bytes = [a + b for a, b in zip(sent, gathered)]

@@ -9,8 +9,12 @@ A sparse gradient's sums of squared rows (`tfpar.strategies._sparse`) travel wit
 gradients in the same collective (so that every engine runs a step's collectives in one order),
 which then sends twice the bucket's bytes; the other buckets' squares are -1 (dense), made on the
 owner. fp16's range would flush those squares (1e-8 and less) to zero, so under fp16 compression
-such a bucket, gradients included, travels in float32."""
+such a bucket, gradients included, travels in float32.
 
+Each step records when each bucket's reduce-scatter, the update and each bucket's all-gather ran
+(``device_trace``: the `tfpar.callbacks.Timeline`'s ``ZeRO exchange`` track)."""
+
+from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._zero_state import ShardedState
@@ -27,6 +31,49 @@ class BucketExchange(ShardedState):
         # fp16 would flush squared rows to zero: their reduce-scatter travels in float32 there
         compression = getattr(getattr(strategy, "config", None), "compression", "none")
         self.squares_in_float32 = compression == "fp16"
+        with tf.init_scope(), tf.device(self.devices[0]):
+            # the last step's exchange, a row per event: (start, end)
+            self.device_trace = _compat.ResourceVariable(
+                tf.zeros([0, 2], tf.float64),
+                trainable=False,
+                name="tfpar_zero_trace",
+                shape=tf.TensorShape([None, 2]),
+            )
+        self._trace_labels = []  # of device_trace's rows, once the step is traced
+        self._events = []  # (label, start, end) of the step being traced
+
+    def device_track_names(self):
+        """The Timeline's tracks: one."""
+        return ["ZeRO exchange"]
+
+    def device_trace_labels(self):
+        """Per row of ``device_trace``: (its track, its label); known once the step is traced."""
+        return [(0, label) for label in self._trace_labels]
+
+    def _timed(self, label, inputs, compute):
+        """``compute()``, its start (once ``inputs`` exist) and end recorded as event ``label``."""
+        start = _now(inputs)
+        with tf.control_dependencies([start]):
+            result = compute()
+        self._events.append((label, start, _now(result)))
+        return result
+
+    def _trace(self, recorded=None, rows=None):
+        """The write of the step's events into ``device_trace`` (the first ``recorded`` of them
+        where a branch ran only those, the rest NaN up to ``rows``); the labels are those of all."""
+        events = self._events[:recorded]
+        self._trace_labels[:] = [label for label, _, _ in self._events]
+        stamps = [tf.stack([start, end]) for _, start, end in events]
+        missing = (rows or len(events)) - len(events)
+        table = tf.concat(
+            [
+                tf.zeros([0, 2], tf.float64),
+                *[tf.reshape(row, [1, 2]) for row in stamps],
+                tf.fill([missing, 2], tf.constant(float("nan"), tf.float64)),
+            ],
+            0,
+        )
+        return self.device_trace.assign(table)
 
     def _bucket_gradients(self, grads, bucket, k, of=sparse.dense):
         """Local replica ``k``'s flat gradients of ``bucket`` (``of`` each: summed rows, or their
@@ -90,8 +137,16 @@ class BucketExchange(ShardedState):
                 square = squares_of(bucket, k) if squares_of else None
                 squares += [] if square is None else [square]
         if squares:
-            return self._reduce_scatter_with_squares(flat, squares, summed, bucket, index)
-        reduced, sent = self.comm.reduce_scatter(flat, bucket.piece, summed, index=index)
+            return self._timed(
+                f"reduce-scatter {index}",
+                flat + squares,
+                lambda: self._reduce_scatter_with_squares(flat, squares, summed, bucket, index),
+            )
+        reduced, sent = self._timed(
+            f"reduce-scatter {index}",
+            flat,
+            lambda: self.comm.reduce_scatter(flat, bucket.piece, summed, index=index),
+        )
         if squares_of is None:
             return reduced, [], sent
         return reduced, [tf.minimum(tf.abs(r), -1.0) for r in reduced], sent
@@ -121,17 +176,32 @@ class BucketExchange(ShardedState):
         gathered = [0] * len(self.devices)
         after = []
         for index, bucket in enumerate(self.buckets):
-            own = slice(bucket.own_start, bucket.own_start + bucket.piece)
+            own = [u[bucket.own_start : bucket.own_start + bucket.piece] for u in updated]
             with tf.control_dependencies(after):
-                wholes, sent = self.comm.all_gather([u[own] for u in updated], index=index)
-            sizes = [self.sizes[i] for i in bucket.variables]
-            after = []
-            for k, device in enumerate(self.devices):
-                gathered[k] += sent[k]
-                with tf.device(device):
-                    parts = tf.split(wholes[k][: sum(sizes)], sizes)
-                    for i, part in zip(bucket.variables, parts):
-                        variable = self._local(self.variables[i], k)
-                        after.append(variable.assign(tf.reshape(part, variable.shape)))
+                after, sent = self._timed(
+                    f"all-gather {index}", own, lambda: self._gather_bucket(own, bucket, index)
+                )
+            gathered = [a + b for a, b in zip(gathered, sent)]
             writes += after
         return writes, gathered
+
+    def _gather_bucket(self, own, bucket, index):
+        """Each local replica's updated piece ``own`` of ``bucket`` all-gathered and written into
+        its copy of the bucket's variables: (the writes, the bytes each replica sent)."""
+        wholes, sent = self.comm.all_gather(own, index=index)
+        sizes = [self.sizes[i] for i in bucket.variables]
+        writes = []
+        for k, device in enumerate(self.devices):
+            with tf.device(device):
+                parts = tf.split(wholes[k][: sum(sizes)], sizes)
+                for i, part in zip(bucket.variables, parts):
+                    variable = self._local(self.variables[i], k)
+                    writes.append(variable.assign(tf.reshape(part, variable.shape)))
+        return writes, sent
+
+
+def _now(dependencies):
+    """The time, once ``dependencies`` exist (the tensors and writes among them)."""
+    inputs = [t for t in tf.nest.flatten(dependencies) if t is not None and not isinstance(t, int)]
+    with tf.control_dependencies(inputs):
+        return tf.timestamp()
