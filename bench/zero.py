@@ -200,10 +200,7 @@ def main():
         params = plain.count_params()
         whole = _bytes_on(plain.optimizer.variables, "CPU:0", skip=("iteration", "learning_rate"))
         zero = sharded._tfpar_zero
-        fullest = max(
-            _bytes_on([v for state in zero.slots for v in state.values()], f"CPU:{j}")
-            for j in range(n)
-        )
+        fullest = max(_bytes_on(zero.slot_variables(), f"CPU:{j}") for j in range(n))
         ratios[n], expected[n] = fullest / whole, 2 * 4 * zero.chunk / whole
         per_parameter[n] = 8 + fullest / params
         print(

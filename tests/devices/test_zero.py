@@ -20,7 +20,7 @@ def test_a_sharded_optimizer_state_trains_like_the_whole_one(any_keras, optimize
     zero = model._tfpar_zero
     total = sum(int(np.prod(w.shape)) for w in whole)  # 7*5+5+5*3+3 = 58
     assert (zero.total, zero.chunk) == (total, 29)
-    slots = [v for state in zero.slots for v in state.values()]
+    slots = zero.slot_variables()
     assert sorted({v.device.split("device:")[-1] for v in slots}) == ["CPU:0", "CPU:1"]
     assert all(v.shape == (29,) for v in slots)
     assert len(slots) == {"sgd": 1, "adam": 2, "adamw": 2}[optimizer] * 2
@@ -327,11 +327,13 @@ def test_a_state_in_several_buckets_trains_and_resumes_as_one_device(
     assert max(float(np.abs(a - b).max()) for a, b in zip(whole, sharded)) < 1e-6
     zero = model._tfpar_zero
     assert [list(bucket.variables) for bucket in zero.buckets] == [[0], [1, 2], [3]]
-    assert [(bucket.start, bucket.size, bucket.own_start) for bucket in zero.buckets] == [
-        (0, 36, 0),
-        (36, 20, 18),
-        (56, 4, 28),
+    assert [(bucket.start, bucket.size, bucket.piece) for bucket in zero.buckets] == [
+        (0, 36, 18),
+        (36, 20, 10),
+        (56, 4, 2),
     ]
+    # each replica's slots: one per bucket, its piece of it
+    assert sorted(v.shape[0] for v in zero.slot_variables()) == sorted([18, 10, 2] * 2 * 2)
     assert (zero.chunk, zero.padding) == (30, 2)
     # each replica sends its other piece of every bucket, then its own piece of every bucket
     assert zero.sent_bytes == [4 * 30 + 4 * 30] * 2

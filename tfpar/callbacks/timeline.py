@@ -16,8 +16,8 @@ Horovod rank) is a process, with these tracks:
   ``examples_per_second_per_worker`` and ``scaling_efficiency``;
 - for a `PipelineModel`, one track per stage (and replica) with each microbatch's forward ``F``
   and backward ``B``, from the timestamps the pipeline takes around every instruction;
-- with ``zero_stage`` 1 or 2, a ``ZeRO exchange`` track: each bucket's ``reduce-scatter i``, the
-  ``update`` and each bucket's ``all-gather i`` (`tfpar.strategies._zero_exchange`).
+- with ``zero_stage`` 1 or 2, a ``ZeRO exchange`` track: each bucket's ``reduce-scatter i``, then
+  each bucket's ``update i`` and ``all-gather i`` (`tfpar.strategies._zero_exchange`).
 
 With ``steps_per_execution`` N, a ``step`` is one call of the training function, N steps, and
 its ``compute`` spans them all. The in-step times are ``tf.timestamp()`` ops in the training
@@ -196,7 +196,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         # A model that traces its devices' work in a step (a pipeline: a track per stage and
         # replica, an event per F, B and W; a tensor-parallel model: a track per device, an event
         # per layer part and per activation all-reduce; a sharded optimizer state: one track, an
-        # event per bucket's reduce-scatter and all-gather and one for the update) gives its
+        # event per bucket's reduce-scatter, update and all-gather) gives its
         # trace's rows (start, end), their tracks and labels.
         self._source = trace_source(self.model)
         self._pipeline = getattr(self._source, "device_trace", None)

@@ -140,33 +140,37 @@ class ShardedOptimizer(BucketExchange):
             return tf.identity(self.optimizer.iterations)
 
     def _accumulate(self, grads, gradients, summed):
-        """Accumulated: stage 1 sums each replica's whole flat gradients, stage 2 the reduced
-        chunks; applied every window-th step (a ``tf.cond``)."""
+        """Accumulated: stage 1 sums each replica's whole flat gradients, stage 2 its reduced
+        pieces, bucket by bucket; applied every window-th step (a ``tf.cond``)."""
         if self.stage == 1:
-            chunks = []
+            pieces = []
             for k, device in enumerate(self.devices):
                 with tf.device(device):
-                    chunks.append(tf.concat([gradients(bucket, k) for bucket in self.buckets], 0))
+                    pieces.append([gradients(bucket, k) for bucket in self.buckets])
             sent = None
         else:
-            chunks, sent, _ = self._exchange(gradients, summed)
-        added = [b.assign_add(g) for b, g in zip(self.accumulated, chunks)]
+            pieces, sent, _ = self._exchange(gradients, summed)
+        added = [
+            buffer.assign_add(piece)
+            for buffers, own in zip(self.accumulated, pieces)
+            for buffer, piece in zip(buffers, own)
+        ]
         with tf.control_dependencies(added):
             boundary = tf.equal(self.counter.assign_add(1) % self.window, 0)
         exchanged = len(self._events)  # stage 2's reduce-scatters, at every step
 
         def apply():
-            means = [b.read_value() / self.window for b in self.accumulated]
+            means = [[b.read_value() / self.window for b in own] for own in self.accumulated]
             if self.stage == 1:
 
                 def summed_means(bucket, k):
-                    return means[k][bucket.start : bucket.start + bucket.size]
+                    return means[k][self.buckets.index(bucket)]
 
                 applied = self._apply(*self._exchange(summed_means, summed))
             else:
                 applied = self._apply(means, sent)
             with tf.control_dependencies(self._counted(applied)):
-                cleared = [b.assign(tf.zeros_like(b)) for b in self.accumulated]
+                cleared = [b.assign(tf.zeros_like(b)) for bs in self.accumulated for b in bs]
             with tf.control_dependencies(cleared):
                 return self._traced(True)
 
@@ -186,39 +190,46 @@ class ShardedOptimizer(BucketExchange):
         with tf.control_dependencies(writes):
             return [self.optimizer.iterations.assign_add(1)]
 
-    def _updated(self, chunks, squares, lr, step):
-        """Each local replica's chunk of the weights, updated by the optimizer's rule."""
+    def _updated(self, pieces, squares, scale, index, bucket):
+        """Each local replica's piece of bucket ``index`` of the weights, updated by the
+        optimizer's rule from its reduced ``pieces`` (and ``squares``) of that bucket, clipped
+        (``scale``: the global norm's, or None)."""
+        lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
+        step = tf.cast(self.optimizer.iterations + 1, tf.float32)
         updated = []
         for k, device in enumerate(self.devices):
             with tf.device(device):
-                square = rules.squared(
-                    chunks[k], squares[k] if squares and self.moment_squares else None
+                g, sums = rules.clipped(
+                    self.optimizer, pieces[k][index], squares[k][index] if squares else None, scale
                 )
+                square = rules.squared(g, sums if self.moment_squares else None)
+                masks = self.decay_masks[k]
                 updated.append(
                     rules.update(
                         self.optimizer,
-                        self.slots[k],
-                        self.own_chunk(k),
-                        chunks[k],
+                        self.slots[k][index],
+                        self.own_piece(k, bucket),
+                        g,
                         square,
                         lr,
                         step,
-                        self.decay_masks[k],
+                        masks[index] if masks else None,
                         self.decay_all,
                     )
                 )
         return updated
 
-    def _apply(self, chunks, sent, squares=None):
-        """The update of this process's reduced chunks ``chunks`` (``sent``: the bytes their
-        reduce-scatter sent; ``squares``: each chunk's reduced sums of squared sparse rows, negative
-        where the gradient was dense, or None), all-gathered into every local copy of the weights;
-        returns the writes."""
-        chunks, squares = rules.clipped(self.optimizer, chunks, squares, self.comm.total)
-        lr = tf.cast(_compat.current_learning_rate(self.optimizer), tf.float32)
-        step = tf.cast(self.optimizer.iterations + 1, tf.float32)
-        updated = self._timed("update", chunks, lambda: self._updated(chunks, squares, lr, step))
-        writes, gathered = self._write_back(updated)
+    def _apply(self, pieces, sent, squares=None):
+        """The update of this process's reduced ``pieces`` (per local replica, one per bucket;
+        ``sent``: the bytes their reduce-scatter sent; ``squares``: their reduced sums of squared
+        sparse rows, negative where the gradient was dense, or None), bucket by bucket, each
+        all-gathered into every local copy of the weights; returns the writes."""
+        scale = rules.clip_scale(self.optimizer, pieces, squares, self.comm.total)
+
+        def update(index, bucket):
+            return self._updated(pieces, squares, scale, index, bucket)
+
+        writes, gathered = self._write_back(pieces, update)
         # per local replica and update, from the shapes
         self.sent_bytes = [a + b for a, b in zip(sent, gathered)]
         return writes

@@ -1,9 +1,10 @@
 """A ZeRO step's exchange (`tfpar.strategies._zero`), bucket by bucket (`Bucket`): each bucket's
-gradients reduce-scattered, each replica's piece of its sum updated, and the updated pieces
-all-gathered into every replica's weights. A bucket's exchange starts once the one before it is
-done, and its write-back once the one before it is written, so that a step holds one bucket's flat
-copy and collective buffers at a time, not the whole model's: PyTorch DDP's buckets, for memory
-here (Keras hands the optimizer every gradient at once, so there is no backward to overlap).
+gradients reduce-scattered; then each replica's piece of each bucket's sum updated and the updated
+pieces all-gathered into every replica's weights. A bucket's reduce-scatter starts once the one
+before it is done, and its update once the one before it is written, so that a step holds one
+bucket's flat copy, update and collective buffers at a time, not the whole model's: PyTorch DDP's
+buckets, for memory here (Keras hands the optimizer every gradient at once, so there is no
+backward to overlap).
 
 A sparse gradient's sums of squared rows (`tfpar.strategies._sparse`) travel with its bucket's
 gradients in the same collective (so that every engine runs a step's collectives in one order),
@@ -11,8 +12,8 @@ which then sends twice the bucket's bytes; the other buckets' squares are -1 (de
 owner. fp16's range would flush those squares (1e-8 and less) to zero, so under fp16 compression
 such a bucket, gradients included, travels in float32.
 
-Each step records when each bucket's reduce-scatter, the update and each bucket's all-gather ran
-(``device_trace``: the `tfpar.callbacks.Timeline`'s ``ZeRO exchange`` track)."""
+Each step records when each bucket's reduce-scatter, update and all-gather ran (``device_trace``:
+the `tfpar.callbacks.Timeline`'s ``ZeRO exchange`` track)."""
 
 from tfpar import _compat
 from tfpar._keras import tf
@@ -103,9 +104,9 @@ class BucketExchange(ShardedState):
     def _exchange(self, flat_of, summed, squares_of=None):
         """Bucket by bucket, each after the one before (a step holds one bucket's flat copy and
         buffers at a time): every local replica's flat values of the bucket (``flat_of(bucket,
-        k)``), reduce-scattered. Returns each local replica's chunk of the sums, its chunk of the
-        sums of squared sparse rows (``squares_of``; negative where dense) or None, and the bytes
-        each sent."""
+        k)``), reduce-scattered. Returns each local replica's pieces of the sums (one per bucket),
+        its pieces of the sums of squared sparse rows (``squares_of``; negative where dense) or
+        None, and the bytes each sent."""
         pieces = [[] for _ in self.devices]
         square_pieces = [[] for _ in self.devices]
         sent = [0] * len(self.devices)
@@ -120,10 +121,7 @@ class BucketExchange(ShardedState):
                 pieces[k].append(reduced[k])
                 square_pieces[k] += squares[k : k + 1]
                 sent[k] += sent_now[k]
-        chunks = [tf.concat(p, 0) for p in pieces]
-        if squares_of is None:
-            return chunks, sent, None
-        return chunks, sent, [tf.concat(p, 0) for p in square_pieces]
+        return pieces, sent, square_pieces if squares_of is not None else None
 
     def _reduce_bucket(self, flat_of, squares_of, bucket, index, summed):
         """One bucket's reduce-scatter: ``(pieces, squares' pieces or [], bytes sent)``, one per
@@ -168,16 +166,22 @@ class BucketExchange(ShardedState):
         )
         return [r[:c] for r in reduced], [r[c:] for r in reduced], sent
 
-    def _write_back(self, updated):
-        """Each local replica's ``updated`` chunk all-gathered into every local copy of the
-        weights, bucket by bucket (each gathered once the one before is written); returns the
-        writes and the bytes each replica sent."""
+    def _write_back(self, pieces, update):
+        """Bucket by bucket, each once the one before is written: each local replica's reduced
+        ``pieces`` of the bucket updated (``update(index, bucket)``: the updated piece of each
+        local replica), all-gathered and written into every local copy of the weights (a step
+        holds one bucket's update and buffers at a time). Returns the writes and the bytes each
+        replica sent."""
         writes = []
         gathered = [0] * len(self.devices)
         after = []
         for index, bucket in enumerate(self.buckets):
-            own = [u[bucket.own_start : bucket.own_start + bucket.piece] for u in updated]
             with tf.control_dependencies(after):
+                own = self._timed(
+                    f"update {index}",
+                    [p[index] for p in pieces],
+                    lambda: update(index, bucket),
+                )
                 after, sent = self._timed(
                     f"all-gather {index}", own, lambda: self._gather_bucket(own, bucket, index)
                 )

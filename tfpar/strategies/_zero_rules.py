@@ -56,19 +56,34 @@ def squared(g, sums=None):
     return tf.where(sums < 0, tf.square(g), sums)
 
 
-def clipped(optimizer, chunks, squares, total):
-    """``chunks`` (and ``squares``, or None) clipped as ``optimizer`` clips: by value, or by the
-    norm over every replica's chunk (``total`` sums one value of each replica over all of them)."""
+def clip_scale(optimizer, pieces, squares, total):
+    """The factor of ``optimizer``'s ``global_clipnorm`` over every replica's ``pieces`` (per
+    local replica, a list; ``squares`` alike, or None; ``total`` sums one value of each local
+    replica over all of them), or None without one."""
+    o = optimizer
+    if not getattr(o, "global_clipnorm", None):
+        return None
+    sums = []
+    for k, own in enumerate(pieces):
+        own_squares = squares[k] if squares else [None] * len(own)
+        clipped_own = [clipped(o, g, sq)[0] for g, sq in zip(own, own_squares)]
+        sums.append(
+            tf.add_n([tf.reduce_sum(squared(g, sq)) for g, sq in zip(clipped_own, own_squares)])
+        )
+    norm = tf.sqrt(total(sums))
+    return o.global_clipnorm / tf.maximum(norm, o.global_clipnorm)
+
+
+def clipped(optimizer, g, sums=None, scale=None):
+    """A piece's gradient ``g`` (and its ``sums`` of squared sparse rows, or None) clipped as
+    ``optimizer`` clips: by value, or by the global norm's ``scale`` (`clip_scale`)."""
     o = optimizer
     if getattr(o, "clipvalue", None):
-        chunks = [tf.clip_by_value(g, -o.clipvalue, o.clipvalue) for g in chunks]
-    if getattr(o, "global_clipnorm", None):
-        pairs = zip(chunks, squares or [None] * len(chunks))
-        norm = tf.sqrt(total([tf.reduce_sum(squared(g, sq)) for g, sq in pairs]))
-        scale = o.global_clipnorm / tf.maximum(norm, o.global_clipnorm)
-        chunks = [g * scale for g in chunks]
-        squares = squares and [sums * tf.square(scale) for sums in squares]  # signs kept
-    return chunks, squares
+        g = tf.clip_by_value(g, -o.clipvalue, o.clipvalue)
+    if scale is not None:
+        g = g * scale
+        sums = None if sums is None else sums * tf.square(scale)  # signs kept
+    return g, sums
 
 
 def update(optimizer, slots, p, g, square, lr, step, decay_mask=None, decay_all=False):

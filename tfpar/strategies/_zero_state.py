@@ -37,8 +37,6 @@ class Bucket:
     """Its elements, padded to a multiple of the replicas."""
     piece: int
     """Each replica's elements of it: ``size`` / N."""
-    own_start: int
-    """Where a replica's piece of it starts in that replica's chunk."""
 
 
 def buckets_of(sizes, limit):
@@ -103,7 +101,6 @@ class ShardedState:
         self.buckets = []
         self.bucket_of = [0] * len(self.sizes)
         start = 0
-        own_start = 0
         for variables in buckets_of(self.sizes, BUCKET_BYTES // 4):
             filled = 0
             for i in variables:
@@ -111,10 +108,9 @@ class ShardedState:
                 self.bucket_of[i] = len(self.buckets)
                 filled += self.sizes[i]
             piece = math.ceil(filled / n)
-            self.buckets.append(Bucket(variables, start, piece * n, piece, own_start))
+            self.buckets.append(Bucket(variables, start, piece * n, piece))
             start += piece * n
-            own_start += piece
-        self.chunk = own_start
+        self.chunk = sum(bucket.piece for bucket in self.buckets)
         self.padding = self.chunk * n - self.total
 
     def _decay_mask(self, variables):
@@ -135,12 +131,12 @@ class ShardedState:
             )
 
     def _make_replica_variables(self, mask):
-        """Each local replica's own variables: its accumulation buffer (where the strategy does not
-        accumulate), the slots of its chunk, and its chunk of the decay ``mask``."""
-        # each local replica's slots, and its chunk's weight decay (1) or not (0)
+        """Each local replica's own variables, one per bucket (its piece of it): its accumulation
+        buffer (where the strategy does not accumulate), its slots, and its decay ``mask``."""
+        # each local replica's slots and its weight decay (1) or not (0), per bucket
         self.slots = []
         self.decay_masks = [None] * len(self.devices)
-        # with accumulation: stage 1 each replica's gradients, 2 its chunk
+        # with accumulation, per bucket: stage 1 each replica's gradients, 2 its piece
         self.accumulated = []
         self.counter = None
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
@@ -148,30 +144,41 @@ class ShardedState:
                 self._make_buffer(j, device)
             with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
                 self.slots.append(
-                    {
-                        s: _compat.ResourceVariable(
-                            tf.zeros([self.chunk]), trainable=False, name=f"tfpar_zero_{s}_{j}"
-                        )
-                        for s in self.slot_names
-                    }
+                    [
+                        {
+                            s: _compat.ResourceVariable(
+                                tf.zeros([bucket.piece]),
+                                trainable=False,
+                                name=f"tfpar_zero_{s}_{j}_{b}",
+                            )
+                            for s in self.slot_names
+                        }
+                        for b, bucket in enumerate(self.buckets)
+                    ]
                 )
                 if mask is not None:
-                    self.decay_masks[k] = _compat.ResourceVariable(
-                        self.replica_part(mask, j),
-                        trainable=False,
-                        name=f"tfpar_zero_decay_{j}",
-                    )
+                    self.decay_masks[k] = [
+                        _compat.ResourceVariable(
+                            mask[bucket.start + j * bucket.piece :][: bucket.piece],
+                            trainable=False,
+                            name=f"tfpar_zero_decay_{j}_{b}",
+                        )
+                        for b, bucket in enumerate(self.buckets)
+                    ]
 
     def _make_buffer(self, j, device):
-        """Replica ``j``'s accumulation buffer on ``device`` (and the step counter, once)."""
-        n = self.comm.size
+        """Replica ``j``'s accumulation buffers on ``device``, one per bucket (and the step
+        counter, once)."""
         with tf.init_scope(), tf.device(device):
             self.accumulated.append(
-                _compat.ResourceVariable(
-                    tf.zeros([self.chunk * (n if self.stage == 1 else 1)]),
-                    trainable=False,
-                    name=f"tfpar_zero_sum_{j}",
-                )
+                [
+                    _compat.ResourceVariable(
+                        tf.zeros([bucket.size if self.stage == 1 else bucket.piece]),
+                        trainable=False,
+                        name=f"tfpar_zero_sum_{j}_{b}",
+                    )
+                    for b, bucket in enumerate(self.buckets)
+                ]
             )
             if self.counter is None:
                 self.counter = _compat.ResourceVariable(
@@ -200,31 +207,21 @@ class ShardedState:
         parts = [tf.reshape(t, [size]) for t, size in zip(tensors, sizes)]
         return tf.concat([*parts, tf.zeros([bucket.size - sum(sizes)])], 0)
 
-    def replica_part(self, flat, j):
-        """Replica ``j``'s chunk of the whole ``flat`` vector: its piece of every bucket."""
-        return tf.concat(
-            [
-                flat[bucket.start + j * bucket.piece : bucket.start + (j + 1) * bucket.piece]
-                for bucket in self.buckets
-            ],
-            0,
-        )
+    def own_piece(self, k, bucket):
+        """Local replica ``k``'s piece of ``bucket`` of its flat weights, made of the variables it
+        overlaps only (`_pieces`; the bucket's padding zeros)."""
+        parts = [
+            tf.reshape(self._local(self.variables[i], k), [-1])[whole]
+            for i in bucket.variables
+            for replica, _, whole in self._pieces(i)
+            if replica == k
+        ]
+        filled = sum(int(part.shape[0]) for part in parts)
+        return tf.concat([*parts, tf.zeros([bucket.piece - filled])], 0)
 
-    def own_chunk(self, k):
-        """Local replica ``k``'s chunk of its flat weights, made of the variables it overlaps only
-        (`_pieces`; each bucket's padding zeros): a step does not flatten the whole model to update
-        a chunk."""
-        parts = []
-        for bucket in self.buckets:
-            mine = [
-                tf.reshape(self._local(self.variables[i], k), [-1])[whole]
-                for i in bucket.variables
-                for replica, _, whole in self._pieces(i)
-                if replica == k
-            ]
-            filled = sum(int(part.shape[0]) for part in mine)
-            parts += [*mine, tf.zeros([bucket.piece - filled])]
-        return tf.concat(parts, 0)
+    def slot_variables(self) -> list:
+        """Every local replica's slot variables: one per bucket and slot."""
+        return [v for buckets in self.slots for state in buckets for v in state.values()]
 
     def plain_slots(self) -> list:
         """``[(slot, variable index)]`` in the order the optimizer itself would list its slots (both
@@ -237,14 +234,14 @@ class ShardedState:
         ]
 
     def _pieces(self, i):
-        """``(local replica, chunk slice, whole-slot slice)`` of this process's chunks holding
-        variable ``i``'s elements."""
+        """``(local replica, slice of its piece of the bucket, whole-slot slice)`` of this
+        process's pieces holding variable ``i``'s elements."""
         bucket = self.buckets[self.bucket_of[i]]
         start = self.offsets[i]
         for k, j in enumerate(self.comm.owned):
             lo, hi = self._overlap(i, j)
             if lo < hi:
-                first = bucket.start + j * bucket.piece - bucket.own_start
+                first = bucket.start + j * bucket.piece
                 yield k, slice(lo - first, hi - first), slice(lo - start, hi - start)
 
     def _overlap(self, i, j):
@@ -259,7 +256,8 @@ class ShardedState:
     def whole_slot(self, name, i):
         """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
         replica's chunks: a collective under Horovod, which every rank runs)."""
-        mine = {k: self.slots[k][name][part] for k, part, _ in self._pieces(i)}
+        b = self.bucket_of[i]
+        mine = {k: self.slots[k][b][name][part] for k, part, _ in self._pieces(i)}
         spans = [self._overlap(i, j) for j in range(self.comm.size)]
         lengths = [max(0, hi - lo) for lo, hi in spans]
         parts = [mine.get(k, tf.zeros([0])) for k in range(len(self.devices))]
@@ -270,8 +268,9 @@ class ShardedState:
         """Sets slot ``name`` of variable ``i`` from its whole value (each local chunk takes its
         part)."""
         flat = tf.reshape(tf.cast(value, tf.float32), [-1])
+        b = self.bucket_of[i]
         return tf.group(
-            [self.slots[k][name][mine].assign(flat[whole]) for k, mine, whole in self._pieces(i)]
+            [self.slots[k][b][name][mine].assign(flat[whole]) for k, mine, whole in self._pieces(i)]
         )
 
     def state_bytes(self) -> dict:

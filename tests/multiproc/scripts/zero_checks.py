@@ -28,11 +28,7 @@ for i, optimizer in enumerate(ZERO_OPTIMIZERS):
         "chunk": model._tfpar_zero.chunk,
         "total": model._tfpar_zero.total,
         "slot_devices": sorted(
-            {
-                v.device.split("device:")[-1]
-                for state in model._tfpar_zero.slots
-                for v in state.values()
-            }
+            {v.device.split("device:")[-1] for v in model._tfpar_zero.slot_variables()}
         ),
     }
 # a checkpoint of 2 replicas on 3, of 3 on one device
