@@ -334,6 +334,8 @@ def test_a_state_in_several_buckets_trains_and_resumes_as_one_device(
     ]
     # each replica's slots: one per bucket, its piece of it
     assert sorted(v.shape[0] for v in zero.slot_variables()) == sorted([18, 10, 2] * 2 * 2)
+    text = model.distribute_strategy.describe(model=model)
+    assert "buckets:    3, exchanged and updated in turn (the largest 144 B)" in text, text
     assert (zero.chunk, zero.padding) == (30, 2)
     # each replica sends its other piece of every bucket, then its own piece of every bucket
     assert zero.sent_bytes == [4 * 30 + 4 * 30] * 2

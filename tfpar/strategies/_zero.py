@@ -8,13 +8,13 @@ only its chunk:
 
 1. the replicas' gradients are reduce-scattered: replica j gets piece j of each bucket's sum (each
    sends (N-1)/N of the gradients' bytes; half of them with the strategy's bf16/fp16 compression);
-2. replica j applies the optimizer's update to its chunk, with its own slots;
+2. replica j applies the optimizer's update to its piece of each bucket, with its own slots;
 3. the updated pieces are all-gathered into every replica's copy of the weights.
 
-Steps 1 and 3 move the bytes of one all-reduce, bucket by bucket
-(`tfpar.strategies._zero_exchange`: a step holds one bucket's buffers at a time), each engine its
-own way (`tfpar.strategies._zero_comms`: one host's devices, TensorFlow's workers, Horovod's
-ranks). The update is the optimizer's own rule, written once for both Kerases in
+Steps 1 and 3 move the bytes of one all-reduce, bucket by bucket, steps 2 and 3 one bucket after
+the other (`tfpar.strategies._zero_exchange`: a step holds one bucket's buffers at a time), each
+engine its own way (`tfpar.strategies._zero_comms`: one host's devices, TensorFlow's workers,
+Horovod's ranks). The update is the optimizer's own rule, written once for both Kerases in
 `tfpar.strategies._zero_rules` (its ``RULES``: SGD with momentum or Nesterov, Adam with AMSGrad,
 AdamW), with its learning rate (and schedule), weight decay and exclusions, and clipping by value
 or by the global norm over all chunks. An optimizer with another rule is refused with the reason.

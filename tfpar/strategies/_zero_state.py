@@ -2,8 +2,9 @@
 out as one flat vector of buckets (`Bucket`: consecutive whole variables, about `BUCKET_BYTES`
 each, as PyTorch DDP buckets its gradients), each bucket padded to N equal pieces; a replica's
 chunk is its piece of every bucket (an N-th of the model, balanced by bytes). Each of this
-process's replicas keeps its own variables for its chunk: the optimizer slots, the weight-decay
-mask and, under accumulation, the gradients' buffer. A slot is also read and written whole, in its
+process's replicas keeps its own variables for its chunk, one per bucket (so that a step updates
+one bucket at a time): the optimizer slots, the weight-decay mask and, under accumulation, the
+gradients' buffer. A slot is also read and written whole, in its
 variable's shape, for checkpoints in the unsharded layout (`tfpar.strategies._zero_checkpoint`),
 and ``state_bytes`` gives ``describe()`` the bytes one replica holds."""
 
