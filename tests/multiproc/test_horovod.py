@@ -189,10 +189,11 @@ def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_wh
     trained, case
 ):
     """HorovodStrategy(zero_stage=1 or 2): each rank keeps half of the optimizer state and updates
-    half of the weights (hvd.reducescatter, hvd.allgather); the ranks end identical and where one
-    device does (SGD with Nesterov momentum under tf_keras, Adam clipped by the global norm under
-    Keras 3; AdamW with bf16 on the wire to its rounding). The checkpoint each rank wrote holds the
-    whole state: loaded into a plain optimizer on one device, it is one device's state."""
+    half of the weights (an alltoall and an allgather per bucket: buckets of 1 KiB here, several
+    named collectives a step); the ranks end identical and where one device does (SGD with
+    Nesterov momentum under tf_keras, Adam clipped by the global norm under Keras 3; AdamW with
+    bf16 on the wire to its rounding). The checkpoint each rank wrote holds the whole state:
+    loaded into a plain optimizer on one device, it is one device's state."""
     import importlib
 
     from tests.models import equivalence_model, one_device_model, zero_optimizer
