@@ -241,9 +241,12 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._unmatched.append(step)
         if self._pipeline is not None:  # the step's instructions: [n, 2] (start, end)
             self._instructions = self._instructions or self._device_rows()
-            for (start, stop), (track, label) in zip(self._pipeline.numpy(), self._instructions):
+            rows = self._pipeline.numpy()
+            for (start, stop), (track, label) in zip(rows, self._instructions):
                 if np.isfinite(start):  # NaN: a branch the step did not take
                     self._events.append((start, stop, track, label))
+            # read once: a step that writes no rows (one a loss scale skips) adds none
+            self._pipeline.assign(np.full_like(rows, np.nan))
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.time()

@@ -44,7 +44,7 @@ def zero_lines(stage: int, num_replicas: int, model=None) -> list[str]:
                 f"{name} {unsharded:,} B -> {mine:,} B" for name, (unsharded, mine) in held.items()
             )
         )
-        largest = max(4 * bucket.size for bucket in sharded.buckets)
+        largest = max([4 * bucket.size for bucket in sharded.buckets], default=0)
         lines.append(
             f"  buckets:    {len(sharded.buckets)}, exchanged and updated in turn (the largest "
             f"{largest:,} B)"

@@ -141,41 +141,54 @@ class ShardedOptimizer(BucketExchange):
 
     def _accumulate(self, grads, gradients, summed):
         """Accumulated: stage 1 sums each replica's whole flat gradients, stage 2 its reduced
-        pieces, bucket by bucket; applied every window-th step (a ``tf.cond``)."""
+        pieces, bucket by bucket (a window's first step sets the sums anew: no buffer is filled
+        with zeros); applied every window-th step (a ``tf.cond``)."""
+        first = tf.equal(self.counter.read_value() % self.window, 0)
         if self.stage == 1:
-            pieces = []
-            for k, device in enumerate(self.devices):
-                with tf.device(device):
-                    pieces.append([gradients(bucket, k) for bucket in self.buckets])
+            added = self._add_flat(gradients, first)
             sent = None
         else:
             pieces, sent, _ = self._exchange(gradients, summed)
-        added = [
-            buffer.assign_add(piece)
-            for buffers, own in zip(self.accumulated, pieces)
-            for buffer, piece in zip(buffers, own)
-        ]
+            added = [
+                _summed(buffer, piece, first)
+                for buffers, own in zip(self.accumulated, pieces)
+                for buffer, piece in zip(buffers, own)
+            ]
         with tf.control_dependencies(added):
             boundary = tf.equal(self.counter.assign_add(1) % self.window, 0)
         exchanged = len(self._events)  # stage 2's reduce-scatters, at every step
 
         def apply():
-            means = [[b.read_value() / self.window for b in own] for own in self.accumulated]
             if self.stage == 1:
 
                 def summed_means(bucket, k):
-                    return means[k][self.buckets.index(bucket)]
+                    buffer = self.accumulated[k][self.buckets.index(bucket)]
+                    return buffer.read_value() / self.window
 
                 applied = self._apply(*self._exchange(summed_means, summed))
             else:
+                means = [[b.read_value() / self.window for b in own] for own in self.accumulated]
                 applied = self._apply(means, sent)
             with tf.control_dependencies(self._counted(applied)):
-                cleared = [b.assign(tf.zeros_like(b)) for bs in self.accumulated for b in bs]
-            with tf.control_dependencies(cleared):
                 return self._traced(True)
 
         # the false branch is traced after the true one, whose events it pads
         return tf.cond(boundary, apply, lambda: self._traced(False, exchanged, len(self._events)))
+
+    def _add_flat(self, gradients, first):
+        """Stage 1's accumulation: each local replica's flat gradients of each bucket added to its
+        buffer of the bucket (set, on a window's ``first`` step), one bucket after the other."""
+        added = []
+        after = []
+        for index, bucket in enumerate(self.buckets):
+            with tf.control_dependencies(after):
+                after = []
+                for k, device in enumerate(self.devices):
+                    with tf.device(device):
+                        buffer = self.accumulated[k][index]
+                        after.append(_summed(buffer, gradients(bucket, k), first))
+            added += after
+        return added
 
     def _traced(self, value, recorded=None, rows=None):
         """A branch's ``value``, once it has written the step's events (`_trace`: the first
@@ -233,6 +246,12 @@ class ShardedOptimizer(BucketExchange):
         # per local replica and update, from the shapes
         self.sent_bytes = [a + b for a, b in zip(sent, gathered)]
         return writes
+
+
+def _summed(buffer, value, first):
+    """``buffer`` set to ``value`` on a window's ``first`` step, else ``value`` added (whatever the
+    buffer held, inf and NaN included: a step skipped for them starts the next window clean)."""
+    return buffer.assign(tf.where(first, value, buffer.read_value() + value))
 
 
 def zero_stage_of(strategy):

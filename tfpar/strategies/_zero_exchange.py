@@ -105,8 +105,8 @@ class BucketExchange(ShardedState):
         """Bucket by bucket, each after the one before (a step holds one bucket's flat copy and
         buffers at a time): every local replica's flat values of the bucket (``flat_of(bucket,
         k)``), reduce-scattered. Returns each local replica's pieces of the sums (one per bucket),
-        its pieces of the sums of squared sparse rows (``squares_of``; negative where dense) or
-        None, and the bytes each sent."""
+        the bytes each sent, and its pieces of the sums of squared sparse rows (``squares_of``;
+        negative where dense) or None."""
         pieces = [[] for _ in self.devices]
         square_pieces = [[] for _ in self.devices]
         sent = [0] * len(self.devices)
@@ -147,7 +147,11 @@ class BucketExchange(ShardedState):
         )
         if squares_of is None:
             return reduced, [], sent
-        return reduced, [tf.minimum(tf.abs(r), -1.0) for r in reduced], sent
+        dense = []
+        for device, r in zip(self.devices, reduced):
+            with tf.device(device):
+                dense.append(tf.minimum(tf.abs(r), -1.0))
+        return reduced, dense, sent
 
     def _reduce_scatter_with_squares(self, flat, squares, summed, bucket, index):
         """Each replica's flat gradients and sums of squared sparse rows of ``bucket``,

@@ -1,15 +1,23 @@
-"""The update rules ZeRO applies to a chunk of the flat parameters (`tfpar.strategies._zero`): each
-optimizer's own rule, element by element, written once for both Kerases, with its weight decay,
-clipping by value or by the global norm over every replica's chunk, and Keras 3's Adam's second
-moment of a sparse gradient (`tfpar.strategies._sparse`)."""
+"""The update rules ZeRO applies to a replica's piece of a bucket of the flat parameters
+(`tfpar.strategies._zero`): each optimizer's own rule, element by element, written once for both
+Kerases, with its weight decay, clipping by value or by the global norm over every replica's
+pieces, and Keras 3's Adam's second moment of a sparse gradient (`tfpar.strategies._sparse`)."""
 
 from tfpar._keras import tf
 from tfpar.optimizers import LAMB, LARS
 
-__all__ = ["RULES", "clipped", "sharding_refusal", "squared", "update", "weight_decay"]
+__all__ = [
+    "RULES",
+    "clip_scale",
+    "clipped",
+    "sharding_refusal",
+    "squared",
+    "update",
+    "weight_decay",
+]
 
 RULES = ("SGD", "Adam", "AdamW")
-"""The optimizers whose update is element by element, so that a chunk updates as the whole would."""
+"""The optimizers whose update is element by element, so that a piece updates as the whole would."""
 
 
 def sharding_refusal(optimizer) -> str | None:
@@ -87,7 +95,7 @@ def clipped(optimizer, g, sums=None, scale=None):
 
 
 def update(optimizer, slots, p, g, square, lr, step, decay_mask=None, decay_all=False):
-    """``optimizer``'s update of the chunk ``p`` by gradient ``g`` with this replica's ``slots``
+    """``optimizer``'s update of the piece ``p`` by gradient ``g`` with this replica's ``slots``
     (``square``: what Adam's second moment takes of ``g``), its weight decay first, as both Kerases
     do (``decay_mask``: 1 where it applies, else ``decay_all``)."""
     o = optimizer
