@@ -38,6 +38,7 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--zero-stage", type=int, default=0)
+    parser.add_argument("--accumulate", type=int, default=1, help="gradient_accumulation_steps")
     args = parser.parse_args()
     if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
         raise SystemExit("Set TF_CPU_ALLOCATOR_USE_BFC=true: only then does TensorFlow count bytes")
@@ -83,7 +84,12 @@ def measure(args, remat):
     workers = tfpar.ClusterInfo.from_tf_config()
     one_device = {"devices": ["/cpu:0"]} if workers is None else {}
     # first: a multi-worker strategy starts its server before TensorFlow runs anything
-    strategy = tfpar.DataParallel(remat=remat, zero_stage=args.zero_stage, **one_device)
+    strategy = tfpar.DataParallel(
+        remat=remat,
+        zero_stage=args.zero_stage,
+        gradient_accumulation_steps=args.accumulate,
+        **one_device,
+    )
     before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     keras.utils.set_random_seed(0)
     with strategy.scope():

@@ -1,7 +1,7 @@
 """Memory benchmark: activation checkpointing (``remat="blocks"``) against none on one device, then
-ZeRO stage 2 and stage 2 with remat against stage 0 on 2 workers, peak bytes measured by
-TensorFlow's allocator; and the largest Llama-shaped model a 16 GiB and an 80 GiB device can train
-under each, derived from the bytes measured.
+ZeRO stage 2 and stage 2 with remat against stage 0 on 2 workers (and both accumulating 2 steps),
+peak bytes measured by TensorFlow's allocator; and the largest Llama-shaped model a 16 GiB and an
+80 GiB device can train under each, derived from the bytes measured.
 
     python bench/memory.py [--quick]
 
@@ -16,8 +16,9 @@ Adam:
 Last line:
     RESULT memory remat_activation_ratio=<a> remat_peak_ratio=<p> remat_step_ratio=<s>
            zero2_persistent_ratio=<r> zero2_peak_ratio=<r> zero2_step_ratio=<s>
-           zero2_remat_peak_ratio=<r> zero2_remat_step_ratio=<s> blocks=<n> parameters=<n>
-           parameters_workers=<n> activations_none=<bytes> activations_remat=<bytes>
+           zero2_remat_peak_ratio=<r> zero2_remat_step_ratio=<s>
+           zero2_accumulate_persistent_ratio=<r> zero2_accumulate_peak_ratio=<r> blocks=<n>
+           parameters=<n> parameters_workers=<n> activations_none=<bytes> activations_remat=<bytes>
            cpu=<extensions> onednn=<on|off>
 
 - remat_activation_ratio: what one training step adds to the device's bytes (its peak less what it
@@ -27,7 +28,8 @@ Last line:
   one more forward of each block);
 - zero2_*: on 2 workers, the worker that holds the most: what it keeps between steps (persistent),
   that and a step's (peak), and a step's seconds, stage 2 ÷ stage 0; zero2_remat_*: stage 2 with
-  remat="blocks" ÷ stage 2.
+  remat="blocks" ÷ stage 2; zero2_accumulate_*: both with gradient_accumulation_steps=2 (stage 0's
+  accumulator holds a whole model, stage 2's a replica's pieces), stage 2 ÷ stage 0.
 """
 
 import os
@@ -43,11 +45,13 @@ WORKERS_MODEL = [
     *("--epochs", "2"),
 ]
 QUICK_WORKERS_MODEL = ["--layers", "2", "--sequence", "32", "--steps", "2", "--epochs", "1"]
-# name: (zero stage, remat), on 2 workers
+# name: (zero stage, remat, gradient_accumulation_steps), on 2 workers
 WORKER_CONFIGS = {
-    "stage 0": ("0", "none"),
-    "stage 2": ("2", "none"),
-    "stage 2 + remat": ("2", "blocks"),
+    "stage 0": ("0", "none", "1"),
+    "stage 2": ("2", "none", "1"),
+    "stage 2 + remat": ("2", "blocks", "1"),
+    "stage 0, accumulating 2": ("0", "none", "2"),
+    "stage 2, accumulating 2": ("2", "none", "2"),
 }
 ENV = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
 DEVICES = {"16 GiB": 16 * 2**30, "80 GiB": 80 * 2**30}
@@ -70,15 +74,16 @@ def two_workers(quick):
     """``{config: the run of its worker that holds the most, with the slower worker's step}`` on 2
     workers of `tfpar launch`."""
     results = {}
-    for name, (stage, remat) in WORKER_CONFIGS.items():
+    for name, (stage, remat, accumulate) in WORKER_CONFIGS.items():
         worker = [sys.executable, "_memory_worker.py", "--zero-stage", stage, "--remat", remat]
+        worker += ["--accumulate", accumulate]
         sizes = QUICK_WORKERS_MODEL if quick else WORKERS_MODEL
         cmd = [sys.executable, "-m", "tfpar.cli", "launch", "-n", "2", "--", *worker, *sizes]
         runs = run_job_lines(cmd, cwd=HERE, env=ENV, timeout=1800)
         step = max(run["step"] for run in runs)
         results[name] = {**max(runs, key=_peak), "step": step}
         print(
-            f"2 workers, {name:>15}: keeps {results[name]['persistent']:,} B, peaks at "
+            f"2 workers, {name:>23}: keeps {results[name]['persistent']:,} B, peaks at "
             f"{_peak(results[name]):,} B over an empty device, {step:.3f} s a step",
             flush=True,
         )
@@ -90,10 +95,13 @@ def main():
     none, remat, step = one_device(opts.quick)
     print(remat["described"], flush=True)
     workers = two_workers(opts.quick)
-    print(largest_models_table(workers), flush=True)
+    # the table's configurations update at every step
+    print(largest_models_table({k: v for k, v in workers.items() if "accum" not in k}), flush=True)
     zero0 = workers["stage 0"]
     zero2 = workers["stage 2"]
     zero2_remat = workers["stage 2 + remat"]
+    accumulated0 = workers["stage 0, accumulating 2"]
+    accumulated2 = workers["stage 2, accumulating 2"]
     print(
         f"RESULT memory remat_activation_ratio={remat['activations'] / none['activations']:.3f} "
         f"remat_peak_ratio={_peak(remat) / _peak(none):.3f} "
@@ -103,6 +111,9 @@ def main():
         f"zero2_step_ratio={zero2['step'] / zero0['step']:.3f} "
         f"zero2_remat_peak_ratio={_peak(zero2_remat) / _peak(zero2):.3f} "
         f"zero2_remat_step_ratio={zero2_remat['step'] / zero2['step']:.3f} "
+        f"zero2_accumulate_persistent_ratio="
+        f"{accumulated2['persistent'] / accumulated0['persistent']:.3f} "
+        f"zero2_accumulate_peak_ratio={_peak(accumulated2) / _peak(accumulated0):.3f} "
         f"blocks={remat['blocks']} parameters={none['parameters']} "
         f"parameters_workers={zero0['parameters']} activations_none={none['activations']} "
         f"activations_remat={remat['activations']} {machine_keys()}",
