@@ -196,12 +196,12 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         # A model that traces its devices' work in a step (a pipeline: a track per stage and
         # replica, an event per F, B and W; a tensor-parallel model: a track per device, an event
         # per layer part and per activation all-reduce; a sharded optimizer state: one track, an
-        # event per bucket's reduce-scatter, update and all-gather) gives its
-        # trace's rows (start, end), their tracks and labels.
+        # event per bucket's reduce-scatter, update and all-gather) gives its trace's rows (start,
+        # end), their tracks and labels.
         self._source = trace_source(self.model)
-        self._pipeline = getattr(self._source, "device_trace", None)
+        self._device_trace = getattr(self._source, "device_trace", None)
         self._schedule = None
-        if self._pipeline is not None:
+        if self._device_trace is not None:
             s = getattr(self.model, "schedule", None)
             # a pipeline's: for tfpar.report's theory
             if s is not None and hasattr(s, "num_microbatches"):
@@ -239,14 +239,14 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         step = (self._step_begin, time.time())
         self._events.append((*step, STEP, STEP))
         self._unmatched.append(step)
-        if self._pipeline is not None:  # the step's instructions: [n, 2] (start, end)
+        if self._device_trace is not None:  # the step's instructions: [n, 2] (start, end)
             self._instructions = self._instructions or self._device_rows()
-            rows = self._pipeline.numpy()
+            rows = self._device_trace.numpy()
             for (start, stop), (track, label) in zip(rows, self._instructions):
                 if np.isfinite(start):  # NaN: a branch the step did not take
                     self._events.append((start, stop, track, label))
             # read once: a step that writes no rows (one a loss scale skips) adds none
-            self._pipeline.assign(np.full_like(rows, np.nan))
+            self._device_trace.assign(np.full_like(rows, np.nan))
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.time()

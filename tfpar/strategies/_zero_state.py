@@ -4,9 +4,9 @@ each, as PyTorch DDP buckets its gradients), each bucket padded to N equal piece
 chunk is its piece of every bucket (an N-th of the model, balanced by bytes). Each of this
 process's replicas keeps its own variables for its chunk, one per bucket (so that a step updates
 one bucket at a time): the optimizer slots, the weight-decay mask and, under accumulation, the
-gradients' buffer. A slot is also read and written whole, in its
-variable's shape, for checkpoints in the unsharded layout (`tfpar.strategies._zero_checkpoint`),
-and ``state_bytes`` gives ``describe()`` the bytes one replica holds."""
+gradients' buffer. A slot is also read and written whole, in its variable's shape, for checkpoints
+in the unsharded layout (`tfpar.strategies._zero_checkpoint`), and ``state_bytes`` gives
+``describe()`` the bytes one replica holds."""
 
 import dataclasses
 import math
@@ -237,22 +237,20 @@ class ShardedState:
     def _pieces(self, i):
         """``(local replica, slice of its piece of the bucket, whole-slot slice)`` of this
         process's pieces holding variable ``i``'s elements."""
-        bucket = self.buckets[self.bucket_of[i]]
         start = self.offsets[i]
         for k, j in enumerate(self.comm.owned):
-            lo, hi = self._overlap(i, j)
+            lo, hi, first = self._overlap(i, j)
             if lo < hi:
-                first = bucket.start + j * bucket.piece
                 yield k, slice(lo - first, hi - first), slice(lo - start, hi - start)
 
     def _overlap(self, i, j):
-        """Where variable ``i`` and replica ``j``'s piece of its bucket overlap in the flat vector
-        (``lo >= hi``: not at all)."""
+        """``(lo, hi, first)``: where variable ``i`` and replica ``j``'s piece of its bucket overlap
+        in the flat vector (``lo >= hi``: not at all), and where that piece starts."""
         bucket = self.buckets[self.bucket_of[i]]
         first = bucket.start + j * bucket.piece
         lo = max(self.offsets[i], first)
         hi = min(self.offsets[i] + self.sizes[i], first + bucket.piece)
-        return lo, hi
+        return lo, hi, first
 
     def whole_slot(self, name, i):
         """Slot ``name`` of variable ``i``, whole, in the variable's shape (gathered from every
@@ -260,7 +258,7 @@ class ShardedState:
         b = self.bucket_of[i]
         mine = {k: self.slots[k][b][name][part] for k, part, _ in self._pieces(i)}
         spans = [self._overlap(i, j) for j in range(self.comm.size)]
-        lengths = [max(0, hi - lo) for lo, hi in spans]
+        lengths = [max(0, hi - lo) for lo, hi, _ in spans]
         parts = [mine.get(k, tf.zeros([0])) for k in range(len(self.devices))]
         whole = self.comm.gather(parts, lengths, f"tfpar_zero_checkpoint_{name}_{i}")
         return tf.reshape(whole, self.variables[i].shape)
