@@ -594,12 +594,12 @@ def train_zero_pair(k, optimizer, devices, stage=1, epochs=2):
     return trained[0].get_weights(), trained[1].get_weights(), trained[1]
 
 
-def zero_resume(k, folder, first, then, optimizer="adam"):
+def zero_resume(k, folder, first, then, optimizer="adam", stage=1):
     """Trains 1 epoch with the optimizer state sharded over the devices ``first`` (or unsharded on
     one device when ``first`` has one), saves a checkpoint (tf_keras: TF format; Keras 3:
     .weights.h5), goes on 1 epoch; then a new model on ``then`` loads the checkpoint and trains the
-    same epoch. Returns the largest weight difference between the two ends (0 if the state moved
-    whole)."""
+    same epoch (``stage``: the ZeRO stage on several devices). Returns the largest weight difference
+    between the two ends (0 if the state moved whole)."""
     import os
 
     import tfpar
@@ -610,7 +610,7 @@ def zero_resume(k, folder, first, then, optimizer="adam"):
 
     def model_on(devices):
         strategy = tfpar.DataParallel(
-            devices=tuple(devices), zero_stage=1 if len(devices) > 1 else 0
+            devices=tuple(devices), zero_stage=stage if len(devices) > 1 else 0
         )
         with strategy.scope():
             k.utils.set_random_seed(1)

@@ -64,9 +64,9 @@ def test_an_optimizer_that_cannot_be_sharded_is_refused_at_compile(any_keras, ma
     "kwargs, error, match",
     [
         (
-            dict(zero_stage=3),
+            dict(zero_stage=4),
             ValueError,
-            r"Unknown zero_stage 3. Received: zero_stage=3. Use one of \[0, 1, 2\]",
+            r"Unknown zero_stage 4. Received: zero_stage=4. Use one of \[0, 1, 2, 3\]",
         ),
         (dict(zero_stage="1"), TypeError, r"zero_stage"),
     ],

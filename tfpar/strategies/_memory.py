@@ -5,6 +5,7 @@ them up and the ``describe()`` lines that show them."""
 from tfpar.remat import remat_check, remat_lines
 from tfpar.strategies._gradients import GRADIENT_CHECKS
 from tfpar.strategies._zero import shard_optimizer_state
+from tfpar.strategies._zero3 import shard_parameters
 
 __all__ = ["memory_checks", "memory_lines"]
 
@@ -15,6 +16,7 @@ def memory_checks(config) -> tuple:
     return (
         *GRADIENT_CHECKS,
         ("compile", "after", shard_optimizer_state),
+        ("compile", "after", shard_parameters),
         *remat_check(config.remat),
     )
 
@@ -29,11 +31,15 @@ def zero_lines(stage: int, num_replicas: int, model=None) -> list[str]:
     holds, sharded against unsharded."""
     if not stage:
         return []
+    held = {
+        1: "the optimizer state (reduce-scatter + all-gather)",
+        2: "the optimizer state and of the reduced gradients (reduce-scatter + all-gather)",
+        3: "the parameters, their gradients and the optimizer state (each parameter all-gathered "
+        "where a layer reads it, its gradient reduce-scattered)",
+    }
     lines = [
-        f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of the "
-        "optimizer state"
-        + (" and of the reduced gradients" if stage == 2 else "")
-        + " (reduce-scatter + all-gather)"
+        f"  zero:       stage {stage}: each replica keeps and updates 1/{num_replicas} of "
+        + held[stage]
     ]
     sharded = getattr(model, "_tfpar_zero", None)
     if sharded is not None:
@@ -45,6 +51,8 @@ def zero_lines(stage: int, num_replicas: int, model=None) -> list[str]:
             )
         )
         largest = max([4 * bucket.size for bucket in sharded.buckets], default=0)
+        if stage == 3:
+            return lines
         lines.append(
             f"  buckets:    {len(sharded.buckets)}, exchanged and updated in turn (the largest "
             f"{largest:,} B)"

@@ -37,13 +37,16 @@ __all__ = [
     "ZERO_STAGES",
     "ShardedOptimizer",
     "check_zero_stage",
+    "install_sharded",
+    "optimizer_to_shard",
     "shard_optimizer_state",
     "zero_stage_of",
 ]
 
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
 """0: every replica holds the whole optimizer state; 1: each holds the slots of its chunk; 2: also
-only its chunk of the reduced gradients (the same as 1 without accumulation)."""
+only its chunk of the reduced gradients (the same as 1 without accumulation); 3: also only its
+piece of each parameter (`tfpar.strategies._zero3`)."""
 
 
 def check_zero_stage(stage):
@@ -260,9 +263,10 @@ def zero_stage_of(strategy):
     return getattr(getattr(strategy, "config", None), "zero_stage", 0)
 
 
-def shard_optimizer_state(model, arguments=None):
-    """After ``compile`` of a model of a `DataParallel` with ``zero_stage`` > 0: its optimizer's
-    updates go through a `ShardedOptimizer` (on that optimizer instance only).
+def optimizer_to_shard(model, stages=(1, 2)):
+    """The optimizer of a model of a `DataParallel` whose ``zero_stage`` is one of ``stages``, made
+    ready for its sharded update: ``(the model's optimizer, the one it wraps or itself)``; None
+    where the model's strategy shards nothing of it (or the model has no optimizer).
 
     Raises:
         ValueError: an optimizer whose state cannot be sharded, with the reason.
@@ -270,8 +274,8 @@ def shard_optimizer_state(model, arguments=None):
     strategy = model.distribute_strategy
     stage = zero_stage_of(strategy)
     outer = getattr(model, "optimizer", None)
-    if not stage or outer is None:
-        return
+    if stage not in stages or outer is None:
+        return None
     # the one a LossScaleOptimizer wraps: its update is sharded
     optimizer = inner_optimizer(outer)
     refusal = rules.sharding_refusal(optimizer)
@@ -281,21 +285,20 @@ def shard_optimizer_state(model, arguments=None):
             f"{type(optimizer).__name__}. Use {' or '.join(rules.RULES)}, "
             "or zero_stage=0."
         )
-    keras3 = is_keras3(optimizer)
-    if keras3:  # Keras 3 would build every slot before the first step
+    if is_keras3(optimizer):  # Keras 3 would build every slot before the first step
         optimizer.built = True
         if outer is not optimizer and not outer.built:
             with strategy.scope():
                 # its loss scale and step counter (the inner one is built)
                 outer.build(model.trainable_variables)
     _compat.current_learning_rate(optimizer)  # its variable made now, not in a step
-    sharded = ShardedOptimizer(
-        optimizer,
-        model.trainable_variables,
-        strategy,
-        stage,
-        strategy_accumulates=outer is not optimizer and not keras3 and window_of(strategy) > 1,
-    )
+    return outer, optimizer
+
+
+def install_sharded(model, optimizer, sharded):
+    """``optimizer``'s updates go through ``sharded`` (on that optimizer instance only), and its
+    checkpoints hold the whole state."""
+    keras3 = is_keras3(optimizer)
     object.__setattr__(
         optimizer,
         "apply" if keras3 else "apply_gradients",
@@ -303,3 +306,26 @@ def shard_optimizer_state(model, arguments=None):
     )
     checkpoint_whole(optimizer, sharded)
     object.__setattr__(model, "_tfpar_zero", sharded)
+
+
+def shard_optimizer_state(model, arguments=None):
+    """After ``compile`` of a model of a `DataParallel` with ``zero_stage`` 1 or 2: its optimizer's
+    updates go through a `ShardedOptimizer` (on that optimizer instance only).
+
+    Raises:
+        ValueError: an optimizer whose state cannot be sharded, with the reason.
+    """
+    prepared = optimizer_to_shard(model)
+    if prepared is None:
+        return
+    outer, optimizer = prepared
+    sharded = ShardedOptimizer(
+        optimizer,
+        model.trainable_variables,
+        model.distribute_strategy,
+        zero_stage_of(model.distribute_strategy),
+        strategy_accumulates=outer is not optimizer
+        and not is_keras3(optimizer)
+        and window_of(model.distribute_strategy) > 1,
+    )
+    install_sharded(model, optimizer, sharded)

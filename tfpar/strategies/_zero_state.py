@@ -102,7 +102,7 @@ class ShardedState:
         self.buckets = []
         self.bucket_of = [0] * len(self.sizes)
         start = 0
-        for variables in buckets_of(self.sizes, BUCKET_BYTES // 4):
+        for variables in buckets_of(self.sizes, self._bucket_elements()):
             filled = 0
             for i in variables:
                 self.offsets[i] = start + filled
@@ -113,6 +113,11 @@ class ShardedState:
             start += piece * n
         self.chunk = sum(bucket.piece for bucket in self.buckets)
         self.padding = self.chunk * n - self.total
+
+    def _bucket_elements(self):
+        """The elements a bucket holds at most (`BUCKET_BYTES`, read when the state is laid
+        out)."""
+        return BUCKET_BYTES // 4
 
     def _decay_mask(self, variables):
         """The flat weight decay, 1 where a variable decays and 0 where not, where only some

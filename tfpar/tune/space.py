@@ -34,7 +34,7 @@ CHOICE_AXES = {
     "compression": ("none", "bf16", "fp16"),
     "horovod_autotune": (False, True),
     "schedule": tuple(SCHEDULES),  # every pipeline schedule tfpar has
-    "zero_stage": (0, 1, 2),
+    "zero_stage": (0, 1, 2, 3),
     "remat": ("none", "blocks"),
     "optimizer": ("model", "lars", "lamb"),
     "scaling_rule": ("none", "linear", "sqrt"),

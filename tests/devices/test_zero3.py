@@ -1,0 +1,155 @@
+"""ZeRO stage 3 (`DataParallel(zero_stage=3)`, tfpar/strategies/_zero3.py) on the 2 devices of this
+process, Keras 3: each replica holds a piece of each parameter, of its gradient and of its
+optimizer state; the trained weights are one device's; checkpoints hold the whole values; what it
+cannot shard is refused. KerasHub's models: tests/devices/test_gradient_paths.py."""
+
+import gc
+import weakref
+
+import keras
+import numpy as np
+import pytest
+
+import tfpar
+from tests.models import train_zero_pair, zero_resume
+
+DEVICES = ["/cpu:0", "/cpu:1"]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_sharded_parameters_train_like_one_device_and_each_replica_holds_its_pieces(optimizer):
+    whole, sharded, model = train_zero_pair(keras, optimizer, DEVICES, 3)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(whole, sharded)) < 1e-6
+    assert int(model.optimizer.iterations.numpy()) == 8  # 2 epochs of 4 steps
+    zero = model._tfpar_zero
+    # Dense(5) and Dense(3) of 7 inputs: kernels of 35 and 15, biases of 5 and 3, each cut in 2
+    assert [b.piece for b in zero.buckets] == [18, 3, 8, 2]
+    for variable, size in zip(model.trainable_variables, [35, 5, 15, 3]):
+        parameter = variable._value
+        assert type(parameter).__name__ == "ShardedParameter"
+        assert [p.shape[0] for p in parameter.pieces] == [(size + 1) // 2] * 2
+        assert [p.device.split("device:")[-1] for p in parameter.pieces] == ["CPU:0", "CPU:1"]
+    text = model.distribute_strategy.describe(model=model)
+    assert "zero:       stage 3: each replica keeps and updates 1/2 of the parameters" in text
+    assert "weights 232 B -> 124 B, gradients 232 B -> 124 B" in text, text
+    # each step gathers every parameter in the forward and reduce-scatters its gradient: 31
+    # elements of 4 bytes each way from each replica
+    assert zero.sent_bytes == [248, 248]
+
+
+def test_the_mirrored_copies_are_freed_once_sharded():
+    strategy = tfpar.DataParallel(devices=DEVICES, zero_stage=3)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64)])
+        mirrored = [weakref.ref(v.value) for v in model.trainable_variables]
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+    gc.collect()
+    assert [ref() for ref in mirrored] == [None, None]
+    # the optimizer built no slot of the whole shape either
+    assert all(tuple(v.shape) != (64, 64) for v in model.optimizer.variables)
+
+
+@pytest.mark.parametrize("first, then", [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
+def test_a_checkpoint_holds_the_whole_values_and_moves_between_one_device_and_two(
+    tmp_path, first, then
+):
+    assert zero_resume(keras, str(tmp_path), DEVICES[:first], DEVICES[:then], stage=3) < 1e-6
+
+
+def test_accumulated_gradients_and_a_global_norm_train_like_one_device():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 7)).astype("float32")
+    y = rng.integers(0, 3, 48)
+    trained = []
+    for zero, devices, batch in ((0, DEVICES[:1], 24), (3, DEVICES, 12)):
+        strategy = tfpar.DataParallel(
+            devices=devices, zero_stage=zero, gradient_accumulation_steps=24 // batch
+        )
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential(
+                [keras.Input((7,)), keras.layers.Dense(5), keras.layers.Dense(3)]
+            )
+            model.compile(
+                keras.optimizers.Adam(0.05, global_clipnorm=0.1),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
+        model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+        trained.append(model)
+    one, sharded = trained
+    difference = max(
+        float(np.abs(a - b).max()) for a, b in zip(one.get_weights(), sharded.get_weights())
+    )
+    assert difference < 1e-5  # Adam's normalized steps: float32 sums in another order
+    assert int(sharded.optimizer.iterations.numpy()) == 4  # 2 epochs of 2 windows
+
+
+def test_predict_and_evaluate_read_the_whole_parameters():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 7)).astype("float32")
+    outputs = []
+    for zero, devices in ((0, DEVICES[:1]), (3, DEVICES)):
+        strategy = tfpar.DataParallel(devices=devices, zero_stage=zero)
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(3)])
+            model.compile(keras.optimizers.SGD(0.1), "mse")
+        outputs.append((model.predict(x, verbose=0), model.evaluate(x, x[:, :3], verbose=0)))
+    np.testing.assert_allclose(outputs[0][0], outputs[1][0], atol=1e-6)
+    assert outputs[0][1] == pytest.approx(outputs[1][1], abs=1e-6)
+
+
+def _compiled(model_fn, optimizer="adam", **options):
+    strategy = tfpar.DataParallel(devices=DEVICES, zero_stage=3, **options)
+    with strategy.scope():
+        model = model_fn()
+        model.compile(optimizer, "mse")
+    return model
+
+
+class _Unbuilt(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+@pytest.mark.parametrize(
+    "model_fn, optimizer, match",
+    [
+        (
+            _Unbuilt,
+            "adam",
+            r"zero_stage=3 shards the variables a model has at compile; this one has unbuilt "
+            r"layers .*Build it before compile",
+        ),
+        (
+            lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+            keras.optimizers.RMSprop(0.01),
+            r"zero_stage=3 cannot shard the state of this optimizer: .*RMSprop",
+        ),
+    ],
+    ids=["unbuilt", "rmsprop"],
+)
+def test_what_stage_3_cannot_shard_is_refused_at_compile(model_fn, optimizer, match):
+    with pytest.raises(ValueError, match=match):
+        _compiled(model_fn, optimizer)
+
+
+def test_a_tf_keras_model_and_a_loss_scale_are_refused_at_compile():
+    import tf_keras
+
+    strategy = tfpar.DataParallel(devices=DEVICES, zero_stage=3)
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
+        with pytest.raises(ValueError, match=r"this model is a tf_keras one.*Use Keras 3"):
+            model.compile("adam", "mse")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope(), pytest.raises(ValueError, match=r"LossScaleOptimizer"):
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), "mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

@@ -1,0 +1,196 @@
+"""ZeRO stage 3 (fully sharded data parallelism: PyTorch FSDP's ``fully_shard``) for
+`DataParallel(zero_stage=3)` on one host, under Keras 3.
+
+Each of the N replicas holds 1/N of every trainable variable (`tfpar.strategies._zero3_params`:
+its storage replaced by a `ShardedParameter`), of its gradient and of its optimizer state. A
+layer's call reads each of its variables whole, all-gathered from the replicas' pieces; the read's
+gradient is the whole gradient reduce-scattered, so each replica's piece of the gradients' sum
+reaches Keras' own optimizer call, and the replica updates its piece with its own slots by the
+optimizer's rule (stage 2's `ShardedOptimizer`, with each variable a bucket of its own and no
+exchange left in the update). Checkpoints and ``get_weights`` hold the whole, unsharded values.
+"""
+
+import weakref
+
+from tfpar import _compat
+from tfpar._keras import is_keras3, tf
+from tfpar.strategies._zero import ShardedOptimizer, install_sharded, optimizer_to_shard
+from tfpar.strategies._zero3_params import ShardedParameter
+
+__all__ = ["ShardedParameters", "shard_parameters"]
+
+
+class ShardedParameters(ShardedOptimizer):
+    """The sharded parameters of one compiled model, and their update (`ShardedOptimizer`'s, each
+    variable a bucket of its own whose pieces are the parameter's)."""
+
+    def __init__(self, optimizer, variables, strategy):
+        super().__init__(optimizer, variables, strategy, 3)
+        self._sent_traced = [0] * len(self.devices)
+        self._step_squares: list = []
+        self._calls = weakref.WeakKeyDictionary()  # per traced graph: collectives per parameter
+        self.variables = [
+            self._shard(keras_variable, i) for i, keras_variable in enumerate(variables)
+        ]
+        self.takes_squares = bool(
+            (self.moment_squares or getattr(optimizer, "global_clipnorm", None))
+            and self.window == 1
+        )
+
+    def _bucket_elements(self):
+        return 1  # a bucket per variable: a parameter's pieces
+
+    def _shard(self, keras_variable, i):
+        """Variable ``i``'s storage replaced by its pieces on this process's replicas (kept, where
+        an earlier compile sharded it: KerasHub's tasks compile twice)."""
+        bucket = self.buckets[i]
+        whole = self.variables[i]
+        if isinstance(whole, ShardedParameter):
+            whole.shard_of(self)
+            return whole
+        pieces = []
+        for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
+            flat = tf.reshape(self._local(whole, k), [-1])
+            padded = tf.pad(flat, [[0, bucket.size - self.sizes[i]]])
+            with tf.init_scope(), tf.device(device):  # this replica's own: never mirrored
+                pieces.append(
+                    _compat.ResourceVariable(
+                        padded[j * bucket.piece : (j + 1) * bucket.piece],
+                        name=f"tfpar_zero3_{j}_{i}",
+                    )
+                )
+        parameter = ShardedParameter(whole, self, i, pieces)
+        keras_variable._value = parameter
+        return parameter
+
+    def local_index(self, replica):
+        """The place among this process's replicas of the replica numbered ``replica``."""
+        return self.comm.owned.index(replica)
+
+    def per_replica(self, values):
+        """One value per local replica, as a merge call hands them back to the replicas."""
+        return _compat.PerReplica(tuple(values))
+
+    def count_sent(self, sent):
+        """Bytes a traced collective sends from each local replica."""
+        self._sent_traced = [a + b for a, b in zip(self._sent_traced, sent)]
+
+    def call_index(self, parameter):
+        """The name of one collective of ``parameter`` in the graph being traced (its index, and
+        how many of its collectives the graph holds before it): the same on every rank, which
+        traces the same calls in the same order (Horovod names each collective of a step)."""
+        graph = tf.compat.v1.get_default_graph()
+        calls = self._calls.setdefault(graph, {})
+        calls[parameter.index] = calls.get(parameter.index, 0) + 1
+        return f"{parameter.index}_{calls[parameter.index]}"
+
+    def reduce_piece(self, flat, squares, parameter, index):
+        """Each local replica's piece of the sum of the replicas' padded ``flat`` gradients of
+        ``parameter`` (and of their ``squares`` of sparse rows, or []), by the collective named
+        ``index``: ``(pieces, squares' pieces or None, bytes sent)``."""
+        bucket = self.buckets[parameter.index]
+        if squares:
+            pieces, square_pieces, sent = self._reduce_scatter_with_squares(
+                flat, squares, False, bucket, index
+            )
+            return pieces, square_pieces, sent
+        pieces, sent = self.comm.reduce_scatter(flat, bucket.piece, False, index=index)
+        return pieces, None, sent
+
+    def _squared_rows(self, grads):
+        """Whether this step's update takes sums of squared sparse rows: those the backward's
+        reduce-scatters kept (`ShardedParameter.squares_of`)."""
+        graph = tf.compat.v1.get_default_graph()
+        self._step_squares = [parameter.squares_of(graph) for parameter in self.variables]
+        return self.takes_squares and any(s is not None for s in self._step_squares)
+
+    def _squares_of(self, grads):
+        def squares(bucket, k):
+            held = self._step_squares[bucket.variables[0]]
+            return None if held is None else held[k]
+
+        return squares
+
+    def _bucket_gradients(self, grads, bucket, k, of=None):
+        """Local replica ``k``'s piece of the variable's summed gradient (the backward reduced
+        it)."""
+        g = grads[bucket.variables[0]]
+        return tf.zeros([bucket.piece]) if g is None else self._local(g, k)
+
+    def _reduce_bucket(self, flat_of, squares_of, bucket, index, summed):
+        """No exchange: the backward's reduce-scatter gave each replica its piece."""
+        reduced = [flat_of(bucket, k) for k in range(len(self.devices))]
+        if squares_of is None:
+            return reduced, [], [0] * len(self.devices)
+        squares = []
+        for k, r in enumerate(reduced):
+            held = squares_of(bucket, k)
+            squares.append(tf.minimum(tf.abs(r), -1.0) if held is None else held)
+        return reduced, squares, [0] * len(self.devices)
+
+    def own_piece(self, k, bucket):
+        return self.variables[bucket.variables[0]].pieces[k].read_value()
+
+    def _write_back(self, pieces, update):
+        """Each parameter's pieces updated in turn (a bucket each): nothing to gather."""
+        writes = []
+        after = []
+        for index, bucket in enumerate(self.buckets):
+            with tf.control_dependencies(after):
+                own = self._timed(
+                    f"update {index}", [p[index] for p in pieces], lambda: update(index, bucket)
+                )
+                parameter = self.variables[bucket.variables[0]]
+                after = [piece.assign(o) for piece, o in zip(parameter.pieces, own)]
+            writes += after
+        return writes, [0] * len(self.devices)
+
+    def _apply(self, pieces, sent, squares=None):
+        writes = super()._apply(pieces, sent, squares)
+        # the step's gathers and reduce-scatters, counted as they were traced
+        self.sent_bytes = self._sent_traced
+        self._sent_traced = [0] * len(self.devices)
+        return writes
+
+    def state_bytes(self) -> dict:
+        held = super().state_bytes()
+        full = held["weights"][0]
+        return {**held, "weights": (full, 4 * self.chunk)}
+
+
+def shard_parameters(model, arguments=None):
+    """After ``compile`` of a model of a `DataParallel` with ``zero_stage=3``: its trainable
+    variables sharded (`ShardedParameters`), their update by the optimizer's rule on each piece.
+
+    Raises:
+        ValueError: a model or optimizer stage 3 cannot shard, with the reason and the fix.
+    """
+    prepared = optimizer_to_shard(model, stages=(3,))
+    if prepared is None:
+        return
+    outer, optimizer = prepared
+    _refuse(model, outer, optimizer)
+    sharded = ShardedParameters(optimizer, model.trainable_variables, model.distribute_strategy)
+    install_sharded(model, optimizer, sharded)
+
+
+def _refuse(model, outer, optimizer):
+    if not is_keras3(model):
+        raise ValueError(
+            "zero_stage=3 shards Keras 3 variables; this model is a tf_keras one. Received: "
+            f"{type(model).__module__}.{type(model).__name__}. Use Keras 3, or zero_stage=2 "
+            "(which shards the gradients and optimizer state of a tf_keras model)."
+        )
+    if outer is not optimizer:
+        raise ValueError(
+            "zero_stage=3 does not yet take a LossScaleOptimizer (a mixed_float16 policy). "
+            f"Received: {type(outer).__name__}. Use the mixed_bfloat16 policy (no loss scale), "
+            "float32, or zero_stage=2."
+        )
+    unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
+    if unbuilt or not model.trainable_variables:
+        raise ValueError(
+            "zero_stage=3 shards the variables a model has at compile; this one has "
+            f"{'unbuilt layers ' + repr(unbuilt[:3]) if unbuilt else 'no trainable variable'}. "
+            "Build it before compile (give it an Input, call it on a batch, or model.build(shape))."
+        )
