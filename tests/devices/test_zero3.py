@@ -37,6 +37,21 @@ def test_sharded_parameters_train_like_one_device_and_each_replica_holds_its_pie
     assert zero.sent_bytes == [248, 248]
 
 
+def test_a_unit_recomputed_gathers_its_parameters_again_for_its_backward(monkeypatch):
+    """Every layer that holds parameters is a unit; one of KEEP_BELOW bytes or more recomputes its
+    forward in the backward pass, so that its gathered parameters die after its forward (here
+    every unit, KEEP_BELOW 0): a step sends 1.5x an all-reduce's bytes, as FSDP's does."""
+    from tfpar.strategies import _zero3_units
+
+    monkeypatch.setattr(_zero3_units, "KEEP_BELOW", 0)
+    whole, sharded, model = train_zero_pair(keras, "adam", DEVICES, 3)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(whole, sharded)) < 1e-6
+    assert [layer.__dict__.get("_tfpar_remat") for layer in model.layers] == [True, True]
+    # 31 elements of 4 bytes each way: gathered in the forward, again in the backward, and the
+    # gradients reduce-scattered; a ring all-reduce of the 62 padded elements sends 248 B
+    assert model._tfpar_zero.sent_bytes == [3 * 124, 3 * 124]
+
+
 def test_the_mirrored_copies_are_freed_once_sharded():
     strategy = tfpar.DataParallel(devices=DEVICES, zero_stage=3)
     with strategy.scope():

@@ -497,6 +497,19 @@ def test_a_keras3_layer_keeps_its_remat_scope_and_keras_stops_recomputing_it_on_
     assert _compat.keras3_remat_mode(layer) is scope
 
 
+def test_a_keras3_layer_s_own_variables_and_a_variable_s_storage():
+    import keras as keras3
+
+    block = keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(2)])
+    dense = block.layers[0]
+    assert _compat.keras3_own_trainable_variables(block) == []
+    assert _compat.keras3_own_trainable_variables(dense) == [dense.kernel, dense.bias]
+    storage = tf.Variable(tf.ones([3, 2]))
+    _compat.keras3_replace_storage(dense.kernel, storage)
+    assert dense.kernel.handle is storage.handle
+    np.testing.assert_array_equal(dense(np.ones((1, 3), "float32")), np.full((1, 2), 3.0))
+
+
 def test_tf_keras_trains_the_variables_trainable_at_compile():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

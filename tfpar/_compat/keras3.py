@@ -1,11 +1,14 @@
 """Keras 3's private internals on TensorFlow: where its fit starts, its data adapter, optimizer
-and trainer classes, the loss its train_step computes and records, and a layer's RematScope."""
+and trainer classes, the loss its train_step computes and records, a layer's RematScope and own
+variables, and a variable's storage."""
 
 __all__ = [
     "keras3_compute_loss",
     "keras3_data_adapter_class",
     "keras3_loss_tracker",
+    "keras3_own_trainable_variables",
     "keras3_remat_mode",
+    "keras3_replace_storage",
     "keras3_start_at_epoch",
     "keras3_tf_optimizer_class",
     "keras3_trainer_class",
@@ -91,3 +94,18 @@ def stop_keras3_remat(layer):
     if scope is not None:
         layer.__dict__["_tfpar_remat_scope"] = scope
         layer._remat_mode = None
+
+
+def keras3_own_trainable_variables(layer):
+    """The trainable variables a Keras 3 layer made itself, its sublayers' left out (Keras keeps
+    them apart; the public ``trainable_variables`` adds the sublayers'): what ZeRO stage 3 gathers
+    where that layer computes."""
+    return list(layer._trainable_variables)
+
+
+def keras3_replace_storage(variable, storage):
+    """Makes a Keras 3 variable hold ``storage`` (an object with a tf.Variable's reads, writes and
+    ``handle``) in place of its tf.Variable: its reads, writes, ``handle`` and checkpoint go
+    through that private ``_value``, and the variable object, its path and its key stay (no public
+    API swaps a variable's storage; ZeRO stage 3 shards it)."""
+    variable._value = storage

@@ -20,7 +20,14 @@ import tensorflow as tf
 from tfpar import _compat
 from tfpar._keras import is_keras3
 
-__all__ = ["floats", "recompute", "recomputing", "state_of"]
+__all__ = [
+    "floats",
+    "recompute",
+    "recomputation_running",
+    "recomputing",
+    "state_of",
+    "through_keras",
+]
 
 _recomputing = threading.local()  # .layer: the layer whose recomputation runs in this thread
 
@@ -81,6 +88,12 @@ def state_of(layer):
     return list(layer.non_trainable_variables) if is_keras3(layer) else None
 
 
+def recomputation_running():
+    """Whether a layer's recomputation runs in this thread (a call inside it runs plain: the
+    recomputation of the outer layer frees what the inner one would)."""
+    return getattr(_recomputing, "layer", None) is not None
+
+
 def recomputing(layer):
     """Makes ``layer``'s calls under a gradient tape recompute their activations in the backward
     pass (an instance attribute over its class' ``call``: the class is left as it was); returns
@@ -101,7 +114,7 @@ def recomputing(layer):
             args,
             kwargs,
             state_of(layer),
-            again=_through_keras(layer, kwargs),
+            again=through_keras(layer, kwargs),
         )
         _refuse_added_losses(layer, losses)
         return outputs
@@ -114,7 +127,7 @@ def recomputing(layer):
     return layer
 
 
-def _through_keras(layer, kwargs):
+def through_keras(layer, kwargs):
     """The recomputation of ``layer``'s call: through Keras' ``__call__`` (the training mode of
     the forward, which its sublayers inherit; its autocast), to its own ``call``."""
     training = kwargs.get("training", _compat.training_of_the_call(is_keras3(layer)))

@@ -16,6 +16,7 @@ from tfpar import _compat
 from tfpar._keras import is_keras3, tf
 from tfpar.strategies._zero import ShardedOptimizer, install_sharded, optimizer_to_shard
 from tfpar.strategies._zero3_params import ShardedParameter
+from tfpar.strategies._zero3_units import gathering, units_of
 
 __all__ = ["ShardedParameters", "shard_parameters"]
 
@@ -60,7 +61,7 @@ class ShardedParameters(ShardedOptimizer):
                     )
                 )
         parameter = ShardedParameter(whole, self, i, pieces)
-        keras_variable._value = parameter
+        _compat.keras3_replace_storage(keras_variable, parameter)
         return parameter
 
     def local_index(self, replica):
@@ -172,6 +173,9 @@ def shard_parameters(model, arguments=None):
     _refuse(model, outer, optimizer)
     sharded = ShardedParameters(optimizer, model.trainable_variables, model.distribute_strategy)
     install_sharded(model, optimizer, sharded)
+    for layer in units_of(model):
+        if not layer.__dict__.get("_tfpar_zero3"):
+            gathering(layer)
 
 
 def _refuse(model, outer, optimizer):

@@ -21,6 +21,7 @@ import weakref
 
 from tfpar._keras import tf
 from tfpar.strategies import _sparse as sparse
+from tfpar.strategies._zero3_units import unit_inputs
 
 __all__ = ["ShardedParameter"]
 
@@ -73,11 +74,14 @@ class ShardedParameter:
 
     def value(self):
         """The whole value: gathered from every replica in a replica's step (differentiable to the
-        local piece), else from this process's pieces."""
+        local piece; once the inputs of the layer reading it exist, `unit_inputs`), else from this
+        process's pieces."""
         context = tf.distribute.get_replica_context()
         if context is None or tf.distribute.in_cross_replica_context():
             return self.whole()
-        return _gathered(self, self._own().read_value())
+        with tf.control_dependencies(unit_inputs()):  # gathered once its layer's inputs exist
+            own = tf.identity(self._own().read_value())
+        return _gathered(self, own)
 
     def whole(self):
         """The whole value from the replicas' pieces, outside a step."""
