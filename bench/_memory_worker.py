@@ -16,7 +16,8 @@ and the line holds a list.
   after `reset_memory_stats`); activations: the peak less what the device held before them, what
   one step adds (its activations and gradients);
 - step: seconds per step, the fastest of the timed epochs;
-- zero: with ``--zero-stage``, ZeRO's ``{what: [bytes unsharded, bytes this replica holds]}``.
+- zero: with ``--zero-stage``, ZeRO's ``{what: [bytes unsharded, bytes this replica holds]}``;
+  sent: the bytes this worker's replica sends in a step.
 """
 
 import argparse
@@ -125,6 +126,7 @@ def measure(args, remat):
         "persistent": held - before,
         "state": sum(v.numpy().nbytes for v in [*model.weights, *model.optimizer.variables]),
         "zero": None if zero is None else zero.state_bytes(),
+        "sent": None if zero is None else sum(zero.sent_bytes),
         "peak": peak,
         "activations": peak - held,
         "step": min(seconds),

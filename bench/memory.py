@@ -1,5 +1,6 @@
 """Memory benchmark: activation checkpointing (``remat="blocks"``) against none on one device, then
-ZeRO stage 2 and stage 2 with remat against stage 0 on 2 workers (and both accumulating 2 steps),
+ZeRO stages 2 and 3, alone and with remat, against stage 0 on 2 workers (and stages 0 and 2
+accumulating 2 steps),
 peak bytes measured by TensorFlow's allocator; and the largest Llama-shaped model a 16 GiB and an
 80 GiB device can train under each, derived from the bytes measured.
 
@@ -17,7 +18,9 @@ Last line:
     RESULT memory remat_activation_ratio=<a> remat_peak_ratio=<p> remat_step_ratio=<s>
            zero2_persistent_ratio=<r> zero2_peak_ratio=<r> zero2_step_ratio=<s>
            zero2_remat_peak_ratio=<r> zero2_remat_step_ratio=<s>
-           zero2_accumulate_persistent_ratio=<r> zero2_accumulate_peak_ratio=<r> blocks=<n>
+           zero2_accumulate_persistent_ratio=<r> zero2_accumulate_peak_ratio=<r>
+           zero3_persistent_ratio=<r> zero3_peak_ratio=<r> zero3_step_ratio=<s>
+           zero3_wire_ratio=<r> zero3_remat_peak_ratio=<r> zero3_remat_step_ratio=<s> blocks=<n>
            parameters=<n> parameters_workers=<n> activations_none=<bytes> activations_remat=<bytes>
            cpu=<extensions> onednn=<on|off>
 
@@ -29,7 +32,10 @@ Last line:
 - zero2_*: on 2 workers, the worker that holds the most: what it keeps between steps (persistent),
   that and a step's (peak), and a step's seconds, stage 2 ÷ stage 0; zero2_remat_*: stage 2 with
   remat="blocks" ÷ stage 2; zero2_accumulate_*: both with gradient_accumulation_steps=2 (stage 0's
-  accumulator holds a whole model, stage 2's a replica's pieces), stage 2 ÷ stage 0.
+  accumulator holds a whole model, stage 2's a replica's pieces), stage 2 ÷ stage 0;
+- zero3_*: stage 3 (and stage 3 with remat="blocks") ÷ stage 0, its step ÷ stage 2's (goals:
+  persistent <= 0.52, peak <= 0.65, step <= 1.3), and the bytes a replica sent in a step ÷ a ring
+  all-reduce's of the same gradients (goal <= 1.5).
 """
 
 import os
@@ -50,6 +56,8 @@ WORKER_CONFIGS = {
     "stage 0": ("0", "none", "1"),
     "stage 2": ("2", "none", "1"),
     "stage 2 + remat": ("2", "blocks", "1"),
+    "stage 3": ("3", "none", "1"),
+    "stage 3 + remat": ("3", "blocks", "1"),
     "stage 0, accumulating 2": ("0", "none", "2"),
     "stage 2, accumulating 2": ("2", "none", "2"),
 }
@@ -102,6 +110,10 @@ def main():
     zero2_remat = workers["stage 2 + remat"]
     accumulated0 = workers["stage 0, accumulating 2"]
     accumulated2 = workers["stage 2, accumulating 2"]
+    zero3 = workers["stage 3"]
+    zero3_remat = workers["stage 3 + remat"]
+    # a ring all-reduce sends 2 (N-1)/N of the float32 gradients from each replica
+    all_reduce = 2 * 4 * zero0["parameters"] * (zero0["replicas"] - 1) / zero0["replicas"]
     print(
         f"RESULT memory remat_activation_ratio={remat['activations'] / none['activations']:.3f} "
         f"remat_peak_ratio={_peak(remat) / _peak(none):.3f} "
@@ -114,6 +126,12 @@ def main():
         f"zero2_accumulate_persistent_ratio="
         f"{accumulated2['persistent'] / accumulated0['persistent']:.3f} "
         f"zero2_accumulate_peak_ratio={_peak(accumulated2) / _peak(accumulated0):.3f} "
+        f"zero3_persistent_ratio={zero3['persistent'] / zero0['persistent']:.3f} "
+        f"zero3_peak_ratio={_peak(zero3) / _peak(zero0):.3f} "
+        f"zero3_step_ratio={zero3['step'] / zero2['step']:.3f} "
+        f"zero3_wire_ratio={zero3['sent'] / all_reduce:.3f} "
+        f"zero3_remat_peak_ratio={_peak(zero3_remat) / _peak(zero0):.3f} "
+        f"zero3_remat_step_ratio={zero3_remat['step'] / zero2['step']:.3f} "
         f"blocks={remat['blocks']} parameters={none['parameters']} "
         f"parameters_workers={zero0['parameters']} activations_none={none['activations']} "
         f"activations_remat={remat['activations']} {machine_keys()}",
@@ -133,15 +151,16 @@ def largest_parameters(run, capacity):
     """The parameters of the largest `llama_shape` model one replica of ``run``'s configuration
     can train in ``capacity`` bytes: its model state at the bytes per parameter ``run`` kept
     between steps, a step's gradients at 4 bytes per parameter (float32, whole before they are
-    reduced), its activations at the bytes per block, token and width the rest of ``run``'s step
-    took, on as many tokens per replica."""
+    reduced; stage 3: a replica's pieces, 4/N), its activations at the bytes per block, token and
+    width the rest of ``run``'s step took, on as many tokens per replica."""
     per_parameter = run["persistent"] / run["parameters"]
-    rest = max(0, run["activations"] - 4 * run["parameters"])
+    gradient = 4 / run["replicas"] if run["zero_stage"] == 3 else 4
+    rest = max(0, run["activations"] - gradient * run["parameters"])
     per_unit = rest / (run["layers"] * run["tokens"] * run["hidden"])
 
     def needed(hidden):
         parameters, blocks = llama_shape(hidden)
-        return parameters * (per_parameter + 4) + per_unit * blocks * run["tokens"] * hidden
+        return parameters * (per_parameter + gradient) + per_unit * blocks * run["tokens"] * hidden
 
     low = 64.0
     high = 2.0**17

@@ -116,7 +116,10 @@ def _demo_training_arguments(group):
         "--zero-stage",
         type=_int,
         default=0,
-        help="data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2)",
+        help=(
+            "data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2), or the "
+            "parameters too (3: Keras 3 models)"
+        ),
     )
     group.add_argument("--epochs", type=_int, default=None, help="default 8 (or $TFPAR_EPOCHS)")
     group.add_argument(
@@ -211,7 +214,10 @@ def _verify_parallelism_arguments(verify):
         "--zero-stage",
         type=_int,
         default=0,
-        help="data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2)",
+        help=(
+            "data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2), or the "
+            "parameters too (3: Keras 3 models)"
+        ),
     )
     verify.add_argument(
         "--remat",

@@ -151,7 +151,8 @@ def run_demo(
             that keeps the zeros, cluster- and sparsity-preserving QAT), exported as int8 TFLite
             with its deployment report against the float model (refused above 1 point of
             accuracy lost).
-        zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2).
+        zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2),
+            or the parameters too (3, Keras 3 models).
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the

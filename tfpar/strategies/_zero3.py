@@ -185,12 +185,6 @@ def _refuse(model, outer, optimizer):
             f"{type(model).__module__}.{type(model).__name__}. Use Keras 3, or zero_stage=2 "
             "(which shards the gradients and optimizer state of a tf_keras model)."
         )
-    if outer is not optimizer:
-        raise ValueError(
-            "zero_stage=3 does not yet take a LossScaleOptimizer (a mixed_float16 policy). "
-            f"Received: {type(outer).__name__}. Use the mixed_bfloat16 policy (no loss scale), "
-            "float32, or zero_stage=2."
-        )
     unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
     if unbuilt or not model.trainable_variables:
         raise ValueError(
