@@ -160,3 +160,29 @@ def test_a_sharded_state_shows_each_buckets_exchange_in_order(
     assert all(end <= e["ts"] + 1 for end, e in zip(ends, events[1:]))  # one after another
     # read once: a step that writes no rows (one a loss scale skips) adds none
     assert np.isnan(model._tfpar_zero.device_trace.numpy()).all()
+
+
+def test_fully_sharded_parameters_show_each_gather_and_reduce_scatter_inside_the_step(tmp_path):
+    """zero_stage=3 (Keras 3; the Dense layers' 4 variables, every unit under 64 KiB, so none
+    gathered again in the backward): each step shows each variable's all-gather, then its
+    reduce-scatter once the backward reaches it, then each variable's update, all in the step."""
+    import keras
+
+    strategy = tfpar.DataParallel(zero_stage=3)
+    model = strategy.build(lambda: verify_model(k=keras))
+    steps = _fit(model, strategy, tmp_path / "timeline.json")
+    tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
+    events = tracks[0, "ZeRO exchange"]
+    paths = [v.path for v in model.trainable_variables]
+    per_step = [f"{kind} {path}" for kind in ("all-gather", "reduce-scatter") for path in paths]
+    per_step += [f"update {i}" for i in range(len(paths))]
+    assert sorted(e["name"] for e in events) == sorted(per_step * steps)
+    for step in tracks[0, "step"]:
+        inside = [e for e in events if step["ts"] - 1 <= e["ts"] <= step["ts"] + step["dur"]]
+        assert sorted(e["name"] for e in inside) == sorted(per_step)
+        at = {e["name"]: e for e in inside}
+        for path in paths:
+            gathered = at[f"all-gather {path}"]
+            assert gathered["ts"] + gathered["dur"] <= at[f"reduce-scatter {path}"]["ts"] + 1
+        last_scatter = max(at[f"reduce-scatter {path}"]["ts"] for path in paths)
+        assert all(at[f"update {i}"]["ts"] + 1 >= last_scatter for i in range(len(paths)))

@@ -9,6 +9,7 @@ import weakref
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfpar
 from tests.models import overflow_step, train_zero_pair, zero_resume
@@ -127,6 +128,10 @@ def test_predict_and_evaluate_read_the_whole_parameters():
             model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(3)])
             model.compile(keras.optimizers.SGD(0.1), "mse")
         outputs.append((model.predict(x, verbose=0), model.evaluate(x, x[:, :3], verbose=0)))
+    # read outside the strategy (TensorFlow's default replica context): whole, not gathered
+    kernel = model.layers[0].kernel
+    np.testing.assert_array_equal(tf.convert_to_tensor(kernel).numpy(), kernel.numpy())
+    assert tuple(tf.convert_to_tensor(kernel).shape) == (7, 3)
     np.testing.assert_allclose(outputs[0][0], outputs[1][0], atol=1e-6)
     assert outputs[0][1] == pytest.approx(outputs[1][1], abs=1e-6)
 
@@ -178,3 +183,18 @@ def test_a_tf_keras_model_is_refused_at_compile():
         model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
         with pytest.raises(ValueError, match=r"this model is a tf_keras one.*Use Keras 3"):
             model.compile("adam", "mse")
+
+
+def test_tfpar_verify_proves_a_sharded_recomputed_step_equal_to_one_replica(capsys):
+    """`tfpar verify --zero-stage 3 --remat blocks` on the text model (an Embedding: Keras 3's Adam
+    takes its squared rows; an attention block recomputed, its layers run plain inside it), as the
+    entry point calls it."""
+    from tfpar import cli
+
+    arguments = ["--model", "tests.gradient_paths:text_keras3"]
+    arguments += ["--data", "tests.gradient_paths:text_data", "--steps", "3"]
+    arguments += ["--zero-stage", "3", "--remat", "blocks"]
+    assert cli.main(["verify", *arguments]) == 0
+    out = capsys.readouterr().out
+    assert "zero:       stage 3" in out and "PASSED: trains like one replica" in out, out
+    assert "block(s) recompute their activations" in out

@@ -72,6 +72,7 @@ EQUIVALENCE_JOBS = {
         ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"],
     ),
     "zero-1-bf16": (["zero_stage=1", "compression=bf16"], ["zero-adamw-bf16-keras3:96:3:adamw"]),
+    "zero-3": (["zero_stage=3"], ["zero3-adam-keras3:96:3:adam"]),
     "remat-conv": (["remat=[conv2d*]"], ["remat-conv:96:2", "remat-conv-keras3:96:3"]),
 }
 
@@ -213,21 +214,23 @@ def test_two_workers_train_exactly_like_one_device(equivalence_jobs, job, case):
             )
 
 
-def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equivalence_jobs):
-    """zero_stage=2 across 2 workers: each keeps half of the optimizer state (describe's bytes), and
-    the checkpoint each wrote (gathered from both) holds one device's whole state: loaded into a
-    plain optimizer on one device, it is the state one device reaches. So does FaultTolerance's
-    last backup, which the chief alone keeps (Keras 3's, a .weights.h5; the other worker gathers
-    with it, in step)."""
+@pytest.mark.parametrize("job", ["zero-2", "zero-3"])
+def test_zero_over_two_workers_writes_the_whole_optimizer_state_each_worker(equivalence_jobs, job):
+    """zero_stage=2 (and 3) across 2 workers: each keeps half of the optimizer state (describe's
+    bytes; at stage 3 half of the parameters too), and the checkpoint each wrote (gathered from
+    both) holds one device's whole state: loaded into a plain optimizer on one device, it is the
+    state one device reaches. So does FaultTolerance's last backup, which the chief alone keeps
+    (Keras 3's, a .weights.h5; the other worker gathers with it, in step)."""
     import importlib
 
     from tests.models import equivalence_model, one_device_model, zero_optimizer
 
-    output, folder = equivalence_jobs["zero-2"]
-    assert (
-        "zero:       stage 2: each replica keeps and updates 1/2 of the optimizer state" in output
-    )
-    for case in EQUIVALENCE_JOBS["zero-2"][1]:
+    output, folder = equivalence_jobs[job]
+    stage = job.split("-")[1]
+    assert f"zero:       stage {stage}: each replica keeps and updates 1/2 of the " in output
+    if stage == "3":
+        assert "per replica: weights 9,644 B -> 4,824 B" in output
+    for case in EQUIVALENCE_JOBS[job][1]:
         name, examples, keras_version, optimizer = case.split(":")
         k = importlib.import_module("keras" if keras_version == "3" else "tf_keras")
         reference = one_device_model(int(examples), 16, 2, k, optimizer)

@@ -72,6 +72,10 @@ EXPECT = {
         "remat:      2 block(s) recompute their activations in the backward pass",
         "transformer_layer_0, transformer_layer_1",
     ],
+    "DataParallel(zero_stage=3)": [
+        "zero:       stage 3: each replica keeps and updates 1/2 of the parameters",
+        "weights 88,104 B -> 44,052 B",
+    ],
     "DataParallel(zero_stage=1)": [
         "zero:       stage 1: each replica keeps and updates 1/2 of the optimizer state",
         "optimizer state 22,096 B -> 11,048 B",

@@ -111,7 +111,7 @@ class ShardedOptimizer(BucketExchange):
 
     def _step(self, strategy, grads, summed=False):
         rows = self._squared_rows(grads)
-        self._events = []  # this step's, for the Timeline (`_trace`)
+        self._events = self._step_events()  # this step's, for the Timeline (`_trace`)
 
         def gradients(bucket, k):
             return self._bucket_gradients(grads, bucket, k)

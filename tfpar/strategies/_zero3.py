@@ -30,6 +30,9 @@ class ShardedParameters(ShardedOptimizer):
         self._sent_traced = [0] * len(self.devices)
         self._step_squares: list = []
         self._calls = weakref.WeakKeyDictionary()  # per traced graph: collectives per parameter
+        self._graph_events = (
+            weakref.WeakKeyDictionary()
+        )  # per traced graph: its collectives' events
         self.variables = [
             self._shard(keras_variable, i) for i, keras_variable in enumerate(variables)
         ]
@@ -60,17 +63,27 @@ class ShardedParameters(ShardedOptimizer):
                         name=f"tfpar_zero3_{j}_{i}",
                     )
                 )
-        parameter = ShardedParameter(whole, self, i, pieces)
+        parameter = ShardedParameter(whole, self, i, pieces, keras_variable.path)
         _compat.keras3_replace_storage(keras_variable, parameter)
         return parameter
 
     def local_index(self, replica):
-        """The place among this process's replicas of the replica numbered ``replica``."""
-        return self.comm.owned.index(replica)
+        """The place among this process's replicas of the replica numbered ``replica`` (a Horovod
+        rank's one replica numbers itself 0)."""
+        return 0 if len(self.devices) == 1 else self.comm.owned.index(replica)
 
     def per_replica(self, values):
         """One value per local replica, as a merge call hands them back to the replicas."""
         return _compat.PerReplica(tuple(values))
+
+    def timed(self, label, inputs, compute):
+        """``compute()`` of a collective in a forward or backward pass, timed as event ``label``
+        of the step being traced (`_step_events` hands them to its update)."""
+        graph = tf.compat.v1.get_default_graph()
+        return self._timed(label, inputs, compute, self._graph_events.setdefault(graph, []))
+
+    def _step_events(self):
+        return self._graph_events.pop(tf.compat.v1.get_default_graph(), [])
 
     def count_sent(self, sent):
         """Bytes a traced collective sends from each local replica."""
@@ -84,19 +97,6 @@ class ShardedParameters(ShardedOptimizer):
         calls = self._calls.setdefault(graph, {})
         calls[parameter.index] = calls.get(parameter.index, 0) + 1
         return f"{parameter.index}_{calls[parameter.index]}"
-
-    def reduce_piece(self, flat, squares, parameter, index):
-        """Each local replica's piece of the sum of the replicas' padded ``flat`` gradients of
-        ``parameter`` (and of their ``squares`` of sparse rows, or []), by the collective named
-        ``index``: ``(pieces, squares' pieces or None, bytes sent)``."""
-        bucket = self.buckets[parameter.index]
-        if squares:
-            pieces, square_pieces, sent = self._reduce_scatter_with_squares(
-                flat, squares, False, bucket, index
-            )
-            return pieces, square_pieces, sent
-        pieces, sent = self.comm.reduce_scatter(flat, bucket.piece, False, index=index)
-        return pieces, None, sent
 
     def _squared_rows(self, grads):
         """Whether this step's update takes sums of squared sparse rows: those the backward's

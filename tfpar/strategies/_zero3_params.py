@@ -14,8 +14,8 @@ writes each piece its part.
 
 A sparse gradient (an ``Embedding``'s lookup) is summed into the piece's elements before its
 reduce-scatter; its sums of squared rows, which Keras 3's Adam and a global norm take
-(`tfpar.strategies._sparse`), travel with it and are kept for the update of the same step
-(``squares_of``)."""
+(`tfpar.strategies._sparse`), are reduce-scattered after it (one table's buffers at a time) and
+kept for the update of the same step (``squares_of``)."""
 
 import weakref
 
@@ -32,9 +32,10 @@ class ShardedParameter:
 
     _should_act_as_resource_variable = True  # a gradient tape differentiates to ``handle``
 
-    def __init__(self, variable, state, index, pieces):
+    def __init__(self, variable, state, index, pieces, path):
         """``variable``'s storage cut by ``state`` (the `tfpar.strategies._zero3.ShardedParameters`
-        that laid it out as its bucket ``index``) into this process's ``pieces``."""
+        that laid it out as its bucket ``index``) into this process's ``pieces``; ``path``: the
+        Keras variable's, which the Timeline's events name."""
         self.shape = variable.shape
         self.dtype = tf.as_dtype(variable.dtype)
         self.name = variable.name
@@ -42,7 +43,9 @@ class ShardedParameter:
         self.size = int(variable.shape.num_elements())
         self.pieces = pieces
         self.piece = int(pieces[0].shape[0])
+        self.padding = self.piece * state.comm.size - self.size  # zeros after its last element
         self.index = index
+        self.path = path
         self._state = weakref.ref(state)
         # per traced graph: each read's (sparse or not, its squares' pieces per local replica)
         self._reads = weakref.WeakKeyDictionary()
@@ -61,13 +64,19 @@ class ShardedParameter:
         """The local replica's piece, what a tape in a replica's step differentiates to."""
         return self._own().handle
 
+    def _in_step(self):
+        """Whether a replica of the strategy that shards it runs here (a step, ``predict``): not
+        outside its scope, where TensorFlow's default strategy's replica context is current."""
+        if tf.distribute.in_cross_replica_context():
+            return False
+        return tf.distribute.get_strategy() is self._state().strategy
+
     def _own(self):
-        context = tf.distribute.get_replica_context()
-        if context is None or tf.distribute.in_cross_replica_context():
+        if not self._in_step():
             return self.pieces[0]
+        context = tf.distribute.get_replica_context()
         replica = tf.get_static_value(context.replica_id_in_sync_group)
-        state = self._state()
-        return self.pieces[state.local_index(int(replica))]
+        return self.pieces[self._state().local_index(int(replica))]
 
     def read_value(self):
         return self.value()
@@ -76,8 +85,7 @@ class ShardedParameter:
         """The whole value: gathered from every replica in a replica's step (differentiable to the
         local piece; once the inputs of the layer reading it exist, `unit_inputs`), else from this
         process's pieces."""
-        context = tf.distribute.get_replica_context()
-        if context is None or tf.distribute.in_cross_replica_context():
+        if not self._in_step():
             return self.whole()
         with tf.control_dependencies(unit_inputs()):  # gathered once its layer's inputs exist
             own = tf.identity(self._own().read_value())
@@ -103,7 +111,7 @@ class ShardedParameter:
     def assign(self, value, use_locking=None, name=None, read_value=True):
         """Each local piece takes its part of the whole ``value`` (outside a step)."""
         flat = tf.reshape(tf.cast(value, self.dtype), [-1])
-        padded = tf.pad(flat, [[0, self.piece * self._state().comm.size - self.size]])
+        padded = tf.pad(flat, [[0, self.padding]])
         owned = self._state().comm.owned
         for piece, j in zip(self.pieces, owned):
             piece.assign(padded[j * self.piece : (j + 1) * self.piece])
@@ -152,34 +160,52 @@ def _gathered(parameter, piece):
 def _all_gather(strategy, parameter, own):
     state = parameter._state()
     pieces = strategy.experimental_local_results(own)
-    wholes, sent = state.comm.all_gather(list(pieces), index=state.call_index(parameter))
+    index = state.call_index(parameter)
+    wholes, sent = state.timed(
+        f"all-gather {parameter.path}",
+        pieces,
+        lambda: state.comm.all_gather(list(pieces), index=index),
+    )
     state.count_sent(sent)
     outputs = []
     for device, whole in zip(state.devices, wholes):
         with tf.device(device):
-            outputs.append(tf.reshape(whole[: parameter.size], parameter.shape))
+            whole = whole if parameter.padding == 0 else whole[: parameter.size]
+            outputs.append(tf.reshape(whole, parameter.shape))
     return state.per_replica(outputs)
 
 
 def _reduce_scatter(strategy, parameter, dy):
-    """Each local replica's piece of the sum of the replicas' gradients ``dy`` (and, for a sparse
-    one, of its sums of squared rows, recorded for the update)."""
+    """Each local replica's piece of the sum of the replicas' gradients ``dy``; for a sparse one
+    whose squared rows the update takes, then (once the gradients' buffers are freed) the pieces
+    of its sums of squared rows too, recorded for the update."""
     state = parameter._state()
     grads = strategy.experimental_local_results(dy)
-    rows = sparse.is_sparse(grads[0])
-    padding = parameter.piece * state.comm.size - parameter.size
+    pieces = _reduced(parameter, grads, sparse.dense)
+    squares = None
+    if sparse.is_sparse(grads[0]) and state.takes_squares:
+        with tf.control_dependencies(pieces):
+            squares = _reduced(parameter, grads, sparse.row_squares, state.squares_in_float32)
+    parameter.record(tf.compat.v1.get_default_graph(), (squares is not None, squares))
+    return state.per_replica(pieces)
+
+
+def _reduced(parameter, grads, of, full=False):
+    """Each local replica's piece of the sum over the replicas of ``of`` their gradients ``grads``
+    (flat and padded: one reduce-scatter; ``full``: in float32 whatever the compression)."""
+    state = parameter._state()
     flat = []
-    squares = []
     for device, g in zip(state.devices, grads):
         with tf.device(device):
-            flat.append(tf.pad(tf.reshape(sparse.dense(g, parameter.shape), [-1]), [[0, padding]]))
-            if rows and state.takes_squares:
-                square = sparse.row_squares(g, parameter.shape)
-                squares.append(tf.pad(tf.reshape(square, [-1]), [[0, padding]]))
-    pieces, square_pieces, sent = state.reduce_piece(
-        flat, squares, parameter, state.call_index(parameter)
+            values = tf.reshape(of(g, parameter.shape), [-1])
+            flat.append(
+                values if parameter.padding == 0 else tf.pad(values, [[0, parameter.padding]])
+            )
+    index = state.call_index(parameter)
+    pieces, sent = state.timed(
+        f"reduce-scatter {parameter.path}",
+        flat,
+        lambda: state.comm.reduce_scatter(flat, parameter.piece, False, full=full, index=index),
     )
     state.count_sent(sent)
-    graph = tf.compat.v1.get_default_graph()
-    parameter.record(graph, (rows, square_pieces if squares else None))
-    return state.per_replica(pieces)
+    return pieces

@@ -51,12 +51,18 @@ class BucketExchange(ShardedState):
         """Per row of ``device_trace``: (its track, its label); known once the step is traced."""
         return [(0, label) for label in self._trace_labels]
 
-    def _timed(self, label, inputs, compute):
-        """``compute()``, its start (once ``inputs`` exist) and end recorded as event ``label``."""
+    def _step_events(self):
+        """The events of the step being traced that ran before its update: none here (stage 3's
+        gathers and reduce-scatters run in the forward and backward passes)."""
+        return []
+
+    def _timed(self, label, inputs, compute, events=None):
+        """``compute()``, its start (once ``inputs`` exist) and end recorded as event ``label`` (in
+        ``events``, default the step's)."""
         start = _now(inputs)
         with tf.control_dependencies([start]):
             result = compute()
-        self._events.append((label, start, _now(result)))
+        (self._events if events is None else events).append((label, start, _now(result)))
         return result
 
     def _trace(self, recorded=None, rows=None):
