@@ -198,3 +198,54 @@ def test_tfpar_verify_proves_a_sharded_recomputed_step_equal_to_one_replica(caps
     out = capsys.readouterr().out
     assert "zero:       stage 3" in out and "PASSED: trains like one replica" in out, out
     assert "block(s) recompute their activations" in out
+
+
+@pytest.mark.parametrize(
+    "stage, clip",
+    [(3, {}), (3, {"global_clipnorm": 0.05}), (2, {"global_clipnorm": 0.05})],
+    ids=["stage-3", "stage-3-clipnorm", "stage-2-clipnorm"],
+)
+def test_an_embedding_s_rows_travel_instead_of_its_table(stage, clip):
+    """An Embedding of 1,000 x 8 looked up 24 times a step per replica: at stage 3 its rows and
+    indices are gathered (24 x 9 floats from each replica) instead of its table reduce-scattered
+    (4,000 floats a replica), and each replica sums those in its half, their squares too (the
+    global norm takes them; Keras 3's Adam too, but under a global_clipnorm, whose clipped
+    gradients are dense: stages 1 and 2 squared the rows there too, 0.16 from one device): one
+    device's weights."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 1000, size=(48, 4)).astype("int32")
+    y = rng.normal(size=(48, 8)).astype("float32")
+    trained = []
+    for zero, devices in ((0, DEVICES[:1]), (stage, DEVICES)):
+        strategy = tfpar.DataParallel(devices=devices, zero_stage=zero)
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model = _bag_of_embeddings(1000, 8)
+            model.compile(keras.optimizers.Adam(0.05, **clip), "mse")
+        model.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+        trained.append(model)
+    one, sharded = trained
+    difference = float(np.abs(one.get_weights()[0] - sharded.get_weights()[0]).max())
+    assert difference < 1e-5  # Adam's normalized steps: float32 sums in another order
+    if stage == 3:  # the forward's gather of 4,000 floats, then 24 rows of 8 values and an index
+        assert sharded._tfpar_zero.sent_bytes == [4 * 4000 + 4 * 24 * 9] * 2
+
+
+def _bag_of_embeddings(rows, width):
+    return keras.Sequential(
+        [
+            keras.Input((4,), dtype="int32"),
+            keras.layers.Embedding(rows, width),
+            keras.layers.GlobalAveragePooling1D(),
+        ]
+    )
+
+
+def test_clipping_an_embedding_s_rows_by_value_is_refused_when_traced():
+    strategy = tfpar.DataParallel(devices=DEVICES, zero_stage=3)
+    with strategy.scope():
+        model = _bag_of_embeddings(10, 2)
+        model.compile(keras.optimizers.SGD(0.1, clipvalue=1.0), "mse")
+    x = np.zeros((8, 4), "int32")
+    with pytest.raises(ValueError, match=r"zero_stage=3 cannot clip a sparse gradient by value"):
+        model.fit(x, np.zeros((8, 2), "float32"), verbose=0)

@@ -182,6 +182,10 @@ class HorovodChunks:
         self.ops, self.devices = ops, [device]
         self.size, self.owned = ops._size, [ops._hvd.rank()]
         self.nccl = uses_nccl_reducescatter(device, ops._hvd.nccl_built())
+        # op="sum" undoes Keras' 1/N (as the reduce-scatter's prescale does)
+        self.gradient_scale = ops._reduce_args(tf.distribute.ReduceOp.SUM, True).get(
+            "prescale_factor", 1.0
+        )
 
     def reduce_scatter(self, flat, c, summed, full=False, index=0):
         """This rank's flat gradients of bucket ``index`` ->

@@ -61,8 +61,12 @@ class ShardedOptimizer(BucketExchange):
         """The state (`BucketExchange`, where ``strategy_accumulates`` is said), and how a sparse
         gradient's squared rows take part in the update."""
         super().__init__(optimizer, variables, strategy, stage, strategy_accumulates)
-        # see tfpar.strategies._sparse
-        self.moment_squares = is_keras3(optimizer) and self.name != "SGD"
+        # see tfpar.strategies._sparse; Keras 3's global_clipnorm hands its Adam dense gradients
+        self.moment_squares = (
+            is_keras3(optimizer)
+            and self.name != "SGD"
+            and not getattr(optimizer, "global_clipnorm", None)
+        )
 
     def apply(self, grads, trainable_variables=None):
         """Keras 3's ``apply`` (which its ``apply_gradients`` and its LossScaleOptimizer call)."""
@@ -99,15 +103,21 @@ class ShardedOptimizer(BucketExchange):
         (`tfpar.strategies._sparse`): Keras 3's Adam or a global norm takes them where rows are not
         accumulated."""
         rows = [g is not None and sparse.is_sparse(self._local(g, 0)) for g in grads]
-        if any(rows) and getattr(self.optimizer, "clipvalue", None):
+        if any(rows):
+            self.refuse_clipping_rows()
+        uses = self.moment_squares or getattr(self.optimizer, "global_clipnorm", None)
+        return bool(any(rows) and uses and self.window == 1)
+
+    def refuse_clipping_rows(self):
+        """Refuses ``clipvalue`` where a gradient is sparse: the optimizer clips each looked-up row
+        before duplicates are summed, a piece holds the summed rows."""
+        if getattr(self.optimizer, "clipvalue", None):
             raise ValueError(
                 f"zero_stage={self.stage} cannot clip a sparse gradient by value: the optimizer "
                 "clips each looked-up row before duplicates are summed, and a chunk holds the "
                 f"summed rows. Received: clipvalue={self.optimizer.clipvalue!r} with an "
                 "Embedding's (sparse) gradient. Use global_clipnorm=, or zero_stage=0."
             )
-        uses = self.moment_squares or getattr(self.optimizer, "global_clipnorm", None)
-        return bool(any(rows) and uses and self.window == 1)
 
     def _step(self, strategy, grads, summed=False):
         rows = self._squared_rows(grads)

@@ -12,16 +12,19 @@ own train step hands the optimizer each replica's piece of the summed gradient. 
 computes (``get_weights``, a checkpoint), it reads the whole value from this process's pieces and
 writes each piece its part.
 
-A sparse gradient (an ``Embedding``'s lookup) is summed into the piece's elements before its
-reduce-scatter; its sums of squared rows, which Keras 3's Adam and a global norm take
-(`tfpar.strategies._sparse`), are reduce-scattered after it (one table's buffers at a time) and
-kept for the update of the same step (``squares_of``)."""
+A sparse gradient (an ``Embedding``'s lookup) travels as its rows where they weigh less than a
+piece of the table (a batch's tokens against a vocabulary): every replica's rows and their
+indices are all-gathered (in float32) and each replica sums those that fall in its piece; else it
+is summed into the table's elements and reduce-scattered. Its sums of squared rows, which Keras
+3's Adam and a global norm take (`tfpar.strategies._sparse`), come from the same gathered rows,
+or are reduce-scattered after the table (one table's buffers at a time); they are kept for the
+update of the same step (``squares_of``)."""
 
 import weakref
 
 from tfpar._keras import tf
 from tfpar.strategies import _sparse as sparse
-from tfpar.strategies._zero3_units import unit_inputs
+from tfpar.strategies._zero3_units import unit_call
 
 __all__ = ["ShardedParameter"]
 
@@ -83,13 +86,20 @@ class ShardedParameter:
 
     def value(self):
         """The whole value: gathered from every replica in a replica's step (differentiable to the
-        local piece; once the inputs of the layer reading it exist, `unit_inputs`), else from this
-        process's pieces."""
+        local piece; once the inputs of the layer reading it exist, once per call of that layer:
+        `unit_call`), else from this process's pieces."""
         if not self._in_step():
             return self.whole()
-        with tf.control_dependencies(unit_inputs()):  # gathered once its layer's inputs exist
+        call = unit_call()
+        if call is not None and id(self) in call.gathered:
+            return call.gathered[id(self)]
+        # gathered once the inputs of the layer reading it exist
+        with tf.control_dependencies(call.inputs if call is not None else []):
             own = tf.identity(self._own().read_value())
-        return _gathered(self, own)
+        whole = _gathered(self, own)
+        if call is not None:
+            call.gathered[id(self)] = whole
+        return whole
 
     def whole(self):
         """The whole value from the replicas' pieces, outside a step."""
@@ -181,6 +191,12 @@ def _reduce_scatter(strategy, parameter, dy):
     of its sums of squared rows too, recorded for the update."""
     state = parameter._state()
     grads = strategy.experimental_local_results(dy)
+    if sparse.is_sparse(grads[0]):
+        state.refuse_clipping_rows()
+    if _rows_travel(parameter, grads):
+        pieces, squares = _from_rows(parameter, grads)
+        parameter.record(tf.compat.v1.get_default_graph(), (squares is not None, squares))
+        return state.per_replica(pieces)
     pieces = _reduced(parameter, grads, sparse.dense)
     squares = None
     if sparse.is_sparse(grads[0]) and state.takes_squares:
@@ -209,3 +225,65 @@ def _reduced(parameter, grads, of, full=False):
     )
     state.count_sent(sent)
     return pieces
+
+
+def _rows_travel(parameter, grads):
+    """Whether a sparse gradient's rows (values and indices) are gathered rather than its table
+    reduce-scattered: fewer bytes (each replica's rows against its piece of the table), rows of
+    a size known when traced (every replica's the same), row indices a float32 holds exactly."""
+    if not all(sparse.is_sparse(g) and g.values.shape.is_fully_defined() for g in grads):
+        return False
+    rows = int(parameter.shape[0])
+    width = parameter.size // rows
+    looked_up = int(grads[0].values.shape[0])
+    return rows < 2**24 and looked_up * (width + 1) < parameter.piece
+
+
+def _from_rows(parameter, grads):
+    """Each local replica's piece of the replicas' summed sparse gradients, and of their sums of
+    squared rows where the update takes them (else None), from every replica's rows gathered:
+    each replica sums the rows that fall in its piece."""
+    state = parameter._state()
+    width = parameter.size // int(parameter.shape[0])
+    rows = []
+    for device, g in zip(state.devices, grads):
+        with tf.device(device):
+            values = tf.reshape(tf.cast(g.values, tf.float32), [-1, width])
+            indices = tf.cast(tf.reshape(g.indices, [-1, 1]), tf.float32)  # exact below 2**24
+            rows.append(tf.reshape(tf.concat([values, indices], 1), [-1]))
+    index = state.call_index(parameter)
+    gathered, sent = state.timed(
+        f"all-gather rows {parameter.path}",
+        rows,
+        lambda: state.comm.all_gather(rows, index=index),
+    )
+    state.count_sent(sent)
+    pieces = []
+    squares = []
+    for device, every, j in zip(state.devices, gathered, state.comm.owned):
+        with tf.device(device):
+            table = tf.reshape(every, [-1, width + 1])
+            ids = tf.cast(table[:, -1], tf.int32)
+            values = table[:, :-1] * state.comm.gradient_scale
+            pieces.append(_piece_of_rows(parameter, ids, values, j))
+            if state.takes_squares:
+                squares.append(_piece_of_rows(parameter, ids, tf.square(values), j))
+    return pieces, squares or None
+
+
+def _piece_of_rows(parameter, ids, values, j):
+    """Piece ``j`` of the flat table that the rows ``values`` at row ``ids`` sum to (duplicates
+    summed; the rows outside the piece left out)."""
+    width = parameter.size // int(parameter.shape[0])
+    start = j * parameter.piece
+    first = start // width
+    last = min(int(parameter.shape[0]), -(-(start + parameter.piece) // width))
+    if last <= first:  # the piece holds padding only
+        return tf.zeros([parameter.piece])
+    inside = tf.logical_and(ids >= first, ids < last)
+    block = tf.math.unsorted_segment_sum(
+        tf.boolean_mask(values, inside), tf.boolean_mask(ids - first, inside), last - first
+    )
+    flat = tf.reshape(block, [-1])[start - first * width :][: parameter.piece]
+    short = parameter.piece - ((last - first) * width - (start - first * width))
+    return flat if short <= 0 else tf.pad(flat, [[0, short]])

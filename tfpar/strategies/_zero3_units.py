@@ -22,13 +22,23 @@ from tfpar.remat._recompute import (
     through_keras,
 )
 
-__all__ = ["KEEP_BELOW", "gathering", "unit_inputs", "units_of"]
+__all__ = ["KEEP_BELOW", "UnitCall", "gathering", "unit_call", "units_of"]
 
 KEEP_BELOW = 64 * 2**10
 """The parameter bytes under which a unit keeps its gathered parameters for its backward (biases,
 normalizations): a second gather would cost a collective's latency to save nothing worth it."""
 
-_running = threading.local()  # .inputs: per unit call running in this thread, its float inputs
+_running = threading.local()  # .calls: the unit calls running in this thread (`UnitCall`)
+
+
+class UnitCall:
+    """One call of a unit running: its floating-point inputs, which its parameters' gathers wait
+    for, and what it gathered, so that a parameter read twice in the call (Keras' ``take`` reads
+    an Embedding's table for its shape, then for its rows) is gathered once."""
+
+    def __init__(self, inputs):
+        self.inputs = inputs
+        self.gathered = {}  # id of a parameter: its whole value
 
 
 def units_of(model):
@@ -41,11 +51,10 @@ def units_of(model):
     return units
 
 
-def unit_inputs():
-    """The floating-point inputs of the innermost unit call running in this thread ([] outside
-    one): what a parameter's gather waits for."""
-    stack = getattr(_running, "inputs", None)
-    return stack[-1] if stack else []
+def unit_call():
+    """The innermost unit call running in this thread (`UnitCall`), or None outside one."""
+    stack = getattr(_running, "calls", None)
+    return stack[-1] if stack else None
 
 
 def gathering(layer):
@@ -58,8 +67,8 @@ def gathering(layer):
     recomputes = own_bytes >= KEEP_BELOW
 
     def plain(*args, **kwargs):
-        stack = _running.__dict__.setdefault("inputs", [])
-        stack.append(floats((args, kwargs)))
+        stack = _running.__dict__.setdefault("calls", [])
+        stack.append(UnitCall(floats((args, kwargs))))
         try:
             return type(layer).call(layer, *args, **kwargs)
         finally:

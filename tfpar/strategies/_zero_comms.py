@@ -9,7 +9,10 @@ methods over this process's replicas (lists, one entry per local replica):
   each replica;
 - ``total(values)``: the sum over all replicas of one value each;
 - ``gather(pieces, lengths, name)``: every replica's piece (of ``lengths[j]`` elements for replica
-  j, none included), in replica order: a whole optimizer slot for a checkpoint.
+  j, none included), in replica order: a whole optimizer slot for a checkpoint;
+
+and ``gradient_scale``, the factor of a sum the engine's reduce-scatter applies to gradients (a
+sum made otherwise, of gathered rows, applies it too).
 
 `OneHostChunks`: the replicas are this process's devices (`DataParallel` on one host).
 `CollectiveChunks`: TensorFlow's collectives across workers (`DataParallel` under ``tfpar launch``).
@@ -54,6 +57,8 @@ class OneHostChunks:
     others' chunk j (cast to the wire's dtype where it is sent from, summed in float32), and each
     device concatenates the updated chunks."""
 
+    gradient_scale = 1.0  # the gradients come scaled for a sum over the replicas
+
     def __init__(self, devices, compression="none"):
         self.devices = list(devices)
         self.size, self.owned = len(self.devices), list(range(len(self.devices)))
@@ -96,6 +101,8 @@ class CollectiveChunks:
     which sums the N chunks in float32; each replica sends (N-1)/N of the gradients' bytes, as a
     ring reduce-scatter does. The updated chunks come back by an all-gather. The collectives of a
     step are chained, so that every worker runs them in the same order."""
+
+    gradient_scale = 1.0  # the gradients come scaled for a sum over the replicas
 
     def __init__(self, strategy, worker_index, compression="none", timeout=None):
         self.devices = list(strategy.extended.worker_devices)
