@@ -175,14 +175,42 @@ def test_what_stage_3_cannot_shard_is_refused_at_compile(model_fn, optimizer, ma
         _compiled(model_fn, optimizer)
 
 
-def test_a_tf_keras_model_is_refused_at_compile():
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_tf_keras_model_trains_like_one_device_with_its_weights_replaced(optimizer, tmp_path):
+    """tf_keras: each weight replaced by its pieces wherever its layer holds it (the attribute,
+    the weight lists, the checkpoint dependency), so its own train step differentiates to the
+    pieces; the mirrored copies go; a TF-format checkpoint moves between 2 replicas and one
+    device."""
+    import tf_keras
+
+    whole, sharded, model = train_zero_pair(tf_keras, optimizer, DEVICES, 3)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(whole, sharded)) < 1e-6
+    dense = model.layers[0]
+    assert type(dense.kernel).__name__ == "ShardedParameter"
+    assert dense.trainable_weights == [dense.kernel, dense.bias]
+    assert [p.shape[0] for p in dense.kernel.pieces] == [18, 18]
+    assert zero_resume(tf_keras, str(tmp_path / "a"), DEVICES, DEVICES[:1], stage=3) < 1e-6
+    assert zero_resume(tf_keras, str(tmp_path / "b"), DEVICES[:1], DEVICES, stage=3) < 1e-6
+
+
+def test_tf_keras_mirrored_copies_are_freed_and_a_mixed_policy_is_refused():
     import tf_keras
 
     strategy = tfpar.DataParallel(devices=DEVICES, zero_stage=3)
     with strategy.scope():
-        model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
-        with pytest.raises(ValueError, match=r"this model is a tf_keras one.*Use Keras 3"):
-            model.compile("adam", "mse")
+        model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(64)])
+        mirrored = [weakref.ref(v) for v in model.trainable_variables]
+        model.compile(tf_keras.optimizers.Adam(0.01), "mse")
+    gc.collect()
+    assert [ref() for ref in mirrored] == [None, None]
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
+            with pytest.raises(ValueError, match=r"tf_keras' mixed-precision weights.*Keras 3"):
+                model.compile("adam", "mse")
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
 
 
 def test_tfpar_verify_proves_a_sharded_recomputed_step_equal_to_one_replica(capsys):

@@ -72,7 +72,7 @@ EQUIVALENCE_JOBS = {
         ["zero-sgd:90:2:sgd", "zero-adam-keras3:96:3:adam", "zero-adamw:96:2:adamw"],
     ),
     "zero-1-bf16": (["zero_stage=1", "compression=bf16"], ["zero-adamw-bf16-keras3:96:3:adamw"]),
-    "zero-3": (["zero_stage=3"], ["zero3-adam-keras3:96:3:adam"]),
+    "zero-3": (["zero_stage=3"], ["zero3-adam-keras3:96:3:adam", "zero3-adamw:96:2:adamw"]),
     "remat-conv": (["remat=[conv2d*]"], ["remat-conv:96:2", "remat-conv-keras3:96:3"]),
 }
 

@@ -48,6 +48,7 @@ CASES = {
     "zero-adamw-bf16": (16, 2, 96, "average", "bf16", 1, 2, 1, "adamw"),
     "zero-accumulate-keras3": (8, 2, 96, "average", "none", 2, 3, 2, "-"),
     "zero3-adam": (16, 2, 96, "average", "none", 1, 3, 3, "adam"),
+    "zero3-sgd": (16, 2, 96, "average", "none", 1, 2, 3, "sgd"),
     "lamb": (16, 2, 96, "average", "none", 1, 2, 0, "lamb"),
 }
 
@@ -185,7 +186,9 @@ def test_sum_and_compression_change_the_numbers_as_they_should(trained):
         np.testing.assert_allclose(a, b, atol=2e-2, rtol=0)
 
 
-@pytest.mark.parametrize("case", ["zero-sgd", "zero-adam", "zero-adamw-bf16", "zero3-adam"])
+@pytest.mark.parametrize(
+    "case", ["zero-sgd", "zero-adam", "zero-adamw-bf16", "zero3-adam", "zero3-sgd"]
+)
 def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_whole_optimizer_state(
     trained, case
 ):
@@ -193,8 +196,8 @@ def test_zero_over_two_ranks_trains_like_one_device_and_every_rank_writes_the_wh
     half of the weights (an alltoall and an allgather per bucket: buckets of 1 KiB here, several
     named collectives a step); the ranks end identical and where one device does (SGD with
     Nesterov momentum under tf_keras, Adam clipped by the global norm under Keras 3; AdamW with
-    bf16 on the wire to its rounding). zero_stage=3 (Keras 3): each rank also holds half of each
-    parameter, allgathered by name where a layer reads it. The checkpoint each rank wrote holds
+    bf16 on the wire to its rounding). zero_stage=3 (both Kerases): each rank also holds half of
+    each parameter, allgathered by name where a layer reads it. The checkpoint each rank wrote holds
     the whole state: loaded into a plain optimizer on one device, it is one device's state."""
     import importlib
 

@@ -510,6 +510,24 @@ def test_a_keras3_layer_s_own_variables_and_a_variable_s_storage():
     np.testing.assert_array_equal(dense(np.ones((1, 3), "float32")), np.full((1, 2), 3.0))
 
 
+def test_a_tf_keras_layer_s_own_weights_replaced_and_its_optimizer_marked_built():
+    block = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    dense = block.layers[0]
+    assert _compat.tf_keras_own_trainable_weights(block) == []
+    assert _compat.tf_keras_own_trainable_weights(dense) == [dense.kernel, dense.bias]
+    old = dense.kernel
+    new = tf.Variable(tf.ones([3, 2]), name="replaced")
+    assert not _compat.tf_keras_replace_weight(block, old, new)  # the block does not hold it
+    assert _compat.tf_keras_replace_weight(dense, old, new)
+    assert dense.kernel is new and dense.trainable_weights == [new, dense.bias]
+    names = {ref.name: ref.ref for ref in dense._checkpoint_dependencies}
+    assert names["kernel"] is new
+    np.testing.assert_array_equal(dense(np.ones((1, 3), "float32")), np.full((1, 2), 3.0))
+    optimizer = keras.optimizers.Adam()
+    _compat.tf_keras_mark_optimizer_built(optimizer)
+    assert getattr(optimizer, "_built", False)
+
+
 def test_tf_keras_trains_the_variables_trainable_at_compile():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

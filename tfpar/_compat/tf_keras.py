@@ -1,6 +1,6 @@
 """tf_keras' private internals: what it reads from a strategy and a callback, its printer, its
-data adapters, where its fit resumes, the variables it trains, its Model constructor and its random
-layers."""
+data adapters, where its fit resumes, the variables it trains, its Model constructor, its random
+layers, and the places a layer holds its weights."""
 
 from tf_keras.src.engine import data_adapter as _data_adapter
 from tf_keras.src.utils import io_utils as _io_utils
@@ -13,7 +13,10 @@ __all__ = [
     "random_generator_type",
     "replace_data_adapter",
     "take_logs_as_they_are",
+    "tf_keras_mark_optimizer_built",
     "tf_keras_model_class",
+    "tf_keras_own_trainable_weights",
+    "tf_keras_replace_weight",
     "tf_keras_resume_point",
     "tf_keras_set_resume_point",
     "tf_keras_trained_variables",
@@ -107,3 +110,49 @@ def random_generator_type(layer):
     (Keras 3, or not a random layer): its RandomGenerator has no public getter."""
     generator = getattr(layer, "_random_generator", None)
     return getattr(generator, "_rng_type", None)
+
+
+def tf_keras_own_trainable_weights(layer):
+    """The trainable weights a tf_keras layer made itself, its sublayers' left out (the public
+    ``trainable_weights`` adds the sublayers'): what ZeRO stage 3 gathers where that layer
+    computes."""
+    return list(layer._trainable_weights)
+
+
+def tf_keras_replace_weight(layer, old, new):
+    """Puts ``new`` wherever the tf_keras ``layer`` holds its weight ``old`` (no public API swaps
+    a weight; ZeRO stage 3 replaces it by its pieces): the attribute (``layer.kernel``), its place
+    in the layer's weight lists (the order ``get_weights`` and h5 files use), its checkpoint
+    dependency (the same name: the same key in a TF-format checkpoint) and its reference count.
+    Returns whether ``layer`` held it."""
+    held = False
+    for name, value in list(vars(layer).items()):
+        if value is old:
+            object.__setattr__(layer, name, new)
+            held = True
+    for weights in (layer._trainable_weights, layer._non_trainable_weights):
+        for i, weight in enumerate(weights):
+            if weight is old:
+                weights[i] = new
+                held = True
+    if not held:
+        return False
+    dependencies = layer._self_unconditional_checkpoint_dependencies
+    for i, reference in enumerate(dependencies):
+        if reference.ref is old:
+            dependencies[i] = type(reference)(reference.name, new)
+    names = layer._self_unconditional_dependency_names
+    for name, value in list(names.items()):
+        if value is old:
+            names[name] = new
+    counts = getattr(layer, "_obj_reference_counts_dict", None)
+    if counts is not None and old in counts:
+        counts[new] = counts.pop(old)
+    return True
+
+
+def tf_keras_mark_optimizer_built(optimizer):
+    """Marks a tf_keras optimizer built, so that nothing builds its slots: its private ``_built``,
+    which tf_keras' BackupAndRestore reads before it builds the optimizer's whole slots itself
+    (ZeRO stage 3 keeps its own, pieces of them)."""
+    optimizer._built = True

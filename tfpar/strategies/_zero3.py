@@ -30,11 +30,14 @@ class ShardedParameters(ShardedOptimizer):
         self._sent_traced = [0] * len(self.devices)
         self._step_squares: list = []
         self._calls = weakref.WeakKeyDictionary()  # per traced graph: collectives per parameter
-        self._graph_events = (
-            weakref.WeakKeyDictionary()
-        )  # per traced graph: its collectives' events
+        # per traced graph: its collectives' events
+        self._graph_events = weakref.WeakKeyDictionary()
         self.variables = [
             self._shard(keras_variable, i) for i, keras_variable in enumerate(variables)
+        ]
+        # the model's variables hold them now (`_install`); tf_keras' are the parameters
+        self.keras_variables = [
+            v if is_keras3(v) else p for v, p in zip(self.keras_variables, self.variables)
         ]
         self.takes_squares = bool(
             (self.moment_squares or getattr(optimizer, "global_clipnorm", None))
@@ -45,8 +48,8 @@ class ShardedParameters(ShardedOptimizer):
         return 1  # a bucket per variable: a parameter's pieces
 
     def _shard(self, keras_variable, i):
-        """Variable ``i``'s storage replaced by its pieces on this process's replicas (kept, where
-        an earlier compile sharded it: KerasHub's tasks compile twice)."""
+        """Variable ``i`` cut into its pieces on this process's replicas (kept, where an earlier
+        compile sharded it: KerasHub's tasks compile twice)."""
         bucket = self.buckets[i]
         whole = self.variables[i]
         if isinstance(whole, ShardedParameter):
@@ -63,9 +66,8 @@ class ShardedParameters(ShardedOptimizer):
                         name=f"tfpar_zero3_{j}_{i}",
                     )
                 )
-        parameter = ShardedParameter(whole, self, i, pieces, keras_variable.path)
-        _compat.keras3_replace_storage(keras_variable, parameter)
-        return parameter
+        path = getattr(keras_variable, "path", whole.name)  # Keras 3's, or tf_keras' name
+        return ShardedParameter(whole, self, i, pieces, path)
 
     def local_index(self, replica):
         """The place among this process's replicas of the replica numbered ``replica`` (a Horovod
@@ -169,21 +171,41 @@ def shard_parameters(model, arguments=None):
     prepared = optimizer_to_shard(model, stages=(3,))
     if prepared is None:
         return
-    outer, optimizer = prepared
-    _refuse(model, outer, optimizer)
-    sharded = ShardedParameters(optimizer, model.trainable_variables, model.distribute_strategy)
+    _refuse(model)
+    _, optimizer = prepared
+    if not is_keras3(optimizer):  # no whole slot (tf_keras' BackupAndRestore would build them)
+        _compat.tf_keras_mark_optimizer_built(optimizer)
+    variables = list(model.trainable_variables)
+    sharded = ShardedParameters(optimizer, variables, model.distribute_strategy)
+    _install(model, variables, sharded.variables)
     install_sharded(model, optimizer, sharded)
     for layer in units_of(model):
         if not layer.__dict__.get("_tfpar_zero3"):
             gathering(layer)
 
 
-def _refuse(model, outer, optimizer):
-    if not is_keras3(model):
+def _install(model, variables, parameters):
+    """Each of the model's ``variables`` holds its parameter from now on: a Keras 3 variable as
+    its storage, a tf_keras weight replaced wherever its layers hold it (the old copies then go)."""
+    layers = _compat.flatten_layers(model)
+    for variable, parameter in zip(variables, parameters):
+        if variable is parameter:  # a tf_keras weight sharded by an earlier compile
+            continue
+        if is_keras3(variable):
+            _compat.keras3_replace_storage(variable, parameter)
+            continue
+        for layer in layers:
+            _compat.tf_keras_replace_weight(layer, variable, parameter)
+
+
+def _refuse(model):
+    layers = _compat.flatten_layers(model)
+    mixed = [layer.name for layer in layers if not is_keras3(layer) and _mixed(layer)]
+    if mixed:
         raise ValueError(
-            "zero_stage=3 shards Keras 3 variables; this model is a tf_keras one. Received: "
-            f"{type(model).__module__}.{type(model).__name__}. Use Keras 3, or zero_stage=2 "
-            "(which shards the gradients and optimizer state of a tf_keras model)."
+            "zero_stage=3 does not yet shard tf_keras' mixed-precision weights (its layers "
+            f"{mixed[:3]} cast them). Received: a tf_keras model under a mixed policy. Use "
+            "Keras 3 (whose mixed policies stage 3 takes), float32, or zero_stage=2."
         )
     unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
     if unbuilt or not model.trainable_variables:
@@ -192,3 +214,8 @@ def _refuse(model, outer, optimizer):
             f"{'unbuilt layers ' + repr(unbuilt[:3]) if unbuilt else 'no trainable variable'}. "
             "Build it before compile (give it an Input, call it on a batch, or model.build(shape))."
         )
+
+
+def _mixed(layer):
+    policy = getattr(layer, "dtype_policy", None)
+    return policy is not None and policy.compute_dtype != policy.variable_dtype

@@ -22,6 +22,7 @@ update of the same step (``squares_of``)."""
 
 import weakref
 
+from tfpar import _compat
 from tfpar._keras import tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._zero3_units import unit_call
@@ -29,11 +30,13 @@ from tfpar.strategies._zero3_units import unit_call
 __all__ = ["ShardedParameter"]
 
 
-class ShardedParameter:
+class ShardedParameter(_compat.Trackable):
     """One trainable variable's N pieces: this process's replicas' own ``pieces`` (a
-    ResourceVariable on each one's device), gathered whole where they are read."""
+    ResourceVariable on each one's device), gathered whole where they are read; a trackable that
+    TF-format checkpoints write whole."""
 
     _should_act_as_resource_variable = True  # a gradient tape differentiates to ``handle``
+    _tfpar_sharded = True  # `tfpar.strategies._zero_state.tf_variable`
 
     def __init__(self, variable, state, index, pieces, path):
         """``variable``'s storage cut by ``state`` (the `tfpar.strategies._zero3.ShardedParameters`
@@ -42,6 +45,11 @@ class ShardedParameter:
         self.shape = variable.shape
         self.dtype = tf.as_dtype(variable.dtype)
         self.name = variable.name
+        # a checkpoint's name-based key (TensorFlow reads it from anything that acts as a variable)
+        self._shared_name = getattr(variable, "_shared_name", variable.name.split(":")[0])
+        self._distribute_strategy = state.strategy  # tf_keras' fit checks where it was made
+        # tf_keras' optimizers key a variable by it (weight decay's exclusions among them)
+        self._unique_id = getattr(variable, "_unique_id", f"tfpar_zero3_{id(self)}")
         self.trainable = True
         self.size = int(variable.shape.num_elements())
         self.pieces = pieces

@@ -14,6 +14,8 @@ already."""
 import threading
 
 from tfpar import _compat
+from tfpar._keras import is_keras3
+from tfpar.remat._blocks import why_kept
 from tfpar.remat._recompute import (
     floats,
     recomputation_running,
@@ -46,9 +48,15 @@ def units_of(model):
     themselves, once each."""
     units = []
     for layer in _compat.flatten_layers(model):
-        if _compat.keras3_own_trainable_variables(layer) and layer not in units:
+        if _own_weights(layer) and layer not in units:
             units.append(layer)
     return units
+
+
+def _own_weights(layer):
+    if is_keras3(layer):
+        return _compat.keras3_own_trainable_variables(layer)
+    return _compat.tf_keras_own_trainable_weights(layer)
 
 
 def unit_call():
@@ -61,10 +69,9 @@ def gathering(layer):
     """Makes ``layer``'s calls gather its parameters once their inputs exist, and, for a unit of
     `KEEP_BELOW` bytes or more, recompute its forward in the backward pass (an instance attribute
     over its class' ``call``, as `tfpar.remat.recomputing` sets); returns ``layer``."""
-    own_bytes = sum(
-        4 * int(v.shape.num_elements()) for v in _compat.keras3_own_trainable_variables(layer)
-    )
-    recomputes = own_bytes >= KEEP_BELOW
+    own_bytes = sum(4 * int(v.shape.num_elements()) for v in _own_weights(layer))
+    # tf_keras cannot read a layer's state as its forward read it (`tfpar.remat`'s rules)
+    recomputes = own_bytes >= KEEP_BELOW and (is_keras3(layer) or why_kept(layer) is None)
 
     def plain(*args, **kwargs):
         stack = _running.__dict__.setdefault("calls", [])

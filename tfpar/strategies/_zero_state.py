@@ -294,8 +294,11 @@ class ShardedState:
 
 
 def tf_variable(variable):
-    """The tf.Variable of a variable of either Keras (Keras 3 wraps one)."""
-    return variable if isinstance(variable, tf.Variable) else variable.value
+    """The tf.Variable of a variable of either Keras (Keras 3 wraps one; ZeRO stage 3's
+    parameters stand for themselves)."""
+    if isinstance(variable, tf.Variable) or getattr(variable, "_tfpar_sharded", False):
+        return variable
+    return variable.value
 
 
 def window_of(strategy):
