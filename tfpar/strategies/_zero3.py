@@ -10,6 +10,7 @@ optimizer's rule (stage 2's `ShardedOptimizer`, with each variable a bucket of i
 exchange left in the update). Checkpoints and ``get_weights`` hold the whole, unsharded values.
 """
 
+import gc
 import weakref
 
 from tfpar import _compat
@@ -179,6 +180,8 @@ def shard_parameters(model, arguments=None):
     sharded = ShardedParameters(optimizer, variables, model.distribute_strategy)
     _install(model, variables, sharded.variables)
     install_sharded(model, optimizer, sharded)
+    del variables
+    gc.collect()  # the whole copies sit in reference cycles: freed now, not at some later step
     for layer in units_of(model):
         if not layer.__dict__.get("_tfpar_zero3"):
             gathering(layer)
