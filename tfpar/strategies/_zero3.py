@@ -1,14 +1,17 @@
-"""ZeRO stage 3 (fully sharded data parallelism: PyTorch FSDP's ``fully_shard``) for
-`DataParallel(zero_stage=3)` on one host, under Keras 3.
+"""ZeRO stage 3 (fully sharded data parallelism: PyTorch FSDP's ``fully_shard``): the
+``zero_stage=3`` of `DataParallel` (one host or several workers) and `HorovodStrategy`, both
+Kerases.
 
 Each of the N replicas holds 1/N of every trainable variable (`tfpar.strategies._zero3_params`:
-its storage replaced by a `ShardedParameter`), of its gradient and of its optimizer state. A
-layer's call reads each of its variables whole, all-gathered from the replicas' pieces; the read's
-gradient is the whole gradient reduce-scattered, so each replica's piece of the gradients' sum
-reaches Keras' own optimizer call, and the replica updates its piece with its own slots by the
-optimizer's rule (stage 2's `ShardedOptimizer`, with each variable a bucket of its own and no
-exchange left in the update). Checkpoints and ``get_weights`` hold the whole, unsharded values.
-"""
+a Keras 3 variable's storage, or a tf_keras weight wherever its layer holds it, replaced by a
+`ShardedParameter`), of its gradient and of its optimizer state. A layer's call reads each of its
+variables whole, all-gathered from the replicas' pieces once the layer's inputs exist
+(`tfpar.strategies._zero3_units`, which also recomputes the larger layers in the backward); the
+read's gradient is the whole gradient reduce-scattered, so each replica's piece of the gradients'
+sum reaches the Keras train step's optimizer call, and the replica updates its piece with its own
+slots by the optimizer's rule (stage 2's `ShardedOptimizer`, with each variable a bucket of its
+own and no exchange left in the update). Checkpoints and ``get_weights`` hold the whole, unsharded
+values."""
 
 import gc
 import weakref

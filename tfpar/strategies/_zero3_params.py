@@ -3,7 +3,9 @@ cut into N pieces, one per replica, each replica holding only its own (FSDP2's p
 sharding: variable i flattened and padded to N pieces of ``ceil(size_i / N)`` elements).
 
 A `ShardedParameter` takes the place of a Keras 3 variable's storage (its ``_value``), so the
-variable object, its path, its checkpoint key and the user's references to it stay as they were.
+variable object, its path, its checkpoint key and the user's references to it stay as they were;
+under tf_keras it takes the weight's place in its layer (`tfpar._compat.tf_keras_replace_weight`),
+with the weight's name and checkpoint key.
 Reading it where a layer computes (a replica's step) all-gathers the whole value from every
 replica's piece, and the gradient of that read reduce-scatters the whole value's gradient back to
 the pieces (each replica gets its piece of the sum over replicas, as an all-reduce would give it
