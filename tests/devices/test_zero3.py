@@ -127,11 +127,11 @@ def test_predict_and_evaluate_read_the_whole_parameters():
             keras.utils.set_random_seed(1)
             model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(3)])
             model.compile(keras.optimizers.SGD(0.1), "mse")
+        kernel = tf.convert_to_tensor(model.layers[0].kernel)  # outside the strategy's replicas
         outputs.append((model.predict(x, verbose=0), model.evaluate(x, x[:, :3], verbose=0)))
-    # read outside the strategy (TensorFlow's default replica context): whole, not gathered
-    kernel = model.layers[0].kernel
-    np.testing.assert_array_equal(tf.convert_to_tensor(kernel).numpy(), kernel.numpy())
-    assert tuple(tf.convert_to_tensor(kernel).shape) == (7, 3)
+        outputs[-1] += (kernel.numpy(),)
+    # read where TensorFlow's default replica context is current: whole, not a piece
+    np.testing.assert_array_equal(outputs[0][2], outputs[1][2])
     np.testing.assert_allclose(outputs[0][0], outputs[1][0], atol=1e-6)
     assert outputs[0][1] == pytest.approx(outputs[1][1], abs=1e-6)
 
@@ -277,3 +277,106 @@ def test_clipping_an_embedding_s_rows_by_value_is_refused_when_traced():
     x = np.zeros((8, 4), "int32")
     with pytest.raises(ValueError, match=r"zero_stage=3 cannot clip a sparse gradient by value"):
         model.fit(x, np.zeros((8, 2), "float32"), verbose=0)
+
+
+def _fine_tuned(k, stage, devices):
+    """A model trained 1 epoch, its first layer frozen, compiled again and trained 1 more (the
+    fine-tuning flow: the frozen layer's parameters stay sharded by the first compile)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 7)).astype("float32")
+    y = rng.normal(size=(48, 3)).astype("float32")
+    strategy = tfpar.DataParallel(devices=devices, zero_stage=stage)
+    with strategy.scope():
+        k.utils.set_random_seed(1)
+        regularizer = k.regularizers.L2(0.01)
+        model = k.Sequential(
+            [
+                k.Input((7,)),
+                k.layers.Dense(5, activation="relu", kernel_regularizer=regularizer),
+                k.layers.Dense(3),
+            ]
+        )
+        model.compile(k.optimizers.Adam(0.01), "mse")
+    model.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    model.layers[0].trainable = False
+    with strategy.scope():
+        model.compile(k.optimizers.Adam(0.01), "mse")
+    model.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def test_a_layer_frozen_after_training_keeps_its_pieces_and_the_rest_trains_on(any_keras):
+    """Fine-tuning: the frozen layer's parameters keep the state that sharded them (read whole,
+    its regularization loss read from its pieces: tf_keras binds it to the weight), the others are
+    sharded again by the second compile; one device's weights."""
+    one = _fine_tuned(any_keras, 0, DEVICES[:1]).get_weights()
+    model = _fine_tuned(any_keras, 3, DEVICES)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(one, model.get_weights())) < 1e-5
+    assert len(model._tfpar_zero.variables) == 2  # the second Dense's kernel and bias
+
+
+def test_an_embedding_under_mixed_float16_takes_its_unscaled_squared_rows():
+    """Keras 3's loss scale applies the update in a branch of its own and hands it unscaled
+    gradients: the squared rows the backward kept (of scaled gradients) are found there and
+    unscaled, as one device's Adam squares its unscaled rows."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 1000, size=(48, 4)).astype("int32")
+    y = rng.normal(size=(48, 8)).astype("float32")
+    trained = []
+    tfpar.precision.use("mixed_float16")
+    try:
+        for zero, devices in ((0, DEVICES[:1]), (3, DEVICES)):
+            strategy = tfpar.DataParallel(devices=devices, zero_stage=zero)
+            with strategy.scope():
+                keras.utils.set_random_seed(1)
+                model = _bag_of_embeddings(1000, 8)
+                model.compile(keras.optimizers.Adam(0.05), "mse")
+            model.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+            trained.append(model.get_weights()[0])
+    finally:
+        tfpar.precision.use("float32")
+    assert float(np.abs(trained[0] - trained[1]).max()) < 1e-4  # float16 sums in another order
+
+
+def test_tf_keras_loss_scale_is_refused_and_a_model_with_nothing_to_train_is_left_as_it_is():
+    import tf_keras
+
+    strategy = tfpar.DataParallel(devices=DEVICES, zero_stage=3)
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
+        scaled = tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.SGD(0.1))
+        with pytest.raises(ValueError, match=r"cannot take tf_keras' LossScaleOptimizer"):
+            model.compile(scaled, "mse")
+        frozen = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        frozen.trainable = False
+        frozen.compile("adam", "mse")
+    assert not hasattr(frozen, "_tfpar_zero")
+
+
+def test_remat_naming_a_small_layer_makes_its_gathering_call_recompute():
+    """remat=["first"] names a layer under 64 KiB: its stage-3 call (gathered after its inputs,
+    once per call) recomputes too, gathering again in the backward, instead of remat's own call
+    replacing it; one device's weights."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 7)).astype("float32")
+    y = rng.normal(size=(48, 3)).astype("float32")
+    trained = []
+    for zero, devices in ((0, DEVICES[:1]), (3, DEVICES)):
+        strategy = tfpar.DataParallel(devices=devices, zero_stage=zero, remat=["first"])
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential(
+                [keras.Input((7,)), keras.layers.Dense(5, name="first"), keras.layers.Dense(3)]
+            )
+            model.compile(keras.optimizers.Adam(0.01), "mse")
+        model.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+        trained.append(model)
+    one, sharded = trained
+    assert (
+        max(float(np.abs(a - b).max()) for a, b in zip(one.get_weights(), sharded.get_weights()))
+        < 1e-6
+    )
+    first = sharded.layers[0]
+    assert first.__dict__["_tfpar_recomputes"] and first.__dict__["_tfpar_zero3"]
+    # first's 18 + 3 elements gathered twice, the other's 8 + 2 once, all reduce-scattered
+    assert sharded._tfpar_zero.sent_bytes == [4 * (2 * 21 + 10 + 31)] * 2

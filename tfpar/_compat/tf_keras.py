@@ -123,8 +123,8 @@ def tf_keras_replace_weight(layer, old, new):
     """Puts ``new`` wherever the tf_keras ``layer`` holds its weight ``old`` (no public API swaps
     a weight; ZeRO stage 3 replaces it by its pieces): the attribute (``layer.kernel``), its place
     in the layer's weight lists (the order ``get_weights`` and h5 files use), its checkpoint
-    dependency (the same name: the same key in a TF-format checkpoint) and its reference count.
-    Returns whether ``layer`` held it."""
+    dependency (the same name: the same key in a TF-format checkpoint), its reference count, and
+    its regularization loss (a call bound to the weight). Returns whether ``layer`` held it."""
     held = False
     for name, value in list(vars(layer).items()):
         if value is old:
@@ -137,6 +137,7 @@ def tf_keras_replace_weight(layer, old, new):
                 held = True
     if not held:
         return False
+    _replace_in_losses(layer, old, new)
     dependencies = layer._self_unconditional_checkpoint_dependencies
     for i, reference in enumerate(dependencies):
         if reference.ref is old:
@@ -156,3 +157,24 @@ def tf_keras_mark_optimizer_built(optimizer):
     which tf_keras' BackupAndRestore reads before it builds the optimizer's whole slots itself
     (ZeRO stage 3 keeps its own, pieces of them)."""
     optimizer._built = True
+
+
+def _replace_in_losses(layer, old, new):
+    """The layer's weight regularizers, each a ``functools.partial`` bound to its weight (inside
+    the partial ``add_loss`` tags it with, in ``_callable_losses``), bound to ``new`` instead of
+    ``old``."""
+    losses = layer._callable_losses
+    for i, loss in enumerate(losses):
+        losses[i] = _rebound(loss, old, new)
+
+
+def _rebound(call, old, new):
+    """``call`` (a ``functools.partial``, maybe of another) with ``new`` where it binds ``old``."""
+    import functools
+
+    if not isinstance(call, functools.partial):
+        return call
+    args = [new if a is old else _rebound(a, old, new) for a in call.args]
+    if all(a is b for a, b in zip(args, call.args)):
+        return call
+    return functools.partial(call.func, *args, **call.keywords)

@@ -118,7 +118,7 @@ def _demo_training_arguments(group):
         default=0,
         help=(
             "data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2), or the "
-            "parameters too (3: Keras 3 models)"
+            "parameters too (3)"
         ),
     )
     group.add_argument("--epochs", type=_int, default=None, help="default 8 (or $TFPAR_EPOCHS)")
@@ -216,7 +216,7 @@ def _verify_parallelism_arguments(verify):
         default=0,
         help=(
             "data_parallel, horovod: the optimizer state sharded (ZeRO 1 or 2), or the "
-            "parameters too (3: Keras 3 models)"
+            "parameters too (3)"
         ),
     )
     verify.add_argument(

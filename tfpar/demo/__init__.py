@@ -152,7 +152,7 @@ def run_demo(
             with its deployment report against the float model (refused above 1 point of
             accuracy lost).
         zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2),
-            or the parameters too (3, Keras 3 models).
+            or the parameters too (3).
 
     Raises:
         ValueError: on an unknown strategy, epochs < 1, a batch that does not divide by the

@@ -97,12 +97,19 @@ def recomputation_running():
 def recomputing(layer):
     """Makes ``layer``'s calls under a gradient tape recompute their activations in the backward
     pass (an instance attribute over its class' ``call``: the class is left as it was); returns
-    ``layer``. Its calls outside a tape (inference, shape inference) are as they were.
+    ``layer``. Its calls outside a tape (inference, shape inference) are as they were. A layer
+    whose call ZeRO stage 3 wraps already (`tfpar.strategies._zero3_units`) is told to recompute
+    in that call instead.
 
     Raises (when traced):
         ValueError: the layer adds a loss in its forward (``add_loss``): recomputed, that loss
             would have no gradient.
     """
+
+    if layer.__dict__.get("_tfpar_zero3"):  # ZeRO stage 3's layer: its own call recomputes it
+        object.__setattr__(layer, "_tfpar_recomputes", True)
+        object.__setattr__(layer, "_tfpar_remat", True)
+        return layer
 
     def call(*args, **kwargs):
         own = type(layer).call  # looked up at each call, as Keras' own __call__ does

@@ -17,9 +17,14 @@ import gc
 import weakref
 
 from tfpar import _compat
-from tfpar._keras import is_keras3, tf
-from tfpar.strategies._zero import ShardedOptimizer, install_sharded, optimizer_to_shard
-from tfpar.strategies._zero3_params import ShardedParameter
+from tfpar._keras import inner_optimizer, is_keras3, tf
+from tfpar.strategies._zero import (
+    ShardedOptimizer,
+    install_sharded,
+    optimizer_to_shard,
+    zero_stage_of,
+)
+from tfpar.strategies._zero3_params import ShardedParameter, in_graph
 from tfpar.strategies._zero3_units import gathering, units_of
 
 __all__ = ["ShardedParameters", "shard_parameters"]
@@ -29,9 +34,12 @@ class ShardedParameters(ShardedOptimizer):
     """The sharded parameters of one compiled model, and their update (`ShardedOptimizer`'s, each
     variable a bucket of its own whose pieces are the parameter's)."""
 
-    def __init__(self, optimizer, variables, strategy):
+    def __init__(self, optimizer, variables, strategy, loss_scale=None):
+        """``loss_scale``: where a Keras 3 LossScaleOptimizer wraps ``optimizer``, its current
+        scale (the backward's squared rows carry its square; the update's gradients do not)."""
         super().__init__(optimizer, variables, strategy, 3)
-        self._sent_traced = [0] * len(self.devices)
+        self.loss_scale = loss_scale
+        self._graph_sent = weakref.WeakKeyDictionary()  # per traced graph: bytes per replica
         self._step_squares: list = []
         self._calls = weakref.WeakKeyDictionary()  # per traced graph: collectives per parameter
         # per traced graph: its collectives' events
@@ -57,7 +65,7 @@ class ShardedParameters(ShardedOptimizer):
         bucket = self.buckets[i]
         whole = self.variables[i]
         if isinstance(whole, ShardedParameter):
-            whole.shard_of(self)
+            whole.shard_of(self, i)
             return whole
         pieces = []
         for k, (j, device) in enumerate(zip(self.comm.owned, self.devices)):
@@ -89,26 +97,33 @@ class ShardedParameters(ShardedOptimizer):
         return self._timed(label, inputs, compute, self._graph_events.setdefault(graph, []))
 
     def _step_events(self):
-        return self._graph_events.pop(tf.compat.v1.get_default_graph(), [])
+        return in_graph(self._graph_events, tf.compat.v1.get_default_graph()) or []
 
     def count_sent(self, sent):
-        """Bytes a traced collective sends from each local replica."""
-        self._sent_traced = [a + b for a, b in zip(self._sent_traced, sent)]
+        """Bytes a traced collective sends from each local replica, counted for the step being
+        traced."""
+        graph = tf.compat.v1.get_default_graph()
+        counted = self._graph_sent.get(graph, [0] * len(self.devices))
+        self._graph_sent[graph] = [a + b for a, b in zip(counted, sent)]
 
     def call_index(self, parameter):
-        """The name of one collective of ``parameter`` in the graph being traced (its index, and
+        """The name of one collective of ``parameter`` in the graph being traced (its serial, and
         how many of its collectives the graph holds before it): the same on every rank, which
         traces the same calls in the same order (Horovod names each collective of a step)."""
         graph = tf.compat.v1.get_default_graph()
         calls = self._calls.setdefault(graph, {})
-        calls[parameter.index] = calls.get(parameter.index, 0) + 1
-        return f"{parameter.index}_{calls[parameter.index]}"
+        calls[parameter.serial] = calls.get(parameter.serial, 0) + 1
+        return f"{parameter.serial}_{calls[parameter.serial]}"
 
     def _squared_rows(self, grads):
         """Whether this step's update takes sums of squared sparse rows: those the backward's
         reduce-scatters kept (`ShardedParameter.squares_of`)."""
         graph = tf.compat.v1.get_default_graph()
-        self._step_squares = [parameter.squares_of(graph) for parameter in self.variables]
+        held = [parameter.squares_of(graph) for parameter in self.variables]
+        if self.loss_scale is not None:
+            scale = tf.square(tf.cast(self.loss_scale(), tf.float32))
+            held = [None if s is None else [q / scale for q in s] for s in held]
+        self._step_squares = held
         return self.takes_squares and any(s is not None for s in self._step_squares)
 
     def _squares_of(self, grads):
@@ -155,8 +170,8 @@ class ShardedParameters(ShardedOptimizer):
     def _apply(self, pieces, sent, squares=None):
         writes = super()._apply(pieces, sent, squares)
         # the step's gathers and reduce-scatters, counted as they were traced
-        self.sent_bytes = self._sent_traced
-        self._sent_traced = [0] * len(self.devices)
+        sent = in_graph(self._graph_sent, tf.compat.v1.get_default_graph())
+        self.sent_bytes = sent or [0] * len(self.devices)
         return writes
 
     def state_bytes(self) -> dict:
@@ -168,19 +183,22 @@ class ShardedParameters(ShardedOptimizer):
 def shard_parameters(model, arguments=None):
     """After ``compile`` of a model of a `DataParallel` with ``zero_stage=3``: its trainable
     variables sharded (`ShardedParameters`), their update by the optimizer's rule on each piece.
+    A model with nothing to train (every layer frozen) keeps what an earlier compile sharded.
 
     Raises:
         ValueError: a model or optimizer stage 3 cannot shard, with the reason and the fix.
     """
-    prepared = optimizer_to_shard(model, stages=(3,))
-    if prepared is None:
+    if zero_stage_of(model.distribute_strategy) != 3 or getattr(model, "optimizer", None) is None:
         return
     _refuse(model)
-    _, optimizer = prepared
+    if not model.trainable_variables:
+        return
+    outer, optimizer = optimizer_to_shard(model, stages=(3,))
     if not is_keras3(optimizer):  # no whole slot (tf_keras' BackupAndRestore would build them)
         _compat.tf_keras_mark_optimizer_built(optimizer)
     variables = list(model.trainable_variables)
-    sharded = ShardedParameters(optimizer, variables, model.distribute_strategy)
+    scale = None if outer is optimizer else (lambda: outer.dynamic_scale)
+    sharded = ShardedParameters(optimizer, variables, model.distribute_strategy, scale)
     _install(model, variables, sharded.variables)
     install_sharded(model, optimizer, sharded)
     del variables
@@ -213,12 +231,19 @@ def _refuse(model):
             f"{mixed[:3]} cast them). Received: a tf_keras model under a mixed policy. Use "
             "Keras 3 (whose mixed policies stage 3 takes), float32, or zero_stage=2."
         )
-    unbuilt = [layer.name for layer in model._flatten_layers() if not layer.built]
-    if unbuilt or not model.trainable_variables:
+    outer = model.optimizer
+    if not is_keras3(outer) and inner_optimizer(outer) is not outer:
         raise ValueError(
-            "zero_stage=3 shards the variables a model has at compile; this one has "
-            f"{'unbuilt layers ' + repr(unbuilt[:3]) if unbuilt else 'no trainable variable'}. "
-            "Build it before compile (give it an Input, call it on a batch, or model.build(shape))."
+            "zero_stage=3 cannot take tf_keras' LossScaleOptimizer: it all-reduces the gradients "
+            "it checks, and at stage 3 each replica holds the pieces of other parameters. "
+            f"Received: {type(outer).__name__}. Use Keras 3's, float32, or zero_stage=2."
+        )
+    unbuilt = [layer.name for layer in layers if not layer.built]
+    if unbuilt:
+        raise ValueError(
+            "zero_stage=3 shards the variables a model has at compile; this one has unbuilt "
+            f"layers {unbuilt[:3]}. Build it before compile (give it an Input, call it on a "
+            "batch, or model.build(shape))."
         )
 
 

@@ -22,6 +22,7 @@ is summed into the table's elements and reduce-scattered. Its sums of squared ro
 or are reduce-scattered after the table (one table's buffers at a time); they are kept for the
 update of the same step (``squares_of``)."""
 
+import itertools
 import weakref
 
 from tfpar import _compat
@@ -29,7 +30,12 @@ from tfpar._keras import tf
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._zero3_units import unit_call
 
-__all__ = ["ShardedParameter"]
+__all__ = ["ShardedParameter", "in_graph"]
+
+_SERIALS = itertools.count()
+"""A number per parameter made in this process, in its collectives' names: the same on every
+rank (each makes them in one order), and never one another parameter's (a model compiled again
+keeps the parameters an earlier compile made)."""
 
 
 class ShardedParameter(_compat.Trackable):
@@ -58,15 +64,20 @@ class ShardedParameter(_compat.Trackable):
         self.piece = int(pieces[0].shape[0])
         self.padding = self.piece * state.comm.size - self.size  # zeros after its last element
         self.index = index
+        self.serial = next(_SERIALS)
         self.path = path
-        self._state = weakref.ref(state)
+        self._owner = state  # a frozen parameter keeps the state that sharded it
         # per traced graph: each read's (sparse or not, its squares' pieces per local replica)
         self._reads = weakref.WeakKeyDictionary()
 
-    def shard_of(self, state):
-        """Its pieces now laid out and updated by ``state`` (the same layout: a model compiled
-        again)."""
-        self._state = weakref.ref(state)
+    def shard_of(self, state, index):
+        """Its pieces now laid out and updated by ``state`` as its bucket ``index`` (the same
+        pieces: a model compiled again)."""
+        self._owner = state
+        self.index = index
+
+    def _state(self):
+        return self._owner
 
     @property
     def device(self):
@@ -116,7 +127,7 @@ class ShardedParameter(_compat.Trackable):
         state = self._state()
         pieces = [piece.read_value() for piece in self.pieces]
         lengths = [self.piece] * state.comm.size
-        flat = state.comm.gather(pieces, lengths, f"tfpar_zero3_read_{self.index}")
+        flat = state.comm.gather(pieces, lengths, f"tfpar_zero3_read_{self.serial}")
         return tf.reshape(flat[: self.size], self.shape)
 
     def numpy(self):
@@ -152,10 +163,21 @@ class ShardedParameter(_compat.Trackable):
         """This step's sums of squared sparse rows (per local replica) where every read of it in
         ``graph`` had a sparse gradient, as one device's tape would hand the optimizer an
         ``IndexedSlices``; None where some read's was dense (or none)."""
-        records = self._reads.pop(graph, [])
+        records = in_graph(self._reads, graph) or []
         if not records or any(squares is None for _, squares in records):
             return None
         return [tf.add_n(list(parts)) for parts in zip(*[squares for _, squares in records])]
+
+
+def in_graph(table, graph):
+    """What ``table`` (per traced graph) held for ``graph``, or for the graph it is nested in (a
+    branch of a ``tf.cond``: Keras 3's loss scale applies the update in one, after the backward
+    pass recorded in the step's graph), taken out of it; None where it holds none."""
+    while graph is not None:
+        if graph in table:
+            return table.pop(graph)
+        graph = getattr(graph, "outer_graph", None)
+    return None
 
 
 def _gathered(parameter, piece):

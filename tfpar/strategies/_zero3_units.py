@@ -82,7 +82,8 @@ def gathering(layer):
             stack.pop()
 
     def call(*args, **kwargs):
-        if not recomputes or recomputation_running() or not _compat.tape_recording():
+        chosen = layer.__dict__.get("_tfpar_recomputes")  # or remat named it since
+        if not chosen or recomputation_running() or not _compat.tape_recording():
             return plain(*args, **kwargs)
         return recompute(plain, args, kwargs, state_of(layer), again=through_keras(layer, kwargs))
 
@@ -92,6 +93,7 @@ def gathering(layer):
     if recomputes:
         _compat.stop_keras3_remat(layer)  # tfpar recomputes it, not Keras' RematScope
         object.__setattr__(layer, "_tfpar_remat", True)
+    object.__setattr__(layer, "_tfpar_recomputes", recomputes)
     object.__setattr__(layer, "call", call)
     object.__setattr__(layer, "_tfpar_zero3", True)
     return layer

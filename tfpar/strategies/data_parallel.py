@@ -82,7 +82,7 @@ class DataParallelConfig:
     """ZeRO (DeepSpeed's stages; PyTorch's ZeroRedundancyOptimizer): 1 shards the optimizer state
     over the replicas (each keeps and updates 1/N of it; the gradients reduce-scattered, the weights
     all-gathered: the bytes of one all-reduce), 2 also the reduced gradients, 3 also the parameters
-    (PyTorch's FSDP: each gathered where a layer reads it; Keras 3 models,
+    (PyTorch's FSDP: each gathered where a layer reads it; both Kerases,
     `tfpar.strategies._zero3`); 0 (default) none. One host or several workers, SGD/Adam/AdamW
     (`tfpar.strategies._zero`)."""
     remat: Any = "none"

@@ -79,7 +79,7 @@ class HorovodConfig:
     zero_stage: int = 0
     """ZeRO over the ranks (as `DataParallel`'s): 1 shards the optimizer state (each rank keeps and
     updates 1/N of it; hvd.reducescatter of the gradients, hvd.allgather of the weights), 2 also the
-    reduced gradients, 3 also the parameters (Keras 3 models); 0 (default) none. Every rank writes
+    reduced gradients, 3 also the parameters (both Kerases); 0 (default) none. Every rank writes
     the checkpoints (each holds a part)."""
     remat: Any = "none"
     """Activation checkpointing (`tfpar.remat`): "blocks" (each layer with sublayers, a KerasHub

@@ -96,7 +96,7 @@ def verify(
         steps: steps on each side, >= 1.
         tensor_parallel: "pipeline": each stage split over this many devices (``plan="auto"``).
         zero_stage: "data_parallel": the optimizer state sharded over the replicas (ZeRO 1 or 2),
-            or the parameters too (3, Keras 3 models).
+            or the parameters too (3).
         remat: "data_parallel", "horovod", "pipeline": the blocks that recompute their activations
             (`tfpar.remat`: "blocks", or layer names or patterns); the one replica keeps them all.
         paths: "data_parallel", "horovod": instead of one comparison, one per gradient path
