@@ -298,21 +298,25 @@ def _fine_tuned(k, stage, devices):
         )
         model.compile(k.optimizers.Adam(0.01), "mse")
     model.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    first = getattr(model, "_tfpar_zero", None)
     model.layers[0].trainable = False
     with strategy.scope():
         model.compile(k.optimizers.Adam(0.01), "mse")
     model.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
-    return model
+    return model, first
 
 
 def test_a_layer_frozen_after_training_keeps_its_pieces_and_the_rest_trains_on(any_keras):
     """Fine-tuning: the frozen layer's parameters keep the state that sharded them (read whole,
-    its regularization loss read from its pieces: tf_keras binds it to the weight), the others are
-    sharded again by the second compile; one device's weights."""
-    one = _fine_tuned(any_keras, 0, DEVICES[:1]).get_weights()
-    model = _fine_tuned(any_keras, 3, DEVICES)
+    its regularization loss read from its pieces: tf_keras binds it to the weight), whose
+    optimizer state is released; the others are sharded again by the second compile; one
+    device's weights."""
+    one = _fine_tuned(any_keras, 0, DEVICES[:1])[0].get_weights()
+    model, first = _fine_tuned(any_keras, 3, DEVICES)
     assert max(float(np.abs(a - b).max()) for a, b in zip(one, model.get_weights())) < 1e-5
     assert len(model._tfpar_zero.variables) == 2  # the second Dense's kernel and bias
+    assert first.slot_variables() == []  # the first compile's Adam slots released
+    assert model.layers[0].kernel.numpy().shape == (7, 5)  # read through the first state
 
 
 def test_an_embedding_under_mixed_float16_takes_its_unscaled_squared_rows():

@@ -56,6 +56,13 @@ class ShardedParameters(ShardedOptimizer):
             and self.window == 1
         )
 
+    def release(self):
+        """Drops its optimizer state (a later compile's state updates the parameters now; the
+        ones it keeps, a frozen layer's, only read through it)."""
+        self.slots = []
+        self.decay_masks = [None] * len(self.devices)
+        self.accumulated = []
+
     def _bucket_elements(self):
         return 1  # a bucket per variable: a parameter's pieces
 
@@ -198,10 +205,13 @@ def shard_parameters(model, arguments=None):
         _compat.tf_keras_mark_optimizer_built(optimizer)
     variables = list(model.trainable_variables)
     scale = None if outer is optimizer else (lambda: outer.dynamic_scale)
+    superseded = getattr(model, "_tfpar_zero", None)
     sharded = ShardedParameters(optimizer, variables, model.distribute_strategy, scale)
     _install(model, variables, sharded.variables)
     install_sharded(model, optimizer, sharded)
-    del variables
+    if isinstance(superseded, ShardedParameters):
+        superseded.release()  # a frozen layer's parameters read through it still
+    del variables, superseded
     gc.collect()  # the whole copies sit in reference cycles: freed now, not at some later step
     for layer in units_of(model):
         if not layer.__dict__.get("_tfpar_zero3"):
