@@ -18,6 +18,7 @@ import weakref
 
 from tfpar import _compat
 from tfpar._keras import inner_optimizer, is_keras3, tf
+from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._zero import (
     ShardedOptimizer,
     install_sharded,
@@ -154,7 +155,7 @@ class ShardedParameters(ShardedOptimizer):
         squares = []
         for k, r in enumerate(reduced):
             held = squares_of(bucket, k)
-            squares.append(tf.minimum(tf.abs(r), -1.0) if held is None else held)
+            squares.append(sparse.row_squares(r, r.shape) if held is None else held)
         return reduced, squares, [0] * len(self.devices)
 
     def own_piece(self, k, bucket):

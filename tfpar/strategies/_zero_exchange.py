@@ -156,7 +156,7 @@ class BucketExchange(ShardedState):
         dense = []
         for device, r in zip(self.devices, reduced):
             with tf.device(device):
-                dense.append(tf.minimum(tf.abs(r), -1.0))
+                dense.append(sparse.row_squares(r, r.shape))  # -1: dense
         return reduced, dense, sent
 
     def _reduce_scatter_with_squares(self, flat, squares, summed, bucket, index):
