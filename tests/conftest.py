@@ -63,7 +63,7 @@ def pytest_xdist_node_collection_finished(node, ids):
     the group's shared job again, and nothing else fails."""
     if node.config.getvalue("dist") != "loadgroup":
         return
-    lost = [nodeid for nodeid in ids if "@" not in nodeid.rsplit("]", 1)[-1]]
+    lost = [nodeid for nodeid in ids if "@" not in nodeid]  # every test has a group here
     if lost:
         pytest.exit(
             f"--dist loadgroup lost the groups of {len(lost)} tests (e.g. {lost[0]}): this "
