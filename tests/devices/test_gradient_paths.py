@@ -9,13 +9,10 @@ import pytest
 
 import tfpar
 from tests import gradient_paths as models
+from tests.gradient_paths import SAME_CODE_AS_ZERO1
+from tfpar.precision import use
 from tfpar.verify._paths import PATHS, paths_from, relative_update_error
 
-# Stage 2 differs from stage 1 only where it accumulates (tfpar.strategies._zero: the sum a replica
-# keeps between updates); without accumulation the two run one code path, so on one host these rows
-# are stage 1's. All 20 rows run across processes: the text model's over 2 workers, the image
-# model's under 2 Horovod ranks (tests/multiproc/test_verify.py).
-SAME_CODE_AS_ZERO1 = {"zero2", "bf16+zero2", "fp16+zero2", "zero2+mixed_float16"}
 # Compression reduces the image model's gradients (Conv2D's, BatchNormalization's: dense float32)
 # as it reduces the text model's dense ones: the image model takes its synchronized
 # BatchNormalization through every other path, and through bf16 (its statistics' all-reduce stays
@@ -43,14 +40,24 @@ def test_all_is_the_twenty_paths_in_order():
 
 @pytest.mark.parametrize("shape", ["text", "image"])
 def test_every_gradient_path_trains_like_one_device(any_keras, shape):
+    """Each path sets its own precision policy: the caller's (mixed_bfloat16 here) does not touch
+    the rows, and both Kerases have it again afterwards."""
+    import keras
+
     name = "keras3" if any_keras.__name__ == "keras" else "tf_keras"
-    report = tfpar.verify.verify(
-        getattr(models, f"{shape}_{name}"),
-        getattr(models, f"{shape}_data"),
-        steps=4,
-        global_batch_size=16,
-        paths=SHAPE_PATHS[shape],
-    )
+    use("mixed_bfloat16")
+    try:
+        report = tfpar.verify.verify(
+            getattr(models, f"{shape}_{name}"),
+            getattr(models, f"{shape}_data"),
+            steps=4,
+            global_batch_size=16,
+            paths=SHAPE_PATHS[shape],
+        )
+        assert tfpar.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    finally:
+        use("float32")
     rows = {row.path: row for row in report.rows}
     assert list(rows) == SHAPE_PATHS[shape]
     for path, row in rows.items():
@@ -83,27 +90,6 @@ def test_bad_paths_are_refused():
         tfpar.verify.verify(
             models.text_tf_keras, models.text_data, strategy="pipeline", paths="all", steps=3
         )
-
-
-def test_the_callers_precision_policy_is_put_back():
-    """Each path sets its own policy; afterwards both Kerases' are the caller's again."""
-    import keras
-
-    from tfpar.precision import use
-
-    use("mixed_bfloat16")
-    try:
-        tfpar.verify.verify(
-            models.text_tf_keras,
-            models.text_data,
-            steps=2,
-            global_batch_size=16,
-            paths="plain,mixed_float16",
-        )
-        assert tfpar.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
-        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
-    finally:
-        use("float32")
 
 
 def test_a_path_tfpar_refuses_is_a_row_with_the_reason():
@@ -146,10 +132,11 @@ def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
         return model
 
     keras.utils.set_random_seed(0)
-    one = tfpar.DataParallel(devices=["/cpu:0"])
-    with one.scope():
-        start = models.keras_hub_task(name)[0].get_weights()
-    reference = trained(one, start).get_weights()
+    with tfpar.DataParallel(devices=["/cpu:0"]).scope():
+        first, x, y = models.keras_hub_task(name)
+    start = first.get_weights()
+    first.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # one device, 3 steps
+    reference = first.get_weights()
     # (zero_stage 2 runs stage 1's code where nothing accumulates: SAME_CODE_AS_ZERO1)
     for options, bound in [
         ({}, 1e-5),

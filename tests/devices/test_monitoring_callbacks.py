@@ -95,33 +95,33 @@ def test_throughput_agrees_with_an_independent_timer():
 
 @pytest.mark.parametrize("check", ["batch", "epoch"])
 def test_nan_guard_restores_weights_whose_loss_was_finite(check, any_keras):
-    """w <- w - 5 * 2w = -9w on loss w^2 (x=1, y=0, one full batch per epoch): the loss of step k
-    is 81^(k-1), until the float32 sum of a replica's 4 squares overflows (at step 21). The weights
-    to restore are those the last finite step started from: evaluate gives back exactly the loss
-    logged there. The weights after that step are finite too, but their loss is not."""
+    """w <- w - 36 * 2w = -71w on loss w^2 (x=1, y=0, one full batch per epoch): the loss of step
+    k is 5041^(k-1), until the float32 sum of a replica's 4 squares overflows (at step 12). The
+    weights to restore are those the last finite step started from: evaluate gives back exactly the
+    loss logged there. The weights after that step are finite too, but their loss is not."""
     strategy = tfpar.DataParallel()
     with strategy.scope():
         k = any_keras
         model = k.Sequential(
             [k.layers.Input((1,)), k.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
         )
-        model.compile(k.optimizers.SGD(5.0), "mse")
+        model.compile(k.optimizers.SGD(36.0), "mse")
     x, y = np.ones((8, 1), "float32"), np.zeros((8, 1), "float32")
     guard = NaNGuard(check=check)
-    history = model.fit(x, y, batch_size=8, epochs=30, shuffle=False, verbose=0, callbacks=[guard])
+    history = model.fit(x, y, batch_size=8, epochs=20, shuffle=False, verbose=0, callbacks=[guard])
     losses = history.history["loss"]
     stop = guard.stopped_at_step
     assert stop == len(losses) and not np.isfinite(losses[-1]) and np.isfinite(losses[:-1]).all()
-    assert stop == 21 and guard.restored_step == stop - 1
+    assert stop == 12 and guard.restored_step == stop - 1
     last_finite = losses[guard.restored_step - 1]
     assert (
-        last_finite == pytest.approx(81.0 ** (guard.restored_step - 1), rel=1e-5)
+        last_finite == pytest.approx(5041.0 ** (guard.restored_step - 1), rel=1e-5)
         and last_finite > 1e36
     )
     restored = model.evaluate(x, y, batch_size=8, verbose=0)
     assert np.isfinite(restored) and restored == pytest.approx(last_finite, rel=1e-6)
     assert model.get_weights()[0][0, 0] == pytest.approx(
-        (-9.0) ** (guard.restored_step - 1), rel=1e-5
+        (-71.0) ** (guard.restored_step - 1), rel=1e-5
     )
 
 

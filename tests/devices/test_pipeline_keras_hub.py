@@ -20,6 +20,8 @@ BLOCKS = {
 
 
 _ONE_DEVICE = {}  # name -> the one-device model's weights after its 3 steps: the same in every test
+# its tests in one test process, so that each one-device model trains once (tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("tests.devices.test_pipeline_keras_hub")
 
 
 def _staged_and_one_device(name, **options):
@@ -48,9 +50,22 @@ def _largest(trained, one_device):
 
 
 @pytest.mark.parametrize("name", list(BLOCKS))
-def test_a_task_model_is_cut_between_its_backbone_s_blocks_and_trains_like_one_device(name):
+def test_a_task_model_is_cut_between_its_backbone_s_blocks_and_trains_like_one_device(
+    name, tmp_path
+):
+    """Each task model, cut and trained like one device; the staged GPT-2 saves and loads as
+    KerasHub's model, its trained weights with it."""
+    import keras
+
     staged, trained, one_device = _staged_and_one_device(name)
     assert _largest(trained, one_device) < 1e-5
+    if name == "gpt2":
+        plain = staged.plain_model()
+        plain.save(tmp_path / "gpt2.keras")
+        loaded = keras.saving.load_model(tmp_path / "gpt2.keras")
+        assert type(loaded) is type(plain)
+        for a, b in zip(loaded.get_weights(), trained):
+            np.testing.assert_array_equal(a, b)
     first, second = staged.partition.stages
     block = BLOCKS[name]
     described = staged.partition.describe()
@@ -85,18 +100,6 @@ def test_the_schedules_and_recomputation_cut_task_models_like_one_device(name, o
         first, second = staged.partition.stages
         assert "transformer_layer_0" in first.layers and "transformer_layer_1" in second.layers
         assert 0 < first.cost < 10 and 0 < second.cost < 10
-
-
-def test_the_staged_gpt2_saves_and_loads_as_keras_hub_s_model(tmp_path):
-    import keras
-
-    staged, trained, _ = _staged_and_one_device("gpt2")
-    plain = staged.plain_model()
-    plain.save(tmp_path / "gpt2.keras")
-    loaded = keras.saving.load_model(tmp_path / "gpt2.keras")
-    assert type(loaded) is type(plain)
-    for a, b in zip(loaded.get_weights(), trained):
-        np.testing.assert_array_equal(a, b)
 
 
 def test_a_functional_model_around_a_functional_model_is_cut_inside_under_both_kerases(any_keras):

@@ -15,7 +15,6 @@ from tests.conftest import (
     docs_command,
     in_turn_failure,
     run_command,
-    tfpar_command,
 )
 from tests.models import assert_started_from_worker_0, load_arrays
 
@@ -450,20 +449,6 @@ def test_a_dead_rank_fails_the_job_within_bounded_time():
         "Horovod detected that one or more processes exited with non-zero status" in result.output
     )
     assert time.monotonic() - start < 60
-
-
-def test_tfpar_launch_horovod_starts_a_gloo_job(tmp_path):
-    code = (
-        "from tfpar.strategies.horovod import HorovodStrategy; s = HorovodStrategy(); "
-        "print('rank', s.rank, 'of', s.size)"
-    )
-    result = run_command(
-        tfpar_command("launch", "--horovod", "-n", "2", "--", sys.executable, "-c", code),
-        timeout=200,
-        env=ENV,
-    )
-    assert result.returncode == 0, result.output[-3000:]
-    assert re.search(r"rank 0 of 2", result.output) and re.search(r"rank 1 of 2", result.output)
 
 
 def test_doctor_reports_horovod(doctor):
