@@ -91,9 +91,9 @@ def test_a_killed_worker_and_a_relaunch_resume_after_the_last_backed_up_epoch(tm
     assert "tfpar: resumed from the backup" in second.output and "at epoch 3" in second.output
     # Epochs 1-2 are not done again: only the interrupted epoch 3 is, then 4 and 5.
     assert _epochs(second.output) == ["3/5", "4/5", "5/5"]
-    # The backup holds the weights and the optimizer after epoch 2; the input has no shuffle and
-    # SGD no randomness, so epochs 3-5 repeat those of the reference's run from the first epoch (an
-    # uninterrupted run) to float rounding.
+    # The backup holds the weights and the optimizer (its momentum) after epoch 2; the input has no
+    # shuffle and SGD no randomness, so epochs 3-5 repeat those of the reference's run from the
+    # first epoch (an uninterrupted run) to float rounding.
     resumed, uninterrupted = _losses(second.output), _losses(reference.output)
     assert len(resumed) == 3
     np.testing.assert_allclose(resumed, uninterrupted[2:], rtol=1e-5)
@@ -122,7 +122,9 @@ def _epochs_completed(output):
 def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(tmp_path, reference):
     """Worker 1 dies at step 4 of epoch 2, then (after the restart) worker 0 at step 2 of epoch 4:
     the launcher restarts the whole job twice on fresh ports; each run resumes after the last
-    completed epoch, so no epoch completes twice, and the job ends like an undisturbed run."""
+    completed epoch, so no epoch completes twice, and the job ends like an undisturbed run. The
+    job shards its parameters and their momentum (ZeRO stage 3): each run resumes the pieces from
+    the chief's backup, which holds them whole, and nothing is lost."""
     # The reference was watched: at the end of its last run the launcher reports each task's mean
     # step time.
     steps = re.search(
@@ -151,6 +153,8 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
             "0:1:2:3",
             "--kill-at",
             "1:0:4:1",
+            "--zero-stage",
+            "3",
         ),
         timeout=400,
         env={"PYTHONPATH": ROOT},
@@ -174,6 +178,10 @@ def test_max_restarts_relaunches_the_job_and_training_resumes_where_it_stopped(t
     assert _epochs_completed(result.output) == [1, 2, 3, 4, 5]
     assert "at epoch 2" in result.output and "at epoch 4" in result.output  # where each run resumed
     np.testing.assert_allclose(_losses(result.output), _losses(reference.output)[3:], rtol=1e-4)
+    # each worker held half of each parameter and of its momentum (161 float32 parameters; the
+    # one-value bias's piece rounds up)
+    held = "weights 644 B -> 324 B, gradients 644 B -> 324 B, optimizer state 644 B -> 324 B"
+    assert held in result.output, result.output[-3000:]
 
 
 def test_a_restart_without_a_backup_warns_and_trains_from_the_first_epoch(reference):

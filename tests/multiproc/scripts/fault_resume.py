@@ -1,12 +1,13 @@
 """Multi-worker training with tfpar.callbacks.FaultTolerance (run under `tfpar launch -n 2`).
 
 Usage: fault_resume.py BACKUP_DIR [--kill] [--kill-at RESTART:WORKER:EPOCH:STEP ...] [--no-backup]
-                       [--freeze-at RESTART:WORKER:EPOCH:STEP] [--horovod]
+                       [--freeze-at RESTART:WORKER:EPOCH:STEP] [--horovod] [--zero-stage N]
 With --kill, worker 1 SIGKILLs itself at the 6th step of epoch 3; --kill-at makes WORKER do so at
 STEP (0-based) of EPOCH (1-based) in the run whose $TFPAR_RESTART_COUNT is RESTART (under
 `tfpar launch --max-restarts`); --freeze-at makes it SIGSTOP itself there instead (it hangs,
 alive; it prints "FREEZING <time>" first). The chief prints "EPOCH_COMPLETE k" after each completed
-epoch, and "DONE {json}" (its losses per epoch) when training completes.
+epoch, and "DONE {json}" (its losses per epoch) when training completes. --zero-stage N shards the
+model's state as DataParallel(zero_stage=N) does (the optimizer has a momentum slot to resume).
 """
 
 import json
@@ -31,13 +32,15 @@ freeze_at = {
     if a == "--freeze-at"
 }
 restart = int(os.environ.get("TFPAR_RESTART_COUNT", "0"))
+stage = 0
 if "--horovod" in sys.argv:  # under horovodrun (tfpar launch --horovod): ranks instead of workers
     from tfpar.strategies.horovod import HorovodStrategy
 
     strategy = HorovodStrategy()
     worker = strategy.rank
 else:
-    strategy = tfpar.DataParallel(timeout_seconds=60)
+    stage = int(sys.argv[sys.argv.index("--zero-stage") + 1]) if "--zero-stage" in sys.argv else 0
+    strategy = tfpar.DataParallel(timeout_seconds=60, zero_stage=stage)
     worker = tfpar.ClusterInfo.from_tf_config().worker_index
 import tensorflow as tf  # noqa: E402
 
@@ -51,7 +54,7 @@ with strategy.scope():
     model = keras.Sequential(
         [keras.layers.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)]
     )
-    model.compile(keras.optimizers.SGD(0.02), "mse")
+    model.compile(keras.optimizers.SGD(0.02, momentum=0.5), "mse")
 train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 64)
 
 
@@ -86,3 +89,5 @@ history = model.fit(
 )
 if worker == 0:
     print("DONE " + json.dumps({"loss": history.history["loss"]}), flush=True)
+    if stage:
+        print(strategy.describe(model=model), flush=True)
