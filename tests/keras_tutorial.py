@@ -70,3 +70,18 @@ def tutorial_data(examples=32):
     """Token ids and labels for `tutorial_model`."""
     rng = np.random.default_rng(0)
     return rng.integers(0, VOCAB, (examples, MAXLEN)), rng.integers(0, 2, examples)
+
+
+def two_block_model(k, rate):
+    """Two of the tutorial's TransformerBlocks ("block_a", "block_b") at dropout ``rate`` between an
+    Embedding and 3 logits, compiled with Adam; the model and the block's class."""
+    k.utils.set_random_seed(1)
+    block = tutorial_classes(k)[0]
+    inputs = k.Input((8,), dtype="int32")
+    x = k.layers.Embedding(50, 16, name="embedding")(inputs)
+    x = block(16, 2, 32, rate=rate, name="block_a")(x)
+    x = block(16, 2, 32, rate=rate, name="block_b")(x)
+    x = k.layers.GlobalAveragePooling1D()(x)
+    model = k.Model(inputs, k.layers.Dense(3)(x))
+    model.compile(k.optimizers.Adam(1e-2), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, block

@@ -13,22 +13,7 @@ import pytest
 
 import tfpar
 from tests import gradient_paths
-from tests.keras_tutorial import tutorial_classes
-
-
-def text_model(k, rate):
-    """Two of keras.io's tutorial TransformerBlocks (tests/keras_tutorial.py) at dropout ``rate``
-    between an Embedding and 3 logits; the model and the block's class."""
-    k.utils.set_random_seed(1)
-    block = tutorial_classes(k)[0]
-    inputs = k.Input((8,), dtype="int32")
-    x = k.layers.Embedding(50, 16, name="embedding")(inputs)
-    x = block(16, 2, 32, rate=rate, name="block_a")(x)
-    x = block(16, 2, 32, rate=rate, name="block_b")(x)
-    x = k.layers.GlobalAveragePooling1D()(x)
-    model = k.Model(inputs, k.layers.Dense(3)(x))
-    model.compile(k.optimizers.Adam(1e-2), k.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model, block
+from tests.keras_tutorial import two_block_model
 
 
 def residual_block(k):
@@ -111,14 +96,14 @@ def test_recomputed_blocks_train_the_weights_they_train_without(any_keras):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 50, (64, 8)).astype("int32")
     y = rng.integers(0, 3, (64,))
-    plain, _, none = train(k, lambda: text_model(k, rate), "none", x, y)
-    recomputed, described, blocks = train(k, lambda: text_model(k, rate), "blocks", x, y)
+    plain, _, none = train(k, lambda: two_block_model(k, rate), "none", x, y)
+    recomputed, described, blocks = train(k, lambda: two_block_model(k, rate), "blocks", x, y)
     # each block's forward runs once more in each replica's traced step: its recomputation
     assert none == [] and sorted(blocks) == ["block_a", "block_a", "block_b", "block_b"], blocks
     assert "2 block(s) recompute their activations" in described, described
     assert "block_a, block_b" in described and "remat kept" not in described
     assert largest_difference(plain, recomputed) < 1e-6
-    assert largest_difference(plain, text_model(k, rate)[0].get_weights()) > 1e-3  # it trained
+    assert largest_difference(plain, two_block_model(k, rate)[0].get_weights()) > 1e-3  # it trained
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
@@ -216,13 +201,13 @@ def test_a_model_made_in_a_full_remat_scope_trains_under_tfpar_as_without_it():
 
 def test_tf_keras_keeps_a_block_whose_recomputation_would_differ_and_says_why():
     k = tfpar.keras
-    dropout = tfpar.remat.plan_remat(text_model(k, 0.1)[0], "blocks")
+    dropout = tfpar.remat.plan_remat(two_block_model(k, 0.1)[0], "blocks")
     assert dropout.recomputed == ()
     assert [name for name, _ in dropout.kept] == ["block_a", "block_b"]
     assert "draws new random numbers when recomputed" in dropout.kept[0][1]
     norm = tfpar.remat.plan_remat(image_model(k), "blocks")
     assert norm.kept[0][0] == "residual" and "non-trainable weights" in norm.kept[0][1]
-    frozen, _ = text_model(k, 0.0)
+    frozen, _ = two_block_model(k, 0.0)
     frozen.get_layer("block_a").att.trainable = False  # fine-tuning: a frozen layer moves nothing
     plan = tfpar.remat.plan_remat(frozen, "blocks")
     assert [layer.name for layer in plan.recomputed] == ["block_a", "block_b"], plan.kept
@@ -231,7 +216,7 @@ def test_tf_keras_keeps_a_block_whose_recomputation_would_differ_and_says_why():
 def test_named_blocks_and_patterns_choose_the_outermost_layers_they_match():
     import keras
 
-    model, _ = text_model(keras, 0.0)
+    model, _ = two_block_model(keras, 0.0)
     plan = tfpar.remat.plan_remat(model, ["block_?", "block_a", "embedding"])
     assert [layer.name for layer in plan.recomputed] == ["block_a", "block_b"]
     assert plan.kept[0][0] == "embedding" and "the whole table" in plan.kept[0][1]
@@ -394,7 +379,7 @@ def test_a_name_that_matches_no_layer_is_refused_before_fit_traces_anything():
 
     strategy = tfpar.DataParallel(remat=["decoder_*"])
     with strategy.scope():
-        model, _ = text_model(keras, 0.0)
+        model, _ = two_block_model(keras, 0.0)
     with pytest.raises(ValueError, match=r"'decoder_\*' matches none of .*Its layers: "):
         model.fit(np.zeros((16, 8), "int32"), np.zeros((16,)), batch_size=16, verbose=0)
     assert model.optimizer.iterations.numpy() == 0
@@ -450,7 +435,7 @@ def test_a_block_that_adds_a_loss_in_its_forward_is_refused_when_traced(any_kera
 def test_a_named_nested_model_is_its_blocks():
     import keras
 
-    model, _ = text_model(keras, 0.0)
+    model, _ = two_block_model(keras, 0.0)
     inputs = keras.Input((8,), dtype="int32")
     outer = keras.Model(inputs, keras.layers.Dense(2)(model(inputs)))
     plan = tfpar.remat.plan_remat(outer, [model.name])

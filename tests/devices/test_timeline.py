@@ -7,6 +7,7 @@ import pytest
 
 import tfpar
 from tests.conftest import trace_tracks as _tracks
+from tests.keras_tutorial import two_block_model
 from tests.models import equivalence_data, pipeline_model, verify_model
 from tfpar.callbacks import Timeline
 
@@ -172,6 +173,7 @@ def test_fully_sharded_parameters_show_each_gather_and_reduce_scatter_inside_the
     model = strategy.build(lambda: verify_model(k=keras))
     steps = _fit(model, strategy, tmp_path / "timeline.json")
     tracks = _tracks(json.loads((tmp_path / "timeline.json").read_text()))
+    assert (0, "recomputed forwards") not in tracks  # no unit of 64 KiB: none recomputed
     events = tracks[0, "ZeRO exchange"]
     paths = [v.path for v in model.trainable_variables]
     per_step = [f"{kind} {path}" for kind in ("all-gather", "reduce-scatter") for path in paths]
@@ -186,3 +188,50 @@ def test_fully_sharded_parameters_show_each_gather_and_reduce_scatter_inside_the
             assert gathered["ts"] + gathered["dur"] <= at[f"reduce-scatter {path}"]["ts"] + 1
         last_scatter = max(at[f"reduce-scatter {path}"]["ts"] for path in paths)
         assert all(at[f"update {i}"]["ts"] + 1 >= last_scatter for i in range(len(paths)))
+
+
+def test_recomputed_blocks_show_their_second_forward_in_each_step_s_backward(any_keras, tmp_path):
+    """remat="blocks" on two of keras.io's tutorial TransformerBlocks (both Kerases): each step's
+    backward runs block_b's forward again, then block_a's (the forward's order reversed), each
+    named on the first replica's "recomputed forwards" track inside its step."""
+    import tensorflow as tf
+
+    strategy = tfpar.DataParallel(remat="blocks")
+    with strategy.scope():
+        model, _ = two_block_model(any_keras, 0.0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, (64, 8)).astype("int32")
+    y = rng.integers(0, 3, (64,))
+    train = tfpar.data.distribute(tf.data.Dataset.from_tensor_slices((x, y)), strategy, 16)
+    path = tmp_path / "timeline.json"
+    timeline = Timeline(str(path))
+    model.fit(train.dataset, steps_per_epoch=4, epochs=1, verbose=0, callbacks=[timeline])
+    tracks = _tracks(json.loads(path.read_text()))
+    steps = tracks[0, "step"]
+    recomputed = tracks[0, "recomputed forwards"]
+    assert len(steps) == 4
+    assert [e["name"] for e in recomputed] == ["block_b", "block_a"] * 4
+    slack = 2000  # microseconds: the host's callbacks run after the step's last op
+    for step, second, first in zip(steps, recomputed[::2], recomputed[1::2]):
+        assert step["ts"] <= second["ts"]
+        assert second["ts"] + second["dur"] <= first["ts"] + 1  # the backward's order
+        assert first["ts"] + first["dur"] <= step["ts"] + step["dur"] + slack  # inside its step
+
+
+def test_a_fully_sharded_layer_of_64_kib_shows_its_recomputed_forward(tmp_path):
+    """zero_stage=3 recomputes a layer of 64 KiB of parameters or more in the backward (it gathers
+    them again there): Keras 3's Dense of 128 x 160 float32 (80 KiB) is on the track once a step;
+    the small one is not."""
+    import keras
+
+    strategy = tfpar.DataParallel(zero_stage=3)
+    with strategy.scope():
+        inputs = keras.Input((128,))
+        hidden = keras.layers.Dense(160, activation="relu", name="wide")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(3, name="small")(hidden))
+        model.compile(keras.optimizers.Adam(1e-3), "mse")
+    x = np.random.default_rng(0).normal(size=(64, 128)).astype("float32")
+    path = tmp_path / "timeline.json"
+    model.fit(x, x[:, :3], batch_size=16, epochs=1, verbose=0, callbacks=[Timeline(str(path))])
+    tracks = _tracks(json.loads(path.read_text()))
+    assert [e["name"] for e in tracks[0, "recomputed forwards"]] == ["wide"] * 4

@@ -17,7 +17,10 @@ Horovod rank) is a process, with these tracks:
 - for a `PipelineModel`, one track per stage (and replica) with each microbatch's forward ``F``
   and backward ``B``, from the timestamps the pipeline takes around every instruction;
 - with ``zero_stage`` 1 or 2, a ``ZeRO exchange`` track: each bucket's ``reduce-scatter i``, then
-  each bucket's ``update i`` and ``all-gather i`` (`tfpar.strategies._zero_exchange`).
+  each bucket's ``update i`` and ``all-gather i`` (at stage 3 each parameter's gathers and
+  reduce-scatter);
+- with ``remat`` (or ZeRO stage 3's large layers), ``recomputed forwards``: each recomputed block's
+  forward run again in the backward pass, named by the block (`_device_traces`).
 
 With ``steps_per_execution`` N, a ``step`` is one call of the training function, N steps, and
 its ``compute`` spans them all. The in-step times are ``tf.timestamp()`` ops in the training
@@ -49,6 +52,8 @@ from tfpar._tasks.timeline_files import (
     timeline_in,
 )
 from tfpar._topology import topology_of
+from tfpar.callbacks._device_traces import TRACK as RECOMPUTED
+from tfpar.callbacks._device_traces import RecomputedForwards, trace_source
 from tfpar.callbacks._hooks import EpochLevelUnderCoordinator
 from tfpar.callbacks._trace_events import (
     COMPUTE,
@@ -62,6 +67,7 @@ from tfpar.callbacks._trace_events import (
     chrome_trace,
     gather,
 )
+from tfpar.remat._recompute import recomputations_recorded
 
 __all__ = [
     "TIMELINE_VARIABLE",
@@ -108,54 +114,55 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._steps_strategy = None
 
     # --- in the training function (installed when fit begins) ---
-    def install(self, model: Any) -> None:
-        """Puts the in-step timestamps into ``model``'s training function, which it rebuilds."""
+    def _make_variables(self, strategy):
+        """The variables the timed step writes: the stamps and the recomputations (made once),
+        the count of steps (one per strategy)."""
         if self._stamps is None:
             with tf.device("/cpu:0"):
                 self._stamps = _compat.ResourceVariable(
                     _empty(), trainable=False, name="tfpar_timeline"
                 )
-        strategy = model.distribute_strategy
-        if self._steps is None or self._steps_strategy is not strategy:  # a counter per strategy
+            self._recomputed = RecomputedForwards()
+        if self._steps is None or self._steps_strategy is not strategy:
             self._steps = _step_counter(strategy)
             self._steps_strategy = strategy
+
+    def install(self, model: Any) -> None:
+        """Puts the in-step timestamps into ``model``'s training function, which it rebuilds."""
+        strategy = model.distribute_strategy
+        self._make_variables(strategy)
         stamps = self._stamps
+        recomputed = self._recomputed
         optimizer = model.optimizer
         steps = self._steps
-
         # the step a replica's thread traces: its counter, its gradients' time
         traced = threading.local()
-
-        def now_after(dependencies):
-            with tf.control_dependencies(
-                [t for t in tf.nest.flatten(dependencies) if t is not None]
-            ):
-                return tf.timestamp()
-
         train_step, apply_gradients = model.train_step, optimizer.apply_gradients
 
         def timed_train_step(data):
             step = tf.cast(steps.assign_add(1), tf.float64)
             traced.grads = tf.constant(-np.inf, tf.float64)
-            arrived = now_after(data)
-            with tf.control_dependencies([arrived]):
+            arrived = _now_after(data)
+            with tf.control_dependencies([arrived]), recomputations_recorded() as events:
                 logs = train_step(data)
+            written = recomputed.write(events, strategy)
             # The step ends when its metrics exist and its update is done: reading the weights after
             # the update orders the read after it (tf.function runs a variable's ops in program
             # order).
-            done = now_after([logs, [tf.convert_to_tensor(v) for v in model.trainable_variables]])
+            done = _now_after([logs, [tf.convert_to_tensor(v) for v in model.trainable_variables]])
             row = tf.stack([step, arrived, traced.grads, done, _loss_scale(optimizer)])[None]
             del traced.grads
             index = tf.reshape(tf.cast(step, tf.int64) % _CAPACITY, [1])
             with tf.control_dependencies([stamps.scatter_max(tf.IndexedSlices(row, index))]):
-                return tf.nest.map_structure(tf.identity, logs)
+                with tf.control_dependencies(written):
+                    return tf.nest.map_structure(tf.identity, logs)
 
         timed_train_step.timeline = self  # type: ignore[attr-defined]  # how `install` finds it again
 
         def timed_apply_gradients(grads_and_vars, *args, **kwargs):
             grads_and_vars = list(grads_and_vars)
             if hasattr(traced, "grads") and self.exchange:  # inside a training step
-                traced.grads = now_after([g for g, _ in grads_and_vars])
+                traced.grads = _now_after([g for g, _ in grads_and_vars])
             return apply_gradients(grads_and_vars, *args, **kwargs)
 
         # what the instances had of their own (an elastic job's micro-batched train_step),
@@ -215,6 +222,9 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             for track, name in enumerate(self._source.device_track_names(), first):
                 self._tracks[track] = name
             self._instructions = self._device_rows()
+        # shown where a step recomputes (a track without events is left out of the trace)
+        self._recomputed_track = len(self._tracks)
+        self._tracks[self._recomputed_track] = RECOMPUTED
 
     def _device_rows(self):
         """(track, label index) of each row of the model's device trace (a tensor-parallel model
@@ -247,6 +257,8 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
                     self._events.append((start, stop, track, label))
             # read once: a step that writes no rows (one a loss scale skips) adds none
             self._device_trace.assign(np.full_like(rows, np.nan))
+        if self._stamps is not None:  # installed: the step's recomputed forwards
+            self._events += self._recomputed.events(self._recomputed_track, self._label)
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.time()
@@ -298,15 +310,6 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             )
 
 
-def trace_source(model):
-    """What traces its devices' work in ``model``'s step: the model (a pipeline, a tensor-parallel
-    model), its sharded optimizer (ZeRO's exchange), or None."""
-    if getattr(model, "device_trace", None) is not None:
-        return model
-    sharded = getattr(model, "_tfpar_zero", None)
-    return sharded if getattr(sharded, "device_trace", None) is not None else None
-
-
 def _step_counter(strategy):
     """The training steps traced so far: one variable of ``strategy``'s replicas, which each step's
     first replica counts, so that every replica keys its step's row alike (the optimizer's
@@ -331,6 +334,12 @@ def _loss_scale(optimizer):
         if value is None
         else tf.cast(tf.convert_to_tensor(value), tf.float64)
     )
+
+
+def _now_after(dependencies):
+    """The time, once ``dependencies`` exist."""
+    with tf.control_dependencies([t for t in tf.nest.flatten(dependencies) if t is not None]):
+        return tf.timestamp()
 
 
 def _empty():

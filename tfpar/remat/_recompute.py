@@ -13,6 +13,7 @@ keeps none of its changes. tf_keras has no such scope: `tfpar.remat._blocks` kee
 of a tf_keras block that holds such a layer.
 """
 
+import contextlib
 import threading
 
 import tensorflow as tf
@@ -24,12 +25,15 @@ __all__ = [
     "floats",
     "recompute",
     "recomputation_running",
+    "recomputations_recorded",
     "recomputing",
     "state_of",
     "through_keras",
 ]
 
-_recomputing = threading.local()  # .layer: the layer whose recomputation runs in this thread
+# .layer: the layer whose recomputation runs in this thread; .events: where the recomputations
+# traced in this thread are recorded (`recomputations_recorded`)
+_recomputing = threading.local()
 
 
 def floats(structure):
@@ -38,11 +42,12 @@ def floats(structure):
     return [t for t in tf.nest.flatten(structure) if tf.is_tensor(t) and t.dtype.is_floating]
 
 
-def recompute(call, args, kwargs, state=None, again=None):
+def recompute(call, args, kwargs, state=None, again=None, label="recomputed forward"):
     """``call(*args, **kwargs)`` with its activations recomputed in the backward pass; only its
     floating-point outputs carry gradients. ``state``: under Keras 3, the variables the call may
     change (`state_of`), read as the forward read them when it is recomputed (None: tf_keras);
-    ``again``: what runs instead of ``call`` then (default ``call``)."""
+    ``again``: what runs instead of ``call`` then (default ``call``); ``label``: the name of its
+    recomputation where one is recorded (`recomputations_recorded`)."""
     flat = tf.nest.flatten((args, kwargs))
     at = [i for i, t in enumerate(flat) if tf.is_tensor(t) and t.dtype.is_floating]
     if not at:  # nothing to differentiate it by (ids in, a lookup first): its own call
@@ -58,7 +63,7 @@ def recompute(call, args, kwargs, state=None, again=None):
         a, k = tf.nest.pack_sequence_as((args, kwargs), parts)
         if first:
             mapping = None if state is None else list(zip(state, read))
-            return floats(_as_read(again or call, a, k, mapping))
+            return _recorded(label, inputs, lambda: floats(_as_read(again or call, a, k, mapping)))
         first.append(call(*a, **k))
         return floats(first[0])
 
@@ -68,6 +73,39 @@ def recompute(call, args, kwargs, state=None, again=None):
         first[0],
         [next(differentiable) if tf.is_tensor(t) and t.dtype.is_floating else t for t in whole],
     )
+
+
+@contextlib.contextmanager
+def recomputations_recorded():
+    """Records the recomputations traced in this thread while it is open (a replica's step: the
+    backward pass that runs them is traced in its thread): yields a list that gets (label, start,
+    end) per recomputation, its start and end timestamps of the traced step (`tf.timestamp`)."""
+    outer = getattr(_recomputing, "events", None)
+    events: list = []
+    _recomputing.events = events
+    try:
+        yield events
+    finally:
+        _recomputing.events = outer
+
+
+def _recorded(label, inputs, compute):
+    """``compute()``, recorded where `recomputations_recorded` is open: its start once ``inputs``
+    exist (the recomputation's inputs wait for the backward to reach it), its end once its outputs
+    do."""
+    events = getattr(_recomputing, "events", None)
+    if events is None:
+        return compute()
+    start = _now_after(inputs)
+    with tf.control_dependencies([start]):
+        outputs = compute()
+    events.append((label, start, _now_after(outputs)))
+    return outputs
+
+
+def _now_after(tensors):
+    with tf.control_dependencies([t for t in tf.nest.flatten(tensors) if t is not None]):
+        return tf.timestamp()
 
 
 def _as_read(call, args, kwargs, mapping):
@@ -122,6 +160,7 @@ def recomputing(layer):
             kwargs,
             state_of(layer),
             again=through_keras(layer, kwargs),
+            label=layer.name,
         )
         _refuse_added_losses(layer, losses)
         return outputs

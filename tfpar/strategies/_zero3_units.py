@@ -85,7 +85,8 @@ def gathering(layer):
         chosen = layer.__dict__.get("_tfpar_recomputes")  # or remat named it since
         if not chosen or recomputation_running() or not _compat.tape_recording():
             return plain(*args, **kwargs)
-        return recompute(plain, args, kwargs, state_of(layer), again=through_keras(layer, kwargs))
+        again = through_keras(layer, kwargs)
+        return recompute(plain, args, kwargs, state_of(layer), again=again, label=layer.name)
 
     call.__name__ = call.__qualname__ = "call"
     call.__doc__ = type(layer).call.__doc__
