@@ -60,6 +60,12 @@ PATCHES = (
         "// tfpar: TensorFlow >= 2.19 wheels lack the XLA headers this part needs.\n"
         "#if TENSORFLOW_VERSION >= 2006000000 && TENSORFLOW_VERSION < 2019000000\n",
     ),
+    (  # -g costs 16 % of the compile's CPU and makes a 16 MB wheel of a 1.1 MB one (measured
+        # 2026-12-08, 2 cores: 268 -> 225 CPU-s, 154 -> 128 s); HOROVOD_DEBUG=1 still builds Debug
+        "setup.py",
+        "else 'RelWithDebInfo'",
+        "else 'Release'  # tfpar: no debug information",
+    ),
     (
         "horovod/tensorflow/__init__.py",
         "from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization\n",
