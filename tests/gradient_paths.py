@@ -90,9 +90,9 @@ def image_data():
     return rng.normal(size=(64, 8, 8, 1)).astype("float32"), rng.integers(0, 3, size=64)
 
 
-def keras_hub_task(name, examples=48, kv_heads=1):
-    """KerasHub's task model ``name`` (tiny config: 2 blocks, hidden 16, random weights, no
-    preprocessor; Llama's and Gemma's ``kv_heads`` key/value heads for their 2 query heads),
+def keras_hub_task(name, examples=48, kv_heads=1, blocks=2):
+    """KerasHub's task model ``name`` (tiny config: ``blocks`` blocks, hidden 16, random weights,
+    no preprocessor; Llama's and Gemma's ``kv_heads`` key/value heads for their 2 query heads),
     compiled as its users compile it, and ``examples`` examples for it."""
     import keras
     import keras_hub
@@ -101,7 +101,7 @@ def keras_hub_task(name, examples=48, kv_heads=1):
     ids = np.random.default_rng(0).integers(0, 64, size=(examples, 8)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
     y = np.roll(ids, -1, axis=1)
-    sizes = {"vocabulary_size": 64, "num_layers": 2, "hidden_dim": 16, "intermediate_dim": 32}
+    sizes = {"vocabulary_size": 64, "num_layers": blocks, "hidden_dim": 16, "intermediate_dim": 32}
     if name == "gpt2":
         backbone = models.GPT2Backbone(**sizes, num_heads=2, max_sequence_length=16, dropout=0.0)
         model = models.GPT2CausalLM(backbone=backbone, preprocessor=None)
