@@ -35,6 +35,12 @@ def test_one_trace_for_the_job_with_the_slow_worker_waiting_on_its_input(
     tracks = _tracks(trace)
     steps = [tracks[w, "step"] for w in (0, 1)]
     assert len(steps[0]) == len(steps[1]) == 6
+    # each worker's (rank's) one replica: its recomputed Dense once a step, inside the step
+    for w in (0, 1):
+        recomputed = tracks[w, "recomputed forwards"]
+        assert [e["name"] for e in recomputed] == ["dense"] * 6, recomputed
+        for step, e in zip(steps[w], recomputed):
+            assert step["ts"] <= e["ts"] <= step["ts"] + step["dur"]
     # the workers step together: step i of one overlaps step i of the other
     for a, b in zip(*steps):
         assert a["ts"] < b["ts"] + b["dur"] and b["ts"] < a["ts"] + a["dur"]

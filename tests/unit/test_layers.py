@@ -46,7 +46,7 @@ PURE = frozenset(
 """Layer 1: planning and protocol, no TensorFlow (tests/unit/test_public_names.py loads them)."""
 
 LAYERS = {
-    2: ("tfpar._keras", "tfpar._compat", "tfpar._owned"),
+    2: ("tfpar._keras", "tfpar._compat", "tfpar._owned", "tfpar._timing"),
     3: (
         "tfpar.devices",
         "tfpar.precision",

@@ -40,6 +40,11 @@ class RecomputedForwards:
         rows = [tf.reshape(tf.stack([start, end]), [1, 2]) for _, start, end in events]
         return [self.trace.assign(tf.concat(rows, 0))]
 
+    def reset(self):
+        """No step's recomputations known (a new fit)."""
+        self.labels = []
+        self.trace.assign(tf.zeros([0, 2], tf.float64))
+
     def events(self, track, label_index):
         """The Timeline's events (start, end, ``track``, the index of the block's name that
         ``label_index`` gives) of the last step's recomputations (none before one is traced); the
@@ -65,8 +70,9 @@ def trace_source(model):
 
 
 def _in_this_graph(tensor):
-    """Whether the step's own graph holds ``tensor`` (a backward that runs in a loop, micro-batch
-    after micro-batch, records its recomputations in the loop's graph: left out)."""
+    """Whether the step's own graph holds ``tensor``: a recomputation traced in a graph of its own
+    inside the step (a user's ``tf.cond`` or ``tf.while_loop`` around the backward, a nested
+    ``tf.function``) is left out; tfpar's own micro-batches run in the step's graph."""
     return tf.executing_eagerly() or tensor.graph is tf.compat.v1.get_default_graph()
 
 

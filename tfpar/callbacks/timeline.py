@@ -51,6 +51,7 @@ from tfpar._tasks.timeline_files import (
     merge_horovod_timeline,
     timeline_in,
 )
+from tfpar._timing import now_after
 from tfpar._topology import topology_of
 from tfpar.callbacks._device_traces import TRACK as RECOMPUTED
 from tfpar.callbacks._device_traces import RecomputedForwards, trace_source
@@ -110,6 +111,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
             path = os.path.join(os.environ[TIMELINE_VARIABLE], "timeline.json")
         self.path = check_writable(path, "path")
         self._stamps = None
+        self._recomputed = None
         self._steps = None
         self._steps_strategy = None
 
@@ -142,14 +144,14 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         def timed_train_step(data):
             step = tf.cast(steps.assign_add(1), tf.float64)
             traced.grads = tf.constant(-np.inf, tf.float64)
-            arrived = _now_after(data)
+            arrived = now_after(data)
             with tf.control_dependencies([arrived]), recomputations_recorded() as events:
                 logs = train_step(data)
             written = recomputed.write(events, strategy)
             # The step ends when its metrics exist and its update is done: reading the weights after
             # the update orders the read after it (tf.function runs a variable's ops in program
             # order).
-            done = _now_after([logs, [tf.convert_to_tensor(v) for v in model.trainable_variables]])
+            done = now_after([logs, [tf.convert_to_tensor(v) for v in model.trainable_variables]])
             row = tf.stack([step, arrived, traced.grads, done, _loss_scale(optimizer)])[None]
             del traced.grads
             index = tf.reshape(tf.cast(step, tf.int64) % _CAPACITY, [1])
@@ -162,7 +164,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         def timed_apply_gradients(grads_and_vars, *args, **kwargs):
             grads_and_vars = list(grads_and_vars)
             if hasattr(traced, "grads") and self.exchange:  # inside a training step
-                traced.grads = _now_after([g for g, _ in grads_and_vars])
+                traced.grads = now_after([g for g, _ in grads_and_vars])
             return apply_gradients(grads_and_vars, *args, **kwargs)
 
         # what the instances had of their own (an elastic job's micro-batched train_step),
@@ -200,6 +202,7 @@ class Timeline(EpochLevelUnderCoordinator, keras.callbacks.Callback):
         self._tracks = dict(enumerate(TRACKS))
         if self._stamps is not None:
             self._stamps.assign(_empty())
+            self._recomputed.reset()  # a fit that stopped after a step left its rows
         # A model that traces its devices' work in a step (a pipeline: a track per stage and
         # replica, an event per F, B and W; a tensor-parallel model: a track per device, an event
         # per layer part and per activation all-reduce; a sharded optimizer state: one track, an
@@ -334,12 +337,6 @@ def _loss_scale(optimizer):
         if value is None
         else tf.cast(tf.convert_to_tensor(value), tf.float64)
     )
-
-
-def _now_after(dependencies):
-    """The time, once ``dependencies`` exist."""
-    with tf.control_dependencies([t for t in tf.nest.flatten(dependencies) if t is not None]):
-        return tf.timestamp()
 
 
 def _empty():

@@ -13,13 +13,13 @@ keeps none of its changes. tf_keras has no such scope: `tfpar.remat._blocks` kee
 of a tf_keras block that holds such a layer.
 """
 
-import contextlib
 import threading
 
 import tensorflow as tf
 
 from tfpar import _compat
 from tfpar._keras import is_keras3
+from tfpar._timing import Recorder
 
 __all__ = [
     "floats",
@@ -31,9 +31,8 @@ __all__ = [
     "through_keras",
 ]
 
-# .layer: the layer whose recomputation runs in this thread; .events: where the recomputations
-# traced in this thread are recorded (`recomputations_recorded`)
-_recomputing = threading.local()
+_recomputing = threading.local()  # .layer: the layer whose recomputation runs in this thread
+_RECOMPUTATIONS = Recorder()  # the recomputations traced in a thread (`recomputations_recorded`)
 
 
 def floats(structure):
@@ -42,12 +41,13 @@ def floats(structure):
     return [t for t in tf.nest.flatten(structure) if tf.is_tensor(t) and t.dtype.is_floating]
 
 
-def recompute(call, args, kwargs, state=None, again=None, label="recomputed forward"):
+def recompute(call, args, kwargs, state=None, again=None, label=None):
     """``call(*args, **kwargs)`` with its activations recomputed in the backward pass; only its
     floating-point outputs carry gradients. ``state``: under Keras 3, the variables the call may
     change (`state_of`), read as the forward read them when it is recomputed (None: tf_keras);
-    ``again``: what runs instead of ``call`` then (default ``call``); ``label``: the name of its
-    recomputation where one is recorded (`recomputations_recorded`)."""
+    ``again``: what runs instead of ``call`` then (default ``call``); ``label``: the block's name,
+    under which `recomputations_recorded` records its recomputation (None: not recorded; a
+    pipeline's stage, whose backward spans hold it)."""
     flat = tf.nest.flatten((args, kwargs))
     at = [i for i, t in enumerate(flat) if tf.is_tensor(t) and t.dtype.is_floating]
     if not at:  # nothing to differentiate it by (ids in, a lookup first): its own call
@@ -75,37 +75,17 @@ def recompute(call, args, kwargs, state=None, again=None, label="recomputed forw
     )
 
 
-@contextlib.contextmanager
 def recomputations_recorded():
     """Records the recomputations traced in this thread while it is open (a replica's step: the
     backward pass that runs them is traced in its thread): yields a list that gets (label, start,
-    end) per recomputation, its start and end timestamps of the traced step (`tf.timestamp`)."""
-    outer = getattr(_recomputing, "events", None)
-    events: list = []
-    _recomputing.events = events
-    try:
-        yield events
-    finally:
-        _recomputing.events = outer
+    end) per recomputation with a label, its start and end timestamps of the traced step."""
+    return _RECOMPUTATIONS.recording()
 
 
 def _recorded(label, inputs, compute):
-    """``compute()``, recorded where `recomputations_recorded` is open: its start once ``inputs``
-    exist (the recomputation's inputs wait for the backward to reach it), its end once its outputs
-    do."""
-    events = getattr(_recomputing, "events", None)
-    if events is None:
-        return compute()
-    start = _now_after(inputs)
-    with tf.control_dependencies([start]):
-        outputs = compute()
-    events.append((label, start, _now_after(outputs)))
-    return outputs
-
-
-def _now_after(tensors):
-    with tf.control_dependencies([t for t in tf.nest.flatten(tensors) if t is not None]):
-        return tf.timestamp()
+    """``compute()``, recorded under ``label`` where `recomputations_recorded` is open (its start
+    once ``inputs`` exist: the recomputation's inputs wait for the backward to reach it)."""
+    return compute() if label is None else _RECOMPUTATIONS.timed((label,), inputs, compute)
 
 
 def _as_read(call, args, kwargs, mapping):

@@ -17,6 +17,7 @@ the `tfpar.callbacks.Timeline`'s ``ZeRO exchange`` track)."""
 
 from tfpar import _compat
 from tfpar._keras import tf
+from tfpar._timing import timed
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._zero_state import ShardedState
 
@@ -59,11 +60,7 @@ class BucketExchange(ShardedState):
     def _timed(self, label, inputs, compute, events=None):
         """``compute()``, its start (once ``inputs`` exist) and end recorded as event ``label`` (in
         ``events``, default the step's)."""
-        start = _now(inputs)
-        with tf.control_dependencies([start]):
-            result = compute()
-        (self._events if events is None else events).append((label, start, _now(result)))
-        return result
+        return timed(self._events if events is None else events, (label,), inputs, compute)
 
     def _trace(self, recorded=None, rows=None):
         """The write of the step's events into ``device_trace`` (the first ``recorded`` of them
@@ -212,10 +209,3 @@ class BucketExchange(ShardedState):
                     variable = self._local(self.variables[i], k)
                     writes.append(variable.assign(tf.reshape(part, variable.shape)))
         return writes, sent
-
-
-def _now(dependencies):
-    """The time, once ``dependencies`` exist (the tensors and writes among them)."""
-    inputs = [t for t in tf.nest.flatten(dependencies) if t is not None and not isinstance(t, int)]
-    with tf.control_dependencies(inputs):
-        return tf.timestamp()

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tfpar._keras import tf
+from tfpar._timing import Recorder
 
 __all__ = [
     "BACKWARD_REDUCTION",
@@ -43,39 +44,26 @@ GATHER = "tp_allgather"
 
 
 _PLACEMENT = threading.local()
-_RECORDING = threading.local()
 
 
-@contextlib.contextmanager
-def recording(events: list) -> Iterator[None]:
+_RECORDER = Recorder()
+
+
+def recording(events: list) -> Any:
     """Inside it, each split layer's part on a device and each all-reduce or all-gather appends
     ``(device index, label, start, end)`` to ``events``: timestamps taken when its inputs are ready
     and when its result is (the Timeline's tracks)."""
-    previous = getattr(_RECORDING, "events", None)
-    _RECORDING.events = events
-    try:
-        yield
-    finally:
-        _RECORDING.events = previous
+    return _RECORDER.recording(events)
 
 
 def recording_events() -> list | None:
     """The list `recording` appends to, or None outside it."""
-    return getattr(_RECORDING, "events", None)
+    return _RECORDER.events()
 
 
 def timed(device_index: int, label: str, inputs: Any, compute: Callable[[], Any]) -> Any:
     """``compute()``, with its start and end recorded while `recording`."""
-    events = getattr(_RECORDING, "events", None)
-    if events is None:
-        return compute()
-    with tf.control_dependencies([t for t in tf.nest.flatten(inputs) if t is not None]):
-        start = tf.timestamp()
-    with tf.control_dependencies([start]):
-        result = compute()
-    with tf.control_dependencies(tf.nest.flatten(result)):
-        events.append((device_index, label, start, tf.timestamp()))
-    return result
+    return _RECORDER.timed((device_index, label), inputs, compute)
 
 
 @contextlib.contextmanager

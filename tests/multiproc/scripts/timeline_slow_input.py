@@ -2,7 +2,8 @@
 HorovodStrategy by tfpar.strategies.auto()); worker SLOW's input sleeps 25 ms per example: 400 ms
 a batch of 16, far longer than a step of this model takes even on a loaded 2-core machine, so its
 prefetched input cannot hide the wait (at 5 ms, 80 ms a batch, a step slowed by the other tests'
-processes did: measured 2026-12-06, worker 1's median wait 1.0 ms).
+processes did: measured 2026-12-06, worker 1's median wait 1.0 ms). Its first Dense layer
+recomputes its forward in the backward (remat), on every worker's track of recomputed forwards.
 
 Usage: timeline_slow_input.py SLOW (-1: none)
 """
@@ -15,7 +16,7 @@ import tensorflow as tf
 import tfpar
 from tests.models import equivalence_data, verify_model
 
-strategy = tfpar.strategies.auto()
+strategy = tfpar.strategies.auto(remat=["dense"])
 slow = int(sys.argv[1])
 index = strategy.rank if hasattr(strategy, "rank") else strategy.cluster_resolver.task_id
 model = strategy.build(verify_model)
