@@ -65,9 +65,12 @@ def pytest_xdist_node_collection_finished(node, ids):
         return
     lost = [nodeid for nodeid in ids if "@" not in nodeid]  # every test has a group here
     if lost:
+        from importlib.metadata import version
+
         pytest.exit(
-            f"--dist loadgroup lost the groups of {len(lost)} tests (e.g. {lost[0]}): this "
-            "pytest-xdist cannot group under this pytest; install the dev extra's pytest",
+            f"--dist loadgroup lost the groups of {len(lost)} tests (e.g. {lost[0]}): pytest-xdist "
+            f"{version('pytest-xdist')} cannot group under pytest {pytest.__version__}; install "
+            "the dev extra's versions (pip install -e '.[dev]')",
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
 
