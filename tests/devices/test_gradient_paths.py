@@ -122,7 +122,8 @@ def test_keras_hub_models_train_like_one_device_under_zero_and_bf16(name):
     unknown static shape), and Keras 3's first-batch reduction of the mask under 2 replicas. Stage
     3 gathers each parameter where a layer reads it (Llama's untied embedding: a sparse gradient,
     its squared rows for Adam). One block each: it has every kind of layer of the model (its
-    embeddings, attention, MLP and norms; the tests of two blocks are the pipeline's)."""
+    embeddings, attention, MLP and norms); two blocks run in the pipeline's and tensor parallelism's
+    tests, and GPT-2's under ZeRO stage 2 with accumulation in the verify test below."""
     import keras
 
     def trained(strategy, start):

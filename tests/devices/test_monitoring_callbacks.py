@@ -96,7 +96,7 @@ def test_throughput_agrees_with_an_independent_timer():
 @pytest.mark.parametrize("check", ["batch", "epoch"])
 def test_nan_guard_restores_weights_whose_loss_was_finite(check, any_keras):
     """w <- w - 36 * 2w = -71w on loss w^2 (x=1, y=0, one full batch per epoch): the loss of step
-    k is 5041^(k-1), until the float32 sum of a replica's 4 squares overflows (at step 12). The
+    k is 5041^(k-1), until float32 overflows (at step 12: the square of (-71)^11). The
     weights to restore are those the last finite step started from: evaluate gives back exactly the
     loss logged there. The weights after that step are finite too, but their loss is not."""
     strategy = tfpar.DataParallel()

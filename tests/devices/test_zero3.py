@@ -189,7 +189,8 @@ def test_a_tf_keras_model_trains_like_one_device_with_its_weights_replaced(optim
     assert type(dense.kernel).__name__ == "ShardedParameter"
     assert dense.trainable_weights == [dense.kernel, dense.bias]
     assert [p.shape[0] for p in dense.kernel.pieces] == [18, 18]
-    # SGD's checkpoint goes from 2 replicas to one device, Adam's from one device to 2
+    # SGD's checkpoint goes from 2 replicas to one device, Adam's from one device to 2 (Keras 3's
+    # Adam goes both ways above; tf_keras' Adam from 2 replicas to one runs in the 2-worker job)
     first, then = (DEVICES, DEVICES[:1]) if optimizer == "sgd" else (DEVICES[:1], DEVICES)
     assert zero_resume(tf_keras, str(tmp_path), first, then, optimizer, stage=3) < 1e-6
 

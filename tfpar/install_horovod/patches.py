@@ -61,7 +61,7 @@ PATCHES = (
         "#if TENSORFLOW_VERSION >= 2006000000 && TENSORFLOW_VERSION < 2019000000\n",
     ),
     (  # -g costs 16 % of the compile's CPU and makes a 16 MB wheel of a 1.1 MB one (measured
-        # 2026-12-08, 2 cores: 268 -> 225 CPU-s, 154 -> 128 s); HOROVOD_DEBUG=1 still builds Debug
+        # 2026-12-08, 2 cores: 268 -> 225 CPU-s, 154 -> 128 s)
         "setup.py",
         "else 'RelWithDebInfo'",
         "else 'Release'  # tfpar: no debug information",
