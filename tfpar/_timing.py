@@ -8,9 +8,18 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tfpar import _compat
 from tfpar._keras import tf
 
-__all__ = ["Recorder", "now_after", "timed"]
+__all__ = ["Recorder", "now_after", "timed", "trace_variable"]
+
+
+def trace_variable(name: str) -> Any:
+    """A variable a step writes its timed calls into, a row (start, end) each, however many (not
+    tracked by Keras: no checkpoint holds it); made where the caller's device scope puts it."""
+    return _compat.ResourceVariable(
+        tf.zeros([0, 2], tf.float64), trainable=False, name=name, shape=tf.TensorShape([None, 2])
+    )
 
 
 def now_after(dependencies: Any) -> Any:

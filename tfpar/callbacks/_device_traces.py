@@ -7,8 +7,8 @@ their timestamps into a variable; the Timeline reads it after each step."""
 
 import numpy as np
 
-from tfpar import _compat
 from tfpar._keras import tf
+from tfpar._timing import trace_variable
 
 __all__ = ["TRACK", "RecomputedForwards", "trace_source"]
 
@@ -22,12 +22,7 @@ class RecomputedForwards:
 
     def __init__(self):
         with tf.device("/cpu:0"):
-            self.trace = _compat.ResourceVariable(
-                tf.zeros([0, 2], tf.float64),
-                trainable=False,
-                name="tfpar_timeline_recomputed",
-                shape=tf.TensorShape([None, 2]),
-            )
+            self.trace = trace_variable("tfpar_timeline_recomputed")
         self.labels = []  # per row of ``trace``, known once the step is traced
 
     def write(self, events, strategy):

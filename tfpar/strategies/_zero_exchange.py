@@ -15,9 +15,8 @@ such a bucket, gradients included, travels in float32.
 Each step records when each bucket's reduce-scatter, update and all-gather ran (``device_trace``:
 the `tfpar.callbacks.Timeline`'s ``ZeRO exchange`` track)."""
 
-from tfpar import _compat
 from tfpar._keras import tf
-from tfpar._timing import timed
+from tfpar._timing import timed, trace_variable
 from tfpar.strategies import _sparse as sparse
 from tfpar.strategies._zero_state import ShardedState
 
@@ -35,12 +34,7 @@ class BucketExchange(ShardedState):
         self.squares_in_float32 = compression == "fp16"
         with tf.init_scope(), tf.device(self.devices[0]):
             # the last step's exchange, a row per event: (start, end)
-            self.device_trace = _compat.ResourceVariable(
-                tf.zeros([0, 2], tf.float64),
-                trainable=False,
-                name="tfpar_zero_trace",
-                shape=tf.TensorShape([None, 2]),
-            )
+            self.device_trace = trace_variable("tfpar_zero_trace")
         self._trace_labels = []  # of device_trace's rows, once the step is traced
         self._events = []  # (label, start, end) of the step being traced
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tfpar._keras import tf
+from tfpar._timing import now_after
 from tfpar.tensor_parallel.ops import GATHER, recording_events
 
 __all__ = ["keeping_split", "split_call"]
@@ -52,10 +53,8 @@ def _time_after(sharded, whole, name):
     if events is None:
         return
     with tf.device(sharded.devices[0]):
-        with tf.control_dependencies(sharded.parts):
-            start = tf.timestamp()
-        with tf.control_dependencies([whole]):
-            events.append((0, f"{name} all-gather", start, tf.timestamp()))
+        start = now_after(sharded.parts)
+        events.append((0, f"{name} all-gather", start, now_after(whole)))
 
 
 def _gathered(sharded, name):
